@@ -1,0 +1,1 @@
+"""sim: PagedAttention's serving system as a model with a simulated clock (pure Python + numpy)."""
