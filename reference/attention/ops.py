@@ -1,0 +1,124 @@
+"""The public attention operations of the reference engine, each with two backends.
+
+``backend="triton"`` runs the kernels in ``triton_store`` / ``triton_decode`` / ``triton_prefill``
+(compiled on CUDA, interpreted on CPU under ``TRITON_INTERPRET=1``); ``backend="torch"`` runs the slow
+oracle in ``torch_ref``. Both take the same arguments and get the same checks, so a test can call one
+and then the other. The layout follows vLLM (Kwon et al., SOSP 2023, Section 4.1): per layer, K and V
+each live in a cache ``[num_blocks, block_size, num_kv_heads, head_dim]``, and the token at slot
+``block_id * block_size + offset`` is ``cache[block_id, offset]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.attention import torch_ref
+from reference.attention._checks import check_backend, check_cache, check_heads, check_scale, check_tensor
+from reference.attention._checks import FLOAT_DTYPES
+from reference.attention.triton_decode import paged_decode_attention_triton
+from reference.attention.triton_prefill import paged_prefill_attention_triton
+from reference.attention.triton_store import check_store_args, store_kv_triton
+
+
+def store_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+    backend: str = "triton",
+) -> None:
+    """Write token ``t``'s K/V into ``cache[slot // block_size, slot % block_size]``, in place.
+
+    ``slot_mapping[t] < 0`` is the one sentinel: token ``t`` is skipped (e.g. a padding token).
+    A slot past the end of the cache is a caller bug: the torch backend raises ValueError, the Triton
+    backend skips it (checking would need a device-to-host sync).
+    """
+    check_backend(backend)
+    check_store_args(key, value, key_cache, value_cache, slot_mapping)
+    if backend == "torch":
+        torch_ref.store_kv_ref(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        store_kv_triton(key, value, key_cache, value_cache, slot_mapping)
+
+
+def _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale) -> float:
+    """Checks shared by decode and prefill; returns ``scale`` as a float."""
+    check_cache(key_cache, value_cache)
+    device = key_cache.device
+    check_tensor("query", query, 3, FLOAT_DTYPES, device)
+    check_heads(query, key_cache)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,), device)
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,), device)
+    if block_tables.shape[0] != seq_lens.shape[0]:
+        raise ValueError(
+            f"block_tables has {block_tables.shape[0]} rows but seq_lens has {seq_lens.shape[0]} "
+            "entries (expected one of each per sequence)"
+        )
+    return check_scale(scale)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    backend: str = "triton",
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """Attention of each sequence's one new query token over its ``seq_lens[i]`` cached tokens.
+
+    ``seq_lens[i]`` counts the current token too (its K/V is already stored). A sequence with
+    ``seq_lens[i] == 0`` gets zeros. ``num_splits`` (Triton only) forces the split-KV factor; by default
+    it is chosen from the batch size and ``max_blocks_per_seq * block_size``.
+    """
+    check_backend(backend)
+    scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    if block_tables.shape[0] != query.shape[0]:
+        raise ValueError(
+            f"query has {query.shape[0]} sequences but block_tables has {block_tables.shape[0]} rows"
+        )
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
+    if backend == "torch":
+        return torch_ref.paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    return paged_decode_attention_triton(
+        query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits
+    )
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    backend: str = "triton",
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of packed new tokens over each sequence's cached prefix plus themselves.
+
+    Sequence ``i`` owns query rows ``query_start_loc[i] .. query_start_loc[i+1]-1`` (its ``q_len``
+    new tokens); ``seq_lens[i]`` is its context length *including* them, so its cached prefix is
+    ``seq_lens[i] - q_len`` tokens. New token ``j`` sits at position ``seq_lens[i] - q_len + j`` and
+    attends to positions ``0 ..`` that position.
+    """
+    check_backend(backend)
+    scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,), key_cache.device)
+    if query_start_loc.shape[0] != seq_lens.shape[0] + 1:
+        raise ValueError(
+            f"query_start_loc must have num_seqs + 1 = {seq_lens.shape[0] + 1} entries, "
+            f"got {query_start_loc.shape[0]}"
+        )
+    if backend == "torch":
+        return torch_ref.paged_prefill_attention_ref(
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
+        )
+    return paged_prefill_attention_triton(
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
+    )

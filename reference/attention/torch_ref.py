@@ -1,0 +1,132 @@
+"""The torch oracle: paged attention written the slow, obviously correct way.
+
+PagedAttention (Kwon et al., SOSP 2023, Section 4.1) stores a sequence's keys and values in fixed-size
+blocks that need not be adjacent in memory; a per-sequence *block table* maps logical block ``i``
+(tokens ``i*block_size .. (i+1)*block_size-1``) to a physical block of the cache::
+
+    logical tokens   0 1 2 3 | 4 5 6 7 | 8 9          block_size = 4, seq_len = 10
+    block_table      [   7   ,    2    ,  5 ]
+    physical cache   block 2: t4 t5 t6 t7   block 5: t8 t9 -- --   block 7: t0 t1 t2 t3
+
+Each function here *gathers* a sequence's K/V through its block table into one contiguous tensor and
+then runs textbook attention in float32 with a plain softmax. No tiling, no online softmax, one
+sequence at a time in a Python loop: these are the test oracles for the Triton kernels, not fast code.
+Unlike the Triton wrappers they also check tensor *values* (slots in range, seq_lens consistent with
+the block tables) since a sync costs nothing here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def store_kv_ref(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; slot < 0 means "skip this token"
+) -> None:
+    """Write token ``t``'s K/V into cache slot ``slot_mapping[t]`` (in place), one token at a time."""
+    num_blocks, block_size = key_cache.shape[:2]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:  # the skip sentinel (see reference.attention.store_kv)
+            continue
+        if slot >= num_blocks * block_size:
+            raise ValueError(
+                f"slot_mapping[{t}] = {slot} is outside the cache (allowed: 0..{num_blocks * block_size - 1})"
+            )
+        block, offset = divmod(slot, block_size)
+        key_cache[block, offset] = key[t]
+        value_cache[block, offset] = value[t]
+
+
+def gather_kv(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor,  # [max_blocks_per_seq] int32
+    seq_len: int,
+) -> torch.Tensor:  # [seq_len, num_kv_heads, head_dim]
+    """Copy one sequence's first ``seq_len`` tokens out of the paged cache into a contiguous tensor."""
+    block_size = cache.shape[1]
+    num_blocks_used = -(-seq_len // block_size)  # ceil division
+    if num_blocks_used > block_table.shape[0]:
+        raise ValueError(
+            f"seq_len {seq_len} needs {num_blocks_used} blocks but the block table has "
+            f"{block_table.shape[0]} columns"
+        )
+    blocks = block_table[:num_blocks_used].long()  # [num_blocks_used]
+    if num_blocks_used and (blocks.min() < 0 or blocks.max() >= cache.shape[0]):
+        raise ValueError(f"block table entries must be in 0..{cache.shape[0] - 1}, got {blocks.tolist()}")
+    tokens = cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])  # [num_blocks_used*block_size, H_kv, D]
+    return tokens[:seq_len]
+
+
+def _attend(
+    query: torch.Tensor,  # [q_len, num_heads, head_dim]
+    keys: torch.Tensor,  # [seq_len, num_kv_heads, head_dim]
+    values: torch.Tensor,  # [seq_len, num_kv_heads, head_dim]
+    scale: float,
+) -> torch.Tensor:  # [q_len, num_heads, head_dim] float32
+    """Causal attention of the *last* ``q_len`` positions of a sequence over all ``seq_len`` positions."""
+    q_len, num_heads, _ = query.shape
+    seq_len, num_kv_heads, _ = keys.shape
+    group = num_heads // num_kv_heads
+    # GQA: query head h reads KV head h // group, so repeat each KV head `group` times.
+    keys = keys.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, D]
+    values = values.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, D]
+    scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale  # [num_heads, q_len, seq_len]
+    # Query j sits at absolute position seq_len - q_len + j and sees keys 0..that position.
+    q_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)  # [q_len, 1]
+    k_pos = torch.arange(seq_len).unsqueeze(0)  # [1, seq_len]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # [num_heads, q_len, seq_len]
+    return torch.einsum("hqk,khd->qhd", probs, values)
+
+
+def paged_decode_attention_ref(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included)."""
+    out = torch.zeros_like(query)
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:  # nothing to attend to: zeros, as the Triton kernel does
+            continue
+        keys = gather_kv(key_cache, block_tables[i], seq_len)
+        values = gather_kv(value_cache, block_tables[i], seq_len)
+        out[i] = _attend(query[i : i + 1], keys, values, scale)[0].to(query.dtype)
+    return out
+
+
+def paged_prefill_attention_ref(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences packed one after another
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, cumulative new-token counts
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens."""
+    out = torch.zeros_like(query)
+    starts = query_start_loc.tolist()
+    if starts[0] != 0 or starts[-1] != query.shape[0] or any(b < a for a, b in zip(starts, starts[1:])):
+        raise ValueError(
+            f"query_start_loc must rise from 0 to num_tokens={query.shape[0]}, got {starts}"
+        )
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_begin, q_end = starts[i], starts[i + 1]
+        if q_end - q_begin > seq_len:
+            raise ValueError(
+                f"sequence {i} has {q_end - q_begin} new tokens but seq_len {seq_len} (must be >= new tokens)"
+            )
+        if q_end == q_begin:
+            continue
+        keys = gather_kv(key_cache, block_tables[i], seq_len)
+        values = gather_kv(value_cache, block_tables[i], seq_len)
+        out[q_begin:q_end] = _attend(query[q_begin:q_end], keys, values, scale).to(query.dtype)
+    return out
