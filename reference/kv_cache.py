@@ -1,0 +1,177 @@
+"""The paged KV cache: the real tensors behind the block ids that sim's allocator hands out.
+
+vLLM (Kwon et al., SOSP 2023, Section 4.1-4.3) pre-allocates all KV memory as `num_blocks` fixed-size
+blocks. Per layer there is one key tensor and one value tensor::
+
+    key_caches[layer]  [num_blocks, block_size, num_kv_heads, head_dim]     (value_caches alike)
+
+and token slot `block_id * block_size + offset` is row `offset` of block `block_id`. Nothing here
+knows which sequence owns a block: the allocator deals in integers and this class moves bytes.
+
+Besides the device pool there is an optional CPU pool of `num_cpu_blocks` with the same layout, for
+preemption by swapping (Section 4.5): `swap_out` copies device blocks to CPU blocks, `swap_in` copies
+them back. `copy_blocks` performs the copy-on-write copies the block manager asks for (Section 4.4).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from reference.models.config import ModelConfig
+
+BlockPair = tuple[int, int]  # (src_block, dst_block), as sim.kv.base.BlockCopy
+
+
+def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes one block id costs: K and V of `block_size` tokens in every layer."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+
+
+def free_device_memory_bytes(device: torch.device | str) -> int:
+    """Free memory of `device` now: CUDA's own count, or the host's available RAM for "cpu".
+
+    NOTE (approximation): on CPU this is the kernel's count of available physical pages, which
+    ignores memory other processes may claim later.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class KVCache:
+    """Per-layer K and V block pools on one device, plus an optional CPU swap pool."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 *, num_cpu_blocks: int = 0, fill_nan: bool = False) -> None:
+        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_cpu_blocks = num_cpu_blocks
+        # NOTE: fill_nan (for tests and debugging) makes a read of a never-written slot poison the
+        # output; otherwise memory is zeroed, which hides such a bug behind plausible numbers.
+        fill = float("nan") if fill_nan else 0.0
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.key_caches = [torch.full(shape, fill, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.value_caches = [torch.full(shape, fill, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        # Pinned host memory lets CUDA copy to and from it with DMA; it only exists with CUDA.
+        pin = self.device.type == "cuda"
+        cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, head_dim)
+        self.cpu_key_caches = [torch.full(cpu_shape, fill, dtype=dtype, pin_memory=pin)
+                               for _ in range(num_layers)]
+        self.cpu_value_caches = [torch.full(cpu_shape, fill, dtype=dtype, pin_memory=pin)
+                                 for _ in range(num_layers)]
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int,
+                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", **kwargs) -> KVCache:
+        """A cache shaped for a `reference.models.ModelConfig` (num_layers, num_kv_heads, head_dim)."""
+        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim,
+                   dtype, device, **kwargs)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return kv_bytes_per_block(self.num_layers, self.block_size, self.num_kv_heads, self.head_dim,
+                                  self.dtype)
+
+    @staticmethod
+    def num_blocks_for_budget(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                              dtype: torch.dtype, *, budget_bytes: int | None = None,
+                              fraction_of_free_memory: float | None = None,
+                              device: torch.device | str = "cpu") -> int:
+        """How many blocks fit in a byte budget, given directly or as a fraction of free device memory.
+
+        Raises ValueError when the budget cannot hold a single block (a cache of 0 blocks serves nothing).
+        """
+        if (budget_bytes is None) == (fraction_of_free_memory is None):
+            raise ValueError("give exactly one of budget_bytes and fraction_of_free_memory")
+        if fraction_of_free_memory is not None:
+            if not 0.0 < fraction_of_free_memory <= 1.0:
+                raise ValueError(f"fraction_of_free_memory must be in (0, 1], got {fraction_of_free_memory}")
+            budget_bytes = int(fraction_of_free_memory * free_device_memory_bytes(device))
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        per_block = kv_bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        if budget_bytes < per_block:
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no block: one block of {block_size} tokens "
+                f"needs {per_block} bytes across {num_layers} layers"
+            )
+        return budget_bytes // per_block
+
+    # --- block copies ----------------------------------------------------------------------------
+    def copy_blocks(self, pairs: Sequence[BlockPair]) -> None:
+        """Copy-on-write: for every (src, dst), block dst becomes a copy of block src, in every layer."""
+        src, dst = self._indices(pairs, self.num_blocks, self.num_blocks, "copy_blocks")
+        if src is None:
+            return
+        for cache in (*self.key_caches, *self.value_caches):
+            # The right-hand side gathers all sources before any write, so a dst that is also
+            # another pair's src still yields that src's *old* contents.
+            cache[dst] = cache[src]
+
+    def swap_out(self, pairs: Sequence[BlockPair]) -> None:
+        """Preemption by swapping: (device_block, cpu_block) pairs, device -> CPU, every layer."""
+        src, dst = self._indices(pairs, self.num_blocks, self.num_cpu_blocks, "swap_out")
+        if src is None:
+            return
+        for gpu, cpu in self._device_and_cpu_pools():
+            cpu[dst.cpu()] = gpu[src].cpu()
+
+    def swap_in(self, pairs: Sequence[BlockPair]) -> None:
+        """Resuming a swapped sequence: (cpu_block, device_block) pairs, CPU -> device, every layer."""
+        src, dst = self._indices(pairs, self.num_cpu_blocks, self.num_blocks, "swap_in")
+        if src is None:
+            return
+        for gpu, cpu in self._device_and_cpu_pools():
+            gpu[dst] = cpu[src.cpu()].to(self.device)
+
+    def _device_and_cpu_pools(self):
+        """(device tensor, CPU tensor) for the K and the V pool of every layer."""
+        return zip((*self.key_caches, *self.value_caches), (*self.cpu_key_caches, *self.cpu_value_caches))
+
+    def _indices(self, pairs: Sequence[BlockPair], num_src: int, num_dst: int, what: str
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Check (src, dst) pairs against the pools' sizes; return them as int64 index tensors."""
+        if not pairs:
+            return None, None
+        src = [s for s, _ in pairs]
+        dst = [d for _, d in pairs]
+        if any(s is None or not 0 <= s < num_src for s in src):
+            raise ValueError(f"{what}: source blocks must be in 0..{num_src - 1}, got {src}")
+        if any(d is None or not 0 <= d < num_dst for d in dst):
+            raise ValueError(f"{what}: destination blocks must be in 0..{num_dst - 1}, got {dst}")
+        if len(set(dst)) != len(dst):
+            raise ValueError(f"{what}: each destination block may be written once, got {dst}")
+        return (torch.tensor(src, dtype=torch.int64, device=self.device),
+                torch.tensor(dst, dtype=torch.int64, device=self.device))
+
+    def read_tokens(self, layer: int, block_table: Sequence[int], num_tokens: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of a sequence's first `num_tokens` tokens, gathered through its block table:
+        each [num_tokens, num_kv_heads, head_dim]. For tests and notebooks (slow, copies)."""
+        needed = -(-num_tokens // self.block_size)
+        if len(block_table) < needed:
+            raise ValueError(f"{num_tokens} tokens need {needed} blocks, the block table has {len(block_table)}")
+        blocks = torch.tensor(list(block_table[:needed]), dtype=torch.int64, device=self.device)
+        keys = self.key_caches[layer][blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
+        values = self.value_caches[layer][blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
+        return keys, values

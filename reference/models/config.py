@@ -1,0 +1,144 @@
+"""The numbers of a Llama-family model that the forward pass and the KV cache need.
+
+A Hugging Face `config.json` carries dozens of keys; our forward pass reads only these. Llama, Mistral
+and Qwen2 share one architecture (pre-norm decoder, RoPE, grouped-query attention, SwiGLU MLP), so one
+small record describes all three. Qwen2 differs only by biases on the q/k/v projections.
+
+`ModelConfig.from_hf_dict` accepts both spellings of the RoPE settings: transformers < 5 writes
+`rope_theta` / `rope_scaling` at the top level, transformers >= 5 writes them in `rope_parameters`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_SUPPORTED = ", ".join(SUPPORTED_MODEL_TYPES)
+
+
+@dataclass(frozen=True, slots=True)
+class Llama3RopeScaling:
+    """Llama 3.1's RoPE frequency rescaling (the only `rope_scaling` type we implement)."""
+
+    factor: float  # how much longer the context is than the original training context
+    low_freq_factor: float  # wavelengths longer than original_max / low_freq_factor are divided by factor
+    high_freq_factor: float  # wavelengths shorter than original_max / high_freq_factor are kept
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0:
+            raise ValueError(f"rope_scaling.factor must be > 0, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "rope_scaling needs 0 < low_freq_factor < high_freq_factor, "
+                f"got {self.low_freq_factor} and {self.high_freq_factor}"
+            )
+        if self.original_max_position_embeddings < 1:
+            raise ValueError("rope_scaling.original_max_position_embeddings must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What our forward pass needs to know about a Llama-family checkpoint."""
+
+    model_type: str  # one of SUPPORTED_MODEL_TYPES
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int  # width of the SwiGLU MLP
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (grouped-query attention: num_heads % num_kv_heads == 0)
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int  # the longest context the model was trained for
+    eos_token_ids: tuple[int, ...]  # any of them ends a sequence (config + generation_config)
+    bos_token_id: int | None
+    rope_theta: float  # RoPE base: frequency i is rope_theta ** (-2i / head_dim)
+    rms_norm_eps: float
+    tie_word_embeddings: bool  # lm_head reuses the input embedding matrix
+    attention_bias: bool = False  # q/k/v projections have biases (Qwen2; Llama's flag adds o_proj's)
+    rope_scaling: Llama3RopeScaling | None = None
+    sliding_window: int | None = None  # Mistral v0.1: attend to the last N tokens only
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported (allowed: {_SUPPORTED})")
+        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
+                     "head_dim", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise ValueError("rope_theta and rms_norm_eps must be > 0")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {self.sliding_window}")
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+        """Read a transformers `config.json` (and optionally `generation_config.json`) dict."""
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {model_type!r} is not supported (allowed: {_SUPPORTED})")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (allowed: silu)")
+        if hf.get("mlp_bias"):
+            raise ValueError("mlp_bias=true is not supported (allowed: SwiGLU MLP without biases)")
+        num_heads = hf["num_attention_heads"]
+        rope = dict(hf.get("rope_parameters") or {})
+        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        scaling = rope if "rope_type" in rope else (hf.get("rope_scaling") or {})
+        sliding = hf.get("sliding_window")
+        if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+            sliding = None  # Qwen2 configs name a window but switch it off
+        return cls(
+            model_type=model_type,
+            num_layers=hf["num_hidden_layers"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+            vocab_size=hf["vocab_size"],
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            eos_token_ids=_eos_ids(hf, generation or {}),
+            bos_token_id=hf.get("bos_token_id"),
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # Qwen2's q/k/v projections always carry biases (its config does not say so).
+            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias")),
+            rope_scaling=_rope_scaling(scaling),
+            sliding_window=sliding,
+        )
+
+
+def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def _eos_ids(hf: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:
+    # NOTE: instruct models often list extra end tokens only in generation_config.json (Llama 3's
+    # <|eot_id|>); we take the union so generation stops where transformers' generate() stops.
+    ids = _as_tuple(hf.get("eos_token_id")) + _as_tuple(generation.get("eos_token_id"))
+    return tuple(dict.fromkeys(ids))
+
+
+def _rope_scaling(scaling: dict[str, Any]) -> Llama3RopeScaling | None:
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (allowed: default, llama3)")
+    return Llama3RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+    )

