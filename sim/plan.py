@@ -1,0 +1,102 @@
+"""What one scheduler step asks an executor to do, and what the executor reports back.
+
+Orca's iteration-level scheduling (Yu et al., OSDI 2022) and vLLM v0's `SchedulerOutputs`
+(Kwon et al., SOSP 2023, section 4.5): every iteration the scheduler hands the executor a plain
+description of the work. The simulator prices it with a cost model; the reference engine runs it on
+a real model. Neither touches the KV manager: the block tables in the plan are already allocated.
+
+An executor carries out a `StepPlan` in this order:
+
+    1. blocks_to_swap_out   (gpu_block, cpu_block)   copy out BEFORE anything overwrites the GPU block
+    2. blocks_to_swap_in    (cpu_block, gpu_block)
+    3. blocks_to_copy       (src, dst)               copy-on-write and beam-fork copies
+    4. the forward pass over prefills + decodes, then sample one token per scheduled sequence
+
+Token ranges of one sequence in a step (K/V is written into block_table for every fed token):
+
+    |<---- num_computed_tokens ---->|<-- num_new_tokens -->|
+     K/V already in the cache         fed this step          -> one token is sampled after the last one
+
+NOTE: the sequences of a group admitted together share their prompt blocks (paper 4.4), so the prompt is
+computed ONCE, as vLLM v0 did ("use any sequence in the group"): the group's first prefill entry feeds the
+prompt, and each sibling comes as a *sample-only* entry (num_computed_tokens = prompt_len,
+num_new_tokens = 0) that samples its own token from the same last-position logits. A sample-only entry
+always follows the fed entry of the same request in `prefills`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kv.base import BlockCopy
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq_id: int
+    request_id: int
+    num_computed_tokens: int  # tokens whose K/V is already in the cache before this step
+    num_new_tokens: int  # tokens fed this step: prompt / recompute tokens for a prefill, 1 for a decode, 0 sample-only
+    block_table: list[int]  # the sequence's block table after this step's allocations
+
+    @property
+    def is_sample_only(self) -> bool:
+        """A sibling of a shared prompt: samples from the logits its group's fed entry produced."""
+        return self.num_new_tokens == 0
+
+
+@dataclass(slots=True)
+class StepPlan:
+    prefills: list[ScheduledSeq] = field(default_factory=list)  # compute K/V of num_new_tokens tokens, then sample
+    decodes: list[ScheduledSeq] = field(default_factory=list)  # feed the last sampled token, then sample
+    blocks_to_swap_out: list[BlockCopy] = field(default_factory=list)  # (gpu_block, cpu_block): do first
+    blocks_to_swap_in: list[BlockCopy] = field(default_factory=list)  # (cpu_block, gpu_block)
+    blocks_to_copy: list[BlockCopy] = field(default_factory=list)  # (src, dst), before the forward pass
+    preempted: list[int] = field(default_factory=list)  # request ids preempted while building this plan
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens the forward pass processes (a shared prompt counts once)."""
+        return sum(s.num_new_tokens for s in self.prefills) + len(self.decodes)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences that sample a token this step (sample-only siblings included)."""
+        return len(self.prefills) + len(self.decodes)
+
+    @property
+    def num_context_tokens(self) -> int:
+        """Sum over fed entries of num_computed + num_new: the K/V the attention reads. Sample-only entries
+        read nothing of their own (their group's fed entry already did)."""
+        return sum(s.num_computed_tokens + s.num_new_tokens for s in self.prefills + self.decodes if s.num_new_tokens)
+
+    @property
+    def is_prefill(self) -> bool:
+        return bool(self.prefills)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to run and nothing to copy: an executor may skip the step."""
+        work = (self.prefills, self.decodes, self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy)
+        return not any(work)
+
+    def request_ids(self) -> list[int]:
+        """The requests with a sequence in this step, in plan order, each once."""
+        return list(dict.fromkeys(s.request_id for s in self.prefills + self.decodes))
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What the executor reports after running a plan (the simulator from true lengths, the engine from tokens)."""
+
+    finished_seq_ids: set[int] = field(default_factory=set)  # produced their last token (EOS / max tokens / length)
+    # beam-search request_id -> parent seq id of each of the k surviving beams; a parent listed m times is
+    # forked m - 1 times, an unlisted beam is freed.
+    beam_parents: dict[int, list[int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepResult:
+    finished_request_ids: list[int]  # requests whose every sequence has now finished
+    # request_id -> seq ids of the k surviving beams, in the order of outcome.beam_parents[request_id]:
+    # the first occurrence of a parent keeps its id, later ones are new (forked) ids
+    new_beam_seq_ids: dict[int, list[int]]

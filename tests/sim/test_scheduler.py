@@ -1,0 +1,448 @@
+"""The scheduler (sim/scheduler.py): vLLM v0's FCFS iteration-level policy with preemption by recompute or
+swap, static batching, sequence groups (parallel sampling, beam search), prefix sharing, and the decode-run
+fast path. Small pools, so memory runs out often; the KV manager's invariants are checked after every step."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.kv import POLICIES, make_kv_manager
+from sim.kv.paged import PagedKVManager
+from sim.plan import StepOutcome, StepPlan
+from sim.request import Request
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.testing.blocks import machine_settings
+from sim.workload import generate_requests
+
+
+# --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------
+def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | None = None) -> StepOutcome:
+    finished = {
+        e.seq_id
+        for e in plan.prefills + plan.decodes
+        if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len
+    }
+    beams = {}
+    for rid in plan.request_ids():
+        if sched.request(rid).beam_width > 1:  # keep every beam, or (with rng) re-choose parents at random
+            ids = sched.seq_ids(rid)
+            beams[rid] = ids if rng is None else [int(i) for i in rng.choice(ids, size=len(ids))]
+    return StepOutcome(finished, beams)
+
+
+def check_plan(sched: Scheduler, plan: StepPlan) -> None:
+    """What an executor relies on: each table covers exactly the tokens the step leaves in the cache, every
+    decode feeds one token after its cached ones, and the batch respects max_num_seqs."""
+    bs = sched.kv.block_size
+    for e in plan.prefills + plan.decodes:
+        assert len(e.block_table) == -(-(e.num_computed_tokens + e.num_new_tokens) // bs)
+        assert sched.kv.num_tokens(e.seq_id) == e.num_computed_tokens + e.num_new_tokens
+    assert all(e.num_new_tokens == 1 for e in plan.decodes)
+    assert not (plan.prefills and plan.decodes)  # vLLM v0: a step runs prefills only, or decodes only
+    assert plan.num_seqs <= sched.config.max_num_seqs
+
+
+def step(sched: Scheduler, rng: np.random.Generator | None = None) -> tuple[StepPlan, list[int]]:
+    plan = sched.schedule()
+    check_plan(sched, plan)
+    result = sched.finish_step(plan, outcome_for(sched, plan, rng))
+    sched.kv.check_invariants()
+    return plan, result.finished_request_ids
+
+
+def drive(sched: Scheduler, rng=None, use_runs: bool = False, max_steps: int = 20_000) -> int:
+    """Run to completion; returns the number of iterations (a decode run of k counts k)."""
+    steps = 0
+    while sched.has_unfinished():
+        k = sched.decode_run_length(10_000) if use_runs else 0
+        if k:
+            sched.advance_decode_run(k)
+            sched.kv.check_invariants()
+        else:
+            step(sched, rng)
+        steps += max(k, 1)
+        assert steps < max_steps, "no progress"
+    return steps
+
+
+def req(rid, prompt_len, output_len, **kw) -> Request:
+    return Request(request_id=rid, arrival_time=float(rid), prompt_len=prompt_len, output_len=output_len, **kw)
+
+
+def paged(num_blocks, block_size=4, **kw) -> PagedKVManager:
+    return PagedKVManager(num_blocks, block_size, **kw)
+
+
+def all_blocks_free(kv) -> bool:
+    cpu = getattr(kv, "cpu_allocator", None)
+    return kv.num_free_blocks == kv.num_blocks and (cpu is None or cpu.num_free_blocks == cpu.num_blocks)
+
+
+# --- configuration and admission control -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"max_num_seqs": 0}, "max_num_seqs"), ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+     ({"mode": "batch"}, "mode"), ({"preemption": "kill"}, "preemption"), ({"watermark": 1.0}, "watermark")],
+)
+def test_config_rejects_bad_values(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kv, config, request_, message",
+    [
+        (paged(64), SchedulerConfig(max_num_batched_tokens=16), req(0, 17, 1), "max_num_batched_tokens"),
+        (paged(4), SchedulerConfig(), req(0, 10, 10), "need 5 blocks"),  # final length 19 -> 5 blocks of 4
+        (make_kv_manager("max", 64, block_size=1, max_seq_len=32), SchedulerConfig(), req(0, 30, 10), "max_seq_len"),
+        (make_kv_manager("oracle", 16, block_size=1), SchedulerConfig(), req(0, 10, 4, n=2), "do not fit"),
+        (paged(64), SchedulerConfig(max_num_seqs=2), req(0, 4, 4, n=3), "max_num_seqs"),
+        (paged(10), SchedulerConfig(watermark=0.3), req(0, 20, 10), "allowed: <= 7"),  # 8 blocks; 3 kept free
+    ],
+)
+def test_add_request_rejects_impossible_requests(kv, config, request_, message):
+    sched = Scheduler(kv, config)
+    with pytest.raises(ValueError, match=message):
+        sched.add_request(request_)
+    assert not sched.has_unfinished()
+    sched.add_request(req(1, 2, 2))
+    with pytest.raises(ValueError, match="already added"):
+        sched.add_request(req(1, 2, 2))
+
+
+def test_fcfs_no_overtaking():
+    sched = Scheduler(paged(8))
+    sched.add_request(req(0, 16, 3))  # 4 blocks
+    sched.add_request(req(1, 20, 1))  # 5 blocks: does not fit beside request 0
+    sched.add_request(req(2, 4, 1))  # 1 block: would fit, but must not overtake request 1
+    plan, _ = step(sched)
+    assert [e.request_id for e in plan.prefills] == [0]
+    assert sched.waiting_request_ids() == [1, 2]
+    drive(sched)
+    assert all_blocks_free(sched.kv)
+
+
+def test_watermark_holds_back_an_admission_that_would_leave_too_little_free():
+    for watermark, admitted in [(0.0, [0, 1]), (0.3, [0])]:  # 10 blocks; 0.3 keeps 3 free
+        sched = Scheduler(paged(10), SchedulerConfig(watermark=watermark))
+        sched.add_request(req(0, 16, 2))  # 4 blocks
+        sched.add_request(req(1, 16, 2))  # 4 more would leave 2 free
+        plan, _ = step(sched)
+        assert [e.request_id for e in plan.prefills] == admitted
+        drive(sched)
+        assert all_blocks_free(sched.kv)
+
+
+# --- preemption --------------------------------------------------------------------------------------
+def three_growing_requests(preemption: str) -> Scheduler:
+    # 6 blocks of 4 slots; three requests of prompt 4, output 8 each end with 11 tokens in 3 blocks: two fit, three
+    # run out of memory mid-decode.
+    kv = paged(6, num_cpu_blocks=8 if preemption == "swap" else 0)
+    sched = Scheduler(kv, SchedulerConfig(preemption=preemption))
+    for rid in range(3):
+        sched.add_request(req(rid, 4, 8))
+    return sched
+
+
+def run_until_preemption(sched: Scheduler) -> StepPlan:
+    while True:
+        plan, _ = step(sched)
+        if plan.preempted:
+            return plan
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_latest_arrived_group_is_the_victim(preemption):
+    sched = three_growing_requests(preemption)
+    plan = run_until_preemption(sched)
+    assert plan.preempted == [2] and sched.num_preemptions == 1
+    assert sched.running_request_ids() == [0, 1]
+    assert [e.request_id for e in plan.decodes] == [0, 1]  # the victim does not decode this step
+    if preemption == "swap":  # its 2 blocks went to CPU memory
+        assert sched.swapped_request_ids() == [2] and len(plan.blocks_to_swap_out) == 2
+    else:  # back to the FRONT of the waiting queue
+        assert sched.waiting_request_ids() == [2]
+
+
+def test_recompute_refills_prompt_plus_generated_tokens():
+    sched = three_growing_requests("recompute")
+    run_until_preemption(sched)
+    (victim,) = sched.seq_ids(2)
+    generated = sched.num_generated(victim)
+    assert generated > 1
+    while True:  # the victim waits until requests 0 and 1 leave room
+        plan, _ = step(sched)
+        if plan.prefills:
+            break
+    (entry,) = plan.prefills
+    assert (entry.seq_id, entry.num_computed_tokens, entry.num_new_tokens) == (victim, 0, 4 + generated)
+    assert sched.num_generated(victim) == generated + 1  # the recompute prefill samples the next token
+    drive(sched)
+    assert sched.num_generated(victim) == 8 and all_blocks_free(sched.kv)
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_preemption_returns_every_block(preemption):
+    sched = three_growing_requests(preemption)
+    swaps = 0
+    while sched.has_unfinished():
+        plan, _ = step(sched)
+        swaps += len(plan.blocks_to_swap_in)
+    assert sched.num_preemptions >= 1
+    assert (swaps > 0) == (preemption == "swap")
+    assert all_blocks_free(sched.kv)
+    assert all(sched.num_generated(sched.seq_ids(rid)[0]) == 8 for rid in range(3))
+
+
+# --- static vs continuous batching -------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["static", "continuous"])
+def test_static_admits_nothing_while_a_batch_runs(mode):
+    # Room for exactly requests 0 and 1 (oracle reserves final lengths 11 + 5 = 16 slots); 2 must wait.
+    kv = make_kv_manager("oracle", 16, block_size=1, allocator="first_fit")
+    sched = Scheduler(kv, SchedulerConfig(mode=mode))
+    for rid, output_len in [(0, 8), (1, 2), (2, 2)]:
+        sched.add_request(req(rid, 4, output_len))
+    finished_at, prefilled_at, t = {}, {}, 0
+    while sched.has_unfinished():
+        plan, done = step(sched)
+        prefilled_at.update({e.request_id: t for e in plan.prefills})
+        finished_at.update({rid: t for rid in done})
+        t += 1
+    assert finished_at[1] == 1  # request 1 completes when it finishes, in both modes
+    if mode == "continuous":  # memory freed by request 1 is used at once
+        assert prefilled_at[2] == finished_at[1] + 1
+    else:  # nothing joins until the whole batch (request 0 too) is done
+        assert prefilled_at[2] == finished_at[0] + 1
+
+
+def test_continuous_finishes_a_mixed_workload_in_fewer_steps():
+    steps = {}
+    for mode in ("static", "continuous"):
+        reqs = generate_requests("uniform", 30, arrival="offline", prompt_len_range=(4, 40),
+                                 output_len_range=(1, 60), max_seq_len=128, seed=3)
+        sched = Scheduler(paged(64), SchedulerConfig(mode=mode, max_num_seqs=8))
+        for r in reqs:
+            sched.add_request(r)
+        steps[mode] = drive(sched)
+        assert all_blocks_free(sched.kv)
+    assert steps["continuous"] < steps["static"]
+
+
+# --- sequence groups ---------------------------------------------------------------------------------
+def test_parallel_sampling_shares_the_prompt_and_frees_it():
+    kv = paged(32)
+    sched = Scheduler(kv)
+    sched.add_request(req(0, 6, 5, n=3))
+    plan, _ = step(sched)
+    # one prompt computation; the two siblings only sample from its logits
+    assert [(e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills] == [(0, 6), (6, 0), (6, 0)]
+    assert plan.num_batched_tokens == 6
+    tables = [kv.block_table(i) for i in sched.seq_ids(0)]
+    assert tables[0] == tables[1] == tables[2] and len({b for t in tables for b in t}) == 2 < 3 * 2
+    plan, _ = step(sched)
+    # first write into the shared, half-full last block: two copies, the third owner writes in place
+    assert len(plan.blocks_to_copy) == 2 and len(plan.decodes) == 3
+    tables = [kv.block_table(i) for i in sched.seq_ids(0)]
+    assert len({t[0] for t in tables}) == 1 and len({t[1] for t in tables}) == 3  # prompt head still shared
+    drive(sched)
+    assert all_blocks_free(kv)
+
+
+def test_beam_search_forks_and_frees_per_beam_parents():
+    kv = paged(32)
+    sched = Scheduler(kv)
+    sched.add_request(req(0, 6, 6, beam_width=4))
+    s0, s1, s2, s3 = sched.seq_ids(0)
+    plan = sched.schedule()
+    result = sched.finish_step(plan, StepOutcome(beam_parents={0: [s0, s0, s1, s0]}))
+    # s2 and s3 are unlisted: freed first. s0 keeps its id at its first place and is forked at its 2nd and 3rd;
+    # new ids come from the scheduler's own counter, in the order of beam_parents
+    assert result.new_beam_seq_ids == {0: [s0, s3 + 1, s1, s3 + 2]}
+    assert sched.seq_ids(0) == [s0, s3 + 1, s1, s3 + 2]
+    head, last = kv.block_table(s0)
+    assert kv.allocator.ref_count(head) == 4 and kv.allocator.ref_count(last) == 4  # all beams share the prompt
+    kv.check_invariants()
+    plan = sched.schedule()  # every beam writes into the shared last block: 3 copies, the 4th writes in place
+    assert len(plan.blocks_to_copy) == 3
+    result = sched.finish_step(plan, StepOutcome(beam_parents={0: [s1, s1, s1, s1]}))
+    assert result.new_beam_seq_ids[0] == [s1, s3 + 3, s3 + 4, s3 + 5]
+    assert kv.allocator.ref_count(kv.block_table(s1)[-1]) == 4
+    kv.check_invariants()
+    drive(sched)
+    assert sched.is_finished(0) and all_blocks_free(kv)
+
+
+def test_beam_search_frees_dropped_beams_before_forking():
+    # Contiguous (oracle) forks reserve a new run; the pool holds exactly two: the fork only fits because the
+    # dropped beam was freed first. Its copies (parent's filled blocks) go out with the next plan.
+    kv = make_kv_manager("oracle", 14, block_size=1, allocator="first_fit")
+    sched = Scheduler(kv)
+    sched.add_request(req(0, 4, 4, beam_width=2))
+    s0, s1 = sched.seq_ids(0)
+    result = sched.finish_step(sched.schedule(), StepOutcome(beam_parents={0: [s0, s0]}))
+    child = result.new_beam_seq_ids[0][1]
+    plan = sched.schedule()
+    assert plan.blocks_to_copy == list(zip(range(0, 4), kv.block_table(child)[:4]))
+    kv.check_invariants()
+
+
+def test_prefix_sharing_reports_cached_tokens():
+    kv = paged(32, enable_prefix_caching=True)
+    sched = Scheduler(kv)
+    prefix = list(range(100, 108))  # two full blocks of 4
+    sched.add_request(req(0, 10, 3, prompt_token_ids=prefix + [1, 2]))
+    sched.add_request(req(1, 10, 3, prompt_token_ids=prefix + [3, 4]))
+    plan, _ = step(sched)
+    assert [(e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills] == [(0, 10), (8, 2)]
+    assert plan.prefills[0].block_table[:2] == plan.prefills[1].block_table[:2]
+    drive(sched)
+    assert all_blocks_free(kv)
+
+
+def test_abort_frees_memory_wherever_the_request_is():
+    sched = three_growing_requests("swap")
+    run_until_preemption(sched)
+    sched.add_request(req(3, 4, 2))
+    for rid in (2, 0, 3):  # swapped, running, waiting
+        sched.abort(rid)
+        sched.kv.check_invariants()
+        assert sched.is_finished(rid)
+    assert sched.running_request_ids() == [1] and not sched.swapped_request_ids() and not sched.waiting_request_ids()
+    drive(sched)
+    assert all_blocks_free(sched.kv)
+
+
+def test_finish_step_wants_the_last_plan():
+    sched = Scheduler(paged(8))
+    sched.add_request(req(0, 4, 3))
+    plan = sched.schedule()
+    with pytest.raises(RuntimeError, match="finish_step"):
+        sched.schedule()
+    with pytest.raises(ValueError, match="last schedule"):
+        sched.finish_step(StepPlan(), StepOutcome())
+    sched.finish_step(plan, StepOutcome())
+
+
+# --- the decode-run fast path ------------------------------------------------------------------------
+def snapshot(sched: Scheduler) -> tuple:
+    kv, seqs = sched.kv, {}
+    for rid in sched.running_request_ids():
+        for i in sched.seq_ids(rid):
+            seqs[i] = (kv.block_table(i), kv.num_tokens(i), sched.num_generated(i))
+    return seqs, kv.breakdown(), kv.num_free_blocks, sched.waiting_request_ids()
+
+
+def twin(policy: str, num_slots: int) -> Scheduler:
+    kv = make_kv_manager(policy, num_slots, block_size=4 if policy == "paged" else 1, max_seq_len=64)
+    sched = Scheduler(kv)
+    for rid, (prompt_len, output_len) in enumerate([(5, 30), (3, 40), (9, 25), (30, 20)]):
+        sched.add_request(req(rid, prompt_len, output_len))
+    step(sched)  # the prefill step
+    return sched
+
+
+@pytest.mark.parametrize(
+    "policy, num_slots, bound", [("paged", 256, "length"), ("paged", 80, "memory"), ("oracle", 256, "length")]
+)
+def test_decode_run_equals_stepping_token_by_token(policy, num_slots, bound):
+    stepped, jumped = twin(policy, num_slots), twin(policy, num_slots)
+    k = jumped.decode_run_length(10_000)
+    assert jumped.num_running == 4
+    # after the prefill each sequence has 1 token; the run stops one step before the first one finishes
+    by_length = min(jumped.request(rid).output_len for rid in range(4)) - 1 - 1
+    assert 0 < k and (k == by_length if bound == "length" else k < by_length)
+    before = stepped.running_request_ids()
+    for _ in range(k):
+        plan, finished = step(stepped)
+        assert not (plan.prefills or plan.blocks_to_copy or plan.blocks_to_swap_in or plan.preempted or finished)
+        assert plan.request_ids() == before
+    jumped.advance_decode_run(k)
+    jumped.kv.check_invariants()
+    assert snapshot(jumped) == snapshot(stepped)
+    assert drive(jumped, use_runs=True) == drive(stepped)  # and the rest of the run too
+    assert all_blocks_free(jumped.kv)
+
+
+def test_decode_run_is_zero_when_the_next_step_differs():
+    sched = twin("paged", 256)
+    sched.add_request(req(9, 4, 4))  # it fits: the next step is a prefill
+    assert sched.decode_run_length(100) == 0
+    with pytest.raises(ValueError, match="advance_decode_run"):
+        sched.advance_decode_run(1)
+    sched = Scheduler(paged(32))
+    sched.add_request(req(0, 6, 8, n=2))  # siblings share a half-full last block: the next decode copies it
+    step(sched)
+    assert sched.decode_run_length(100) == 0
+    step(sched)
+    assert sched.decode_run_length(100) == 8 - 2 - 1
+
+
+# --- whole runs: every policy, every feature ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "policy, config, workload, num_slots",
+    [(p, {}, {}, 1024) for p in POLICIES]
+    + [
+        ("paged", {"preemption": "swap"}, {}, 1024),
+        ("paged", {"mode": "static"}, {}, 1024),
+        ("paged", {}, {"n": 2}, 1024),
+        ("paged", {"preemption": "swap"}, {"beam_width": 3}, 512),
+        ("paged", {}, {"beam_width": 2}, 512),
+        ("paged", {}, {"prefix_len": 16, "num_prefixes": 2}, 1024),
+        ("oracle", {}, {"beam_width": 2}, 1024),
+    ],
+)
+def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slots):
+    """~50 requests to completion with invariants checked each step, stepping token by token and again
+    jumping over decode runs: both give the same number of iterations and preemptions."""
+    results = []
+    for use_runs in (False, True):
+        reqs = generate_requests("uniform", 50, rate=20.0, prompt_len_range=(2, 60), output_len_range=(1, 60),
+                                 max_seq_len=256, seed=7, **workload)
+        kv = make_kv_manager(policy, num_slots, block_size=8 if policy == "paged" else 1, max_seq_len=256,
+                             num_cpu_blocks=32, enable_prefix_caching="prefix_len" in workload)
+        sched = Scheduler(kv, SchedulerConfig(max_num_seqs=24, **config))
+        for r in reqs:
+            sched.add_request(r)
+        results.append((drive(sched, rng=np.random.default_rng(0), use_runs=use_runs), sched.num_preemptions))
+        assert all(sched.is_finished(r.request_id) for r in reqs)
+        assert all(sched.num_generated(i) == r.output_len for r in reqs for i in sched.seq_ids(r.request_id))
+        assert all_blocks_free(kv)
+    assert results[0] == results[1]
+    if policy != "paged":
+        assert results[0][1] == 0  # contiguous policies reserve at admission and never preempt
+
+
+@machine_settings(max_examples=150)
+@given(
+    shapes=st.lists(
+        st.tuples(st.integers(1, 24), st.integers(1, 24), st.sampled_from([(1, 1), (2, 1), (3, 1), (1, 2), (1, 3)])),
+        min_size=1, max_size=8,
+    ),
+    mode=st.sampled_from(["continuous", "static"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    watermark=st.sampled_from([0.0, 0.2]),
+    num_blocks=st.integers(6, 24),
+    seed=st.integers(0, 2**16),
+)
+def test_any_small_workload_completes_and_returns_every_block(shapes, mode, preemption, watermark, num_blocks, seed):
+    """Random groups on a tiny pool (so preemption is frequent): everything finishes with its full output,
+    every GPU and CPU block comes back, and jumping over decode runs changes nothing."""
+    results = []
+    for use_runs in (False, True):
+        config = SchedulerConfig(max_num_seqs=6, mode=mode, preemption=preemption, watermark=watermark)
+        sched = Scheduler(paged(num_blocks, num_cpu_blocks=8), config)
+        accepted = []
+        for rid, (prompt_len, output_len, (n, beam)) in enumerate(shapes):
+            try:
+                sched.add_request(req(rid, prompt_len, output_len, n=n, beam_width=beam))
+                accepted.append(rid)
+            except ValueError:  # too big for this pool: rejected up front, nothing queued
+                assert sched.num_waiting == len(accepted)
+        results.append((drive(sched, rng=np.random.default_rng(seed), use_runs=use_runs), sched.num_preemptions))
+        assert all(sched.is_finished(rid) for rid in accepted)
+        for rid in accepted:
+            assert [sched.num_generated(i) for i in sched.seq_ids(rid)] == [shapes[rid][1]] * len(sched.seq_ids(rid))
+        assert all_blocks_free(sched.kv)
+    assert results[0] == results[1]
