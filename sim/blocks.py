@@ -1,0 +1,245 @@
+"""Physical KV memory as fixed-size blocks: a free queue, reference counts, copy-on-write, prefix cache.
+
+This is the bottom layer of PagedAttention's memory manager (Kwon et al., SOSP 2023, section 4.2-4.4;
+vLLM v1's `BlockPool` + `FreeKVCacheBlockQueue`). The GPU's KV cache is cut into `num_blocks` blocks
+of `block_size` token slots each. The allocator deals only in integer block ids: it never sees a
+request or a sequence. Whoever owns a block (a sequence's block table) holds one *reference* to it.
+
+    ref_count[b] == 0    b is free: it sits in the free queue and may be handed out
+    ref_count[b] == 1    b belongs to one owner, who may write into it
+    ref_count[b] >= 2    b is shared (parallel sampling, beam search, a cached prefix); the first
+                         owner to write into it must copy it first (`copy_on_write`)
+
+Prefix caching (vLLM's automatic prefix caching): a FULL block is named by the hash of its tokens
+chained with the hash of the block before it, so equal hashes mean equal prefixes. When a cached
+block's last owner frees it, its K/V stays in memory: the block goes to the free queue but keeps its
+hash, and a later `lookup` may revive it. Only when the pool needs a block does `allocate` take the
+least recently freed one and drop (evict) its hash. One ordered free queue therefore serves both
+purposes, exactly as in vLLM v1:
+
+    free queue (front = least recently freed)       allocate() pops here ->  [7] [2] [5] [0]  <- free() appends
+                                                     lookup(h) may pull a cached block out of the middle
+
+Out of memory is an answer (`None`, nothing changed); a broken invariant or a misuse (freeing a free
+block, sharing a free block) raises `RuntimeError` and changes nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+# Stands in for "no parent" in the hash chain. NOTE: not hash(None), which before Python 3.12 depends
+# on None's memory address and so changes from run to run.
+_NO_PARENT = b"\xff" * 8
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """The prefix-cache key of one full block: a 64-bit hash of (parent block's hash, this block's tokens).
+
+    Chaining the parent's hash makes the key name the whole prefix up to this block, as in vLLM.
+    Deterministic across runs and machines (blake2b over the ids as signed 64-bit integers), unlike
+    Python's salted `hash()` of strings. NOTE: a 64-bit key can collide; at 2**-64 per pair we accept it.
+    """
+    parent = _NO_PARENT if parent_hash is None else int(parent_hash).to_bytes(8, "little", signed=False)
+    digest = hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class BlockAllocator:
+    """Hands out block ids from a pool of `num_blocks` blocks of `block_size` token slots.
+
+    With `enable_prefix_caching=False`, `cache_block` and `lookup` raise `RuntimeError` (there is no
+    cache to use), `is_cached` is always False and the hit/miss counters stay 0.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        # NOTE: an OrderedDict used as a queue: O(1) pop from the front, append at the back, and
+        # removal from the middle (a lookup reviving a freed cached block). Insertion order = free order.
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._hash_to_block: dict[int, int] = {}
+        self._block_to_hash: dict[int, int] = {}
+        self.num_prefix_hits = 0
+        self.num_prefix_misses = 0
+
+    # --- sizes ----------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with no owner, including freed cached blocks that may still be revived."""
+        return len(self._free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free_queue)
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free_queue)
+
+    def ref_count(self, block_id: int) -> int:
+        self._check_id(block_id)
+        return self._ref_counts[block_id]
+
+    # --- allocation, sharing, release -----------------------------------------------------------
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """`num_blocks` distinct free blocks, each with one reference; None (nothing changed) if too few are free.
+
+        Blocks leave the free queue least recently freed first; a cached one loses its hash (eviction).
+        """
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        if num_blocks > len(self._free_queue):
+            return None
+        block_ids = []
+        for _ in range(num_blocks):
+            block_id, _ = self._free_queue.popitem(last=False)
+            block_hash = self._block_to_hash.pop(block_id, None)
+            if block_hash is not None:  # evict: its old contents are about to be overwritten
+                del self._hash_to_block[block_hash]
+            self._ref_counts[block_id] = 1
+            block_ids.append(block_id)
+        return block_ids
+
+    def share(self, block_ids: Iterable[int]) -> None:
+        """One more reference to each block (a fork). Every block must be in use."""
+        block_ids = list(block_ids)
+        for block_id in block_ids:
+            if self.ref_count(block_id) == 0:
+                raise RuntimeError(f"cannot share block {block_id}: expected ref count >= 1, found 0 (it is free)")
+        for block_id in block_ids:
+            self._ref_counts[block_id] += 1
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """One reference less to each block; a block left with none goes to the back of the free queue.
+
+        Raises (and changes nothing) if a block would be freed more times than it is referenced.
+        """
+        block_ids = list(block_ids)
+        pending: dict[int, int] = {}
+        for block_id in block_ids:
+            pending[block_id] = pending.get(block_id, 0) + 1
+            if pending[block_id] > self.ref_count(block_id):
+                raise RuntimeError(
+                    f"cannot free block {block_id}: expected ref count >= {pending[block_id]}, "
+                    f"found {self._ref_counts[block_id]}"
+                )
+        for block_id in block_ids:
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                self._free_queue[block_id] = None
+
+    def copy_on_write(self, block_id: int) -> int | None:
+        """The block a writer may write into: `block_id` itself if exclusive, else a fresh copy target.
+
+        For a shared block the writer drops its reference and gets a new block (ref count 1); the caller
+        must copy the K/V from `block_id` into it before writing. None (nothing changed) if no block is free.
+        """
+        refs = self.ref_count(block_id)
+        if refs == 0:
+            raise RuntimeError(f"cannot write block {block_id}: expected ref count >= 1, found 0 (it is free)")
+        if refs == 1:
+            return block_id
+        fresh = self.allocate(1)
+        if fresh is None:
+            return None
+        self._ref_counts[block_id] -= 1
+        return fresh[0]
+
+    # --- prefix cache ---------------------------------------------------------------------------
+    def cache_block(self, block_id: int, block_hash: int) -> bool:
+        """Register a FULL block in use under `block_hash` so later prompts can find it.
+
+        Returns True if registered (or already registered under this hash). NOTE: if another block already
+        holds `block_hash` (the same prefix was computed twice, e.g. after its parent was evicted), the
+        first one stays the cached copy and this call returns False; the duplicate is an ordinary block.
+        """
+        self._require_caching("cache_block")
+        if self.ref_count(block_id) == 0:
+            raise RuntimeError(f"cannot cache block {block_id}: expected ref count >= 1, found 0 (it is free)")
+        old_hash = self._block_to_hash.get(block_id)
+        if old_hash is not None:
+            if old_hash != block_hash:
+                raise RuntimeError(
+                    f"block {block_id} is already cached under hash {old_hash}, cannot re-cache it as {block_hash}"
+                )
+            return True
+        if block_hash in self._hash_to_block:
+            return False
+        self._hash_to_block[block_hash] = block_id
+        self._block_to_hash[block_id] = block_hash
+        return True
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The cached block for `block_hash` with one more reference (a hit), or None (a miss).
+
+        A hit on a freed cached block takes it out of the free queue: its K/V is reused, not recomputed.
+        """
+        self._require_caching("lookup")
+        block_id = self._hash_to_block.get(block_hash)
+        if block_id is None:
+            self.num_prefix_misses += 1
+            return None
+        self.num_prefix_hits += 1
+        if self._ref_counts[block_id] == 0:
+            del self._free_queue[block_id]
+        self._ref_counts[block_id] += 1
+        return block_id
+
+    def cached_block(self, block_hash: int) -> int | None:
+        """The block cached under `block_hash`, without taking a reference or counting a hit (a peek)."""
+        return self._hash_to_block.get(block_hash)
+
+    def is_cached(self, block_id: int) -> bool:
+        self._check_id(block_id)
+        return block_id in self._block_to_hash
+
+    # --- checks ---------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise RuntimeError (expected vs found) if the free queue, ref counts or cache maps disagree."""
+        if len(self._ref_counts) != self.num_blocks:
+            raise RuntimeError(f"expected {self.num_blocks} ref counts, found {len(self._ref_counts)}")
+        negative = [b for b, r in enumerate(self._ref_counts) if r < 0]
+        if negative:
+            raise RuntimeError(f"expected ref counts >= 0, found negative counts for blocks {negative}")
+        unowned = {b for b, r in enumerate(self._ref_counts) if r == 0}
+        queued = set(self._free_queue)
+        if queued != unowned:
+            raise RuntimeError(
+                f"expected the free queue to hold exactly the blocks with ref count 0; "
+                f"queued but referenced: {sorted(queued - unowned)}, "
+                f"unreferenced but not queued: {sorted(unowned - queued)}"
+            )
+        if self.num_free_blocks + self.num_used_blocks != self.num_blocks:
+            raise RuntimeError(
+                f"expected free + used == {self.num_blocks}, found {self.num_free_blocks} + {self.num_used_blocks}"
+            )
+        reverse = {block_id: block_hash for block_hash, block_id in self._hash_to_block.items()}
+        if reverse != self._block_to_hash or len(reverse) != len(self._hash_to_block):
+            raise RuntimeError(
+                f"expected the hash->block and block->hash maps to mirror each other, found "
+                f"{self._hash_to_block} and {self._block_to_hash}"
+            )
+        if not self.enable_prefix_caching and self._hash_to_block:
+            raise RuntimeError(f"expected no cached blocks with prefix caching off, found {self._hash_to_block}")
+
+    def _check_id(self, block_id: int) -> None:
+        if not 0 <= block_id < self.num_blocks:
+            raise RuntimeError(f"block id {block_id} out of range (allowed: 0..{self.num_blocks - 1})")
+
+    def _require_caching(self, what: str) -> None:
+        if not self.enable_prefix_caching:
+            raise RuntimeError(f"{what}() needs prefix caching; build BlockAllocator(..., enable_prefix_caching=True)")
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"free={self.num_free_blocks}, cached={len(self._hash_to_block)})"
+        )
