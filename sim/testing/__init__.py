@@ -6,6 +6,7 @@ here and on a student's own (the classroom exercises). Importing this package ne
 """
 from .blocks import BlockAllocatorMachine, machine_settings, make_block_allocator_test
 from .kv import KVManagerMachine, make_kv_manager_test
+from .slots import SlotAllocatorMachine, make_slot_allocator_test
 
 __all__ = [
     "BlockAllocatorMachine",
@@ -13,4 +14,6 @@ __all__ = [
     "machine_settings",
     "make_block_allocator_test",
     "make_kv_manager_test",
+    "SlotAllocatorMachine",
+    "make_slot_allocator_test",
 ]
