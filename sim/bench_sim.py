@@ -1,0 +1,119 @@
+"""Simulator speed: wall time and simulated requests per wall-clock second for the paper's runs.
+
+Runs (vLLM paper section 6.1 setting: OPT-13B on one A100-40GB, ShareGPT-shaped requests, Poisson arrivals):
+
+    paper-scale   2 req/s for 3600 s (~7.2k requests), once per policy: max, pow2, oracle, paged
+    100k          paged, 100,000 requests at RATE_100K req/s (busy: tens of running requests, with some
+                  preemption; stable: latency does not grow with time)
+    heapq         a bare heapq loop popping and pushing as many events as the paged paper-scale run handled:
+                  the floor any heap-based event loop pays in this Python, timed in the same process
+
+Targets (benchmark only, never asserted in tests): paged paper-scale < 5 s, 100k requests < 60 s, one core.
+`--quick` shrinks every run (600 s of arrivals, 10k requests) to check the command itself.
+Writes figures/bench_sim.csv (or --csv PATH) with a description of the machine, and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import platform
+import time
+from pathlib import Path
+
+from .api import run
+
+RATE_100K = 1.5  # req/s: paged OPT-13B/A100-40GB serves ShareGPT-shaped requests at ~2 req/s before latency climbs
+POLICY_ORDER = ("max", "pow2", "oracle", "paged")
+TARGETS_S = {"paper-scale paged": 5.0, "100k paged": 60.0}
+COLUMNS = ("run", "policy", "rate", "num_requests", "sim_time_s", "num_steps", "num_events", "wall_time_s",
+           "cpu_time_s", "sim_requests_per_wall_s", "target_wall_s", "platform", "python", "cpu")  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small runs (600 s of arrivals, 10k requests)")
+    parser.add_argument("--csv", default="figures/bench_sim.csv", metavar="PATH",
+                        help="where to write the results (default: figures/bench_sim.csv)")  # fmt: skip
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu or "unknown"}
+
+
+def _timed_run(name: str, **kwargs) -> dict:
+    cpu = time.process_time()
+    summary = run(**kwargs).summary
+    cpu = time.process_time() - cpu
+    wall = summary["wall_time_s"]
+    return {
+        "run": name, "policy": summary["policy"], "rate": summary["rate"], "num_requests": summary["num_requests"],
+        "sim_time_s": round(summary["sim_time_s"], 1), "num_steps": summary["num_steps"],
+        "num_events": summary["num_events"], "wall_time_s": round(wall, 3), "cpu_time_s": round(cpu, 3),
+        "sim_requests_per_wall_s": round(summary["num_requests"] / wall, 1),
+        "target_wall_s": TARGETS_S.get(name, ""),
+    }  # fmt: skip
+
+
+def heapq_yardstick(num_events: int) -> dict:
+    """Pop and push `num_events` (time, kind, seq, payload) events, the loop's own event shape."""
+    start = time.perf_counter()
+    heap = [(0.0, 0, 0, None), (0.5, 2, 1, None)]
+    for i in range(num_events):
+        now, kind, _, _ = heapq.heappop(heap)
+        heapq.heappush(heap, (now + 0.01, kind, i + 2, None))
+    wall = time.perf_counter() - start
+    return {"run": "heapq", "num_events": num_events, "wall_time_s": round(wall, 4), "cpu_time_s": "",
+            "target_wall_s": ""}  # fmt: skip
+
+
+def bench(quick: bool = False) -> list[dict]:
+    duration, count = (600.0, 10_000) if quick else (3600.0, 100_000)
+    rows = [_timed_run(f"paper-scale {p}", policy=p, rate=2.0, duration=duration) for p in POLICY_ORDER]
+    rows.append(_timed_run("100k paged", policy="paged", rate=RATE_100K, num_requests=count, duration=None))
+    rows.append(heapq_yardstick(rows[POLICY_ORDER.index("paged")]["num_events"]))
+    info = machine()
+    return [{name: {**row, **info}.get(name, "") for name in COLUMNS} for row in rows]
+
+
+def write_csv(rows: list[dict], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def format_table(rows: list[dict]) -> str:
+    shown = ("run", "num_requests", "num_steps", "num_events", "wall_time_s", "cpu_time_s",
+             "sim_requests_per_wall_s", "target_wall_s")  # fmt: skip
+    widths = [max(len(name), *(len(str(r[name])) for r in rows)) for name in shown]
+    lines = ["  ".join(name.ljust(w) for name, w in zip(shown, widths))]
+    lines += ["  ".join(str(r[name]).ljust(w) for name, w in zip(shown, widths)) for r in rows]
+    info = rows[0]
+    lines.append(f"machine: {info['cpu']}, {info['platform']}, Python {info['python']}")
+    return "\n".join(lines)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    rows = bench(quick=args.quick)
+    write_csv(rows, args.csv)
+    print(format_table(rows))
+    print(f"wrote {args.csv}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

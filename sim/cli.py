@@ -1,0 +1,197 @@
+"""`python -m sim`: the simulator's command line (a thin user of `sim.run` and the benchmarks).
+
+    python -m sim run --model opt-13b --gpu a100-40gb --workload sharegpt --rate 2 --duration 3600 --policy paged --json
+    python -m sim bench [--quick] [--csv PATH]          simulator speed (sim.bench_sim)
+    python -m sim bench-alloc ...                       allocator ops/s (sim.bench_alloc)
+
+Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
+dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
+status 2, never a traceback (STYLE.md, errors).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import NoReturn
+
+from .kv import POLICIES
+from .kv.base import SHARE_NAMES
+from .scheduler import MODES, PREEMPTION_MODES
+from .slots import ALLOCATORS
+from .specs import GPUS, MODELS
+from .workload import ARRIVALS, DATASETS
+
+BAR_WIDTH = 40  # characters of the memory bar chart for a share of 100%
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def _choices(values) -> str:
+    return "{" + ",".join(values) + "}"
+
+
+def _pair(text: str) -> tuple[int, int]:
+    """'LO,HI' -> (LO, HI) for the uniform workload's length ranges."""
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (two integers), got {text!r}") from None
+    return low, high
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m sim",
+        description="Simulate LLM serving with a paged (vLLM) or contiguous (Orca baselines) KV cache, "
+        "after Kwon et al., SOSP 2023.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_parser(sub)
+    add_bench_parser(sub)
+    add_bench_alloc_parser(sub)
+    return parser
+
+
+def add_run_parser(sub) -> None:
+    p = sub.add_parser("run", help="simulate one serving run and print its summary",
+                       description="Simulate one serving run (paper section 6) and print the summary: throughput, "
+                       "normalized latency, batch size, preemptions and the time-weighted KV memory breakdown.")  # fmt: skip
+    g = p.add_argument_group("hardware and model")
+    g.add_argument("--model", default="opt-13b", metavar=_choices(MODELS), help="model spec (default: opt-13b)")
+    g.add_argument("--gpu", default="a100-40gb", metavar=_choices(GPUS), help="GPU spec (default: a100-40gb)")
+    g.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default: 1)")
+    g.add_argument("--kv-slots", type=int, help="KV pool size in token slots (default: what vLLM's 90%% memory rule leaves)")
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", default="sharegpt", metavar=_choices(DATASETS),
+                   help="request lengths: ShareGPT/Alpaca-shaped log-normals, fixed or uniform (default: sharegpt)")
+    g.add_argument("--rate", type=float, default=2.0, help="mean arrival rate, requests/s (default: 2)")
+    g.add_argument("--duration", type=float, default=3600.0, help="seconds of arrivals (default: 3600)")
+    g.add_argument("--num-requests", type=int, help="exactly this many requests (overrides --duration)")
+    g.add_argument("--arrival", default="poisson", metavar=_choices(ARRIVALS),
+                   help="arrival process; offline = all at t=0, needs --num-requests (default: poisson)")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals' shape k: CV = 1/sqrt(k) (default: 1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the workload and beam scores (default: 0)")
+    g.add_argument("--n", type=int, default=1, help="parallel samples per request (default: 1)")
+    g.add_argument("--beam-width", type=int, default=1, help="beam search width (default: 1, no beam search)")
+    g.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens prepended to each prompt (default: 0)")
+    g.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes (default: 1)")
+    g.add_argument("--prompt-len", type=int, help="--workload fixed: prompt tokens")
+    g.add_argument("--output-len", type=int, help="--workload fixed: output tokens")
+    g.add_argument("--prompt-len-range", type=_pair, metavar="LO,HI", help="--workload uniform: prompt tokens")
+    g.add_argument("--output-len-range", type=_pair, metavar="LO,HI", help="--workload uniform: output tokens")
+    g.add_argument("--trace", metavar="FILE", help="read requests from a .jsonl/.csv trace instead (sim.trace)")
+    g = p.add_argument_group("serving system")
+    g.add_argument("--policy", default="paged", metavar=_choices(POLICIES),
+                   help="KV cache: paged (vLLM) or contiguous Orca max/pow2/oracle reservations (default: paged)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block, paged only (default: 16)")
+    g.add_argument("--allocator", default="buddy", metavar=_choices(ALLOCATORS),
+                   help="contiguous policies' slot allocator (default: buddy)")
+    g.add_argument("--preemption", default="recompute", metavar=_choices(PREEMPTION_MODES),
+                   help="what a preempted request loses (default: recompute)")
+    g.add_argument("--swap-space", type=float, default=4.0, help="CPU swap space per GPU, GiB (default: 4)")
+    g.add_argument("--scheduler", default="continuous", metavar=_choices(MODES),
+                   help="iteration-level (Orca/vLLM) or request-level static batching (default: continuous)")
+    g.add_argument("--prefix-caching", default="auto", metavar="{auto,on,off}",
+                   help="paged prefix caching; auto = on when --prefix-len > 0 (default: auto)")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most (default: 256)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="tokens per step at most (default: max(2560, context))")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    g.add_argument("--requests-csv", metavar="PATH", help="also write the per-request table")
+    g.add_argument("--steps-csv", metavar="PATH", help="also write the per-step table")
+    g.add_argument("--no-jump", action="store_true", help="step token by token (same results, slower)")
+    g.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .api import run
+
+    caching = {"auto": None, "on": True, "off": False}
+    if args.prefix_caching not in caching:
+        raise ValueError(f"--prefix-caching: got {args.prefix_caching!r} (allowed: auto, on, off)")
+    result = run(
+        model=args.model, gpu=args.gpu, num_gpus=args.num_gpus, workload=args.workload, rate=args.rate,
+        duration=args.duration, num_requests=args.num_requests, policy=args.policy, block_size=args.block_size,
+        seed=args.seed, n=args.n, beam_width=args.beam_width, prefix_len=args.prefix_len,
+        num_prefixes=args.num_prefixes, preemption=args.preemption, swap_space_gib=args.swap_space, trace=args.trace,
+        scheduler=args.scheduler, arrival=args.arrival, burstiness=args.burstiness, allocator=args.allocator,
+        enable_prefix_caching=caching[args.prefix_caching], max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, jump=not args.no_jump, kv_slots=args.kv_slots,
+        progress=args.progress, prompt_len=args.prompt_len, output_len=args.output_len,
+        prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,
+    )  # fmt: skip
+    if args.requests_csv:
+        result.requests.to_csv(args.requests_csv)
+    if args.steps_csv:
+        result.steps.to_csv(args.steps_csv)
+    print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
+    return 0
+
+
+def _num(value, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def format_summary(s: dict) -> str:
+    """A readable summary: the headline numbers, then the memory shares as a text bar chart."""
+    rate = "" if s.get("rate") is None else f", {s['arrival']} {s['rate']:g} req/s"
+    lines = [
+        f"policy {s['policy']}  |  {s['model']} on {s['num_gpus']} x {s['gpu']}  |  {s['workload']}{rate}",
+        f"  requests             {s['num_requests']} ({s['num_finished']} finished)",
+        f"  throughput           {s['throughput_req_per_s']:.3f} req/s",
+        f"  normalized latency   {_num(s['normalized_latency_s_per_token'], '.4f')} s/token "
+        f"(p50 {_num(s['p50_normalized_latency_s_per_token'], '.4f')}, "
+        f"p90 {_num(s['p90_normalized_latency_s_per_token'], '.4f')})",
+        f"  mean batch size      {s['mean_batch_size']:.1f} running requests per step",
+        f"  preemptions          {s['num_preemptions']}",
+        f"  simulated            {s['sim_time_s']:.1f} s in {s['num_steps']} steps (wall {s['wall_time_s']:.2f} s)",
+        "",
+        f"KV memory, time-weighted: share of the {s['num_kv_slots']} slots (and of the non-free ones)",
+    ]
+    for name in SHARE_NAMES:
+        share = s["memory"][name]
+        busy = f"({s['memory_busy'][name]:6.1%})" if name in s["memory_busy"] else " " * 8
+        lines.append(f"  {name:<23} {share:6.1%} {busy}  {'#' * round(share * BAR_WIDTH)}")
+    return "\n".join(lines)
+
+
+def add_bench_parser(sub) -> None:
+    from . import bench_sim
+
+    p = sub.add_parser("bench", help="time the simulator (paper-scale runs, a 100k-request run)",
+                       description=bench_sim.__doc__.splitlines()[0])  # fmt: skip
+    bench_sim.add_arguments(p)
+    p.set_defaults(func=bench_sim.run_from_args)
+
+
+def add_bench_alloc_parser(sub) -> None:
+    # NOTE: no flags of its own: everything after `bench-alloc` (--help included) goes to sim.bench_alloc.main.
+    p = sub.add_parser("bench-alloc", add_help=False, help="time the block/slot allocators (sim.bench_alloc; see its --help)")
+    p.set_defaults(func=_bench_alloc, passthrough=True)
+
+
+def _bench_alloc(args: argparse.Namespace) -> int:
+    from .bench_alloc import main as bench_alloc_main
+
+    return bench_alloc_main(args.extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as err:  # bad input (sim.trace.TraceError is a ValueError): one line, exit 2
+        message = " ".join(str(err).split())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
