@@ -1,0 +1,26 @@
+"""The reference half of the lab: real tensors behind the simulator's block tables.
+
+`from reference import LLM, SamplingParams, BeamSearchParams` gives vLLM's offline API (DESIGN.md contracts).
+Imports are lazy so that `import reference.attention` or `reference.models` does not pull in the engine.
+"""
+from __future__ import annotations
+
+_EXPORTS = {
+    "LLM": "reference.engine",
+    "SamplingParams": "reference.sampling",
+    "BeamSearchParams": "reference.sampling",
+    "RequestOutput": "reference.outputs",
+    "CompletionOutput": "reference.outputs",
+    "BeamSearchOutput": "reference.outputs",
+    "BeamSearchSequence": "reference.outputs",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'reference' has no attribute {name!r}")

@@ -76,6 +76,8 @@ def run(
     prompt_len_range: tuple[int, int] | None = None,
     output_len_range: tuple[int, int] | None = None,
     cost_model=None,
+    watermark: float = 0.01,
+    on_step=None,
 ) -> SimResult:
     """Simulate serving one workload and return its summary and per-request / per-step tables.
 
@@ -86,7 +88,9 @@ def run(
     paper's Orca reimplementation). `swap_space_gib`: CPU swap space per GPU (vLLM's default 4 GiB).
     `jump`: jump over runs of identical decode steps (same results as stepping, faster); `validate`: check each
     jump's memory bookkeeping against the KV manager (slower). `cost_model`: any object with step_time and
-    swap_time (default: `RooflineCostModel(model, gpu, num_gpus)`).
+    swap_time (default: `RooflineCostModel(model, gpu, num_gpus)`). `watermark`: fraction of KV blocks kept
+    free at admission (vLLM v0's default 0.01; it curbs admit-then-preempt thrashing). `on_step`: an observer
+    `f(simulator, plan_or_None)` called after every step (see `sim.loop.Simulator`).
     """
     started = time.perf_counter()
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
@@ -116,20 +120,20 @@ def run(
         kv = make_kv_manager(policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
                              allocator=allocator, enable_prefix_caching=caching,
                              num_cpu_blocks=num_cpu_blocks if policy == "paged" else 0)  # fmt: skip
-        return Scheduler(kv, SchedulerConfig(max_num_seqs, budget, scheduler, preemption))
+        return Scheduler(kv, SchedulerConfig(max_num_seqs, budget, scheduler, preemption, watermark))
 
     _check_requests(requests, model_spec, make_scheduler())
     sched = make_scheduler()
     cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
     result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=seed, jump=jump,
-                       validate=validate, progress=progress).run()
+                       validate=validate, progress=progress, on_step=on_step).run()
     extras = {
         "model": model, "gpu": gpu, "num_gpus": num_gpus, "workload": source,
         "rate": rate if synthetic and arrival != "offline" else None, "arrival": arrival, "seed": seed,
         "block_size": kv_block_size, "num_kv_slots": sched.kv.num_slots, "preemption": preemption,
         "scheduler": scheduler, "n": n, "beam_width": beam_width, "prefix_len": prefix_len,
-        "enable_prefix_caching": caching and policy == "paged", "max_num_seqs": max_num_seqs,
+        "enable_prefix_caching": caching and policy == "paged", "max_num_seqs": max_num_seqs, "watermark": watermark,
         "max_num_batched_tokens": budget, "jump": jump, "num_events": result.num_events,
     }  # fmt: skip
     summary = summarize(

@@ -100,6 +100,8 @@ def add_run_parser(sub) -> None:
     g.add_argument("--prefix-caching", default="auto", metavar="{auto,on,off}",
                    help="paged prefix caching; auto = on when --prefix-len > 0 (default: auto)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most (default: 256)")
+    g.add_argument("--watermark", type=float, default=0.01,
+                   help="fraction of KV blocks kept free when admitting (vLLM v0's default: 0.01)")
     g.add_argument("--max-num-batched-tokens", type=int, help="tokens per step at most (default: max(2560, context))")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -122,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed, n=args.n, beam_width=args.beam_width, prefix_len=args.prefix_len,
         num_prefixes=args.num_prefixes, preemption=args.preemption, swap_space_gib=args.swap_space, trace=args.trace,
         scheduler=args.scheduler, arrival=args.arrival, burstiness=args.burstiness, allocator=args.allocator,
-        enable_prefix_caching=caching[args.prefix_caching], max_num_seqs=args.max_num_seqs,
+        enable_prefix_caching=caching[args.prefix_caching], max_num_seqs=args.max_num_seqs, watermark=args.watermark,
         max_num_batched_tokens=args.max_num_batched_tokens, jump=not args.no_jump, kv_slots=args.kv_slots,
         progress=args.progress, prompt_len=args.prompt_len, output_len=args.output_len,
         prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,

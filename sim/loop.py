@@ -51,16 +51,20 @@ class Simulator:
     `block_bytes`: bytes of one KV block (block_size * kv_bytes_per_token), to price swaps.
     `seed`: the beam-search scores' generator. `jump`: allow jumping over runs of identical decode steps.
     `validate`: after each run, check the booked memory against the KV manager's own breakdown (O(seqs); tests).
+    `on_step(simulator, plan)`: an observer called after every step ends (plan is None for a decode run, which
+    has no plan object); it may read `simulator.now`, `.kv` and `.scheduler` (figures, the engine comparison).
     """
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,
-                 seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False) -> None:  # fmt: skip
+                 seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False,
+                 on_step=None) -> None:  # fmt: skip
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
         self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
         self.index = {r.request_id: i for i, r in enumerate(self.requests)}
         if len(self.index) != len(self.requests):
             raise ValueError("request ids must be unique")
         self.block_bytes, self.jump, self.validate = block_bytes, jump, validate
+        self.on_step = on_step
         self.rng = np.random.default_rng([seed, 0xBEA])  # beam scores: a stream apart from the workload's
         self.progress = tqdm(total=len(requests), unit="req", disable=not progress)
         count = len(self.requests)
@@ -168,6 +172,8 @@ class Simulator:
             if result.finished_request_ids and self.scheduler.num_waiting:
                 self.may_run = False  # freed memory: the next step most likely admits a waiting request
             self.progress.update(len(result.finished_request_ids))
+        if self.on_step is not None:
+            self.on_step(self, None if payload is None else payload[0])
         return [(self.now, SCHEDULE, None)]
 
     # --- the executor's part: price a plan, decide its outcome ----------------------------------------
