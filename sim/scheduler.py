@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from .kv.base import KVManager
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .request import Request
-from .sequence import Sequence, SequenceGroup, SequenceStatus
-from .sequence import append_in_step_order, blocks_to_grow, fits_swap_in, max_plain_run, never_fits, reselect_beams
+from .decode_run import advance_groups, group_may_fit, max_plain_run
+from .sequence import Sequence, SequenceGroup, SequenceStatus, blocks_to_grow, fits_swap_in, never_fits, reselect_beams
 
 __all__ = ["MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
 
@@ -71,6 +71,9 @@ class Scheduler:
         self._outstanding: StepPlan | None = None  # the plan schedule() returned and finish_step() has not seen
         # contiguous policies reserve at admission and never preempt: they need no watermark
         self._watermark_blocks = int(self.config.watermark * kv.num_blocks) if kv.policy == "paged" else 0
+        # NOTE: every state-changing call bumps _version, so advance_decode_run's check reuses decode_run_length's answer
+        self._version = 0
+        self._last_run: tuple[int, int, int, int] | None = None  # (version, free blocks, max_steps, answer)
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -92,6 +95,7 @@ class Scheduler:
         self._num_added += 1
         self._groups[rid] = group
         self._waiting.append(group)
+        self._version += 1
 
     def _new_seq(self, request: Request, num_generated: int) -> Sequence:
         seq = Sequence(self._next_seq_id, request.request_id, request.prompt_len, request.output_len, num_generated)
@@ -104,7 +108,8 @@ class Scheduler:
         group = self._group(request_id)
         if group.status is FINISHED:
             return
-        for seq in group.live_seqs():
+        self._version += 1
+        for seq in group.live:
             if seq.status in (RUNNING, SWAPPED):
                 self.kv.free(seq.seq_id)
         queue = {WAITING: self._waiting, RUNNING: self._running, SWAPPED: self._swapped}[group.status]
@@ -129,6 +134,7 @@ class Scheduler:
         """
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
+        self._version += 1
         # NOTE: beam-fork copies from the last finish_step go first. Only contiguous forks return copies, and
         # contiguous groups are never swapped, so no swap-out of this step can read a block before its copy lands.
         plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
@@ -152,7 +158,7 @@ class Scheduler:
         num_seqs, num_tokens = self.num_running_seqs, 0
         while self._waiting:
             group = self._waiting[0]
-            live = group.live_seqs()
+            live = group.live
             # NOTE: the budget counts the whole prompt, before knowing its prefix-cache hits (conservative).
             tokens = sum(group.prefill_lens())
             if num_seqs + len(live) > self.config.max_num_seqs:
@@ -177,7 +183,7 @@ class Scheduler:
         need = sum(-(-n // self.kv.block_size) for n in prefill_lens)
         return not self._watermark_blocks or self.kv.num_free_blocks - need >= self._watermark_blocks
 
-    def _admit(self, group: SequenceGroup, live: list[Sequence]) -> list[ScheduledSeq] | None:
+    def _admit(self, group: SequenceGroup, live: tuple[Sequence, ...]) -> list[ScheduledSeq] | None:
         """Give the group's live sequences their prefill memory; the prefill entries, or None with nothing changed."""
         kv, req, rid = self.kv, group.request, group.request_id
         if group.shares_prompt:  # fresh: one prompt, shared by all n (or k) sequences
@@ -215,14 +221,14 @@ class Scheduler:
         self._running = kept
 
     def _can_grow(self, group: SequenceGroup) -> bool:
-        ids = group.live_ids()
+        ids = group.live_seq_ids
         if self.kv.policy != "paged":  # contiguous: each sequence grows inside its own reservation
             return all(self.kv.can_append(i) for i in ids)
         return blocks_to_grow(self.kv, ids, 1) <= self.kv.num_free_blocks
 
     def _append(self, group: SequenceGroup, plan: StepPlan) -> list[ScheduledSeq]:
         entries = []
-        for seq in group.live_seqs():
+        for seq in group.live:
             computed = self.kv.num_tokens(seq.seq_id)
             copies = self.kv.append_slots(seq.seq_id, 1)
             if copies is None:
@@ -271,6 +277,7 @@ class Scheduler:
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         self._outstanding = None
+        self._version += 1
         for entry in plan.prefills + plan.decodes:
             seq = self._seqs.get(entry.seq_id)
             if seq is not None and seq.status is RUNNING:  # an abort in between leaves it FINISHED
@@ -283,13 +290,14 @@ class Scheduler:
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
         finished: list[int] = []
         for group in list(self._running):
-            live = group.live_seqs()
+            live = group.live
             ending = [s for s in live if s.seq_id in outcome.finished_seq_ids or s.num_generated >= s.output_len]
             if group.is_beam_search and (ending or group.request_id in beams_done):
                 ending = live
             for seq in ending:
                 self.kv.free(seq.seq_id)
-                seq.status = FINISHED
+            if ending:
+                group.finish(ending)
             if group.is_finished:
                 group.status = FINISHED
                 self._running.remove(group)
@@ -312,22 +320,24 @@ class Scheduler:
         """
         if max_steps < 1 or not self._running or self._swapped or self._outstanding is not None:
             return 0
+        state = (self._version, self.kv.num_free_blocks)
+        if self._last_run is not None and self._last_run[:2] == state:
+            _, _, asked, answer = self._last_run  # same state: answer < asked is the run's own bound
+            if answer < asked or max_steps <= asked:
+                return min(max_steps, answer)
         if self._waiting and self._may_admit() and self._head_may_fit():
-            return 0
-        return max_plain_run(self.kv, self._running, max_steps)
+            answer = 0
+        else:
+            answer = max_plain_run(self.kv, self._running, max_steps)
+        self._last_run = (*state, max_steps, answer)
+        return answer
 
     def _head_may_fit(self) -> bool:
         """Could the first waiting group be admitted now? (True when unsure: the run is then 0 steps.)"""
         group = self._waiting[0]
-        live = group.live_seqs()
-        if self.num_running_seqs + len(live) > self.config.max_num_seqs:
+        if self.num_running_seqs + len(group.live) > self.config.max_num_seqs:
             return False
-        req = group.request
-        if not self._above_watermark(group.prefill_lens()):
-            return False
-        if group.shares_prompt:
-            return self.kv.can_admit(req.prompt_len, [s.final_len for s in live], req.prompt_token_ids)
-        return len(live) > 1 or self.kv.can_admit(live[0].prefill_len, [live[0].final_len])
+        return self._above_watermark(group.prefill_lens()) and group_may_fit(self.kv, group)
 
     def advance_decode_run(self, k: int) -> None:
         """Apply exactly the state change of k rounds of plain decode steps (see decode_run_length), with the
@@ -335,10 +345,8 @@ class Scheduler:
         allowed = self.decode_run_length(k)
         if k < 1 or allowed < k:
             raise ValueError(f"advance_decode_run: k must be in [1, {allowed}] (the guaranteed run now), got {k}")
-        append_in_step_order(self.kv, [i for g in self._running for i in g.live_ids()], k)
-        for group in self._running:
-            for seq in group.live_seqs():
-                seq.num_generated += k
+        self._version += 1
+        advance_groups(self.kv, self._running, k)
 
     # --- read-only views for executors and metrics ----------------------------------------------------
     @property
@@ -355,7 +363,7 @@ class Scheduler:
 
     @property
     def num_running_seqs(self) -> int:
-        return sum(len(g.live_seqs()) for g in self._running)
+        return sum(len(g.live) for g in self._running)
 
     @property
     def num_preemptions(self) -> int:

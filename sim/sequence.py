@@ -19,14 +19,14 @@ final_len = prompt_len + output_len - 1.
 
 The functions at the end do what a group needs from the KV manager, in terms of its protocol: re-choose beams
 (free, then fork), and answer the scheduler's memory questions (will it ever fit, how many blocks its next
-appends take, how long a run of plain decodes memory allows).
+appends take). How long a run of plain decodes memory allows is sim/decode_run.py's question.
 """
 from __future__ import annotations
 
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from .kv.base import KVManager
 from .request import Request
@@ -66,7 +66,9 @@ class Sequence:
 @dataclass(slots=True)
 class SequenceGroup:
     request: Request
-    seqs: list[Sequence]  # the current sequences (live and finished; dropped beams are removed), in beam order
+    # The current sequences (live and finished; dropped beams are removed), in beam order. NOTE: replace it
+    # with set_seqs() and finish sequences with finish(), which keep the cached live tuple in step.
+    seqs: list[Sequence]
     arrival_order: int  # position in add_request order: the FCFS key
     status: SequenceStatus = SequenceStatus.WAITING
     # Admitted once with a shared prompt (True until the first preemption by recompute); afterwards every live
@@ -74,6 +76,17 @@ class SequenceGroup:
     # recompute for multi-sequence groups and swapped them instead).
     shares_prompt: bool = True
     pending_copies: list[tuple[int, int]] = field(default_factory=list)  # beam-fork copies for the next plan
+    # NOTE: the live sequences and their ids, cached: the scheduler asks for them several times per sequence
+    # and step, and they change only when a sequence finishes or beams are re-chosen (finish, set_seqs).
+    live: tuple[Sequence, ...] = field(init=False, repr=False, compare=False)
+    live_seq_ids: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._refresh_live()
+
+    def _refresh_live(self) -> None:
+        self.live = tuple(s for s in self.seqs if s.is_live)
+        self.live_seq_ids = tuple(s.seq_id for s in self.live)
 
     @property
     def request_id(self) -> int:
@@ -84,25 +97,37 @@ class SequenceGroup:
         return self.request.beam_width > 1
 
     def live_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if s.is_live]
+        return list(self.live)
 
     def live_ids(self) -> list[int]:
-        return [s.seq_id for s in self.seqs if s.is_live]
+        return list(self.live_seq_ids)
 
     def prefill_lens(self) -> list[int]:
         """Tokens each admission's prefill feeds: the shared prompt once, or (after recompute) each live sequence's."""
-        return [self.request.prompt_len] if self.shares_prompt else [s.prefill_len for s in self.live_seqs()]
+        return [self.request.prompt_len] if self.shares_prompt else [s.prefill_len for s in self.live]
 
     @property
     def is_finished(self) -> bool:
-        return not any(s.is_live for s in self.seqs)
+        return not self.live
 
     def set_status(self, status: SequenceStatus) -> None:
         """Move the group and all its live sequences to `status`."""
         self.status = status
-        for seq in self.seqs:
-            if seq.is_live:
-                seq.status = status
+        for seq in self.live:
+            seq.status = status
+        if status is SequenceStatus.FINISHED:
+            self._refresh_live()
+
+    def finish(self, seqs: Iterable[Sequence]) -> None:
+        """Mark these sequences of the group FINISHED (the group's own status is the caller's)."""
+        for seq in seqs:
+            seq.status = SequenceStatus.FINISHED
+        self._refresh_live()
+
+    def set_seqs(self, seqs: list[Sequence]) -> None:
+        """Replace the group's sequences (beam re-selection)."""
+        self.seqs = seqs
+        self._refresh_live()
 
 
 def reselect_beams(
@@ -113,7 +138,7 @@ def reselect_beams(
     parent's id, later ones get a new sequence from `new_seq(num_generated)`. The fork's copies (contiguous
     policies copy; paged ones share) wait in group.pending_copies for the next plan. Returns the dropped beams.
     """
-    live = {s.seq_id: s for s in group.live_seqs()}
+    live = {s.seq_id: s for s in group.live}
     width = group.request.beam_width
     valid = group.is_beam_search and group.status is SequenceStatus.RUNNING and len(parents) == width
     if not valid or not set(parents) <= live.keys():
@@ -135,7 +160,7 @@ def reselect_beams(
                 raise RuntimeError(f"fork of seq {parent_id}: expected room once dropped beams are freed, found none")
             group.pending_copies += copies
         beams.append(beam)
-    group.seqs = beams
+    group.set_seqs(beams)  # refreshes the cached live tuple: dropped beams are gone, forks are in
     return dropped
 
 
@@ -176,45 +201,17 @@ def blocks_to_grow(kv: KVManager, seq_ids: list[int], num_tokens: int) -> int:
     take m - 1 copies. NOTE: only siblings share a partly filled block (a prefix cache shares full blocks
     only), so the tables of the group's own sequences tell which last blocks are shared.
     """
-    bs, need, owners = kv.block_size, 0, Counter()
+    bs = kv.block_size
+    if len(seq_ids) == 1:  # the common case, made cheap: a lone sequence shares no partly filled block
+        n = kv.num_tokens(seq_ids[0])
+        return _cdiv(n + num_tokens, bs) - _cdiv(n, bs)
+    need, owners = 0, Counter()
     for seq_id in seq_ids:
         n = kv.num_tokens(seq_id)
         need += _cdiv(n + num_tokens, bs) - _cdiv(n, bs)
-        if n % bs and len(seq_ids) > 1:
+        if n % bs:
             owners[kv.block_table(seq_id)[-1]] += 1
     return need + sum(m - 1 for m in owners.values())
-
-
-def shares_partial_last_block(kv: KVManager, seq_ids: list[int]) -> bool:
-    """Paged: does any of these sibling sequences end in a partly filled block it shares (the next write copies)?"""
-    if len(seq_ids) < 2 or kv.policy != "paged":
-        return False
-    last = [kv.block_table(i)[-1] for i in seq_ids if kv.num_tokens(i) % kv.block_size]
-    return len(set(last)) < len(last)
-
-
-def append_in_step_order(kv: KVManager, seq_ids: list[int], num_steps: int) -> None:
-    """Append `num_steps` tokens to each sequence, allocating in the order `num_steps` single steps would
-    (step by step, sequences in the given order), so the block ids handed out are the same. Only a token that
-    opens a block allocates, so this jumps from one block-opening token to the next. Expects no copy-on-write.
-
-        block_size 4, seq a at 3 tokens, seq b at 1, 6 steps:  a opens blocks at steps 2 and 6, b at step 4
-        -> a +2 (new block), b +4 (new block), a +4 (new block), then top both up to +6
-    """
-    if kv.policy != "paged":  # contiguous: every token lands inside the sequence's reservation; nothing allocates
-        for seq_id in seq_ids:
-            kv.append_slots(seq_id, num_steps)
-        return
-    bs = kv.block_size
-    start = [kv.num_tokens(i) for i in seq_ids]
-    # step s (1-based) writes token position start + s - 1; it opens a block when that position % bs == 0
-    events = sorted((s, j) for j, n in enumerate(start) for s in range((-n) % bs + 1, num_steps + 1, bs))
-    done = list(start)
-    for step, j in events + [(num_steps, j) for j in range(len(seq_ids))]:
-        if start[j] + step > done[j]:
-            if kv.append_slots(seq_ids[j], start[j] + step - done[j]) != []:
-                raise RuntimeError(f"seq {seq_ids[j]}: expected a plain append (room checked, no copy), found otherwise")
-            done[j] = start[j] + step
 
 
 def fits_swap_in(kv: KVManager, seq_ids: list[int], watermark_blocks: int = 0) -> bool:
@@ -223,23 +220,3 @@ def fits_swap_in(kv: KVManager, seq_ids: list[int], watermark_blocks: int = 0) -
     swap, so its CPU tables tell the need."""
     need = len({b for i in seq_ids for b in kv.block_table(i)}) + blocks_to_grow(kv, seq_ids, 1)
     return kv.can_swap_in(seq_ids) and need + watermark_blocks <= kv.num_free_blocks
-
-
-def max_plain_run(kv: KVManager, groups: list[SequenceGroup], max_steps: int) -> int:
-    """The largest k <= max_steps such that k decode steps of these running groups copy nothing (no beam
-    search, no pending fork copy, no shared partly filled last block), finish nothing (each sequence stops
-    one step short of output_len) and find memory for every append (free memory only shrinks meanwhile)."""
-    if any(g.is_beam_search or g.pending_copies or shares_partial_last_block(kv, g.live_ids()) for g in groups):
-        return 0
-    live = [s for g in groups for s in g.live_seqs()]
-    ids, tokens, bs = [s.seq_id for s in live], [kv.num_tokens(s.seq_id) for s in live], kv.block_size
-    limit = min([max_steps] + [s.output_len - s.num_generated - 1 for s in live])
-    if kv.policy == "paged":  # no shared partly filled block (checked above): only the blocks tokens open count
-        fits = lambda k: sum(_cdiv(n + k, bs) - _cdiv(n, bs) for n in tokens) <= kv.num_free_blocks  # noqa: E731
-    else:  # contiguous: each sequence grows inside its own reservation
-        fits = lambda k: all(kv.can_append(i, k) for i in ids)  # noqa: E731
-    lo, hi = 0, max(limit, 0)  # binary search: fits is monotone in k and fits(0) holds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
