@@ -1,0 +1,347 @@
+"""The reference engine: vLLM's offline `LLM` API over the SIMULATOR's own scheduler and KV manager.
+
+DESIGN.md's central claim, made concrete: "the simulator is the engine with a simulated clock". This engine
+builds `sim.scheduler.Scheduler` over `sim.kv.make_kv_manager(...)`, exactly the objects the simulator
+drives, and executes their plans on a real model (vLLM v0's LLMEngine loop; Kwon et al., SOSP 2023, 4.5):
+
+    plan    = scheduler.schedule()                 # who runs, block tables, swaps, copies (sim/)
+    logits  = executor.execute(plan)               # the same moves on real K/V tensors, one forward pass
+    tokens  = sample(logits) / beam selection      # decides what the simulator reads from its workload:
+    result  = scheduler.finish_step(plan, outcome) #   which sequences finished, which beams survive
+
+The simulator decides outcomes from true lengths; here they come from sampled tokens. NOTE: the engine cannot
+know a request's true output length, so each `Request` says output_len = max_tokens; the contiguous policies
+(oracle, pow2) therefore reserve as if every request ran to max_tokens, and `max` reserves max_model_len.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from reference import executor as ex
+from reference.beam import Beam, BeamSearchState
+from reference.kv_cache import KVCache
+from reference.models.llama import LlamaForwardModel
+from reference.outputs import (BeamSearchOutput, BeamSearchSequence, CompletionOutput, EngineStats,
+                               RequestOutput, StepRecord)
+from reference.sampling import BeamSearchParams, SamplingParams, sample, sample_generator
+from sim.kv import make_kv_manager
+from sim.plan import ScheduledSeq, StepOutcome, StepPlan
+from sim.request import Request
+from sim.scheduler import Scheduler, SchedulerConfig
+
+Params = SamplingParams | BeamSearchParams
+
+
+@dataclass(slots=True)
+class _Seq:
+    index: int  # position among the request's samples / beams
+    token_ids: list[int]  # generated so far
+    cum_logprob: float = 0.0
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None  # None: greedy (or a beam)
+
+
+@dataclass(slots=True)
+class _RequestState:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: Params
+    max_tokens: int  # params.max_tokens, cut to what the model context leaves
+    seqs: dict[int, _Seq]  # scheduler seq id -> state: samples, or the current beams
+    beam: BeamSearchState | None = None
+    num_cached_tokens: int | None = None  # set at the first admission
+
+
+class LLM:
+    """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API."""
+
+    def __init__(self, model: str | LlamaForwardModel = "smollm2", *, policy: str = "paged", block_size: int = 16,
+                 num_gpu_blocks: int | None = None, kv_budget_bytes: int | None = None, num_cpu_blocks: int = 0,
+                 preemption: str = "recompute", max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
+                 enable_prefix_caching: bool = False, scheduler: str = "continuous", backend: str | None = None,
+                 device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0,
+                 max_model_len: int | None = None, tokenizer=None) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
+            self.model, self.tokenizer = model, tokenizer
+            self.device, self.dtype = model.device, model.dtype
+            if (device is not None and ex.default_device(device) != self.device) or dtype not in (None, self.dtype):
+                raise ValueError(f"the loaded model lives on {self.device} in {self.dtype}; "
+                                 "give device/dtype to load_model, not to LLM")
+        else:
+            from reference.models import load_model
+
+            self.device = ex.default_device(device)
+            self.dtype = ex.default_dtype(dtype, self.device)
+            self.model, self.tokenizer, _ = load_model(model, dtype=self.dtype, device=self.device)
+        ex.use_one_cpu_thread(self.device)
+        self.config = self.model.config
+        self.backend = ex.default_backend(backend, self.device)
+        context = self.config.max_position_embeddings
+        self.max_model_len = max_model_len or context
+        if not 2 <= self.max_model_len <= context:
+            raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {max_model_len}")
+        if policy != "paged" and (enable_prefix_caching or num_cpu_blocks):
+            raise ValueError(f"prefix caching and CPU swap space need policy 'paged' (got policy {policy!r})")
+        num_blocks = ex.num_gpu_blocks_for(self.config, block_size, self.dtype, self.device, num_gpu_blocks,
+                                           kv_budget_bytes)
+        self.block_size = block_size
+        self.kv_manager = make_kv_manager(policy, num_blocks * block_size, block_size=block_size,
+                                          max_seq_len=self.max_model_len,
+                                          enable_prefix_caching=enable_prefix_caching, num_cpu_blocks=num_cpu_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        batched = max_num_batched_tokens or max(self.max_model_len, 2048)  # vLLM v0's default without chunking
+        self.scheduler = Scheduler(self.kv_manager, SchedulerConfig(max_num_seqs, batched, scheduler, preemption))
+        self.kv_cache = KVCache.for_model(self.config, num_blocks, block_size, self.dtype, self.device,
+                                          num_cpu_blocks=num_cpu_blocks)
+        self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend)
+        self.stats = EngineStats()
+        self.step_log: list[StepRecord] = []
+        self._requests: dict[int, _RequestState] = {}
+        self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
+        self._next_request_id = 0
+        self._start = time.perf_counter()
+
+    @classmethod
+    def from_loaded(cls, model: LlamaForwardModel, tokenizer=None, config=None, **kwargs) -> LLM:
+        """An engine over an already-loaded model: `LLM.from_loaded(*load_model("smollm2"), policy="max")`.
+        Loading SmolLM2 takes seconds; building an engine around it takes milliseconds."""
+        if config is not None and config != model.config:
+            raise ValueError("config must be the model's own config (model.config)")
+        return cls(model, tokenizer=tokenizer, **kwargs)
+
+    # --- requests in ------------------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: Params | None = None, request_id: int | None = None) -> int:
+        """Queue one request; returns its id. ValueError (nothing changed) if it can never be served."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise ValueError(f"params must be SamplingParams or BeamSearchParams, got {type(params).__name__}")
+        ids = self._tokenize(prompt)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, too long for a context of {self.max_model_len} "
+                             f"(allowed: at most {self.max_model_len - 1} prompt tokens)")
+        max_tokens = min(params.max_tokens, self.max_model_len - len(ids))
+        rid = self._next_request_id if request_id is None else request_id
+        beam = isinstance(params, BeamSearchParams)
+        self.scheduler.add_request(Request(
+            rid, time.perf_counter() - self._start, len(ids), max_tokens,
+            n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
+            prompt_token_ids=ids if self.enable_prefix_caching else None))
+        self._next_request_id = max(self._next_request_id, rid + 1)
+        eos = () if params.ignore_eos else self.config.eos_token_ids
+        state = _RequestState(prompt if isinstance(prompt, str) else None, ids, params, max_tokens, {})
+        if beam:
+            state.beam = BeamSearchState(params.beam_width, max_tokens, eos, params.length_penalty)
+        seed = None if beam or params.greedy else (params.seed if params.seed is not None
+                                                   else int(self._rng.integers(2**62)))
+        for i, seq_id in enumerate(self.scheduler.seq_ids(rid)):
+            state.seqs[seq_id] = _Seq(i, [], generator=None if seed is None else sample_generator(seed, i))
+        self._requests[rid] = state
+        return rid
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: give prompts as lists of token ids")
+            ids = list(self.tokenizer(prompt).input_ids)
+        else:
+            ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.config.vocab_size for t in ids):
+                raise ValueError(f"prompt token ids must be in [0, {self.config.vocab_size}) (the vocabulary)")
+        if not ids:
+            raise ValueError("the prompt is empty (allowed: at least one token)")
+        return ids
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request wherever it is; its blocks return to the pool at once."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return  # unknown or already finished: nothing to do (vLLM's abort is idempotent too)
+        self.scheduler.abort(request_id)
+        self.stats.num_aborted_requests += 1
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- one iteration ----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler plan; the outputs of the requests that advanced (finished ones are final)."""
+        with torch.inference_mode():
+            start = time.perf_counter()
+            plan = self.scheduler.schedule()
+            if plan.is_empty:
+                self.scheduler.finish_step(plan, StepOutcome())
+                if self.scheduler.has_unfinished() and not self.scheduler.num_running + self.scheduler.num_swapped:
+                    raise RuntimeError(f"expected the scheduler to admit one of the {self.scheduler.num_waiting} "
+                                       "waiting requests into an idle engine, found an empty plan")
+                return []
+            logits, rows = self.executor.execute(plan, self._tokens_to_feed)
+            outcome, pending = self._sample(plan, logits, rows)
+            result = self.scheduler.finish_step(plan, outcome)
+            for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids
+                ids = result.new_beam_seq_ids[rid]
+                self._requests[rid].seqs = {i: _Seq(n, b.token_ids, b.cum_logprob) for n, (i, b) in
+                                            enumerate(zip(ids, beams))}
+            outputs = [self._output(rid) for rid in plan.request_ids()]
+            for rid in result.finished_request_ids:
+                del self._requests[rid]
+            self._record(plan, result.finished_request_ids, time.perf_counter() - start)
+        return outputs
+
+    def _tokens_to_feed(self, entry: ScheduledSeq) -> list[int]:
+        """prompt + generated, [num_computed : num_computed + num_new]; after recompute that includes generated
+        tokens. The fed range must end at the newest token: the scheduler and the engine agree on lengths."""
+        state = self._requests[entry.request_id]
+        tokens = state.prompt_token_ids + state.seqs[entry.seq_id].token_ids
+        end = entry.num_computed_tokens + entry.num_new_tokens
+        if end != len(tokens):
+            raise RuntimeError(f"seq {entry.seq_id}: expected the step to feed up to its {len(tokens)}th token, "
+                               f"found num_computed {entry.num_computed_tokens} + num_new {entry.num_new_tokens}")
+        if state.num_cached_tokens is None:
+            state.num_cached_tokens = entry.num_computed_tokens  # the first admission's prefix-cache hits
+            self.stats.num_cached_tokens += entry.num_computed_tokens
+        return tokens[entry.num_computed_tokens:end]
+
+    def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int]) -> tuple[StepOutcome, dict]:
+        """One token per sampling entry, one beam step per beam request: the outcome for the scheduler, and the
+        surviving beams (request_id -> list[Beam]) of every beam search that goes on."""
+        outcome, pending = StepOutcome(), {}
+        plain: list[tuple[ScheduledSeq, int]] = []
+        beam_rows: dict[int, dict[int, int]] = {}  # request_id -> seq_id -> logits row
+        for entry, row in zip(plan.prefills + plan.decodes, rows):
+            if self._requests[entry.request_id].beam is None:
+                plain.append((entry, row))
+            else:
+                beam_rows.setdefault(entry.request_id, {})[entry.seq_id] = row
+        if plain:
+            self._sample_plain(plain, logits, outcome)
+        for rid, row_of in beam_rows.items():
+            survivors = self._step_beams(rid, row_of, logits, outcome)
+            if survivors:
+                pending[rid] = survivors
+        return outcome, pending
+
+    def _sample_plain(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, outcome: StepOutcome) -> None:
+        states = [self._requests[e.request_id] for e, _ in plain]
+        seqs = [state.seqs[e.seq_id] for state, (e, _) in zip(states, plain)]
+        tokens, logprobs = sample(logits[[r for _, r in plain]], [st.params for st in states],
+                                  [s.generator for s in seqs])
+        for (entry, _), state, seq, token, logprob in zip(plain, states, seqs, tokens, logprobs):
+            seq.token_ids.append(token)
+            seq.cum_logprob += logprob
+            if not state.params.ignore_eos and token in self.config.eos_token_ids:
+                seq.finish_reason = "stop"
+            elif len(seq.token_ids) >= state.max_tokens:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                outcome.finished_seq_ids.add(entry.seq_id)
+                self._count_finish(seq.finish_reason)
+
+    def _step_beams(self, rid: int, row_of: dict[int, int], logits: torch.Tensor, outcome: StepOutcome) -> list[Beam]:
+        state = self._requests[rid]
+        if set(row_of) != set(state.seqs):
+            raise RuntimeError(f"request {rid}: expected all beams {sorted(state.seqs)} in the step, "
+                               f"found {sorted(row_of)}")
+        order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
+        beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
+        step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1))
+        if step.done:
+            outcome.finished_seq_ids.update(order)
+            self._count_finish(state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length")
+        else:
+            outcome.beam_parents[rid] = step.parents
+        return step.beams
+
+    def _count_finish(self, reason: str) -> None:
+        self.stats.finish_reasons[reason] = self.stats.finish_reasons.get(reason, 0) + 1
+
+    # --- outputs and records ----------------------------------------------------------------------------
+    def _decode(self, token_ids: list[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _output(self, request_id: int) -> RequestOutput:
+        state = self._requests[request_id]
+        if state.beam is not None and state.beam.done:  # the finished hypotheses, best first
+            outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, h.finish_reason)
+                       for i, h in enumerate(state.beam.hypotheses)]
+        else:
+            seqs = sorted(state.seqs.values(), key=lambda s: s.index)
+            outputs = [CompletionOutput(s.index, self._decode(s.token_ids), list(s.token_ids), s.cum_logprob,
+                                        s.finish_reason) for s in seqs]
+        finished = self.scheduler.is_finished(request_id)
+        return RequestOutput(request_id, state.prompt, list(state.prompt_token_ids), outputs, finished,
+                             state.num_cached_tokens or 0)
+
+    def _record(self, plan: StepPlan, finished: list[int], seconds: float) -> None:
+        self.stats.add_step(plan, finished, seconds, self.scheduler.num_preemptions)
+        memory = self.kv_manager.breakdown(waiting=self.scheduler.num_waiting > 0)
+        self.step_log.append(StepRecord.from_plan(self.stats.num_steps - 1, plan, finished,
+                                                  self.kv_manager.num_free_blocks, memory, seconds))
+
+    # --- offline API ------------------------------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One finished RequestOutput per prompt, in prompt order. prompts: str | list[str] | list[int] (one
+        prompt as ids) | list[list[int]]; params: one for all prompts or one per prompt."""
+        prompts = _prompt_list(prompts)
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts (allowed: 1 or equal)")
+        else:
+            params = [params if params is not None else SamplingParams()] * len(prompts)
+        if any(isinstance(p, BeamSearchParams) for p in params):
+            raise ValueError("generate() takes SamplingParams; use beam_search() for BeamSearchParams")
+        return self._run(prompts, params, use_tqdm)
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """The best `beam_width` hypotheses of each prompt (HF transformers' beam search rules, see beam.py)."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
+        prompts, results = _prompt_list(prompts), []
+        for out in self._run(prompts, [params] * len(prompts), False):
+            seqs = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
+                                       c.finish_reason, c.cumulative_logprob / len(c.token_ids) ** params.length_penalty)
+                    for c in out.outputs]
+            results.append(BeamSearchOutput(seqs))
+        return results
+
+    def _run(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
+        """Add every prompt (all or none: a bad one aborts those already added and raises), step until done."""
+        ids: list[int] = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(self.add_request(prompt, p))
+        except ValueError:
+            for rid in ids:
+                self.abort(rid)
+            raise
+        wanted, finals = set(ids), {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="requests", unit="req")
+        while len(finals) < len(wanted):
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    finals[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [finals[rid] for rid in ids]
+
+
+def _prompt_list(prompts) -> list:
+    """str -> [str]; a flat list of ints is ONE prompt given as token ids."""
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
+        return [prompts]
+    return prompts

@@ -1,0 +1,160 @@
+"""The model executor: carries out one scheduler `StepPlan` on real tensors and returns logits.
+
+vLLM v0's worker / model runner (Kwon et al., SOSP 2023, section 4.5 and 5) in one small class. The plan's
+block tables are already allocated by the shared scheduler and KV manager (sim/); here they only become
+tensors. In the order sim/plan.py prescribes:
+
+    1. swap out  (gpu_block -> cpu_block)   before anything can overwrite those GPU blocks
+    2. swap in   (cpu_block -> gpu_block)
+    3. copies    (src -> dst)               copy-on-write, contiguous beam forks
+    4. one forward pass over every FED entry: prefills first, then decodes (ForwardBatch's rule)
+
+Row mapping, for a plan with a shared-prompt group R (fed entry r0, sample-only sibling r1) and a decode d:
+
+    plan entries   prefills: r0 (feeds P tokens), r1 (feeds 0)   decodes: d
+    forward rows   r0 -> logits row 0                              d -> logits row 1
+    sampled from   r0: row 0, r1: row 0 (its group's fed entry)    d: row 1
+
+Also here: the defaults the engine derives from the device (backend, dtype, KV pool size).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+from reference.batch import ForwardBatch
+from reference.kv_cache import KVCache
+from reference.models.llama import LlamaForwardModel
+from sim.plan import ScheduledSeq, StepPlan
+
+BACKENDS = ("torch", "triton")
+# NOTE: the CPU default pool holds 64 requests of 512 tokens (DESIGN/ENGINE_API's "e.g."); SmolLM2 in float32
+# needs 45 KiB of K/V per token, so this is 1.4 GiB. The GPU default is 0.9 of free memory after the weights.
+CPU_DEFAULT_TOKENS = 64 * 512
+GPU_MEMORY_FRACTION = 0.9
+
+
+def default_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {device!r} (allowed: cpu, cuda, cuda:N)") from err
+
+
+def default_backend(backend: str | None, device: torch.device) -> str:
+    backend = backend or ("triton" if device.type == "cuda" else "torch")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r} (allowed: {', '.join(BACKENDS)})")
+    return backend
+
+
+def default_dtype(dtype: torch.dtype | None, device: torch.device) -> torch.dtype:
+    # float32 on CPU keeps greedy output equal to HF's float32 run; bfloat16 is what GPUs serve in.
+    return dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def use_one_cpu_thread(device: torch.device) -> None:
+    """NOTE: measured on the 2-core development boxes, one torch thread runs this small model faster than two
+    (OpenMP hand-offs cost more than they save at batch sizes of a few sequences). Respect the user's choice
+    when OMP_NUM_THREADS / MKL_NUM_THREADS is set. This is process-wide, as torch.set_num_threads is."""
+    if device.type == "cpu" and not (os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")):
+        torch.set_num_threads(1)
+
+
+def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torch.device,
+                       num_gpu_blocks: int | None, kv_budget_bytes: int | None) -> int:
+    """The KV pool size in blocks: given, or from a byte budget, or the device's default."""
+    if num_gpu_blocks is not None and kv_budget_bytes is not None:
+        raise ValueError("give at most one of num_gpu_blocks and kv_budget_bytes")
+    if num_gpu_blocks is not None:
+        if num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {num_gpu_blocks}")
+        return num_gpu_blocks
+    shape = dict(num_layers=config.num_layers, block_size=block_size, num_kv_heads=config.num_kv_heads,
+                 head_dim=config.head_dim, dtype=dtype)
+    if kv_budget_bytes is not None:
+        return KVCache.num_blocks_for_budget(**shape, budget_bytes=kv_budget_bytes)
+    if device.type == "cuda":
+        return KVCache.num_blocks_for_budget(**shape, fraction_of_free_memory=GPU_MEMORY_FRACTION, device=device)
+    return -(-CPU_DEFAULT_TOKENS // block_size)
+
+
+class ModelExecutor:
+    """Runs plans for one model over one KV cache."""
+
+    def __init__(self, model: LlamaForwardModel, kv_cache: KVCache, backend: str) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.backend = backend
+
+    def execute(self, plan: StepPlan, tokens_to_feed: Callable[[ScheduledSeq], list[int]]
+                ) -> tuple[torch.Tensor | None, list[int]]:
+        """Do the plan's block moves and its forward pass.
+
+        Returns (logits [num_fed, vocab] float32 on CPU, or None when nothing is fed; and for every entry of
+        plan.prefills + plan.decodes, the logits row it samples from).
+        """
+        cache = self.kv_cache
+        cache.swap_out(plan.blocks_to_swap_out)
+        cache.swap_in(plan.blocks_to_swap_in)
+        cache.copy_blocks(plan.blocks_to_copy)
+
+        entries = plan.prefills + plan.decodes
+        fed = [i for i, e in enumerate(entries) if e.num_new_tokens > 0]
+        if not fed:
+            return None, []
+        # NOTE: ForwardBatch classifies by shape, not by plan list: a prefill that feeds 1 token over a cached
+        # prefix (a prefix-cache hit up to the last prompt token) runs as a decode. Stable-partition so that
+        # every prefill-shaped entry comes first, as build() requires.
+        is_decode = {i: ForwardBatch.is_decode(entries[i].num_new_tokens, entries[i].num_computed_tokens) for i in fed}
+        order = [i for i in fed if not is_decode[i]] + [i for i in fed if is_decode[i]]
+        row_of = {entry_index: row for row, entry_index in enumerate(order)}
+        seqs = [(tokens_to_feed(entries[i]), entries[i].num_computed_tokens, entries[i].block_table) for i in order]
+        batch = ForwardBatch.build(seqs, cache.block_size, self.model.device)
+        logits = self.model.forward(batch.input_ids, batch.positions, batch, cache, self.backend)
+        cache.copy_blocks(_sibling_prompt_copies(plan, cache.block_size))
+        return logits.float().cpu(), _sample_rows(plan, row_of)
+
+
+def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int]:
+    """The logits row each entry samples from: its own, or (sample-only) its group's fed entry's."""
+    rows: list[int] = []
+    group_row: dict[int, int] = {}  # request_id -> row of its latest fed prefill entry
+    for i, entry in enumerate(plan.prefills + plan.decodes):
+        if entry.num_new_tokens > 0:
+            rows.append(row_of[i])
+            group_row[entry.request_id] = row_of[i]
+        elif entry.request_id in group_row:
+            rows.append(group_row[entry.request_id])
+        else:
+            raise RuntimeError(
+                f"sample-only entry of seq {entry.seq_id}: expected its request {entry.request_id}'s fed prefill "
+                "entry before it in plan.prefills, found none"
+            )
+    return rows
+
+
+def _sibling_prompt_copies(plan: StepPlan, block_size: int) -> list[tuple[int, int]]:
+    """(src, dst) copies that give each sample-only sibling the prompt K/V its group's fed entry just computed.
+
+    Paged siblings share the fed entry's blocks (same table): nothing to copy. NOTE: a contiguous (Orca) group
+    gives each sequence its own run, and the plan computes the shared prompt once, into the first run only;
+    the other runs must receive a copy AFTER the forward pass, block i to block i, or their next decode would
+    read an empty prompt. (Orca would compute each copy; copying gives the same K/V for less work.)
+    """
+    copies: list[tuple[int, int]] = []
+    fed: dict[int, ScheduledSeq] = {}  # request_id -> its latest fed prefill entry
+    for entry in plan.prefills:
+        if entry.num_new_tokens > 0:
+            fed[entry.request_id] = entry
+            continue
+        src = fed.get(entry.request_id)
+        if src is None:  # a malformed plan: _sample_rows names the problem
+            continue
+        num_blocks = -(-(src.num_computed_tokens + src.num_new_tokens) // block_size)
+        copies += [(a, b) for a, b in zip(src.block_table[:num_blocks], entry.block_table[:num_blocks]) if a != b]
+    return copies

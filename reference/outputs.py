@@ -1,0 +1,116 @@
+"""What the engine hands back: per-request outputs (vLLM's shapes), and its per-step log and counters.
+
+`RequestOutput` / `CompletionOutput` mirror vllm/outputs.py and `BeamSearchSequence` /
+`BeamSearchOutput` mirror vllm/beam_search.py, so code written against vLLM's offline API reads them
+unchanged. `StepRecord` and `EngineStats` are this lab's own: one record per executed scheduler plan
+(what ran, what moved, how much memory is left), and running totals over the engine's life. They are
+what notebooks plot and what the simulator-vs-engine checks compare.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.kv.base import BlockCopy, MemoryBreakdown
+from sim.plan import StepPlan
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int  # which of the request's n samples (or beams, best first)
+    text: str  # the generated text so far (special tokens skipped, as vLLM does by default)
+    token_ids: list[int]  # generated ids; an end-of-sequence token that stopped it is included
+    cumulative_logprob: float  # sum of the raw log-probabilities of token_ids
+    finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: int
+    prompt: str | None  # None when the prompt was given as token ids
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache at admission
+
+
+@dataclass(slots=True)
+class BeamSearchSequence:
+    tokens: list[int]  # prompt + generated ids
+    text: str  # the generated text
+    cum_logprob: float  # sum of the generated tokens' log-probabilities
+    finish_reason: str | None  # "stop" (ended with an end-of-sequence token) or "length"
+    score: float = 0.0  # cum_logprob / generated_len ** length_penalty: the ranking key
+
+
+@dataclass(slots=True)
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]  # best first
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One executed scheduler plan."""
+
+    step: int  # 0-based count of executed plans
+    prefills: list[tuple[int, int, int, int]]  # (request_id, seq_id, num_computed_tokens, num_new_tokens)
+    decodes: list[int]  # seq ids that fed one token
+    preempted: list[int]  # request ids preempted while building the plan
+    blocks_to_swap_out: list[BlockCopy]  # (gpu_block, cpu_block)
+    blocks_to_swap_in: list[BlockCopy]  # (cpu_block, gpu_block)
+    blocks_to_copy: list[BlockCopy]  # (src, dst): copy-on-write and contiguous beam forks
+    finished_request_ids: list[int]
+    num_running_requests: int  # requests with a sequence in this step
+    num_batched_tokens: int  # tokens the forward pass ran (a shared prompt counts once)
+    num_free_blocks: int  # GPU blocks free after the step
+    memory: MemoryBreakdown  # the KV pool after the step, five kinds of slot (DESIGN.md)
+    step_time_s: float  # wall time to execute the plan: copies, forward pass, sampling
+
+    @classmethod
+    def from_plan(cls, step: int, plan: StepPlan, finished: list[int], num_free_blocks: int,
+                  memory: MemoryBreakdown, step_time_s: float) -> StepRecord:
+        return cls(
+            step=step,
+            prefills=[(e.request_id, e.seq_id, e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills],
+            decodes=[e.seq_id for e in plan.decodes], preempted=list(plan.preempted),
+            blocks_to_swap_out=list(plan.blocks_to_swap_out), blocks_to_swap_in=list(plan.blocks_to_swap_in),
+            blocks_to_copy=list(plan.blocks_to_copy), finished_request_ids=list(finished),
+            num_running_requests=len(plan.request_ids()), num_batched_tokens=plan.num_batched_tokens,
+            num_free_blocks=num_free_blocks, memory=memory, step_time_s=step_time_s)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_steps: int = 0  # executed plans
+    num_preemptions: int = 0  # groups preempted (recompute or swap), as the scheduler counts them
+    max_concurrent_requests: int = 0  # most requests with a sequence in one step
+    max_concurrent_seqs: int = 0  # most sequences sampling in one step
+    num_generated_tokens: int = 0  # tokens sampled (every sequence, every step)
+    num_prefill_tokens: int = 0  # tokens fed by prefills, recomputation included
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    num_swapped_out_blocks: int = 0
+    num_swapped_in_blocks: int = 0
+    num_copied_blocks: int = 0
+    num_finished_requests: int = 0
+    num_aborted_requests: int = 0
+    busy_time_s: float = 0.0  # sum of step_time_s
+    finish_reasons: dict[str, int] = field(default_factory=dict)  # finished samples (and beam requests) per reason
+
+    def add_step(self, plan: StepPlan, finished: list[int], step_time_s: float, num_preemptions: int) -> None:
+        """Count one executed plan. `num_preemptions` is the scheduler's running total."""
+        self.num_steps += 1
+        self.num_preemptions = num_preemptions
+        self.max_concurrent_requests = max(self.max_concurrent_requests, len(plan.request_ids()))
+        self.max_concurrent_seqs = max(self.max_concurrent_seqs, plan.num_seqs)
+        self.num_generated_tokens += plan.num_seqs
+        self.num_prefill_tokens += sum(e.num_new_tokens for e in plan.prefills)
+        self.num_swapped_out_blocks += len(plan.blocks_to_swap_out)
+        self.num_swapped_in_blocks += len(plan.blocks_to_swap_in)
+        self.num_copied_blocks += len(plan.blocks_to_copy)
+        self.num_finished_requests += len(finished)
+        self.busy_time_s += step_time_s
