@@ -3,6 +3,8 @@
     python -m sim run --model opt-13b --gpu a100-40gb --workload sharegpt --rate 2 --duration 3600 --policy paged --json
     python -m sim bench [--quick] [--csv PATH]          simulator speed (sim.bench_sim)
     python -m sim bench-alloc ...                       allocator ops/s (sim.bench_alloc)
+    python -m sim figures [--only NAME ...] [--quick]   the paper-style figures into figures/ (sim.figures)
+    python -m sim sweep --grid 'rate=1,2' [--set ...]   sim.run over a parameter grid, one CSV row each (sim.sweep)
 
 Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
 dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import NoReturn
 
@@ -55,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_bench_parser(sub)
     add_bench_alloc_parser(sub)
+    add_figures_parser(sub)
+    add_sweep_parser(sub)
     return parser
 
 
@@ -183,6 +188,42 @@ def _bench_alloc(args: argparse.Namespace) -> int:
     from .bench_alloc import main as bench_alloc_main
 
     return bench_alloc_main(args.extra)
+
+
+def add_figures_parser(sub) -> None:
+    p = sub.add_parser("figures", help="regenerate the paper-style figures (PNG + CSV) into figures/",
+                       description="Simulate and draw the vLLM paper's utilization and throughput figures "
+                       "(sim.figures): each NAME.png beside the NAME.csv it was drawn from.")  # fmt: skip
+    p.add_argument("--only", nargs="+", metavar="NAME", help="just these figures (default: all; see sim.figures)")
+    p.add_argument("--out", default="figures", metavar="DIR", help="output folder (default: figures)")
+    p.add_argument("--quick", action="store_true", help="short traces, few points: a reduced version of each figure")
+    p.add_argument("--jobs", type=int, help="worker processes (default: the usable CPU cores)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_figures)
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    import time
+
+    from .figures import make_figures
+
+    started, before = time.perf_counter(), os.times()
+    written = make_figures(args.only, args.out, quick=args.quick, jobs=args.jobs, progress=not args.no_progress)
+    for path in written:
+        print(path)
+    after = os.times()
+    cpu = sum(after[:4]) - sum(before[:4])  # user + system, this process and its finished worker processes
+    print(f"{len(written)} files in {time.perf_counter() - started:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr)
+    return 0
+
+
+def add_sweep_parser(sub) -> None:
+    from . import sweep
+
+    p = sub.add_parser("sweep", help="run sim.run over a grid of parameters, one CSV row per point",
+                       description=sweep.__doc__.split("\n\n")[0])  # fmt: skip
+    sweep.add_arguments(p)
+    p.set_defaults(func=sweep.run_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,104 @@
+"""Paper-style figures: the vLLM paper's (Kwon et al., SOSP 2023) utilization and throughput results, simulated.
+
+    python -m sim figures [--only NAME ...] [--out DIR] [--quick] [--jobs N]
+
+Each figure is a `FigureSpec`: the simulation points it needs (`sim.sweep.Task`s, each with its probes) and
+how to draw them. `make_figures` gathers the points of every figure asked for, merges equal ones (the same
+run() keywords run once, with the union of their probes: e.g. the ShareGPT 2 req/s runs feed Figs. 1, 2, 3,
+4 and 5), runs them all in parallel processes with one progress bar (sim.sweep.run_tasks), and draws each
+figure as soon as its last point is in. Every figure writes NAME.png beside NAME.csv, the data it draws.
+
+    memory_waste       Fig. 2    memory breakdown per system (whole pool, and memory in use)
+    memory_timeline    -         the breakdown over time, same trace for every system
+    memory_map         Figs. 3/6 the KV pool slot by slot at one moment, contiguous vs paged
+    latency_vs_rate    Fig. 12   normalized latency vs request rate, ShareGPT and Alpaca
+    batch_size         Fig. 13   mean batched requests
+    sharing            Fig. 15   memory saved by sharing (parallel sampling, beam search)
+    shared_prefix      Fig. 16   a shared few-shot prefix, with and without prefix caching
+    block_size         Fig. 18b  block size: latency and memory
+    recompute_vs_swap  Fig. 19   preemption by recompute vs swap across block sizes
+
+`quick=True` shortens every trace and keeps a few points per curve (seconds per figure; the tests use it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..sweep import PointResult, SweepError, Task, run_tasks
+from . import ablations, memory, sharing, throughput
+
+
+@dataclass(frozen=True, slots=True)
+class FigureSpec:
+    name: str
+    tasks: Callable[[bool], list[Task]]  # quick -> the simulation points the figure needs
+    draw: Callable[..., list[Path]]  # (runs: [(task, result)], outdir, quick) -> files written
+
+
+FIGURES = {spec.name: spec for spec in (
+    FigureSpec("memory_waste", memory.waste_tasks, memory.draw_waste),
+    FigureSpec("memory_timeline", memory.timeline_tasks, memory.draw_timeline),
+    FigureSpec("memory_map", memory.map_tasks, memory.draw_map),
+    FigureSpec("latency_vs_rate", throughput.latency_tasks, throughput.draw_latency),
+    FigureSpec("batch_size", throughput.batch_tasks, throughput.draw_batch),
+    FigureSpec("sharing", sharing.sharing_tasks, sharing.draw_sharing),
+    FigureSpec("shared_prefix", sharing.prefix_tasks, sharing.draw_prefix),
+    FigureSpec("block_size", ablations.block_tasks, ablations.draw_block),
+    FigureSpec("recompute_vs_swap", ablations.preemption_tasks, ablations.draw_preemption),
+)}  # fmt: skip
+
+
+def merge_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
+    """Equal run() keywords run once, with every probe asked for. Returns the merged tasks and, for each input
+    task, the index of the merged task that serves it."""
+    index: dict[tuple, int] = {}
+    probes: list[dict] = []
+    where = []
+    for task in tasks:
+        i = index.setdefault(task.kwargs, len(index))
+        if i == len(probes):
+            probes.append({})
+        for probe in task.probes:
+            if probes[i].setdefault(probe.name, probe) != probe:
+                raise RuntimeError(f"two figures ask one run for different {probe.name!r} probes: "
+                                   f"expected {probes[i][probe.name]}, found {probe}")  # fmt: skip
+        where.append(i)
+    merged = [Task(kwargs, tuple(p.values())) for kwargs, p in zip(index, probes)]
+    return merged, where
+
+
+def make_figures(names=None, outdir="figures", quick: bool = False, jobs: int | None = None,
+                 progress: bool = True) -> list[Path]:  # fmt: skip
+    """Simulate and draw the figures `names` (default: all of FIGURES) into `outdir`; returns the files written."""
+    names = list(FIGURES) if not names else list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        raise SweepError(f"unknown figure {unknown[0]!r} (allowed: {', '.join(FIGURES)})")
+    wanted = {name: FIGURES[name].tasks(quick) for name in names}
+    flat = [(name, task) for name, tasks in wanted.items() for task in tasks]
+    merged, where = merge_tasks([task for _, task in flat])
+    needs: dict[int, set[str]] = {}  # merged task -> the figures still waiting for it
+    for (name, _), i in zip(flat, where):
+        needs.setdefault(i, set()).add(name)
+    pending = {name: {where[k] for k, (n, _) in enumerate(flat) if n == name} for name in names}
+    results: dict[int, PointResult] = {}
+    written: list[Path] = []
+
+    def draw(name: str) -> None:
+        runs = [(task, results[where[k]]) for k, (n, task) in enumerate(flat) if n == name]
+        written.extend(FIGURES[name].draw(runs, Path(outdir), quick))
+
+    def on_result(i: int, result: PointResult) -> None:  # draw each figure as soon as its last point is in
+        results[i] = result
+        for name in sorted(needs[i], key=names.index):
+            pending[name].discard(i)
+            if not pending[name]:
+                draw(name)
+
+    run_tasks(merged, jobs=jobs, progress=progress, desc="figure simulations", on_result=on_result)
+    return written
+
+
+__all__ = ["FIGURES", "FigureSpec", "make_figures", "merge_tasks"]

@@ -1,0 +1,280 @@
+"""Parameter sweeps: run `sim.run` at every point of a grid, in parallel, and collect one row per point.
+
+The paper's evaluation (vLLM, Kwon et al., SOSP 2023, section 6) is a set of sweeps: latency against
+request rate per system (Fig. 12), block size (Fig. 18), preemption mode (Fig. 19). Every point is an
+independent simulation, so points run in separate processes: `concurrent.futures.ProcessPoolExecutor` on
+this machine (`backend="local"`), or tasks on a Ray cluster (`backend="ray"`, the optional `ray` extra).
+Results come back in the order of the points whatever order they finish in, so a sweep is deterministic.
+
+    python -m sim sweep --grid 'policy=max,pow2,oracle,paged' --grid 'rate=1,2,3' --set duration=600 --out r.csv
+
+A point may carry *probes*: small recorders that watch a run through `sim.run(on_step=...)` or read its
+per-step table, and return a compact result (the figures use them: `sim.figures.probes`). A probe is a
+frozen dataclass with a `name` and `start()`, which returns a recorder with `on_step(simulator, plan)` (or
+`on_step = None`) and `finish(result) -> value`; probes travel to the worker process by pickling.
+"""
+from __future__ import annotations
+
+import csv
+import inspect
+import itertools
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .api import run
+from .kv import POLICIES
+from .scheduler import MODES, PREEMPTION_MODES
+from .slots import ALLOCATORS
+from .specs import GPUS, MODELS
+from .workload import ARRIVALS, DATASETS
+
+BACKENDS = ("local", "ray")
+RAY_MISSING = "--backend ray needs the 'ray' extra: pip install 'paged-attention-lab[ray]'"
+# run() keywords a sweep cannot set from text: objects, callbacks, and the terminal progress bar.
+NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress")
+CHOICES = {"policy": POLICIES, "workload": DATASETS, "preemption": PREEMPTION_MODES, "scheduler": MODES,
+           "arrival": ARRIVALS, "allocator": tuple(ALLOCATORS), "model": tuple(MODELS), "gpu": tuple(GPUS)}  # fmt: skip
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
+class SweepError(ValueError):
+    """Bad sweep input (a grid name or value, a backend): the CLI prints it as one `error:` line, exit 2."""
+
+
+def sweepable_params() -> dict[str, str]:
+    """run() keyword -> its annotation text (`from __future__ import annotations` keeps annotations as text)."""
+    params = inspect.signature(run).parameters
+    return {name: str(p.annotation) for name, p in params.items() if name not in NOT_SWEEPABLE}
+
+
+def parse_value(name: str, text: str):
+    """One value of run() keyword `name`, typed from run()'s annotation: 'none' -> None where allowed,
+    booleans as true/false/on/off, 'LO:HI' for a (low, high) range, and choices checked up front."""
+    params = sweepable_params()
+    if name not in params:
+        raise SweepError(f"unknown sweep parameter {name!r} (allowed: {', '.join(params)})")
+    kind, text = params[name], text.strip()
+    if "None" in kind and text.lower() == "none":
+        return None
+    try:
+        if kind.startswith("bool"):
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return text.lower() in _TRUE
+        if kind.startswith("tuple"):
+            low, high = (int(x) for x in text.split(":"))
+            return low, high
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+    except ValueError:
+        raise SweepError(f"{name}: cannot read {text!r} as {kind} (e.g. {_example(kind)})") from None
+    if name in CHOICES and text not in CHOICES[name]:
+        raise SweepError(f"{name}: got {text!r} (allowed: {', '.join(CHOICES[name])})")
+    return text
+
+
+def _example(kind: str) -> str:
+    for prefix, example in (("bool", "true, off"), ("tuple", "16:512"), ("int", "16"), ("float", "2.5")):
+        if kind.startswith(prefix):
+            return example
+    return "a word"
+
+
+def parse_assignment(spec: str) -> tuple[str, list]:
+    """'name=v1,v2,...' -> (name, [typed values])."""
+    name, sep, values = spec.partition("=")
+    if not sep or not name.strip() or not values.strip():
+        raise SweepError(f"expected NAME=VALUE[,VALUE...], got {spec!r}")
+    name = name.strip().replace("-", "_")
+    return name, [parse_value(name, v) for v in values.split(",")]
+
+
+def grid_points(grid: dict[str, list], fixed: dict | None = None) -> list[dict]:
+    """Every combination of the grid's values (the first name varies slowest), each merged over `fixed`."""
+    names = list(grid)
+    return [{**(fixed or {}), **dict(zip(names, combo))} for combo in itertools.product(*grid.values())]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One simulation: run() keywords, and the probes that watch it."""
+
+    kwargs: tuple[tuple[str, object], ...]  # sorted (name, value) pairs: hashable, so equal tasks merge
+    probes: tuple = ()
+
+    @classmethod
+    def of(cls, probes: tuple = (), **kwargs) -> "Task":
+        return cls(tuple(sorted(kwargs.items())), tuple(probes))
+
+    @property
+    def params(self) -> dict:
+        return dict(self.kwargs)
+
+
+@dataclass(slots=True)
+class PointResult:
+    summary: dict  # the `python -m sim run --json` object
+    probes: dict = field(default_factory=dict)  # probe name -> what its recorder's finish() returned
+    cpu_s: float = 0.0  # CPU seconds the run took in its worker (for budgeting sweeps; never in results)
+
+
+def run_task(task: Task) -> PointResult:
+    """Run one task (in whatever process it lands): sim.run with the probes' recorders attached."""
+    cpu = time.process_time()
+    recorders = {probe.name: probe.start() for probe in task.probes}
+    watchers = [r.on_step for r in recorders.values() if r.on_step is not None]
+
+    def on_step(simulator, plan) -> None:
+        for watch in watchers:
+            watch(simulator, plan)
+
+    result = run(**task.params, on_step=on_step if watchers else None)
+    probes = {name: r.finish(result) for name, r in recorders.items()}
+    return PointResult(result.summary, probes, time.process_time() - cpu)
+
+
+def cost_hint(params: dict) -> float:
+    """A rough relative cost of a run (simulated sequences), to start the longest runs first.
+    Modelling approximation for scheduling only: it never changes a result, only the order work starts in."""
+    rate = params.get("rate") or 2.0
+    count = params.get("num_requests") or rate * (params.get("duration") or 3600.0)
+    seqs = max(params.get("n", 1), params.get("beam_width", 1))
+    beam = 3.0 if params.get("beam_width", 1) > 1 else 1.0  # beam search forks and frees every step
+    return count * seqs * beam * (2.0 if params.get("block_size", 16) < 4 else 1.0)
+
+
+def default_jobs() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_tasks(tasks: list[Task], *, jobs: int | None = None, backend: str = "local", progress: bool = True,
+              desc: str = "simulations", on_result=None) -> list[PointResult]:  # fmt: skip
+    """Run every task; results in the order of `tasks`. `jobs`: worker processes (default: the usable cores;
+    1 runs in this process). `on_result(index, result)` is called as each one finishes (any order)."""
+    if backend not in BACKENDS:
+        raise SweepError(f"backend: got {backend!r} (allowed: {', '.join(BACKENDS)})")
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise SweepError(f"jobs: got {jobs} (allowed: an integer >= 1)")
+    results: list[PointResult | None] = [None] * len(tasks)
+    bar = tqdm(total=len(tasks), desc=desc, unit="run", disable=not progress, file=sys.stderr)
+
+    def done(index: int, result: PointResult) -> None:
+        results[index] = result
+        bar.update()
+        if on_result is not None:
+            on_result(index, result)
+
+    # NOTE: the costliest runs start first, so the last worker to finish is not left with the biggest run.
+    order = sorted(range(len(tasks)), key=lambda i: -cost_hint(tasks[i].params))
+    if backend == "ray":
+        _run_ray(tasks, order, done)
+    elif jobs == 1 or len(tasks) <= 1:
+        for i in order:
+            done(i, run_task(tasks[i]))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+            futures = {pool.submit(run_task, tasks[i]): i for i in order}
+            try:
+                for future in as_completed(futures):
+                    done(futures[future], future.result())
+            except BaseException:  # a bad point (or Ctrl-C): don't start the rest
+                pool.shutdown(wait=False, cancel_futures=True)
+                bar.close()
+                raise
+    bar.close()
+    return results
+
+
+def _run_ray(tasks: list[Task], order: list[int], done) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise SweepError(RAY_MISSING) from None
+    if not ray.is_initialized():
+        try:
+            ray.init(address="auto")  # a running cluster (`ray start --head`), if there is one
+        except (ConnectionError, RuntimeError):
+            ray.init()  # else a local Ray on this machine
+    remote = ray.remote(run_task)
+    pending = {remote.remote(tasks[i]): i for i in order}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            done(pending.pop(ref), ray.get(ref))
+
+
+def summary_row(params: dict, summary: dict) -> dict:
+    """The point's parameters, then the summary's scalar fields (not already a parameter), then the memory
+    shares flattened as memory.<kind> (of the whole pool) and memory_busy.<kind> (of the non-free pool)."""
+    row = dict(params)
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            row.update({f"{key}.{name}": share for name, share in value.items()})
+        elif key not in row:
+            row[key] = value
+    return row
+
+
+def sweep(grid: dict[str, list], fixed: dict | None = None, *, jobs: int | None = None, backend: str = "local",
+          progress: bool = True) -> list[dict]:  # fmt: skip
+    """Run sim.run at every grid point (over the `fixed` keywords); one `summary_row` per point, in grid order."""
+    for name, values in {**grid, **(fixed or {})}.items():
+        if name not in sweepable_params():
+            raise SweepError(f"unknown sweep parameter {name!r} (allowed: {', '.join(sweepable_params())})")
+        if isinstance(values, list) and not values:
+            raise SweepError(f"{name}: the grid gives no values")
+    points = grid_points(grid, fixed)
+    results = run_tasks([Task.of(**p) for p in points], jobs=jobs, backend=backend, progress=progress)
+    return [summary_row(p, r.summary) for p, r in zip(points, results)]
+
+
+def write_csv(rows: list[dict], path: str | Path | None) -> None:
+    """Rows as CSV (columns in first-seen order) to `path`, or to stdout when path is None."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    f = sys.stdout if path is None else open(path, "w", newline="")
+    try:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    finally:
+        if path is not None:
+            f.close()
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="a run() parameter and its values; repeat for a grid (every combination runs)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a run() parameter held fixed at every point (e.g. duration=600)")
+    parser.add_argument("--jobs", type=int, help="worker processes (default: the usable CPU cores)")
+    parser.add_argument("--backend", default="local", metavar="{local,ray}",
+                        help="local processes, or a Ray cluster (the 'ray' extra) (default: local)")
+    parser.add_argument("--out", metavar="PATH", help="CSV file to write (default: stdout)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")  # fmt: skip
+
+
+def run_from_args(args) -> int:
+    if not args.grid:
+        raise SweepError("give at least one --grid NAME=V1,V2,...")
+    grid, fixed = dict(parse_assignment(g) for g in args.grid), {}
+    for spec in args.set:
+        name, values = parse_assignment(spec)
+        if len(values) != 1:
+            raise SweepError(f"--set {spec!r}: expected exactly one value (use --grid to vary it)")
+        fixed[name] = values[0]
+    if args.backend not in BACKENDS:
+        raise SweepError(f"--backend: got {args.backend!r} (allowed: {', '.join(BACKENDS)})")
+    rows = sweep(grid, fixed, jobs=args.jobs, backend=args.backend, progress=not args.no_progress)
+    write_csv(rows, args.out)
+    if args.out:
+        print(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,130 @@
+"""sim.figures: every figure regenerates (reduced, --quick) into PNG + CSV with sensible values, and the memory
+map draws exactly the memory breakdown the KV managers report."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from sim.figures import FIGURES, make_figures, merge_tasks
+from sim.figures.memory_map import draw_memory_map, slot_map
+from sim.figures.probes import Sharing, Timeline
+from sim.figures.style import new_figure
+from sim.kv import make_kv_manager
+from sim.kv.base import SHARE_NAMES
+from sim.sweep import Task
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARE_TOLERANCE = 1e-4  # CSV floats carry 6 significant digits; five of them summed are within this of 1
+
+
+@pytest.fixture(scope="module")
+def quick_figures(tmp_path_factory) -> Path:
+    outdir = tmp_path_factory.mktemp("figures")
+    written = make_figures(outdir=outdir, quick=True, jobs=2, progress=False)
+    assert sorted(p.name for p in written) == sorted(f"{n}.{ext}" for n in FIGURES for ext in ("png", "csv"))
+    return outdir
+
+
+def read_rows(outdir: Path, name: str) -> list[dict]:
+    with open(outdir / f"{name}.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_figure_is_a_png_beside_its_csv(quick_figures):
+    for name in FIGURES:
+        image = matplotlib.image.imread(quick_figures / f"{name}.png")
+        assert image.shape[0] > 300 and image.shape[1] > 600, name  # a real figure, not an empty canvas
+        assert len(read_rows(quick_figures, name)) >= 3, name
+
+
+def test_memory_waste_shares_sum_to_one_and_paged_holds_the_most_tokens(quick_figures):
+    rows = read_rows(quick_figures, "memory_waste")
+    for row in rows:
+        shares = [float(row[n]) for n in SHARE_NAMES if row[n] != ""]
+        assert sum(shares) == pytest.approx(1, abs=SHARE_TOLERANCE)
+    busy = {r["policy"]: float(r["token_states"]) for r in rows if r["view"] == "memory in use"}
+    assert busy["paged"] > busy["oracle"] > busy["max"]
+    paper = {r["policy"]: float(r["paper_token_states"]) for r in rows if r["view"] == "memory in use"}
+    assert paper == {"max": 0.204, "pow2": 0.268, "oracle": 0.382, "paged": 0.963}
+
+
+def test_memory_timeline_and_map_cover_the_pool(quick_figures):
+    for row in read_rows(quick_figures, "memory_timeline"):
+        if row["token_states"] not in ("", "nan"):
+            assert sum(float(row[n]) for n in SHARE_NAMES) == pytest.approx(1, abs=SHARE_TOLERANCE)
+    for row in read_rows(quick_figures, "memory_map"):
+        assert sum(int(row[n]) for n in SHARE_NAMES) == int(row["num_slots"])
+
+
+def test_throughput_figures_rank_the_systems_as_the_paper(quick_figures):
+    batch = {(r["workload"], r["system"]): float(r["mean_batch_size"]) for r in read_rows(quick_figures, "batch_size")}
+    for workload in ("sharegpt", "alpaca"):
+        assert batch[workload, "paged"] >= batch[workload, "oracle"] >= batch[workload, "max"]
+    latency = read_rows(quick_figures, "latency_vs_rate")
+    assert {r["system"] for r in latency} == {"static", "max", "pow2", "oracle", "paged"}
+    assert all(float(r["normalized_latency_s_per_token"]) > 0 for r in latency)
+
+
+def test_sharing_saves_more_with_beams_than_with_samples(quick_figures):
+    saving = {(r["kind"], int(r["width"])): float(r["memory_saving"]) for r in read_rows(quick_figures, "sharing")}
+    for width in (2, 4, 6):
+        assert 0 < saving["n", width] < saving["beam_width", width] < 1
+
+
+def test_block_size_and_preemption_figures_have_every_point(quick_figures):
+    sizes = {(r["workload"], int(r["block_size"])) for r in read_rows(quick_figures, "block_size")}
+    assert sizes == {(w, b) for w in ("sharegpt", "alpaca") for b in (4, 16, 64)}
+    modes = {(r["preemption"], int(r["block_size"])) for r in read_rows(quick_figures, "recompute_vs_swap")}
+    assert modes == {(m, b) for m in ("recompute", "swap") for b in (4, 16, 64)}
+    prefix = read_rows(quick_figures, "shared_prefix")
+    assert {(r["prefix"], r["system"]) for r in prefix} == {
+        (p, s) for p in ("1-shot", "5-shot") for s in ("oracle", "paged", "paged+prefix")}
+
+
+def test_equal_runs_merge_and_keep_every_probe():
+    a = Task.of((Timeline(),), policy="paged", rate=2.0)
+    b = Task.of((Sharing(),), rate=2.0, policy="paged")  # the same keywords in another order
+    c = Task.of(policy="max", rate=2.0)
+    merged, where = merge_tasks([a, b, c])
+    assert where == [0, 0, 1]
+    assert {p.name for p in merged[0].probes} == {"timeline", "sharing"} and merged[1].probes == ()
+
+
+def test_memory_map_counts_equal_the_paged_breakdown():
+    kv = make_kv_manager("paged", 64, block_size=4)  # 16 blocks of 4 slots
+    kv.admit([0, 1], 6, [9, 7])  # one prompt of 6 tokens (blocks 0, 1) shared by two samples
+    kv.append_slots(0)  # seq 0 writes token 7 into shared block 1: copy-on-write gives it its own copy
+    kv.admit([2], 3, [3])  # a 3-token request that ends with its prompt: its block's last slot is internal
+    lengths = {0: (6, 9), 1: (6, 7), 2: (3, 3)}
+    for waiting in (False, True):
+        smap = slot_map(kv, lengths=lengths, owners={0: 10, 1: 10, 2: 11}, waiting=waiting)
+        breakdown = kv.breakdown(waiting)
+        assert smap.counts() == {n: getattr(breakdown, n) for n in SHARE_NAMES}
+    assert smap.num_owners == 2
+
+
+def test_memory_map_counts_equal_the_contiguous_breakdown_and_draw():
+    kv = make_kv_manager("pow2", 64, block_size=1, max_seq_len=32)  # buddy allocator over 64 slots
+    kv.admit([0], 5, [12])  # reserves 5 + 8 = 13 slots, the buddy hands out 16
+    kv.admit([1], 3, [4])  # reserves 3 + 1 = 4
+    kv.append_slots(0, 2)
+    lengths = {0: (5, 12), 1: (3, 4)}
+    smap = slot_map(kv, lengths=lengths)
+    breakdown = kv.breakdown()
+    assert smap.counts() == {n: getattr(breakdown, n) for n in SHARE_NAMES}
+    fig, ax = new_figure(size=(6, 2))
+    drawn = draw_memory_map(kv, ax, lengths=lengths, title="a small pool")  # what a notebook does
+    assert drawn.counts() == smap.counts() and ax.get_title(loc="left") == "a small pool"
+    fig.clf()
+
+
+def test_cli_rejects_an_unknown_figure():
+    done = subprocess.run([sys.executable, "-m", "sim", "figures", "--only", "nope", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("error: unknown figure 'nope' (allowed: memory_waste")
+    assert "Traceback" not in done.stderr
