@@ -1,0 +1,270 @@
+"""`python -m reference`: the reference engine's command line (a thin user of `reference.LLM`).
+
+    python -m reference generate "What is paged attention?" [--max-tokens 64] [--n 2 --temperature 0.8] [--json]
+    python -m reference bench [--quick] [--out figures/bench_engine_cpu.csv]     engine vs HF, paged vs contiguous
+    python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
+
+`generate` drives the engine the way vLLM's LLMEngine is driven: `add_request`, then `step()` until done,
+printing each step's new text (one request, one sample) or each completion as it finishes (n > 1, beams).
+Bad input ends with one line `error: ... (allowed: ...)` on stderr and exit status 2, never a traceback
+(STYLE.md, errors).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+POLICIES = ("paged", "max", "pow2", "oracle")  # sim.kv.POLICIES, repeated so --help needs no import
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+class UsageError(ValueError):
+    """A flag value the command cannot serve; reported as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m reference",
+                     description="The reference PagedAttention engine (vLLM's design, Kwon et al., SOSP 2023) on a "
+                     "real model: generate text, or benchmark the engine.")  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    _add_generate_parser(sub)
+    from reference import bench  # light: heavy imports happen inside bench.run
+
+    bench.add_arguments(sub.add_parser(
+        "bench", help="CPU benchmark: engine vs HF transformers static batching; paged vs contiguous concurrency",
+        description=bench.__doc__.split("\n\n")[0]))  # fmt: skip
+    # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
+    sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
+                   "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
+    return parser
+
+
+def _add_generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt",
+                       description="Generate a completion for PROMPT with the paged engine. One sample streams as "
+                       "it is generated; n samples or beams print as each finishes.")  # fmt: skip
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--model", default="smollm2",
+                   help="'smollm2' (embedded SmolLM2-135M-Instruct, default), 'random' (a tiny random Llama "
+                   "without tokenizer: the prompt is then space-separated token ids) or a local HF checkpoint folder")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap the prompt in the tokenizer's chat template (default: on; SmolLM2-Instruct is a chat "
+                   "model and continues raw text poorly). --no-chat feeds the prompt as it is")
+    g = p.add_argument_group("sampling (vLLM's SamplingParams)")
+    g.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
+    g.add_argument("--n", type=int, default=1, help="parallel samples sharing the prompt's KV blocks (default: 1)")
+    g.add_argument("--beam-width", type=int, default=1, help="beam search width k; needs --temperature 0 (default: 1)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); e.g. 0.8 with --n > 1, else all n samples are the same")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default: 1 = off)")
+    g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 = off (default)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (default: 0)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
+    g = p.add_argument_group("KV cache (the paper's memory manager)")
+    g.add_argument("--policy", default="paged", type=_choice(POLICIES), metavar="{" + ",".join(POLICIES) + "}",
+                   help="paged (vLLM), or a contiguous Orca baseline reserving the max length / the prompt plus its "
+                   "output rounded up to a power of two / exactly prompt + output (default: paged)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    g.add_argument("--kv-blocks", type=int, help="KV pool size in blocks (default: just enough for this request)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: prompt, outputs [{text, token_ids, cumulative_logprob, "
+                   "finish_reason}], stats {num_steps, max_concurrent_requests, num_preemptions, num_gpu_blocks, "
+                   "max_blocks_used_after_step}")
+
+
+def _choice(allowed: tuple[str, ...]):
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"{text!r} (allowed: {', '.join(allowed)})")
+        return text
+
+    return parse
+
+
+def _check_generate_args(a: argparse.Namespace) -> None:
+    """The flag rules, each with its allowed range (the engine checks again; this gives CLI wording)."""
+    rules = [
+        (a.prompt.strip() != "", "the prompt is empty", "a non-empty string"),
+        (a.max_tokens >= 1, f"--max-tokens {a.max_tokens}", "an integer >= 1"),
+        (a.n >= 1, f"--n {a.n}", "an integer >= 1"),
+        (a.beam_width >= 1, f"--beam-width {a.beam_width}", "an integer >= 1"),
+        (a.n == 1 or a.beam_width == 1, f"--n {a.n} with --beam-width {a.beam_width}", "at most one of them > 1"),
+        (math.isfinite(a.temperature) and a.temperature >= 0, f"--temperature {a.temperature}", "a number >= 0"),
+        (a.beam_width == 1 or a.temperature == 0, f"--beam-width {a.beam_width} with --temperature {a.temperature}",
+         "--temperature 0: beam search is deterministic"),
+        (0 < a.top_p <= 1, f"--top-p {a.top_p}", "a number in (0, 1]"),
+        (a.top_k == -1 or a.top_k >= 1, f"--top-k {a.top_k}", "-1 (off) or an integer >= 1"),
+        (a.block_size >= 1, f"--block-size {a.block_size}", "an integer >= 1"),
+        (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
+        (a.model in ("smollm2", "random") or (Path(a.model) / "config.json").is_file(),
+         f"--model {a.model!r} is not a checkpoint folder (no config.json)",
+         "'smollm2', 'random', or a local folder with a HF checkpoint"),
+    ]
+    for ok, what, allowed in rules:
+        if not ok:
+            raise UsageError(f"{what} (allowed: {allowed})")
+
+
+def _prompt_for(tokenizer, config, a: argparse.Namespace):
+    """The prompt as the engine takes it: text (chat-templated with --chat), or token ids without a tokenizer."""
+    if tokenizer is None:
+        try:
+            ids = [int(t) for t in a.prompt.split()]
+        except ValueError:
+            raise UsageError(f"model {a.model!r} has no tokenizer: the prompt must be token ids "
+                             "(allowed: space-separated integers, e.g. '1 5 7')") from None
+        if any(not 0 <= i < config.vocab_size for i in ids):
+            raise UsageError(f"a prompt token id is out of range (allowed: 0 .. {config.vocab_size - 1})")
+        return ids
+    if a.chat and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": a.prompt}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return a.prompt
+
+
+def blocks_for_request(policy: str, prompt_len: int, max_tokens: int, num_seqs: int, block_size: int,
+                       max_model_len: int) -> int:
+    """A KV pool (in blocks) that surely holds one request of num_seqs sequences under `policy`.
+
+    NOTE: the CLI serves one request, so by default it sizes the pool for it instead of taking the engine's
+    batch-sized default (1.4 GiB of float32 K/V on CPU: seconds just to zero-fill). Each sequence is counted
+    with its own copy of the prompt (paged sharing only needs less) and its reservation rounded up to a power
+    of two blocks (what a buddy allocator may hand out for the contiguous policies).
+    """
+    output = max(1, min(max_tokens, max_model_len - prompt_len))
+    tokens = {"max": max_model_len, "pow2": prompt_len + (1 << (output - 1).bit_length())}.get(
+        policy, prompt_len + output)
+    blocks = -(-tokens // block_size)
+    return num_seqs * (1 << (blocks - 1).bit_length())
+
+
+def _build_engine(a: argparse.Namespace):
+    """(llm, prompt): load the model once, shape the prompt, size the pool (--kv-blocks, else for this request)."""
+    from reference import LLM
+    from reference import executor
+    from reference.models import load_model
+
+    device = executor.default_device(None)
+    model, tokenizer, config = load_model(a.model, dtype=executor.default_dtype(None, device), device=device)
+    prompt = _prompt_for(tokenizer, config, a)
+    blocks = a.kv_blocks
+    if blocks is None:
+        prompt_len = len(prompt) if isinstance(prompt, list) else len(tokenizer(prompt).input_ids)
+        blocks = blocks_for_request(a.policy, max(prompt_len, 1), a.max_tokens, max(a.n, a.beam_width),
+                                    a.block_size, config.max_position_embeddings)  # fmt: skip
+    llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
+                          seed=a.seed)  # fmt: skip
+    return llm, prompt
+
+
+def run_generate(a: argparse.Namespace) -> int:
+    _check_generate_args(a)
+    from reference import BeamSearchParams, SamplingParams
+
+    try:  # NOTE: ValueError from the engine is a user error here (unknown model, pool too small, ...)
+        llm, prompt = _build_engine(a)
+        if a.beam_width > 1:
+            params = BeamSearchParams(beam_width=a.beam_width, max_tokens=a.max_tokens, ignore_eos=a.ignore_eos)
+        else:
+            params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens,
+                                    n=a.n, seed=a.seed, ignore_eos=a.ignore_eos)  # fmt: skip
+        request_id = llm.add_request(prompt, params)
+    except ValueError as exc:
+        message = str(exc)
+        if a.kv_blocks is not None and message.startswith("request "):  # the scheduler: it can never fit the pool
+            message = f"--kv-blocks {a.kv_blocks} is too small: {message.split(': ', 1)[-1]}"
+        raise UsageError(message) from None
+    outputs = _run_steps(llm, request_id, stream=not a.json)
+    if a.json:
+        print(json.dumps(_summary(llm, a, prompt, outputs)))
+    return 0
+
+
+def _run_steps(llm, request_id: int, *, stream: bool) -> list:
+    """Step the engine until the request is done. stream: n = 1 prints each step's new text at once; n > 1
+    prints each completion when it finishes. Returns the final CompletionOutputs."""
+    printed, done, final = "", set(), None
+    while llm.has_unfinished_requests():
+        for out in llm.step():
+            if out.request_id != request_id:
+                continue
+            final = out
+            if stream and len(out.outputs) == 1:
+                # NOTE: a partly decoded multi-byte character shows as U+FFFD until its last byte arrives:
+                # hold it back rather than print a character that will change.
+                text = out.outputs[0].text.rstrip("\ufffd")
+                if text.startswith(printed) and len(text) > len(printed):
+                    print(text[len(printed):], end="", flush=True)
+                    printed = text
+            elif stream:
+                for completion in out.outputs:
+                    if completion.finish_reason is not None and completion.index not in done:
+                        done.add(completion.index)
+                        _print_completion(completion.index, completion)
+    if stream and final is not None and len(final.outputs) == 1:
+        rest = final.outputs[0].text
+        print(rest[len(printed):] if rest.startswith(printed) else "", flush=True)
+    return list(final.outputs) if final is not None else []
+
+
+def _fields(out) -> dict:
+    return {"text": out.text, "token_ids": list(out.token_ids), "cumulative_logprob": out.cumulative_logprob,
+            "finish_reason": out.finish_reason}
+
+
+def _print_completion(index: int, out) -> None:
+    print(f"--- completion {index} (finish: {out.finish_reason}, cumulative logprob {out.cumulative_logprob:.3f})")
+    print(out.text, flush=True)
+
+
+def _summary(llm, a: argparse.Namespace, prompt, outputs: list) -> dict:
+    stats = llm.stats
+    num_blocks = llm.kv_manager.num_blocks
+    min_free = min((r.num_free_blocks for r in llm.step_log), default=num_blocks)
+    return {
+        "prompt": a.prompt,
+        "model_prompt": prompt,  # what the engine was given: chat-templated text, or token ids
+        "outputs": [_fields(o) for o in outputs],
+        "stats": {
+            "num_steps": stats.num_steps, "max_concurrent_requests": stats.max_concurrent_requests,
+            "num_preemptions": stats.num_preemptions, "num_gpu_blocks": num_blocks,
+            # NOTE: step_log counts free blocks AFTER each step, when finished sequences have already given
+            # theirs back: this is the most blocks held between steps (a lower bound on the peak within one).
+            "max_blocks_used_after_step": num_blocks - min_free,
+            "policy": a.policy, "block_size": a.block_size,
+        },
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench-kernels"]:  # every flag after it is the kernel benchmark's own (its --help too)
+        from reference.attention import bench as kernel_bench
+
+        return kernel_bench.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+        if args.command == "bench":
+            from reference import bench
+
+            try:
+                bench.check_args(args)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            return bench.run(args, argv=["python", "-m", "reference", *argv])
+        raise AssertionError(f"expected a known command, found {args.command!r}")  # argparse allows no other
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,144 @@
+"""`python -m reference`: bad input is one line and exit status 2; a real generation matches LLM.generate.
+
+Commands run as real subprocesses (what a user types), except where noted: `main(argv)` in this process is
+the same code `python -m reference` runs, without paying torch's import again.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference import LLM, SamplingParams
+from reference.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+IDS = "5 17 42 99 7 8 120 3 64"  # a prompt for the tiny random model, which has no tokenizer
+QUESTION = "What is the capital of France?"
+
+BAD = {  # name -> (arguments, a word the error line must contain)
+    "n_zero": (["generate", "hi", "--n", "0"], "--n"),
+    "max_tokens_zero": (["generate", "hi", "--max-tokens", "0"], "--max-tokens"),
+    "beam_with_temperature": (["generate", "hi", "--beam-width", "2", "--temperature", "0.7"], "--temperature"),
+    "n_and_beam": (["generate", "hi", "--n", "2", "--beam-width", "2"], "--beam-width"),
+    "top_p": (["generate", "hi", "--top-p", "1.5"], "--top-p"),
+    "top_k": (["generate", "hi", "--top-k", "0"], "--top-k"),
+    "policy": (["generate", "hi", "--policy", "contiguous"], "paged"),
+    "not_an_int": (["generate", "hi", "--max-tokens", "many"], "--max-tokens"),
+    "empty_prompt": (["generate", "  "], "prompt"),
+    "unknown_model": (["generate", "hi", "--model", "/no/such/checkpoint"], "/no/such/checkpoint"),
+    "not_a_checkpoint": (["generate", "hi", "--model", "tests"], "tests"),
+    "kv_blocks_too_small": (["generate", IDS, "--model", "random", "--kv-blocks", "1", "--block-size", "4"],
+                            "--kv-blocks"),
+    "prompt_too_long": (["generate", " ".join(["5"] * 1100), "--model", "random"], "1100 tokens"),
+    "text_without_tokenizer": (["generate", "hello", "--model", "random"], "token ids"),
+    "bench_batch_size": (["bench", "--hf-batch-size", "0"], "--hf-batch-size"),
+    "no_command": ([], "COMMAND"),
+}
+GENERATE = ["generate", QUESTION, "--max-tokens", "8"]
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "reference", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    """Every case at once (each process pays torch's import; together they overlap), then each is checked."""
+    procs = {name: start(args) for name, (args, _) in BAD.items()}
+    for name, proc in procs.items():
+        code, out, err = finish(proc)
+        lines = err.strip().splitlines()
+        assert code == 2, f"{name}: {err}"
+        assert out == "", name
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"{name}: {err}"
+        assert BAD[name][1] in lines[0], f"{name}: {lines[0]}"
+        if name not in ("no_command", "not_an_int"):  # argparse's own wording for these two
+            assert "(allowed: " in lines[0], f"{name}: {lines[0]}"
+
+
+def test_help_explains_every_flag():
+    code, out, _ = finish(start(["generate", "--help"]))
+    assert code == 0
+    for flag in ("--n", "--beam-width", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--policy",
+                 "--block-size", "--kv-blocks", "--chat", "--json", "--model"):  # fmt: skip
+        assert flag in out
+
+
+def test_json_generation_matches_llm_generate():
+    """The CLI's greedy text is LLM.generate's greedy text for the same (chat-templated) prompt."""
+    as_json, streaming = start([*GENERATE, "--json"]), start(GENERATE)  # they run while this process loads
+    threads = torch.get_num_threads()
+    llm = LLM("smollm2", num_gpu_blocks=64)  # a small pool: zero-filling the default one takes seconds
+    torch.set_num_threads(threads)  # the engine sets one thread for the process; give the other tests theirs back
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
+                                               tokenize=False)  # fmt: skip
+    expected = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0]
+    code, out, err = finish(as_json)
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) >= {"prompt", "outputs", "stats"}
+    assert result["prompt"] == QUESTION and result["model_prompt"] == prompt
+    (output,) = result["outputs"]
+    assert set(output) == {"text", "token_ids", "cumulative_logprob", "finish_reason"}
+    assert output["token_ids"] == expected.token_ids
+    assert output["text"] == expected.text
+    assert output["finish_reason"] == expected.finish_reason
+    assert set(result["stats"]) >= {"num_steps", "max_concurrent_requests", "num_preemptions", "num_gpu_blocks",
+                                    "max_blocks_used_after_step"}  # fmt: skip
+    assert result["stats"]["max_concurrent_requests"] == 1
+    # streaming (no --json) prints the same text, step by step, then a newline
+    code, streamed, err = finish(streaming)
+    assert code == 0, err
+    assert streamed == output["text"] + "\n"
+
+
+def test_parallel_samples_and_beams_through_the_cli(capsys):
+    """In this process (torch is already imported here): main() is what `python -m reference` runs."""
+    args = ["generate", IDS, "--model", "random", "--max-tokens", "5", "--json"]
+    assert main([*args, "--n", "2", "--temperature", "0.8", "--policy", "pow2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["outputs"]) == 2
+    assert all(1 <= len(o["token_ids"]) <= 5 for o in result["outputs"])
+    assert result["stats"]["policy"] == "pow2"
+    assert main([*args, "--beam-width", "3", "--ignore-eos"]) == 0
+    beams = json.loads(capsys.readouterr().out)["outputs"]
+    assert len(beams) == 3
+    assert all(b["finish_reason"] == "length" and len(b["token_ids"]) == 5 for b in beams)
+    assert len({tuple(b["token_ids"]) for b in beams}) == 3, "beams are distinct hypotheses"
+    scores = [b["cumulative_logprob"] for b in beams]
+    assert scores == sorted(scores, reverse=True), "best first (equal lengths: by cumulative log-prob)"
+    # n > 1 without --json prints each completion when it finishes
+    assert main([*args[:-1], "--n", "3", "--temperature", "1.0"]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(line.split(" (")[0] for line in printed.splitlines() if line.startswith("---")) == [
+        "--- completion 0", "--- completion 1", "--- completion 2"]
+
+
+@pytest.mark.slow
+def test_bench_quick_writes_its_table(tmp_path, capsys):
+    """The benchmark command end to end on 4 requests (the numbers themselves are not checked: no timing
+    assertions); the CSV carries the machine, the command line and one row per system."""
+    out = tmp_path / "bench.csv"
+    assert main(["bench", "--quick", "--num-requests", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "engine / HF static" in printed and "paged / max" in printed
+    lines = out.read_text().splitlines()
+    header = [line for line in lines if line.startswith("# ")]
+    assert {line.split(":")[0] for line in header} >= {"# machine", "# command", "# threads", "# workload"}
+    assert "bench --quick --num-requests 4" in out.read_text()
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    assert [r["system"] for r in rows if r["section"] == "concurrency"] == ["paged", "max", "pow2", "oracle"]
+    assert all(int(r["output_tokens"]) == int(rows[0]["output_tokens"]) for r in rows), "one workload for all"
+    conc = {r["system"]: int(r["max_concurrent_requests"]) for r in rows if r["section"] == "concurrency"}
+    assert conc["paged"] >= conc["oracle"] >= 1 and conc["paged"] >= conc["max"] >= 1
