@@ -22,6 +22,8 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
 """
 from __future__ import annotations
 
+import matplotlib
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -72,6 +74,9 @@ def merge_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
 def make_figures(names=None, outdir="figures", quick: bool = False, jobs: int | None = None,
                  progress: bool = True) -> list[Path]:  # fmt: skip
     """Simulate and draw the figures `names` (default: all of FIGURES) into `outdir`; returns the files written."""
+    # NOTE: files only, never a window. Chosen here, not at import, so that a notebook importing
+    # sim.figures (e.g. for draw_memory_map) keeps its inline backend.
+    matplotlib.use("Agg")
     names = list(FIGURES) if not names else list(dict.fromkeys(names))
     unknown = [n for n in names if n not in FIGURES]
     if unknown:

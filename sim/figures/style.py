@@ -10,10 +10,7 @@ import csv
 import textwrap
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # NOTE: files only, never a window: figures are made by a command or a test
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 DPI = 120
 # The paper's default setup for section 6 (OPT-13B on one A100-40GB, Table 1), the same as sim.run's defaults.
