@@ -30,8 +30,9 @@ class CostModel(Protocol):
         (a decoding sequence's whole context; a prefilling prompt counts its own tokens, cached prefix included)."""
         ...
 
-    def swap_time(self, num_bytes: int) -> float:
-        """Seconds to move `num_bytes` of KV cache between GPU and CPU memory (one direction)."""
+    def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
+        """Seconds to move `num_bytes` of KV cache, in `num_blocks` blocks, between GPU and CPU memory
+        (one direction)."""
         ...
 
 
@@ -45,26 +46,36 @@ class RooflineEfficiency:
     - pcie 0.80: pinned-memory copies reach ~25 of PCIe Gen4's 32 GB/s one way.
     - overhead_s 2 ms: per-iteration scheduling, Python and kernel-launch cost (vLLM's 2023 Python scheduler
       and sampler cost a few ms a step; smaller for CUDA-graph engines).
+    - block_gather_tokens 4: a paged attention kernel reads K/V block by block through the block table, a
+      dependent lookup and a short burst per block; each block read costs as much as reading 4 more tokens.
+      Attention over blocks of 16 is then 25% slower than over contiguous K/V, the paper's measured kernel
+      overhead (section 7.1: 20-26% over FasterTransformer's); blocks of 1 are 5x slower, blocks of 256 ~2%.
+    - copy_overhead_s 5 us: vLLM v0 swaps with one cudaMemcpyAsync per block, per layer, for K and for V;
+      each copy pays a fixed few microseconds of launch and DMA set-up, so many small blocks swap slowly
+      (the paper's Fig. 19a: swap latency grows sharply below block size 16).
     """
 
     memory: float = 0.80
     compute: float = 0.60
     pcie: float = 0.80
     overhead_s: float = 0.002
+    block_gather_tokens: float = 4.0
+    copy_overhead_s: float = 5e-6
 
     def __post_init__(self) -> None:
         for field in ("memory", "compute", "pcie"):
             if not 0 < getattr(self, field) <= 1:
                 raise ValueError(f"RooflineEfficiency.{field} must be in (0, 1], got {getattr(self, field)}")
-        if not self.overhead_s >= 0:
-            raise ValueError(f"RooflineEfficiency.overhead_s must be >= 0, got {self.overhead_s}")
+        for field in ("overhead_s", "block_gather_tokens", "copy_overhead_s"):
+            if not getattr(self, field) >= 0:
+                raise ValueError(f"RooflineEfficiency.{field} must be >= 0, got {getattr(self, field)}")
 
 
 class RooflineCostModel:
     """time = max(FLOPs / (num_gpus * peak * eff), bytes / (num_gpus * bandwidth * eff)) + overhead.
 
         bytes = weights (read once per iteration, however many tokens the batch holds)
-              + num_context_tokens * kv_bytes_per_token            (attention reads K/V)
+              + num_context_tokens * kv_bytes_per_token * gather   (attention reads K/V)
               + (num_prefill_tokens + num_decode_seqs) * kv_bytes_per_token   (new K/V written)
         FLOPs = 2 * num_params * (num_prefill_tokens + num_decode_seqs)       (every matmul, per token)
               + 4 * layers * heads * head_dim * num_context_tokens            (QK^T and PV)
@@ -73,6 +84,11 @@ class RooflineCostModel:
     context token read, which is exact for decode and undercounts a prompt's quadratic term (p^2/2 query-key
     pairs instead of p) by at most p / (12 * hidden) of the linear FLOPs (< 4% for OPT-13B at p = 2048);
     tensor parallelism divides both sides evenly over the GPUs and its all-reduce time is ignored.
+
+    `block_size`: the paged KV cache's block size; the attention read then costs
+    gather = (block_size + efficiency.block_gather_tokens) / block_size times a contiguous read (counted per
+    token, i.e. as if every block were full). None: contiguous K/V (the Orca baselines), gather = 1.
+    Swaps cost bytes over PCIe plus efficiency.copy_overhead_s per copy, 2 * layers copies per block.
     """
 
     def __init__(
@@ -81,12 +97,15 @@ class RooflineCostModel:
         gpu: GPUSpec | str,
         num_gpus: int = 1,
         efficiency: RooflineEfficiency = RooflineEfficiency(),
+        block_size: int | None = None,
     ) -> None:
         self.model = get_model(model) if isinstance(model, str) else model
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         if num_gpus < 1:
             raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")
-        self.num_gpus = num_gpus
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1 (or None for contiguous K/V), got {block_size}")
+        self.num_gpus, self.block_size = num_gpus, block_size
         self.efficiency = efficiency
         m, g = self.model, self.gpu
         bandwidth = num_gpus * g.mem_bandwidth * efficiency.memory
@@ -94,19 +113,23 @@ class RooflineCostModel:
         # Precomputed seconds per unit, so step_time is a handful of multiply-adds.
         self._weights_s = m.weight_bytes / bandwidth
         self._kv_token_s = m.kv_bytes_per_token / bandwidth
+        gather = 1.0 if block_size is None else (block_size + efficiency.block_gather_tokens) / block_size
+        self._kv_read_s = self._kv_token_s * gather
         self._token_flop_s = 2.0 * m.num_params / flops
         self._attn_flop_s = 4.0 * m.num_layers * m.num_heads * m.head_dim / flops
         self._overhead_s = efficiency.overhead_s
         self._swap_bandwidth = num_gpus * g.pcie_bandwidth * efficiency.pcie  # each GPU has its own link
+        # Each GPU copies its own slice of every block, K and V for every layer, in parallel with the others.
+        self._block_copy_s = 2 * m.num_layers * efficiency.copy_overhead_s
 
     def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
         new_tokens = num_prefill_tokens + num_decode_seqs
-        memory = self._weights_s + self._kv_token_s * (num_context_tokens + new_tokens)
+        memory = self._weights_s + self._kv_read_s * num_context_tokens + self._kv_token_s * new_tokens
         compute = self._token_flop_s * new_tokens + self._attn_flop_s * num_context_tokens
         return (memory if memory > compute else compute) + self._overhead_s
 
-    def swap_time(self, num_bytes: int) -> float:
-        return num_bytes / self._swap_bandwidth
+    def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
+        return num_bytes / self._swap_bandwidth + num_blocks * self._block_copy_s
 
 
 # Modelling approximation: a fitted line can dip below zero when extrapolated to tiny batches; the clock
@@ -135,8 +158,8 @@ class CalibratedCostModel:
         t = self.a + self.b * num_prefill_tokens + self.c * num_decode_seqs + self.d * num_context_tokens
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
 
-    def swap_time(self, num_bytes: int) -> float:
-        return num_bytes / self.swap_bandwidth
+    def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
+        return num_bytes / self.swap_bandwidth  # NOTE: no per-copy cost: the CSV holds no swap measurements
 
     @classmethod
     def fit(cls, rows: Iterable[tuple[float, float, float, float]], swap_bandwidth: float = 25.6e9) -> "CalibratedCostModel":

@@ -151,3 +151,33 @@ def test_malformed_calibration_csv_raises(tmp_path, text, message):
 def test_calibrated_step_time_never_goes_below_a_floor():
     model = CalibratedCostModel(a=-1.0, b=0.0, c=0.0, d=0.0)
     assert model.step_time(0, 1, 1) > 0
+
+
+def test_paged_attention_read_costs_more_for_small_blocks():
+    # Attention-only difference: the same step with and without a block table, compute never binding
+    # (a decode batch is memory-bound), fixed overhead removed so only the K/V read differs.
+    eff = RooflineEfficiency(overhead_s=0.0)
+    args = (0, 32, 32 * 1000)
+    weights_and_writes = RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff).step_time(0, 32, 0)
+    contiguous = RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff).step_time(*args)
+    paged = {bs: RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff, block_size=bs).step_time(*args)
+             for bs in (1, 16, 256)}
+    attention = contiguous - weights_and_writes
+    # block size 16: (16 + 4) / 16 = 1.25x the contiguous read, the paper's 20-26% kernel overhead
+    assert paged[16] - weights_and_writes == pytest.approx(1.25 * attention)
+    assert paged[1] - weights_and_writes == pytest.approx(5.0 * attention)
+    assert paged[1] > paged[16] > paged[256] > contiguous
+
+
+def test_swap_pays_a_fixed_cost_per_copy():
+    cost = RooflineCostModel("opt-13b", "a100-40gb")
+    one_block = 16 * get_model("opt-13b").kv_bytes_per_token
+    # one block = K and V of each of OPT-13B's 40 layers: 80 copies of 5 us each on top of the bytes
+    assert cost.swap_time(one_block, 1) == pytest.approx(one_block / (32e9 * 0.8) + 80 * 5e-6)
+    # the same bytes in 16x more, smaller blocks cost more
+    assert cost.swap_time(one_block, 16) > cost.swap_time(one_block, 1)
+
+
+def test_block_size_is_checked():
+    with pytest.raises(ValueError, match="block_size"):
+        RooflineCostModel("opt-13b", "a100-40gb", block_size=0)
