@@ -32,7 +32,6 @@ from .request import Request
 from .scheduler import Scheduler
 
 ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lower first)
-_NO_LIMIT = 1 << 40  # more steps than any run
 
 
 @dataclass(slots=True)
@@ -267,17 +266,13 @@ class Simulator:
 
         A running sequence that has sampled g tokens holds prompt_len + g - 1 = final_len - (output_len - g)
         K/V entries (notes/SCHEDULER_API.md), so it finishes in the step where num_tokens reaches final_len."""
-        sched, kv, requests, index = self.scheduler, self.kv, self.requests, self.index
-        seqs, steps_left = [], _NO_LIMIT
+        sched, num_tokens, requests, index = self.scheduler, self.kv.num_tokens, self.requests, self.index
+        seqs = []
         for request_id in sched.running_request_ids():
             request = requests[index[request_id]]
             final = request.prompt_len + request.output_len - 1
-            for seq_id in sched.seq_ids(request_id):
-                n = kv.num_tokens(seq_id)
-                seqs.append((n, final))
-                if final - n <= steps_left:
-                    steps_left = final - n - 1
-        return seqs, (steps_left if seqs else 0)
+            seqs += [(num_tokens(seq_id), final) for seq_id in sched.seq_ids(request_id)]
+        return seqs, (min(final - n for n, final in seqs) - 1 if seqs else 0)
 
     # --- bookkeeping -----------------------------------------------------------------------------------
     def _check_pool(self, expected: tuple[int, ...] | None) -> tuple[int, ...]:

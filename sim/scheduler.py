@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .kv.base import KVManager
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .request import Request
-from .decode_run import advance_groups, group_may_fit, max_plain_run
+from .decode_run import RunMemo, advance_groups, group_may_fit, max_plain_run
 from .sequence import Sequence, SequenceGroup, SequenceStatus, blocks_to_grow, fits_swap_in, never_fits, reselect_beams
 
 __all__ = ["MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
@@ -71,9 +71,8 @@ class Scheduler:
         self._outstanding: StepPlan | None = None  # the plan schedule() returned and finish_step() has not seen
         # contiguous policies reserve at admission and never preempt: they need no watermark
         self._watermark_blocks = int(self.config.watermark * kv.num_blocks) if kv.policy == "paged" else 0
-        # NOTE: every state-changing call bumps _version, so advance_decode_run's check reuses decode_run_length's answer
-        self._version = 0
-        self._last_run: tuple[int, int, int, int] | None = None  # (version, free blocks, max_steps, answer)
+        self._version = 0  # bumped by every call that changes state: the key of _last_run
+        self._last_run = RunMemo()  # decode_run_length's last answer
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -227,14 +226,14 @@ class Scheduler:
         return blocks_to_grow(self.kv, ids, 1) <= self.kv.num_free_blocks
 
     def _append(self, group: SequenceGroup, plan: StepPlan) -> list[ScheduledSeq]:
-        entries = []
-        for seq in group.live:
-            computed = self.kv.num_tokens(seq.seq_id)
-            copies = self.kv.append_slots(seq.seq_id, 1)
+        kv, rid, entries = self.kv, group.request_id, []
+        for seq_id in group.live_seq_ids:
+            computed = kv.num_tokens(seq_id)
+            copies = kv.append_slots(seq_id, 1)
             if copies is None:
-                raise RuntimeError(f"seq {seq.seq_id}: expected room for one more slot (checked before), found none")
+                raise RuntimeError(f"seq {seq_id}: expected room for one more slot (checked before), found none")
             plan.blocks_to_copy += copies
-            entries.append(ScheduledSeq(seq.seq_id, group.request_id, computed, 1, self.kv.block_table(seq.seq_id)))
+            entries.append(ScheduledSeq(seq_id, rid, computed, 1, kv.block_table(seq_id)))
         return entries
 
     def _preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
@@ -289,9 +288,10 @@ class Scheduler:
         beams_done = {self._seqs[i].request_id for i in outcome.finished_seq_ids}
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
         finished: list[int] = []
+        done_ids = outcome.finished_seq_ids
         for group in list(self._running):
             live = group.live
-            ending = [s for s in live if s.seq_id in outcome.finished_seq_ids or s.num_generated >= s.output_len]
+            ending = [s for s in live if s.num_generated >= s.output_len or s.seq_id in done_ids]
             if group.is_beam_search and (ending or group.request_id in beams_done):
                 ending = live
             for seq in ending:
@@ -321,15 +321,11 @@ class Scheduler:
         if max_steps < 1 or not self._running or self._swapped or self._outstanding is not None:
             return 0
         state = (self._version, self.kv.num_free_blocks)
-        if self._last_run is not None and self._last_run[:2] == state:
-            _, _, asked, answer = self._last_run  # same state: answer < asked is the run's own bound
-            if answer < asked or max_steps <= asked:
-                return min(max_steps, answer)
-        if self._waiting and self._may_admit() and self._head_may_fit():
-            answer = 0
-        else:
-            answer = max_plain_run(self.kv, self._running, max_steps)
-        self._last_run = (*state, max_steps, answer)
+        answer = self._last_run.get(state, max_steps)
+        if answer is None:
+            blocked = self._waiting and self._may_admit() and self._head_may_fit()
+            answer = 0 if blocked else max_plain_run(self.kv, self._running, max_steps)
+            self._last_run = RunMemo(state, max_steps, answer)
         return answer
 
     def _head_may_fit(self) -> bool:

@@ -141,9 +141,9 @@ class PagedKVManager:
     # --- growth, sharing, release -----------------------------------------------------------------
     def _blocks_for_append(self, seq: _SeqState, num_tokens: int) -> tuple[bool, int]:
         """(must the last block be copied first, new blocks to allocate) for appending `num_tokens`."""
-        last_partial = seq.num_tokens % self.block_size != 0
-        copy = last_partial and num_tokens > 0 and self.allocator.ref_count(seq.block_table[-1]) > 1
-        return copy, _cdiv(seq.num_tokens + num_tokens, self.block_size) - len(seq.block_table)
+        n, bs = seq.num_tokens, self.block_size
+        copy = n % bs != 0 and num_tokens > 0 and self.allocator.ref_count(seq.block_table[-1]) > 1
+        return copy, -(-(n + num_tokens) // bs) - len(seq.block_table)
 
     def _gpu_seq(self, seq_id: int) -> _SeqState:
         seq = self._seqs.get(seq_id)
@@ -172,6 +172,9 @@ class PagedKVManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         seq = self._gpu_seq(seq_id)
         copy, new = self._blocks_for_append(seq, num_tokens)
+        if not (copy or new):  # the common case: the tokens fit the last block, which is this sequence's alone
+            seq.num_tokens += num_tokens
+            return []
         if not self.allocator.can_allocate(copy + new):
             return None
         copies: list[BlockCopy] = []
@@ -183,6 +186,36 @@ class PagedKVManager:
         seq.block_table += self.allocator.allocate(new)
         seq.num_tokens += num_tokens
         return copies
+
+    def append_decode_steps(self, seq_ids: Sequence[int], num_steps: int) -> list[BlockCopy] | None:
+        """`num_steps` decode steps at once, each appending one token to every sequence in `seq_ids` order: the
+        same end state and block ids as that many rounds of append_slots(i, 1). Returns [] (no copies), or None
+        with nothing changed if memory is short; a shared partly filled last block (a copy) raises.
+
+        A sequence whose last block has r empty slots opens blocks at steps r + 1, r + 1 + B, ... Ordered by
+        (step, position), the openings go round after round through the sequences sorted by (r, position), so
+        with the fresh blocks taken from the free queue at once, the p-th of that order gets blocks p, p + S, ...
+
+            B = 4, 6 steps, a (r = 2) then b (r = 0):  order b, a;  fresh [5, 9, 2]
+            b opens at steps 1 and 5 -> +[5, 2];  a at step 3 -> +[9]
+        """
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+        seqs, bs = [self._gpu_seq(i) for i in seq_ids], self.block_size
+        new = [-(-(s.num_tokens + num_steps) // bs) - len(s.block_table) for s in seqs]
+        for seq_id, seq in zip(seq_ids, seqs):
+            if num_steps and seq.num_tokens % bs and self.allocator.ref_count(seq.block_table[-1]) > 1:
+                raise RuntimeError(f"sequence {seq_id}: expected an exclusive last block (no copy), found it shared")
+        fresh = self.allocator.allocate(sum(new))
+        if fresh is None:
+            return None
+        order = sorted(range(len(seqs)), key=lambda j: -seqs[j].num_tokens % bs)  # stable: ties keep position
+        for p, j in enumerate(order):
+            seqs[j].block_table += fresh[p :: len(seqs)]
+            seqs[j].num_tokens += num_steps
+        return []
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
         """The child points at every block of the parent (one more reference each); nothing is copied yet."""
@@ -293,13 +326,16 @@ class PagedKVManager:
         bs = self.block_size
         partial: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach over its owners]
         for seq in self._seqs.values():
-            start = (len(seq.block_table) - 1) * bs
-            filled = seq.num_tokens - start
-            if seq.swapped or filled == bs:
+            filled = seq.num_tokens % bs  # NOTE: the loop is hot (the simulator asks every step): kept lean
+            if not filled or seq.swapped:
                 continue
-            reach = max(filled, min(bs, seq.final_len - start))
-            entry = partial.setdefault(seq.block_table[-1], [filled, reach])
-            entry[1] = max(entry[1], reach)
+            reach = seq.final_len - seq.num_tokens + filled  # the final length, counted from the block's start
+            reach = filled if reach < filled else (bs if reach > bs else reach)
+            entry = partial.get(seq.block_table[-1])
+            if entry is None:
+                partial[seq.block_table[-1]] = [filled, reach]
+            elif reach > entry[1]:
+                entry[1] = reach
         empty = sum(bs - filled for filled, _ in partial.values())
         reservation = sum(reach - filled for filled, reach in partial.values())
         result = MemoryBreakdown(
