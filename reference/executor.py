@@ -116,7 +116,6 @@ class ModelExecutor:
         seqs = [(tokens_to_feed(entries[i]), entries[i].num_computed_tokens, entries[i].block_table) for i in order]
         batch = ForwardBatch.build(seqs, cache.block_size, self.model.device)
         logits = self.model.forward(batch.input_ids, batch.positions, batch, cache, self.backend)
-        cache.copy_blocks(_sibling_prompt_copies(plan, cache.block_size))
         return logits.float().cpu(), _sample_rows(plan, row_of)
 
 
@@ -136,25 +135,3 @@ def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int]:
                 "entry before it in plan.prefills, found none"
             )
     return rows
-
-
-def _sibling_prompt_copies(plan: StepPlan, block_size: int) -> list[tuple[int, int]]:
-    """(src, dst) copies that give each sample-only sibling the prompt K/V its group's fed entry just computed.
-
-    Paged siblings share the fed entry's blocks (same table): nothing to copy. NOTE: a contiguous (Orca) group
-    gives each sequence its own run, and the plan computes the shared prompt once, into the first run only;
-    the other runs must receive a copy AFTER the forward pass, block i to block i, or their next decode would
-    read an empty prompt. (Orca would compute each copy; copying gives the same K/V for less work.)
-    """
-    copies: list[tuple[int, int]] = []
-    fed: dict[int, ScheduledSeq] = {}  # request_id -> its latest fed prefill entry
-    for entry in plan.prefills:
-        if entry.num_new_tokens > 0:
-            fed[entry.request_id] = entry
-            continue
-        src = fed.get(entry.request_id)
-        if src is None:  # a malformed plan: _sample_rows names the problem
-            continue
-        num_blocks = -(-(src.num_computed_tokens + src.num_new_tokens) // block_size)
-        copies += [(a, b) for a, b in zip(src.block_table[:num_blocks], entry.block_table[:num_blocks]) if a != b]
-    return copies

@@ -17,11 +17,12 @@ Token ranges of one sequence in a step (K/V is written into block_table for ever
     |<---- num_computed_tokens ---->|<-- num_new_tokens -->|
      K/V already in the cache         fed this step          -> one token is sampled after the last one
 
-NOTE: the sequences of a group admitted together share their prompt blocks (paper 4.4), so the prompt is
-computed ONCE, as vLLM v0 did ("use any sequence in the group"): the group's first prefill entry feeds the
-prompt, and each sibling comes as a *sample-only* entry (num_computed_tokens = prompt_len,
+NOTE: under paging the sequences of a group admitted together share their prompt blocks (paper 4.4), so the
+prompt is computed ONCE, as vLLM v0 did ("use any sequence in the group"): the group's first prefill entry
+feeds the prompt, and each sibling comes as a *sample-only* entry (num_computed_tokens = prompt_len,
 num_new_tokens = 0) that samples its own token from the same last-position logits. A sample-only entry
-always follows the fed entry of the same request in `prefills`.
+always follows the fed entry of the same request in `prefills`. Contiguous (Orca) siblings each hold their
+own reservation, so each is fed the whole prompt.
 """
 from __future__ import annotations
 

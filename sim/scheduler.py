@@ -21,7 +21,8 @@ from .kv.base import KVManager
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .request import Request
 from .decode_run import RunMemo, advance_groups, group_may_fit, max_plain_run
-from .sequence import Sequence, SequenceGroup, SequenceStatus, blocks_to_grow, fits_swap_in, never_fits, reselect_beams
+from .sequence import (Sequence, SequenceGroup, SequenceStatus, blocks_to_grow, fits_swap_in, never_fits,
+                       reselect_beams, sibling_entry)
 
 __all__ = ["MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
 
@@ -160,6 +161,8 @@ class Scheduler:
             live = group.live
             # NOTE: the budget counts the whole prompt, before knowing its prefix-cache hits (conservative).
             tokens = sum(group.prefill_lens())
+            if group.shares_prompt and self.kv.policy != "paged":
+                tokens *= len(live)  # contiguous sequences share no blocks: each computes the prompt (_admit)
             if num_seqs + len(live) > self.config.max_num_seqs:
                 break
             # NOTE: the first group of a step always passes the token budget: a fresh prompt is within it
@@ -192,7 +195,7 @@ class Scheduler:
                 return None
             computed = min(cached, req.prompt_len - 1)  # the last prompt token is always fed: its logits are sampled
             first = ScheduledSeq(ids[0], rid, computed, req.prompt_len - computed, kv.block_table(ids[0]))
-            return [first] + [ScheduledSeq(i, rid, req.prompt_len, 0, kv.block_table(i)) for i in ids[1:]]
+            return [first] + [sibling_entry(kv, first, i) for i in ids[1:]]
         # After recompute: each live sequence alone, prompt + generated tokens, all or nothing. NOTE: no token
         # ids are passed (the scheduler never sees generated tokens), so a recompute gets no prefix-cache hits.
         done: list[int] = []

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from .kv.base import KVManager
+from .plan import ScheduledSeq
 from .request import Request
 
 
@@ -220,3 +221,16 @@ def fits_swap_in(kv: KVManager, seq_ids: list[int], watermark_blocks: int = 0) -
     swap, so its CPU tables tell the need."""
     need = len({b for i in seq_ids for b in kv.block_table(i)}) + blocks_to_grow(kv, seq_ids, 1)
     return kv.can_swap_in(seq_ids) and need + watermark_blocks <= kv.num_free_blocks
+
+
+def sibling_entry(kv: KVManager, first: ScheduledSeq, seq_id: int) -> ScheduledSeq:
+    """The prefill entry of a sibling admitted with `first` (n samples or k beams of one prompt).
+
+    Sharing the first sequence's prompt blocks (paged), it only samples from the same logits: vLLM v0 computes
+    a shared prompt once. With blocks of its own (a contiguous reservation: Orca shares nothing), it is fed
+    the whole prompt, or its K/V would never be written.
+    """
+    table, prompt_len = kv.block_table(seq_id), first.num_computed_tokens + first.num_new_tokens
+    if table == first.block_table:
+        return ScheduledSeq(seq_id, first.request_id, prompt_len, 0, table)
+    return ScheduledSeq(seq_id, first.request_id, 0, prompt_len, table)

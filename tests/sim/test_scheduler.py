@@ -446,3 +446,24 @@ def test_any_small_workload_completes_and_returns_every_block(shapes, mode, pree
             assert [sched.num_generated(i) for i in sched.seq_ids(rid)] == [shapes[rid][1]] * len(sched.seq_ids(rid))
         assert all_blocks_free(sched.kv)
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("policy", ["paged", "oracle"])
+def test_siblings_sample_only_where_they_share_the_prompt_blocks(policy):
+    # n = 3 samples of one 10-token prompt.
+    kv = make_kv_manager(policy, 256, block_size=4 if policy == "paged" else 1, max_seq_len=64)
+    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64))
+    sched.add_request(Request(0, 0.0, prompt_len=10, output_len=5, n=3))
+    plan = sched.schedule()
+    first, *siblings = plan.prefills
+    assert (first.num_computed_tokens, first.num_new_tokens) == (0, 10)
+    if policy == "paged":
+        # paged: all three point at the same 3 prompt blocks; the prompt is computed once, siblings only sample
+        assert all(s.block_table == first.block_table for s in siblings)
+        assert [(s.num_computed_tokens, s.num_new_tokens) for s in siblings] == [(10, 0), (10, 0)]
+        assert plan.num_batched_tokens == 10
+    else:
+        # Orca: each sequence has its own reservation, so each must be fed the prompt to hold its K/V
+        assert all(set(s.block_table).isdisjoint(first.block_table) for s in siblings)
+        assert [(s.num_computed_tokens, s.num_new_tokens) for s in siblings] == [(0, 10), (0, 10)]
+        assert plan.num_batched_tokens == 30
