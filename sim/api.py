@@ -88,7 +88,7 @@ def run(
     paper's Orca reimplementation). `swap_space_gib`: CPU swap space per GPU (vLLM's default 4 GiB).
     `jump`: jump over runs of identical decode steps (same results as stepping, faster); `validate`: check each
     jump's memory bookkeeping against the KV manager (slower). `cost_model`: any object with step_time and
-    swap_time (default: `RooflineCostModel(model, gpu, num_gpus)`). `watermark`: fraction of KV blocks kept
+    swap_time (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged). `watermark`: fraction of KV blocks kept
     free at admission (vLLM v0's default 0.01; it curbs admit-then-preempt thrashing). `on_step`: an observer
     `f(simulator, plan_or_None)` called after every step (see `sim.loop.Simulator`).
     """
@@ -124,7 +124,10 @@ def run(
 
     _check_requests(requests, model_spec, make_scheduler())
     sched = make_scheduler()
-    cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus)
+    # The paged kernel gathers K/V block by block; the contiguous baselines read one run (no block overhead).
+    paged_block = block_size if policy == "paged" else None
+    cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus,
+                                                                       block_size=paged_block)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
     result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=seed, jump=jump,
                        validate=validate, progress=progress, on_step=on_step).run()

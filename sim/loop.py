@@ -186,7 +186,7 @@ class Simulator:
             duration = self.cost.step_time(prefill_tokens, len(plan.decodes), plan.num_context_tokens)
         swapped = len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)
         if swapped:
-            duration += self.cost.swap_time(swapped * self.block_bytes)
+            duration += self.cost.swap_time(swapped * self.block_bytes, swapped)
         return duration
 
     def _outcome(self, plan: StepPlan) -> tuple[StepOutcome, dict]:

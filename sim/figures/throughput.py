@@ -26,7 +26,7 @@ RATES = {
 }
 RATE_CAP = {"sharegpt": {"static": 0.75, "max": 1.5, "pow2": 1.5, "oracle": 2.5, "paged": 3.0},
             "alpaca": {"static": 10.0, "max": 20.0, "pow2": 60.0, "oracle": 70.0, "paged": 80.0}}  # fmt: skip
-DURATION = {"sharegpt": {False: 600.0, True: 40.0}, "alpaca": {False: 90.0, True: 8.0}}  # seconds of arrivals
+DURATION = {"sharegpt": {False: 600.0, True: 40.0}, "alpaca": {False: 90.0, True: 20.0}}  # seconds of arrivals (quick: long enough to fill the pool)
 BATCH_RATE = {"sharegpt": 2.0, "alpaca": 30.0}  # the paper's Fig. 13 rates
 # Paper Fig. 13 (OPT-13B): mean batched requests at those rates (13a: vLLM 2.2x Oracle, 4.3x Max, as its text says).
 PAPER_BATCH = {"sharegpt": {"max": 7.00, "pow2": 9.81, "oracle": 13.62, "paged": 30.42},

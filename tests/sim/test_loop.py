@@ -50,7 +50,7 @@ def test_one_paged_request_step_by_step():
         decode 4  writes t13 and samples the 5th token: done                                    (14, 0, 2, 0, 48)
     """
     expected = [(10, 2, 0, 0, 52), (11, 1, 0, 0, 52), (12, 0, 0, 0, 52), (13, 1, 2, 0, 48), (14, 0, 2, 0, 48)]
-    cost = RooflineCostModel("opt-13b", "a100-40gb")
+    cost = RooflineCostModel("opt-13b", "a100-40gb", block_size=4)  # the paged kernel at block size 4
     durations = [cost.step_time(10, 0, 10)] + [cost.step_time(0, 1, c) for c in (11, 12, 13, 14)]
     for jump in (False, True):
         result = run(requests=[Request(0, 1.0, 10, 5)], block_size=4, kv_slots=64, jump=jump, validate=jump)
