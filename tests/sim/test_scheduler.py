@@ -9,78 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.kv import POLICIES, make_kv_manager
-from sim.kv.paged import PagedKVManager
 from sim.plan import StepOutcome, StepPlan
-from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.testing.blocks import machine_settings
 from sim.workload import generate_requests
+from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, step
 
 
-# --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------
-def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | None = None) -> StepOutcome:
-    finished = {
-        e.seq_id
-        for e in plan.prefills + plan.decodes
-        if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len
-    }
-    beams = {}
-    for rid in plan.request_ids():
-        if sched.request(rid).beam_width > 1:  # keep every beam, or (with rng) re-choose parents at random
-            ids = sched.seq_ids(rid)
-            beams[rid] = ids if rng is None else [int(i) for i in rng.choice(ids, size=len(ids))]
-    return StepOutcome(finished, beams)
-
-
-def check_plan(sched: Scheduler, plan: StepPlan) -> None:
-    """What an executor relies on: each table covers exactly the tokens the step leaves in the cache, every
-    decode feeds one token after its cached ones, and the batch respects max_num_seqs."""
-    bs = sched.kv.block_size
-    for e in plan.prefills + plan.decodes:
-        assert len(e.block_table) == -(-(e.num_computed_tokens + e.num_new_tokens) // bs)
-        assert sched.kv.num_tokens(e.seq_id) == e.num_computed_tokens + e.num_new_tokens
-    assert all(e.num_new_tokens == 1 for e in plan.decodes)
-    assert not (plan.prefills and plan.decodes)  # vLLM v0: a step runs prefills only, or decodes only
-    assert plan.num_seqs <= sched.config.max_num_seqs
-
-
-def step(sched: Scheduler, rng: np.random.Generator | None = None) -> tuple[StepPlan, list[int]]:
-    plan = sched.schedule()
-    check_plan(sched, plan)
-    result = sched.finish_step(plan, outcome_for(sched, plan, rng))
-    sched.kv.check_invariants()
-    return plan, result.finished_request_ids
-
-
-def drive(sched: Scheduler, rng=None, use_runs: bool = False, max_steps: int = 20_000) -> int:
-    """Run to completion; returns the number of iterations (a decode run of k counts k)."""
-    steps = 0
-    while sched.has_unfinished():
-        k = sched.decode_run_length(10_000) if use_runs else 0
-        if k:
-            sched.advance_decode_run(k)
-            sched.kv.check_invariants()
-        else:
-            step(sched, rng)
-        steps += max(k, 1)
-        assert steps < max_steps, "no progress"
-    return steps
-
-
-def req(rid, prompt_len, output_len, **kw) -> Request:
-    return Request(request_id=rid, arrival_time=float(rid), prompt_len=prompt_len, output_len=output_len, **kw)
-
-
-def paged(num_blocks, block_size=4, **kw) -> PagedKVManager:
-    return PagedKVManager(num_blocks, block_size, **kw)
-
-
-def all_blocks_free(kv) -> bool:
-    cpu = getattr(kv, "cpu_allocator", None)
-    return kv.num_free_blocks == kv.num_blocks and (cpu is None or cpu.num_free_blocks == cpu.num_blocks)
-
-
-# --- configuration and admission control -------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs, field",
     [({"max_num_seqs": 0}, "max_num_seqs"), ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
@@ -231,76 +166,6 @@ def test_continuous_finishes_a_mixed_workload_in_fewer_steps():
 
 
 # --- sequence groups ---------------------------------------------------------------------------------
-def test_parallel_sampling_shares_the_prompt_and_frees_it():
-    kv = paged(32)
-    sched = Scheduler(kv)
-    sched.add_request(req(0, 6, 5, n=3))
-    plan, _ = step(sched)
-    # one prompt computation; the two siblings only sample from its logits
-    assert [(e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills] == [(0, 6), (6, 0), (6, 0)]
-    assert plan.num_batched_tokens == 6
-    tables = [kv.block_table(i) for i in sched.seq_ids(0)]
-    assert tables[0] == tables[1] == tables[2] and len({b for t in tables for b in t}) == 2 < 3 * 2
-    plan, _ = step(sched)
-    # first write into the shared, half-full last block: two copies, the third owner writes in place
-    assert len(plan.blocks_to_copy) == 2 and len(plan.decodes) == 3
-    tables = [kv.block_table(i) for i in sched.seq_ids(0)]
-    assert len({t[0] for t in tables}) == 1 and len({t[1] for t in tables}) == 3  # prompt head still shared
-    drive(sched)
-    assert all_blocks_free(kv)
-
-
-def test_beam_search_forks_and_frees_per_beam_parents():
-    kv = paged(32)
-    sched = Scheduler(kv)
-    sched.add_request(req(0, 6, 6, beam_width=4))
-    s0, s1, s2, s3 = sched.seq_ids(0)
-    plan = sched.schedule()
-    result = sched.finish_step(plan, StepOutcome(beam_parents={0: [s0, s0, s1, s0]}))
-    # s2 and s3 are unlisted: freed first. s0 keeps its id at its first place and is forked at its 2nd and 3rd;
-    # new ids come from the scheduler's own counter, in the order of beam_parents
-    assert result.new_beam_seq_ids == {0: [s0, s3 + 1, s1, s3 + 2]}
-    assert sched.seq_ids(0) == [s0, s3 + 1, s1, s3 + 2]
-    head, last = kv.block_table(s0)
-    assert kv.allocator.ref_count(head) == 4 and kv.allocator.ref_count(last) == 4  # all beams share the prompt
-    kv.check_invariants()
-    plan = sched.schedule()  # every beam writes into the shared last block: 3 copies, the 4th writes in place
-    assert len(plan.blocks_to_copy) == 3
-    result = sched.finish_step(plan, StepOutcome(beam_parents={0: [s1, s1, s1, s1]}))
-    assert result.new_beam_seq_ids[0] == [s1, s3 + 3, s3 + 4, s3 + 5]
-    assert kv.allocator.ref_count(kv.block_table(s1)[-1]) == 4
-    kv.check_invariants()
-    drive(sched)
-    assert sched.is_finished(0) and all_blocks_free(kv)
-
-
-def test_beam_search_frees_dropped_beams_before_forking():
-    # Contiguous (oracle) forks reserve a new run; the pool holds exactly two: the fork only fits because the
-    # dropped beam was freed first. Its copies (parent's filled blocks) go out with the next plan.
-    kv = make_kv_manager("oracle", 14, block_size=1, allocator="first_fit")
-    sched = Scheduler(kv)
-    sched.add_request(req(0, 4, 4, beam_width=2))
-    s0, s1 = sched.seq_ids(0)
-    result = sched.finish_step(sched.schedule(), StepOutcome(beam_parents={0: [s0, s0]}))
-    child = result.new_beam_seq_ids[0][1]
-    plan = sched.schedule()
-    assert plan.blocks_to_copy == list(zip(range(0, 4), kv.block_table(child)[:4]))
-    kv.check_invariants()
-
-
-def test_prefix_sharing_reports_cached_tokens():
-    kv = paged(32, enable_prefix_caching=True)
-    sched = Scheduler(kv)
-    prefix = list(range(100, 108))  # two full blocks of 4
-    sched.add_request(req(0, 10, 3, prompt_token_ids=prefix + [1, 2]))
-    sched.add_request(req(1, 10, 3, prompt_token_ids=prefix + [3, 4]))
-    plan, _ = step(sched)
-    assert [(e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills] == [(0, 10), (8, 2)]
-    assert plan.prefills[0].block_table[:2] == plan.prefills[1].block_table[:2]
-    drive(sched)
-    assert all_blocks_free(kv)
-
-
 def test_abort_frees_memory_wherever_the_request_is():
     sched = three_growing_requests("swap")
     run_until_preemption(sched)
@@ -446,24 +311,3 @@ def test_any_small_workload_completes_and_returns_every_block(shapes, mode, pree
             assert [sched.num_generated(i) for i in sched.seq_ids(rid)] == [shapes[rid][1]] * len(sched.seq_ids(rid))
         assert all_blocks_free(sched.kv)
     assert results[0] == results[1]
-
-
-@pytest.mark.parametrize("policy", ["paged", "oracle"])
-def test_siblings_sample_only_where_they_share_the_prompt_blocks(policy):
-    # n = 3 samples of one 10-token prompt.
-    kv = make_kv_manager(policy, 256, block_size=4 if policy == "paged" else 1, max_seq_len=64)
-    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64))
-    sched.add_request(Request(0, 0.0, prompt_len=10, output_len=5, n=3))
-    plan = sched.schedule()
-    first, *siblings = plan.prefills
-    assert (first.num_computed_tokens, first.num_new_tokens) == (0, 10)
-    if policy == "paged":
-        # paged: all three point at the same 3 prompt blocks; the prompt is computed once, siblings only sample
-        assert all(s.block_table == first.block_table for s in siblings)
-        assert [(s.num_computed_tokens, s.num_new_tokens) for s in siblings] == [(10, 0), (10, 0)]
-        assert plan.num_batched_tokens == 10
-    else:
-        # Orca: each sequence has its own reservation, so each must be fed the prompt to hold its K/V
-        assert all(set(s.block_table).isdisjoint(first.block_table) for s in siblings)
-        assert [(s.num_computed_tokens, s.num_new_tokens) for s in siblings] == [(0, 10), (0, 10)]
-        assert plan.num_batched_tokens == 30
