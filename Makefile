@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 
 # The main job: every paper figure into figures/, then the real engine on the embedded model.
 demo: figures
-	$(BIN)/python -m reference generate "What is the KV cache of a transformer, in two sentences?" --max-tokens 48
+	$(BIN)/python -m reference generate "Give three tips for staying focused while studying." --max-tokens 64
 
 figures: $(STAMP)
 	$(BIN)/python -m sim figures
