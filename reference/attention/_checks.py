@@ -25,9 +25,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+BACKENDS = ("triton", "torch", "torch_batched")
+
+
 def check_backend(backend: str) -> None:
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"backend must be 'triton' or 'torch', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
 def check_triton_device(device: torch.device) -> None:

@@ -1,18 +1,19 @@
-"""The public attention operations of the reference engine, each with two backends.
+"""The public attention operations of the reference engine, each with three backends.
 
 ``backend="triton"`` runs the kernels in ``triton_store`` / ``triton_decode`` / ``triton_prefill``
 (compiled on CUDA, interpreted on CPU under ``TRITON_INTERPRET=1``); ``backend="torch"`` runs the slow
-oracle in ``torch_ref``. Both take the same arguments and get the same checks, so a test can call one
-and then the other. The layout follows vLLM (Kwon et al., SOSP 2023, Section 4.1): per layer, K and V
-each live in a cache ``[num_blocks, block_size, num_kv_heads, head_dim]``, and the token at slot
-``block_id * block_size + offset`` is ``cache[block_id, offset]``.
+oracle in ``torch_ref``; ``backend="torch_batched"`` runs the vectorized torch version in
+``torch_batched`` (the engine's CPU default). All take the same arguments and get the same checks, so
+a test can call one and then another. The layout follows vLLM (Kwon et al., SOSP 2023, Section 4.1):
+per layer, K and V each live in a cache ``[num_blocks, block_size, num_kv_heads, head_dim]``, and the
+token at slot ``block_id * block_size + offset`` is ``cache[block_id, offset]``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from reference.attention import torch_ref
+from reference.attention import torch_batched, torch_ref
 from reference.attention._checks import check_backend, check_cache, check_heads, check_scale, check_tensor
 from reference.attention._checks import FLOAT_DTYPES
 from reference.attention.triton_decode import paged_decode_attention_triton
@@ -31,13 +32,15 @@ def store_kv(
     """Write token ``t``'s K/V into ``cache[slot // block_size, slot % block_size]``, in place.
 
     ``slot_mapping[t] < 0`` is the one sentinel: token ``t`` is skipped (e.g. a padding token).
-    A slot past the end of the cache is a caller bug: the torch backend raises ValueError, the Triton
+    A slot past the end of the cache is a caller bug: the torch backends raise ValueError, the Triton
     backend skips it (checking would need a device-to-host sync).
     """
     check_backend(backend)
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
     if backend == "torch":
         torch_ref.store_kv_ref(key, value, key_cache, value_cache, slot_mapping)
+    elif backend == "torch_batched":
+        torch_batched.store_kv_batched(key, value, key_cache, value_cache, slot_mapping)
     else:
         store_kv_triton(key, value, key_cache, value_cache, slot_mapping)
 
@@ -85,6 +88,10 @@ def paged_decode_attention(
         raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
     if backend == "torch":
         return torch_ref.paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    if backend == "torch_batched":
+        return torch_batched.paged_decode_attention_batched(
+            query, key_cache, value_cache, block_tables, seq_lens, scale
+        )
     return paged_decode_attention_triton(
         query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits
     )
@@ -117,6 +124,10 @@ def paged_prefill_attention(
         )
     if backend == "torch":
         return torch_ref.paged_prefill_attention_ref(
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
+        )
+    if backend == "torch_batched":
+        return torch_batched.paged_prefill_attention_batched(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
         )
     return paged_prefill_attention_triton(
