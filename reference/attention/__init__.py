@@ -6,7 +6,8 @@ PagedAttention (Kwon et al., SOSP 2023, Section 4.1) as the reference engine run
 - ``paged_decode_attention``: one new token per sequence over its whole paged context;
 - ``paged_prefill_attention``: packed new tokens of several sequences, causal, over a cached prefix.
 
-Each takes ``backend="triton"`` (default) or ``backend="torch"`` (the slow oracle in ``torch_ref``).
+Each takes ``backend="triton"`` (default), ``"torch"`` (the slow oracle in ``torch_ref``) or ``"torch_batched"``
+(a vectorized torch version in ``torch_batched``: the engine's CPU default, checked against the oracle).
 Layout per layer: ``key_cache`` and ``value_cache`` are ``[num_blocks, block_size, num_kv_heads,
 head_dim]``; the token at slot ``block_id * block_size + offset`` is ``cache[block_id, offset]``.
 """

@@ -116,7 +116,7 @@ class LlamaForwardModel:
         with `all_logits=True`). Writes the new tokens' K/V into `kv_cache` as a side effect.
 
         input_ids, positions: int64 [num_tokens], packed as `batch` describes (usually batch.input_ids
-        and batch.positions); backend: "torch" (the oracle) or "triton" (the kernels).
+        and batch.positions); backend: "torch" (the oracle), "torch_batched" (vectorized torch) or "triton" (the kernels).
         """
         self._check(input_ids, positions, batch, kv_cache)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim] each
