@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import torch
 
+from .torch_ref import packed_query_lens
+
 # NOTE: a group of sequences is padded to its longest query and longest context, so it computes (and
 # holds) [seqs, heads, max_q, max_len] float32 scores. Sequences are sorted by length and cut into groups:
 # - when padding would more than double a group's work (the bench's heavy-tailed lengths: one 128-token
@@ -238,16 +240,7 @@ def paged_prefill_attention_batched(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens."""
     out = torch.zeros_like(query)
-    starts = query_start_loc.tolist()
-    if starts[0] != 0 or starts[-1] != query.shape[0] or any(b < a for a, b in zip(starts, starts[1:])):
-        raise ValueError(f"query_start_loc must rise from 0 to num_tokens={query.shape[0]}, got {starts}")
-    q_lens = [b - a for a, b in zip(starts, starts[1:])]
-    lens = seq_lens.tolist()
-    for i, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
-        if q_len > seq_len:
-            raise ValueError(
-                f"sequence {i} has {q_len} new tokens but seq_len {seq_len} (must be >= new tokens)"
-            )
+    starts, q_lens, lens = packed_query_lens(query_start_loc, seq_lens, query.shape[0])
     live = [i for i, q_len in enumerate(q_lens) if q_len > 0]  # a sequence with no new token has no rows
     groups = _length_groups([q_lens[i] for i in live], [lens[i] for i in live], query.shape[1])
     for group in groups:

@@ -102,6 +102,25 @@ def paged_decode_attention_ref(
     return out
 
 
+def packed_query_lens(
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, cumulative new-token counts
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
+    num_tokens: int,
+) -> tuple[list[int], list[int], list[int]]:
+    """Read a packed prefill batch's lengths on the host and check them: (starts, new tokens, seq lens).
+
+    NOTE: a value check (it reads the tensors), so only the torch backends call it; see _checks.py.
+    """
+    starts = query_start_loc.tolist()
+    if starts[0] != 0 or starts[-1] != num_tokens or any(b < a for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"query_start_loc must rise from 0 to num_tokens={num_tokens}, got {starts}")
+    q_lens, lens = [b - a for a, b in zip(starts, starts[1:])], seq_lens.tolist()
+    for i, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
+        if q_len > seq_len:
+            raise ValueError(f"sequence {i} has {q_len} new tokens but seq_len {seq_len} (must be >= new tokens)")
+    return starts, q_lens, lens
+
+
 def paged_prefill_attention_ref(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences packed one after another
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -113,18 +132,10 @@ def paged_prefill_attention_ref(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens."""
     out = torch.zeros_like(query)
-    starts = query_start_loc.tolist()
-    if starts[0] != 0 or starts[-1] != query.shape[0] or any(b < a for a, b in zip(starts, starts[1:])):
-        raise ValueError(
-            f"query_start_loc must rise from 0 to num_tokens={query.shape[0]}, got {starts}"
-        )
-    for i, seq_len in enumerate(seq_lens.tolist()):
+    starts, q_lens, lens = packed_query_lens(query_start_loc, seq_lens, query.shape[0])
+    for i, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
         q_begin, q_end = starts[i], starts[i + 1]
-        if q_end - q_begin > seq_len:
-            raise ValueError(
-                f"sequence {i} has {q_end - q_begin} new tokens but seq_len {seq_len} (must be >= new tokens)"
-            )
-        if q_end == q_begin:
+        if q_len == 0:
             continue
         keys = gather_kv(key_cache, block_tables[i], seq_len)
         values = gather_kv(value_cache, block_tables[i], seq_len)
