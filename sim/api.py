@@ -1,6 +1,6 @@
 """`sim.run(...)`: one simulated serving run, from arguments to the summary the paper reports.
 
-It wires the layers together (DESIGN.md): specs -> KV pool size (vLLM's rule, paper Table 1) -> KV manager
+It wires the layers together (docs/ARCHITECTURE.md): specs -> KV pool size (vLLM's rule, paper Table 1) -> KV manager
 for the policy -> scheduler -> workload (or a trace) -> event loop -> metrics. Every argument is checked up
 front: a bad one raises ValueError naming it and what is allowed, before any simulation starts.
 """
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cost import RooflineCostModel
-from .kv import POLICIES, make_kv_manager
+from .kv import POLICIES, make_kv_manager, simulator_block_size
 from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
-from .scheduler import MODES, PREEMPTION_MODES, Scheduler, SchedulerConfig
+from .preemption import VICTIM_POLICIES
+from .scheduler import DEFAULT_BUDGET, MODES, PREEMPTION_MODES, Scheduler, SchedulerConfig
 from .slots import ALLOCATORS
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .trace import read_trace
@@ -25,7 +26,7 @@ from .workload import ARRIVALS, DATASETS, generate_requests
 
 @dataclass(slots=True)
 class SimResult:
-    summary: dict  # the `python -m sim run --json` object (DESIGN.md contract) plus extras
+    summary: dict  # the `python -m sim run --json` object plus extras
     requests: Table  # per request: sim.metrics.REQUEST_COLUMNS
     steps: Table  # per step: sim.metrics.STEP_COLUMNS
 
@@ -59,7 +60,7 @@ def run(
     preemption: str = "recompute",
     swap_space_gib: float = 4.0,
     trace: str | Path | None = None,
-    scheduler: str = "continuous",
+    scheduler: str = "v1",
     arrival: str = "poisson",
     burstiness: float = 1.0,
     allocator: str = "buddy",
@@ -78,6 +79,10 @@ def run(
     cost_model=None,
     watermark: float = 0.01,
     on_step=None,
+    enable_chunked_prefill: bool | None = None,
+    victim: str = "latest_arrival",
+    slo_ttft: float | None = None,
+    slo_tbt: float | None = None,
 ) -> SimResult:
     """Simulate serving one workload and return its summary and per-request / per-step tables.
 
@@ -86,6 +91,10 @@ def run(
     holds `kv_slots` token slots (default: what vLLM would allocate for `model` on `num_gpus` x `gpu`).
     `policy` paged uses `block_size`; the contiguous baselines use block_size 1 (token-granular runs, as the
     paper's Orca reimplementation). `swap_space_gib`: CPU swap space per GPU (vLLM's default 4 GiB).
+    `scheduler`: "v1" (token budget, chunked prefill; `enable_chunked_prefill=False` turns chunking off), "v0"
+    (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults to 2048 in v1 and to
+    max(2560, the model's context) otherwise. `victim`: who is preempted (sim.preemption.VICTIM_POLICIES).
+    `slo_ttft` / `slo_tbt`: latency targets in seconds for SLO attainment and goodput (see sim.metrics).
     `jump`: jump over runs of identical decode steps (same results as stepping, faster); `validate`: check each
     jump's memory bookkeeping against the KV manager (slower). `cost_model`: any object with step_time and
     swap_time (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged). `watermark`: fraction of KV blocks kept
@@ -97,7 +106,8 @@ def run(
     _check_system(policy=policy, workload=workload, preemption=preemption, scheduler=scheduler, arrival=arrival,
                   allocator=allocator, num_gpus=num_gpus, block_size=block_size, n=n, beam_width=beam_width,
                   num_prefixes=num_prefixes, max_num_seqs=max_num_seqs, swap_space_gib=swap_space_gib,
-                  kv_slots=kv_slots, max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
+                  kv_slots=kv_slots, max_num_batched_tokens=max_num_batched_tokens, victim=victim,
+                  enable_chunked_prefill=enable_chunked_prefill, slo_ttft=slo_ttft, slo_tbt=slo_tbt)  # fmt: skip
     num_slots = kv_slots if kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, num_gpus)
     synthetic = requests is None and trace is None
     source = workload if synthetic else ("requests" if requests is not None else str(trace))
@@ -112,22 +122,24 @@ def run(
     elif requests is None:
         requests = read_trace(trace)
     caching = prefix_len > 0 if enable_prefix_caching is None else enable_prefix_caching
-    kv_block_size = block_size if policy == "paged" else 1
-    budget = max_num_batched_tokens if max_num_batched_tokens is not None else max(2560, model_spec.max_seq_len)
+    kv_block_size = simulator_block_size(policy, block_size)
+    budget = max_num_batched_tokens
+    if budget is None:
+        budget = DEFAULT_BUDGET["v1"] if scheduler == "v1" else max(DEFAULT_BUDGET[scheduler], model_spec.max_seq_len)
     num_cpu_blocks = int(num_gpus * swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
+    config = SchedulerConfig(max_num_seqs, budget, scheduler, preemption, enable_chunked_prefill, victim)
 
     def make_scheduler() -> Scheduler:
         kv = make_kv_manager(policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
-                             allocator=allocator, enable_prefix_caching=caching,
-                             num_cpu_blocks=num_cpu_blocks if policy == "paged" else 0)  # fmt: skip
-        return Scheduler(kv, SchedulerConfig(max_num_seqs, budget, scheduler, preemption, watermark))
+                             allocator=allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
+                             watermark=watermark)  # fmt: skip
+        return Scheduler(kv, config)
 
     _check_requests(requests, model_spec, make_scheduler())
     sched = make_scheduler()
     # The paged kernel gathers K/V block by block; the contiguous baselines read one run (no block overhead).
-    paged_block = block_size if policy == "paged" else None
     cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus,
-                                                                       block_size=paged_block)
+                                                                       block_size=sched.kv.gather_block_size)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
     result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=seed, jump=jump,
                        validate=validate, progress=progress, on_step=on_step).run()
@@ -136,29 +148,36 @@ def run(
         "rate": rate if synthetic and arrival != "offline" else None, "arrival": arrival, "seed": seed,
         "block_size": kv_block_size, "num_kv_slots": sched.kv.num_slots, "preemption": preemption,
         "scheduler": scheduler, "n": n, "beam_width": beam_width, "prefix_len": prefix_len,
-        "enable_prefix_caching": caching and policy == "paged", "max_num_seqs": max_num_seqs, "watermark": watermark,
-        "max_num_batched_tokens": budget, "jump": jump, "num_events": result.num_events,
+        "enable_prefix_caching": sched.kv.enable_prefix_caching, "max_num_seqs": max_num_seqs,
+        "watermark": watermark, "max_num_batched_tokens": budget, "enable_chunked_prefill": config.chunked,
+        "victim": victim, "jump": jump, "num_events": result.num_events,
     }  # fmt: skip
     summary = summarize(
         policy=policy, requests=result.requests, steps=result.steps, integral=result.memory_integral,
         span=result.end_time - result.start_time, wall_time_s=time.perf_counter() - started, extras=extras,
+        slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
     )  # fmt: skip
     return SimResult(summary, result.requests, result.steps)
 
 
 def _check_system(*, policy, workload, preemption, scheduler, arrival, allocator, swap_space_gib, kv_slots,
-                  max_num_batched_tokens, **counts: int) -> None:
+                  max_num_batched_tokens, victim, enable_chunked_prefill, slo_ttft, slo_tbt, **counts: int) -> None:
     """Choices, counts (each an integer >= 1) and sizes of the serving system, before anything is built."""
     _check_choices(policy=(policy, POLICIES), workload=(workload, DATASETS), preemption=(preemption, PREEMPTION_MODES),
-                   scheduler=(scheduler, MODES), arrival=(arrival, ARRIVALS), allocator=(allocator, tuple(ALLOCATORS)))  # fmt: skip
+                   scheduler=(scheduler, MODES), arrival=(arrival, ARRIVALS), allocator=(allocator, tuple(ALLOCATORS)),
+                   victim=(victim, tuple(VICTIM_POLICIES)))  # fmt: skip
+    _require(not enable_chunked_prefill or scheduler == "v1", "enable_chunked_prefill", enable_chunked_prefill,
+             "True only with scheduler 'v1' (v0 and static run whole prompts)")  # fmt: skip
+    for name, slo in (("slo_ttft", slo_ttft), ("slo_tbt", slo_tbt)):
+        _require(slo is None or (slo > 0 and math.isfinite(slo)), name, slo, "a finite number of seconds > 0")
     for name, value in counts.items():
         _require(isinstance(value, int) and value >= 1, name, value, "an integer >= 1")
     _require(counts["n"] == 1 or counts["beam_width"] == 1, "n and beam_width", (counts["n"], counts["beam_width"]),
              "at most one of them > 1")  # fmt: skip
     _require(swap_space_gib >= 0 and math.isfinite(swap_space_gib), "swap_space_gib", swap_space_gib, "a number >= 0")
     _require(kv_slots is None or (isinstance(kv_slots, int) and kv_slots >= 1), "kv_slots", kv_slots, "an integer >= 1")
-    _require(max_num_batched_tokens is None or max_num_batched_tokens >= 1, "max_num_batched_tokens",
-             max_num_batched_tokens, "an integer >= 1")  # fmt: skip
+    _require(max_num_batched_tokens is None or (isinstance(max_num_batched_tokens, int) and max_num_batched_tokens >= 1),
+             "max_num_batched_tokens", max_num_batched_tokens, "an integer >= 1")  # fmt: skip
 
 
 def _check_workload(rate, duration, num_requests, arrival) -> None:

@@ -12,8 +12,8 @@ times the same calls):
     <policy>        the same batching workload on the contiguous baselines (max, pow2, oracle) over the
                     same 65,536 slots, with the buddy and the first_fit slot allocators
 
-An "operation" is one call: allocate / free, or admit / append_slots / free (the can_admit check before
-an admission is timed but not counted). The mix of calls differs by policy: under `max` only 32
+An "operation" is one call: allocate / free, or allocate_slots (admitting a prompt, or one more token) / free
+(the can_allocate_slots check before an admission is timed but not counted). The mix of calls differs by policy: under `max` only 32
 sequences fit, so most admission checks fail; read ops/s as the speed of the whole workload, not of
 one call. Benchmark only: tests never assert on these numbers. Writes a CSV (default figures/bench_alloc.csv) with a machine description.
 """
@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from .blocks import BlockAllocator
-from .kv import make_kv_manager
+from .kv import NewSequence, make_kv_manager
 
 NUM_BLOCKS = 4096
 BLOCK_SIZE = 16
@@ -72,14 +72,15 @@ def bench_manager(make: Callable, num_ops: int, rng: np.random.Generator) -> tup
     start = time.perf_counter()
     for pick in picks:
         prompt_len, final_len = prompts[next_req], prompts[next_req] + outputs[next_req]
-        if len(running) < MAX_RUNNING and kv.can_admit(prompt_len, [final_len]):
-            kv.admit([next_req], prompt_len, [final_len])
+        new = [NewSequence(prompt_len, final_len)]
+        if len(running) < MAX_RUNNING and kv.can_allocate_slots([next_req], [prompt_len], new):
+            kv.allocate_slots([next_req], [prompt_len], new)
             running.append((next_req, final_len))
             next_req += 1
             continue
         i = int(pick * len(running))
         seq_id, final_len = running[i]
-        if kv.num_tokens(seq_id) < final_len and kv.append_slots(seq_id, 1) is not None:
+        if kv.num_tokens(seq_id) < final_len and kv.allocate_slots([seq_id], [1]) is not None:
             continue
         running[i] = running[-1]  # finished (or cannot grow: preempted by recompute) -> free it
         running.pop()

@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from .kv import POLICIES
 from .kv.base import SHARE_NAMES
+from .preemption import VICTIM_POLICIES
 from .scheduler import MODES, PREEMPTION_MODES
 from .slots import ALLOCATORS
 from .specs import GPUS, MODELS
@@ -100,14 +101,23 @@ def add_run_parser(sub) -> None:
     g.add_argument("--preemption", default="recompute", metavar=_choices(PREEMPTION_MODES),
                    help="what a preempted request loses (default: recompute)")
     g.add_argument("--swap-space", type=float, default=4.0, help="CPU swap space per GPU, GiB (default: 4)")
-    g.add_argument("--scheduler", default="continuous", metavar=_choices(MODES),
-                   help="iteration-level (Orca/vLLM) or request-level static batching (default: continuous)")
+    g.add_argument("--scheduler", default="v1", metavar=_choices(MODES),
+                   help="v1: token budget and chunked prefill (today's vLLM); v0: the paper's prefill-only steps; "
+                   "static: request-level batching (default: v1)")
+    g.add_argument("--no-chunked-prefill", action="store_true",
+                   help="v1 without chunked prefill: a prompt must fit what is left of the token budget")
+    g.add_argument("--victim", default="latest_arrival", metavar=_choices(VICTIM_POLICIES),
+                   help="who is preempted when memory runs out (default: latest_arrival)")
     g.add_argument("--prefix-caching", default="auto", metavar="{auto,on,off}",
                    help="paged prefix caching; auto = on when --prefix-len > 0 (default: auto)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most (default: 256)")
     g.add_argument("--watermark", type=float, default=0.01,
                    help="fraction of KV blocks kept free when admitting (vLLM v0's default: 0.01)")
-    g.add_argument("--max-num-batched-tokens", type=int, help="tokens per step at most (default: max(2560, context))")
+    g.add_argument("--max-num-batched-tokens", type=int,
+                   help="token budget of a step (default: 2048 in v1, max(2560, context) in v0/static)")
+    g.add_argument("--slo-ttft", type=float, metavar="SECONDS", help="time-to-first-token target for SLO attainment")
+    g.add_argument("--slo-tbt", type=float, metavar="SECONDS",
+                   help="time-between-tokens target (a request's mean inter-token latency) for SLO attainment")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g.add_argument("--requests-csv", metavar="PATH", help="also write the per-request table")
@@ -133,6 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens, jump=not args.no_jump, kv_slots=args.kv_slots,
         progress=args.progress, prompt_len=args.prompt_len, output_len=args.output_len,
         prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,
+        enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
+        slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt,
     )  # fmt: skip
     if args.requests_csv:
         result.requests.to_csv(args.requests_csv)
@@ -156,9 +168,21 @@ def format_summary(s: dict) -> str:
         f"  normalized latency   {_num(s['normalized_latency_s_per_token'], '.4f')} s/token "
         f"(p50 {_num(s['p50_normalized_latency_s_per_token'], '.4f')}, "
         f"p90 {_num(s['p90_normalized_latency_s_per_token'], '.4f')})",
+        f"  TTFT                 mean {_num(s['mean_ttft_s'], '.3f')} s, p50 {_num(s['p50_ttft_s'], '.3f')}, "
+        f"p99 {_num(s['p99_ttft_s'], '.3f')}",
+        f"  inter-token latency  mean {_num(s['mean_itl_mean_s'], '.4f')} s, p99 {_num(s['p99_itl_mean_s'], '.4f')}; "
+        f"largest gap p99 {_num(s['p99_itl_max_s'], '.3f')} s",
         f"  mean batch size      {s['mean_batch_size']:.1f} running requests per step",
         f"  preemptions          {s['num_preemptions']}",
-        f"  simulated            {s['sim_time_s']:.1f} s in {s['num_steps']} steps (wall {s['wall_time_s']:.2f} s)",
+        f"  simulated            {s['sim_time_s']:.1f} s in {s['num_steps']} steps (wall {s['wall_time_s']:.2f} s), "
+        f"scheduler {s['scheduler']}",
+    ]
+    if s.get("slo_ttft_s") is not None or s.get("slo_tbt_s") is not None:
+        lines.append(f"  SLO attainment       {s['slo_attainment']:.1%} (goodput {s['goodput_req_per_s']:.3f} req/s)")
+    if s.get("prefix_cache_hit_rate_tokens") is not None:
+        lines.append(f"  prefix cache hits    {s['prefix_cache_hit_rate_tokens']:.1%} of prompt tokens, "
+                     f"{s['prefix_cache_hit_rate_blocks']:.1%} of full blocks")
+    lines += [
         "",
         f"KV memory, time-weighted: share of the {s['num_kv_slots']} slots (and of the non-free ones)",
     ]

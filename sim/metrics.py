@@ -2,12 +2,24 @@
 
 vLLM paper, section 6: throughput is judged by the *normalized latency* (a request's end-to-end latency
 divided by its output length, averaged over requests, Fig. 12) at a given request rate, and memory by
-the breakdown of the KV pool (Fig. 2) and the number of requests batched per iteration (Fig. 13).
+the breakdown of the KV pool (Fig. 2) and the number of requests batched per iteration (Fig. 13). Chunked
+prefill (Sarathi-Serve, OSDI 2024) is judged by the latencies users see, per request:
+
+    ttft              arrival -> end of the step that sampled its first token (time to first token)
+    queueing_delay    arrival -> start of the first step that computed one of its tokens
+    itl_mean          (last token - first token) / (token steps - 1): the mean inter-token latency (TPOT)
+    itl_max           the largest gap between two consecutive token steps: a decode stalled behind a prompt
+    e2e_latency       arrival -> its last token
+
+and in the summary their mean, p50, p90 and p99 over finished requests, plus, for the targets given, SLO
+attainment (the share of requests with ttft <= slo_ttft_s and itl_mean <= slo_tbt_s; unfinished ones fail)
+and goodput (such requests per second). NOTE: the TBT target applies to the mean inter-token latency, as
+vLLM's benchmark `--goodput tpot:` does; itl_max is reported to show stalls.
 
 Tables are columns of numpy arrays, so a 100k-request run stays light; the event loop fills them
 through `StepLog` (append-only Python lists, turned into arrays once at the end).
 
-Definitions used in the summary (DESIGN.md contract, `python -m sim run --json`):
+Definitions used in the summary (`python -m sim run --json`):
 
     sim_time_s                  first arrival -> end of the last step (the measured span)
     throughput_req_per_s        finished requests / sim_time_s
@@ -15,6 +27,7 @@ Definitions used in the summary (DESIGN.md contract, `python -m sim run --json`)
     mean_batch_size             mean over iterations of the requests in the running state
     memory                      the five shares of the pool, weighted by simulated time over the span
     memory_busy                 the same without `free`, renormalised: the paper's view (shares of memory in use)
+    prefix_cache_hit_rate_*     cached / looked-up prompt blocks (tokens) over admissions; None without lookups
 """
 from __future__ import annotations
 
@@ -26,13 +39,15 @@ import numpy as np
 
 from .kv.base import SHARE_NAMES
 
+LATENCY_METRICS = ("ttft", "queueing_delay", "itl_mean", "itl_max", "e2e_latency")  # seconds, per request
+PERCENTILES = (50, 90, 99)
 REQUEST_COLUMNS = (
-    "request_id", "arrival_time", "prompt_len", "output_len", "first_token_time", "finish_time",
-    "num_preemptions", "normalized_latency",
+    "request_id", "arrival_time", "prompt_len", "output_len", "first_scheduled_time", "first_token_time",
+    "finish_time", "num_preemptions", *LATENCY_METRICS, "normalized_latency",
 )  # fmt: skip
 STEP_COLUMNS = (
     "time", "duration", "num_prefill_seqs", "num_decode_seqs", "num_running", "num_batched_tokens",
-    *SHARE_NAMES, "num_waiting", "num_preempted",
+    "num_prefill_tokens", *SHARE_NAMES, "num_waiting", "num_preempted",
 )  # fmt: skip
 
 
@@ -71,24 +86,58 @@ class StepLog:
         return Table({k: np.asarray(v, dtype=float if k in floats else np.int64) for k, v in self.rows.items()})
 
 
-def request_table(
-    requests: list, first_token_time: np.ndarray, finish_time: np.ndarray, num_preemptions: np.ndarray
-) -> Table:
-    """Per-request results; unfinished requests keep NaN times (and NaN normalized latency)."""
+def request_table(requests: list, times) -> Table:
+    """Per-request results from the loop's record of `times` (sim.loop._RequestTimes); unfinished requests keep
+    NaN times and latencies. A request with one token step has no inter-token latency (NaN)."""
     arrival = np.array([r.arrival_time for r in requests], dtype=float)
     output_len = np.array([r.output_len for r in requests], dtype=np.int64)
+    finish, first = times.finish, times.first_token
+    several = times.token_steps > 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        itl_mean = np.where(several, (finish - first) / np.maximum(times.token_steps - 1, 1), np.nan)
+    itl_max = np.where(several & ~np.isnan(finish), times.max_gap, np.nan)
     return Table(
         {
             "request_id": np.array([r.request_id for r in requests], dtype=np.int64),
             "arrival_time": arrival,
             "prompt_len": np.array([r.prompt_len for r in requests], dtype=np.int64),
             "output_len": output_len,
-            "first_token_time": first_token_time,
-            "finish_time": finish_time,
-            "num_preemptions": num_preemptions,
-            "normalized_latency": (finish_time - arrival) / output_len,
+            "first_scheduled_time": times.first_scheduled,
+            "first_token_time": first,
+            "finish_time": finish,
+            "num_preemptions": times.preemptions,
+            "ttft": first - arrival,
+            "queueing_delay": times.first_scheduled - arrival,
+            "itl_mean": np.where(np.isnan(finish), np.nan, itl_mean),
+            "itl_max": itl_max,
+            "e2e_latency": finish - arrival,
+            "normalized_latency": (finish - arrival) / output_len,
         }
     )
+
+
+def latency_summary(requests: Table) -> dict[str, float | None]:
+    """mean / p50 / p90 / p99 of every latency metric over the requests that have it: `p99_itl_max_s`, ..."""
+    out: dict[str, float | None] = {}
+    for metric in LATENCY_METRICS:
+        values = requests[metric][~np.isnan(requests[metric])]
+        out[f"mean_{metric}_s"] = float(values.mean()) if len(values) else None
+        for p in PERCENTILES:
+            out[f"p{p}_{metric}_s"] = float(np.percentile(values, p)) if len(values) else None
+    return out
+
+
+def slo_summary(requests: Table, span: float, slo_ttft_s: float | None, slo_tbt_s: float | None) -> dict:
+    """SLO attainment and goodput for the targets given (None: that target is not checked)."""
+    met = ~np.isnan(requests["finish_time"])
+    if slo_ttft_s is not None:
+        met &= requests["ttft"] <= slo_ttft_s
+    if slo_tbt_s is not None:
+        met &= np.nan_to_num(requests["itl_mean"], nan=0.0) <= slo_tbt_s  # one token: no gap to miss
+    count = int(met.sum())
+    return {"slo_ttft_s": slo_ttft_s, "slo_tbt_s": slo_tbt_s,
+            "slo_attainment": count / len(requests) if len(requests) else None,
+            "goodput_req_per_s": count / span if span > 0 else 0.0}  # fmt: skip
 
 
 def memory_shares(integral: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
@@ -104,13 +153,12 @@ def memory_shares(integral: dict[str, float]) -> tuple[dict[str, float], dict[st
 
 def summarize(
     *, policy: str, requests: Table, steps: Table, integral: dict[str, float], span: float, wall_time_s: float,
-    extras: dict,
+    extras: dict, slo_ttft_s: float | None = None, slo_tbt_s: float | None = None, prefix_cache=None,
 ) -> dict:
     """The summary dict of the `python -m sim run --json` contract (DESIGN.md), plus `extras` and derived stats."""
     finished = ~np.isnan(requests["finish_time"])
     num_finished = int(finished.sum())
     norm = requests["normalized_latency"][finished]
-    ttft = (requests["first_token_time"] - requests["arrival_time"])[~np.isnan(requests["first_token_time"])]
     shares, busy = memory_shares(integral)
     summary = {
         "policy": policy,
@@ -130,8 +178,12 @@ def summarize(
             "num_steps": len(steps),
             "p50_normalized_latency_s_per_token": float(np.percentile(norm, 50)) if num_finished else None,
             "p90_normalized_latency_s_per_token": float(np.percentile(norm, 90)) if num_finished else None,
-            "mean_ttft_s": float(ttft.mean()) if len(ttft) else None,
             "memory_busy": busy,
         }
     )
+    summary.update(latency_summary(requests))
+    summary.update(slo_summary(requests, span, slo_ttft_s, slo_tbt_s))
+    stats = prefix_cache
+    summary["prefix_cache_hit_rate_blocks"] = stats.hit_blocks / stats.queried_blocks if stats and stats.queried_blocks else None
+    summary["prefix_cache_hit_rate_tokens"] = stats.hit_tokens / stats.queried_tokens if stats and stats.queried_tokens else None
     return summary

@@ -1,28 +1,32 @@
 """What one scheduler step asks an executor to do, and what the executor reports back.
 
-Orca's iteration-level scheduling (Yu et al., OSDI 2022) and vLLM v0's `SchedulerOutputs`
-(Kwon et al., SOSP 2023, section 4.5): every iteration the scheduler hands the executor a plain
-description of the work. The simulator prices it with a cost model; the reference engine runs it on
-a real model. Neither touches the KV manager: the block tables in the plan are already allocated.
+vLLM v1's `SchedulerOutput` (vllm/v1/core/sched/output.py) on top of Orca's iteration-level scheduling (Yu et
+al., OSDI 2022): every iteration the scheduler hands the executor a plain description of the work. The
+simulator prices it with a cost model; the reference engine runs it on a real model. Neither touches the KV
+manager: the block tables in the plan are already allocated.
 
 An executor carries out a `StepPlan` in this order:
 
     1. blocks_to_swap_out   (gpu_block, cpu_block)   copy out BEFORE anything overwrites the GPU block
     2. blocks_to_swap_in    (cpu_block, gpu_block)
-    3. blocks_to_copy       (src, dst)               copy-on-write and beam-fork copies
-    4. the forward pass over prefills + decodes, then sample one token per scheduled sequence
+    3. blocks_to_copy       (src, dst)               copy-on-write and fork copies
+    4. one forward pass over every fed entry, then sample one token for every entry with `sample`
 
 Token ranges of one sequence in a step (K/V is written into block_table for every fed token):
 
     |<---- num_computed_tokens ---->|<-- num_new_tokens -->|
-     K/V already in the cache         fed this step          -> one token is sampled after the last one
+     K/V already in the cache         fed this step          -> sampled after the last one, if `sample`
+                                                                (a chunk that stops short of the end samples nothing)
 
-NOTE: under paging the sequences of a group admitted together share their prompt blocks (paper 4.4), so the
-prompt is computed ONCE, as vLLM v0 did ("use any sequence in the group"): the group's first prefill entry
-feeds the prompt, and each sibling comes as a *sample-only* entry (num_computed_tokens = prompt_len,
-num_new_tokens = 0) that samples its own token from the same last-position logits. A sample-only entry
-always follows the fed entry of the same request in `prefills`. Contiguous (Orca) siblings each hold their
-own reservation, so each is fed the whole prompt.
+Entries are split by what the sequence is doing: `prefills` compute a prompt (or, after a preemption by
+recompute, prompt + generated tokens), whole or a chunk; `decodes` feed the last sampled token. A v1 step
+mixes both; a v0 step has only one kind.
+
+NOTE: the siblings of a group (n samples, k beams) share the prompt, so it is computed ONCE, by the group's
+leader. When the leader's last prompt token is computed, each sibling comes as a *sample-only* entry
+(num_computed_tokens = prompt_len, num_new_tokens = 0, no block table yet) that samples its own token from
+the leader's logits; the scheduler forks it from the leader when the step is reported. A sample-only
+entry always follows its leader's entry in `prefills`.
 """
 from __future__ import annotations
 
@@ -36,8 +40,9 @@ class ScheduledSeq:
     seq_id: int
     request_id: int
     num_computed_tokens: int  # tokens whose K/V is already in the cache before this step
-    num_new_tokens: int  # tokens fed this step: prompt / recompute tokens for a prefill, 1 for a decode, 0 sample-only
-    block_table: list[int]  # the sequence's block table after this step's allocations
+    num_new_tokens: int  # tokens fed this step: a prompt / recompute chunk, 1 for a decode, 0 sample-only
+    block_table: list[int]  # the sequence's block table after this step's allocations ([] sample-only)
+    sample: bool = True  # samples a token after this step (False: a chunk that does not reach the end)
 
     @property
     def is_sample_only(self) -> bool:
@@ -47,7 +52,7 @@ class ScheduledSeq:
 
 @dataclass(slots=True)
 class StepPlan:
-    prefills: list[ScheduledSeq] = field(default_factory=list)  # compute K/V of num_new_tokens tokens, then sample
+    prefills: list[ScheduledSeq] = field(default_factory=list)  # prompt / recompute chunks (+ sample-only siblings)
     decodes: list[ScheduledSeq] = field(default_factory=list)  # feed the last sampled token, then sample
     blocks_to_swap_out: list[BlockCopy] = field(default_factory=list)  # (gpu_block, cpu_block): do first
     blocks_to_swap_in: list[BlockCopy] = field(default_factory=list)  # (cpu_block, gpu_block)
@@ -60,19 +65,24 @@ class StepPlan:
         return sum(s.num_new_tokens for s in self.prefills) + len(self.decodes)
 
     @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.prefills)
+
+    @property
     def num_seqs(self) -> int:
-        """Sequences that sample a token this step (sample-only siblings included)."""
+        """Sequences in the step (sample-only siblings included)."""
         return len(self.prefills) + len(self.decodes)
+
+    @property
+    def entries(self) -> list[ScheduledSeq]:
+        """Every entry: prefills, then decodes."""
+        return self.prefills + self.decodes
 
     @property
     def num_context_tokens(self) -> int:
         """Sum over fed entries of num_computed + num_new: the K/V the attention reads. Sample-only entries
         read nothing of their own (their group's fed entry already did)."""
         return sum(s.num_computed_tokens + s.num_new_tokens for s in self.prefills + self.decodes if s.num_new_tokens)
-
-    @property
-    def is_prefill(self) -> bool:
-        return bool(self.prefills)
 
     @property
     def is_empty(self) -> bool:

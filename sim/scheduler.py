@@ -1,57 +1,73 @@
-"""The scheduler: which sequence groups run each iteration, and what memory that takes.
+"""The scheduler: which requests compute how many tokens each iteration, and what memory that takes.
 
-Follows vLLM v0 (the paper's system: Kwon et al., SOSP 2023, sections 4.5 and 5; vllm/core/scheduler.py
-of 2023) on top of Orca's iteration-level scheduling (Yu et al., OSDI 2022): FCFS; a new decision every
-iteration; when memory runs out, the latest-arrived group is preempted, all its sequences together, by
-swapping (its blocks move to CPU memory) or recompute (its blocks are freed and it starts over with a
-prefill of prompt + tokens generated so far). `mode="static"` is the request-level baseline
-(FasterTransformer): a batch is admitted only when nothing runs.
+One scheduler, three modes (docs/ARCHITECTURE.md, "A request's life"):
 
-The same object serves the simulator and the reference engine (DESIGN.md): `schedule()` returns a
-`StepPlan` whose blocks are already allocated; the executor runs it and reports a `StepOutcome` to
-`finish_step()`. The scheduler alone talks to the KV manager about sequence memory.
+- `v1` (today's vLLM, vllm/v1/core/sched/scheduler.py; Sarathi-Serve's chunked prefill, Agrawal et al.,
+  OSDI 2024): there is no prefill phase and no decode phase. Every step hands out a token budget
+  (`max_num_batched_tokens`): running requests first (decodes and unfinished prompt chunks), in arrival
+  order, then waiting ones. With chunked prefill a prompt longer than what is left of the budget is served in
+  chunks, so steps mix prompt chunks and decodes and a long prompt never stalls the decodes behind it.
+- `v0` (the paper's system: Kwon et al., SOSP 2023, sections 4.5 and 5; vLLM v0 of 2023): a step either
+  admits waiting requests with their whole prompts (a prefill-only step) or decodes the running ones.
+- `static` (FasterTransformer's request-level batching): v0, but a batch is admitted only when nothing runs.
+
+In every mode admission is FCFS without overtaking; when a running request cannot get memory, running
+requests are preempted (a pluggable victim policy, sim/preemption.py; default: the latest arrival), all
+sequences of a group together, by swapping (its blocks move to CPU memory) or recompute (its blocks are
+freed and it is computed again later, sampled tokens included).
+
+The same object serves the simulator and the reference engine: `schedule()` returns a `StepPlan` whose blocks
+are already allocated; the executor runs it and reports a `StepOutcome` to `finish_step()`. The scheduler
+touches memory only through the KV contract (sim/kv/base.py) and never knows the policy behind it.
 """
 from __future__ import annotations
 
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
-from .kv.base import KVManager
+from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
+from .preemption import victim_policy
 from .request import Request
-from .decode_run import RunMemo, advance_groups, group_may_fit, max_plain_run
-from .sequence import (Sequence, SequenceGroup, SequenceStatus, blocks_to_grow, fits_swap_in, never_fits,
-                       reselect_beams, sibling_entry)
+from .sequence import Sequence, SequenceGroup, SequenceStatus, reselect_beams, split_budget
 
 __all__ = ["MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
 
-MODES = ("continuous", "static")
+MODES = ("v1", "v0", "static")
 PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_BUDGET = {"v1": 2048, "v0": 2560, "static": 2560}  # max_num_batched_tokens when none is given
 WAITING, RUNNING, SWAPPED, FINISHED = SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # running sequences at most
-    max_num_batched_tokens: int = 2560  # tokens in one step at most (a longer prompt is rejected)
-    mode: str = "continuous"  # "continuous" (Orca/vLLM iteration-level) | "static" (FasterTransformer request-level)
+    max_num_batched_tokens: int | None = None  # tokens fed in one step at most (None: DEFAULT_BUDGET[mode])
+    mode: str = "v1"  # "v1" | "v0" | "static" (see the module docstring)
     preemption: str = "recompute"  # "recompute" | "swap" (swap falls back to recompute when CPU memory is short)
-    # Paged only: the share of GPU blocks an admission must leave free, so that a group just admitted is not
-    # preempted at once by its elders' growth (vLLM v0's block-manager watermark, 0.01 there; off by default).
-    watermark: float = 0.0
+    enable_chunked_prefill: bool | None = None  # None: on in v1; v0 and static never chunk
+    victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES or a function
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.max_num_batched_tokens is None:
+            object.__setattr__(self, "max_num_batched_tokens", DEFAULT_BUDGET[self.mode])
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs}")
+        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens}")
         if self.preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption!r}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.enable_chunked_prefill and self.mode != "v1":
+            raise ValueError(f"enable_chunked_prefill needs mode 'v1' (mode {self.mode!r} runs whole prompts)")
+        victim_policy(self.victim)  # raises for an unknown name
+
+    @property
+    def chunked(self) -> bool:
+        return self.mode == "v1" and self.enable_chunked_prefill is not False
 
 
 class Scheduler:
@@ -61,6 +77,7 @@ class Scheduler:
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None) -> None:
         self.kv = kv
         self.config = config if config is not None else SchedulerConfig()
+        self._victim = victim_policy(self.config.victim)
         self._waiting: deque[SequenceGroup] = deque()
         self._running: list[SequenceGroup] = []
         self._swapped: list[SequenceGroup] = []
@@ -70,24 +87,23 @@ class Scheduler:
         self._num_added = 0
         self._num_preemptions = 0
         self._outstanding: StepPlan | None = None  # the plan schedule() returned and finish_step() has not seen
-        # contiguous policies reserve at admission and never preempt: they need no watermark
-        self._watermark_blocks = int(self.config.watermark * kv.num_blocks) if kv.policy == "paged" else 0
-        self._version = 0  # bumped by every call that changes state: the key of _last_run
-        self._last_run = RunMemo()  # decode_run_length's last answer
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a request; ValueError if it can never be served (prompt over the token budget, more sequences
-        than max_num_seqs, or a final length the whole pool cannot hold)."""
+        """Queue a request; ValueError if it can never be served (a prompt over the token budget without
+        chunked prefill, more sequences than max_num_seqs, or a final length the whole pool cannot hold)."""
         rid, cfg = request.request_id, self.config
         if rid in self._groups:
             raise ValueError(f"request {rid} was already added (request ids must be unique)")
-        if request.prompt_len > cfg.max_num_batched_tokens:
+        if not cfg.chunked and request.prompt_len > cfg.max_num_batched_tokens:
             raise ValueError(f"request {rid}: prompt_len {request.prompt_len} is over max_num_batched_tokens "
+                             f"(allowed: <= {cfg.max_num_batched_tokens}, or any length with chunked prefill)")
+        if request.beam_width > cfg.max_num_batched_tokens:  # the k beams of a step are fed together
+            raise ValueError(f"request {rid}: beam_width {request.beam_width} is over max_num_batched_tokens "
                              f"(allowed: <= {cfg.max_num_batched_tokens})")
         if request.num_seqs > cfg.max_num_seqs:
             raise ValueError(f"request {rid}: {request.num_seqs} sequences (allowed: <= max_num_seqs, {cfg.max_num_seqs})")
-        problem = never_fits(self.kv, request, self._watermark_blocks)
+        problem = self.kv.check_request(request.prompt_len, request.total_len - 1, request.num_seqs)
         if problem is not None:
             raise ValueError(f"request {rid}: {problem}")
         seqs = [self._new_seq(request, 0) for _ in range(request.num_seqs)]
@@ -95,7 +111,6 @@ class Scheduler:
         self._num_added += 1
         self._groups[rid] = group
         self._waiting.append(group)
-        self._version += 1
 
     def _new_seq(self, request: Request, num_generated: int) -> Sequence:
         seq = Sequence(self._next_seq_id, request.request_id, request.prompt_len, request.output_len, num_generated)
@@ -108,9 +123,8 @@ class Scheduler:
         group = self._group(request_id)
         if group.status is FINISHED:
             return
-        self._version += 1
-        for seq in group.live:
-            if seq.status in (RUNNING, SWAPPED):
+        if group.status in (RUNNING, SWAPPED):
+            for seq in group.kv_seqs:
                 self.kv.free(seq.seq_id)
         queue = {WAITING: self._waiting, RUNNING: self._running, SWAPPED: self._swapped}[group.status]
         queue.remove(group)
@@ -122,125 +136,78 @@ class Scheduler:
 
     # --- one iteration -------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Decide the next iteration. The order, as vLLM v0's `_schedule`:
+        """Decide the next iteration.
 
-        1. Admission: if nothing is swapped out (and, in static mode, nothing runs), admit waiting groups
-           FCFS while they fit in memory, max_num_seqs and max_num_batched_tokens; stop at the first that does
-           not (no overtaking). If any was admitted, this is a prefill-only step: running groups decode next step.
-        2. Decode: running groups, FCFS, get one slot per live sequence. A group that cannot grow preempts the
-           latest-arrived running group (possibly itself) until it can: swap when configured and CPU memory
-           allows, else recompute (free everything; back to the FRONT of waiting).
-        3. Swap in: if step 2 preempted nothing, swap in swapped groups FCFS while they fit; they decode now.
+        v1: (1) running groups, FCFS, each get the tokens they miss (a decode: 1 per sequence; a prompt: a
+        chunk) while the budget lasts; a group that cannot get memory preempts victims until it can, or is
+        itself the victim. (2) If nothing was preempted, swapped groups come back FCFS while they fit, then
+        (3) waiting groups are admitted FCFS while they fit in memory, max_num_seqs and the budget.
+        v0 / static: (3) first, with whole prompts; if anything was admitted the step is prefill-only;
+        otherwise (1) without a budget, then (2).
         """
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
-        self._version += 1
-        # NOTE: beam-fork copies from the last finish_step go first. Only contiguous forks return copies, and
-        # contiguous groups are never swapped, so no swap-out of this step can read a block before its copy lands.
+        # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
+        # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
         plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
         for group in self._running:
             group.pending_copies.clear()
-        if not (self._may_admit() and self._admit_waiting(plan)):
-            self._decode_running(plan)
+        budget = self.config.max_num_batched_tokens
+        if self.config.mode == "v1":
+            budget = self._schedule_running(plan, budget)
             if not plan.preempted:
-                self._swap_in(plan)
+                budget = self._swap_in(plan, budget)
+                if self._may_admit():
+                    self._admit_waiting(plan, budget)
+        elif not (self._may_admit() and self._admit_waiting(plan, budget)):
+            self._schedule_running(plan, None)
+            if not plan.preempted:
+                self._swap_in(plan, None)
         self._outstanding = plan
         return plan
 
     def _may_admit(self) -> bool:
-        # NOTE: static batching (FasterTransformer) admits a new batch only once the previous one has left
-        # entirely. A request whose sequences finish is complete at once (they stop decoding, memory is freed),
-        # but its place stays idle until the whole batch is done: that idle capacity is the baseline's cost.
-        # A batch member preempted by recompute waits at the front and opens the next batch.
-        return not self._swapped and (self.config.mode == "continuous" or not self._running)
+        # NOTE: nothing is admitted while a group waits in swap space (it would be starved). Static batching
+        # (FasterTransformer) admits a new batch only once the previous one has left entirely: a finished
+        # request frees its memory at once, but its place stays idle until the whole batch is done (the
+        # baseline's cost). A batch member preempted by recompute waits at the front and opens the next batch.
+        return not self._swapped and (self.config.mode != "static" or not self._running)
 
-    def _admit_waiting(self, plan: StepPlan) -> bool:
-        num_seqs, num_tokens = self.num_running_seqs, 0
-        while self._waiting:
-            group = self._waiting[0]
-            live = group.live
-            # NOTE: the budget counts the whole prompt, before knowing its prefix-cache hits (conservative).
-            tokens = sum(group.prefill_lens())
-            if group.shares_prompt and self.kv.policy != "paged":
-                tokens *= len(live)  # contiguous sequences share no blocks: each computes the prompt (_admit)
-            if num_seqs + len(live) > self.config.max_num_seqs:
-                break
-            # NOTE: the first group of a step always passes the token budget: a fresh prompt is within it
-            # (add_request checks), a recompute (prompt + generated) may exceed it and then runs alone.
-            if num_tokens and num_tokens + tokens > self.config.max_num_batched_tokens:
-                break
-            entries = self._admit(group, live) if self._above_watermark(group.prefill_lens()) else None
-            if entries is None:
-                break
-            self._waiting.popleft()
-            group.set_status(RUNNING)
-            bisect.insort(self._running, group, key=lambda g: g.arrival_order)
-            plan.prefills += entries
-            num_seqs, num_tokens = num_seqs + len(live), num_tokens + tokens
-        return bool(plan.prefills)
-
-    def _above_watermark(self, prefill_lens: list[int]) -> bool:
-        """Would admitting prefills of these lengths leave the watermark free? NOTE: counts blocks before any
-        prefix-cache hit (conservative)."""
-        need = sum(-(-n // self.kv.block_size) for n in prefill_lens)
-        return not self._watermark_blocks or self.kv.num_free_blocks - need >= self._watermark_blocks
-
-    def _admit(self, group: SequenceGroup, live: tuple[Sequence, ...]) -> list[ScheduledSeq] | None:
-        """Give the group's live sequences their prefill memory; the prefill entries, or None with nothing changed."""
-        kv, req, rid = self.kv, group.request, group.request_id
-        if group.shares_prompt:  # fresh: one prompt, shared by all n (or k) sequences
-            ids = [s.seq_id for s in live]
-            cached = kv.admit(ids, req.prompt_len, [s.final_len for s in live], req.prompt_token_ids)
-            if cached is None:
-                return None
-            computed = min(cached, req.prompt_len - 1)  # the last prompt token is always fed: its logits are sampled
-            first = ScheduledSeq(ids[0], rid, computed, req.prompt_len - computed, kv.block_table(ids[0]))
-            return [first] + [sibling_entry(kv, first, i) for i in ids[1:]]
-        # After recompute: each live sequence alone, prompt + generated tokens, all or nothing. NOTE: no token
-        # ids are passed (the scheduler never sees generated tokens), so a recompute gets no prefix-cache hits.
-        done: list[int] = []
-        for seq in live:
-            if kv.admit([seq.seq_id], seq.prefill_len, [seq.final_len]) is None:
-                for seq_id in done:
-                    kv.free(seq_id)
-                return None
-            done.append(seq.seq_id)
-        return [ScheduledSeq(s.seq_id, rid, 0, s.prefill_len, kv.block_table(s.seq_id)) for s in live]
-
-    def _decode_running(self, plan: StepPlan) -> None:
+    def _schedule_running(self, plan: StepPlan, budget: int | None) -> int | None:
         remaining = deque(self._running)  # FCFS: earliest arrival first
         kept: list[SequenceGroup] = []
         while remaining:
             group = remaining.popleft()
-            while not self._can_grow(group):
-                victim = remaining.pop() if remaining else group  # the latest-arrived running group
+            seqs = group.kv_seqs
+            counts = split_budget(group, [s.num_tokens - s.num_computed_tokens for s in seqs], budget)
+            if not any(counts):  # the budget is spent: it waits for the next step, keeping its memory
+                kept.append(group)
+                continue
+            ids = [s.seq_id for s in seqs]
+            while (allocation := self.kv.allocate_slots(ids, counts)) is None:
+                victim = self._choose_victim(group, remaining)
                 self._preempt(victim, plan)
                 if victim is group:
                     break
+                remaining.remove(victim)
             else:
-                plan.decodes += self._append(group, plan)
+                self._add_entries(plan, group, seqs, counts, allocation.copies)
                 kept.append(group)
+                budget = None if budget is None else budget - sum(counts)
         self._running = kept
+        return budget
 
-    def _can_grow(self, group: SequenceGroup) -> bool:
-        ids = group.live_seq_ids
-        if self.kv.policy != "paged":  # contiguous: each sequence grows inside its own reservation
-            return all(self.kv.can_append(i) for i in ids)
-        return blocks_to_grow(self.kv, ids, 1) <= self.kv.num_free_blocks
-
-    def _append(self, group: SequenceGroup, plan: StepPlan) -> list[ScheduledSeq]:
-        kv, rid, entries = self.kv, group.request_id, []
-        for seq_id in group.live_seq_ids:
-            computed = kv.num_tokens(seq_id)
-            copies = kv.append_slots(seq_id, 1)
-            if copies is None:
-                raise RuntimeError(f"seq {seq_id}: expected room for one more slot (checked before), found none")
-            plan.blocks_to_copy += copies
-            entries.append(ScheduledSeq(seq_id, rid, computed, 1, kv.block_table(seq_id)))
-        return entries
+    def _choose_victim(self, group: SequenceGroup, remaining: deque[SequenceGroup]) -> SequenceGroup:
+        """Among the group that needs memory and the running groups not yet scheduled in this step."""
+        candidates = [*remaining, group]
+        victim = self._victim(candidates)
+        if not any(victim is c for c in candidates):
+            raise ValueError(f"the victim policy returned {victim!r}, expected one of the candidates it was given")
+        return victim
 
     def _preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
-        ids = group.live_ids()
+        seqs = group.kv_seqs
+        ids = [s.seq_id for s in seqs]
         self._num_preemptions += 1
         plan.preempted.append(group.request_id)
         if self.config.preemption == "swap" and self.kv.can_swap_out(ids):
@@ -248,30 +215,96 @@ class Scheduler:
             group.set_status(SWAPPED)
             bisect.insort(self._swapped, group, key=lambda g: g.arrival_order)
             return
-        for seq_id in ids:
-            self.kv.free(seq_id)
-        group.shares_prompt = False
+        for seq in seqs:
+            self.kv.free(seq.seq_id)
+            seq.num_computed_tokens, seq.prefilling = 0, True
         group.set_status(WAITING)
-        self._waiting.appendleft(group)  # victims go latest-first, so the earliest ends up at the front
+        self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
 
-    def _swap_in(self, plan: StepPlan) -> None:
+    def _swap_in(self, plan: StepPlan, budget: int | None) -> int | None:
         num_seqs = self.num_running_seqs
         while self._swapped:
             group = self._swapped[0]
-            ids = group.live_ids()
-            if num_seqs + len(ids) > self.config.max_num_seqs or not fits_swap_in(self.kv, ids, self._watermark_blocks):
+            seqs = group.kv_seqs
+            ids = [s.seq_id for s in seqs]
+            counts = split_budget(group, [s.num_tokens - s.num_computed_tokens for s in seqs], budget)
+            if num_seqs + group.num_seqs > self.config.max_num_seqs or not any(counts):
+                break
+            if not self.kv.can_swap_in(ids, counts):
                 break
             plan.blocks_to_swap_in += self.kv.swap_in(ids)
+            allocation = self.kv.allocate_slots(ids, counts)
+            if allocation is None:
+                raise RuntimeError(f"request {group.request_id}: expected room after swap-in (checked), found none")
             self._swapped.pop(0)
             group.set_status(RUNNING)
-            plan.decodes += self._append(group, plan)
             bisect.insort(self._running, group, key=lambda g: g.arrival_order)
-            num_seqs += len(ids)
+            self._add_entries(plan, group, seqs, counts, allocation.copies)
+            num_seqs += group.num_seqs
+            budget = None if budget is None else budget - sum(counts)
+        return budget
+
+    def _admission(self, group: SequenceGroup, budget: int, first: bool) -> tuple[list[NewSequence], list[int]] | None:
+        """What admitting `group` now would ask of the KV manager (specs, tokens per sequence), or None if the
+        budget does not allow it. NOTE: `first` (nothing fed yet this step) lets a group over the budget run
+        alone: without chunking, a recompute (prompt + generated tokens) may exceed it."""
+        new = [self._new_spec(group, s) for s in group.kv_seqs]
+        needs = [s.num_tokens - spec.num_cached_tokens for s, spec in zip(group.kv_seqs, new)]
+        if sum(needs) <= budget or (first and not self.config.chunked):
+            return new, needs
+        if not self.config.chunked or budget <= 0:
+            return None
+        counts = split_budget(group, needs, budget)
+        return (new, counts) if any(counts) else None
+
+    def _new_spec(self, group: SequenceGroup, seq: Sequence) -> NewSequence:
+        ids = group.request.prompt_token_ids
+        cached = self.kv.get_computed_tokens(ids, seq.num_tokens) if ids is not None else 0
+        forks = tuple(s.final_len for s in group.siblings_to_fork)
+        return NewSequence(seq.prompt_len, seq.final_len, ids, cached, forks)
+
+    def _admit_waiting(self, plan: StepPlan, budget: int) -> bool:
+        num_seqs, admitted = self.num_running_seqs, False
+        while self._waiting:
+            group = self._waiting[0]
+            if num_seqs + group.num_seqs > self.config.max_num_seqs:
+                break
+            asked = self._admission(group, budget, first=plan.num_batched_tokens == 0)
+            if asked is None:
+                break
+            new, counts = asked
+            seqs = group.kv_seqs
+            allocation = self.kv.allocate_slots([s.seq_id for s in seqs], counts, new)
+            if allocation is None:
+                break
+            self._waiting.popleft()
+            group.set_status(RUNNING)
+            bisect.insort(self._running, group, key=lambda g: g.arrival_order)
+            for seq, spec in zip(seqs, new):
+                seq.num_computed_tokens = spec.num_cached_tokens
+            self._add_entries(plan, group, seqs, counts, allocation.copies)
+            num_seqs += group.num_seqs
+            budget -= sum(counts)
+            admitted = True
+        return admitted
+
+    def _add_entries(self, plan: StepPlan, group: SequenceGroup, seqs, counts: list[int], copies) -> None:
+        rid = group.request_id
+        plan.blocks_to_copy += copies
+        for seq, count in zip(seqs, counts):
+            if not count:
+                continue
+            sample = seq.num_computed_tokens + count == seq.num_tokens
+            entry = ScheduledSeq(seq.seq_id, rid, seq.num_computed_tokens, count, self.kv.block_table(seq.seq_id), sample)
+            (plan.prefills if seq.prefilling else plan.decodes).append(entry)
+            if sample and not group.forked:  # the leader's last prompt token: its siblings sample from its logits
+                plan.prefills += [ScheduledSeq(s.seq_id, rid, seq.num_tokens, 0, [], True) for s in group.siblings_to_fork]
 
     # --- the executor's report -----------------------------------------------------------------------
     def finish_step(self, plan: StepPlan, outcome: StepOutcome) -> StepResult:
-        """Apply what happened in `plan`: every scheduled sequence sampled one token; beams are re-chosen
-        (unlisted ones freed FIRST, then repeated parents forked); finished sequences free their memory at once.
+        """Apply what happened in `plan`: fed tokens are computed; sampling entries sampled one token each;
+        siblings of a just-computed prompt are forked from their leader; beams are re-chosen (unlisted ones
+        freed FIRST, then repeated parents forked); finished sequences free their memory at once.
 
         NOTE: a sequence also finishes when it has generated output_len tokens (the simulator's rule, the engine's
         max_tokens), and for beam search all k beams end together: one finished beam finishes the group.
@@ -279,11 +312,23 @@ class Scheduler:
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         self._outstanding = None
-        self._version += 1
         for entry in plan.prefills + plan.decodes:
             seq = self._seqs.get(entry.seq_id)
-            if seq is not None and seq.status is RUNNING:  # an abort in between leaves it FINISHED
+            if seq is None or seq.status is not RUNNING:  # an abort in between leaves it FINISHED
+                continue
+            group = self._groups[entry.request_id]
+            if entry.num_new_tokens:
+                seq.num_computed_tokens += entry.num_new_tokens
+            else:  # a sibling of the prompt just computed: it joins the pool as a fork of the leader
+                copies = self.kv.fork(group.live[0].seq_id, seq.seq_id, seq.final_len)
+                if copies is None:
+                    raise RuntimeError(f"fork of seq {seq.seq_id}: expected room (reserved at admission), found none")
+                group.pending_copies += copies
+                seq.num_computed_tokens = entry.num_computed_tokens
+            if entry.sample:
                 seq.num_generated += 1
+                seq.prefilling = False
+                group.forked = True
         for seq_id in outcome.finished_seq_ids:  # checked before beams are re-chosen: a dropped beam may be named
             seq = self._seqs.get(seq_id)
             if seq is None or seq.status not in (RUNNING, FINISHED):
@@ -298,7 +343,8 @@ class Scheduler:
             if group.is_beam_search and (ending or group.request_id in beams_done):
                 ending = live
             for seq in ending:
-                self.kv.free(seq.seq_id)
+                if group.forked or seq is live[0]:
+                    self.kv.free(seq.seq_id)
             if ending:
                 group.finish(ending)
             if group.is_finished:
@@ -313,39 +359,67 @@ class Scheduler:
             del self._seqs[dropped.seq_id]
         return [s.seq_id for s in group.seqs]
 
-    # --- jumping over runs of identical decode steps (the simulator's fast path) --------------------------
-    def decode_run_length(self, max_steps: int) -> int:
-        """How many of the next schedule()/finish_step() rounds (at most max_steps) are GUARANTEED to be plain
-        decodes of exactly the current running set: no admission, swap, preemption, copy or finish.
+    # --- runs of plain decode steps (the simulator's fast-forward, sim/fastforward.py) --------------------
+    def plain_decode_seqs(self) -> list[Sequence] | None:
+        """The running sequences, if the next schedule() is certain to be a plain decode of exactly them and
+        stays so while memory lasts and none finishes: every running group decodes all its sequences (no prompt
+        chunk, beam search or copy waiting), nothing is swapped out, the budget holds them all, and the first
+        waiting group could not be admitted now (free memory only shrinks during such a run). Else None."""
+        if self._outstanding is not None or not self._running or self._swapped:
+            return None
+        seqs: list[Sequence] = []
+        for group in self._running:
+            if group.is_beam_search or group.pending_copies or not group.forked:
+                return None
+            for seq in group.live:
+                if seq.prefilling or seq.num_computed_tokens != seq.num_tokens - 1:
+                    return None
+                seqs.append(seq)
+        budget = self.config.max_num_batched_tokens
+        if self.config.mode == "v1":
+            budget -= len(seqs)
+            if budget < 0:
+                return None
+        if self._waiting and self._may_admit() and self._head_may_be_admitted(budget):
+            return None
+        return seqs
 
-        Free memory only shrinks during such a run, so a waiting group that cannot be admitted now cannot be
-        admitted in it. Finishes come from output_len (the simulator's rule); the caller caps max_steps.
-        """
-        if max_steps < 1 or not self._running or self._swapped or self._outstanding is not None:
-            return 0
-        state = (self._version, self.kv.num_free_blocks)
-        answer = self._last_run.get(state, max_steps)
-        if answer is None:
-            blocked = self._waiting and self._may_admit() and self._head_may_fit()
-            answer = 0 if blocked else max_plain_run(self.kv, self._running, max_steps)
-            self._last_run = RunMemo(state, max_steps, answer)
-        return answer
-
-    def _head_may_fit(self) -> bool:
-        """Could the first waiting group be admitted now? (True when unsure: the run is then 0 steps.)"""
-        group = self._waiting[0]
-        if self.num_running_seqs + len(group.live) > self.config.max_num_seqs:
+    def can_admit_head(self) -> bool:
+        """Would the first waiting group be admitted if a step started now with the whole budget (max_num_seqs,
+        budget and memory, watermark included)? False when nothing waits or admission is closed."""
+        if not self._waiting or not self._may_admit():
             return False
-        return self._above_watermark(group.prefill_lens()) and group_may_fit(self.kv, group)
+        return self._head_may_be_admitted(self.config.max_num_batched_tokens, first=True)
 
-    def advance_decode_run(self, k: int) -> None:
-        """Apply exactly the state change of k rounds of plain decode steps (see decode_run_length), with the
-        same block ids as stepping one token at a time (appends go in step order, see append_in_step_order)."""
-        allowed = self.decode_run_length(k)
-        if k < 1 or allowed < k:
-            raise ValueError(f"advance_decode_run: k must be in [1, {allowed}] (the guaranteed run now), got {k}")
-        self._version += 1
-        advance_groups(self.kv, self._running, k)
+    def _head_may_be_admitted(self, budget: int, first: bool | None = None) -> bool:
+        group = self._waiting[0]
+        if self.num_running_seqs + group.num_seqs > self.config.max_num_seqs:
+            return False
+        asked = self._admission(group, budget, first=self.config.mode != "v1" if first is None else first)
+        if asked is None:
+            return False
+        new, counts = asked
+        if first:  # an exact answer for observers
+            return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
+        # NOTE: with chunking, losing a prefix-cache hit to eviction can SHRINK the chunk's memory need, so a
+        # blocked group with hits might fit later in the run: treat it as admissible (no run; always safe).
+        if self.config.chunked and any(spec.num_cached_tokens for spec in new):
+            return True
+        return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
+
+    def advance_decodes(self, num_steps: int) -> list[tuple[int, ...]]:
+        """Apply `num_steps` plain decode steps at once: the state schedule()/finish_step() would leave, with the
+        same block ids. The caller guarantees no sequence finishes in them (the simulator knows lengths).
+        Returns the pool's five raw slot counts during each step (the KV manager's advance_decodes)."""
+        seqs = self.plain_decode_seqs()
+        ids = [] if seqs is None else [s.seq_id for s in seqs]
+        if seqs is None or num_steps < 1 or self.kv.max_decode_steps(ids, num_steps) < num_steps:
+            raise ValueError(f"advance_decodes({num_steps}): expected a plain decode state with room for the run")
+        counts = self.kv.advance_decodes(ids, num_steps)
+        for seq in seqs:
+            seq.num_generated += num_steps
+            seq.num_computed_tokens += num_steps
+        return counts
 
     # --- read-only views for executors and metrics ----------------------------------------------------
     @property
@@ -383,6 +457,9 @@ class Scheduler:
 
     def num_generated(self, seq_id: int) -> int:
         return self._seqs[seq_id].num_generated
+
+    def num_computed_tokens(self, seq_id: int) -> int:
+        return self._seqs[seq_id].num_computed_tokens
 
     def group_status(self, request_id: int) -> SequenceStatus:
         return self._group(request_id).status

@@ -1,35 +1,37 @@
-"""Per-sequence and per-request state as the scheduler tracks it (vLLM v0's `Sequence` / `SequenceGroup`).
+"""Per-sequence and per-request state as the scheduler tracks it.
 
-Kwon et al., SOSP 2023, section 4.4-4.5: a request is a *sequence group*; parallel sampling (n) and
-beam search (k) run several sequences that share the prompt, and the group is the unit of scheduling:
-it is admitted, preempted, swapped and resumed all-or-nothing.
+A request is a *sequence group* (Kwon et al., SOSP 2023, sections 4.4-4.5): parallel sampling (n) and beam
+search (k) run several sequences that share the prompt, and the group is the unit of admission and
+preemption. Each sequence follows vLLM v1's accounting (vllm/v1/request.py): its `num_computed_tokens`
+catch up with its `num_tokens` (prompt + sampled tokens); a step feeds some of the missing tokens, and a
+step that feeds the last of them samples one more token. There is no prefill phase and no decode phase:
+
+    prompt 6, chunks of 4:   step 1 feeds t0..t3 (no sample)   step 2 feeds t4 t5, samples t6
+                             step 3 feeds t6, samples t7       ... one token behind while decoding
+
+A group's siblings share the prompt: only the first sequence (the leader) computes it; when its last prompt
+token is computed, the siblings sample from the same logits and are forked from the leader (vLLM v0 forked
+sequences the same way). Until then `forked` is False and only the leader holds KV memory.
 
 A sequence's life (the group moves all its live sequences together):
 
     WAITING --admit--> RUNNING --finish--> FINISHED
        ^                 |   ^
-       +--- recompute ---+   |
-                swap out |   | swap in
+       +--- recompute ---+   |                  recompute: its K/V is dropped and num_computed_tokens
+                swap out |   | swap in          returns to 0; it is computed again, sampled tokens included
                          v   |
                         SWAPPED
 
-KV lengths (the scheduler/executor contract): a sequence that has sampled g output tokens holds prompt_len + g - 1
-K/V entries after its step (the last sampled token is fed by the next decode); it ends holding
-final_len = prompt_len + output_len - 1.
-
-The functions at the end do what a group needs from the KV manager, in terms of its protocol: re-choose beams
-(free, then fork), and answer the scheduler's memory questions (will it ever fit, how many blocks its next
-appends take). How long a run of plain decodes memory allows is sim/decode_run.py's question.
+KV lengths: a sequence that has sampled g output tokens holds up to prompt_len + g - 1 K/V entries (the last
+sampled token is fed by the next step); it ends holding final_len = prompt_len + output_len - 1.
 """
 from __future__ import annotations
 
 import enum
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 from .kv.base import KVManager
-from .plan import ScheduledSeq
 from .request import Request
 
 
@@ -47,17 +49,19 @@ class Sequence:
     prompt_len: int
     output_len: int  # tokens it will generate (true length in the simulator, max_tokens in the engine)
     num_generated: int = 0  # output tokens sampled so far
+    num_computed_tokens: int = 0  # leading tokens whose K/V is in the cache (vLLM's num_computed_tokens)
+    prefilling: bool = True  # (re)admitted and not sampled since: its work is a prompt (or recompute) chunk
     status: SequenceStatus = SequenceStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the sequence consists of: the prompt and every token sampled so far."""
+        return self.prompt_len + self.num_generated
 
     @property
     def final_len(self) -> int:
         """K/V entries it holds when it finishes (the last sampled token is never fed back)."""
         return self.prompt_len + self.output_len - 1
-
-    @property
-    def prefill_len(self) -> int:
-        """Tokens a prefill must feed: the prompt, plus (after preemption by recompute) every token generated so far."""
-        return self.prompt_len + self.num_generated
 
     @property
     def is_live(self) -> bool:
@@ -67,27 +71,21 @@ class Sequence:
 @dataclass(slots=True)
 class SequenceGroup:
     request: Request
-    # The current sequences (live and finished; dropped beams are removed), in beam order. NOTE: replace it
-    # with set_seqs() and finish sequences with finish(), which keep the cached live tuple in step.
+    # The current sequences (live and finished; dropped beams are removed), in beam order; seqs[0] is the
+    # leader. NOTE: replace it with set_seqs() and finish sequences with finish(), which keep `live` in step.
     seqs: list[Sequence]
     arrival_order: int  # position in add_request order: the FCFS key
     status: SequenceStatus = SequenceStatus.WAITING
-    # Admitted once with a shared prompt (True until the first preemption by recompute); afterwards every live
-    # sequence is re-admitted alone. NOTE: that loses prompt sharing, an approximation (vLLM v0 forbade
-    # recompute for multi-sequence groups and swapped them instead).
-    shares_prompt: bool = True
-    pending_copies: list[tuple[int, int]] = field(default_factory=list)  # beam-fork copies for the next plan
-    # NOTE: the live sequences and their ids, cached: the scheduler asks for them several times per sequence
-    # and step, and they change only when a sequence finishes or beams are re-chosen (finish, set_seqs).
-    live: tuple[Sequence, ...] = field(init=False, repr=False, compare=False)
-    live_seq_ids: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    forked: bool = False  # the siblings have been forked from the leader (always True for a lone sequence)
+    pending_copies: list[tuple[int, int]] = field(default_factory=list)  # fork copies for the next plan
+    live: tuple[Sequence, ...] = field(init=False, repr=False, compare=False)  # cached: asked often
 
     def __post_init__(self) -> None:
+        self.forked = self.forked or len(self.seqs) == 1
         self._refresh_live()
 
     def _refresh_live(self) -> None:
         self.live = tuple(s for s in self.seqs if s.is_live)
-        self.live_seq_ids = tuple(s.seq_id for s in self.live)
 
     @property
     def request_id(self) -> int:
@@ -97,15 +95,23 @@ class SequenceGroup:
     def is_beam_search(self) -> bool:
         return self.request.beam_width > 1
 
-    def live_seqs(self) -> list[Sequence]:
-        return list(self.live)
+    @property
+    def kv_seqs(self) -> tuple[Sequence, ...]:
+        """The sequences that hold (or will hold) KV memory of their own: all live ones once forked, else the leader."""
+        return self.live if self.forked else self.live[:1]
 
-    def live_ids(self) -> list[int]:
-        return list(self.live_seq_ids)
+    @property
+    def siblings_to_fork(self) -> tuple[Sequence, ...]:
+        return () if self.forked else self.live[1:]
 
-    def prefill_lens(self) -> list[int]:
-        """Tokens each admission's prefill feeds: the shared prompt once, or (after recompute) each live sequence's."""
-        return [self.request.prompt_len] if self.shares_prompt else [s.prefill_len for s in self.live]
+    @property
+    def num_seqs(self) -> int:
+        """Sequences that run at once (max_num_seqs counts siblings before they are forked)."""
+        return len(self.live)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return sum(s.num_computed_tokens for s in self.kv_seqs)
 
     @property
     def is_finished(self) -> bool:
@@ -119,7 +125,7 @@ class SequenceGroup:
         if status is SequenceStatus.FINISHED:
             self._refresh_live()
 
-    def finish(self, seqs: Iterable[Sequence]) -> None:
+    def finish(self, seqs) -> None:
         """Mark these sequences of the group FINISHED (the group's own status is the caller's)."""
         for seq in seqs:
             seq.status = SequenceStatus.FINISHED
@@ -129,6 +135,24 @@ class SequenceGroup:
         """Replace the group's sequences (beam re-selection)."""
         self.seqs = seqs
         self._refresh_live()
+
+
+def split_budget(group: SequenceGroup, needs: list[int], budget: int | None) -> list[int]:
+    """Tokens each of the group's sequences computes this step, out of `budget` (None: no limit).
+
+    In order, each takes what it needs while the budget lasts (a chunk of the one where it runs out). NOTE:
+    the beams of a beam search must sample in the same step, so when the budget cannot finish them all,
+    none is given its last token: they catch up in chunks, then take one step together.
+    """
+    if budget is None or sum(needs) <= budget:
+        return needs
+    counts, left = [], budget
+    for need in needs:
+        counts.append(min(need, left))
+        left -= counts[-1]
+    if group.is_beam_search:
+        counts = [min(c, need - 1) for c, need in zip(counts, needs)]
+    return counts
 
 
 def reselect_beams(
@@ -154,8 +178,9 @@ def reselect_beams(
     for i, parent_id in enumerate(parents):
         beam = live[parent_id]
         if parent_id in parents[:i]:  # a repeated parent: fork a new beam from it
-            beam = new_seq(beam.num_generated)
-            beam.status = SequenceStatus.RUNNING
+            parent = beam
+            beam = new_seq(parent.num_generated)
+            beam.status, beam.num_computed_tokens, beam.prefilling = SequenceStatus.RUNNING, parent.num_computed_tokens, False
             copies = kv.fork(parent_id, beam.seq_id, beam.final_len)
             if copies is None:
                 raise RuntimeError(f"fork of seq {parent_id}: expected room once dropped beams are freed, found none")
@@ -163,74 +188,3 @@ def reselect_beams(
         beams.append(beam)
     group.set_seqs(beams)  # refreshes the cached live tuple: dropped beams are gone, forks are in
     return dropped
-
-
-# --- what a group's memory needs, asked in KV-protocol terms (the scheduler's arithmetic) ------------------
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def never_fits(kv: KVManager, request: Request, watermark_blocks: int = 0) -> str | None:
-    """Why the request's group could not run even alone in an empty pool (paged: keeping `watermark_blocks`
-    free at admission), or None if it could.
-
-    NOTE: a group of several sequences is checked WITHOUT prompt sharing, because after a preemption by
-    recompute each sequence is re-admitted alone; this over-rejects only groups within a factor n of the pool.
-    """
-    final, n = request.total_len - 1, request.num_seqs
-    if kv.policy == "paged":
-        need, usable = n * _cdiv(final, kv.block_size), kv.num_blocks - watermark_blocks
-        if need > usable:
-            return f"{n} sequence(s) of final length {final} need {need} blocks (allowed: <= {usable} of {kv.num_blocks})"
-        return None
-    # Contiguous: each sequence reserves its own run by the policy's rule; try the runs on an empty allocator.
-    try:
-        reserved = kv.reserved_tokens(request.prompt_len, final)
-    except ValueError as err:
-        return str(err)
-    trial = type(kv.allocator)(kv.num_blocks)
-    if any(trial.allocate(_cdiv(reserved, kv.block_size)) is None for _ in range(n)):
-        return f"{n} reservation(s) of {reserved} tokens do not fit the pool of {kv.num_slots} slots even when empty"
-    return None
-
-
-def blocks_to_grow(kv: KVManager, seq_ids: list[int], num_tokens: int) -> int:
-    """Paged: free blocks that appending `num_tokens` to each sequence (in turn) takes.
-
-    A sequence needs the new blocks its tokens open, plus a copy of its partly filled last block if that
-    block is shared. Owners of a shared block copy in turn and the last one writes in place, so m owners
-    take m - 1 copies. NOTE: only siblings share a partly filled block (a prefix cache shares full blocks
-    only), so the tables of the group's own sequences tell which last blocks are shared.
-    """
-    bs = kv.block_size
-    if len(seq_ids) == 1:  # the common case, made cheap: a lone sequence shares no partly filled block
-        n = kv.num_tokens(seq_ids[0])
-        return _cdiv(n + num_tokens, bs) - _cdiv(n, bs)
-    need, owners = 0, Counter()
-    for seq_id in seq_ids:
-        n = kv.num_tokens(seq_id)
-        need += _cdiv(n + num_tokens, bs) - _cdiv(n, bs)
-        if n % bs:
-            owners[kv.block_table(seq_id)[-1]] += 1
-    return need + sum(m - 1 for m in owners.values())
-
-
-def fits_swap_in(kv: KVManager, seq_ids: list[int], watermark_blocks: int = 0) -> bool:
-    """Room for a swapped group's blocks AND this step's appends, leaving `watermark_blocks` free (vLLM's
-    can_swap_in reserves one block per sequence; here the need is exact). Sharing inside the group survives a
-    swap, so its CPU tables tell the need."""
-    need = len({b for i in seq_ids for b in kv.block_table(i)}) + blocks_to_grow(kv, seq_ids, 1)
-    return kv.can_swap_in(seq_ids) and need + watermark_blocks <= kv.num_free_blocks
-
-
-def sibling_entry(kv: KVManager, first: ScheduledSeq, seq_id: int) -> ScheduledSeq:
-    """The prefill entry of a sibling admitted with `first` (n samples or k beams of one prompt).
-
-    Sharing the first sequence's prompt blocks (paged), it only samples from the same logits: vLLM v0 computes
-    a shared prompt once. With blocks of its own (a contiguous reservation: Orca shares nothing), it is fed
-    the whole prompt, or its K/V would never be written.
-    """
-    table, prompt_len = kv.block_table(seq_id), first.num_computed_tokens + first.num_new_tokens
-    if table == first.block_table:
-        return ScheduledSeq(seq_id, first.request_id, prompt_len, 0, table)
-    return ScheduledSeq(seq_id, first.request_id, 0, prompt_len, table)

@@ -129,7 +129,7 @@ def draw_map(runs, outdir, quick: bool):
         smap, policy = result.probes["snapshot"], task.params["policy"]
         counts, total = smap.counts(), len(smap.kind)
         parts = ", ".join(f"{SHARE_LABELS[n].split(' ')[0]} {counts[n] / total:.0%}" for n in SHARE_NAMES)
-        unit = f"blocks of {smap.block_size}" if policy == "paged" else "token slots, buddy allocator"
+        unit = f"blocks of {smap.block_size}" if smap.block_size > 1 else "token slots, buddy allocator"
         title = (f"{SYSTEM_LABELS[policy]} at t = {smap.time:.1f} s ({unit}): {smap.num_owners} requests in memory, "
                  f"{smap.num_waiting} waiting | {parts}")  # fmt: skip
         draw_slot_map(smap, ax, row_slots=256, title=title, legend=i == 0)

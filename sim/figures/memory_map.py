@@ -3,7 +3,7 @@
 This is the vLLM paper's Fig. 3 (contiguous reservations waste memory three ways) and Fig. 6 (paged
 blocks scattered anywhere in the pool), drawn from real simulator state. The pool is laid out row by row
 like memory addresses (slot i at row i // row_slots, column i % row_slots). Slot kinds are the five of the
-memory breakdown (DESIGN.md); waste is hatched:
+memory breakdown (sim/kv/base.py); waste is hatched:
 
     token states          solid, the owner's colour
     reservation           the owner's colour, pale                (a token that WILL come)
@@ -12,10 +12,10 @@ memory breakdown (DESIGN.md); waste is hatched:
                                                                    request waits that cannot use them)
     free                  white
 
-`slot_map(kv, ...)` reads any KV manager through its public surface (`seq_ids`, `block_table`,
-`num_tokens`, the allocator) into a `SlotMap`; `draw_memory_map(kv, ax)` draws one on a matplotlib axes,
-so a notebook can show a small pool after each call it makes. The counts of a SlotMap equal
-`kv.breakdown(waiting)` slot for slot (tests/sim/test_figures.py checks this).
+`slot_map(kv, ...)` reads any KV manager through the KV contract (`slot_segments`: the breakdown slot by
+slot) into a `SlotMap`; `draw_memory_map(kv, ax)` draws one on a matplotlib axes, so a notebook can show a
+small pool after each call it makes. The counts of a SlotMap equal `kv.breakdown(waiting)` slot for slot
+(tests/sim/test_figures.py checks this).
 """
 from __future__ import annotations
 
@@ -55,73 +55,23 @@ class SlotMap:
         return len(np.unique(self.owner[self.owner >= 0]))
 
 
-def seq_lengths(scheduler) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
-    """From a scheduler: running seq id -> (prompt_len, final_len), and seq id -> its request id. final_len is
-    prompt + output - 1, the tokens whose K/V a sequence ever holds (its last token is sampled, never fed)."""
-    lengths, owners = {}, {}
-    for request_id in scheduler.running_request_ids():
-        request = scheduler.request(request_id)
-        for seq_id in scheduler.seq_ids(request_id):
-            lengths[seq_id] = (request.prompt_len, request.prompt_len + request.output_len - 1)
-            owners[seq_id] = request_id
-    return lengths, owners
+def seq_owners(scheduler) -> dict[int, int]:
+    """From a scheduler: running seq id -> its request id (to colour a pool by request)."""
+    return {seq_id: request_id for request_id in scheduler.running_request_ids()
+            for seq_id in scheduler.seq_ids(request_id)}  # fmt: skip
 
 
-def slot_map(kv, *, lengths: dict | None = None, owners: dict | None = None, waiting: bool = False,
-             time: float | None = None, num_waiting: int = 0) -> SlotMap:  # fmt: skip
-    """Classify every slot of `kv`'s pool. `lengths`: seq id -> (prompt_len, final_len); without a sequence's
-    lengths its unwritten slots all count as reservation (the split needs the true final length). `owners`:
-    seq id -> the id to colour by (default: the seq id). `waiting`: free slots count as external waste."""
-    lengths, owners = lengths or {}, owners or {}
-    size = kv.num_slots
-    owner = np.full(size, -1, dtype=np.int64)
-    kind = np.full(size, EXTERNAL if waiting else FREE, dtype=np.int8)
-    fill = _fill_paged if kv.policy == "paged" else _fill_contiguous
-    fill(kv, owner, kind, lengths, owners)
+def slot_map(kv, *, owners: dict | None = None, waiting: bool = False, time: float | None = None,
+             num_waiting: int = 0) -> SlotMap:  # fmt: skip
+    """Classify every slot of `kv`'s pool. `owners`: seq id -> the id to colour by (default: the seq id).
+    `waiting`: free slots count as external waste."""
+    owners = owners or {}
+    owner = np.full(kv.num_slots, -1, dtype=np.int64)
+    kind = np.full(kv.num_slots, EXTERNAL if waiting else FREE, dtype=np.int8)
+    for seq_id, lo, hi, code in kv.slot_segments():
+        owner[lo:hi] = owners.get(seq_id, seq_id)
+        kind[lo:hi] = code
     return SlotMap(kv.policy, kv.block_size, owner, kind, time, num_waiting)
-
-
-def _fill_contiguous(kv, owner, kind, lengths, owners) -> None:
-    """One run per sequence:  | tokens | reservation | internal | external (allocator slack) |  (kv/contiguous.py)."""
-    bs = kv.block_size
-    for seq_id in kv.seq_ids:
-        start = kv.block_table(seq_id)[0] * bs
-        size = kv.allocator.allocated_size(start // bs) * bs
-        tokens = kv.num_tokens(seq_id)
-        if seq_id in lengths:
-            prompt_len, final_len = lengths[seq_id]
-            reach, reserved = max(final_len, tokens), kv.reserved_tokens(prompt_len, final_len)
-        else:
-            reach = reserved = size
-        owner[start : start + size] = owners.get(seq_id, seq_id)
-        for kind_code, lo, hi in ((TOKEN, 0, tokens), (RESERVATION, tokens, reach), (INTERNAL, reach, reserved),
-                                  (EXTERNAL, reserved, size)):  # fmt: skip
-            kind[start + lo : start + hi] = kind_code
-
-
-def _fill_paged(kv, owner, kind, lengths, owners) -> None:
-    """Every block but a sequence's last is full; a last block's empty slots are reservation up to the
-    furthest any owner will write, internal fragmentation beyond (the rule of PagedKVManager.breakdown)."""
-    bs = kv.block_size
-    last: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach]
-    for seq_id in kv.seq_ids:
-        if kv.is_swapped(seq_id):  # its blocks are in CPU memory
-            continue
-        table, tokens = kv.block_table(seq_id), kv.num_tokens(seq_id)
-        who = owners.get(seq_id, seq_id)
-        for b in table:
-            if owner[b * bs] < 0:  # a shared block keeps its first owner's colour
-                owner[b * bs : (b + 1) * bs] = who
-            kind[b * bs : (b + 1) * bs] = TOKEN
-        start = (len(table) - 1) * bs
-        filled = tokens - start
-        final_len = lengths[seq_id][1] if seq_id in lengths else start + bs
-        reach = max(filled, min(bs, final_len - start))
-        entry = last.setdefault(table[-1], [filled, reach])
-        entry[1] = max(entry[1], reach)
-    for b, (filled, reach) in last.items():
-        kind[b * bs + filled : b * bs + reach] = RESERVATION
-        kind[b * bs + reach : (b + 1) * bs] = INTERNAL
 
 
 def owner_colors(owner_ids: np.ndarray) -> np.ndarray:
@@ -166,9 +116,9 @@ def layout(smap: SlotMap, row_slots: int, tiles: bool) -> tuple[int, int, np.nda
     return rows, cols, (tile_row * h + offset // w) * cols + tile_col * w + offset % w, (h, w)
 
 
-def draw_memory_map(kv, ax, *, lengths=None, owners=None, waiting: bool = False, **draw_kwargs) -> SlotMap:
+def draw_memory_map(kv, ax, *, owners=None, waiting: bool = False, **draw_kwargs) -> SlotMap:
     """Draw `kv`'s pool on `ax` (see `slot_map` for the arguments, `draw_slot_map` for the drawing ones)."""
-    smap = slot_map(kv, lengths=lengths, owners=owners, waiting=waiting)
+    smap = slot_map(kv, owners=owners, waiting=waiting)
     draw_slot_map(smap, ax, **draw_kwargs)
     return smap
 
@@ -176,11 +126,11 @@ def draw_memory_map(kv, ax, *, lengths=None, owners=None, waiting: bool = False,
 def draw_slot_map(smap: SlotMap, ax, *, row_slots: int | None = None, title: str | None = None,
                   legend: bool = True, tiles: bool | None = None) -> None:  # fmt: skip
     """Draw the pool on `ax`, waste hatched: rows of `row_slots` slots (auto: about 4:1), or, with `tiles`
-    (default: paged pools with blocks of >= 4 slots), one square-ish tile per block, tiles in rows."""
+    (default: pools of blocks of >= 4 slots), one square-ish tile per block, tiles in rows."""
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
-    tiles = (smap.policy == "paged" and smap.block_size >= 4) if tiles is None else tiles
+    tiles = smap.block_size >= 4 if tiles is None else tiles
     rows, cols, pixel, (h, w) = layout(smap, row_slots or auto_row_slots(len(smap.kind), smap.block_size), tiles)
     ids, inverse = np.unique(np.maximum(smap.owner, 0), return_inverse=True)
     base = owner_colors(ids)[inverse]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kv.base import SHARE_NAMES
-from .memory_map import SlotMap, seq_lengths, slot_map
+from .memory_map import SlotMap, seq_owners, slot_map
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,22 +105,20 @@ class _SnapshotRecorder:
     def on_step(self, simulator, plan) -> None:
         if self.map is None and simulator.now >= self.at_time:
             sched, kv = simulator.scheduler, simulator.kv
-            lengths, owners = seq_lengths(sched)
-            self.map = slot_map(kv, lengths=lengths, owners=owners, waiting=head_blocked(sched, kv),
+            self.map = slot_map(kv, owners=seq_owners(sched), waiting=head_blocked(sched),
                                 time=simulator.now, num_waiting=sched.num_waiting + sched.num_swapped)  # fmt: skip
 
     def finish(self, result) -> SlotMap | None:
         return self.map
 
 
-def head_blocked(scheduler, kv) -> bool:
+def head_blocked(scheduler) -> bool:
     """Is a request kept waiting for memory? The breakdown then counts free slots as external waste.
 
     NOTE: the loop decides this after scheduling (anything still waiting was refused); an observer runs after
-    a step ends, when requests that arrived during the step wait only for the next schedule(). So ask the KV
-    manager whether the first waiting request would fit now (a swapped-out group always counts as kept out)."""
-    waiting = scheduler.waiting_request_ids()
-    if not waiting:
+    a step ends, when requests that arrived during the step wait only for the next schedule(). So ask the
+    scheduler whether the first waiting request would be admitted now (a swapped-out group always counts as
+    kept out)."""
+    if not scheduler.num_waiting:
         return scheduler.num_swapped > 0
-    r = scheduler.request(waiting[0])
-    return not kv.can_admit(r.prompt_len, [r.prompt_len + r.output_len - 1] * r.num_seqs, r.prompt_token_ids)
+    return not scheduler.can_admit_head()

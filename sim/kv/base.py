@@ -1,23 +1,29 @@
-"""What every KV-cache manager answers, whatever its policy, and the five-share memory breakdown.
+"""The KV contract: what every KV-cache manager answers, whatever its policy, and the five-share breakdown.
 
-A KV manager sits between the scheduler and physical memory (DESIGN.md layer 2). The scheduler names
-sequences by integer ids it chooses; the manager keeps, per sequence, a block table and a token count,
-and asks its allocator for memory. Two families implement this protocol:
+A KV manager sits between the scheduler and physical memory (docs/ARCHITECTURE.md, "The KV contract"). It
+is the ONLY way the scheduler touches memory, in the shape of vLLM v1's `KVCacheManager`
+(vllm/v1/core/kv_cache_manager.py): the scheduler names sequences by integer ids it chooses and asks for
+slots for the tokens it is about to compute; the manager keeps, per sequence, a block table and a token
+count, and answers with the copies to make or `None`. Everything policy-specific (block arithmetic,
+copy-on-write, reservations, the watermark, swap space, prefix caching, how a run of decode steps moves
+memory) lives behind these methods, so a new policy is one file in `sim/kv/`.
 
-- `paged` (vLLM): blocks allocated on demand, shared between sequences with reference counts,
-  copy-on-write on the first write into a shared block, optional prefix caching.
-- `contiguous` (the paper's Orca baselines): each sequence reserves one run of consecutive slots at
-  admission, sized by a reservation rule (`max`, `pow2`, `oracle`).
+A sequence's tokens, as the scheduler sees them when it asks for slots:
 
-Out of memory is an answer: `admit`, `append_slots`, `fork` and `swap_*` return `None` and change
-nothing. A broken invariant raises.
+    |<------ num_computed_tokens ------>|<-- num_new_tokens -->|
+    |  cached (prefix hit) | computed   |  computed this step  |        allocate_slots makes the table
+                                                                         cover all of them
 
-The memory breakdown (DESIGN.md, after the paper's Figure 2) splits every token slot of the pool
-into exactly one of five kinds. Counts are integers, so the shares always sum to 1:
+Out of memory is an answer: `allocate_slots`, `fork` and `swap_*` return `None` and change nothing.
+Each has a check-first partner (`can_allocate_slots`, `can_swap_out`, `can_swap_in`) that answers the
+same question without changing anything. A broken invariant raises.
+
+The memory breakdown (after the paper's Figure 2) splits every token slot of the pool into exactly one
+of five kinds. Counts are integers, so the shares always sum to 1:
 
     slot kind               holds a token?   what it is
     token_states            yes              K/V of a token already computed
-    reservation             no               set aside for a token a live sequence WILL generate
+    reservation             no               set aside for a token a live sequence WILL compute
     internal_fragmentation  no               set aside beyond the sequence's true final length
     external_fragmentation  no               nobody asked for it: allocator rounding slack, plus free
                                              slots while a request waits that cannot be admitted
@@ -50,26 +56,76 @@ class MemoryBreakdown:
         total = self.total
         return {name: getattr(self, name) / total for name in SHARE_NAMES}
 
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """The five counts in SHARE_NAMES order."""
+        return (self.token_states, self.reservation, self.internal_fragmentation, self.external_fragmentation,
+                self.free)  # fmt: skip
+
     def with_waiting(self) -> "MemoryBreakdown":
         """The same memory seen while a request waits: free slots it cannot use count as external waste."""
-        return MemoryBreakdown(
-            self.token_states,
-            self.reservation,
-            self.internal_fragmentation,
-            self.external_fragmentation + self.free,
-            0,
-        )
+        return MemoryBreakdown(*as_seen(self.counts(), True))
+
+
+def as_seen(counts: tuple[int, ...], waiting: bool) -> tuple[int, ...]:
+    """Five raw counts as the breakdown reports them: while a request waits, free slots are external waste."""
+    if not waiting:
+        return counts
+    tokens, reservation, internal, external, free = counts
+    return (tokens, reservation, internal, external + free, 0)
 
 
 BlockCopy = tuple[int, int]  # (src_block, dst_block): copy a block's K/V before the step writes into dst
 
 
+@dataclass(slots=True, frozen=True)
+class NewSequence:
+    """What a manager is told about a sequence the first time slots are asked for it (admission, or
+    re-admission after a preemption by recompute)."""
+
+    prompt_len: int  # its prompt: the contiguous rules reserve from it
+    final_len: int  # K/V entries it holds when it finishes: where reservation ends and internal frag. begins
+    token_ids: Sequence[int] | None = None  # ids of its first tokens (the prompt), the prefix cache's keys
+    num_cached_tokens: int = 0  # leading tokens a prefix-cache lookup found (get_computed_tokens): not recomputed
+    # Siblings that will be forked from it once its prompt is computed (parallel sampling, beam search), by
+    # final length. A paged manager shares blocks then and needs nothing now; a contiguous one reserves
+    # their runs now, as Orca reserves for every sequence at admission.
+    fork_final_lens: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1 or self.final_len < self.prompt_len:
+            raise ValueError(f"expected 1 <= prompt_len <= final_len, got {self.prompt_len}, {self.final_len}")
+        if self.token_ids is not None and len(self.token_ids) > self.final_len:
+            raise ValueError(f"{len(self.token_ids)} token_ids for a sequence of final length {self.final_len}")
+        if self.num_cached_tokens < 0:
+            raise ValueError(f"num_cached_tokens must be >= 0, got {self.num_cached_tokens}")
+        if any(f < self.prompt_len for f in self.fork_final_lens):
+            raise ValueError(f"fork_final_lens must each be >= prompt_len {self.prompt_len}, got {self.fork_final_lens}")
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups of admitted sequences, counted when they are admitted (as vLLM v1 counts them)."""
+
+    queried_blocks: int = 0  # full blocks of known prompt tokens that could have hit
+    hit_blocks: int = 0
+    queried_tokens: int = 0  # tokens of the admitted sequences
+    hit_tokens: int = 0  # of which already in the cache (not computed again)
+
+
+@dataclass(slots=True)
+class Allocation:
+    """The answer to a successful allocate_slots."""
+
+    copies: list[BlockCopy]  # copy-on-write: (src, dst) pairs the executor copies before the step writes
+
+
 class KVManager(Protocol):
     """The protocol every policy implements. Sequence ids are chosen by the caller."""
 
-    policy: str  # "paged", "max", "pow2" or "oracle"
-    block_size: int  # tokens per block (contiguous policies in the simulator use 1: a block is a slot)
+    policy: str  # the policy's name, for display ("paged", "max", ...); never tested outside sim/kv
+    block_size: int  # tokens per block (the contiguous policies in the simulator use 1: a block is a slot)
     num_blocks: int  # blocks in the GPU pool
+    num_cpu_blocks: int  # CPU swap space in blocks; 0 = this manager cannot swap
 
     @property
     def num_slots(self) -> int: ...  # num_blocks * block_size token slots
@@ -77,38 +133,61 @@ class KVManager(Protocol):
     @property
     def num_free_blocks(self) -> int: ...
 
-    # --- admission of a sequence group that shares one prompt -----------------------------------
-    def can_admit(
-        self, prompt_len: int, final_lens: Sequence[int], prompt_token_ids: Sequence[int] | None = None
-    ) -> bool: ...
-
-    def admit(
-        self,
-        seq_ids: Sequence[int],
-        prompt_len: int,
-        final_lens: Sequence[int],
-        prompt_token_ids: Sequence[int] | None = None,
-    ) -> int | None:
-        """Give every sequence of a group KV for the prompt (each then holds `prompt_len` tokens).
-        `final_lens[i]` is sequence i's true final length (prompt + output). Returns how many prompt
-        tokens already have their K/V in the cache (prefix-cache hits; 0 without caching), or None
-        with nothing changed when memory is short."""
+    # --- what the scheduler asks before admitting ---------------------------------------------------
+    def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:
+        """Why a request of `num_seqs` sequences of this final length could never run, even alone in an empty
+        pool (one line, for the user), or None if it could."""
         ...
 
-    # --- growth, sharing, release -----------------------------------------------------------------
-    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool: ...
+    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
+        """Prefix-cache lookup, changing nothing: how many leading tokens of a sequence of `num_tokens` tokens
+        (whose first ids are `token_ids`) already have their K/V in the pool. Never all of them: the last
+        token is always computed (its logits are sampled). 0 without a prefix cache."""
+        ...
 
-    def append_slots(self, seq_id: int, num_tokens: int = 1) -> list[BlockCopy] | None:
-        """Make room for `num_tokens` more tokens; returns the copies (copy-on-write) the executor
-        must do before writing, or None with nothing changed."""
+    # --- slots for the tokens a step computes ---------------------------------------------------------
+    def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                           new: Sequence[NewSequence] | None = None) -> bool: ...  # fmt: skip
+
+    def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+        """Room for `num_new_tokens[i]` more tokens in sequence `seq_ids[i]`, for all of them or none.
+
+        With `new` (one per id), the sequences are not live yet: they are admitted now, each starting with
+        its `num_cached_tokens` prefix-cache hits. Returns the copy-on-write copies to make, or None with
+        nothing changed when memory is short (for new sequences: when admitting them would leave less
+        than the manager's watermark free)."""
         ...
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
-        """A new sequence starting as a copy of the parent (beam search). Paged shares blocks and
-        returns []; contiguous reserves a new run and returns the copies to make; None if no memory."""
+        """A new sequence starting as a copy of the parent. Paged shares blocks and returns []; contiguous
+        takes a run (reserved at the parent's admission, or a new one) and returns the copies to make."""
         ...
 
     def free(self, seq_id: int) -> None: ...
+
+    # --- swapping (paper 4.5); managers with num_cpu_blocks == 0 answer False / None ------------------
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool: ...
+
+    def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None: ...
+
+    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
+        """Room to bring the sequences back AND then allocate `num_new_tokens` for them (watermark kept)."""
+        ...
+
+    def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None: ...
+
+    # --- runs of plain decode steps (the simulator's fast-forward) ----------------------------------
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+        """The most decode steps (at most `limit`), each appending one token to every sequence in order, that
+        need no copy and find memory, as if allocate_slots(seq_ids, [1, ...]) were called that many times."""
+        ...
+
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
+        """Apply `num_steps` such steps at once (the same end state and block ids as one step at a time) and
+        return the pool's five raw slot counts (SHARE_NAMES order) DURING each step, i.e. after its
+        allocation. Raises if max_decode_steps would not allow it."""
+        ...
 
     # --- what the executor and the metrics read ---------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]: ...
@@ -117,4 +196,30 @@ class KVManager(Protocol):
 
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown: ...
 
+    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+        """The breakdown slot by slot: (seq id, first slot, end slot, kind as an index of SHARE_NAMES) for every
+        held slot; slots not listed are free. What the memory-map figure draws."""
+        ...
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """What admissions found in the prefix cache so far (all zeros without one)."""
+        ...
+
+    @property
+    def seq_ids(self) -> list[int]: ...  # the live sequences
+
+    gather_block_size: int | None  # the block an attention kernel gathers K/V by; None: one contiguous run
+
     def check_invariants(self) -> None: ...
+
+
+def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                       new: Sequence[NewSequence] | None) -> None:  # fmt: skip
+    """The argument checks every allocate_slots shares: one count per distinct id, counts >= 0."""
+    if len(seq_ids) != len(num_new_tokens) or (new is not None and len(new) != len(seq_ids)):
+        raise ValueError(f"expected one num_new_tokens (and one NewSequence) per seq id, got ids {list(seq_ids)}, "
+                         f"counts {list(num_new_tokens)}, new {None if new is None else len(new)}")  # fmt: skip
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+    if any(n < 0 for n in num_new_tokens):
+        raise ValueError(f"num_new_tokens must be >= 0, got {list(num_new_tokens)}")

@@ -16,29 +16,35 @@ again (a buddy allocator hands out powers of two). One sequence's run, in blocks
     |  tokens (t)  |  reservation  |  internal frag.  |  external frag.  |
                    t               f                  R                  A*block_size   (in tokens)
 
-NOTE: a sequence can never grow past its reservation (`append_slots` returns None): moving a run
+The run is reserved when slots are first asked for the sequence (its first prompt chunk); later chunks and
+decode tokens fill it. A group's siblings (parallel samples, beams) get their runs at the same moment,
+waiting for the fork that copies the prompt into them (`NewSequence.fork_final_lens`).
+
+NOTE: a sequence can never grow past its reservation (`allocate_slots` returns None): moving a run
 would mean copying it, which these systems did not do. Every rule reserves at least final_len, so a
 scheduler that stops each sequence at its final length never hits that wall, and contiguous
 sequences are never preempted. The simulator uses block_size=1 (a block is one token slot).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import BlockCopy, MemoryBreakdown
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, as_seen,
+                   check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
 
 @dataclass(slots=True)
-class _SeqState:
-    start: int  # first block of the sequence's run (the allocator's offset)
+class _Run:
+    start: int  # first block of the run (the allocator's offset)
     prompt_len: int
-    final_len: int  # true final length, prompt + output
+    final_len: int  # true final length, prompt + output - 1
     reserved_tokens: int  # R: what the reservation rule set aside, in tokens
-    num_tokens: int  # t: tokens whose K/V the run holds
+    num_tokens: int = 0  # t: tokens whose K/V the run holds
+    forks: list["_Run"] = field(default_factory=list)  # runs reserved for siblings not forked yet (empty)
 
 
 def next_power_of_two(n: int) -> int:
@@ -48,6 +54,10 @@ def next_power_of_two(n: int) -> int:
 
 class ContiguousKVManager:
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
+
+    num_cpu_blocks = 0  # no swap space: a contiguous sequence is never preempted
+    enable_prefix_caching = False
+    gather_block_size = None  # attention reads each sequence's K/V as one run
 
     def __init__(
         self, num_blocks: int, block_size: int, reserve: str = "max", allocator: str = "buddy", max_seq_len: int = 2048
@@ -67,7 +77,7 @@ class ContiguousKVManager:
         self.block_size = block_size
         self.max_seq_len = max_seq_len
         self.allocator = ALLOCATORS[allocator](num_blocks)  # works in blocks
-        self._seqs: dict[int, _SeqState] = {}
+        self._seqs: dict[int, _Run] = {}
 
     @property
     def num_slots(self) -> int:
@@ -95,99 +105,102 @@ class ContiguousKVManager:
     def _num_blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    # --- admission ---------------------------------------------------------------------------------
-    def can_admit(
-        self, prompt_len: int, final_lens: Sequence[int], prompt_token_ids: Sequence[int] | None = None
-    ) -> bool:
-        sizes = self._group_sizes(prompt_len, final_lens, prompt_token_ids)
-        if len(sizes) == 1:  # exact for both allocators: one request fits iff it fits the largest run
+    # --- what the scheduler asks before admitting -----------------------------------------------------
+    def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:
+        """Each sequence reserves its own run by the rule: try the runs on an empty allocator."""
+        try:
+            reserved = self.reserved_tokens(prompt_len, final_len)
+        except ValueError as err:
+            return str(err)
+        trial = type(self.allocator)(self.num_blocks)
+        if any(trial.allocate(self._num_blocks_for(reserved)) is None for _ in range(num_seqs)):
+            return f"{num_seqs} reservation(s) of {reserved} tokens do not fit the pool of {self.num_slots} slots even when empty"
+        return None
+
+    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
+        return 0  # no prefix cache: Orca shares nothing
+
+    # --- slots for the tokens a step computes ---------------------------------------------------------
+    def _sizes(self, new: Sequence[NewSequence]) -> list[int]:
+        """Blocks of every run an admission reserves: each sequence's, then its siblings'."""
+        sizes = []
+        for spec in new:
+            if spec.num_cached_tokens:
+                raise ValueError(f"a contiguous manager has no prefix cache, got num_cached_tokens {spec.num_cached_tokens}")
+            for final_len in (spec.final_len, *spec.fork_final_lens):
+                sizes.append(self._num_blocks_for(self.reserved_tokens(spec.prompt_len, final_len)))
+        return sizes
+
+    def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+        check_request_args(seq_ids, num_new_tokens, new)
+        if new is None:
+            return all(self._run(i).num_tokens + k <= self._run(i).reserved_tokens for i, k in zip(seq_ids, num_new_tokens))
+        if any(i in self._seqs for i in seq_ids):
+            raise ValueError(f"seq_ids {list(seq_ids)} must not be live already")
+        if any(k > self.reserved_tokens(s.prompt_len, s.final_len) for s, k in zip(new, num_new_tokens)):
+            return False
+        sizes = self._sizes(new)
+        if len(sizes) == 1:  # exact for both allocators: one run fits iff it fits the largest free run
             return sizes[0] <= self.allocator.largest_free_run
         if sum(sizes) > self.allocator.num_free_slots:
             return False
-        trial = self.allocator.copy()  # NOTE: a throwaway copy, so the answer matches admit exactly
+        trial = self.allocator.copy()  # NOTE: a throwaway copy, so the answer matches allocate_slots exactly
         return all(trial.allocate(size) is not None for size in sizes)
 
-    def admit(
-        self,
-        seq_ids: Sequence[int],
-        prompt_len: int,
-        final_lens: Sequence[int],
-        prompt_token_ids: Sequence[int] | None = None,
-    ) -> int | None:
-        """One reservation PER sequence: Orca shares nothing, each run holds its own copy of the prompt's
-        K/V. All or nothing; returns 0 (no prefix caching) or None with nothing changed."""
-        if len(seq_ids) != len(final_lens):
-            raise ValueError(f"{len(seq_ids)} seq_ids for {len(final_lens)} final_lens: expected equal counts")
-        if len(set(seq_ids)) != len(seq_ids) or any(s in self._seqs for s in seq_ids):
-            raise ValueError(f"seq_ids {list(seq_ids)} must be distinct and not already live")
-        sizes = self._group_sizes(prompt_len, final_lens, prompt_token_ids)
-        starts: list[int] = []
-        for size in sizes:
-            start = self.allocator.allocate(size)
-            if start is None:
-                for done in reversed(starts):  # roll back: freeing in reverse restores the allocator exactly
-                    self.allocator.free(done)
-                return None
-            starts.append(start)
-        for seq_id, start, final_len in zip(seq_ids, starts, final_lens):
-            reserved = self.reserved_tokens(prompt_len, final_len)
-            self._seqs[seq_id] = _SeqState(start, prompt_len, final_len, reserved, prompt_len)
-        return 0
-
-    def _group_sizes(
-        self, prompt_len: int, final_lens: Sequence[int], prompt_token_ids: Sequence[int] | None
-    ) -> list[int]:
-        if len(final_lens) < 1:
-            raise ValueError("final_lens must name at least one sequence")
-        if prompt_token_ids is not None and len(prompt_token_ids) != prompt_len:
-            raise ValueError(f"{len(prompt_token_ids)} prompt_token_ids for prompt_len {prompt_len}")
-        return [self._num_blocks_for(self.reserved_tokens(prompt_len, f)) for f in final_lens]
-
-    # --- growth, sharing, release ------------------------------------------------------------------
-    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        seq = self._seq(seq_id)
-        return seq.num_tokens + num_tokens <= seq.reserved_tokens
-
-    def append_slots(self, seq_id: int, num_tokens: int = 1) -> list[BlockCopy] | None:
-        """Room inside the reservation costs nothing and copies nothing; past it, None (see NOTE above)."""
-        if not self.can_append(seq_id, num_tokens):
+    def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+        """Room inside a reservation costs nothing and copies nothing; past it, None (see NOTE above). New
+        sequences reserve their runs (and their siblings') first, all or nothing."""
+        if not self.can_allocate_slots(seq_ids, num_new_tokens, new):
             return None
-        self._seqs[seq_id].num_tokens += num_tokens
-        return []
+        if new is not None:
+            starts = [self.allocator.allocate(size) for size in self._sizes(new)]  # fits: checked just above
+            for seq_id, spec in zip(seq_ids, new):
+                runs = [_Run(starts.pop(0), spec.prompt_len, f, self.reserved_tokens(spec.prompt_len, f))
+                        for f in (spec.final_len, *spec.fork_final_lens)]  # fmt: skip
+                self._seqs[seq_id] = runs[0]
+                runs[0].forks = runs[1:]
+        for seq_id, k in zip(seq_ids, num_new_tokens):
+            self._seqs[seq_id].num_tokens += k
+        return Allocation([])
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
-        """A child reserves its own run (rule applied to the parent's prompt and the child's final_len)
-        and the executor copies the parent's filled blocks into it, block i to block i."""
-        parent = self._seq(parent_id)
+        """The child takes a run reserved for it at the parent's admission (or, for a beam, a new one by the
+        rule) and the executor copies the parent's filled blocks into it, block i to block i."""
+        parent = self._run(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"child seq_id {child_id} is already live")
         if final_len < parent.num_tokens:
             raise ValueError(f"final_len must be >= the parent's {parent.num_tokens} tokens, got {final_len}")
-        reserved = self.reserved_tokens(parent.prompt_len, final_len)
-        start = self.allocator.allocate(self._num_blocks_for(reserved))
-        if start is None:
-            return None
-        self._seqs[child_id] = _SeqState(start, parent.prompt_len, final_len, reserved, parent.num_tokens)
-        used = self._num_blocks_for(parent.num_tokens)
-        return [(parent.start + i, start + i) for i in range(used)]
+        child = next((run for run in parent.forks if run.final_len == final_len), None)
+        if child is not None:
+            parent.forks.remove(child)
+        else:
+            reserved = self.reserved_tokens(parent.prompt_len, final_len)
+            start = self.allocator.allocate(self._num_blocks_for(reserved))
+            if start is None:
+                return None
+            child = _Run(start, parent.prompt_len, final_len, reserved)
+        child.num_tokens = parent.num_tokens
+        self._seqs[child_id] = child
+        return [(parent.start + i, child.start + i) for i in range(self._num_blocks_for(parent.num_tokens))]
 
     def free(self, seq_id: int) -> None:
-        seq = self._seq(seq_id)
-        self.allocator.free(seq.start)
+        run = self._run(seq_id)
+        for r in (run, *run.forks):
+            self.allocator.free(r.start)
         del self._seqs[seq_id]
 
     # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more
-    # memory and is never preempted; the baselines therefore have no CPU swap space. These answers keep
-    # the protocol uniform for a scheduler that asks.
+    # memory and is never preempted; the baselines therefore have no CPU swap space.
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
         return False
 
     def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
         return None
 
-    def can_swap_in(self, seq_ids: Sequence[int]) -> bool:
+    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
         return False
 
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
@@ -196,54 +209,103 @@ class ContiguousKVManager:
     def is_swapped(self, seq_id: int) -> bool:
         return False
 
+    # --- runs of plain decode steps ------------------------------------------------------------------
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+        """Each sequence grows inside its own reservation, which usually holds the whole run."""
+        room = min((self._run(i).reserved_tokens - self._run(i).num_tokens for i in seq_ids), default=limit)
+        return max(0, min(limit, room))
+
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
+        """Nothing allocates: each step turns one reserved slot per sequence into a token. A slot is
+        reservation up to the sequence's final length and internal fragmentation past it (an engine may
+        write beyond a final length that is only max_tokens)."""
+        if self.max_decode_steps(seq_ids, num_steps) < num_steps or len(set(seq_ids)) != len(seq_ids):
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} steps of distinct sequences")
+        tokens, reservation, internal, external, free = self.breakdown().counts()
+        leaves_reservation = [0] * (num_steps + 1)  # at step j, this many sequences write past their final length
+        for seq_id in seq_ids:
+            run = self._run(seq_id)
+            leaves_reservation[min(num_steps, max(0, run.final_len - run.num_tokens))] += 1
+            run.num_tokens += num_steps
+        counts, past = [], 0
+        for j in range(num_steps):
+            past += leaves_reservation[j]
+            tokens += len(seq_ids)
+            reservation -= len(seq_ids) - past
+            internal -= past
+            counts.append((tokens, reservation, internal, external, free))
+        return counts
+
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """The blocks that hold tokens: the used prefix of the run, like a paged table ([40, 41, 42])."""
-        seq = self._seq(seq_id)
-        return list(range(seq.start, seq.start + self._num_blocks_for(seq.num_tokens)))
+        run = self._run(seq_id)
+        return list(range(run.start, run.start + self._num_blocks_for(run.num_tokens)))
 
     def num_tokens(self, seq_id: int) -> int:
-        return self._seq(seq_id).num_tokens
+        return self._run(seq_id).num_tokens
 
     @property
     def seq_ids(self) -> list[int]:
         return list(self._seqs)
 
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats()
+
+    def _runs(self):
+        for seq_id, run in self._seqs.items():
+            yield seq_id, run
+            for fork in run.forks:
+                yield seq_id, fork
+
+    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+        """(seq id, first slot, end slot, kind) of every held slot, kinds as indices of SHARE_NAMES; a run
+        reserved for a sibling not forked yet belongs to its parent. The breakdown, slot by slot."""
+        segments, bs = [], self.block_size
+        for seq_id, run in self._runs():
+            start, size = run.start * bs, self.allocator.allocated_size(run.start) * bs
+            reach = max(run.final_len, run.num_tokens)
+            for kind, lo, hi in ((0, 0, run.num_tokens), (1, run.num_tokens, reach), (2, reach, run.reserved_tokens),
+                                 (3, run.reserved_tokens, size)):  # fmt: skip
+                if hi > lo:
+                    segments.append((seq_id, start + lo, start + hi, kind))
+        return segments
+
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown:
-        """Exact slot counts; per sequence t + (f - t) + (R - f) + (A*block_size - R) = its run."""
+        """Exact slot counts; per run t + (f - t) + (R - f) + (A*block_size - R) = its size."""
         tokens = reservation = internal = external = 0
-        for seq in self._seqs.values():
+        for _, run in self._runs():
             # NOTE: a caller may append past the true final length (e.g. the engine's final_len is only
             # max_tokens); those tokens are states, and the overshoot comes out of internal fragmentation.
-            filled_to = max(seq.final_len, seq.num_tokens)
-            tokens += seq.num_tokens
-            reservation += filled_to - seq.num_tokens
-            internal += seq.reserved_tokens - filled_to
-            external += self.allocator.allocated_size(seq.start) * self.block_size - seq.reserved_tokens
+            filled_to = max(run.final_len, run.num_tokens)
+            tokens += run.num_tokens
+            reservation += filled_to - run.num_tokens
+            internal += run.reserved_tokens - filled_to
+            external += self.allocator.allocated_size(run.start) * self.block_size - run.reserved_tokens
         free = self.allocator.num_free_slots * self.block_size
-        result = MemoryBreakdown(tokens, reservation, internal, external, free)
-        return result.with_waiting() if waiting else result
+        return MemoryBreakdown(*as_seen((tokens, reservation, internal, external, free), waiting))
 
     def check_invariants(self) -> None:
         self.allocator.check_invariants()
-        used = 0
-        for seq_id, seq in self._seqs.items():
-            size = self.allocator.allocated_size(seq.start)  # raises if the run is not allocated
+        used, starts = 0, set()
+        for seq_id, run in self._runs():
+            size = self.allocator.allocated_size(run.start)  # raises if the run is not allocated
             used += size
-            if size * self.block_size < seq.reserved_tokens:
-                raise RuntimeError(f"seq {seq_id}: expected a run of >= {seq.reserved_tokens} tokens, found {size} blocks")
-            if not seq.prompt_len <= seq.num_tokens <= seq.reserved_tokens:
+            starts.add(run.start)
+            if size * self.block_size < run.reserved_tokens:
+                raise RuntimeError(f"seq {seq_id}: expected a run of >= {run.reserved_tokens} tokens, found {size} blocks")
+            if not 0 <= run.num_tokens <= run.reserved_tokens:
                 raise RuntimeError(
-                    f"seq {seq_id}: expected prompt {seq.prompt_len} <= tokens <= {seq.reserved_tokens}, found {seq.num_tokens}"
+                    f"seq {seq_id}: expected 0 <= tokens <= {run.reserved_tokens}, found {run.num_tokens}"
                 )
         if used != self.num_blocks - self.allocator.num_free_slots:
             raise RuntimeError(
                 f"allocated blocks: expected {self.num_blocks - self.allocator.num_free_slots}, found {used} owned by sequences"
             )
-        if len({seq.start for seq in self._seqs.values()}) != len(self._seqs):
+        if len(starts) != sum(1 for _ in self._runs()):
             raise RuntimeError("two sequences own the same run")
 
-    def _seq(self, seq_id: int) -> _SeqState:
+    def _run(self, seq_id: int) -> _Run:
         if seq_id not in self._seqs:
             raise KeyError(f"sequence {seq_id} is not live")
         return self._seqs[seq_id]

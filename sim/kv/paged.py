@@ -2,8 +2,9 @@
 
 Kwon et al., SOSP 2023: section 4.2 (blocks allocated on demand, a block table per sequence),
 4.4 (parallel sampling and beam search share blocks by reference count, copy-on-write on the first
-write into a shared block; prefix sharing), 4.5 (preemption by swapping blocks to CPU memory).
-Prefix caching follows vLLM's automatic prefix caching (full blocks only, named by a chained hash).
+write into a shared block), 4.5 (preemption by swapping blocks to CPU memory). Prefix caching follows
+vLLM's automatic prefix caching (full blocks only, named by a chained hash, registered as soon as the
+step that computes them is scheduled).
 
 A sequence with `num_tokens` tokens holds ceil(num_tokens / block_size) blocks; only its last block
 may be partly filled. For block_size 4 and 6 tokens:
@@ -13,22 +14,29 @@ may be partly filled. For block_size 4 and 6 tokens:
     slots            t0 t1 t2 t3  |  t4 t5 .  .        the two empty slots of block 3 are the only
                                                        memory this sequence holds beyond its tokens
 
-Every `admit`/`append_slots`/`swap_*` is all-or-nothing: on out-of-memory it returns None and changes nothing.
+`allocate_slots` grows tables chunk by chunk (a whole prompt, a chunk of one, or one decode token) and is
+all-or-nothing over the sequences it is given; on out-of-memory it returns None and changes nothing.
+The decode-run methods at the end (`max_decode_steps`, `advance_decodes`) answer the simulator's
+fast-forward in closed form; they live in `paged_runs.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
-from .base import BlockCopy, MemoryBreakdown
+from . import paged_runs
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats,
+                   check_request_args)  # fmt: skip
 
 
 @dataclass(slots=True)
 class _SeqState:
     block_table: list[int]  # GPU block ids, or CPU block ids while swapped out
     num_tokens: int  # tokens whose K/V the sequence holds (or will hold after the current step)
-    final_len: int  # the sequence's true final length, prompt + output (for the memory breakdown)
+    final_len: int  # the sequence's true final length (for the memory breakdown)
+    token_ids: Sequence[int] | None = None  # its known first token ids (the prompt): prefix-cache keys
+    hashes: list[int] = field(default_factory=list)  # chained hashes of its first full known blocks, registered
     swapped: bool = False
 
 
@@ -37,22 +45,30 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class PagedKVManager:
-    """Block tables for sequences named by integer ids, over a GPU `BlockAllocator` (+ optional CPU swap space)."""
+    """Block tables for sequences named by integer ids, over a GPU `BlockAllocator` (+ optional CPU swap space).
+
+    `watermark`: the share of GPU blocks an admission must leave free, so that a sequence just admitted is not
+    preempted at once by its elders' growth (vLLM v0's block-manager watermark, 0.01 there; 0 = off).
+    """
 
     policy = "paged"
 
-    def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, num_cpu_blocks: int = 0
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 num_cpu_blocks: int = 0, watermark: float = 0.0) -> None:  # fmt: skip
         if num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
         self.cpu_allocator = BlockAllocator(num_cpu_blocks, block_size) if num_cpu_blocks else None
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.gather_block_size = block_size  # the paged kernel gathers K/V block by block through the table
         self._seqs: dict[int, _SeqState] = {}
+        self._stats = PrefixCacheStats()
 
     @property
     def num_slots(self) -> int:
@@ -62,89 +78,41 @@ class PagedKVManager:
     def num_free_blocks(self) -> int:
         return self.allocator.num_free_blocks
 
-    # --- admission --------------------------------------------------------------------------------
-    def _plan_admission(self, prompt_len: int, prompt_token_ids: Sequence[int] | None) -> tuple[list[int], int, int]:
-        """(hashes of the full prompt blocks, leading cache hits, blocks the admission takes from the free queue).
+    # --- what the scheduler asks before admitting ---------------------------------------------------
+    def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:
+        """NOTE: several sequences are counted WITHOUT sharing, because after a preemption by recompute each
+        is re-admitted alone; this over-rejects only groups within a factor num_seqs of the pool."""
+        need, usable = num_seqs * _cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
+        if need > usable:
+            return (f"{num_seqs} sequence(s) of final length {final_len} need {need} blocks "
+                    f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
+        return None
 
-        NOTE: like vLLM, only blocks lying wholly inside the first prompt_len - 1 tokens may hit, so the last
-        prompt token is always recomputed (the step needs its logits) and never written into a shared block.
-        """
-        num_prompt_blocks = _cdiv(prompt_len, self.block_size)
-        if not self.enable_prefix_caching or prompt_token_ids is None:
-            return [], 0, num_prompt_blocks
-        hashes, parent = [], None
-        for i in range(prompt_len // self.block_size):
-            parent = hash_block_tokens(parent, prompt_token_ids[i * self.block_size : (i + 1) * self.block_size])
+    def _prompt_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[int]:
+        """Chained hashes of the first `num_blocks` full blocks of `token_ids`."""
+        hashes, parent, bs = [], None, self.block_size
+        for i in range(num_blocks):
+            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs])
             hashes.append(parent)
-        num_hits, revived = 0, 0
-        for block_hash in hashes[: (prompt_len - 1) // self.block_size]:
-            block_id = self.allocator.cached_block(block_hash)
-            if block_id is None:
+        return hashes
+
+    def _lookup_blocks(self, token_ids: Sequence[int] | None, num_tokens: int) -> tuple[list[int], int]:
+        """(hashes of the blocks that may hit, leading hits). NOTE: like vLLM, only blocks lying wholly inside
+        the first num_tokens - 1 tokens may hit, so the last token is always computed and never shared."""
+        if not self.enable_prefix_caching or not token_ids:
+            return [], 0
+        hashes = self._prompt_hashes(token_ids, min(len(token_ids), num_tokens - 1) // self.block_size)
+        hits = 0
+        for block_hash in hashes:
+            if self.allocator.cached_block(block_hash) is None:
                 break
-            num_hits += 1
-            revived += self.allocator.ref_count(block_id) == 0  # a freed cached block leaves the free queue
-        return hashes, num_hits, num_prompt_blocks - num_hits + revived
+            hits += 1
+        return hashes, hits
 
-    def _check_group(self, prompt_len: int, final_lens: Sequence[int], prompt_token_ids: Sequence[int] | None) -> None:
-        if prompt_len < 1:
-            raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
-        if not final_lens or min(final_lens) < prompt_len:
-            raise ValueError(
-                f"final_lens must be non-empty and each >= prompt_len {prompt_len}, got {list(final_lens)}"
-            )
-        if prompt_token_ids is not None and len(prompt_token_ids) != prompt_len:
-            raise ValueError(f"expected {prompt_len} prompt_token_ids, got {len(prompt_token_ids)}")
+    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
+        return self._lookup_blocks(token_ids, num_tokens)[1] * self.block_size
 
-    def can_admit(
-        self, prompt_len: int, final_lens: Sequence[int], prompt_token_ids: Sequence[int] | None = None
-    ) -> bool:
-        self._check_group(prompt_len, final_lens, prompt_token_ids)
-        return self.allocator.can_allocate(self._plan_admission(prompt_len, prompt_token_ids)[2])
-
-    def admit(
-        self,
-        seq_ids: Sequence[int],
-        prompt_len: int,
-        final_lens: Sequence[int],
-        prompt_token_ids: Sequence[int] | None = None,
-    ) -> int | None:
-        """Give the group one set of prompt blocks, shared by all its sequences (paper 4.4, parallel sampling).
-
-        Returns the prompt tokens whose K/V is already cached (always <= prompt_len - 1), or None if out of memory.
-        """
-        self._check_group(prompt_len, final_lens, prompt_token_ids)
-        if len(seq_ids) != len(final_lens) or len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(
-                f"expected one final_len per distinct seq id, got ids {list(seq_ids)}, final_lens {list(final_lens)}"
-            )
-        for seq_id in seq_ids:
-            if seq_id in self._seqs:
-                raise ValueError(f"sequence {seq_id} is already live")
-        hashes, num_hits, num_needed = self._plan_admission(prompt_len, prompt_token_ids)
-        if not self.allocator.can_allocate(num_needed):
-            return None
-        # Hits first: reviving a freed cached block must happen before allocate() could evict it.
-        table = [self.allocator.lookup(block_hash) for block_hash in hashes[:num_hits]]
-        if num_hits < min(len(hashes), (prompt_len - 1) // self.block_size):
-            self.allocator.lookup(hashes[num_hits])  # the first miss, counted; it returns None
-        table += self.allocator.allocate(_cdiv(prompt_len, self.block_size) - num_hits)
-        # NOTE: the new full prompt blocks are registered now, at admission, because the admitting step
-        # computes the whole prompt's K/V; a later request in the same step could already hit them.
-        for i in range(num_hits, len(hashes)):
-            self.allocator.cache_block(table[i], hashes[i])
-        for _ in range(len(seq_ids) - 1):
-            self.allocator.share(table)
-        for seq_id, final_len in zip(seq_ids, final_lens):
-            self._seqs[seq_id] = _SeqState(list(table), prompt_len, final_len)
-        return num_hits * self.block_size
-
-    # --- growth, sharing, release -----------------------------------------------------------------
-    def _blocks_for_append(self, seq: _SeqState, num_tokens: int) -> tuple[bool, int]:
-        """(must the last block be copied first, new blocks to allocate) for appending `num_tokens`."""
-        n, bs = seq.num_tokens, self.block_size
-        copy = n % bs != 0 and num_tokens > 0 and self.allocator.ref_count(seq.block_table[-1]) > 1
-        return copy, -(-(n + num_tokens) // bs) - len(seq.block_table)
-
+    # --- slots for the tokens a step computes ---------------------------------------------------------
     def _gpu_seq(self, seq_id: int) -> _SeqState:
         seq = self._seqs.get(seq_id)
         if seq is None:
@@ -153,77 +121,159 @@ class PagedKVManager:
             raise RuntimeError(f"sequence {seq_id} is swapped out; swap it in first")
         return seq
 
-    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        copy, new = self._blocks_for_append(self._gpu_seq(seq_id), num_tokens)
-        return self.allocator.can_allocate(copy + new)
+    def _growth(self, tables: Sequence[tuple[list[int], int]], counts: Sequence[int], refs) -> int:
+        """Blocks that appending counts[i] tokens to each (block_table, num_tokens) takes, in turn.
 
-    def append_slots(self, seq_id: int, num_tokens: int = 1) -> list[BlockCopy] | None:
-        """Room for `num_tokens` more tokens: the same end state as `num_tokens` appends of one token.
+        A sequence takes the blocks its new tokens open, plus a copy of its partly filled last block if that
+        block is shared when its turn comes: of m owners that all write, m - 1 copy and the last writes in
+        place. `refs(block)` gives a block's current reference count.
+        """
+        bs, need, left = self.block_size, 0, {}
+        for (table, n), k in zip(tables, counts):
+            if not k:
+                continue
+            need += _cdiv(n + k, bs) - len(table)
+            if n % bs:
+                last = table[-1]
+                r = left.get(last)
+                r = refs(last) if r is None else r
+                if r > 1:
+                    need += 1
+                left[last] = r - 1
+        return need
+
+    def _admission_need(self, new: Sequence[NewSequence], counts: Sequence[int]) -> tuple[list, int, int]:
+        """(per sequence: (hashes, hits), blocks taken from the free queue, blocks the watermark counts)."""
+        bs, found, revived, need, watermark_need = self.block_size, [], set(), 0, 0
+        for spec, k in zip(new, counts):
+            total = spec.num_cached_tokens + k
+            # the lookup of get_computed_tokens, bounded by this step's tokens (a hit is never the last token)
+            hashes, hits = self._lookup_blocks(spec.token_ids, spec.num_cached_tokens + max(k, 1))
+            if spec.num_cached_tokens != hits * bs:
+                raise RuntimeError(f"expected num_cached_tokens {spec.num_cached_tokens} to be the cache's current "
+                                   f"hits, found {hits * bs} (look up and allocate in the same step)")  # fmt: skip
+            if total > spec.final_len:
+                raise ValueError(f"{total} tokens for a sequence of final length {spec.final_len}")
+            for block_hash in hashes[:hits]:
+                block = self.allocator.cached_block(block_hash)
+                if self.allocator.ref_count(block) == 0:
+                    revived.add(block)  # a freed cached block leaves the free queue when it is hit
+            need += _cdiv(total, bs) - hits
+            watermark_need += _cdiv(total, bs)  # NOTE: before hits, as vLLM v0 counted (conservative)
+            found.append((hashes, hits))
+        return found, need + len(revived), watermark_need
+
+    def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+        return self._plan(seq_ids, num_new_tokens, new) is not None
+
+    def _plan(self, seq_ids, num_new_tokens, new) -> tuple | None:
+        """None if the allocation does not fit; else a 1-tuple holding the admission lookups (None for growth)."""
+        check_request_args(seq_ids, num_new_tokens, new)
+        free = self.allocator.num_free_blocks
+        if new is None:
+            seqs = [self._gpu_seq(i) for i in seq_ids]
+            need = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.allocator.ref_count)
+            return (None,) if need <= free else None
+        for seq_id in seq_ids:
+            if seq_id in self._seqs:
+                raise ValueError(f"sequence {seq_id} is already live")
+        found, need, watermark_need = self._admission_need(new, num_new_tokens)
+        if need > free or (self.watermark_blocks and free - watermark_need < self.watermark_blocks):
+            return None
+        return (found,)
+
+    def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+        """Room for num_new_tokens[i] more tokens in each sequence (see the KV contract in base.py).
 
             before (block_size 4, 6 tokens, block 3 shared with a sibling):   [7, 3]   t4 t5 . .
-            append 3:  copy-on-write 3 -> 9 (returned as (3, 9)), then a new block 5:  [7, 9, 5]  t4 t5 t6 t7 | t8 . . .
+            allocate 3:  copy-on-write 3 -> 9 (returned as (3, 9)), then a new block 5:  [7, 9, 5]  t4 t5 t6 t7 | t8 . . .
 
-        Only the first write can hit a shared block: after the copy the last block is exclusive, and
-        blocks allocated for later tokens are new. So one copy at most, then plain allocation.
+        Only the first write can hit a shared block: after the copy the last block is exclusive, and blocks
+        allocated for later tokens are new. New sequences first take their prefix-cache hits (all of them,
+        before any allocation could evict one), then fresh blocks. Full blocks of known token ids are
+        registered in the prefix cache as soon as they are allocated: this step computes their K/V.
         """
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        seq = self._gpu_seq(seq_id)
-        copy, new = self._blocks_for_append(seq, num_tokens)
-        if not (copy or new):  # the common case: the tokens fit the last block, which is this sequence's alone
-            seq.num_tokens += num_tokens
-            return []
-        if not self.allocator.can_allocate(copy + new):
+        if new is None and len(seq_ids) == 1:  # the hot path: one sequence grows (a decode, a chunk)
+            return self._grow_one(seq_ids[0], num_new_tokens[0])
+        plan = self._plan(seq_ids, num_new_tokens, new)
+        if plan is None:
             return None
+        if new is None:
+            return Allocation([c for i, k in zip(seq_ids, num_new_tokens) for c in self._grow(self._seqs[i], k)])
+        found = plan[0]
+        tables = []
+        for (hashes, hits), spec in zip(found, new):  # hits first: reviving must precede any eviction
+            tables.append([self.allocator.lookup(h) for h in hashes[:hits]])
+            if hits < len(hashes):
+                self.allocator.lookup(hashes[hits])  # the first miss, counted; it returns None
+            self._stats.queried_blocks += len(hashes)
+            self._stats.hit_blocks += hits
+        for seq_id, table, spec, k, (hashes, hits) in zip(seq_ids, tables, new, num_new_tokens, found):
+            total = spec.num_cached_tokens + k
+            table += self.allocator.allocate(_cdiv(total, self.block_size) - hits)
+            seq = _SeqState(table, total, spec.final_len, spec.token_ids, hashes[:hits])
+            self._seqs[seq_id] = seq
+            self._register(seq)
+            if self.enable_prefix_caching:
+                self._stats.queried_tokens += spec.prompt_len
+                self._stats.hit_tokens += spec.num_cached_tokens
+        return Allocation([])
+
+    def _grow_one(self, seq_id: int, k: int) -> Allocation | None:
+        if k < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {k}")
+        seq = self._gpu_seq(seq_id)
+        n, bs = seq.num_tokens, self.block_size
+        if (n + k <= len(seq.block_table) * bs) and not (n % bs and k and self.allocator.ref_count(seq.block_table[-1]) > 1):
+            seq.num_tokens = n + k  # the common case: the tokens fit the last block, which is this sequence's alone
+            if seq.token_ids is not None:
+                self._register(seq)
+            return Allocation([])
+        if self._plan([seq_id], [k], None) is None:
+            return None
+        return Allocation(self._grow(seq, k))
+
+    def _grow(self, seq: _SeqState, k: int) -> list[BlockCopy]:
+        """Append k tokens to one sequence (room checked by the caller): copy-on-write, then new blocks."""
         copies: list[BlockCopy] = []
-        if copy:
+        if not k:
+            return copies
+        if seq.num_tokens % self.block_size and self.allocator.ref_count(seq.block_table[-1]) > 1:
             src = seq.block_table[-1]
             dst = self.allocator.copy_on_write(src)
             seq.block_table[-1] = dst
             copies.append((src, dst))
-        seq.block_table += self.allocator.allocate(new)
-        seq.num_tokens += num_tokens
+        seq.num_tokens += k
+        seq.block_table += self.allocator.allocate(_cdiv(seq.num_tokens, self.block_size) - len(seq.block_table))
+        if seq.token_ids is not None:
+            self._register(seq)
         return copies
 
-    def append_decode_steps(self, seq_ids: Sequence[int], num_steps: int) -> list[BlockCopy] | None:
-        """`num_steps` decode steps at once, each appending one token to every sequence in `seq_ids` order: the
-        same end state and block ids as that many rounds of append_slots(i, 1). Returns [] (no copies), or None
-        with nothing changed if memory is short; a shared partly filled last block (a copy) raises.
-
-        A sequence whose last block has r empty slots opens blocks at steps r + 1, r + 1 + B, ... Ordered by
-        (step, position), the openings go round after round through the sequences sorted by (r, position), so
-        with the fresh blocks taken from the free queue at once, the p-th of that order gets blocks p, p + S, ...
-
-            B = 4, 6 steps, a (r = 2) then b (r = 0):  order b, a;  fresh [5, 9, 2]
-            b opens at steps 1 and 5 -> +[5, 2];  a at step 3 -> +[9]
-        """
-        if num_steps < 0:
-            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
-        seqs, bs = [self._gpu_seq(i) for i in seq_ids], self.block_size
-        new = [-(-(s.num_tokens + num_steps) // bs) - len(s.block_table) for s in seqs]
-        for seq_id, seq in zip(seq_ids, seqs):
-            if num_steps and seq.num_tokens % bs and self.allocator.ref_count(seq.block_table[-1]) > 1:
-                raise RuntimeError(f"sequence {seq_id}: expected an exclusive last block (no copy), found it shared")
-        fresh = self.allocator.allocate(sum(new))
-        if fresh is None:
-            return None
-        order = sorted(range(len(seqs)), key=lambda j: -seqs[j].num_tokens % bs)  # stable: ties keep position
-        for p, j in enumerate(order):
-            seqs[j].block_table += fresh[p :: len(seqs)]
-            seqs[j].num_tokens += num_steps
-        return []
+    def _register(self, seq: _SeqState) -> None:
+        """Register the sequence's newly full blocks of known token ids in the prefix cache."""
+        if not self.enable_prefix_caching or seq.token_ids is None:
+            return
+        bs = self.block_size
+        full = min(seq.num_tokens, len(seq.token_ids)) // bs
+        while len(seq.hashes) < full:
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else None
+            block_hash = hash_block_tokens(parent, seq.token_ids[i * bs : (i + 1) * bs])
+            self.allocator.cache_block(seq.block_table[i], block_hash)
+            seq.hashes.append(block_hash)
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
         """The child points at every block of the parent (one more reference each); nothing is copied yet."""
         parent = self._gpu_seq(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already live")
+        if final_len < parent.num_tokens:
+            raise ValueError(f"final_len must be >= the parent's {parent.num_tokens} tokens, got {final_len}")
         self.allocator.share(parent.block_table)
-        self._seqs[child_id] = _SeqState(list(parent.block_table), parent.num_tokens, final_len)
+        self._seqs[child_id] = _SeqState(list(parent.block_table), parent.num_tokens, final_len, parent.token_ids,
+                                         list(parent.hashes))  # fmt: skip
         return []
 
     def free(self, seq_id: int) -> None:
@@ -248,6 +298,9 @@ class PagedKVManager:
     @property
     def seq_ids(self) -> list[int]:
         return list(self._seqs)
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
 
     # --- swapping (paper 4.5) -----------------------------------------------------------------------
     def _distinct_blocks(self, seq_ids: Sequence[int], swapped: bool) -> list[int]:
@@ -278,8 +331,14 @@ class PagedKVManager:
         """
         return self._move(seq_ids, swapped=False)
 
-    def can_swap_in(self, seq_ids: Sequence[int]) -> bool:
-        return self.allocator.can_allocate(len(self._distinct_blocks(seq_ids, swapped=True)))
+    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
+        """Room for the group's blocks AND the growth that follows, leaving the watermark free (vLLM v0's
+        can_swap_in reserves one block per sequence; here the need is exact). Sharing inside the group
+        survives a swap, so the CPU tables and reference counts tell the growth."""
+        blocks = self._distinct_blocks(seq_ids, swapped=True)
+        seqs = [self._seqs[i] for i in seq_ids]
+        grow = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.cpu_allocator.ref_count)
+        return len(blocks) + grow + self.watermark_blocks <= self.allocator.num_free_blocks
 
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
         """Bring a swapped group back: returns (cpu_block, gpu_block) copies, or None if GPU memory is short.
@@ -311,7 +370,53 @@ class PagedKVManager:
         dst_pool.share(extra_refs)
         return list(mapping.items())
 
+    # --- runs of plain decode steps (closed forms in paged_runs.py) ---------------------------------
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+        seqs = [self._gpu_seq(i) for i in seq_ids]
+        return paged_runs.max_decode_steps(self.allocator, self.block_size, seqs, limit)
+
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
+        seqs = [self._gpu_seq(i) for i in seq_ids]
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+        if self.max_decode_steps(seq_ids, num_steps) < num_steps:
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        start = self.breakdown().counts()
+        counts = paged_runs.decode_run_counts(start, self.block_size, [(s.num_tokens, s.final_len) for s in seqs],
+                                              num_steps)  # fmt: skip
+        paged_runs.append_decode_steps(self.allocator, self.block_size, seqs, num_steps)
+        for seq in seqs:
+            if seq.token_ids is not None:
+                self._register(seq)
+        return counts
+
     # --- accounting -----------------------------------------------------------------------------------
+    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+        """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
+        block is listed once, under its first owner. The breakdown below, slot by slot."""
+        bs, segments, last = self.block_size, [], {}
+        seen: set[int] = set()
+        for seq_id, seq in self._seqs.items():
+            if seq.swapped:  # its blocks are in CPU memory
+                continue
+            for i, b in enumerate(seq.block_table):
+                filled = min(bs, seq.num_tokens - i * bs)
+                reach = max(filled, min(bs, seq.final_len - i * bs))
+                if b in seen:
+                    if b in last:
+                        last[b][2] = max(last[b][2], reach)
+                    continue
+                seen.add(b)
+                if filled == bs:
+                    segments.append((seq_id, b * bs, (b + 1) * bs, 0))
+                else:
+                    last[b] = [seq_id, filled, reach]
+        for b, (seq_id, filled, reach) in last.items():
+            for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
+                if hi > lo:
+                    segments.append((seq_id, b * bs + lo, b * bs + hi, kind))
+        return segments
+
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown:
         """The pool in five kinds of slot, exact from each sequence's true final length; shared blocks count once.
 
@@ -348,20 +453,19 @@ class PagedKVManager:
         return result.with_waiting() if waiting else result
 
     def check_invariants(self) -> None:
-        """Raise RuntimeError (expected vs found) unless ref counts equal the references the block tables hold,
-        every table is as long as its tokens need, owners of a shared block agree on its fill, and the
-        fast `breakdown` equals a block-by-block recount."""
+        """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens;
+        the breakdown equals a slow block-by-block recount."""
         self.allocator.check_invariants()
         if self.cpu_allocator is not None:
             self.cpu_allocator.check_invariants()
         bs = self.block_size
-        refs: dict[bool, dict[int, int]] = {False: {}, True: {}}  # swapped? -> block -> references
-        fill: dict[int, tuple[int, int]] = {}  # GPU block -> (filled, reach)
+        refs: dict[bool, dict[int, int]] = {False: {}, True: {}}
+        fill: dict[int, tuple[int, int]] = {}  # GPU block -> (filled slots, slots some owner will reach)
         for seq_id, seq in self._seqs.items():
-            n = len(seq.block_table)
-            if not (n - 1) * bs < seq.num_tokens <= n * bs or len(set(seq.block_table)) != n:
+            n = _cdiv(seq.num_tokens, bs)
+            if len(seq.block_table) != n or len(set(seq.block_table)) != n:
                 raise RuntimeError(
-                    f"sequence {seq_id}: expected {_cdiv(seq.num_tokens, bs)} distinct blocks for "
+                    f"sequence {seq_id}: expected {n} distinct blocks for "
                     f"{seq.num_tokens} tokens, found block table {seq.block_table}"
                 )
             for i, b in enumerate(seq.block_table):

@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.api import run
-from sim.decode_run import paged_run_capacity
+from sim.kv.paged_runs import run_capacity as paged_run_capacity
 from sim.kv.paged import PagedKVManager
 from sim.plan import StepOutcome
 from sim.request import Request

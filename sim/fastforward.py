@@ -1,0 +1,99 @@
+"""Fast-forward: the simulator jumps over runs of identical decode steps, with exactly the result of stepping.
+
+Between events (an arrival, a finish, a preemption) a busy server mostly repeats one step: every running
+sequence feeds its last token and samples the next. Such steps are deterministic, so the event loop may
+apply a whole run of them at once, provided the result is what stepping token by token gives
+(tests/sim/test_fastforward.py compares every per-request and per-step number, bit for bit).
+
+This module is the whole of the jump, and it uses only public contracts:
+
+    scheduler.plain_decode_seqs()       is the next step a plain decode of exactly these sequences, and would
+                                        nothing else (admission, swap-in, chunk, copy, beam) happen meanwhile?
+    kv.max_decode_steps(ids, limit)     how many such steps find memory without a copy (the KV contract)
+    scheduler.advance_decodes(k)        apply k of them; returns the pool's slot counts during each step
+
+and the simulator's own rule that a sequence finishes when it has sampled `output_len` tokens. A run stops
+before the first step that would start at or after the next arrival (stepping, that arrival is seen first).
+The loop books the run's steps (times, memory, token times) from the `DecodeRun` returned here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .kv.base import as_seen
+from .plan import ScheduledSeq, StepPlan
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """k plain decode steps of the same sequences, back to back."""
+
+    starts: list[float]  # start time of each step
+    durations: list[float]  # duration of each step
+    counts: list[tuple[int, ...]]  # the pool's five raw slot counts during each step
+    waiting: bool  # a request waited throughout (the breakdown then counts free slots as external waste)
+    seq_ids: list[int]  # the decoding sequences, in plan order
+    request_ids: list[int]  # their requests, each once, in plan order
+    num_tokens_before: list[int]  # K/V entries of each sequence before the run
+    num_running: int  # running requests
+    num_waiting: int  # waiting requests
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.durations)
+
+    @property
+    def end(self) -> float:
+        return self.starts[-1] + self.durations[-1]
+
+    def seen_counts(self) -> list[tuple[int, ...]]:
+        return [as_seen(c, self.waiting) for c in self.counts]
+
+    def plans(self, kv, seq_request: dict[int, int]) -> list[StepPlan]:
+        """The k plans stepping would have handed out (for observers that compare step by step), with the block
+        tables read back from the manager after the run: a plain decode only appends blocks at a table's end."""
+        bs, plans = kv.block_size, []
+        tables = {i: kv.block_table(i) for i in self.seq_ids}
+        for j in range(self.num_steps):
+            decodes = [ScheduledSeq(i, seq_request[i], n + j, 1, tables[i][: -(-(n + j + 1) // bs)], True)
+                       for i, n in zip(self.seq_ids, self.num_tokens_before)]  # fmt: skip
+            plans.append(StepPlan(decodes=decodes))
+        return plans
+
+    def free_blocks_after(self, block_size: int) -> list[int]:
+        """Free blocks after each step (the raw counts' free slots, in blocks)."""
+        return [c[4] // block_size for c in self.counts]
+
+
+def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | None:
+    """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
+    return it; None when the next step is not such a run (the loop then schedules it normally)."""
+    seqs = scheduler.plain_decode_seqs()
+    if not seqs:
+        return None
+    # The simulator's rule: a sequence finishes in the step where it samples its output_len-th token.
+    steps_left = min(s.output_len - s.num_generated for s in seqs) - 1
+    if steps_left < 1:
+        return None
+    # Step j feeds one token per sequence: context = sum(n) + S * (j + 1) (n = the K/V it holds before the run).
+    num_seqs = len(seqs)
+    before = [s.num_computed_tokens for s in seqs]
+    starts: list[float] = []
+    durations: list[float] = []
+    t, context = now, sum(before) + num_seqs
+    while len(durations) < steps_left and t < next_arrival:
+        d = cost.step_time(0, num_seqs, context)
+        starts.append(t)
+        durations.append(d)
+        t += d
+        context += num_seqs
+    ids = [s.seq_id for s in seqs]
+    k = scheduler.kv.max_decode_steps(ids, len(durations))
+    if k < 1:
+        return None
+    del starts[k:], durations[k:]
+    num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
+    waiting = num_waiting + scheduler.num_swapped > 0
+    counts = scheduler.advance_decodes(k)
+    request_ids = list(dict.fromkeys(s.request_id for s in seqs))
+    return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting)
