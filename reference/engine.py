@@ -1,13 +1,16 @@
 """The reference engine: vLLM's offline `LLM` API over the SIMULATOR's own scheduler and KV manager.
 
-DESIGN.md's central claim, made concrete: "the simulator is the engine with a simulated clock". This engine
-builds `sim.scheduler.Scheduler` over `sim.kv.make_kv_manager(...)`, exactly the objects the simulator
-drives, and executes their plans on a real model (vLLM v0's LLMEngine loop; Kwon et al., SOSP 2023, 4.5):
+The project's central claim, made concrete (docs/ARCHITECTURE.md): "the simulator is the engine with a
+simulated clock". This engine builds `sim.scheduler.Scheduler` over `sim.kv.make_kv_manager(...)`, exactly
+the objects the simulator drives, and executes their plans on a real model (vLLM's LLMEngine loop):
 
     plan    = scheduler.schedule()                 # who runs, block tables, swaps, copies (sim/)
     logits  = executor.execute(plan)               # the same moves on real K/V tensors, one forward pass
     tokens  = sample(logits) / beam selection      # decides what the simulator reads from its workload:
     result  = scheduler.finish_step(plan, outcome) #   which sequences finished, which beams survive
+
+A v1 plan mixes prompt chunks and decodes: a chunk attends to the earlier chunks of its prompt through the
+block table, and only an entry that reaches the end of its sequence (`entry.sample`) samples a token.
 
 The simulator decides outcomes from true lengths; here they come from sampled tokens. NOTE: the engine cannot
 know a request's true output length, so each `Request` says output_len = max_tokens; the contiguous policies
@@ -62,9 +65,10 @@ class LLM:
     def __init__(self, model: str | LlamaForwardModel = "smollm2", *, policy: str = "paged", block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_budget_bytes: int | None = None, num_cpu_blocks: int = 0,
                  preemption: str = "recompute", max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool = False, scheduler: str = "continuous", backend: str | None = None,
+                 enable_prefix_caching: bool = False, scheduler: str = "v1", backend: str | None = None,
                  device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0,
-                 max_model_len: int | None = None, tokenizer=None) -> None:
+                 max_model_len: int | None = None, tokenizer=None, enable_chunked_prefill: bool | None = None,
+                 watermark: float = 0.0, victim: str = "latest_arrival") -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
@@ -86,17 +90,22 @@ class LLM:
         self.max_model_len = max_model_len or context
         if not 2 <= self.max_model_len <= context:
             raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {max_model_len}")
-        if policy != "paged" and (enable_prefix_caching or num_cpu_blocks):
-            raise ValueError(f"prefix caching and CPU swap space need policy 'paged' (got policy {policy!r})")
         num_blocks = ex.num_gpu_blocks_for(self.config, block_size, self.dtype, self.device, num_gpu_blocks,
                                            kv_budget_bytes)
         self.block_size = block_size
         self.kv_manager = make_kv_manager(policy, num_blocks * block_size, block_size=block_size,
-                                          max_seq_len=self.max_model_len,
-                                          enable_prefix_caching=enable_prefix_caching, num_cpu_blocks=num_cpu_blocks)
+                                          max_seq_len=self.max_model_len, enable_prefix_caching=enable_prefix_caching,
+                                          num_cpu_blocks=num_cpu_blocks, watermark=watermark)  # fmt: skip
+        if enable_prefix_caching and not self.kv_manager.enable_prefix_caching:
+            raise ValueError(f"policy {policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
+        if num_cpu_blocks and not self.kv_manager.num_cpu_blocks:
+            raise ValueError(f"policy {policy!r} has no swap space (allowed with num_cpu_blocks > 0: paged)")
         self.enable_prefix_caching = enable_prefix_caching
-        batched = max_num_batched_tokens or max(self.max_model_len, 2048)  # vLLM v0's default without chunking
-        self.scheduler = Scheduler(self.kv_manager, SchedulerConfig(max_num_seqs, batched, scheduler, preemption))
+        chunked = scheduler == "v1" and enable_chunked_prefill is not False
+        # vLLM's defaults: a 2048-token budget with chunked prefill; without it, room for a whole context
+        batched = max_num_batched_tokens or (2048 if chunked else max(self.max_model_len, 2048))
+        self.scheduler = Scheduler(self.kv_manager, SchedulerConfig(max_num_seqs, batched, scheduler, preemption,
+                                                                    enable_chunked_prefill, victim))  # fmt: skip
         self.kv_cache = KVCache.for_model(self.config, num_blocks, block_size, self.dtype, self.device,
                                           num_cpu_blocks=num_cpu_blocks)
         self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend)
@@ -195,13 +204,15 @@ class LLM:
 
     def _tokens_to_feed(self, entry: ScheduledSeq) -> list[int]:
         """prompt + generated, [num_computed : num_computed + num_new]; after recompute that includes generated
-        tokens. The fed range must end at the newest token: the scheduler and the engine agree on lengths."""
+        tokens. A sampling entry's range must end at the newest token, a chunk's before it: the scheduler and
+        the engine agree on lengths."""
         state = self._requests[entry.request_id]
         tokens = state.prompt_token_ids + state.seqs[entry.seq_id].token_ids
         end = entry.num_computed_tokens + entry.num_new_tokens
-        if end != len(tokens):
-            raise RuntimeError(f"seq {entry.seq_id}: expected the step to feed up to its {len(tokens)}th token, "
-                               f"found num_computed {entry.num_computed_tokens} + num_new {entry.num_new_tokens}")
+        if end > len(tokens) or entry.sample != (end == len(tokens)):
+            raise RuntimeError(f"seq {entry.seq_id}: expected the step to feed up to its {len(tokens)}th token "
+                               f"{'and sample' if entry.sample else 'at most, without sampling'}, found "
+                               f"num_computed {entry.num_computed_tokens} + num_new {entry.num_new_tokens}")
         if state.num_cached_tokens is None:
             state.num_cached_tokens = entry.num_computed_tokens  # the first admission's prefix-cache hits
             self.stats.num_cached_tokens += entry.num_computed_tokens
@@ -214,6 +225,8 @@ class LLM:
         plain: list[tuple[ScheduledSeq, int]] = []
         beam_rows: dict[int, dict[int, int]] = {}  # request_id -> seq_id -> logits row
         for entry, row in zip(plan.prefills + plan.decodes, rows):
+            if not entry.sample:  # a prompt chunk that stops short of the end: its logits are not needed
+                continue
             if self._requests[entry.request_id].beam is None:
                 plain.append((entry, row))
             else:

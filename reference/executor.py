@@ -7,7 +7,8 @@ tensors. In the order sim/plan.py prescribes:
     1. swap out  (gpu_block -> cpu_block)   before anything can overwrite those GPU blocks
     2. swap in   (cpu_block -> gpu_block)
     3. copies    (src -> dst)               copy-on-write, contiguous beam forks
-    4. one forward pass over every FED entry: prefills first, then decodes (ForwardBatch's rule)
+    4. one forward pass over every FED entry: prefill-shaped first, then decodes (ForwardBatch's rule); a
+       prompt chunk attends to its earlier chunks through the block table, like a prompt over a cached prefix
 
 Row mapping, for a plan with a shared-prompt group R (fed entry r0, sample-only sibling r1) and a decode d:
 
@@ -100,7 +101,7 @@ class ModelExecutor:
         """Do the plan's block moves and its forward pass.
 
         Returns (logits [num_fed, vocab] float32 on CPU, or None when nothing is fed; and for every entry of
-        plan.prefills + plan.decodes, the logits row it samples from).
+        plan.prefills + plan.decodes, the logits row it samples from, or None for a chunk that samples nothing).
         """
         cache = self.kv_cache
         cache.swap_out(plan.blocks_to_swap_out)
@@ -123,12 +124,15 @@ class ModelExecutor:
         return logits.float().cpu(), _sample_rows(plan, row_of)
 
 
-def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int]:
-    """The logits row each entry samples from: its own, or (sample-only) its group's fed entry's."""
-    rows: list[int] = []
+def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int | None]:
+    """The logits row each entry samples from: its own, or (sample-only) its group's fed entry's; None when it
+    samples nothing."""
+    rows: list[int | None] = []
     group_row: dict[int, int] = {}  # request_id -> row of its latest fed prefill entry
     for i, entry in enumerate(plan.prefills + plan.decodes):
-        if entry.num_new_tokens > 0:
+        if not entry.sample:
+            rows.append(None)
+        elif entry.num_new_tokens > 0:
             rows.append(row_of[i])
             group_row[entry.request_id] = row_of[i]
         elif entry.request_id in group_row:

@@ -107,7 +107,7 @@ class EngineStats:
         self.num_preemptions = num_preemptions
         self.max_concurrent_requests = max(self.max_concurrent_requests, len(plan.request_ids()))
         self.max_concurrent_seqs = max(self.max_concurrent_seqs, plan.num_seqs)
-        self.num_generated_tokens += plan.num_seqs
+        self.num_generated_tokens += sum(e.sample for e in plan.prefills + plan.decodes)
         self.num_prefill_tokens += sum(e.num_new_tokens for e in plan.prefills)
         self.num_swapped_out_blocks += len(plan.blocks_to_swap_out)
         self.num_swapped_in_blocks += len(plan.blocks_to_swap_in)

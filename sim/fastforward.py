@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .kv.base import as_seen
-from .plan import ScheduledSeq, StepPlan
 
 
 @dataclass(slots=True)
@@ -48,22 +47,6 @@ class DecodeRun:
 
     def seen_counts(self) -> list[tuple[int, ...]]:
         return [as_seen(c, self.waiting) for c in self.counts]
-
-    def plans(self, kv, seq_request: dict[int, int]) -> list[StepPlan]:
-        """The k plans stepping would have handed out (for observers that compare step by step), with the block
-        tables read back from the manager after the run: a plain decode only appends blocks at a table's end."""
-        bs, plans = kv.block_size, []
-        tables = {i: kv.block_table(i) for i in self.seq_ids}
-        for j in range(self.num_steps):
-            decodes = [ScheduledSeq(i, seq_request[i], n + j, 1, tables[i][: -(-(n + j + 1) // bs)], True)
-                       for i, n in zip(self.seq_ids, self.num_tokens_before)]  # fmt: skip
-            plans.append(StepPlan(decodes=decodes))
-        return plans
-
-    def free_blocks_after(self, block_size: int) -> list[int]:
-        """Free blocks after each step (the raw counts' free slots, in blocks)."""
-        return [c[4] // block_size for c in self.counts]
-
 
 def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | None:
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and

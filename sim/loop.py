@@ -76,8 +76,8 @@ class Simulator:
     `seed`: the beam-search scores' generator. `jump`: fast-forward over runs of identical decode steps.
     `validate`: after each run, check the booked memory against the KV manager's own breakdown (O(seqs); tests).
     `on_step(simulator, step)`: an observer called after every step ends, with its `StepPlan`, or after a
-    fast-forwarded run with its `fastforward.DecodeRun` (whose `plans()` gives the steps one by one); it may
-    read `simulator.now`, `.kv` and `.scheduler` (figures, the engine comparison).
+    fast-forwarded run with its `fastforward.DecodeRun`; it may read `simulator.now`, `.kv` and `.scheduler`
+    (the figures' probes).
     """
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,

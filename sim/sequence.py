@@ -172,6 +172,9 @@ def reselect_beams(
         )
     dropped = [seq for seq_id, seq in live.items() if seq_id not in parents]
     for seq in dropped:
+        # a copy still waiting to fill a dropped beam (its fork in this same report) is moot: its blocks go
+        gone = set(kv.block_table(seq.seq_id))
+        group.pending_copies = [(src, dst) for src, dst in group.pending_copies if dst not in gone]
         kv.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
     beams: list[Sequence] = []

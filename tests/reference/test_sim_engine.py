@@ -1,17 +1,21 @@
-"""The central claim (DESIGN.md): the simulator is the engine with a simulated clock.
+"""The central claim (docs/ARCHITECTURE.md): the simulator is the engine with a simulated clock.
 
-Given the same offline trace and the same block budget, the simulator's executor (sim.loop.Simulator, which
-decides outcomes from the trace's true lengths) and the reference engine (reference.LLM, which runs a model and
-samples tokens) make the same allocation and preemption decisions, step for step: the same sequences prefill
-and decode, with the same block tables, the same requests are preempted, the same blocks move (swap, copy),
-and the same number of blocks is free after every step.
+Given the same trace and the same block budget, the simulator's executor (sim.loop.Simulator, which decides
+outcomes from the trace's true lengths) and the reference engine (reference.LLM, which runs a model and
+samples tokens) make the same allocation and preemption decisions, step for step: the same sequences compute
+the same prompt chunks and decode, with the same block tables, the same requests are preempted, the same
+blocks move (swap, copy), and the same number of blocks is free after every step.
 
-How the decisions are observed: the engine keeps `LLM.step_log` (one StepRecord per executed plan), which
-has no block tables; the simulator keeps per-step counts only. So on BOTH sides the scheduler's `schedule`
-and `finish_step` are wrapped (an instance attribute over the method, the same wrapper on each side) to record
-every plan it hands out, empty ones included, and the free blocks after the executor reports back. The
-wrapper only records: the plan object is passed through untouched. The engine's own step_log is then also
-checked against the engine's recorded plans.
+How the decisions are observed: on BOTH sides the scheduler's `add_request`, `schedule`, `finish_step` and
+`advance_decodes` are wrapped (an instance attribute over the method, the same wrapper on each side) to record
+every call: the requests added, every plan handed out (empty ones included) with the free blocks after the
+executor reports back, and every fast-forwarded run of k plain decode steps as the k plans stepping would
+have made. The wrappers only record: every call goes through untouched.
+
+Arrivals may be staggered: the simulator adds a request when its arrival time comes, between steps. The engine
+then replays the simulator's calls in the same order: it adds each request right where the simulator added it,
+and runs one step per simulated step. The simulator runs with its fast-forward ON: a run of k steps that the
+simulator applied at once must equal k steps of the engine.
 
 The engine runs the tiny random Llama: with ignore_eos and max_tokens = the trace's output length, a request
 finishes at the same step whatever tokens the weights produce, so the decisions cannot depend on them
@@ -35,7 +39,7 @@ BLOCK_SIZE = 4
 NUM_GPU_BLOCKS = 32  # 128 token slots for 12 requests of up to 59 tokens each: paged must preempt
 NUM_CPU_BLOCKS = 64  # swap space: room for every swapped group
 MAX_NUM_SEQS = 8
-MAX_NUM_BATCHED_TOKENS = 64  # < the sum of prompts: admission takes several prefill steps
+BUDGET = {"v0": 64, "v1": 16}  # v0: < the sum of prompts (several prefill steps); v1: prompts of 5-40 chunk
 MAX_MODEL_LEN = 64  # the `max` policy reserves this: 16 blocks, so 2 requests at a time in the pool
 
 
@@ -48,99 +52,147 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def offline_trace(num_requests: int = 12, seed: int = 7, n: int = 1) -> list[Request]:
-    """Requests all arriving at t = 0: prompts 5-40 tokens, outputs 3-20 tokens, seeded token ids; every third
-    request samples `n` sequences that share its prompt blocks."""
+def trace(num_requests: int = 12, seed: int = 7, n: int = 1, gap: float = 0.0) -> list[Request]:
+    """Requests arriving `gap` seconds apart (0: all at t = 0): prompts 5-40 tokens, outputs 3-20 tokens,
+    seeded token ids; every third request samples `n` sequences that share its prompt."""
     rng = np.random.default_rng(seed)
-    trace = []
+    requests = []
     for i in range(num_requests):
         prompt_len, output_len = int(rng.integers(5, 41)), int(rng.integers(3, 21))
         ids = rng.integers(17, 256, size=prompt_len).tolist()  # tiny vocabulary (256), no SmolLM2 special ids
-        trace.append(Request(i, 0.0, prompt_len, output_len, n=n if i % 3 == 0 else 1, prompt_token_ids=ids))
-    return trace
+        requests.append(Request(i, i * gap, prompt_len, output_len, n=n if i % 3 == 0 else 1, prompt_token_ids=ids))
+    return requests
 
 
-def record_plans(scheduler: Scheduler) -> list[dict]:
-    """Record every plan `scheduler` hands out, and its free blocks after finish_step (see the module docstring)."""
-    records: list[dict] = []
-    schedule, finish_step = scheduler.schedule, scheduler.finish_step
+def entry(e) -> tuple:
+    return (e.request_id, e.seq_id, e.num_computed_tokens, e.num_new_tokens, list(e.block_table), e.sample)
+
+
+def record_calls(scheduler: Scheduler) -> list[tuple]:
+    """Record every call that changes `scheduler` (see the module docstring): ("add", request_id) and
+    ("step", record) items, a fast-forwarded run giving one ("step", record) per step."""
+    calls: list[tuple] = []
+    add_request, schedule, finish_step = scheduler.add_request, scheduler.schedule, scheduler.finish_step
+    advance_decodes = scheduler.advance_decodes
+    current: list[dict] = []  # the record of the plan in flight (arrivals may be recorded while it runs)
+
+    def recording_add_request(request):
+        add_request(request)
+        calls.append(("add", request.request_id))
 
     def recording_schedule():
         plan = schedule()
-        records.append({
-            "prefills": [(s.request_id, s.seq_id, s.num_computed_tokens, s.num_new_tokens, list(s.block_table))
-                         for s in plan.prefills],
-            "decodes": [(s.request_id, s.seq_id, list(s.block_table)) for s in plan.decodes],
+        calls.append(("step", {
+            "prefills": [entry(e) for e in plan.prefills], "decodes": [entry(e) for e in plan.decodes],
             "preempted": list(plan.preempted), "blocks_to_swap_out": list(plan.blocks_to_swap_out),
             "blocks_to_swap_in": list(plan.blocks_to_swap_in), "blocks_to_copy": list(plan.blocks_to_copy),
             "empty": plan.is_empty,
-        })  # fmt: skip
+        }))  # fmt: skip
+        current[:] = [calls[-1][1]]
         return plan
 
     def recording_finish_step(plan, outcome):
         result = finish_step(plan, outcome)
-        records[-1]["num_free_blocks"] = scheduler.kv.num_free_blocks
-        records[-1]["finished"] = sorted(result.finished_request_ids)
+        current[0]["num_free_blocks"] = scheduler.kv.num_free_blocks
+        current[0]["finished"] = sorted(result.finished_request_ids)
         return result
 
-    scheduler.schedule, scheduler.finish_step = recording_schedule, recording_finish_step
-    return records
+    def recording_advance_decodes(num_steps):
+        seqs = scheduler.plain_decode_seqs()
+        before = [(s.request_id, s.seq_id, s.num_computed_tokens) for s in seqs]
+        counts = advance_decodes(num_steps)
+        bs = scheduler.kv.block_size
+        for j, step_counts in enumerate(counts):
+            decodes = [(rid, sid, n + j, 1, scheduler.kv.block_table(sid)[: -(-(n + j + 1) // bs)], True)
+                       for rid, sid, n in before]  # fmt: skip
+            calls.append(("step", {"prefills": [], "decodes": decodes, "preempted": [], "blocks_to_swap_out": [],
+                                   "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": False, "run": True,
+                                   "num_free_blocks": step_counts[4] // bs, "finished": []}))  # fmt: skip
+        return counts
+
+    scheduler.add_request, scheduler.schedule, scheduler.finish_step = (recording_add_request, recording_schedule,
+                                                                        recording_finish_step)  # fmt: skip
+    scheduler.advance_decodes = recording_advance_decodes
+    return calls
 
 
-def simulate(trace: list[Request], policy: str, preemption: str) -> list[dict]:
-    """The simulator's executor over the same scheduler configuration as the engine below."""
-    num_cpu = NUM_CPU_BLOCKS if preemption == "swap" else 0
+def config(mode: str, preemption: str) -> dict:
+    return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET[mode], mode=mode, preemption=preemption)
+
+
+def simulate(requests: list[Request], policy: str, preemption: str, mode: str) -> list[tuple]:
+    """The simulator's executor, fast-forward on, over the same scheduler configuration as the engine below."""
     kv = make_kv_manager(policy, NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
-                         num_cpu_blocks=num_cpu)  # fmt: skip
-    scheduler = Scheduler(kv, SchedulerConfig(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, "continuous", preemption))
-    records = record_plans(scheduler)
-    # jump=False: the loop's decode-run jump applies runs without calling schedule(), so plans would go unseen
-    # (tests/sim/test_jump.py shows jumping gives the same result). The cost model only moves the clock.
-    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), trace, block_bytes=1, jump=False).run()
-    return records
+                         num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0)  # fmt: skip
+    scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption)))
+    calls = record_calls(scheduler)
+    # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
+    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True).run()
+    return calls
 
 
-def serve(model, trace: list[Request], policy: str, preemption: str, tokenizer=None) -> tuple[list[dict], LLM]:
-    """The engine over the same trace: token ids in, max_tokens = the true output length, EOS ignored."""
+def serve(model, requests: list[Request], sim_calls: list[tuple], policy: str, preemption: str, mode: str,
+          tokenizer=None) -> tuple[list[tuple], LLM]:  # fmt: skip
+    """The engine replays the simulator's calls: token ids in, max_tokens = the true output length, EOS ignored."""
+    cfg = config(mode, preemption)
     llm = LLM.from_loaded(model, tokenizer, policy=policy, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS,
                           num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, preemption=preemption,
-                          max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                          max_model_len=MAX_MODEL_LEN)  # fmt: skip
-    records = record_plans(llm.scheduler)
-    for r in trace:
-        params = SamplingParams(temperature=0.0, max_tokens=r.output_len, n=r.n, ignore_eos=True)
-        assert llm.add_request(r.prompt_token_ids, params, request_id=r.request_id) == r.request_id
-    while llm.has_unfinished_requests():
+                          max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=cfg["max_num_batched_tokens"],
+                          scheduler=mode, max_model_len=MAX_MODEL_LEN)  # fmt: skip
+    calls = record_calls(llm.scheduler)
+    by_id = {r.request_id: r for r in requests}
+    for kind, what in sim_calls:
+        if kind == "add":
+            r = by_id[what]
+            params = SamplingParams(temperature=0.0, max_tokens=r.output_len, n=r.n, ignore_eos=True)
+            assert llm.add_request(r.prompt_token_ids, params, request_id=r.request_id) == r.request_id
+        else:
+            llm.step()
+    while llm.has_unfinished_requests():  # nothing should be left: then this adds steps that fail the comparison
         llm.step()
-    return records, llm
+    return calls, llm
 
 
-def check_step_log(llm: LLM, records: list[dict]) -> None:
+def steps(calls: list[tuple]) -> list[dict]:
+    """The step records without idle polls: an empty plan that preempts nothing decides nothing (the simulator
+    asks once more after the last request finishes, then goes idle; the engine's idle steps do the same)."""
+    return [{k: v for k, v in r.items() if k != "run"} for kind, r in calls
+            if kind == "step" and (not r["empty"] or r["preempted"])]  # fmt: skip
+
+
+def assert_same_decisions(sim: list[tuple], engine: list[tuple]) -> None:
+    assert [c for c in sim if c[0] == "add"] == [c for c in engine if c[0] == "add"]
+    sim_steps, engine_steps = steps(sim), steps(engine)
+    assert len(sim_steps) == len(engine_steps), (f"expected {len(sim_steps)} scheduler steps (simulator), "
+                                                 f"found {len(engine_steps)} (engine)")  # fmt: skip
+    for step, (s, e) in enumerate(zip(sim_steps, engine_steps)):
+        assert s == e, f"step {step}: simulator {s} != engine {e}"
+
+
+def check_step_log(llm: LLM, calls: list[tuple]) -> None:
     """The engine's own log says what the recorded plans say (it logs executed, i.e. non-empty, plans)."""
-    executed = [r for r in records if not r["empty"]]
+    executed = [r for kind, r in calls if kind == "step" and not r["empty"]]
     assert len(llm.step_log) == len(executed)
     for step, (logged, plan) in enumerate(zip(llm.step_log, executed)):
         assert logged.prefills == [p[:4] for p in plan["prefills"]], f"step {step}"
         assert logged.decodes == [d[1] for d in plan["decodes"]], f"step {step}"
         assert logged.preempted == plan["preempted"], f"step {step}"
-        assert logged.blocks_to_swap_out == plan["blocks_to_swap_out"], f"step {step}"
-        assert logged.blocks_to_swap_in == plan["blocks_to_swap_in"], f"step {step}"
         assert logged.blocks_to_copy == plan["blocks_to_copy"], f"step {step}"
         assert logged.num_free_blocks == plan["num_free_blocks"], f"step {step}"
         assert sorted(logged.finished_request_ids) == plan["finished"], f"step {step}"
 
 
-def decisions(records: list[dict]) -> list[dict]:
-    """Drop idle polls: an empty plan that preempts nothing decides nothing (the simulator's loop asks once more
-    after the last request finishes, then goes idle; the engine stops asking when nothing is unfinished)."""
-    return [r for r in records if not r["empty"] or r["preempted"]]
-
-
-def assert_same_decisions(sim: list[dict], engine: list[dict]) -> None:
-    sim, engine = decisions(sim), decisions(engine)
-    assert len(sim) == len(engine), f"expected {len(sim)} scheduler steps (simulator), found {len(engine)} (engine)"
-    for step, (s, e) in enumerate(zip(sim, engine)):
-        assert s == e, f"step {step}: simulator {s} != engine {e}"
+def preempted_while_chunking(calls: list[tuple]) -> int:
+    """How often a request was preempted right after a step that fed it a prompt chunk without sampling."""
+    last_chunk: dict[int, bool] = {}
+    count = 0
+    for kind, r in calls:
+        if kind != "step":
+            continue
+        count += sum(last_chunk.get(rid, False) for rid in r["preempted"])
+        for e in r["prefills"] + r["decodes"]:
+            last_chunk[e[0]] = not e[5]
+    return count
 
 
 @pytest.fixture(scope="module")
@@ -148,41 +200,71 @@ def tiny():
     return random_model(seed=0)
 
 
-CASES = [("paged", "recompute", 1), ("paged", "swap", 1), ("paged", "recompute", 2), ("paged", "swap", 2),
-         ("max", "recompute", 1), ("pow2", "recompute", 1), ("oracle", "recompute", 1)]
+CASES = {  # (mode, policy, preemption, n, seconds between arrivals)
+    "v0-paged-recompute": ("v0", "paged", "recompute", 1, 0.0),
+    "v0-paged-swap": ("v0", "paged", "swap", 1, 0.0),
+    "v0-paged-recompute-n2": ("v0", "paged", "recompute", 2, 0.0),
+    "v0-paged-swap-n2": ("v0", "paged", "swap", 2, 0.0),
+    "v0-max": ("v0", "max", "recompute", 1, 0.0),
+    "v0-pow2-staggered": ("v0", "pow2", "recompute", 1, 0.05),
+    "v0-oracle-n2": ("v0", "oracle", "recompute", 2, 0.0),
+    "v1-paged-recompute": ("v1", "paged", "recompute", 1, 0.0),
+    "v1-paged-recompute-staggered": ("v1", "paged", "recompute", 1, 0.05),
+    "v1-paged-swap-staggered": ("v1", "paged", "swap", 1, 0.03),
+    "v1-paged-recompute-n2-staggered": ("v1", "paged", "recompute", 2, 0.05),
+    "v1-oracle-n2-staggered": ("v1", "oracle", "recompute", 2, 0.05),
+}
 
 
-@pytest.mark.parametrize(("policy", "preemption", "n"), CASES)
-def test_engine_and_simulator_decide_alike(tiny, policy, preemption, n):
-    """n = 2: parallel samples share prompt blocks, so copy-on-write copies must agree too."""
-    trace = offline_trace(n=n)
-    sim = simulate(trace, policy, preemption)
-    engine, llm = serve(tiny, trace, policy, preemption)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_engine_and_simulator_decide_alike(tiny, case):
+    mode, policy, preemption, n, gap = CASES[case]
+    requests = trace(n=n, gap=gap)
+    sim = simulate(requests, policy, preemption, mode)
+    engine, llm = serve(tiny, requests, sim, policy, preemption, mode)
     assert_same_decisions(sim, engine)
     check_step_log(llm, engine)
-    # the run really exercised what it claims: several prefill steps, and memory pressure
-    assert sum(1 for r in sim if r["prefills"]) > 1
+    # the run really exercised what it claims
+    sim_steps = steps(sim)
+    assert any(r.get("run") for kind, r in sim if kind == "step"), "expected the fast-forward to jump somewhere"
+    if mode == "v1":
+        assert any(not e[5] for r in sim_steps for e in r["prefills"]), "expected prompts served in chunks"
+        assert any(r["prefills"] and r["decodes"] for r in sim_steps), "expected steps mixing chunks and decodes"
+    else:
+        assert not any(r["prefills"] and r["decodes"] for r in sim_steps), "v0 steps are prefill-only or decode-only"
+    if gap:
+        adds = [i for i, (kind, _) in enumerate(sim) if kind == "add"]
+        assert adds[-1] > adds[0] + 1, "expected arrivals spread between steps"
     if policy == "paged":
         assert llm.stats.num_preemptions > 0, "expected the small pool to force preemption"
-        swapped = sum(len(r["blocks_to_swap_out"]) for r in sim)
+        swapped = sum(len(r["blocks_to_swap_out"]) for r in sim_steps)
         assert (swapped > 0) == (preemption == "swap")
-        copied = sum(len(r["blocks_to_copy"]) for r in sim)
+        copied = sum(len(r["blocks_to_copy"]) for r in sim_steps)
         assert (copied > 0) == (n > 1)
-    else:
-        # contiguous reservations are made whole at admission: never a preemption
+    else:  # contiguous reservations are made whole at admission: never a preemption
         assert llm.stats.num_preemptions == 0
+        if n > 1:  # siblings are forked into their own runs: the prompt's blocks are copied
+            assert sum(len(r["blocks_to_copy"]) for r in sim_steps) > 0
     if policy == "max":  # each sequence reserves MAX_MODEL_LEN tokens, whatever its length
         assert llm.stats.max_concurrent_requests == NUM_GPU_BLOCKS // (MAX_MODEL_LEN // BLOCK_SIZE)
     # every request ran to exactly its planned length
-    assert llm.stats.num_finished_requests == len(trace)
-    assert llm.stats.finish_reasons == {"length": sum(r.num_seqs for r in trace)}
+    assert llm.stats.num_finished_requests == len(requests)
+    assert llm.stats.finish_reasons == {"length": sum(r.num_seqs for r in requests)}
+
+
+def test_preemption_while_chunking_is_covered(tiny):
+    """The staggered v1 recompute case preempts a request in the middle of its prompt chunks (and both sides
+    agree on it, by the test above)."""
+    mode, policy, preemption, n, gap = CASES["v1-paged-recompute-staggered"]
+    assert preempted_while_chunking(simulate(trace(n=n, gap=gap), policy, preemption, mode)) > 0
 
 
 def test_real_model_decides_alike():
-    """The same with SmolLM2 itself (6 requests, to stay quick): the weights change the tokens, not the plans."""
+    """The same with SmolLM2 itself (6 requests, staggered, chunked, to stay quick): the weights change the
+    tokens, not the plans."""
     model, tokenizer, _ = load_model("smollm2")
-    trace = offline_trace(6, seed=3)
-    sim = simulate(trace, "paged", "recompute")
-    engine, llm = serve(model, trace, "paged", "recompute", tokenizer)
+    requests = trace(6, seed=3, gap=0.05)
+    sim = simulate(requests, "paged", "recompute", "v1")
+    engine, llm = serve(model, requests, sim, "paged", "recompute", "v1", tokenizer)
     assert_same_decisions(sim, engine)
     check_step_log(llm, engine)
