@@ -262,10 +262,12 @@ class Simulator:
             log[name] += [value] * k
         for name, column in zip(SHARE_NAMES, zip(*seen)):
             log[name] += column
-        # Token times: each step ends with a token for every running request; a run's steps are back to back,
-        # so the gaps are the first step's end minus the last token before, then each later step's duration.
-        first_end = run.starts[0] + run.durations[0]
-        later = max(run.durations[1:], default=0.0)
+        # Token times: each step ends with a token for every running request, so the gaps are the first step's
+        # end minus the last token before, then the differences of consecutive step ends (the same float
+        # subtractions stepping makes).
+        ends = [start + duration for start, duration in zip(run.starts, run.durations)]
+        first_end = ends[0]
+        later = max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
         times, index = self.times, self.index
         for request_id in run.request_ids:
             i = index[request_id]

@@ -27,7 +27,7 @@ BLOCK_COST = ("Cost model (sim/cost.py, stated approximations): the paged kernel
 
 # --- Fig. 18b: block size ------------------------------------------------------------------------------
 def block_tasks(quick: bool) -> list[Task]:
-    return [Task.of(policy="paged", workload=w, rate=rate, duration=durations[quick], block_size=b)
+    return [Task.of(policy="paged", scheduler="v0", workload=w, rate=rate, duration=durations[quick], block_size=b)
             for w, (_, rate, durations) in WORKLOADS.items() for b in BLOCK_SIZES[quick]]  # fmt: skip
 
 
@@ -78,7 +78,7 @@ MODE_COLORS = {"recompute": "#1f77b4", "swap": "#d62728"}
 
 
 def preemption_tasks(quick: bool) -> list[Task]:
-    return [Task.of(policy="paged", workload="sharegpt", rate=PRESSURE_RATE, duration=PRESSURE_DURATION[quick],
+    return [Task.of(policy="paged", scheduler="v0", workload="sharegpt", rate=PRESSURE_RATE, duration=PRESSURE_DURATION[quick],
                     block_size=b, preemption=mode)
             for mode in MODES for b in BLOCK_SIZES[quick]]  # fmt: skip
 

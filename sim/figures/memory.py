@@ -24,7 +24,7 @@ DURATION = {False: 600.0, True: 40.0}  # seconds of arrivals (quick: a short tra
 def _tasks(quick: bool) -> list[Task]:
     duration = DURATION[quick]
     probes = (Timeline(), Snapshot(duration / 2))
-    return [Task.of(probes, policy=p, workload="sharegpt", rate=RATE, duration=duration) for p in POLICIES]
+    return [Task.of(probes, policy=p, scheduler="v0", workload="sharegpt", rate=RATE, duration=duration) for p in POLICIES]
 
 
 def _trace_text(quick: bool) -> str:

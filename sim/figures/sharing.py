@@ -29,7 +29,7 @@ KIND_COLORS = {"n": "#1f77b4", "beam_width": "#2ca02c"}
 
 
 def sharing_tasks(quick: bool) -> list[Task]:
-    base = {"policy": "paged", "workload": "alpaca", "rate": SHARING_RATE, "duration": SHARING_DURATION[quick]}
+    base = {"policy": "paged", "scheduler": "v0", "workload": "alpaca", "rate": SHARING_RATE, "duration": SHARING_DURATION[quick]}
     return [Task.of((Sharing(),), **base, **{kind: k}) for kind in ("n", "beam_width") for k in WIDTHS]
 
 
@@ -89,7 +89,7 @@ PREFIX_DURATION = {False: 45.0, True: 6.0}
 
 
 def prefix_tasks(quick: bool) -> list[Task]:
-    return [Task.of(model="llama-13b", workload="alpaca", rate=rate, duration=PREFIX_DURATION[quick],
+    return [Task.of(model="llama-13b", scheduler="v0", workload="alpaca", rate=rate, duration=PREFIX_DURATION[quick],
                     prefix_len=prefix, **kwargs)
             for shot, prefix in PREFIXES.items() for system, (kwargs, _) in PREFIX_SYSTEMS.items()
             for rate in (QUICK_PREFIX_RATES if quick else PREFIX_RATES[shot][system])]  # fmt: skip

@@ -35,7 +35,7 @@ Y_LIMIT = {"sharegpt": 1.0, "alpaca": 1.0}  # s/token, as the paper's Fig. 12 ax
 
 
 def system_kwargs(system: str) -> dict:
-    return {"policy": "max", "scheduler": "static"} if system == "static" else {"policy": system}
+    return {"policy": "max", "scheduler": "static"} if system == "static" else {"policy": system, "scheduler": "v0"}
 
 
 def _task(system: str, workload: str, rate: float, quick: bool) -> Task:

@@ -1,21 +1,26 @@
-"""A reusable hypothesis state machine for any KV manager that follows the `sim.kv.base.KVManager` protocol.
+"""A reusable hypothesis state machine for any KV manager that follows the KV contract (sim/kv/base.py).
 
-It admits sequence groups (1-3 sequences sharing a prompt), grows sequences, forks them, frees them and,
-for managers with CPU swap space, swaps groups out and in, while a model tracks each live sequence's
-token count and true final length. It knows nothing about blocks, so the same machine checks the paged
-manager and the contiguous baselines. After every step:
+It admits sequences with a first chunk of random size (some with siblings to fork later, some with prompt token
+ids so prefix caches get hits), grows random groups of sequences by random chunk sizes, forks, frees, runs
+plain decode steps in bulk and, for managers with CPU swap space, swaps groups out and in, while a model tracks
+each live sequence's token count and true final length. It knows nothing about blocks, so the same machine
+checks the paged manager and the contiguous baselines. After every step:
 
 - the manager's own `check_invariants()` passes;
-- the memory breakdown covers the pool exactly (five non-negative counts summing to `num_slots`);
+- the memory breakdown covers the pool exactly (five non-negative counts summing to `num_slots`), and
+  `slot_segments()` tells the same story slot by slot;
 - `token_states` lies between the longest live sequence and the sum of all of them (sharing may count
   a prompt once; it can never count less than one whole sequence);
 - every refused action (`None`) left block tables, `num_free_blocks` and the breakdown unchanged;
-- check-first answers (`can_admit`, `can_append`, `can_swap_*`) agree with what the action then does.
+- check-first answers (`can_allocate_slots`, `can_swap_*`) agree with what the action then does;
+- a bulk decode run (`max_decode_steps`, `advance_decodes`) equals stepping one token at a time, and is as
+  long as stepping allows.
 
     TestPaged = make_kv_manager_test(lambda: PagedKVManager(8, 4, enable_prefix_caching=True))
 """
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any, Callable
 
@@ -23,13 +28,14 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ..kv.base import NewSequence
 from .blocks import machine_settings
 
 NUM_DOCUMENTS = 3  # prompts start with a prefix of one of these token streams, so prefix caches get hits
 
 
 class KVManagerMachine(RuleBasedStateMachine):
-    """Model: live sequence id -> [num_tokens, final_len], and which sequences are swapped out."""
+    """Model: live sequence id -> [num_tokens, final_len, prompt_len]; siblings waiting to be forked; swapped ids."""
 
     factory: Callable[[], Any]  # builds the manager under test; set by make_kv_manager_test
 
@@ -37,9 +43,10 @@ class KVManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self.kv = type(self).factory()
         self.seqs: dict[int, list[int]] = {}
+        self.forks: dict[int, list[int]] = {}  # seq id -> final lengths of siblings reserved at its admission
         self.swapped: set[int] = set()
         self.next_id = 0
-        self.can_swap = hasattr(self.kv, "swap_out") and getattr(self.kv, "num_cpu_blocks", 0) > 0
+        self.can_swap = self.kv.num_cpu_blocks > 0
         self.max_len = max(2, min(self.kv.num_slots, getattr(self.kv, "max_seq_len", None) or self.kv.num_slots))
         note(f"start: {self.kv!r}, policy {self.kv.policy}, {self.kv.num_slots} slots")
 
@@ -62,61 +69,75 @@ class KVManagerMachine(RuleBasedStateMachine):
         after = self.snapshot()
         assert after == before, f"{what} returned None, so it must change nothing:\n before {before}\n after  {after}"
 
+    def chunk(self, data: st.DataObject, most: int, label: str) -> int:
+        return data.draw(st.integers(0, min(most, 2 * self.kv.block_size + 1)), label=label)
+
     # --- rules ----------------------------------------------------------------------------------
-    @rule(data=st.data(), n=st.integers(1, 3), with_ids=st.booleans())
-    def admit(self, data: st.DataObject, n: int, with_ids: bool) -> None:
+    @rule(data=st.data(), siblings=st.integers(0, 2), with_ids=st.booleans())
+    def admit(self, data: st.DataObject, siblings: int, with_ids: bool) -> None:
         prompt_len = data.draw(st.integers(1, max(1, self.max_len // 2)), label="prompt_len")
         final_len = st.integers(prompt_len, self.max_len)
-        final_lens = data.draw(st.lists(final_len, min_size=n, max_size=n), label="final_lens")
+        final, *forks = data.draw(st.lists(final_len, min_size=siblings + 1, max_size=siblings + 1), label="final_lens")
         token_ids = None
         if with_ids:
             doc = data.draw(st.integers(0, NUM_DOCUMENTS - 1), label="document")
             shared = data.draw(st.integers(0, prompt_len), label="shared prefix")
-            tail = 1_000_000 * (self.next_id + 1)  # tokens after the shared prefix are this request's own
+            tail = 1_000_000 * (self.next_id + 1)  # tokens after the shared prefix are this sequence's own
             token_ids = [doc * 10_000 + i for i in range(shared)] + [tail + i for i in range(shared, prompt_len)]
-        ok = self.kv.can_admit(prompt_len, final_lens, token_ids)
+        cached = self.kv.get_computed_tokens(token_ids, prompt_len)
+        assert 0 <= cached <= prompt_len - 1, f"get_computed_tokens: expected 0..{prompt_len - 1}, found {cached}"
+        first = cached + self.chunk(data, prompt_len - cached, "first chunk")
+        new = [NewSequence(prompt_len, final, token_ids, cached, tuple(forks))]
+        seq_id = self.new_id()
+        ok = self.kv.can_allocate_slots([seq_id], [first - cached], new)
         before = self.snapshot()
-        seq_ids = [self.new_id() for _ in range(n)]
-        cached = self.kv.admit(seq_ids, prompt_len, final_lens, token_ids)
-        note(f"admit({seq_ids}, prompt_len={prompt_len}, final_lens={final_lens}) -> cached {cached}")
-        assert ok == (cached is not None), f"can_admit said {ok} but admit returned {cached}"
-        if cached is None:
-            self.expect_unchanged(before, "admit")
+        allocation = self.kv.allocate_slots([seq_id], [first - cached], new)
+        note(f"admit {seq_id}: prompt {prompt_len}, final {final}, forks {forks}, cached {cached}, "
+             f"first chunk {first - cached} -> {allocation}")  # fmt: skip
+        assert ok == (allocation is not None), f"can_allocate_slots said {ok} but allocate_slots returned {allocation}"
+        if allocation is None:
+            self.expect_unchanged(before, "allocate_slots (admission)")
             return
-        assert 0 <= cached <= prompt_len - 1, f"admit: expected 0..{prompt_len - 1} cached tokens, found {cached}"
-        for seq_id, final_len in zip(seq_ids, final_lens):
-            self.seqs[seq_id] = [prompt_len, final_len]
+        assert allocation.copies == [], f"an admission copies nothing, found {allocation.copies}"
+        self.seqs[seq_id] = [first, final, prompt_len]
+        self.forks[seq_id] = list(forks)
 
     @precondition(lambda self: self.growable())
     @rule(data=st.data())
-    def append(self, data: st.DataObject) -> None:
-        seq_id = data.draw(st.sampled_from(self.growable()), label="seq")
-        num_tokens, final_len = self.seqs[seq_id]
-        k = data.draw(st.integers(1, min(final_len - num_tokens, 2 * self.kv.block_size + 1)), label="num_tokens")
-        ok = self.kv.can_append(seq_id, k)
+    def grow(self, data: st.DataObject) -> None:
+        group = data.draw(st.lists(st.sampled_from(self.growable()), min_size=1, max_size=3, unique=True), label="seqs")
+        counts = [self.chunk(data, self.seqs[s][1] - self.seqs[s][0], f"tokens for {s}") for s in group]
+        ok = self.kv.can_allocate_slots(group, counts)
         before = self.snapshot()
-        copies = self.kv.append_slots(seq_id, k)
-        note(f"append_slots({seq_id}, {k}) at {num_tokens} tokens -> copies {copies}")
-        assert ok == (copies is not None), f"can_append said {ok} but append_slots returned {copies}"
-        if copies is None:
-            self.expect_unchanged(before, "append_slots")
+        allocation = self.kv.allocate_slots(group, counts)
+        note(f"allocate_slots({group}, {counts}) -> {allocation}")
+        assert ok == (allocation is not None), f"can_allocate_slots said {ok} but allocate_slots returned {allocation}"
+        if allocation is None:
+            self.expect_unchanged(before, "allocate_slots")
             return
-        self.seqs[seq_id][0] += k
+        for s, k in zip(group, counts):
+            self.seqs[s][0] += k
 
     @precondition(lambda self: self.on_gpu())
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
         parent = data.draw(st.sampled_from(self.on_gpu()), label="parent")
-        num_tokens, final_len = self.seqs[parent]
-        child_final = data.draw(st.integers(num_tokens, final_len), label="child final_len")
+        num_tokens, final_len, prompt_len = self.seqs[parent]
+        reserved = [f for f in self.forks[parent] if f >= num_tokens]
+        choice = st.sampled_from(reserved) if reserved else st.integers(max(num_tokens, prompt_len), final_len)
+        child_final = data.draw(choice, label="child final_len")
         child = self.new_id()
         before = self.snapshot()
         copies = self.kv.fork(parent, child, child_final)
         note(f"fork({parent} -> {child}, final_len={child_final}) -> copies {copies}")
         if copies is None:
+            assert not reserved, "a fork into a run reserved at admission cannot run out of memory"
             self.expect_unchanged(before, "fork")
             return
-        self.seqs[child] = [num_tokens, child_final]
+        if child_final in self.forks[parent]:
+            self.forks[parent].remove(child_final)
+        self.seqs[child] = [num_tokens, child_final, prompt_len]
+        self.forks[child] = []
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -124,33 +145,70 @@ class KVManagerMachine(RuleBasedStateMachine):
         seq_id = data.draw(st.sampled_from(sorted(self.seqs)), label="seq")
         self.kv.free(seq_id)
         note(f"free({seq_id}){' (swapped out)' if seq_id in self.swapped else ''}")
-        del self.seqs[seq_id]
+        del self.seqs[seq_id], self.forks[seq_id]
         self.swapped.discard(seq_id)
+
+    @precondition(lambda self: self.growable())
+    @rule(data=st.data())
+    def decode_run(self, data: st.DataObject) -> None:
+        """max_decode_steps + advance_decodes equal stepping allocate_slots(ids, [1, ...]) k times, and k is all
+        that stepping allows without a copy (or up to the limit)."""
+        ids = data.draw(st.lists(st.sampled_from(self.growable()), min_size=1, max_size=4, unique=True), label="seqs")
+        room = min(self.seqs[s][1] - self.seqs[s][0] for s in ids)
+        limit = data.draw(st.integers(1, room), label="limit")
+        k = self.kv.max_decode_steps(ids, limit)
+        assert 0 <= k <= limit, f"max_decode_steps: expected 0..{limit}, found {k}"
+        stepped = copy.deepcopy(self.kv)
+        expected = []
+        for _ in range(k):
+            allocation = stepped.allocate_slots(ids, [1] * len(ids))
+            assert allocation is not None and allocation.copies == [], f"step of a run: expected room, no copy"
+            expected.append(stepped.breakdown().counts())
+        if k < limit:  # the run stops where stepping needs a copy or finds no memory
+            one_more = stepped.allocate_slots(ids, [1] * len(ids))
+            assert one_more is None or one_more.copies, f"max_decode_steps said {k} < {limit}, but step {k + 1} fits"
+        if k == 0:
+            return
+        found = self.kv.advance_decodes(ids, k)
+        note(f"advance_decodes({ids}, {k})")
+        assert found == expected, f"advance_decodes counts: expected {expected}, found {found}"
+        for s in ids:
+            assert self.kv.block_table(s) == stepped.block_table(s), f"seq {s}: tables differ from stepping"
+            self.seqs[s][0] += k
 
     @precondition(lambda self: self.can_swap and self.on_gpu())
     @rule(data=st.data())
     def swap_out(self, data: st.DataObject) -> None:
         group = data.draw(st.lists(st.sampled_from(self.on_gpu()), min_size=1, max_size=3, unique=True), label="seqs")
-        self._swap(group, out=True)
+        ok = self.kv.can_swap_out(group)
+        self._swap(group, ok, out=True)
 
     @precondition(lambda self: self.can_swap and self.swapped)
     @rule(data=st.data())
     def swap_in(self, data: st.DataObject) -> None:
         swapped = st.sampled_from(sorted(self.swapped))
         group = data.draw(st.lists(swapped, min_size=1, max_size=3, unique=True), label="seqs")
-        self._swap(group, out=False)
+        counts = [self.chunk(data, self.seqs[s][1] - self.seqs[s][0], f"tokens after swap-in for {s}") for s in group]
+        ok = self.kv.can_swap_in(group, counts)
+        self._swap(group, ok, out=False)
+        if ok:  # can_swap_in promised room for the growth too
+            allocation = self.kv.allocate_slots(group, counts)
+            assert allocation is not None, f"can_swap_in({group}, {counts}) was True, but the growth found no room"
+            for s, k in zip(group, counts):
+                self.seqs[s][0] += k
 
-    def _swap(self, group: list[int], out: bool) -> None:
+    def _swap(self, group: list[int], ok: bool, out: bool) -> None:
         name = "swap_out" if out else "swap_in"
-        ok = getattr(self.kv, "can_" + name)(group)
         before = self.snapshot()
         tables_before = {b for s in group for b in self.kv.block_table(s)}
         copies = getattr(self.kv, name)(group)
         note(f"{name}({group}) -> copies {copies}")
-        assert ok == (copies is not None), f"can_{name} said {ok} but {name} returned {copies}"
-        if copies is None:
+        if copies is None:  # NOTE: can_swap_in also asks room for the growth after it, so only True binds
+            assert not ok, f"can_{name} said True but {name} returned None"
             self.expect_unchanged(before, name)
             return
+        if out:
+            assert ok, f"can_swap_out said False but swap_out returned {copies}"
         tables_after = {b for s in group for b in self.kv.block_table(s)}
         srcs, dsts = {src for src, _ in copies}, {dst for _, dst in copies}
         assert len(copies) == len(srcs) == len(dsts), f"{name}: each block must be copied once, found {copies}"
@@ -172,6 +230,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         for seq_id in sorted(self.seqs):
             self.kv.free(seq_id)
         self.seqs.clear()
+        self.forks.clear()
         self.swapped.clear()
         kv, b = self.kv, self.kv.breakdown()
         free = kv.num_free_blocks
@@ -187,13 +246,18 @@ class KVManagerMachine(RuleBasedStateMachine):
         assert kv.num_slots == n * size, f"num_slots: expected {n} x {size}, found {kv.num_slots}"
         assert 0 <= free <= n, f"num_free_blocks: expected 0..{n}, found {free}"
         b = kv.breakdown()
-        counts = [b.token_states, b.reservation, b.internal_fragmentation, b.external_fragmentation, b.free]
+        counts = list(b.counts())
         assert min(counts) >= 0 and b.total == kv.num_slots, f"breakdown must split {kv.num_slots} slots, found {b}"
         # 1e-9: five float divisions of integers, each off by at most one ulp
         assert abs(sum(b.shares().values()) - 1.0) < 1e-9, f"shares sum to {sum(b.shares().values())}"
         waiting = kv.breakdown(waiting=True)
         assert waiting == b.with_waiting(), f"breakdown(waiting=True): expected {b.with_waiting()}, found {waiting}"
-        for seq_id, (num_tokens, _) in self.seqs.items():
+        by_kind = [0] * 5
+        for _, lo, hi, kind in kv.slot_segments():
+            by_kind[kind] += hi - lo
+        by_kind[4] = kv.num_slots - sum(by_kind[:4])
+        assert by_kind == counts, f"slot_segments count {by_kind}, the breakdown {counts}"
+        for seq_id, (num_tokens, _, _) in self.seqs.items():
             found = kv.num_tokens(seq_id)
             assert found == num_tokens, f"sequence {seq_id}: expected {num_tokens} tokens, found {found}"
         lengths = [self.seqs[s][0] for s in self.on_gpu()]

@@ -18,6 +18,7 @@ TestBlockAllocatorPrefixCaching = make_block_allocator_test(lambda: BlockAllocat
 TestPagedKVManager = make_kv_manager_test(lambda: PagedKVManager(8, 4))
 TestPagedKVManagerPrefixCaching = make_kv_manager_test(lambda: PagedKVManager(10, 2, enable_prefix_caching=True))
 TestPagedKVManagerSwap = make_kv_manager_test(lambda: PagedKVManager(8, 4, True, num_cpu_blocks=6))
+TestPagedKVManagerWatermark = make_kv_manager_test(lambda: PagedKVManager(10, 2, watermark=0.2), max_examples=200)
 
 
 class _FreeForgetsSharedBlocks(BlockAllocator):
@@ -48,10 +49,20 @@ class _EvictsMostRecentlyFreed(BlockAllocator):
 
 
 class _OptimisticPagedKVManager(PagedKVManager):
-    """Broken on purpose: says every group fits."""
+    """Broken on purpose: says every allocation fits."""
 
-    def can_admit(self, prompt_len, final_lens, prompt_token_ids=None):
+    def can_allocate_slots(self, seq_ids, num_new_tokens, new=None):
         return True
+
+
+class _RunsIgnoreSharedBlocks(PagedKVManager):
+    """Broken on purpose: a bulk decode run does not notice that a shared last block must be copied first."""
+
+    def max_decode_steps(self, seq_ids, limit):
+        from sim.kv.paged_runs import run_capacity
+
+        tokens = [self.num_tokens(i) for i in seq_ids]
+        return min(limit, run_capacity(tokens, self.block_size, self.num_free_blocks)) if seq_ids else limit
 
 
 @pytest.mark.parametrize(
@@ -61,8 +72,9 @@ class _OptimisticPagedKVManager(PagedKVManager):
         lambda: make_block_allocator_test(lambda: _CopyOnWriteKeepsTheOldReference(6, 4), max_examples=200),
         lambda: make_block_allocator_test(lambda: _EvictsMostRecentlyFreed(6, 4, True), max_examples=200),
         lambda: make_kv_manager_test(lambda: _OptimisticPagedKVManager(4, 4), max_examples=200),
+        lambda: make_kv_manager_test(lambda: _RunsIgnoreSharedBlocks(12, 4), max_examples=300),
     ],
-    ids=["free-forgets-shared", "cow-keeps-old-ref", "evicts-most-recent", "can-admit-lies"],
+    ids=["free-forgets-shared", "cow-keeps-old-ref", "evicts-most-recent", "can-allocate-lies", "run-skips-copy"],
 )
 def test_machines_catch_broken_implementations(make_test):
     test_case = make_test()

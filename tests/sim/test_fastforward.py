@@ -1,0 +1,141 @@
+"""The fast-forward (sim/fastforward.py) gives the same run as stepping token by token.
+
+Each case simulates one workload twice, `jump=False` (one schedule()/finish_step() per token) and `jump=True`
+(with `validate=True`: after every run the loop checks its booked memory against the KV manager). Everything
+per request and per step must be identical: times are the same float sums in the same order, and the memory
+counts are integers. The time-weighted memory shares may differ only by summation order: rel 1e-9. Every case
+runs under the paper's scheduler (v0) and under v1 with a small token budget, so prompt chunks, mixed steps
+and preemption while chunking are interleaved with the runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.api import run
+from sim.kv.paged import PagedKVManager
+from sim.kv.paged_runs import run_capacity
+from sim.plan import StepOutcome
+from sim.request import Request
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.kv.base import SHARE_NAMES
+from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+
+# (policy, extra arguments). Small pools (kv_slots) make memory run out: preemption for paged, long waits
+# for the contiguous policies. 4096 slots still hold the longest request (2048 tokens) twice.
+BASE_CASES = {
+    "paged": ("paged", {}),
+    "paged-small-pool": ("paged", {"kv_slots": 4096}),
+    "paged-swap": ("paged", {"kv_slots": 4096, "preemption": "swap", "swap_space_gib": 1.0}),
+    "paged-block-1": ("paged", {"kv_slots": 4096, "block_size": 1}),
+    "paged-parallel-sampling": ("paged", {"n": 2}),
+    "paged-parallel-sampling-preempt": ("paged", {"n": 3, "kv_slots": 8192}),
+    "paged-fewest-computed-victim": ("paged", {"kv_slots": 4096, "victim": "fewest_computed"}),
+    "paged-beam": ("paged", {"beam_width": 3, "kv_slots": 8192, "workload": "alpaca"}),
+    "paged-prefix": ("paged", {"prefix_len": 40, "num_prefixes": 2, "kv_slots": 4096}),
+    "paged-prefix-budget-after-hits": ("paged", {"prefix_len": 40, "num_prefixes": 2, "kv_slots": 8192,
+                                                 "max_num_batched_tokens": 2100}),
+    "max": ("max", {}),
+    "max-small-pool": ("max", {"kv_slots": 4096}),
+    "pow2": ("pow2", {"kv_slots": 4096}),
+    "oracle": ("oracle", {"kv_slots": 4096}),
+    "oracle-parallel-sampling": ("oracle", {"n": 2, "kv_slots": 8192, "allocator": "first_fit"}),
+}
+MODES = {"v0": {"scheduler": "v0"}, "v1": {"scheduler": "v1", "max_num_batched_tokens": 256}}
+CASES = {f"{mode}-{name}": (policy, {**MODES[mode], **extra}) for mode in MODES
+         for name, (policy, extra) in BASE_CASES.items()}  # fmt: skip
+CASES["static"] = ("paged", {"scheduler": "static", "kv_slots": 4096})
+CASES["v1-unchunked"] = ("paged", {"scheduler": "v1", "enable_chunked_prefill": False, "kv_slots": 4096})
+
+
+def _simulate(policy: str, jump: bool, **extra):
+    args = {"workload": "sharegpt", "rate": 4.0, "num_requests": 40, "seed": 3, **extra}
+    return run(policy=policy, jump=jump, validate=jump, **args)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_jump_equals_stepping(case):
+    policy, extra = CASES[case]
+    stepped, jumped = _simulate(policy, False, **extra), _simulate(policy, True, **extra)
+    assert jumped.summary["num_finished"] == stepped.summary["num_finished"] == stepped.summary["num_requests"]
+    for name in REQUEST_COLUMNS:  # arrival, first token, finish, preemptions, normalized latency: bit-identical
+        np.testing.assert_array_equal(jumped.requests[name], stepped.requests[name], err_msg=name)
+    for name in STEP_COLUMNS:  # step count, start times, durations, batch sizes, slot counts: bit-identical
+        np.testing.assert_array_equal(jumped.steps[name], stepped.steps[name], err_msg=name)
+    for key in ("num_steps", "mean_batch_size", "num_preemptions", "throughput_req_per_s", "sim_time_s"):
+        assert jumped.summary[key] == stepped.summary[key], key
+    for name in SHARE_NAMES:  # only the order of a float sum may differ
+        assert jumped.summary["memory"][name] == pytest.approx(stepped.summary["memory"][name], rel=1e-9, abs=1e-12)
+
+
+def test_jumps_happen_and_matter():
+    """The fast path is really taken: far fewer events than steps (a run of K steps is one event)."""
+    jumped = _simulate("paged", True)
+    stepped = _simulate("paged", False)
+    assert jumped.summary["num_events"] < stepped.summary["num_events"] / 2
+    assert jumped.summary["num_steps"] == stepped.summary["num_steps"]
+
+
+def test_cases_exercise_what_they_claim():
+    """The small-pool paged cases really preempt, and the v1 cases really chunk prompts and mix steps (else they
+    would test less than they claim)."""
+    for case in ("v0-paged-small-pool", "v0-paged-swap", "v0-paged-block-1", "v1-paged-small-pool", "v1-paged-swap"):
+        policy, extra = CASES[case]
+        assert _simulate(policy, True, **extra).summary["num_preemptions"] > 0, case
+    steps = _simulate("paged", True, **MODES["v1"]).steps
+    mixed = (steps["num_prefill_tokens"] > 0) & (steps["num_decode_seqs"] > 0)
+    assert mixed.any() and (steps["num_batched_tokens"] <= 256).all()
+
+
+# --- the closed form behind a paged run's length ------------------------------------------------------------
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=8), st.integers(1, 8), st.integers(0, 30))
+def test_paged_run_capacity_is_the_largest_run_that_fits(tokens, block_size, num_free_blocks):
+    def need(k):  # blocks that k more tokens per sequence open, summed (the obvious count)
+        return sum(-(-(n + k) // block_size) - -(-n // block_size) for n in tokens)
+
+    k = run_capacity(tokens, block_size, num_free_blocks)
+    assert need(k) <= num_free_blocks < need(k + 1)
+
+
+def _preempted_sampling_group() -> Scheduler:
+    """Request 0 grows to fill the pool; request 1 (n = 2) is preempted by recompute and waits, too big to return."""
+    sched = Scheduler(PagedKVManager(12, 4), SchedulerConfig(mode="v0"))
+    sched.add_request(Request(0, 0.0, prompt_len=8, output_len=40))
+    sched.add_request(Request(1, 0.0, prompt_len=8, output_len=10, n=2))
+    while sched.waiting_request_ids() != [1] or not sched.num_preemptions:
+        plan = sched.schedule()
+        sched.finish_step(plan, StepOutcome())
+    return sched
+
+
+def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
+    """A multi-sequence group preempted by recompute waits, too big for the memory left: the run of request 0's
+    decodes goes on, and stepping confirms the group stays out for as long as the run says."""
+    jumped, stepped = _preempted_sampling_group(), _preempted_sampling_group()
+    seqs = jumped.plain_decode_seqs()
+    assert [s.request_id for s in seqs] == [0]
+    until_finish = min(s.output_len - s.num_generated for s in seqs) - 1  # the simulator's finish rule
+    k = jumped.kv.max_decode_steps([s.seq_id for s in seqs], until_finish)
+    assert k > 20
+    jumped.advance_decodes(k)
+    for _ in range(k):
+        plan = stepped.schedule()
+        assert not plan.prefills and not plan.preempted and plan.request_ids() == [0]
+        stepped.finish_step(plan, StepOutcome())
+    for sched in (jumped, stepped):
+        sched.kv.check_invariants()
+    assert jumped.kv.block_table(0) == stepped.kv.block_table(0) and jumped.num_generated(0) == stepped.num_generated(0)
+    assert jumped.waiting_request_ids() == stepped.waiting_request_ids() == [1]
+
+
+def test_advance_decodes_refuses_what_is_not_a_plain_run():
+    sched = _preempted_sampling_group()
+    ids = [s.seq_id for s in sched.plain_decode_seqs()]
+    too_long = sched.kv.max_decode_steps(ids, 10_000) + 1
+    with pytest.raises(ValueError, match="plain decode state with room"):
+        sched.advance_decodes(too_long)
+    plan = sched.schedule()  # a plan in flight: the next step is not the scheduler's to skip
+    assert sched.plain_decode_seqs() is None
+    sched.finish_step(plan, StepOutcome())
