@@ -85,8 +85,9 @@ class BlockAllocator:
         return num_blocks <= len(self._free_queue)
 
     def ref_count(self, block_id: int) -> int:
-        self._check_id(block_id)
-        return self._ref_counts[block_id]
+        if 0 <= block_id < self.num_blocks:  # NOTE: the check inlined: the simulator asks millions of times
+            return self._ref_counts[block_id]
+        self._check_id(block_id)  # raises
 
     # --- allocation, sharing, release -----------------------------------------------------------
     def allocate(self, num_blocks: int) -> list[int] | None:

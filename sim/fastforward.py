@@ -9,11 +9,14 @@ This module is the whole of the jump, and it uses only public contracts:
 
     scheduler.plain_decode_seqs()       is the next step a plain decode of exactly these sequences, and would
                                         nothing else (admission, swap-in, chunk, copy, beam) happen meanwhile?
-    kv.max_decode_steps(ids, limit)     how many such steps find memory without a copy (the KV contract)
-    scheduler.advance_decodes(k)        apply k of them; returns the pool's slot counts during each step
+    scheduler.advance_decodes(k)        apply as many of the next k such steps as memory allows without a copy
+                                        (the KV contract's max_decode_steps / advance_decodes); sequences that
+                                        reach output_len in the last one finish then; returns the pool's slot
+                                        counts during each step applied and the requests finished
 
-and the simulator's own rule that a sequence finishes when it has sampled `output_len` tokens. A run stops
-before the first step that would start at or after the next arrival (stepping, that arrival is seen first).
+A run ends with the first step in which a sequence samples its output_len-th token (the simulator knows true
+lengths), or before the first step that would start at or after the next arrival (stepping, that arrival is
+seen first), or where memory runs out.
 The loop books the run's steps (times, memory, token times) from the `DecodeRun` returned here.
 """
 from __future__ import annotations
@@ -36,6 +39,8 @@ class DecodeRun:
     num_tokens_before: list[int]  # K/V entries of each sequence before the run
     num_running: int  # running requests
     num_waiting: int  # waiting requests
+    finished_request_ids: list[int]  # requests whose last sequence finished in the last step
+    frees: bool  # some sequence finished in the last step: its memory was freed after it
 
     @property
     def num_steps(self) -> int:
@@ -55,9 +60,7 @@ def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | 
     if not seqs:
         return None
     # The simulator's rule: a sequence finishes in the step where it samples its output_len-th token.
-    steps_left = min(s.output_len - s.num_generated for s in seqs) - 1
-    if steps_left < 1:
-        return None
+    steps_left = min(s.output_len - s.num_generated for s in seqs)
     # Step j feeds one token per sequence: context = sum(n) + S * (j + 1) (n = the K/V it holds before the run).
     num_seqs = len(seqs)
     before = [s.num_computed_tokens for s in seqs]
@@ -71,12 +74,14 @@ def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | 
         t += d
         context += num_seqs
     ids = [s.seq_id for s in seqs]
-    k = scheduler.kv.max_decode_steps(ids, len(durations))
+    num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
+    waiting = num_waiting + scheduler.num_swapped > 0
+    counts, finished = scheduler.advance_decodes(len(durations))
+    k = len(counts)
     if k < 1:
         return None
     del starts[k:], durations[k:]
-    num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
-    waiting = num_waiting + scheduler.num_swapped > 0
-    counts = scheduler.advance_decodes(k)
+    frees = k == steps_left
     request_ids = list(dict.fromkeys(s.request_id for s in seqs))
-    return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting)
+    return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting, finished,
+                     frees)

@@ -47,16 +47,18 @@ class LoopResult:
 
 
 class _RequestTimes:
-    """Per request (by index): the times the latency metrics are made of. NaN until they happen."""
+    """Per request (by index): the times the latency metrics are made of; NaN until they happen. NOTE: plain
+    Python lists, not numpy arrays: the loop touches single items millions of times (arrays() at the end)."""
 
     def __init__(self, count: int) -> None:
-        self.first_scheduled = np.full(count, np.nan)  # start of the first step that feeds one of its tokens
-        self.first_token = np.full(count, np.nan)  # end of the first step that samples for it
-        self.last_token = np.full(count, np.nan)
-        self.max_gap = np.zeros(count)  # the largest time between two of its consecutive token steps
-        self.token_steps = np.zeros(count, dtype=np.int64)  # steps that sampled at least one token for it
-        self.finish = np.full(count, np.nan)
-        self.preemptions = np.zeros(count, dtype=np.int64)
+        nan = math.nan
+        self.first_scheduled = [nan] * count  # start of the first step that feeds one of its tokens
+        self.first_token = [nan] * count  # end of the first step that samples for it
+        self.last_token = [nan] * count
+        self.max_gap = [0.0] * count  # the largest time between two of its consecutive token steps
+        self.token_steps = [0] * count  # steps that sampled at least one token for it
+        self.finish = [nan] * count
+        self.preemptions = [0] * count
 
     def sampled(self, i: int, now: float) -> None:
         if self.token_steps[i]:
@@ -67,6 +69,11 @@ class _RequestTimes:
             self.first_token[i] = now
         self.last_token[i] = now
         self.token_steps[i] += 1
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        ints = ("token_steps", "preemptions")
+        return {name: np.array(getattr(self, name), dtype=np.int64 if name in ints else float)
+                for name in ("first_scheduled", "first_token", "last_token", "max_gap", *ints, "finish")}  # fmt: skip
 
 
 class Simulator:
@@ -125,7 +132,7 @@ class Simulator:
         if self.scheduler.has_unfinished():
             raise RuntimeError("expected every request served when events run out, found some unfinished")
         start = self.requests[0].arrival_time if self.requests else 0.0
-        table = request_table(self.requests, self.times)
+        table = request_table(self.requests, self.times.arrays())
         return LoopResult(table, self.log.to_table(), self.integral, start, max(self.last_step_end, start), num_events)
 
     def _on_arrival(self, index: int) -> list:
@@ -174,7 +181,10 @@ class Simulator:
 
     def _on_step_end(self, payload) -> list:
         self.last_step_end = self.now
-        if isinstance(payload, fastforward.DecodeRun):  # applied and booked already; it finishes nothing
+        if isinstance(payload, fastforward.DecodeRun):  # applied and booked already, but for its finishes
+            for request_id in payload.finished_request_ids:
+                self.times.finish[self.index[request_id]] = self.now
+            self.progress.update(len(payload.finished_request_ids))
             if self.on_step is not None:
                 self.on_step(self, payload)
             return [(self.now, SCHEDULE, None)]
@@ -242,26 +252,26 @@ class Simulator:
     # --- bookkeeping -----------------------------------------------------------------------------------
     def _book_run(self, run: fastforward.DecodeRun) -> None:
         """Book every step of a fast-forwarded run: memory, the step table, and each request's token times."""
-        # Hints for the next attempt: after this run a sequence finishes, or memory is short, or an arrival
-        # comes: the next step is most likely not a plain decode. NOTE: a hint only (see __init__).
-        self.may_run = False
-        if self.validate:
+        # Hints for the next attempt: a run ends at a finish, an arrival or a memory shortage; after a finish with
+        # nobody waiting the next step is likely a plain decode again, else most likely not. NOTE: a hint only.
+        self.may_run = run.frees and not run.num_waiting
+        if self.validate and not run.frees:  # (a finish frees memory after the last step)
             self._check_pool(run.counts[-1])
         seen = run.seen_counts()
-        sums = [self.integral[name] for name in SHARE_NAMES]
-        for duration, step_counts in zip(run.durations, seen):  # the same float sums, in the same order
-            for kind, count in enumerate(step_counts):
-                sums[kind] += duration * count
-        self.integral.update(zip(SHARE_NAMES, sums))
+        durations = run.durations
+        for kind, (name, column) in enumerate(zip(SHARE_NAMES, zip(*seen))):
+            total = self.integral[name]
+            for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
+                total += duration * count
+            self.integral[name] = total
+            self.log.rows[name] += column
         log, k, num_seqs = self.log.rows, run.num_steps, len(run.seq_ids)
         log["time"] += run.starts
-        log["duration"] += run.durations
+        log["duration"] += durations
         for name, value in (("num_prefill_seqs", 0), ("num_decode_seqs", num_seqs), ("num_running", run.num_running),
                             ("num_batched_tokens", num_seqs), ("num_prefill_tokens", 0),
                             ("num_waiting", run.num_waiting), ("num_preempted", 0)):  # fmt: skip
             log[name] += [value] * k
-        for name, column in zip(SHARE_NAMES, zip(*seen)):
-            log[name] += column
         # Token times: each step ends with a token for every running request, so the gaps are the first step's
         # end minus the last token before, then the differences of consecutive step ends (the same float
         # subtractions stepping makes).

@@ -86,28 +86,28 @@ class StepLog:
         return Table({k: np.asarray(v, dtype=float if k in floats else np.int64) for k, v in self.rows.items()})
 
 
-def request_table(requests: list, times) -> Table:
-    """Per-request results from the loop's record of `times` (sim.loop._RequestTimes); unfinished requests keep
-    NaN times and latencies. A request with one token step has no inter-token latency (NaN)."""
+def request_table(requests: list, times: dict[str, np.ndarray]) -> Table:
+    """Per-request results from the loop's record of `times` (sim.loop._RequestTimes.arrays()); unfinished requests
+    keep NaN times and latencies. A request with one token step has no inter-token latency (NaN)."""
     arrival = np.array([r.arrival_time for r in requests], dtype=float)
     output_len = np.array([r.output_len for r in requests], dtype=np.int64)
-    finish, first = times.finish, times.first_token
-    several = times.token_steps > 1
+    finish, first, steps = times["finish"], times["first_token"], times["token_steps"]
+    several = steps > 1
     with np.errstate(invalid="ignore", divide="ignore"):
-        itl_mean = np.where(several, (finish - first) / np.maximum(times.token_steps - 1, 1), np.nan)
-    itl_max = np.where(several & ~np.isnan(finish), times.max_gap, np.nan)
+        itl_mean = np.where(several, (finish - first) / np.maximum(steps - 1, 1), np.nan)
+    itl_max = np.where(several & ~np.isnan(finish), times["max_gap"], np.nan)
     return Table(
         {
             "request_id": np.array([r.request_id for r in requests], dtype=np.int64),
             "arrival_time": arrival,
             "prompt_len": np.array([r.prompt_len for r in requests], dtype=np.int64),
             "output_len": output_len,
-            "first_scheduled_time": times.first_scheduled,
+            "first_scheduled_time": times["first_scheduled"],
             "first_token_time": first,
             "finish_time": finish,
-            "num_preemptions": times.preemptions,
+            "num_preemptions": times["preemptions"],
             "ttft": first - arrival,
-            "queueing_delay": times.first_scheduled - arrival,
+            "queueing_delay": times["first_scheduled"] - arrival,
             "itl_mean": np.where(np.isnan(finish), np.nan, itl_mean),
             "itl_max": itl_max,
             "e2e_latency": finish - arrival,

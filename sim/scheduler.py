@@ -87,12 +87,16 @@ class Scheduler:
         self._num_added = 0
         self._num_preemptions = 0
         self._outstanding: StepPlan | None = None  # the plan schedule() returned and finish_step() has not seen
+        # NOTE: the last plain_decode_seqs() answer, kept until the next call that changes the scheduler (each
+        # of them clears it), so that advance_decodes right after it does not ask again: a speed-up only.
+        self._plain: list[Sequence] | None = None
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a request; ValueError if it can never be served (a prompt over the token budget without
         chunked prefill, more sequences than max_num_seqs, or a final length the whole pool cannot hold)."""
         rid, cfg = request.request_id, self.config
+        self._plain = None
         if rid in self._groups:
             raise ValueError(f"request {rid} was already added (request ids must be unique)")
         if not cfg.chunked and request.prompt_len > cfg.max_num_batched_tokens:
@@ -123,6 +127,7 @@ class Scheduler:
         group = self._group(request_id)
         if group.status is FINISHED:
             return
+        self._plain = None
         if group.status in (RUNNING, SWAPPED):
             for seq in group.kv_seqs:
                 self.kv.free(seq.seq_id)
@@ -147,6 +152,7 @@ class Scheduler:
         """
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
+        self._plain = None
         # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
         # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
         plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
@@ -176,15 +182,17 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan, budget: int | None) -> int | None:
         remaining = deque(self._running)  # FCFS: earliest arrival first
         kept: list[SequenceGroup] = []
+        allocate = self.kv.allocate_slots
         while remaining:
             group = remaining.popleft()
             seqs = group.kv_seqs
-            counts = split_budget(group, [s.num_tokens - s.num_computed_tokens for s in seqs], budget)
+            needs = [s.prompt_len + s.num_generated - s.num_computed_tokens for s in seqs]
+            counts = needs if budget is None or sum(needs) <= budget else split_budget(group, needs, budget)
             if not any(counts):  # the budget is spent: it waits for the next step, keeping its memory
                 kept.append(group)
                 continue
             ids = [s.seq_id for s in seqs]
-            while (allocation := self.kv.allocate_slots(ids, counts)) is None:
+            while (allocation := allocate(ids, counts)) is None:
                 victim = self._choose_victim(group, remaining)
                 self._preempt(victim, plan)
                 if victim is group:
@@ -193,7 +201,8 @@ class Scheduler:
             else:
                 self._add_entries(plan, group, seqs, counts, allocation.copies)
                 kept.append(group)
-                budget = None if budget is None else budget - sum(counts)
+                if budget is not None:
+                    budget -= sum(counts)
         self._running = kept
         return budget
 
@@ -289,16 +298,18 @@ class Scheduler:
         return admitted
 
     def _add_entries(self, plan: StepPlan, group: SequenceGroup, seqs, counts: list[int], copies) -> None:
-        rid = group.request_id
-        plan.blocks_to_copy += copies
+        rid, block_table = group.request_id, self.kv.block_table
+        if copies:
+            plan.blocks_to_copy += copies
         for seq, count in zip(seqs, counts):
             if not count:
                 continue
-            sample = seq.num_computed_tokens + count == seq.num_tokens
-            entry = ScheduledSeq(seq.seq_id, rid, seq.num_computed_tokens, count, self.kv.block_table(seq.seq_id), sample)
+            computed = seq.num_computed_tokens
+            sample = computed + count == seq.prompt_len + seq.num_generated
+            entry = ScheduledSeq(seq.seq_id, rid, computed, count, block_table(seq.seq_id), sample)
             (plan.prefills if seq.prefilling else plan.decodes).append(entry)
             if sample and not group.forked:  # the leader's last prompt token: its siblings sample from its logits
-                plan.prefills += [ScheduledSeq(s.seq_id, rid, seq.num_tokens, 0, [], True) for s in group.siblings_to_fork]
+                plan.prefills += [ScheduledSeq(s.seq_id, rid, computed + count, 0, [], True) for s in group.siblings_to_fork]
 
     # --- the executor's report -----------------------------------------------------------------------
     def finish_step(self, plan: StepPlan, outcome: StepOutcome) -> StepResult:
@@ -312,14 +323,17 @@ class Scheduler:
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         self._outstanding = None
+        self._plain = None
+        seqs, groups = self._seqs, self._groups
+        touched: dict[int, SequenceGroup] = {}  # the groups that sampled: only they can finish
         for entry in plan.prefills + plan.decodes:
-            seq = self._seqs.get(entry.seq_id)
+            seq = seqs.get(entry.seq_id)
             if seq is None or seq.status is not RUNNING:  # an abort in between leaves it FINISHED
                 continue
-            group = self._groups[entry.request_id]
             if entry.num_new_tokens:
                 seq.num_computed_tokens += entry.num_new_tokens
             else:  # a sibling of the prompt just computed: it joins the pool as a fork of the leader
+                group = groups[entry.request_id]
                 copies = self.kv.fork(group.live[0].seq_id, seq.seq_id, seq.final_len)
                 if copies is None:
                     raise RuntimeError(f"fork of seq {seq.seq_id}: expected room (reserved at admission), found none")
@@ -328,30 +342,37 @@ class Scheduler:
             if entry.sample:
                 seq.num_generated += 1
                 seq.prefilling = False
+                group = touched.get(entry.request_id) or touched.setdefault(entry.request_id, groups[entry.request_id])
                 group.forked = True
         for seq_id in outcome.finished_seq_ids:  # checked before beams are re-chosen: a dropped beam may be named
-            seq = self._seqs.get(seq_id)
+            seq = seqs.get(seq_id)
             if seq is None or seq.status not in (RUNNING, FINISHED):
                 raise ValueError(f"finished_seq_ids: expected running sequences, found {seq_id} ({seq and seq.status})")
-        beams_done = {self._seqs[i].request_id for i in outcome.finished_seq_ids}
+            if seq.status is RUNNING:
+                touched.setdefault(seq.request_id, groups[seq.request_id])
+        beams_done = {seqs[i].request_id for i in outcome.finished_seq_ids}
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
+        return StepResult(self._finish(touched.values(), outcome.finished_seq_ids, beams_done), new_beams)
+
+    def _finish(self, groups, done_ids: set[int] = frozenset(), beams_done: set[int] = frozenset()) -> list[int]:
+        """Finish the sequences of `groups` that are done (named in done_ids, or output_len tokens sampled; all
+        beams of a beam search together), freeing their memory at once. Returns the requests now finished."""
         finished: list[int] = []
-        done_ids = outcome.finished_seq_ids
-        for group in list(self._running):
+        for group in groups:
             live = group.live
             ending = [s for s in live if s.num_generated >= s.output_len or s.seq_id in done_ids]
             if group.is_beam_search and (ending or group.request_id in beams_done):
                 ending = live
+            if not ending:
+                continue
             for seq in ending:
-                if group.forked or seq is live[0]:
-                    self.kv.free(seq.seq_id)
-            if ending:
-                group.finish(ending)
+                self.kv.free(seq.seq_id)
+            group.finish(ending)
             if group.is_finished:
                 group.status = FINISHED
                 self._running.remove(group)
                 finished.append(group.request_id)
-        return StepResult(finished, new_beams)
+        return finished
 
     def _reselect_beams(self, request_id: int, parents: list[int]) -> list[int]:
         group = self._group(request_id)
@@ -380,8 +401,9 @@ class Scheduler:
             budget -= len(seqs)
             if budget < 0:
                 return None
-        if self._waiting and self._may_admit() and self._head_may_be_admitted(budget):
+        if self._waiting and self._may_admit() and self._head_may_be_admitted(budget, len(seqs)):
             return None
+        self._plain = seqs
         return seqs
 
     def can_admit_head(self) -> bool:
@@ -389,11 +411,11 @@ class Scheduler:
         budget and memory, watermark included)? False when nothing waits or admission is closed."""
         if not self._waiting or not self._may_admit():
             return False
-        return self._head_may_be_admitted(self.config.max_num_batched_tokens, first=True)
+        return self._head_may_be_admitted(self.config.max_num_batched_tokens, self.num_running_seqs, first=True)
 
-    def _head_may_be_admitted(self, budget: int, first: bool | None = None) -> bool:
+    def _head_may_be_admitted(self, budget: int, num_running_seqs: int, first: bool | None = None) -> bool:
         group = self._waiting[0]
-        if self.num_running_seqs + group.num_seqs > self.config.max_num_seqs:
+        if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
             return False
         asked = self._admission(group, budget, first=self.config.mode != "v1" if first is None else first)
         if asked is None:
@@ -407,19 +429,27 @@ class Scheduler:
             return True
         return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
 
-    def advance_decodes(self, num_steps: int) -> list[tuple[int, ...]]:
-        """Apply `num_steps` plain decode steps at once: the state schedule()/finish_step() would leave, with the
-        same block ids. The caller guarantees no sequence finishes in them (the simulator knows lengths).
-        Returns the pool's five raw slot counts during each step (the KV manager's advance_decodes)."""
-        seqs = self.plain_decode_seqs()
-        ids = [] if seqs is None else [s.seq_id for s in seqs]
-        if seqs is None or num_steps < 1 or self.kv.max_decode_steps(ids, num_steps) < num_steps:
-            raise ValueError(f"advance_decodes({num_steps}): expected a plain decode state with room for the run")
-        counts = self.kv.advance_decodes(ids, num_steps)
+    def advance_decodes(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
+        """Apply as many plain decode steps as memory allows, at most `max_steps`, at once: the state as many
+        rounds of schedule() and finish_step() with nothing reported would leave, with the same block ids. No
+        sequence may reach its output_len before step `max_steps`; those that reach it in the last step applied
+        finish then (the finish rule of finish_step). Returns the pool's five raw slot counts during each step
+        applied (the KV manager's advance_decodes; none if memory allows no step) and the requests finished."""
+        seqs = self._plain if self._plain is not None else self.plain_decode_seqs()
+        self._plain = None
+        if seqs is None or not 1 <= max_steps <= min(s.output_len - s.num_generated for s in seqs):
+            raise ValueError(f"advance_decodes({max_steps}): expected a plain decode state and no sequence finishing "
+                             "before the last step")  # fmt: skip
+        ids = [s.seq_id for s in seqs]
+        num_steps = self.kv.max_decode_steps(ids, max_steps)
+        if num_steps < 1:
+            return [], []
+        counts = self.kv.advance_decodes(ids, num_steps, checked=True)
         for seq in seqs:
             seq.num_generated += num_steps
             seq.num_computed_tokens += num_steps
-        return counts
+        ending = {s.request_id: self._groups[s.request_id] for s in seqs if s.num_generated >= s.output_len}
+        return counts, self._finish(ending.values())
 
     # --- read-only views for executors and metrics ----------------------------------------------------
     @property

@@ -183,10 +183,10 @@ class KVManager(Protocol):
         need no copy and find memory, as if allocate_slots(seq_ids, [1, ...]) were called that many times."""
         ...
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
         """Apply `num_steps` such steps at once (the same end state and block ids as one step at a time) and
         return the pool's five raw slot counts (SHARE_NAMES order) DURING each step, i.e. after its
-        allocation. Raises if max_decode_steps would not allow it."""
+        allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked)."""
         ...
 
     # --- what the executor and the metrics read ---------------------------------------------------

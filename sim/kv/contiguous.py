@@ -215,11 +215,11 @@ class ContiguousKVManager:
         room = min((self._run(i).reserved_tokens - self._run(i).num_tokens for i in seq_ids), default=limit)
         return max(0, min(limit, room))
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
         """Nothing allocates: each step turns one reserved slot per sequence into a token. A slot is
         reservation up to the sequence's final length and internal fragmentation past it (an engine may
         write beyond a final length that is only max_tokens)."""
-        if self.max_decode_steps(seq_ids, num_steps) < num_steps or len(set(seq_ids)) != len(seq_ids):
+        if (not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps) or len(set(seq_ids)) != len(seq_ids):
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} steps of distinct sequences")
         tokens, reservation, internal, external, free = self.breakdown().counts()
         leaves_reservation = [0] * (num_steps + 1)  # at step j, this many sequences write past their final length

@@ -222,16 +222,18 @@ class PagedKVManager:
         return Allocation([])
 
     def _grow_one(self, seq_id: int, k: int) -> Allocation | None:
-        if k < 0:
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.swapped or k < 0:
+            self._gpu_seq(seq_id)  # raises for an unknown or swapped-out sequence
             raise ValueError(f"num_new_tokens must be >= 0, got {k}")
-        seq = self._gpu_seq(seq_id)
-        n, bs = seq.num_tokens, self.block_size
-        if (n + k <= len(seq.block_table) * bs) and not (n % bs and k and self.allocator.ref_count(seq.block_table[-1]) > 1):
+        n, bs, table = seq.num_tokens, self.block_size, seq.block_table
+        if n + k <= len(table) * bs and not (n % bs and k and self.allocator.ref_count(table[-1]) > 1):
             seq.num_tokens = n + k  # the common case: the tokens fit the last block, which is this sequence's alone
             if seq.token_ids is not None:
                 self._register(seq)
             return Allocation([])
-        if self._plan([seq_id], [k], None) is None:
+        need = self._growth([(table, n)], [k], self.allocator.ref_count)
+        if need > self.allocator.num_free_blocks:
             return None
         return Allocation(self._grow(seq, k))
 
@@ -371,15 +373,25 @@ class PagedKVManager:
         return list(mapping.items())
 
     # --- runs of plain decode steps (closed forms in paged_runs.py) ---------------------------------
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
-        seqs = [self._gpu_seq(i) for i in seq_ids]
-        return paged_runs.max_decode_steps(self.allocator, self.block_size, seqs, limit)
+    def _gpu_seqs(self, seq_ids: Sequence[int]) -> list[_SeqState]:
+        """The states of these live, on-GPU sequences (one pass; the fast-forward asks for many at once)."""
+        try:
+            seqs = [self._seqs[i] for i in seq_ids]
+        except KeyError as err:
+            raise KeyError(f"sequence {err.args[0]} is not live") from None
+        if any(s.swapped for s in seqs):
+            raise RuntimeError(f"sequences {[i for i, s in zip(seq_ids, seqs) if s.swapped]} are swapped out")
+        return seqs
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
-        seqs = [self._gpu_seq(i) for i in seq_ids]
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+        return paged_runs.max_decode_steps(self.allocator, self.block_size, self._gpu_seqs(seq_ids), limit)
+
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+        """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
+        seqs = self._gpu_seqs(seq_ids)
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
-        if self.max_decode_steps(seq_ids, num_steps) < num_steps:
+        if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         start = self.breakdown().counts()
         counts = paged_runs.decode_run_counts(start, self.block_size, [(s.num_tokens, s.final_len) for s in seqs],

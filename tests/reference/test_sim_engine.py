@@ -98,17 +98,29 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
         return result
 
     def recording_advance_decodes(num_steps):
-        seqs = scheduler.plain_decode_seqs()
-        before = [(s.request_id, s.seq_id, s.num_computed_tokens) for s in seqs]
-        counts = advance_decodes(num_steps)
-        bs = scheduler.kv.block_size
+        before = [(s.request_id, s.seq_id, s.num_computed_tokens) for s in scheduler.plain_decode_seqs()]
+        kv, tables = scheduler.kv, {}
+        kv_advance = kv.advance_decodes
+
+        def capture(ids, k, checked=False):  # the tables at the end of the run, before finishes free them
+            counts = kv_advance(ids, k, checked)
+            tables.update({i: kv.block_table(i) for i in ids})
+            return counts
+
+        kv.advance_decodes = capture
+        try:
+            counts, finished = advance_decodes(num_steps)
+        finally:
+            del kv.advance_decodes  # the class's method again
+        bs = kv.block_size
         for j, step_counts in enumerate(counts):
-            decodes = [(rid, sid, n + j, 1, scheduler.kv.block_table(sid)[: -(-(n + j + 1) // bs)], True)
-                       for rid, sid, n in before]  # fmt: skip
+            last = j == len(counts) - 1
+            decodes = [(rid, sid, n + j, 1, tables[sid][: -(-(n + j + 1) // bs)], True) for rid, sid, n in before]
             calls.append(("step", {"prefills": [], "decodes": decodes, "preempted": [], "blocks_to_swap_out": [],
                                    "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": False, "run": True,
-                                   "num_free_blocks": step_counts[4] // bs, "finished": []}))  # fmt: skip
-        return counts
+                                   "num_free_blocks": kv.num_free_blocks if last else step_counts[4] // bs,
+                                   "finished": sorted(finished) if last else []}))  # fmt: skip
+        return counts, finished
 
     scheduler.add_request, scheduler.schedule, scheduler.finish_step = (recording_add_request, recording_schedule,
                                                                         recording_finish_step)  # fmt: skip

@@ -119,7 +119,8 @@ def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
     until_finish = min(s.output_len - s.num_generated for s in seqs) - 1  # the simulator's finish rule
     k = jumped.kv.max_decode_steps([s.seq_id for s in seqs], until_finish)
     assert k > 20
-    jumped.advance_decodes(k)
+    counts, finished = jumped.advance_decodes(k)
+    assert len(counts) == k and finished == []
     for _ in range(k):
         plan = stepped.schedule()
         assert not plan.prefills and not plan.preempted and plan.request_ids() == [0]
@@ -130,12 +131,15 @@ def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
     assert jumped.waiting_request_ids() == stepped.waiting_request_ids() == [1]
 
 
-def test_advance_decodes_refuses_what_is_not_a_plain_run():
+def test_advance_decodes_stops_where_memory_does_and_refuses_what_is_not_a_plain_run():
     sched = _preempted_sampling_group()
-    ids = [s.seq_id for s in sched.plain_decode_seqs()]
-    too_long = sched.kv.max_decode_steps(ids, 10_000) + 1
-    with pytest.raises(ValueError, match="plain decode state with room"):
-        sched.advance_decodes(too_long)
+    seqs = sched.plain_decode_seqs()
+    until_finish = min(s.output_len - s.num_generated for s in seqs)
+    with pytest.raises(ValueError, match="no sequence finishing before the last step"):
+        sched.advance_decodes(until_finish + 1)
+    room = sched.kv.max_decode_steps([s.seq_id for s in seqs], until_finish)
+    counts, _ = sched.advance_decodes(until_finish)
+    assert len(counts) == room  # as many steps as memory allows, no more
     plan = sched.schedule()  # a plan in flight: the next step is not the scheduler's to skip
     assert sched.plain_decode_seqs() is None
     sched.finish_step(plan, StepOutcome())
