@@ -190,3 +190,76 @@ def test_sampler_filters_and_reports_raw_logprobs():
         assert logprobs == pytest.approx([raw[0, 0].item(), raw[1, 1].item()])  # before temperature / filters
     draws = {tuple(sample(logits, [SamplingParams(top_k=2)] * 2, gens)[0]) for _ in range(50)}
     assert {t for d in draws for t in d} <= {0, 1, 2} and len(draws) > 1  # only the two best of each row
+
+
+# --- chunked prefill (vLLM v1): a prompt computed in chunks gives the very same tokens -----------------------
+@pytest.fixture(scope="module")
+def long_prompt(smol):
+    """About 600 tokens of text, so that budgets of 64 and 512 tokens both cut it into chunks."""
+    text = " ".join(f"Paragraph {i}: paging splits the KV cache into blocks, and a block table maps them." for i in range(40))
+    return smol[1](text + " In one sentence, paging").input_ids
+
+
+@pytest.fixture(scope="module")
+def hf_long(hf_model, long_prompt):
+    return hf_generate(hf_model, long_prompt, max_new_tokens=GREEDY_TOKENS)
+
+
+@pytest.mark.parametrize("budget", [16, 64, 512])
+def test_chunked_prefill_greedy_equals_unchunked_and_hf(smol, greedy_prompts, hf_greedy, long_prompt, hf_long, budget):
+    """Three short prompts and a long one, together: with chunked prefill at this token budget the long prompt
+    is computed in chunks (each attending to the earlier ones through the block table) while the others
+    decode in the same steps. The greedy tokens equal the unchunked engine's and HF transformers'."""
+    prompts = [*greedy_prompts, long_prompt]
+    params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
+    chunked = engine(smol, scheduler="v1", max_num_batched_tokens=budget, num_gpu_blocks=128, max_model_len=1024)
+    whole = engine(smol, scheduler="v1", enable_chunked_prefill=False, num_gpu_blocks=128, max_model_len=1024)
+    got = [o.outputs[0].token_ids for o in chunked.generate(prompts, params)]
+    assert got == [o.outputs[0].token_ids for o in whole.generate(prompts, params)]
+    assert got == [*hf_greedy, hf_long]
+    chunks = [e for r in chunked.step_log for e in r.prefills if e[0] == 3]  # (request, seq, computed, new)
+    # in consecutive chunks, each within the budget (decodes take their share of it too)
+    assert len(chunks) >= -(-len(long_prompt) // budget) >= 2 and sum(e[3] for e in chunks) == len(long_prompt)
+    assert [e[2] for e in chunks] == [sum(c[3] for c in chunks[:i]) for i in range(len(chunks))]
+    assert any(r.prefills and r.decodes for r in chunked.step_log), "expected steps mixing chunks and decodes"
+    assert all(r.num_batched_tokens <= budget for r in chunked.step_log)
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch_batched", "triton"])
+def test_every_backend_computes_chunks_over_the_cached_prefix(backend):
+    """The tiny random model, every attention backend (Triton through its interpreter on CPU): prompts of
+    30-70 tokens in chunks of 8 give the tokens of whole prompts."""
+    tiny = random_model(seed=1)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (30, 47, 70)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def run(**kwargs):
+        llm = LLM.from_loaded(tiny, block_size=4, num_gpu_blocks=96, backend=backend, **kwargs)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params)], llm
+
+    whole, _ = run(scheduler="v0")
+    chunked, llm = run(scheduler="v1", max_num_batched_tokens=8)
+    assert chunked == whole
+    assert sum(1 for r in llm.step_log for e in r.prefills if e[2] > 0) >= 10  # chunks over a cached prefix
+
+
+def test_a_ten_thousand_token_prompt_with_a_budget_of_512():
+    """A small model with a 16k context: a 10,000-token prompt is served in ceil(10000 / 512) = 20 chunks while a
+    short request decodes beside it, and gives the tokens of the same prompt computed whole."""
+    tiny = random_model(seed=2, max_position_embeddings=16384)
+    gen = torch.Generator().manual_seed(0)
+    long_ids = torch.randint(3, 256, (10_000,), generator=gen).tolist()
+    short_ids = torch.randint(3, 256, (12,), generator=gen).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def run(**kwargs):
+        llm = LLM.from_loaded(tiny, block_size=16, num_gpu_blocks=700, **kwargs)
+        return [o.outputs[0].token_ids for o in llm.generate([short_ids, long_ids], params)], llm
+
+    chunked, llm = run(scheduler="v1", max_num_batched_tokens=512)
+    whole, _ = run(scheduler="v1", enable_chunked_prefill=False, max_num_batched_tokens=10_000)
+    assert chunked == whole
+    chunks = [e[3] for r in llm.step_log for e in r.prefills if e[0] == 1]
+    assert len(chunks) == 20 and sum(chunks) == 10_000
+    assert all(r.num_batched_tokens <= 512 for r in llm.step_log)

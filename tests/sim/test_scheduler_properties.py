@@ -1,0 +1,165 @@
+"""Scheduler invariants under random workloads and configurations, checked after every step.
+
+Hypothesis draws a small memory-starved system (mode v1/v0/static, paged or contiguous, a token budget,
+chunked prefill on or off, recompute or swap, a victim policy) and a workload (prompts, outputs, parallel
+samples, beam search, shared prompt prefixes, staggered arrivals), then drives the scheduler with the
+simulator's outcome rule (a sequence finishes at its output_len) and random beam choices. After every step:
+
+- the step respects the token budget (v1: every step; v0/static: prefill steps), except a group that runs alone
+  over the budget because it cannot be chunked; and never runs more than max_num_seqs sequences;
+- every entry's block table covers exactly the tokens computed after the step, `sample` is set exactly when an
+  entry reaches the end of its sequence, decodes feed one token;
+- every live sequence has 0 <= num_computed_tokens <= num_tokens, and the KV manager holds exactly the computed
+  tokens of every sequence that holds memory;
+- every unfinished request is in exactly one queue (waiting, running, swapped); finished ones in none;
+- the KV manager's own invariants hold and the memory breakdown covers the pool exactly;
+and when every request has finished, no block is left allocated (GPU or CPU).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from sim.cost import RooflineCostModel
+from sim.kv import make_kv_manager
+from sim.loop import Simulator
+from sim.plan import StepOutcome
+from sim.request import Request
+from sim.scheduler import Scheduler, SchedulerConfig
+
+BLOCK_SIZE = 4
+
+
+@st.composite
+def systems(draw):
+    mode = draw(st.sampled_from(["v1", "v0", "v1", "static"]))
+    policy = draw(st.sampled_from(["paged", "oracle", "paged", "pow2", "paged", "paged"]))
+    swap = policy == "paged" and draw(st.booleans())
+    chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
+    budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
+    config = SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
+                             preemption="swap" if swap else "recompute", enable_chunked_prefill=chunked,
+                             victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])))  # fmt: skip
+    kv = make_kv_manager(policy, draw(st.integers(12, 28)) * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=64,
+                         enable_prefix_caching=policy == "paged" and draw(st.booleans()),
+                         num_cpu_blocks=32 if swap else 0, watermark=draw(st.sampled_from([0.0, 0.05])))  # fmt: skip
+    return Scheduler(kv, config)
+
+
+@st.composite
+def workloads(draw):
+    requests = []
+    for i in range(draw(st.integers(3, 10))):
+        prompt_len = draw(st.integers(1, 40))
+        output_len = draw(st.integers(1, 24))
+        kind = draw(st.sampled_from(["single", "single", "n", "beam"]))
+        doc = draw(st.integers(0, 1))  # prompts open with one of two documents: prefix-cache hits
+        shared = draw(st.integers(0, prompt_len))
+        ids = [1000 * doc + t for t in range(shared)] + [10_000 * (i + 1) + t for t in range(shared, prompt_len)]
+        requests.append(Request(i, float(i), prompt_len, output_len, n=2 if kind == "n" else 1,
+                                beam_width=3 if kind == "beam" else 1, prompt_token_ids=ids))  # fmt: skip
+    return requests
+
+
+def check_step(sched: Scheduler, plan, add_order: list[int]) -> None:
+    cfg, kv = sched.config, sched.kv
+    fed = [e for e in plan.prefills + plan.decodes if e.num_new_tokens]
+    groups = {e.request_id for e in fed}
+    budget_applies = cfg.mode == "v1" or plan.prefills
+    alone_over_budget = not cfg.chunked and len(groups) == 1
+    if budget_applies and not alone_over_budget:
+        assert plan.num_batched_tokens <= cfg.max_num_batched_tokens, f"budget: {plan.num_batched_tokens} tokens"
+    assert plan.num_seqs <= cfg.max_num_seqs
+    if cfg.mode != "v1":
+        assert not (plan.prefills and plan.decodes), "v0/static steps are prefill-only or decode-only"
+    for e in plan.prefills + plan.decodes:
+        if e.num_new_tokens == 0:  # a sibling sampling from its leader's logits: no table until forked
+            assert e.block_table == [] and e.sample
+            continue
+        end = e.num_computed_tokens + e.num_new_tokens
+        assert len(e.block_table) == -(-end // kv.block_size) and kv.num_tokens(e.seq_id) == end
+        seq_tokens = sched.request(e.request_id).prompt_len + sched.num_generated(e.seq_id)
+        assert e.sample == (end == seq_tokens) and end <= seq_tokens
+    assert all(e.num_new_tokens == 1 for e in plan.decodes)
+
+
+def check_state(sched: Scheduler, added: list[int]) -> None:
+    kv = sched.kv
+    kv.check_invariants()
+    b = kv.breakdown()
+    assert b.total == kv.num_slots and min(b.counts()) >= 0
+    queues = [sched.waiting_request_ids(), sched.running_request_ids(), sched.swapped_request_ids()]
+    placed = [r for q in queues for r in q]
+    assert len(placed) == len(set(placed)), f"a request in two queues: {queues}"
+    unfinished = [r for r in added if not sched.is_finished(r)]
+    assert sorted(placed) == sorted(unfinished), f"queues {queues} vs unfinished {unfinished}"
+    for rid in unfinished:
+        request, status = sched.request(rid), sched.group_status(rid)
+        for seq_id in sched.seq_ids(rid):
+            tokens = request.prompt_len + sched.num_generated(seq_id)
+            computed = sched.num_computed_tokens(seq_id)
+            assert 0 <= computed <= tokens
+            if status.value == "running" and seq_id in kv.seq_ids:
+                assert kv.num_tokens(seq_id) == computed, f"seq {seq_id}: KV holds what was computed"
+
+
+@settings(max_examples=300, deadline=None)
+@given(sched=systems(), requests=workloads(), gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10),
+       seed=st.integers(0, 2**32 - 1))
+def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed):
+    """`gaps[i]`: steps between the arrivals of requests i and i + 1 (0: together)."""
+    rng = np.random.default_rng(seed)  # beam choices
+    pending, added, steps, due = list(requests), [], 0, 0
+    while pending or sched.has_unfinished():
+        while pending and steps >= due:
+            request = pending.pop(0)
+            due = steps + gaps[request.request_id]
+            try:
+                sched.add_request(request)
+            except ValueError:  # never servable here (over the budget unchunked, or the pool): refused whole
+                continue
+            added.append(request.request_id)
+        if not sched.has_unfinished():
+            if pending:
+                steps = due  # nothing to run until the next arrival
+                continue
+            break
+        plan = sched.schedule()
+        check_step(sched, plan, added)
+        finished = {e.seq_id for e in plan.prefills + plan.decodes
+                    if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
+        beams = {}
+        for rid in plan.request_ids():
+            sampled = [e.seq_id for e in plan.prefills + plan.decodes if e.request_id == rid and e.sample]
+            if sched.request(rid).beam_width > 1 and sampled and not set(sampled) & finished:
+                beams[rid] = [int(i) for i in rng.choice(sampled, size=len(sampled))]
+        sched.finish_step(plan, StepOutcome(finished, beams))
+        check_state(sched, added)
+        steps += 1
+        assert steps < 5_000, "no progress"
+    kv = sched.kv
+    event(f"mode {sched.config.mode}, preempted: {sched.num_preemptions > 0}, steps > 20: {steps > 20}")
+    assert kv.num_free_blocks == kv.num_blocks, "every request finished: no GPU block may stay allocated"
+    cpu = getattr(kv, "cpu_allocator", None)
+    assert cpu is None or cpu.num_free_blocks == cpu.num_blocks, "no CPU block may stay allocated"
+
+
+def test_a_ten_thousand_token_prompt_is_served_in_chunks_of_the_budget():
+    """vLLM v1 with a budget of 512: a 10,000-token prompt arriving while four requests decode is computed in
+    chunks over many steps that keep decoding the others; without chunking it is refused in one line."""
+    kv = make_kv_manager("paged", 12_000, block_size=16)
+    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=512))
+    requests = [Request(i, 0.0, 50, 400) for i in range(4)] + [Request(4, 1.0, 10_000, 8)]
+    result = Simulator(sched, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1).run()
+    steps = result.steps
+    assert (steps["num_batched_tokens"] <= 512).all()
+    long_steps = steps["num_prefill_tokens"] > 200
+    assert long_steps.sum() >= -(-10_000 // 512)
+    assert (steps["num_decode_seqs"][long_steps] == 4).all(), "the decodes go on while the prompt is computed"
+    assert int(steps["num_prefill_tokens"].sum()) == 4 * 50 + 10_000
+    assert not np.isnan(result.requests["finish_time"]).any()
+    unchunked = Scheduler(make_kv_manager("paged", 12_000, block_size=16), SchedulerConfig(mode="v0"))
+    with pytest.raises(ValueError, match=r"prompt_len 10000 is over max_num_batched_tokens \(allowed: <= 2560"):
+        unchunked.add_request(Request(0, 0.0, 10_000, 8))
