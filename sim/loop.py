@@ -254,7 +254,7 @@ class Simulator:
         """Book every step of a fast-forwarded run: memory, the step table, and each request's token times."""
         # Hints for the next attempt: a run ends at a finish, an arrival or a memory shortage; after a finish with
         # nobody waiting the next step is likely a plain decode again, else most likely not. NOTE: a hint only.
-        self.may_run = run.frees and not run.num_waiting
+        self.may_run = run.frees
         if self.validate and not run.frees:  # (a finish frees memory after the last step)
             self._check_pool(run.counts[-1])
         seen = run.seen_counts()
