@@ -83,6 +83,7 @@ def run(
     victim: str = "latest_arrival",
     slo_ttft: float | None = None,
     slo_tbt: float | None = None,
+    stop_at=(),
 ) -> SimResult:
     """Simulate serving one workload and return its summary and per-request / per-step tables.
 
@@ -95,6 +96,8 @@ def run(
     (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults to 2048 in v1 and to
     max(2560, the model's context) otherwise. `victim`: who is preempted (sim.preemption.VICTIM_POLICIES).
     `slo_ttft` / `slo_tbt`: latency targets in seconds for SLO attainment and goodput (see sim.metrics).
+    `stop_at`: times the fast-forward never jumps across (an observer then sees the pool after the step that
+    contains each, exactly as stepping would show it).
     `jump`: jump over runs of identical decode steps (same results as stepping, faster); `validate`: check each
     jump's memory bookkeeping against the KV manager (slower). `cost_model`: any object with step_time and
     swap_time (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged). `watermark`: fraction of KV blocks kept
@@ -142,7 +145,7 @@ def run(
                                                                        block_size=sched.kv.gather_block_size)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
     result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=seed, jump=jump,
-                       validate=validate, progress=progress, on_step=on_step).run()
+                       validate=validate, progress=progress, on_step=on_step, stop_at=stop_at).run()
     extras = {
         "model": model, "gpu": gpu, "num_gpus": num_gpus, "workload": source,
         "rate": rate if synthetic and arrival != "offline" else None, "arrival": arrival, "seed": seed,

@@ -84,12 +84,12 @@ class Simulator:
     `validate`: after each run, check the booked memory against the KV manager's own breakdown (O(seqs); tests).
     `on_step(simulator, step)`: an observer called after every step ends, with its `StepPlan`, or after a
     fast-forwarded run with its `fastforward.DecodeRun`; it may read `simulator.now`, `.kv` and `.scheduler`
-    (the figures' probes).
+    (the figures' probes). `stop_at`: times the fast-forward never jumps across, like arrivals.
     """
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,
                  seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False,
-                 on_step=None) -> None:  # fmt: skip
+                 on_step=None, stop_at=()) -> None:  # fmt: skip
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
         self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
         self.index = {r.request_id: i for i, r in enumerate(self.requests)}
@@ -97,6 +97,7 @@ class Simulator:
             raise ValueError("request ids must be unique")
         self.block_bytes, self.jump, self.validate = block_bytes, jump, validate
         self.on_step = on_step
+        self.stop_at = sorted(stop_at)
         self.rng = np.random.default_rng([seed, 0xBEA])  # beam scores: a stream apart from the workload's
         self.progress = tqdm(total=len(requests), unit="req", disable=not progress)
         self.times = _RequestTimes(len(self.requests))
@@ -154,7 +155,10 @@ class Simulator:
             self._integrate(self.now - self.idle_since, self.idle_counts)
             self.idle_since = None
         if self.jump and self.may_run:
-            run = fastforward.decode_run(self.scheduler, self.cost, self.now, self.next_arrival)
+            while self.stop_at and self.stop_at[0] <= self.now:
+                self.stop_at.pop(0)
+            horizon = min(self.next_arrival, self.stop_at[0]) if self.stop_at else self.next_arrival
+            run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon)
             if run is not None:
                 self._book_run(run)
                 return [(run.end, STEP_END, run)]

@@ -136,7 +136,8 @@ def run_task(task: Task) -> PointResult:
         for watch in watchers:
             watch(simulator, plan)
 
-    result = run(**task.params, on_step=on_step if watchers else None)
+    stop_at = sorted(t for r in recorders.values() for t in r.stop_at)
+    result = run(**task.params, on_step=on_step if watchers else None, stop_at=stop_at)
     probes = {name: r.finish(result) for name, r in recorders.items()}
     return PointResult(result.summary, probes, time.process_time() - cpu)
 

@@ -1,8 +1,10 @@
 """Probes: what a figure measures on a run beyond its summary, computed where the run happens.
 
 A probe is a frozen (hashable, picklable) description; `start()` makes a fresh recorder for one run, whose
-`on_step(simulator, plan)` watches the run (`sim.run(on_step=...)`, called after every step or decode run)
-and whose `finish(result)` returns something small to send back to the parent process (sim.sweep).
+`on_step(simulator, step)` watches the run (`sim.run(on_step=...)`, called after every step, or after a
+fast-forwarded run of steps with its `DecodeRun`), whose `stop_at` names times the fast-forward must not jump
+across, and whose `finish(result)` returns something small to send back to the parent process (sim.sweep).
+Every probe measures exactly what it would with the fast-forward off.
 
     Timeline   the per-step memory counts, time-binned (Fig. 2-style breakdown over time)
     Sharing    blocks in use vs blocks the sequences would hold without sharing (paper Fig. 15)
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..fastforward import DecodeRun
 from ..kv.base import SHARE_NAMES
 from .memory_map import SlotMap, seq_owners, slot_map
 
@@ -31,6 +34,7 @@ class Timeline:
 
 class _TimelineRecorder:
     on_step = None  # reads the finished run's step table only
+    stop_at = ()
 
     def __init__(self, num_bins: int) -> None:
         self.num_bins = num_bins
@@ -57,9 +61,10 @@ class Sharing:
 
     Without sharing, every running sequence would hold its own copy of every block its block table points
     at: sum over running sequences of len(block_table) = ceil(num_tokens / block_size). With sharing, the
-    pool holds the distinct blocks: the allocator's used blocks (prefix caching off, so no other owner).
-    Each observation weighs the simulated time since the previous one. Modelling approximation: after a
-    jumped decode run the observer sees the run's end state, which then stands for the whole run."""
+    pool holds the distinct blocks: the blocks in use (prefix caching off, so no other owner). The pool as each
+    step leaves it weighs the simulated time since the previous step ended; inside a fast-forwarded run the
+    states after its steps come from the run's record (tokens grow by one per step, nothing is freed before
+    its last step), so the measure is what stepping would give."""
 
     name: str = "sharing"
 
@@ -68,18 +73,28 @@ class Sharing:
 
 
 class _SharingRecorder:
+    stop_at = ()
+
     def __init__(self) -> None:
         self.last = None
         self.shared = self.unshared = 0.0
 
-    def on_step(self, simulator, plan) -> None:
-        now = simulator.now
+    def _observe(self, now: float, held: int, used: int) -> None:
         weight, self.last = (0.0 if self.last is None else now - self.last), now
+        self.unshared += weight * held
+        self.shared += weight * used
+
+    def on_step(self, simulator, step) -> None:
         sched, kv = simulator.scheduler, simulator.kv
         bs = kv.block_size
-        held = sum(-(-kv.num_tokens(s) // bs) for r in sched.running_request_ids() for s in sched.seq_ids(r))
-        self.unshared += weight * held
-        self.shared += weight * kv.allocator.num_used_blocks
+        if isinstance(step, DecodeRun):  # the states after each step of the run but its last
+            for j in range(step.num_steps - 1):
+                held = sum(-(-(n + j + 1) // bs) for n in step.num_tokens_before)
+                self._observe(step.starts[j] + step.durations[j], held, kv.num_blocks - step.counts[j][4] // bs)
+        live = set(kv.seq_ids)
+        held = sum(-(-kv.num_tokens(s) // bs) for r in sched.running_request_ids() for s in sched.seq_ids(r)
+                   if s in live)  # fmt: skip
+        self._observe(simulator.now, held, kv.num_blocks - kv.num_free_blocks)
 
     def finish(self, result) -> dict:
         saving = 1.0 - self.shared / self.unshared if self.unshared > 0 else 0.0
@@ -100,6 +115,7 @@ class Snapshot:
 class _SnapshotRecorder:
     def __init__(self, at_time: float) -> None:
         self.at_time = at_time
+        self.stop_at = (at_time,)  # no fast-forward across it: the step that contains it ends a run
         self.map: SlotMap | None = None
 
     def on_step(self, simulator, plan) -> None:

@@ -143,3 +143,20 @@ def test_advance_decodes_stops_where_memory_does_and_refuses_what_is_not_a_plain
     plan = sched.schedule()  # a plan in flight: the next step is not the scheduler's to skip
     assert sched.plain_decode_seqs() is None
     sched.finish_step(plan, StepOutcome())
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_figure_probes_see_what_stepping_shows(mode):
+    """The figures' probes measure the same with the fast-forward on as off: the sharing measure integrates
+    the states after every step of a run from its record, and the snapshot time stops the fast-forward."""
+    from sim.figures.probes import Sharing, Snapshot
+    from sim.sweep import Task, run_task
+
+    params = {"policy": "paged", "workload": "alpaca", "rate": 6.0, "num_requests": 60, "seed": 2, "n": 2,
+              "kv_slots": 4096, **MODES[mode]}  # fmt: skip
+    found = [run_task(Task.of((Sharing(), Snapshot(at_time=5.1)), jump=jump, **params)).probes for jump in (True, False)]
+    jumped, stepped = found
+    assert jumped["sharing"] == stepped["sharing"] and jumped["sharing"]["saving"] > 0
+    assert jumped["snapshot"].time == stepped["snapshot"].time
+    np.testing.assert_array_equal(jumped["snapshot"].kind, stepped["snapshot"].kind)
+    np.testing.assert_array_equal(jumped["snapshot"].owner, stepped["snapshot"].owner)
