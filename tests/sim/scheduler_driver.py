@@ -11,29 +11,36 @@ from sim.scheduler import Scheduler
 
 # --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------
 def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | None = None) -> StepOutcome:
-    finished = {
-        e.seq_id
-        for e in plan.prefills + plan.decodes
-        if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len
-    }
+    sampling = [e for e in plan.prefills + plan.decodes if e.sample]
+    finished = {e.seq_id for e in sampling if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
     beams = {}
-    for rid in plan.request_ids():
-        if sched.request(rid).beam_width > 1:  # keep every beam, or (with rng) re-choose parents at random
-            ids = sched.seq_ids(rid)
+    for rid in {e.request_id for e in sampling}:
+        ids = [e.seq_id for e in sampling if e.request_id == rid]
+        if sched.request(rid).beam_width > 1 and not set(ids) & finished:  # keep every beam, or re-choose at random
             beams[rid] = ids if rng is None else [int(i) for i in rng.choice(ids, size=len(ids))]
     return StepOutcome(finished, beams)
 
 
 def check_plan(sched: Scheduler, plan: StepPlan) -> None:
-    """What an executor relies on: each table covers exactly the tokens the step leaves in the cache, every
-    decode feeds one token after its cached ones, and the batch respects max_num_seqs."""
-    bs = sched.kv.block_size
+    """What an executor relies on: each table covers exactly the tokens the step leaves in the cache (sample-only
+    siblings have none yet), `sample` is set exactly where an entry reaches the end of its sequence, every
+    decode feeds one token, and the batch respects max_num_seqs and the token budget (a group that cannot be
+    chunked may run alone over it; v0 decode steps have no budget)."""
+    bs, cfg = sched.kv.block_size, sched.config
     for e in plan.prefills + plan.decodes:
-        assert len(e.block_table) == -(-(e.num_computed_tokens + e.num_new_tokens) // bs)
-        assert sched.kv.num_tokens(e.seq_id) == e.num_computed_tokens + e.num_new_tokens
+        end = e.num_computed_tokens + e.num_new_tokens
+        if e.num_new_tokens == 0:
+            assert e.block_table == [] and e.sample
+            continue
+        assert len(e.block_table) == -(-end // bs) and sched.kv.num_tokens(e.seq_id) == end
+        assert e.sample == (end == sched.request(e.request_id).prompt_len + sched.num_generated(e.seq_id))
     assert all(e.num_new_tokens == 1 for e in plan.decodes)
-    assert not (plan.prefills and plan.decodes)  # vLLM v0: a step runs prefills only, or decodes only
-    assert plan.num_seqs <= sched.config.max_num_seqs
+    if cfg.mode != "v1":
+        assert not (plan.prefills and plan.decodes)  # the paper's v0: a step runs prefills only, or decodes only
+    alone = len({e.request_id for e in plan.prefills + plan.decodes if e.num_new_tokens}) == 1
+    if (cfg.mode == "v1" or plan.prefills) and not (alone and not cfg.chunked):
+        assert plan.num_batched_tokens <= cfg.max_num_batched_tokens
+    assert plan.num_seqs <= cfg.max_num_seqs
 
 
 def step(sched: Scheduler, rng: np.random.Generator | None = None) -> tuple[StepPlan, list[int]]:
@@ -44,13 +51,18 @@ def step(sched: Scheduler, rng: np.random.Generator | None = None) -> tuple[Step
     return plan, result.finished_request_ids
 
 
+def run_length(sched: Scheduler) -> int:
+    """How many plain decode steps the fast-forward may ask for now: 0 if none, else up to the first finish."""
+    seqs = sched.plain_decode_seqs()
+    return min(s.output_len - s.num_generated for s in seqs) if seqs else 0
+
+
 def drive(sched: Scheduler, rng=None, use_runs: bool = False, max_steps: int = 20_000) -> int:
     """Run to completion; returns the number of iterations (a decode run of k counts k)."""
     steps = 0
     while sched.has_unfinished():
-        k = sched.decode_run_length(10_000) if use_runs else 0
+        k = len(sched.advance_decodes(run_length(sched))[0]) if use_runs and run_length(sched) else 0
         if k:
-            sched.advance_decode_run(k)
             sched.kv.check_invariants()
         else:
             step(sched, rng)

@@ -1,10 +1,10 @@
-"""Contiguous KV managers (sim/kv/contiguous.py): hand-computed breakdowns for every reservation
-rule x allocator, out of memory, fork and growth limits."""
+"""Contiguous KV managers (sim/kv/contiguous.py) through the KV contract: hand-computed breakdowns for every
+reservation rule x allocator, out of memory, forks into runs reserved at admission, growth limits."""
 from __future__ import annotations
 
 import pytest
 
-from sim.kv import MemoryBreakdown, make_kv_manager
+from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
 from sim.kv.contiguous import ContiguousKVManager, next_power_of_two
 from sim.testing.kv import make_kv_manager_test
 
@@ -14,6 +14,13 @@ ALLOCATORS = ("buddy", "first_fit")
 
 def _state(kv: ContiguousKVManager) -> tuple:
     return (kv.breakdown(), kv.allocator.free_runs(), kv.num_free_blocks)
+
+
+def admit(kv, seq_id: int, prompt_len: int, final_len: int, forks: tuple[int, ...] = (), chunk: int | None = None):
+    """The first allocate_slots of a sequence: its run (and its future siblings') reserved, `chunk` tokens in
+    it (default: the whole prompt)."""
+    count = prompt_len if chunk is None else chunk
+    return kv.allocate_slots([seq_id], [count], [NewSequence(prompt_len, final_len, fork_final_lens=forks)])
 
 
 # --- breakdowns ------------------------------------------------------------------------------------
@@ -35,8 +42,8 @@ def _state(kv: ContiguousKVManager) -> tuple:
 )
 def test_breakdown_one_sequence(rule, allocator, expected):
     kv = ContiguousKVManager(64, 1, reserve=rule, allocator=allocator, max_seq_len=24)
-    assert kv.admit([0], prompt_len=5, final_lens=[12]) == 0
-    assert kv.append_slots(0, 2) == []  # 7 tokens now
+    assert admit(kv, 0, prompt_len=5, final_len=12).copies == []
+    assert kv.allocate_slots([0], [2]).copies == []  # 7 tokens now
     assert kv.breakdown() == MemoryBreakdown(*expected)
     assert kv.breakdown().total == kv.num_slots == 64
     waiting = kv.breakdown(waiting=True)  # free slots a waiting request cannot use count as external
@@ -48,8 +55,8 @@ def test_breakdown_one_sequence(rule, allocator, expected):
 def test_breakdown_max_power_of_two_max_seq_len(allocator):
     # max_seq_len 32 is a power of two: both allocators hand out exactly 32, so no external slack
     kv = ContiguousKVManager(64, 1, reserve="max", allocator=allocator, max_seq_len=32)
-    kv.admit([0], 5, [12])
-    kv.append_slots(0, 2)
+    admit(kv, 0, 5, 12)
+    kv.allocate_slots([0], [2])
     assert kv.breakdown() == MemoryBreakdown(7, 5, 20, 0, 32)
 
 
@@ -60,8 +67,8 @@ def test_breakdown_max_power_of_two_max_seq_len(allocator):
 def test_breakdown_block_rounding(rule, allocator, blocks, external):
     # block_size 4: pow2 R = 13 -> 4 blocks (16 slots); oracle R = 12 -> 3 blocks, buddy rounds to 4
     kv = ContiguousKVManager(16, 4, reserve=rule, allocator=allocator)
-    kv.admit([0], 5, [12])
-    kv.append_slots(0, 2)
+    admit(kv, 0, 5, 12)
+    kv.allocate_slots([0], [2])
     assert kv.allocator.allocated_size(0) == blocks
     b = kv.breakdown()
     assert (b.token_states, b.reservation, b.external_fragmentation) == (7, 5, external)
@@ -72,15 +79,21 @@ def test_breakdown_block_rounding(rule, allocator, blocks, external):
 def test_pow2_rounds_output_up():
     assert [next_power_of_two(n) for n in (0, 1, 2, 3, 25, 32, 33)] == [0, 1, 2, 4, 32, 32, 64]
     kv = ContiguousKVManager(128, 1, reserve="pow2", allocator="first_fit")
-    kv.admit([0], prompt_len=10, final_lens=[35])  # output 25 -> 32: reserves 10 + 32 = 42
+    admit(kv, 0, prompt_len=10, final_len=35)  # output 25 -> 32: reserves 10 + 32 = 42
     assert kv.reserved_tokens(10, 35) == 42
     assert kv.breakdown() == MemoryBreakdown(10, 25, 7, 0, 128 - 42)
 
 
-def test_group_reserves_one_run_per_sequence():
-    # Orca shares nothing: n = 3 samples of a 4-token prompt each reserve (and hold) the prompt
+def test_group_reserves_one_run_per_sequence_and_forks_copy_the_prompt():
+    # Orca shares nothing: n = 3 samples of a 4-token prompt each reserve a run at admission (the leader's and,
+    # waiting for their fork, its siblings'); only the leader computes the prompt
     kv = ContiguousKVManager(64, 1, reserve="oracle", allocator="first_fit")
-    assert kv.admit([7, 8, 9], 4, [6, 10, 8]) == 0
+    assert admit(kv, 7, 4, 6, forks=(10, 8)).copies == []
+    assert kv.block_table(7) == [0, 1, 2, 3]
+    assert kv.breakdown() == MemoryBreakdown(4, 2 + 10 + 8, 0, 0, 40)  # the siblings' runs: all reservation
+    # once the prompt is computed, each sibling takes its run and the prompt's K/V is copied into it
+    assert kv.fork(7, 8, 10) == [(0, 6), (1, 7), (2, 8), (3, 9)]
+    assert kv.fork(7, 9, 8) == [(0, 16), (1, 17), (2, 18), (3, 19)]
     assert [kv.block_table(s) for s in (7, 8, 9)] == [[0, 1, 2, 3], [6, 7, 8, 9], [16, 17, 18, 19]]
     assert kv.breakdown() == MemoryBreakdown(12, 12, 0, 0, 40)
     kv.free(8)
@@ -88,15 +101,26 @@ def test_group_reserves_one_run_per_sequence():
     kv.check_invariants()
 
 
+def test_freeing_a_leader_before_its_fork_frees_the_reserved_runs():
+    kv = ContiguousKVManager(64, 1, reserve="oracle", allocator="first_fit")
+    admit(kv, 0, 10, 12, forks=(12, 12), chunk=4)  # preempted or aborted in the middle of its prompt
+    assert kv.num_free_blocks == 64 - 36
+    kv.free(0)
+    assert kv.num_free_blocks == 64
+    kv.check_invariants()
+
+
 # --- out of memory ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_out_of_memory_changes_nothing(allocator):
     kv = ContiguousKVManager(40, 1, reserve="oracle", allocator=allocator)
-    assert kv.admit([0, 1], 4, [16, 16]) == 0  # 32 of 40 slots
+    admit(kv, 0, 4, 16, forks=(16,))  # 32 of 40 slots
+    kv.fork(0, 1, 16)
     before = _state(kv)
-    # two more sequences of 8: the first would fit, the second not -> all or nothing
-    assert not kv.can_admit(4, [8, 8])
-    assert kv.admit([2, 3], 4, [8, 8]) is None
+    # a leader of 8 with one sibling of 8: the first run would fit, the second not -> all or nothing
+    new = [NewSequence(4, 8, fork_final_lens=(8,))]
+    assert not kv.can_allocate_slots([2], [4], new)
+    assert kv.allocate_slots([2], [4], new) is None
     assert _state(kv) == before
     assert kv.fork(0, 5, 16) is None
     assert _state(kv) == before
@@ -107,39 +131,49 @@ def test_can_admit_sees_layout_not_just_free_count():
     # buddy over 24 slots = regions 16 + 8. Two sequences of 9 ask 18 <= 24 free slots, but each
     # needs a block of 16 and only one exists.
     kv = ContiguousKVManager(24, 1, reserve="oracle", allocator="buddy")
-    assert kv.can_admit(4, [9, 4])  # 16 + 4
-    assert not kv.can_admit(4, [9, 9])
-    assert kv.admit([0, 1], 4, [9, 9]) is None
+    assert kv.can_allocate_slots([0], [4], [NewSequence(4, 9, fork_final_lens=(4,))])  # 16 + 4
+    assert not kv.can_allocate_slots([0], [4], [NewSequence(4, 9, fork_final_lens=(9,))])
+    assert admit(kv, 0, 4, 9, forks=(9,)) is None
     assert kv.allocator.free_runs() == [(0, 16), (16, 8)]
+    assert "do not fit the pool of 24 slots even when empty" in kv.check_request(4, 9, 2)
 
 
 # --- growth and fork -------------------------------------------------------------------------------
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_append_beyond_reservation_is_refused(allocator):
     kv = ContiguousKVManager(16, 1, reserve="oracle", allocator=allocator)
-    kv.admit([0], 5, [6])
-    assert kv.append_slots(0) == []  # the 6th token fills the reservation
+    admit(kv, 0, 5, 6)
+    assert kv.allocate_slots([0], [1]).copies == []  # the 6th token fills the reservation
     before = _state(kv)
-    assert not kv.can_append(0)
-    assert kv.append_slots(0) is None  # a contiguous run cannot grow
+    assert not kv.can_allocate_slots([0], [1])
+    assert kv.allocate_slots([0], [1]) is None  # a contiguous run cannot grow
+    assert kv.max_decode_steps([0], 10) == 0
     assert _state(kv) == before and kv.num_tokens(0) == 6
 
 
 def test_max_may_grow_past_final_len_within_reservation():
     # the engine's final_len is only max_tokens; tokens past it come out of internal fragmentation
     kv = ContiguousKVManager(16, 1, reserve="max", allocator="buddy", max_seq_len=8)
-    kv.admit([0], 5, [6])
-    assert kv.append_slots(0, 2) == []
+    admit(kv, 0, 5, 6)
+    assert kv.allocate_slots([0], [2]).copies == []
     assert kv.breakdown() == MemoryBreakdown(7, 0, 1, 0, 8)
-    assert kv.append_slots(0, 2) is None  # 9 > max_seq_len 8
+    assert kv.allocate_slots([0], [2]) is None  # 9 > max_seq_len 8
+
+
+def test_a_bulk_decode_run_moves_reservation_then_internal_fragmentation():
+    kv = ContiguousKVManager(16, 1, reserve="max", allocator="buddy", max_seq_len=8)
+    admit(kv, 0, 5, 6)  # reservation: token 5; internal: tokens 6 and 7
+    assert kv.max_decode_steps([0], 10) == 3
+    assert kv.advance_decodes([0], 3) == [(6, 0, 2, 0, 8), (7, 0, 1, 0, 8), (8, 0, 0, 0, 8)]
+    kv.check_invariants()
 
 
 def test_fork_copies_the_parents_filled_blocks():
     kv = ContiguousKVManager(16, 4, reserve="oracle", allocator="first_fit")
-    kv.admit([0], 5, [12])  # 3 blocks: 0, 1, 2
-    kv.append_slots(0, 2)  # 7 tokens in blocks 0 and 1
-    # fork: the child reserves its own run (final 14 -> 4 blocks: 3..6) and gets the parent's
-    # two filled blocks copied into its first two
+    admit(kv, 0, 5, 12)  # 3 blocks: 0, 1, 2
+    kv.allocate_slots([0], [2])  # 7 tokens in blocks 0 and 1
+    # fork (a beam): no run was reserved for it, so the child reserves its own (final 14 -> 4 blocks: 3..6) and
+    # gets the parent's two filled blocks copied into its first two
     assert kv.fork(0, 1, 14) == [(0, 3), (1, 4)]
     assert kv.block_table(1) == [3, 4] and kv.num_tokens(1) == 7
     assert kv.breakdown() == MemoryBreakdown(14, 12, 0, 2, 64 - 28)  # external: block rounding 14 -> 16
@@ -149,9 +183,10 @@ def test_fork_copies_the_parents_filled_blocks():
 # --- protocol odds and ends ------------------------------------------------------------------------
 def test_no_swap_space():
     kv = ContiguousKVManager(16, 1, reserve="oracle", allocator="buddy")
-    kv.admit([0], 4, [8])
+    admit(kv, 0, 4, 8)
+    assert kv.num_cpu_blocks == 0 and kv.get_computed_tokens(list(range(4)), 4) == 0
     assert not kv.can_swap_out([0]) and kv.swap_out([0]) is None
-    assert not kv.can_swap_in([0]) and kv.swap_in([0]) is None and not kv.is_swapped(0)
+    assert not kv.can_swap_in([0], [1]) and kv.swap_in([0]) is None and not kv.is_swapped(0)
 
 
 def test_bad_arguments_raise():
@@ -161,12 +196,15 @@ def test_bad_arguments_raise():
         ContiguousKVManager(16, 1, allocator="best_fit")
     kv = ContiguousKVManager(64, 1, reserve="max", max_seq_len=32)
     with pytest.raises(ValueError, match="max_seq_len"):
-        kv.can_admit(5, [40])
+        kv.can_allocate_slots([0], [5], [NewSequence(5, 40)])
+    assert "exceeds max_seq_len 32" in kv.check_request(5, 40, 1)
     with pytest.raises(ValueError, match="final_len"):
-        kv.admit([0], 5, [4])
-    kv.admit([0], 5, [10])
-    with pytest.raises(ValueError, match="already live"):
-        kv.admit([0], 5, [10])
+        NewSequence(5, 4)
+    admit(kv, 0, 5, 10)
+    with pytest.raises(ValueError, match="already"):
+        admit(kv, 0, 5, 10)
+    with pytest.raises(ValueError, match="prefix cache"):
+        kv.allocate_slots([1], [1], [NewSequence(5, 10, list(range(5)), num_cached_tokens=4)])
     with pytest.raises(KeyError):
         kv.free(3)
 

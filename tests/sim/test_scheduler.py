@@ -1,6 +1,7 @@
-"""The scheduler (sim/scheduler.py): vLLM v0's FCFS iteration-level policy with preemption by recompute or
-swap, static batching, sequence groups (parallel sampling, beam search), prefix sharing, and the decode-run
-fast path. Small pools, so memory runs out often; the KV manager's invariants are checked after every step."""
+"""The scheduler (sim/scheduler.py): FCFS iteration-level scheduling with preemption by recompute or swap,
+static batching, the paper's prefill-only steps (v0) and vLLM v1's token budget, and the fast-forward's plain
+decode runs. Small pools, so memory runs out often; the KV manager's invariants are checked after every step.
+(Sequence groups: test_scheduler_groups.py; the v1 token budget and chunks: test_scheduler_v1.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -13,13 +14,16 @@ from sim.plan import StepOutcome, StepPlan
 from sim.scheduler import Scheduler, SchedulerConfig
 from sim.testing.blocks import machine_settings
 from sim.workload import generate_requests
-from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, step
+from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, run_length, step
+
+V0 = SchedulerConfig(mode="v0")
 
 
 @pytest.mark.parametrize(
     "kwargs, field",
     [({"max_num_seqs": 0}, "max_num_seqs"), ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
-     ({"mode": "batch"}, "mode"), ({"preemption": "kill"}, "preemption"), ({"watermark": 1.0}, "watermark")],
+     ({"mode": "continuous"}, "mode"), ({"preemption": "kill"}, "preemption"), ({"victim": "oldest"}, "victim"),
+     ({"mode": "v0", "enable_chunked_prefill": True}, "enable_chunked_prefill")],
 )
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -29,12 +33,15 @@ def test_config_rejects_bad_values(kwargs, field):
 @pytest.mark.parametrize(
     "kv, config, request_, message",
     [
-        (paged(64), SchedulerConfig(max_num_batched_tokens=16), req(0, 17, 1), "max_num_batched_tokens"),
+        (paged(64), SchedulerConfig(max_num_batched_tokens=16, mode="v0"), req(0, 17, 1), "max_num_batched_tokens"),
+        (paged(64), SchedulerConfig(max_num_batched_tokens=16, enable_chunked_prefill=False), req(0, 17, 1),
+         "or any length with chunked prefill"),
+        (paged(64), SchedulerConfig(max_num_batched_tokens=2), req(0, 4, 1, beam_width=3), "beam_width 3"),
         (paged(4), SchedulerConfig(), req(0, 10, 10), "need 5 blocks"),  # final length 19 -> 5 blocks of 4
         (make_kv_manager("max", 64, block_size=1, max_seq_len=32), SchedulerConfig(), req(0, 30, 10), "max_seq_len"),
         (make_kv_manager("oracle", 16, block_size=1), SchedulerConfig(), req(0, 10, 4, n=2), "do not fit"),
         (paged(64), SchedulerConfig(max_num_seqs=2), req(0, 4, 4, n=3), "max_num_seqs"),
-        (paged(10), SchedulerConfig(watermark=0.3), req(0, 20, 10), "allowed: <= 7"),  # 8 blocks; 3 kept free
+        (paged(10, watermark=0.3), SchedulerConfig(), req(0, 20, 10), "allowed: <= 7"),  # 8 blocks; 3 kept free
     ],
 )
 def test_add_request_rejects_impossible_requests(kv, config, request_, message):
@@ -47,8 +54,9 @@ def test_add_request_rejects_impossible_requests(kv, config, request_, message):
         sched.add_request(req(1, 2, 2))
 
 
-def test_fcfs_no_overtaking():
-    sched = Scheduler(paged(8))
+@pytest.mark.parametrize("mode", ["v0", "v1"])
+def test_fcfs_no_overtaking(mode):
+    sched = Scheduler(paged(8), SchedulerConfig(mode=mode))
     sched.add_request(req(0, 16, 3))  # 4 blocks
     sched.add_request(req(1, 20, 1))  # 5 blocks: does not fit beside request 0
     sched.add_request(req(2, 4, 1))  # 1 block: would fit, but must not overtake request 1
@@ -61,7 +69,7 @@ def test_fcfs_no_overtaking():
 
 def test_watermark_holds_back_an_admission_that_would_leave_too_little_free():
     for watermark, admitted in [(0.0, [0, 1]), (0.3, [0])]:  # 10 blocks; 0.3 keeps 3 free
-        sched = Scheduler(paged(10), SchedulerConfig(watermark=watermark))
+        sched = Scheduler(paged(10, watermark=watermark), V0)
         sched.add_request(req(0, 16, 2))  # 4 blocks
         sched.add_request(req(1, 16, 2))  # 4 more would leave 2 free
         plan, _ = step(sched)
@@ -71,11 +79,11 @@ def test_watermark_holds_back_an_admission_that_would_leave_too_little_free():
 
 
 # --- preemption --------------------------------------------------------------------------------------
-def three_growing_requests(preemption: str) -> Scheduler:
+def three_growing_requests(preemption: str, mode: str = "v0", victim: str = "latest_arrival") -> Scheduler:
     # 6 blocks of 4 slots; three requests of prompt 4, output 8 each end with 11 tokens in 3 blocks: two fit, three
     # run out of memory mid-decode.
     kv = paged(6, num_cpu_blocks=8 if preemption == "swap" else 0)
-    sched = Scheduler(kv, SchedulerConfig(preemption=preemption))
+    sched = Scheduler(kv, SchedulerConfig(preemption=preemption, mode=mode, victim=victim))
     for rid in range(3):
         sched.add_request(req(rid, 4, 8))
     return sched
@@ -88,9 +96,10 @@ def run_until_preemption(sched: Scheduler) -> StepPlan:
             return plan
 
 
+@pytest.mark.parametrize("mode", ["v0", "v1"])
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
-def test_latest_arrived_group_is_the_victim(preemption):
-    sched = three_growing_requests(preemption)
+def test_latest_arrived_group_is_the_victim(preemption, mode):
+    sched = three_growing_requests(preemption, mode)
     plan = run_until_preemption(sched)
     assert plan.preempted == [2] and sched.num_preemptions == 1
     assert sched.running_request_ids() == [0, 1]
@@ -118,9 +127,10 @@ def test_recompute_refills_prompt_plus_generated_tokens():
     assert sched.num_generated(victim) == 8 and all_blocks_free(sched.kv)
 
 
+@pytest.mark.parametrize("mode", ["v0", "v1"])
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
-def test_preemption_returns_every_block(preemption):
-    sched = three_growing_requests(preemption)
+def test_preemption_returns_every_block(preemption, mode):
+    sched = three_growing_requests(preemption, mode)
     swaps = 0
     while sched.has_unfinished():
         plan, _ = step(sched)
@@ -131,8 +141,8 @@ def test_preemption_returns_every_block(preemption):
     assert all(sched.num_generated(sched.seq_ids(rid)[0]) == 8 for rid in range(3))
 
 
-# --- static vs continuous batching -------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["static", "continuous"])
+# --- static vs iteration-level batching ----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["static", "v0"])
 def test_static_admits_nothing_while_a_batch_runs(mode):
     # Room for exactly requests 0 and 1 (oracle reserves final lengths 11 + 5 = 16 slots); 2 must wait.
     kv = make_kv_manager("oracle", 16, block_size=1, allocator="first_fit")
@@ -146,7 +156,7 @@ def test_static_admits_nothing_while_a_batch_runs(mode):
         finished_at.update({rid: t for rid in done})
         t += 1
     assert finished_at[1] == 1  # request 1 completes when it finishes, in both modes
-    if mode == "continuous":  # memory freed by request 1 is used at once
+    if mode == "v0":  # memory freed by request 1 is used at once
         assert prefilled_at[2] == finished_at[1] + 1
     else:  # nothing joins until the whole batch (request 0 too) is done
         assert prefilled_at[2] == finished_at[0] + 1
@@ -154,7 +164,7 @@ def test_static_admits_nothing_while_a_batch_runs(mode):
 
 def test_continuous_finishes_a_mixed_workload_in_fewer_steps():
     steps = {}
-    for mode in ("static", "continuous"):
+    for mode in ("static", "v0", "v1"):
         reqs = generate_requests("uniform", 30, arrival="offline", prompt_len_range=(4, 40),
                                  output_len_range=(1, 60), max_seq_len=128, seed=3)
         sched = Scheduler(paged(64), SchedulerConfig(mode=mode, max_num_seqs=8))
@@ -162,7 +172,7 @@ def test_continuous_finishes_a_mixed_workload_in_fewer_steps():
             sched.add_request(r)
         steps[mode] = drive(sched)
         assert all_blocks_free(sched.kv)
-    assert steps["continuous"] < steps["static"]
+    assert steps["v0"] < steps["static"] and steps["v1"] < steps["static"]
 
 
 # --- sequence groups ---------------------------------------------------------------------------------
@@ -180,7 +190,7 @@ def test_abort_frees_memory_wherever_the_request_is():
 
 
 def test_finish_step_wants_the_last_plan():
-    sched = Scheduler(paged(8))
+    sched = Scheduler(paged(8), V0)
     sched.add_request(req(0, 4, 3))
     plan = sched.schedule()
     with pytest.raises(RuntimeError, match="finish_step"):
@@ -190,72 +200,87 @@ def test_finish_step_wants_the_last_plan():
     sched.finish_step(plan, StepOutcome())
 
 
-# --- the decode-run fast path ------------------------------------------------------------------------
+# --- plain decode runs (the fast-forward's part of the scheduler) ---------------------------------------
 def snapshot(sched: Scheduler) -> tuple:
     kv, seqs = sched.kv, {}
     for rid in sched.running_request_ids():
         for i in sched.seq_ids(rid):
             seqs[i] = (kv.block_table(i), kv.num_tokens(i), sched.num_generated(i))
-    return seqs, kv.breakdown(), kv.num_free_blocks, sched.waiting_request_ids()
+    return seqs, kv.breakdown(), kv.num_free_blocks, sched.waiting_request_ids(), sched.running_request_ids()
 
 
-def twin(policy: str, num_slots: int) -> Scheduler:
+def twin(policy: str, num_slots: int, mode: str) -> Scheduler:
     kv = make_kv_manager(policy, num_slots, block_size=4 if policy == "paged" else 1, max_seq_len=64)
-    sched = Scheduler(kv)
+    sched = Scheduler(kv, SchedulerConfig(mode=mode))
     for rid, (prompt_len, output_len) in enumerate([(5, 30), (3, 40), (9, 25), (30, 20)]):
         sched.add_request(req(rid, prompt_len, output_len))
     step(sched)  # the prefill step
     return sched
 
 
+@pytest.mark.parametrize("mode", ["v0", "v1"])
 @pytest.mark.parametrize(
     "policy, num_slots, bound", [("paged", 256, "length"), ("paged", 80, "memory"), ("oracle", 256, "length")]
 )
-def test_decode_run_equals_stepping_token_by_token(policy, num_slots, bound):
-    stepped, jumped = twin(policy, num_slots), twin(policy, num_slots)
-    k = jumped.decode_run_length(10_000)
+def test_a_plain_decode_run_equals_stepping_token_by_token(policy, num_slots, bound, mode):
+    stepped, jumped = twin(policy, num_slots, mode), twin(policy, num_slots, mode)
     assert jumped.num_running == 4
-    # after the prefill each sequence has 1 token; the run stops one step before the first one finishes
-    by_length = min(jumped.request(rid).output_len for rid in range(4)) - 1 - 1
-    assert 0 < k and (k == by_length if bound == "length" else k < by_length)
+    # after the prefill each sequence has sampled 1 token; a run may go on until the step where the first one
+    # samples its last (request 3: output 20), unless memory stops it first
+    until_finish = run_length(jumped)
+    assert until_finish == 20 - 1
+    counts, finished = jumped.advance_decodes(until_finish)
+    k = len(counts)
+    assert 0 < k and (k == until_finish if bound == "length" else k < until_finish)
+    assert finished == ([3] if k == until_finish else [])  # request 3 finished in the run's last step
     before = stepped.running_request_ids()
-    for _ in range(k):
-        plan, finished = step(stepped)
-        assert not (plan.prefills or plan.blocks_to_copy or plan.blocks_to_swap_in or plan.preempted or finished)
-        assert plan.request_ids() == before
-    jumped.advance_decode_run(k)
+    for j in range(k):
+        plan, done = step(stepped)
+        assert not (plan.prefills or plan.blocks_to_copy or plan.blocks_to_swap_in or plan.preempted)
+        assert plan.request_ids() == before and done == (finished if j == k - 1 else [])
     jumped.kv.check_invariants()
     assert snapshot(jumped) == snapshot(stepped)
     assert drive(jumped, use_runs=True) == drive(stepped)  # and the rest of the run too
     assert all_blocks_free(jumped.kv)
 
 
-def test_decode_run_is_zero_when_the_next_step_differs():
-    sched = twin("paged", 256)
+def test_no_plain_decode_run_when_the_next_step_differs():
+    sched = twin("paged", 256, "v0")
     sched.add_request(req(9, 4, 4))  # it fits: the next step is a prefill
-    assert sched.decode_run_length(100) == 0
-    with pytest.raises(ValueError, match="advance_decode_run"):
-        sched.advance_decode_run(1)
-    sched = Scheduler(paged(32))
+    assert sched.plain_decode_seqs() is None
+    with pytest.raises(ValueError, match="advance_decodes"):
+        sched.advance_decodes(1)
+    sched = Scheduler(paged(32), V0)
     sched.add_request(req(0, 6, 8, n=2))  # siblings share a half-full last block: the next decode copies it
     step(sched)
-    assert sched.decode_run_length(100) == 0
+    assert sched.plain_decode_seqs() is not None and sched.kv.max_decode_steps(sched.seq_ids(0), 100) == 0
+    assert sched.advance_decodes(7) == ([], [])  # nothing applied: memory allows no step without a copy
     step(sched)
-    assert sched.decode_run_length(100) == 8 - 2 - 1
+    assert run_length(sched) == 8 - 2
+    v1 = Scheduler(paged(32), SchedulerConfig(max_num_batched_tokens=4))
+    v1.add_request(req(0, 10, 8))
+    step(v1)  # a chunk of 4: the prompt is not computed yet, so the next step is not a plain decode
+    assert v1.plain_decode_seqs() is None
 
 
 # --- whole runs: every policy, every feature ----------------------------------------------------------
 @pytest.mark.parametrize(
     "policy, config, workload, num_slots",
-    [(p, {}, {}, 1024) for p in POLICIES]
+    [(p, {"mode": m}, {}, 1024) for p in POLICIES for m in ("v0", "v1")]
     + [
-        ("paged", {"preemption": "swap"}, {}, 1024),
+        ("paged", {"preemption": "swap", "mode": "v0"}, {}, 1024),
+        ("paged", {"preemption": "swap", "max_num_batched_tokens": 32}, {}, 1024),
         ("paged", {"mode": "static"}, {}, 1024),
-        ("paged", {}, {"n": 2}, 1024),
-        ("paged", {"preemption": "swap"}, {"beam_width": 3}, 512),
-        ("paged", {}, {"beam_width": 2}, 512),
-        ("paged", {}, {"prefix_len": 16, "num_prefixes": 2}, 1024),
-        ("oracle", {}, {"beam_width": 2}, 1024),
+        ("paged", {"mode": "v0"}, {"n": 2}, 1024),
+        ("paged", {"max_num_batched_tokens": 16}, {"n": 2}, 1024),
+        ("paged", {"preemption": "swap", "mode": "v0"}, {"beam_width": 3}, 512),
+        ("paged", {"mode": "v0"}, {"beam_width": 2}, 512),
+        ("paged", {"max_num_batched_tokens": 16}, {"beam_width": 2}, 512),
+        ("paged", {"mode": "v0"}, {"prefix_len": 16, "num_prefixes": 2}, 1024),
+        ("paged", {"max_num_batched_tokens": 24, "victim": "fewest_computed"}, {"prefix_len": 16, "num_prefixes": 2},
+         1024),
+        ("oracle", {"mode": "v0"}, {"beam_width": 2}, 1024),
+        ("oracle", {"max_num_batched_tokens": 16}, {"n": 3}, 1024),
     ],
 )
 def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slots):
@@ -285,7 +310,7 @@ def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slo
         st.tuples(st.integers(1, 24), st.integers(1, 24), st.sampled_from([(1, 1), (2, 1), (3, 1), (1, 2), (1, 3)])),
         min_size=1, max_size=8,
     ),
-    mode=st.sampled_from(["continuous", "static"]),
+    mode=st.sampled_from(["v0", "static", "v1"]),
     preemption=st.sampled_from(["recompute", "swap"]),
     watermark=st.sampled_from([0.0, 0.2]),
     num_blocks=st.integers(6, 24),
@@ -296,8 +321,9 @@ def test_any_small_workload_completes_and_returns_every_block(shapes, mode, pree
     every GPU and CPU block comes back, and jumping over decode runs changes nothing."""
     results = []
     for use_runs in (False, True):
-        config = SchedulerConfig(max_num_seqs=6, mode=mode, preemption=preemption, watermark=watermark)
-        sched = Scheduler(paged(num_blocks, num_cpu_blocks=8), config)
+        budget = 8 if mode == "v1" else None  # v1: prompts of up to 24 tokens in chunks of <= 8
+        config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=budget, mode=mode, preemption=preemption)
+        sched = Scheduler(paged(num_blocks, num_cpu_blocks=8, watermark=watermark), config)
         accepted = []
         for rid, (prompt_len, output_len, (n, beam)) in enumerate(shapes):
             try:
