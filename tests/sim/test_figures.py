@@ -14,7 +14,7 @@ from sim.figures import FIGURES, make_figures, merge_tasks
 from sim.figures.memory_map import draw_memory_map, slot_map
 from sim.figures.probes import Sharing, Timeline
 from sim.figures.style import new_figure
-from sim.kv import make_kv_manager
+from sim.kv import NewSequence, make_kv_manager
 from sim.kv.base import SHARE_NAMES
 from sim.sweep import Task
 
@@ -97,12 +97,12 @@ def test_equal_runs_merge_and_keep_every_probe():
 
 def test_memory_map_counts_equal_the_paged_breakdown():
     kv = make_kv_manager("paged", 64, block_size=4)  # 16 blocks of 4 slots
-    kv.admit([0, 1], 6, [9, 7])  # one prompt of 6 tokens (blocks 0, 1) shared by two samples
-    kv.append_slots(0)  # seq 0 writes token 7 into shared block 1: copy-on-write gives it its own copy
-    kv.admit([2], 3, [3])  # a 3-token request that ends with its prompt: its block's last slot is internal
-    lengths = {0: (6, 9), 1: (6, 7), 2: (3, 3)}
+    kv.allocate_slots([0], [6], [NewSequence(6, 9)])  # one prompt of 6 tokens (blocks 0, 1) ...
+    kv.fork(0, 1, 7)  # ... shared by two samples
+    kv.allocate_slots([0], [1])  # seq 0 writes token 7 into shared block 1: copy-on-write gives it its own copy
+    kv.allocate_slots([2], [3], [NewSequence(3, 3)])  # ends with its prompt: its block's last slot is internal
     for waiting in (False, True):
-        smap = slot_map(kv, lengths=lengths, owners={0: 10, 1: 10, 2: 11}, waiting=waiting)
+        smap = slot_map(kv, owners={0: 10, 1: 10, 2: 11}, waiting=waiting)
         breakdown = kv.breakdown(waiting)
         assert smap.counts() == {n: getattr(breakdown, n) for n in SHARE_NAMES}
     assert smap.num_owners == 2
@@ -110,15 +110,14 @@ def test_memory_map_counts_equal_the_paged_breakdown():
 
 def test_memory_map_counts_equal_the_contiguous_breakdown_and_draw():
     kv = make_kv_manager("pow2", 64, block_size=1, max_seq_len=32)  # buddy allocator over 64 slots
-    kv.admit([0], 5, [12])  # reserves 5 + 8 = 13 slots, the buddy hands out 16
-    kv.admit([1], 3, [4])  # reserves 3 + 1 = 4
-    kv.append_slots(0, 2)
-    lengths = {0: (5, 12), 1: (3, 4)}
-    smap = slot_map(kv, lengths=lengths)
+    kv.allocate_slots([0], [5], [NewSequence(5, 12)])  # reserves 5 + 8 = 13 slots, the buddy hands out 16
+    kv.allocate_slots([1], [3], [NewSequence(3, 4, fork_final_lens=(4,))])  # reserves 3 + 1 = 4, twice
+    kv.allocate_slots([0], [2])
+    smap = slot_map(kv)
     breakdown = kv.breakdown()
     assert smap.counts() == {n: getattr(breakdown, n) for n in SHARE_NAMES}
     fig, ax = new_figure(size=(6, 2))
-    drawn = draw_memory_map(kv, ax, lengths=lengths, title="a small pool")  # what a notebook does
+    drawn = draw_memory_map(kv, ax, title="a small pool")  # what a notebook does
     assert drawn.counts() == smap.counts() and ax.get_title(loc="left") == "a small pool"
     fig.clf()
 
