@@ -17,6 +17,10 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     shared_prefix      Fig. 16   a shared few-shot prefix, with and without prefix caching
     block_size         Fig. 18b  block size: latency and memory
     recompute_vs_swap  Fig. 19   preemption by recompute vs swap across block sizes
+    chunked_prefill    -         the paper's scheduler (v0) vs vLLM v1's chunked prefill: stalls and TTFT
+
+The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
+with vLLM v1's.
 
 `quick=True` shortens every trace and keeps a few points per curve (seconds per figure; the tests use it).
 """
@@ -29,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..sweep import PointResult, SweepError, Task, run_tasks
-from . import ablations, memory, sharing, throughput
+from . import ablations, memory, scheduling, sharing, throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("shared_prefix", sharing.prefix_tasks, sharing.draw_prefix),
     FigureSpec("block_size", ablations.block_tasks, ablations.draw_block),
     FigureSpec("recompute_vs_swap", ablations.preemption_tasks, ablations.draw_preemption),
+    FigureSpec("chunked_prefill", scheduling.chunked_tasks, scheduling.draw_chunked),
 )}  # fmt: skip
 
 

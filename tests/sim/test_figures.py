@@ -86,6 +86,35 @@ def test_block_size_and_preemption_figures_have_every_point(quick_figures):
         (p, s) for p in ("1-shot", "5-shot") for s in ("oracle", "paged", "paged+prefix")}
 
 
+def test_chunked_prefill_shortens_the_stalls_of_decodes(quick_figures):
+    """v1 with a 512-token budget bounds how long a decode waits behind prompts: its p99 largest gap is below
+    the paper's scheduler's at every rate of the quick figure (the same traces), and it grows with the budget."""
+    rows = read_rows(quick_figures, "chunked_prefill")
+    stall = {(r["system"], float(r["rate"])): float(r["p99_itl_max_s"]) for r in rows}
+    for rate in (0.5, 1.5):
+        assert stall["v1-512", rate] < stall["v0", rate]
+    assert stall["v1-128", 1.0] < stall["v1-512", 1.0] < stall["v1-2048", 1.0]
+    assert all(int(r["num_finished"]) == int(r["num_requests"]) for r in rows)
+
+
+def test_readme_quotes_the_committed_csvs():
+    """Numbers the README quotes come from the committed figures/*.csv."""
+    readme = " ".join((ROOT / "README.md").read_text().split())  # line breaks do not matter
+    chunked = read_rows(ROOT / "figures", "chunked_prefill")
+    stall = {(r["system"], float(r["rate"])): float(r["p99_itl_max_s"]) for r in chunked}
+    ttft = {(r["system"], float(r["rate"])): float(r["p99_ttft_s"]) for r in chunked}
+    for system in ("v0", "v1-512", "v1-2048"):
+        assert f"{1e3 * stall[system, 1.0]:.0f} ms" in readme, system
+    assert f"from {1e3 * ttft['v0', 1.0]:.0f} ms to {1e3 * ttft['v1-512', 1.0]:.0f} ms" in readme
+    memory_map = {r["policy"]: r for r in read_rows(ROOT / "figures", "memory_map")}
+    assert f"fits {memory_map['max']['num_requests_in_memory']} of them with {memory_map['max']['num_waiting']} waiting" in readme
+    paged = memory_map["paged"]
+    free = int(paged["free"]) / int(paged["num_slots"])
+    assert f"holds {paged['num_requests_in_memory']} requests" in readme and f"{free:.0%} still free" in readme
+    batch = {(r["workload"], r["system"]): float(r["mean_batch_size"]) for r in read_rows(ROOT / "figures", "batch_size")}
+    assert f"{batch['sharegpt', 'paged'] / batch['sharegpt', 'max']:.1f}x more than Max" in readme
+
+
 def test_equal_runs_merge_and_keep_every_probe():
     a = Task.of((Timeline(),), policy="paged", rate=2.0)
     b = Task.of((Sharing(),), rate=2.0, policy="paged")  # the same keywords in another order
