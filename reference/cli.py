@@ -7,7 +7,7 @@
 `generate` drives the engine the way vLLM's LLMEngine is driven: `add_request`, then `step()` until done,
 printing each step's new text (one request, one sample) or each completion as it finishes (n > 1, beams).
 Bad input ends with one line `error: ... (allowed: ...)` on stderr and exit status 2, never a traceback
-(STYLE.md, errors).
+(docs/ARCHITECTURE.md, "Bad input").
 """
 from __future__ import annotations
 

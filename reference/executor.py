@@ -31,7 +31,7 @@ from reference.models.llama import LlamaForwardModel
 from sim.plan import ScheduledSeq, StepPlan
 
 BACKENDS = ("torch", "torch_batched", "triton")
-# NOTE: the CPU default pool holds 64 requests of 512 tokens (DESIGN/ENGINE_API's "e.g."); SmolLM2 in float32
+# NOTE: the CPU default pool holds 64 requests of 512 tokens (a CPU pool sized for a class demo); SmolLM2 in float32
 # needs 45 KiB of K/V per token, so this is 1.4 GiB. The GPU default is 0.9 of free memory after the weights.
 CPU_DEFAULT_TOKENS = 64 * 512
 GPU_MEMORY_FRACTION = 0.9

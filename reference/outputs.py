@@ -68,7 +68,7 @@ class StepRecord:
     num_running_requests: int  # requests with a sequence in this step
     num_batched_tokens: int  # tokens the forward pass ran (a shared prompt counts once)
     num_free_blocks: int  # GPU blocks free after the step
-    memory: MemoryBreakdown  # the KV pool after the step, five kinds of slot (DESIGN.md)
+    memory: MemoryBreakdown  # the KV pool after the step, five kinds of slot (sim/kv/base.py)
     step_time_s: float  # wall time to execute the plan: copies, forward pass, sampling
 
     @classmethod

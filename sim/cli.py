@@ -8,7 +8,7 @@
 
 Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
 dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
-status 2, never a traceback (STYLE.md, errors).
+status 2, never a traceback (docs/ARCHITECTURE.md, "Bad input").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How long one engine iteration takes: the simulator's clock (DESIGN.md, layer 5).
+"""How long one engine iteration takes: the simulator's clock (docs/ARCHITECTURE.md, "The layers").
 
 Two interchangeable models behind one protocol:
 

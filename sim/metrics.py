@@ -155,7 +155,7 @@ def summarize(
     *, policy: str, requests: Table, steps: Table, integral: dict[str, float], span: float, wall_time_s: float,
     extras: dict, slo_ttft_s: float | None = None, slo_tbt_s: float | None = None, prefix_cache=None,
 ) -> dict:
-    """The summary dict of the `python -m sim run --json` contract (DESIGN.md), plus `extras` and derived stats."""
+    """The summary dict of the `python -m sim run --json` contract (docs/ARCHITECTURE.md, "Metrics"), plus `extras` and derived stats."""
     finished = ~np.isnan(requests["finish_time"])
     num_finished = int(finished.sum())
     norm = requests["normalized_latency"][finished]

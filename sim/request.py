@@ -3,7 +3,7 @@ generate, when it arrives, and how it samples.
 
 The simulator knows each request's true output length in advance (it comes from the workload), which
 is what lets it split memory into "reserved for a token that will come" and "reserved for nothing"
-exactly (DESIGN.md, memory breakdown). The reference engine builds the same records from real prompts,
+exactly (sim/kv/base.py, the memory breakdown). The reference engine builds the same records from real prompts,
 with `output_len` = the request's `max_tokens` (an upper bound it cannot know better).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Names and colours follow the vLLM paper's figures (Kwon et al., SOSP 2023): the Orca baselines by their
 reservation rule, vLLM for the paged KV cache, FasterTransformer-style static batching; the five memory
-kinds of Fig. 2 (DESIGN.md, memory breakdown).
+kinds of Fig. 2 (sim/kv/base.py, the memory breakdown).
 """
 from __future__ import annotations
 
