@@ -137,15 +137,16 @@ def blocks_for_request(policy: str, prompt_len: int, max_tokens: int, num_seqs: 
     """A KV pool (in blocks) that surely holds one request of num_seqs sequences under `policy`.
 
     NOTE: the CLI serves one request, so by default it sizes the pool for it instead of taking the engine's
-    batch-sized default (1.4 GiB of float32 K/V on CPU: seconds just to zero-fill). Each sequence is counted
-    with its own copy of the prompt (paged sharing only needs less) and its reservation rounded up to a power
-    of two blocks (what a buddy allocator may hand out for the contiguous policies).
+    batch-sized default (1.4 GiB of float32 K/V on CPU: seconds just to zero-fill). The policy itself says what
+    fits (sim.kv.pool_blocks_for asks its check_request): each sequence counted with its own copy of the
+    prompt, a power of two of blocks. A prompt too long for the context is the engine's to refuse, so the
+    lengths are clamped to the context here.
     """
-    output = max(1, min(max_tokens, max_model_len - prompt_len))
-    tokens = {"max": max_model_len, "pow2": prompt_len + (1 << (output - 1).bit_length())}.get(
-        policy, prompt_len + output)
-    blocks = -(-tokens // block_size)
-    return num_seqs * (1 << (blocks - 1).bit_length())
+    from sim.kv import pool_blocks_for
+
+    final = min(prompt_len + max(1, min(max_tokens, max_model_len - prompt_len)), max_model_len)
+    return pool_blocks_for(policy, min(prompt_len, final), final, num_seqs, block_size=block_size,
+                           max_seq_len=max_model_len)  # fmt: skip
 
 
 def _build_engine(a: argparse.Namespace):

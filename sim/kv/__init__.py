@@ -88,5 +88,21 @@ def make_kv_manager(
     return spec.build(num_blocks, block_size, options)
 
 
+def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int = 1, *, block_size: int = 16,
+                    max_seq_len: int = 2048) -> int:
+    """The smallest pool, in a power of two of blocks, in which `policy` can serve one request of `num_seqs`
+    sequences of this final length (its `check_request` passes): a pool sized for one request, found through the
+    KV contract alone (a buddy allocator hands out powers of two)."""
+    blocks = 1
+    while True:
+        kv = make_kv_manager(policy, blocks * block_size, block_size=block_size, max_seq_len=max_seq_len)
+        if kv.check_request(prompt_len, final_len, num_seqs) is None:
+            return blocks
+        if blocks * block_size > 2 * num_seqs * max(final_len, max_seq_len):
+            raise ValueError(f"no pool serves {num_seqs} sequence(s) of final length {final_len} under {policy!r}: "
+                             f"{kv.check_request(prompt_len, final_len, num_seqs)}")  # fmt: skip
+        blocks *= 2
+
+
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
-           "PrefixCacheStats", "as_seen", "make_kv_manager", "simulator_block_size"]  # fmt: skip
+           "PrefixCacheStats", "as_seen", "make_kv_manager", "pool_blocks_for", "simulator_block_size"]  # fmt: skip

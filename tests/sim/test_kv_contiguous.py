@@ -231,3 +231,16 @@ TestPow2BuddyMachine = _machine("pow2", "buddy")
 TestPow2FirstFitMachine = _machine("pow2", "first_fit")
 TestOracleBuddyMachine = _machine("oracle", "buddy")
 TestOracleFirstFitMachine = _machine("oracle", "first_fit")
+
+
+def test_pool_blocks_for_asks_each_policy_what_one_request_needs():
+    from sim.kv import pool_blocks_for
+
+    # paged: 2 sequences of final length 20 in blocks of 4 -> 2 x 5 = 10 blocks -> the next power of two, 16
+    assert pool_blocks_for("paged", 10, 20, 2, block_size=4) == 16
+    # max reserves max_seq_len (64 tokens = 16 blocks) whatever the request
+    assert pool_blocks_for("max", 10, 20, 1, block_size=4, max_seq_len=64) == 16
+    # oracle, token-granular: 3 runs of 12 -> the buddy hands out 16 each; 32 slots hold two, 64 hold three
+    assert pool_blocks_for("oracle", 4, 12, 3, block_size=1) == 64
+    with pytest.raises(ValueError, match="no pool serves"):
+        pool_blocks_for("max", 10, 100, 1, block_size=4, max_seq_len=64)
