@@ -72,8 +72,8 @@ def bench_manager(make: Callable, num_ops: int, rng: np.random.Generator) -> tup
     start = time.perf_counter()
     for pick in picks:
         prompt_len, final_len = prompts[next_req], prompts[next_req] + outputs[next_req]
-        new = [NewSequence(prompt_len, final_len)]
-        if len(running) < MAX_RUNNING and kv.can_allocate_slots([next_req], [prompt_len], new):
+        new = [NewSequence(prompt_len, final_len)] if len(running) < MAX_RUNNING else None
+        if new is not None and kv.can_allocate_slots([next_req], [prompt_len], new):
             kv.allocate_slots([next_req], [prompt_len], new)
             running.append((next_req, final_len))
             next_req += 1

@@ -133,6 +133,9 @@ class ContiguousKVManager:
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+        if (new is not None and len(new) == len(seq_ids) == len(num_new_tokens) == 1 and not new[0].fork_final_lens
+                and seq_ids[0] not in self._seqs and num_new_tokens[0] >= 0 and not new[0].num_cached_tokens):
+            return self._can_admit_one(num_new_tokens[0], new[0])  # the common admission, made cheap
         check_request_args(seq_ids, num_new_tokens, new)
         if new is None:
             return all(self._run(i).num_tokens + k <= self._run(i).reserved_tokens for i, k in zip(seq_ids, num_new_tokens))
@@ -148,10 +151,21 @@ class ContiguousKVManager:
         trial = self.allocator.copy()  # NOTE: a throwaway copy, so the answer matches allocate_slots exactly
         return all(trial.allocate(size) is not None for size in sizes)
 
+    def _can_admit_one(self, count: int, spec: NewSequence) -> bool:
+        reserved = self.reserved_tokens(spec.prompt_len, spec.final_len)
+        # exact for both allocators: one run fits iff it fits the largest free run
+        return count <= reserved and self._num_blocks_for(reserved) <= self.allocator.largest_free_run
+
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
         """Room inside a reservation costs nothing and copies nothing; past it, None (see NOTE above). New
         sequences reserve their runs (and their siblings') first, all or nothing."""
+        if new is None and len(seq_ids) == 1 and num_new_tokens[0] >= 0:  # the hot path: one sequence grows
+            run = self._run(seq_ids[0])
+            if run.num_tokens + num_new_tokens[0] > run.reserved_tokens:
+                return None
+            run.num_tokens += num_new_tokens[0]
+            return Allocation([])
         if not self.can_allocate_slots(seq_ids, num_new_tokens, new):
             return None
         if new is not None:

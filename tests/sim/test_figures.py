@@ -115,6 +115,28 @@ def test_readme_quotes_the_committed_csvs():
     assert f"{batch['sharegpt', 'paged'] / batch['sharegpt', 'max']:.1f}x more than Max" in readme
 
 
+def test_readme_quotes_the_committed_benchmarks():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    def rows(name):
+        with open(ROOT / "figures" / name) as f:
+            return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+    sim_bench = {r["run"]: float(r["wall_time_s"]) for r in rows("bench_sim.csv") if r["run"] != "heapq"}
+    for run, label in (("paper-scale paged", "paged"), ("paper-scale max", "max"), ("paper-scale pow2", "pow2"),
+                       ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1")):  # fmt: skip
+        assert f"{label} {sim_bench[run]:.2f} s" in readme, run
+    assert f"v0 {sim_bench['100k paged v0']:.1f} s, v1 {sim_bench['100k paged v1']:.1f} s" in readme
+    alloc = {(r["benchmark"], r["policy"], r["allocator"]): float(r["ops_per_s"]) / 1e6 for r in rows("bench_alloc.csv")}
+    contiguous = [v for (b, p, _), v in alloc.items() if b == "kv_cycle" and p != "paged"]
+    assert f"BlockAllocator allocate/free {alloc['blocks', '', 'block']:.2f} M/s" in readme
+    assert f"paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s" in readme
+    assert f"contiguous {min(contiguous):.2f}-{max(contiguous):.2f} M/s" in readme
+    engine = {r["system"].split(" ")[0]: r for r in rows("bench_engine_cpu.csv") if r["section"] == "throughput"}
+    tokens = {k: float(v["tokens_per_s"]) for k, v in engine.items()}
+    assert f"{tokens['engine']:.1f} vs {tokens['HF']:.1f} output tokens/s: {tokens['engine'] / tokens['HF']:.2f}x" in readme
+
+
 def test_equal_runs_merge_and_keep_every_probe():
     a = Task.of((Timeline(),), policy="paged", rate=2.0)
     b = Task.of((Sharing(),), rate=2.0, policy="paged")  # the same keywords in another order
