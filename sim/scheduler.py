@@ -24,55 +24,24 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
-from typing import Callable
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .preemption import victim_policy
+from .scheduler_config import DEFAULT_BUDGET, MODES, PREEMPTION_MODES, SchedulerConfig
 from .request import Request
+from .scheduler_views import SchedulerViews
 from .sequence import Sequence, SequenceGroup, SequenceStatus, reselect_beams, split_budget
 
-__all__ = ["MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
+__all__ = ["DEFAULT_BUDGET", "MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
 
-MODES = ("v1", "v0", "static")
-PREEMPTION_MODES = ("recompute", "swap")
-DEFAULT_BUDGET = {"v1": 2048, "v0": 2560, "static": 2560}  # max_num_batched_tokens when none is given
 WAITING, RUNNING, SWAPPED, FINISHED = SequenceStatus
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256  # running sequences at most
-    max_num_batched_tokens: int | None = None  # tokens fed in one step at most (None: DEFAULT_BUDGET[mode])
-    mode: str = "v1"  # "v1" | "v0" | "static" (see the module docstring)
-    preemption: str = "recompute"  # "recompute" | "swap" (swap falls back to recompute when CPU memory is short)
-    enable_chunked_prefill: bool | None = None  # None: on in v1; v0 and static never chunk
-    victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES or a function
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.max_num_batched_tokens is None:
-            object.__setattr__(self, "max_num_batched_tokens", DEFAULT_BUDGET[self.mode])
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs}")
-        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens}")
-        if self.preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption!r}")
-        if self.enable_chunked_prefill and self.mode != "v1":
-            raise ValueError(f"enable_chunked_prefill needs mode 'v1' (mode {self.mode!r} runs whole prompts)")
-        victim_policy(self.victim)  # raises for an unknown name
-
-    @property
-    def chunked(self) -> bool:
-        return self.mode == "v1" and self.enable_chunked_prefill is not False
-
-
-class Scheduler:
+class Scheduler(SchedulerViews):
     """FCFS iteration-level scheduler over one KV manager. Queues: waiting (deque), running and swapped
-    (lists kept in arrival order). Sequence ids come from a counter inside the instance."""
+    (lists kept in arrival order). Sequence ids come from a counter inside the instance. What executors and
+    metrics may read (queue lengths, ids, a sequence's progress) is in sim/scheduler_views.py."""
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None) -> None:
         self.kv = kv
@@ -450,57 +419,3 @@ class Scheduler:
             seq.num_computed_tokens += num_steps
         ending = {s.request_id: self._groups[s.request_id] for s in seqs if s.num_generated >= s.output_len}
         return counts, self._finish(ending.values())
-
-    # --- read-only views for executors and metrics ----------------------------------------------------
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def num_swapped(self) -> int:
-        return len(self._swapped)
-
-    @property
-    def num_running_seqs(self) -> int:
-        return sum(len(g.live) for g in self._running)
-
-    @property
-    def num_preemptions(self) -> int:
-        return self._num_preemptions
-
-    def waiting_request_ids(self) -> list[int]:
-        return [g.request_id for g in self._waiting]
-
-    def running_request_ids(self) -> list[int]:
-        return [g.request_id for g in self._running]
-
-    def swapped_request_ids(self) -> list[int]:
-        return [g.request_id for g in self._swapped]
-
-    def seq_ids(self, request_id: int) -> list[int]:
-        """The request's current sequences (finished ones included, dropped beams not), in beam order."""
-        return [s.seq_id for s in self._group(request_id).seqs]
-
-    def num_generated(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_generated
-
-    def num_computed_tokens(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_computed_tokens
-
-    def group_status(self, request_id: int) -> SequenceStatus:
-        return self._group(request_id).status
-
-    def is_finished(self, request_id: int) -> bool:
-        return self._group(request_id).status is FINISHED
-
-    def request(self, request_id: int) -> Request:
-        return self._group(request_id).request
-
-    def _group(self, request_id: int) -> SequenceGroup:
-        if request_id not in self._groups:
-            raise KeyError(f"unknown request {request_id}")
-        return self._groups[request_id]

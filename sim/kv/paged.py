@@ -16,8 +16,9 @@ may be partly filled. For block_size 4 and 6 tokens:
 
 `allocate_slots` grows tables chunk by chunk (a whole prompt, a chunk of one, or one decode token) and is
 all-or-nothing over the sequences it is given; on out-of-memory it returns None and changes nothing.
-The decode-run methods at the end (`max_decode_steps`, `advance_decodes`) answer the simulator's
-fast-forward in closed form; they live in `paged_runs.py`.
+The manager is one class in four files: allocation here, swapping in `paged_swap.py`, the memory breakdown
+and invariants in `paged_accounting.py`, and the closed forms behind the simulator's fast-forward
+(`max_decode_steps`, `advance_decodes`) in `paged_runs.py`.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats,
-                   check_request_args)  # fmt: skip
+from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, check_request_args
+from .paged_accounting import PagedAccounting
+from .paged_swap import PagedSwapSpace
 
 
 @dataclass(slots=True)
@@ -44,7 +46,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class PagedKVManager:
+class PagedKVManager(PagedSwapSpace, PagedAccounting):
     """Block tables for sequences named by integer ids, over a GPU `BlockAllocator` (+ optional CPU swap space).
 
     `watermark`: the share of GPU blocks an admission must leave free, so that a sequence just admitted is not
@@ -304,74 +306,6 @@ class PagedKVManager:
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
 
-    # --- swapping (paper 4.5) -----------------------------------------------------------------------
-    def _distinct_blocks(self, seq_ids: Sequence[int], swapped: bool) -> list[int]:
-        """The distinct blocks the group's tables point at, in first-seen order; checks every id's location."""
-        seen: dict[int, None] = {}
-        for seq_id in seq_ids:
-            seq = self._seqs.get(seq_id)
-            if seq is None:
-                raise KeyError(f"sequence {seq_id} is not live")
-            if seq.swapped != swapped:
-                where = {True: "swapped out", False: "on the GPU"}
-                raise RuntimeError(f"sequence {seq_id} is {where[seq.swapped]}, expected it {where[swapped]}")
-            seen.update(dict.fromkeys(seq.block_table))
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
-        return list(seen)
-
-    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        blocks = self._distinct_blocks(seq_ids, swapped=False)
-        return self.cpu_allocator is not None and self.cpu_allocator.can_allocate(len(blocks))
-
-    def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
-        """Move the group's blocks to CPU memory: returns (gpu_block, cpu_block) copies, or None if CPU memory is short.
-
-        A block shared inside the group is copied once and stays shared on the CPU. A block also held by a
-        sequence outside the group (a cached prefix, a beam left running) is copied too, and stays on the GPU
-        for its other owners: the group only drops its references there.
-        """
-        return self._move(seq_ids, swapped=False)
-
-    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
-        """Room for the group's blocks AND the growth that follows, leaving the watermark free (vLLM v0's
-        can_swap_in reserves one block per sequence; here the need is exact). Sharing inside the group
-        survives a swap, so the CPU tables and reference counts tell the growth."""
-        blocks = self._distinct_blocks(seq_ids, swapped=True)
-        seqs = [self._seqs[i] for i in seq_ids]
-        grow = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.cpu_allocator.ref_count)
-        return len(blocks) + grow + self.watermark_blocks <= self.allocator.num_free_blocks
-
-    def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
-        """Bring a swapped group back: returns (cpu_block, gpu_block) copies, or None if GPU memory is short.
-
-        NOTE: blocks come back as fresh GPU blocks, not re-registered in the prefix cache (a simplification).
-        """
-        return self._move(seq_ids, swapped=True)
-
-    def _move(self, seq_ids: Sequence[int], swapped: bool) -> list[BlockCopy] | None:
-        """Copy the group's distinct blocks from one pool to the other, keeping sharing inside the group."""
-        src_pool, dst_pool = (self.cpu_allocator, self.allocator) if swapped else (self.allocator, self.cpu_allocator)
-        blocks = self._distinct_blocks(seq_ids, swapped)
-        if dst_pool is None:
-            return None
-        fresh = dst_pool.allocate(len(blocks))
-        if fresh is None:
-            return None
-        mapping = dict(zip(blocks, fresh))
-        # Each dst block came with one reference; a block shared by k group members needs k - 1 more.
-        extra_refs: list[int] = []
-        seen: set[int] = set()
-        for seq_id in seq_ids:
-            seq = self._seqs[seq_id]
-            src_pool.free(reversed(seq.block_table))
-            seq.block_table = [mapping[b] for b in seq.block_table]
-            seq.swapped = not swapped
-            extra_refs += [b for b in seq.block_table if b in seen]
-            seen.update(seq.block_table)
-        dst_pool.share(extra_refs)
-        return list(mapping.items())
-
     # --- runs of plain decode steps (closed forms in paged_runs.py) ---------------------------------
     def _gpu_seqs(self, seq_ids: Sequence[int]) -> list[_SeqState]:
         """The states of these live, on-GPU sequences (one pass; the fast-forward asks for many at once)."""
@@ -401,109 +335,6 @@ class PagedKVManager:
             if seq.token_ids is not None:
                 self._register(seq)
         return counts
-
-    # --- accounting -----------------------------------------------------------------------------------
-    def slot_segments(self) -> list[tuple[int, int, int, int]]:
-        """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
-        block is listed once, under its first owner. The breakdown below, slot by slot."""
-        bs, segments, last = self.block_size, [], {}
-        seen: set[int] = set()
-        for seq_id, seq in self._seqs.items():
-            if seq.swapped:  # its blocks are in CPU memory
-                continue
-            for i, b in enumerate(seq.block_table):
-                filled = min(bs, seq.num_tokens - i * bs)
-                reach = max(filled, min(bs, seq.final_len - i * bs))
-                if b in seen:
-                    if b in last:
-                        last[b][2] = max(last[b][2], reach)
-                    continue
-                seen.add(b)
-                if filled == bs:
-                    segments.append((seq_id, b * bs, (b + 1) * bs, 0))
-                else:
-                    last[b] = [seq_id, filled, reach]
-        for b, (seq_id, filled, reach) in last.items():
-            for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
-                if hi > lo:
-                    segments.append((seq_id, b * bs + lo, b * bs + hi, kind))
-        return segments
-
-    def breakdown(self, waiting: bool = False) -> MemoryBreakdown:
-        """The pool in five kinds of slot, exact from each sequence's true final length; shared blocks count once.
-
-        Every block but a sequence's last is full, so only partly filled last blocks hold empty slots. Each
-        empty slot of such a block is `reservation` if some owner will still write it (its final length
-        reaches that far), else `internal_fragmentation`. Example, block_size 4, 6 tokens, final length 7:
-
-            last block   t4 t5 r  i        2 token_states, 1 reservation, 1 internal_fragmentation
-
-        Swapped-out sequences hold no GPU memory; freed cached blocks count as free. Cost: O(live sequences).
-        """
-        bs = self.block_size
-        partial: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach over its owners]
-        for seq in self._seqs.values():
-            filled = seq.num_tokens % bs  # NOTE: the loop is hot (the simulator asks every step): kept lean
-            if not filled or seq.swapped:
-                continue
-            reach = seq.final_len - seq.num_tokens + filled  # the final length, counted from the block's start
-            reach = filled if reach < filled else (bs if reach > bs else reach)
-            entry = partial.get(seq.block_table[-1])
-            if entry is None:
-                partial[seq.block_table[-1]] = [filled, reach]
-            elif reach > entry[1]:
-                entry[1] = reach
-        empty = sum(bs - filled for filled, _ in partial.values())
-        reservation = sum(reach - filled for filled, reach in partial.values())
-        result = MemoryBreakdown(
-            token_states=self.allocator.num_used_blocks * bs - empty,
-            reservation=reservation,
-            internal_fragmentation=empty - reservation,
-            external_fragmentation=0,  # blocks are all alike: any free block fits any request
-            free=self.allocator.num_free_blocks * bs,
-        )
-        return result.with_waiting() if waiting else result
-
-    def check_invariants(self) -> None:
-        """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens;
-        the breakdown equals a slow block-by-block recount."""
-        self.allocator.check_invariants()
-        if self.cpu_allocator is not None:
-            self.cpu_allocator.check_invariants()
-        bs = self.block_size
-        refs: dict[bool, dict[int, int]] = {False: {}, True: {}}
-        fill: dict[int, tuple[int, int]] = {}  # GPU block -> (filled slots, slots some owner will reach)
-        for seq_id, seq in self._seqs.items():
-            n = _cdiv(seq.num_tokens, bs)
-            if len(seq.block_table) != n or len(set(seq.block_table)) != n:
-                raise RuntimeError(
-                    f"sequence {seq_id}: expected {n} distinct blocks for "
-                    f"{seq.num_tokens} tokens, found block table {seq.block_table}"
-                )
-            for i, b in enumerate(seq.block_table):
-                refs[seq.swapped][b] = refs[seq.swapped].get(b, 0) + 1
-                if seq.swapped:
-                    continue
-                filled = min(bs, seq.num_tokens - i * bs)
-                reach = max(filled, min(bs, seq.final_len - i * bs))
-                if b in fill and fill[b][0] != filled:
-                    raise RuntimeError(f"block {b}: owners disagree on its fill ({fill[b][0]} vs {filled} tokens)")
-                fill[b] = (filled, max(reach, fill.get(b, (0, 0))[1]))
-        for pool, held, name in ((self.allocator, refs[False], "GPU"), (self.cpu_allocator, refs[True], "CPU")):
-            size = 0 if pool is None else pool.num_blocks
-            for b in set(range(size)) | set(held):
-                found = pool.ref_count(b) if b < size else None
-                if found != held.get(b, 0):
-                    raise RuntimeError(f"{name} block {b}: expected ref count {held.get(b, 0)} (owners), found {found}")
-        expected = MemoryBreakdown(
-            token_states=sum(f for f, _ in fill.values()),
-            reservation=sum(r - f for f, r in fill.values()),
-            internal_fragmentation=sum(bs - r for _, r in fill.values()),
-            external_fragmentation=0,
-            free=self.allocator.num_free_blocks * bs,
-        )
-        if self.breakdown() != expected:
-            raise RuntimeError(f"expected breakdown {expected} (block by block), found {self.breakdown()}")
 
     def __repr__(self) -> str:
         return (
