@@ -1,6 +1,6 @@
 """The reference half of the lab: real tensors behind the simulator's block tables.
 
-`from reference import LLM, SamplingParams, BeamSearchParams` gives vLLM's offline API (docs/ARCHITECTURE.md, "The engine").
+`from reference import LLM, SamplingParams, BeamSearchParams` gives vLLM's offline API (docs/ARCHITECTURE.md, "In the engine").
 Imports are lazy so that `import reference.attention` or `reference.models` does not pull in the engine.
 """
 from __future__ import annotations

@@ -9,10 +9,12 @@ from sim.plan import StepOutcome, StepPlan
 from sim.request import Request
 from sim.scheduler import Scheduler
 
+
 # --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------
 def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | None = None) -> StepOutcome:
     sampling = [e for e in plan.prefills + plan.decodes if e.sample]
-    finished = {e.seq_id for e in sampling if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
+    finished = {e.seq_id for e in sampling
+                if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}  # fmt: skip
     beams = {}
     for rid in {e.request_id for e in sampling}:
         ids = [e.seq_id for e in sampling if e.request_id == rid]
@@ -22,23 +24,36 @@ def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | Non
 
 
 def check_plan(sched: Scheduler, plan: StepPlan) -> None:
-    """What an executor relies on: each table covers exactly the tokens the step leaves in the cache (sample-only
-    siblings have none yet), `sample` is set exactly where an entry reaches the end of its sequence, every
-    decode feeds one token, and the batch respects max_num_seqs and the token budget (a group that cannot be
-    chunked may run alone over it; v0 decode steps have no budget)."""
+    """What an executor relies on, checked before the step is reported (so num_generated is the count before it).
+
+    Every mode: each fed entry's table covers exactly num_computed + num_new tokens (sample-only siblings have
+    none yet, and follow their leader's sampling entry), `sample` is set exactly where an entry reaches the end
+    of its sequence, decodes feed one token, a sequence appears once, max_num_seqs holds, and the token budget
+    holds unless a single group runs alone over it because it cannot be chunked (Scheduler._admission's `first`).
+    v0 / static: a step runs prefills or decodes, never both; decode steps have no budget. Without chunking
+    every fed entry samples (whole prompts only)."""
     bs, cfg = sched.kv.block_size, sched.config
-    for e in plan.prefills + plan.decodes:
-        end = e.num_computed_tokens + e.num_new_tokens
-        if e.num_new_tokens == 0:
+    entries = plan.prefills + plan.decodes
+    assert len({e.seq_id for e in entries}) == len(entries)
+    for i, e in enumerate(plan.prefills):
+        if e.num_new_tokens == 0:  # a sibling samples from the logits of its leader's entry, just before it
+            leader = next((p for p in reversed(plan.prefills[:i]) if p.num_new_tokens), None)
+            assert leader is not None and (leader.request_id, leader.sample) == (e.request_id, True)
+            assert e.num_computed_tokens == leader.num_computed_tokens + leader.num_new_tokens
             assert e.block_table == [] and e.sample
+    for e in entries:
+        if e.num_new_tokens == 0:  # a sample-only sibling: checked above
             continue
+        end = e.num_computed_tokens + e.num_new_tokens
         assert len(e.block_table) == -(-end // bs) and sched.kv.num_tokens(e.seq_id) == end
         assert e.sample == (end == sched.request(e.request_id).prompt_len + sched.num_generated(e.seq_id))
+        assert e.sample or cfg.chunked  # a chunk that stops short of the end exists only with chunked prefill
     assert all(e.num_new_tokens == 1 for e in plan.decodes)
     if cfg.mode != "v1":
         assert not (plan.prefills and plan.decodes)  # the paper's v0: a step runs prefills only, or decodes only
-    alone = len({e.request_id for e in plan.prefills + plan.decodes if e.num_new_tokens}) == 1
-    if (cfg.mode == "v1" or plan.prefills) and not (alone and not cfg.chunked):
+    alone = len({e.request_id for e in entries if e.num_new_tokens}) == 1
+    budgeted = cfg.mode == "v1" or plan.prefills  # v0 / static decode steps run every running sequence
+    if budgeted and not (alone and not cfg.chunked):
         assert plan.num_batched_tokens <= cfg.max_num_batched_tokens
     assert plan.num_seqs <= cfg.max_num_seqs
 
@@ -52,19 +67,35 @@ def step(sched: Scheduler, rng: np.random.Generator | None = None) -> tuple[Step
 
 
 def run_length(sched: Scheduler) -> int:
-    """How many plain decode steps the fast-forward may ask for now: 0 if none, else up to the first finish."""
+    """How many plain decode steps the fast-forward may ask for now: 0 if none, else up to the step in which the
+    first sequence samples its last token (a run may end with that step: it finishes there)."""
     seqs = sched.plain_decode_seqs()
     return min(s.output_len - s.num_generated for s in seqs) if seqs else 0
+
+
+def advance_run(sched: Scheduler) -> int:
+    """Jump over the plain decode run that starts now, as the simulator's fast-forward does, and return its length
+    (0: no run; take a normal step). The KV manager's max_decode_steps says how long memory lets it last, and the
+    scheduler must apply exactly that many steps."""
+    seqs = sched.plain_decode_seqs()
+    if not seqs:
+        return 0
+    limit = min(s.output_len - s.num_generated for s in seqs)
+    k = sched.kv.max_decode_steps([s.seq_id for s in seqs], limit)
+    if k == 0:
+        return 0
+    counts, _ = sched.advance_decodes(k)
+    assert len(counts) == k, f"the scheduler applied {len(counts)} of the {k} steps memory allows"
+    sched.kv.check_invariants()
+    return k
 
 
 def drive(sched: Scheduler, rng=None, use_runs: bool = False, max_steps: int = 20_000) -> int:
     """Run to completion; returns the number of iterations (a decode run of k counts k)."""
     steps = 0
     while sched.has_unfinished():
-        k = len(sched.advance_decodes(run_length(sched))[0]) if use_runs and run_length(sched) else 0
-        if k:
-            sched.kv.check_invariants()
-        else:
+        k = advance_run(sched) if use_runs else 0
+        if not k:
             step(sched, rng)
         steps += max(k, 1)
         assert steps < max_steps, "no progress"
@@ -82,6 +113,3 @@ def paged(num_blocks, block_size=4, **kw) -> PagedKVManager:
 def all_blocks_free(kv) -> bool:
     cpu = getattr(kv, "cpu_allocator", None)
     return kv.num_free_blocks == kv.num_blocks and (cpu is None or cpu.num_free_blocks == cpu.num_blocks)
-
-
-# --- configuration and admission control -------------------------------------------------------------

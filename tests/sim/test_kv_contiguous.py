@@ -85,6 +85,8 @@ def test_pow2_rounds_output_up():
 
 
 def test_group_reserves_one_run_per_sequence_and_forks_copy_the_prompt():
+    """Deliberate change: the siblings' runs are reserved at the leader's admission (fork_final_lens) and filled by
+    copies when they are forked; before, every sequence of the group was admitted and fed the prompt itself."""
     # Orca shares nothing: n = 3 samples of a 4-token prompt each reserve a run at admission (the leader's and,
     # waiting for their fork, its siblings'); only the leader computes the prompt
     kv = ContiguousKVManager(64, 1, reserve="oracle", allocator="first_fit")

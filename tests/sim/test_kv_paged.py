@@ -34,6 +34,7 @@ def test_a_prompt_admitted_in_chunks_grows_its_table_chunk_by_chunk():
 
 
 def test_parallel_samples_share_the_prompt_then_copy_on_write():
+    """Deliberate change: a group is no longer admitted as a whole; its leader is, and the siblings are forked."""
     kv = PagedKVManager(8, 4)
     # n=2 with a 6-token prompt: the leader (10) is admitted alone on blocks [0, 1] ...
     admit(kv, 10, 6, 9)
@@ -132,6 +133,20 @@ def test_a_block_aligned_prompt_recomputes_its_last_token():
     # so 4 tokens are cached and block 1 is recomputed into a new block
     assert admit(kv, 1, 8, 8, prompt)[0] == 4
     assert kv.block_table(1)[0] == kv.block_table(0)[0] and kv.block_table(1)[1] != kv.block_table(0)[1]
+    kv.check_invariants()
+
+
+def test_a_recompute_readmission_hits_the_whole_prompt():
+    kv = PagedKVManager(6, 4, enable_prefix_caching=True)
+    prompt = list(range(8))  # exactly two full blocks
+    admit(kv, 0, 8, 12, prompt)
+    kv.allocate_slots([0], [3])  # 3 generated tokens fed: 11 tokens in blocks [0, 1, 2]
+    kv.free(0)  # preempted by recompute: blocks 0 and 1 stay cached while free
+    # a fresh prompt of 8 must compute its last token, so only block 0 could hit; a re-admission holds 11 tokens,
+    # the prompt is not its end, and both prompt blocks hit: only the 3 generated tokens are computed again
+    assert kv.get_computed_tokens(prompt, 8) == 4 and kv.get_computed_tokens(prompt, 11) == 8
+    assert kv.allocate_slots([1], [3], [NewSequence(8, 12, prompt, 8)]) is not None
+    assert kv.block_table(1)[:2] == [0, 1] and kv.num_tokens(1) == 11
     kv.check_invariants()
 
 

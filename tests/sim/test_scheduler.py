@@ -68,6 +68,7 @@ def test_fcfs_no_overtaking(mode):
 
 
 def test_watermark_holds_back_an_admission_that_would_leave_too_little_free():
+    """Deliberate change: the watermark is the KV manager's (make_kv_manager(..., watermark=)), not the scheduler's."""
     for watermark, admitted in [(0.0, [0, 1]), (0.3, [0])]:  # 10 blocks; 0.3 keeps 3 free
         sched = Scheduler(paged(10, watermark=watermark), V0)
         sched.add_request(req(0, 16, 2))  # 4 blocks
@@ -162,7 +163,7 @@ def test_static_admits_nothing_while_a_batch_runs(mode):
         assert prefilled_at[2] == finished_at[0] + 1
 
 
-def test_continuous_finishes_a_mixed_workload_in_fewer_steps():
+def test_iteration_level_batching_finishes_a_mixed_workload_in_fewer_steps():
     steps = {}
     for mode in ("static", "v0", "v1"):
         reqs = generate_requests("uniform", 30, arrival="offline", prompt_len_range=(4, 40),
@@ -175,7 +176,7 @@ def test_continuous_finishes_a_mixed_workload_in_fewer_steps():
     assert steps["v0"] < steps["static"] and steps["v1"] < steps["static"]
 
 
-# --- sequence groups ---------------------------------------------------------------------------------
+# --- abort and the step protocol ------------------------------------------------------------------------
 def test_abort_frees_memory_wherever_the_request_is():
     sched = three_growing_requests("swap")
     run_until_preemption(sched)
