@@ -31,7 +31,7 @@ from .preemption import victim_policy
 from .scheduler_config import DEFAULT_BUDGET, MODES, PREEMPTION_MODES, SchedulerConfig
 from .request import Request
 from .scheduler_views import SchedulerViews
-from .sequence import Sequence, SequenceGroup, SequenceStatus, reselect_beams, split_budget
+from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
 
 __all__ = ["DEFAULT_BUDGET", "MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
 
@@ -306,7 +306,7 @@ class Scheduler(SchedulerViews):
                 copies = self.kv.fork(group.live[0].seq_id, seq.seq_id, seq.final_len)
                 if copies is None:
                     raise RuntimeError(f"fork of seq {seq.seq_id}: expected room (reserved at admission), found none")
-                group.pending_copies += copies
+                queue_copies(group, copies)
                 seq.num_computed_tokens = entry.num_computed_tokens
             if entry.sample:
                 seq.num_generated += 1

@@ -155,6 +155,22 @@ def split_budget(group: SequenceGroup, needs: list[int], budget: int | None) -> 
     return counts
 
 
+def queue_copies(group: SequenceGroup, copies: list[tuple[int, int]]) -> None:
+    """Add fork copies to those the group's next plan applies, as if applied one after another.
+
+    An executor applies a plan's copies at once, every source read before any write (reference/kv_cache.py,
+    like vLLM's copy kernel). So a copy whose source is an earlier pending copy's destination (a beam forked
+    from a beam whose own fork copy has not landed yet) is routed from that copy's source instead; a copy onto
+    a destination already pending replaces it; a copy of a block onto itself is dropped."""
+    origin = {dst: src for src, dst in group.pending_copies}  # dst -> the block whose content it will hold
+    for src, dst in copies:
+        origin.pop(dst, None)
+        src = origin.get(src, src)
+        if src != dst:
+            origin[dst] = src
+    group.pending_copies = [(src, dst) for dst, src in origin.items()]
+
+
 def reselect_beams(
     kv: KVManager, group: SequenceGroup, parents: list[int], new_seq: Callable[[int], Sequence]
 ) -> list[Sequence]:
@@ -187,7 +203,7 @@ def reselect_beams(
             copies = kv.fork(parent_id, beam.seq_id, beam.final_len)
             if copies is None:
                 raise RuntimeError(f"fork of seq {parent_id}: expected room once dropped beams are freed, found none")
-            group.pending_copies += copies
+            queue_copies(group, copies)
         beams.append(beam)
     group.set_seqs(beams)  # refreshes the cached live tuple: dropped beams are gone, forks are in
     return dropped

@@ -12,6 +12,10 @@ simulator's outcome rule (a sequence finishes at its output_len) and random beam
 - every live sequence has 0 <= num_computed_tokens <= num_tokens, and the KV manager holds exactly the computed
   tokens of every sequence that holds memory;
 - every unfinished request is in exactly one queue (waiting, running, swapped); finished ones in none;
+- a model of the K/V memory (`Contents`: which token each slot holds) executed as an executor does (swaps, all
+  copies at once with every source read first, then the writes of the fed tokens) leaves every fed sequence's
+  block table holding exactly its own tokens: a prefix-cache hit, a fork, a beam re-chosen from a beam, a swap
+  or a recompute never makes attention read another sequence's K/V or a stale one;
 - the KV manager's own invariants hold and the memory breakdown covers the pool exactly;
 and when every request has finished, no block is left allocated (GPU or CPU).
 """
@@ -85,6 +89,50 @@ def check_step(sched: Scheduler, plan, add_order: list[int]) -> None:
     assert all(e.num_new_tokens == 1 for e in plan.decodes)
 
 
+class Contents:
+    """What every slot of the KV memory holds, as token labels: a prompt token is ("t", its id) so equal prompt
+    prefixes are the same K/V (prefix caching); a generated token is ("g", seq_id, index), unique. `history`
+    holds each sequence's tokens; the memory is written by executing plans the way reference/kv_cache.py does."""
+
+    def __init__(self, block_size: int):
+        self.bs, self.gpu, self.cpu, self.history = block_size, {}, {}, {}
+
+    def add(self, sched: Scheduler, request: Request) -> None:
+        ids = request.prompt_token_ids
+        for seq_id in sched.seq_ids(request.request_id):
+            self.history[seq_id] = [("t", t) for t in ids]
+
+    def execute(self, plan) -> None:
+        empty = [None] * self.bs
+        for gpu, cpu in plan.blocks_to_swap_out:
+            self.cpu[cpu] = list(self.gpu.get(gpu, empty))
+        for cpu, gpu in plan.blocks_to_swap_in:
+            self.gpu[gpu] = list(self.cpu[cpu])
+        sources = {src: list(self.gpu.get(src, empty)) for src, _ in plan.blocks_to_copy}  # read all, then write
+        for src, dst in plan.blocks_to_copy:
+            self.gpu[dst] = list(sources[src])
+        fed = [e for e in plan.prefills + plan.decodes if e.num_new_tokens]
+        for e in fed:
+            tokens = self.history[e.seq_id]
+            for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_new_tokens):
+                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = tokens[p]
+        for e in fed:  # what attention reads: every position up to the newest token
+            end = e.num_computed_tokens + e.num_new_tokens
+            read = [self.gpu.get(e.block_table[p // self.bs], empty)[p % self.bs] for p in range(end)]
+            assert read == self.history[e.seq_id][:end], f"seq {e.seq_id} reads K/V that is not its own"
+
+    def sampled(self, sched: Scheduler, plan) -> None:
+        for e in plan.prefills + plan.decodes:
+            if e.sample:
+                self.history[e.seq_id].append(("g", e.seq_id, sched.num_generated(e.seq_id)))
+
+    def beams(self, parents: dict[int, list[int]], new_ids: dict[int, list[int]]) -> None:
+        for rid, ids in new_ids.items():
+            for parent, child in zip(parents[rid], ids):
+                if child != parent:  # a fork: the parent's computed tokens, then a token of its own
+                    self.history[child] = self.history[parent][:-1] + [("g", child, len(self.history[parent]))]
+
+
 def check_state(sched: Scheduler, added: list[int]) -> None:
     kv = sched.kv
     kv.check_invariants()
@@ -112,6 +160,7 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
     """`gaps[i]`: steps between the arrivals of requests i and i + 1 (0: together)."""
     rng = np.random.default_rng(seed)  # beam choices
     pending, added, steps, due = list(requests), [], 0, 0
+    memory = Contents(sched.kv.block_size)
     while pending or sched.has_unfinished():
         while pending and steps >= due:
             request = pending.pop(0)
@@ -121,6 +170,7 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
             except ValueError:  # never servable here (over the budget unchunked, or the pool): refused whole
                 continue
             added.append(request.request_id)
+            memory.add(sched, request)
         if not sched.has_unfinished():
             if pending:
                 steps = due  # nothing to run until the next arrival
@@ -128,6 +178,7 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
             break
         plan = sched.schedule()
         check_step(sched, plan, added)
+        memory.execute(plan)
         finished = {e.seq_id for e in plan.prefills + plan.decodes
                     if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
         beams = {}
@@ -135,7 +186,9 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
             sampled = [e.seq_id for e in plan.prefills + plan.decodes if e.request_id == rid and e.sample]
             if sched.request(rid).beam_width > 1 and sampled and not set(sampled) & finished:
                 beams[rid] = [int(i) for i in rng.choice(sampled, size=len(sampled))]
-        sched.finish_step(plan, StepOutcome(finished, beams))
+        memory.sampled(sched, plan)
+        result = sched.finish_step(plan, StepOutcome(finished, beams))
+        memory.beams(beams, result.new_beam_seq_ids)
         check_state(sched, added)
         steps += 1
         assert steps < 5_000, "no progress"
