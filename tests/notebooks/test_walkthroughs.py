@@ -92,3 +92,21 @@ def test_exercise_notebook_runs_and_reports_the_unfinished_skeleton(path, kernel
     printed = "".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
     assert "not implemented yet" in printed and "Checking My" in printed, printed
     assert nb.cells[-1].outputs[0]["text"].strip() == sys.executable
+
+
+def test_the_readme_commands_for_opening_and_exporting_notebooks_work(tmp_path, kernel_env):  # env: os.environ
+    """notebooks/README.md: `.venv/bin/jupyter lab notebooks/` and `jupyter nbconvert --execute`, both from the
+    project's own environment (JupyterLab and nbconvert are installed with it)."""
+    import subprocess
+
+    jupyter = Path(sys.executable).with_name("jupyter")
+    readme = (NOTEBOOKS / "README.md").read_text()
+    assert ".venv/bin/jupyter lab notebooks/" in readme and ".venv/bin/jupyter nbconvert" in readme
+    lab = subprocess.run([jupyter, "lab", "--version"], capture_output=True, text=True, timeout=120)
+    assert lab.returncode == 0 and lab.stdout.strip()[0].isdigit(), lab.stderr
+    done = subprocess.run([jupyter, "nbconvert", "--to", "html", "--execute", "--output-dir", tmp_path,
+                           f"--ExecutePreprocessor.kernel_name={KERNEL_NAME}", NOTEBOOKS / "02_paging.ipynb"],
+                          capture_output=True, text=True, timeout=300, cwd=NOTEBOOKS)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    html = (tmp_path / "02_paging.html").read_text()
+    assert "block_table" in html and "Traceback" not in html
