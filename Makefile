@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test figures bench install clean
+.PHONY: demo test figures bench bad-inputs install clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ bench: $(STAMP)
 	$(BIN)/python -m sim bench
 	$(BIN)/python -m reference bench
 	$(BIN)/python -m reference.attention.bench
+
+# A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
+bad-inputs: $(STAMP)
+	$(BIN)/python tools/bad_inputs.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2

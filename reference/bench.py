@@ -18,7 +18,6 @@ OpenMP hand-offs cost more than they save for a 135M model, and one thread makes
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import shlex
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.outfiles import check_outputs, write_csv
 from sim.request import Request
 from sim.workload import generate_requests
 
@@ -182,10 +182,12 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """ValueError (one line, with the allowed range) for a bad flag, before any work starts."""
+    """ValueError (one line, with the allowed range) for a bad flag or an --out that could not be written, before
+    any work starts (sim.outfiles.check_outputs; a missing folder is created only for the default path)."""
     for name in ("hf_batch_size", "kv_blocks", "num_requests"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} (allowed: an integer >= 1)")
+    check_outputs({"--out": args.out}, make_parents=args.out == DEFAULT_OUT)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -230,10 +232,7 @@ def _report(rows: list[dict], header: dict[str, str], out: Path) -> None:
                                       for p in CONCURRENCY_POLICIES[1:]))  # fmt: skip
     for key, value in header.items():
         print(f"{key}: {value}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        f.writelines(f"# {key}: {value}\n" for key, value in header.items())
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    # whole or not at all; the folder is there unless --out is the default (check_args)
+    write_csv(out, CSV_COLUMNS, rows, comments=[f"{key}: {value}" for key, value in header.items()],
+              make_parents=True)
     print(f"wrote {out} (the whole bench took {header['total_s']} s)")

@@ -15,9 +15,18 @@ block table, and only an entry that reaches the end of its sequence (`entry.samp
 The simulator decides outcomes from true lengths; here they come from sampled tokens. NOTE: the engine cannot
 know a request's true output length, so each `Request` says output_len = max_tokens; the contiguous policies
 (oracle, pow2) therefore reserve as if every request ran to max_tokens, and `max` reserves max_model_len.
+
+Bad input and failures:
+- every input is checked before anything is queued: `generate([...])` and `beam_search([...])` queue all their
+  prompts or none (TypeError for a wrong type, ValueError for a wrong value, with what is allowed);
+- a step that raises (an exception in the executor or the sampler, KeyboardInterrupt) aborts the requests it
+  touched (`Scheduler.abandon_step`: their blocks return to the pool), counts itself in
+  `stats.num_failed_steps` and re-raises; the engine stays usable and the other requests stay queued.
+  `generate()` / `beam_search()` interrupted or failing abort every request they queued before re-raising.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -30,7 +39,8 @@ from reference.kv_cache import KVCache
 from reference.models.llama import LlamaForwardModel
 from reference.outputs import (BeamSearchOutput, BeamSearchSequence, CompletionOutput, EngineStats,
                                RequestOutput, StepRecord)
-from reference.sampling import BeamSearchParams, SamplingParams, sample, sample_generator
+from reference.sampling import (BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample,
+                                sample_generator)
 from sim.kv import make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
@@ -59,6 +69,17 @@ class _RequestState:
     num_cached_tokens: int | None = None  # set at the first admission
 
 
+@dataclass(slots=True)
+class _Checked:
+    """One request as add_request would queue it, every check passed (nothing queued yet)."""
+
+    prompt: str | None  # the text, None when given as token ids
+    prompt_token_ids: list[int]
+    params: Params
+    max_tokens: int  # params.max_tokens, cut to what the model context leaves
+    request_id: int | None  # None: the engine's next id
+
+
 class LLM:
     """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API."""
 
@@ -69,8 +90,16 @@ class LLM:
                  device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0,
                  max_model_len: int | None = None, tokenizer=None, enable_chunked_prefill: bool | None = None,
                  watermark: float = 0.0, victim: str = "latest_arrival") -> None:
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        block_size, max_num_seqs = check_int("block_size", block_size, 1), check_int("max_num_seqs", max_num_seqs, 1)
+        num_cpu_blocks, seed = check_int("num_cpu_blocks", num_cpu_blocks, 0), check_int("seed", seed, 0)
+        num_gpu_blocks, kv_budget_bytes, max_num_batched_tokens, max_model_len = (
+            None if v is None else check_int(name, v, 1) for name, v in (
+                ("num_gpu_blocks", num_gpu_blocks), ("kv_budget_bytes", kv_budget_bytes),
+                ("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)))
+        watermark = check_real("watermark", watermark)
+        enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        if enable_chunked_prefill is not None:
+            enable_chunked_prefill = check_bool("enable_chunked_prefill", enable_chunked_prefill)
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
@@ -125,46 +154,75 @@ class LLM:
         return cls(model, tokenizer=tokenizer, **kwargs)
 
     # --- requests in ------------------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params: Params | None = None, request_id: int | None = None) -> int:
-        """Queue one request; returns its id. ValueError (nothing changed) if it can never be served."""
+    def add_request(self, prompt: str | list[int] | dict, params: Params | None = None,
+                    request_id: int | None = None) -> int:
+        """Queue one request; returns its id. prompt: text, token ids, or a dict {"prompt": text} /
+        {"prompt_token_ids": ids}; request_id: an int >= 0 this engine has never been given (None: the next free
+        one). TypeError / ValueError (nothing changed) for a bad input or a request that can never be served."""
+        return self._enqueue(self._check(prompt, params, request_id, "the prompt"))
+
+    def _check(self, prompt, params: Params | None, request_id, where: str) -> _Checked:
+        """Every check add_request makes before the scheduler's own (budget, max_num_seqs, pool size). Changes
+        nothing."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
-            raise ValueError(f"params must be SamplingParams or BeamSearchParams, got {type(params).__name__}")
-        ids = self._tokenize(prompt)
+            raise TypeError(f"params must be SamplingParams or BeamSearchParams, got {type(params).__name__}")
+        text, ids = _prompt_parts(prompt, where)
+        if ids is None:
+            ids = self._tokenize(text)
+        elif any(not 0 <= t < self.config.vocab_size for t in ids):
+            bad = next(t for t in ids if not 0 <= t < self.config.vocab_size)
+            raise ValueError(f"{where}: token id {bad} is outside the vocabulary "
+                             f"(allowed: 0 .. {self.config.vocab_size - 1})")
+        if not ids:
+            raise ValueError(f"{where} is empty (allowed: at least one token)")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, too long for a context of {self.max_model_len} "
+            raise ValueError(f"{where} has {len(ids)} tokens, too long for a context of {self.max_model_len} "
                              f"(allowed: at most {self.max_model_len - 1} prompt tokens)")
-        max_tokens = min(params.max_tokens, self.max_model_len - len(ids))
-        rid = self._next_request_id if request_id is None else request_id
+        if request_id is not None:
+            request_id = check_int("request_id", request_id, 0)
+            if self._id_taken(request_id):
+                raise ValueError(f"request_id {request_id} was already given to this engine (allowed: a new id, "
+                                 "or None for the next free one)")
+        return _Checked(text, ids, params, min(params.max_tokens, self.max_model_len - len(ids)), request_id)
+
+    def _id_taken(self, request_id: int) -> bool:
+        try:
+            self.scheduler.request(request_id)  # the scheduler remembers every id, finished ones included
+        except KeyError:
+            return False
+        return True
+
+    def _enqueue(self, checked: _Checked) -> int:
+        """Queue a checked request. Only the scheduler's own checks can still refuse it (ValueError, nothing
+        changed)."""
+        ids, params, max_tokens = checked.prompt_token_ids, checked.params, checked.max_tokens
+        rid = self._next_request_id if checked.request_id is None else checked.request_id
         beam = isinstance(params, BeamSearchParams)
         self.scheduler.add_request(Request(
             rid, time.perf_counter() - self._start, len(ids), max_tokens,
             n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
             prompt_token_ids=ids if self.enable_prefix_caching else None))
         self._next_request_id = max(self._next_request_id, rid + 1)
-        eos = () if params.ignore_eos else self.config.eos_token_ids
-        state = _RequestState(prompt if isinstance(prompt, str) else None, ids, params, max_tokens, {})
-        if beam:
-            state.beam = BeamSearchState(params.beam_width, max_tokens, eos, params.length_penalty)
-        seed = None if beam or params.greedy else (params.seed if params.seed is not None
-                                                   else int(self._rng.integers(2**62)))
-        for i, seq_id in enumerate(self.scheduler.seq_ids(rid)):
-            state.seqs[seq_id] = _Seq(i, [], generator=None if seed is None else sample_generator(seed, i))
-        self._requests[rid] = state
+        try:
+            eos = () if params.ignore_eos else self.config.eos_token_ids
+            state = _RequestState(checked.prompt, ids, params, max_tokens, {})
+            if beam:
+                state.beam = BeamSearchState(params.beam_width, max_tokens, eos, params.length_penalty)
+            seed = None if beam or params.greedy else (params.seed if params.seed is not None
+                                                       else int(self._rng.integers(2**62)))
+            for i, seq_id in enumerate(self.scheduler.seq_ids(rid)):
+                state.seqs[seq_id] = _Seq(i, [], generator=None if seed is None else sample_generator(seed, i))
+            self._requests[rid] = state
+        except BaseException:  # an interrupt right here: the scheduler must not keep a request the engine lacks
+            self.scheduler.abort(rid)
+            raise
         return rid
 
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: give prompts as lists of token ids")
-            ids = list(self.tokenizer(prompt).input_ids)
-        else:
-            ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.config.vocab_size for t in ids):
-                raise ValueError(f"prompt token ids must be in [0, {self.config.vocab_size}) (the vocabulary)")
-        if not ids:
-            raise ValueError("the prompt is empty (allowed: at least one token)")
-        return ids
+    def _tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: give prompts as lists of token ids")
+        return list(self.tokenizer(text).input_ids)
 
     def abort(self, request_id: int) -> None:
         """Stop a request wherever it is; its blocks return to the pool at once."""
@@ -179,28 +237,51 @@ class LLM:
 
     # --- one iteration ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler plan; the outputs of the requests that advanced (finished ones are final)."""
-        with torch.inference_mode():
-            start = time.perf_counter()
-            plan = self.scheduler.schedule()
-            if plan.is_empty:
-                self.scheduler.finish_step(plan, StepOutcome())
-                if self.scheduler.has_unfinished() and not self.scheduler.num_running + self.scheduler.num_swapped:
-                    raise RuntimeError(f"expected the scheduler to admit one of the {self.scheduler.num_waiting} "
-                                       "waiting requests into an idle engine, found an empty plan")
-                return []
-            logits, rows = self.executor.execute(plan, self._tokens_to_feed)
-            outcome, pending = self._sample(plan, logits, rows)
-            result = self.scheduler.finish_step(plan, outcome)
-            for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids
-                ids = result.new_beam_seq_ids[rid]
-                self._requests[rid].seqs = {i: _Seq(n, b.token_ids, b.cum_logprob) for n, (i, b) in
-                                            enumerate(zip(ids, beams))}
-            outputs = [self._output(rid) for rid in plan.request_ids()]
-            for rid in result.finished_request_ids:
-                del self._requests[rid]
-            self._record(plan, result.finished_request_ids, time.perf_counter() - start)
+        """Run one scheduler plan; the outputs of the requests that advanced (finished ones are final).
+
+        A step that raises (the executor or the sampler failed, KeyboardInterrupt) aborts every request it touched
+        (a sequence in the plan, swapped out or copied into by it): their blocks return to the pool and their
+        RequestOutput is never delivered as finished (an abort: has_unfinished_requests() no longer counts them).
+        The exception is re-raised after that, and counted in stats.num_failed_steps; the other requests stay
+        queued and later steps serve them as if nothing had happened.
+        NOTE: with prefix caching, full prompt blocks the failed plan registered stay in the cache (the KV contract
+        cannot unregister them); if the failure came before the forward pass wrote them, a later prompt with the
+        same prefix reuses K/V that was never computed."""
+        plan = None
+        try:
+            with torch.inference_mode():
+                start = time.perf_counter()
+                plan = self.scheduler.schedule()
+                if plan.is_empty:
+                    self.scheduler.finish_step(plan, StepOutcome())
+                    if self.scheduler.has_unfinished() and not self.scheduler.num_running + self.scheduler.num_swapped:
+                        raise RuntimeError(f"expected the scheduler to admit one of the {self.scheduler.num_waiting} "
+                                           "waiting requests into an idle engine, found an empty plan")
+                    return []
+                logits, rows = self.executor.execute(plan, self._tokens_to_feed)
+                outcome, pending = self._sample(plan, logits, rows)
+                result = self.scheduler.finish_step(plan, outcome)
+                for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids
+                    # NOTE: a search of width 1 reports no beam_parents (its one beam always goes on): same seq id
+                    ids = result.new_beam_seq_ids.get(rid) or list(self._requests[rid].seqs)
+                    self._requests[rid].seqs = {i: _Seq(n, b.token_ids, b.cum_logprob) for n, (i, b) in
+                                                enumerate(zip(ids, beams))}
+                outputs = [self._output(rid) for rid in plan.request_ids()]
+                for rid in result.finished_request_ids:
+                    del self._requests[rid]
+                self._record(plan, result.finished_request_ids, time.perf_counter() - start)
+        except BaseException:
+            self._abandon_step(plan)
+            raise
         return outputs
+
+    def _abandon_step(self, plan: StepPlan | None) -> None:
+        """After a failed step: the scheduler aborts what the plan touched (plan None: what schedule() was building
+        when it raised); the engine forgets those requests. Must not raise: the step's own exception goes on."""
+        for rid in self.scheduler.abandon_step(plan):
+            if self._requests.pop(rid, None) is not None:
+                self.stats.num_aborted_requests += 1
+        self.stats.num_failed_steps += 1
 
     def _tokens_to_feed(self, entry: ScheduledSeq) -> list[int]:
         """prompt + generated, [num_computed : num_computed + num_new]; after recompute that includes generated
@@ -266,7 +347,7 @@ class LLM:
         if step.done:
             outcome.finished_seq_ids.update(order)
             self._count_finish(state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length")
-        else:
+        elif state.beam.width > 1:  # the scheduler re-chooses beams; a single beam simply goes on (a plain group)
             outcome.beam_parents[rid] = step.parents
         return step.beams
 
@@ -299,22 +380,35 @@ class LLM:
     # --- offline API ------------------------------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """One finished RequestOutput per prompt, in prompt order. prompts: str | list[str] | list[int] (one
-        prompt as ids) | list[list[int]]; params: one for all prompts or one per prompt."""
+        """One finished RequestOutput per prompt, in prompt order.
+
+        prompts: str | list[int] (ONE prompt as token ids) | {"prompt": str} | {"prompt_token_ids": list[int]}, or
+        a list (tuple) of those; numpy integer arrays count as token ids (a 2-D array: one prompt per row).
+        params: one SamplingParams for all prompts, or a list with one per prompt.
+        All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
+        type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
+        every request it queued is aborted before the exception goes on; the engine stays usable."""
         prompts = _prompt_list(prompts)
-        if isinstance(params, list):
+        if isinstance(params, (list, tuple)):
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts (allowed: 1 or equal)")
+            params = list(params)
         else:
             params = [params if params is not None else SamplingParams()] * len(prompts)
-        if any(isinstance(p, BeamSearchParams) for p in params):
-            raise ValueError("generate() takes SamplingParams; use beam_search() for BeamSearchParams")
-        return self._run(prompts, params, use_tqdm)
+        for i, p in enumerate(params):
+            if isinstance(p, BeamSearchParams):
+                raise TypeError("generate() takes SamplingParams; use beam_search() for BeamSearchParams")
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params{f'[{i}]' if len(params) > 1 else ''} must be SamplingParams, "
+                                f"got {type(p).__name__}")
+        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm))
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
-        """The best `beam_width` hypotheses of each prompt (HF transformers' beam search rules, see beam.py)."""
+        """The best `beam_width` hypotheses of each prompt (HF transformers' beam search rules, see beam.py).
+        prompts as for generate(); all or none, and an interruption aborts what it queued, as for generate().
+        beam_width 1 keeps one beam: greedy decoding that also keeps the best finished hypothesis."""
         if not isinstance(params, BeamSearchParams):
-            raise ValueError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
+            raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
         prompts, results = _prompt_list(prompts), []
         for out in self._run(prompts, [params] * len(prompts), False):
             seqs = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
@@ -324,37 +418,106 @@ class LLM:
         return results
 
     def _run(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
-        """Add every prompt (all or none: a bad one aborts those already added and raises), step until done."""
+        """Check every prompt, queue them all (all or none), step until they are done; on any exception or
+        interruption while stepping, abort the ones still queued and re-raise."""
+        where = "the prompt" if len(prompts) == 1 else "prompt {}"
+        checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
         ids: list[int] = []
+        rng_state = self._rng.bit_generator.state
         try:
-            for prompt, p in zip(prompts, params):
-                ids.append(self.add_request(prompt, p))
-        except ValueError:
+            for i, c in enumerate(checked):
+                try:
+                    ids.append(self._enqueue(c))
+                except ValueError as exc:  # "request 3: <why>": name the prompt, the id was never the caller's
+                    message = str(exc)
+                    reason = message.split(": ", 1)[-1] if message.startswith("request ") else message
+                    raise ValueError(f"{where.format(i)}: {reason}") from None
+        except BaseException:  # the scheduler refused one (it can never be served), or an interrupt: none stays
             for rid in ids:
-                self.abort(rid)
+                self._requests.pop(rid, None)
+                self.scheduler.abort(rid)
+            self._rng.bit_generator.state = rng_state  # the seeds drawn for them are not used up either
             raise
         wanted, finals = set(ids), {}
         bar = None
-        if use_tqdm:
-            from tqdm import tqdm
+        try:
+            if use_tqdm:
+                from tqdm import tqdm
 
-            bar = tqdm(total=len(ids), desc="requests", unit="req")
-        while len(finals) < len(wanted):
-            for out in self.step():
-                if out.finished and out.request_id in wanted:
-                    finals[out.request_id] = out
-                    if bar is not None:
-                        bar.update(1)
-        if bar is not None:
-            bar.close()
+                bar = tqdm(total=len(ids), desc="requests", unit="req")
+            while len(finals) < len(wanted):
+                for out in self.step():
+                    if out.finished and out.request_id in wanted:
+                        finals[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.abort(rid)  # finished ones and those the failed step aborted are gone already: no-op
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [finals[rid] for rid in ids]
 
 
+_PROMPT_FORMS = "a str, a list of token ids, or a dict {'prompt': str} / {'prompt_token_ids': list[int]}"
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (numbers.Number, np.bool_))
+
+
 def _prompt_list(prompts) -> list:
-    """str -> [str]; a flat list of ints is ONE prompt given as token ids."""
-    if isinstance(prompts, str):
+    """The prompts of one call, each as given: a str or a dict is one prompt; a list or tuple whose first element
+    is a number is ONE prompt of token ids, else one prompt per element; a 1-D numpy array is one prompt, a 2-D
+    one a prompt per row. TypeError for anything else (bytes included: text must be str)."""
+    if isinstance(prompts, (str, dict)):
         return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
+    if isinstance(prompts, np.ndarray):
+        if prompts.ndim not in (1, 2):
+            raise ValueError(f"an array of prompts must be 1-D (one prompt of token ids) or 2-D (one per row), "
+                             f"got {prompts.ndim}-D")
+        return [prompts] if prompts.ndim == 1 else list(prompts)
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be {_PROMPT_FORMS}, or a list of them: got {type(prompts).__name__}")
+    if prompts and _is_number(prompts[0]):
         return [prompts]
-    return prompts
+    return list(prompts)
+
+
+def _prompt_parts(prompt, where: str) -> tuple[str | None, list[int] | None]:
+    """(text, None) or (None, token ids) of one prompt; the ids are ints, not yet checked against the vocabulary."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, dict):
+        if len(prompt) != 1 or not set(prompt) <= set(_PROMPT_KEYS):
+            raise ValueError(f"{where}: a prompt dict takes exactly one of the keys 'prompt', 'prompt_token_ids', "
+                             f"got keys {sorted(map(repr, prompt))}")
+        [(key, value)] = prompt.items()
+        if key == "prompt":
+            if not isinstance(value, str):
+                raise TypeError(f"{where}: the value of 'prompt' must be a str, got {type(value).__name__}")
+            return value, None
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise TypeError(f"{where}: the value of 'prompt_token_ids' must be a list of token ids, "
+                            f"got {type(value).__name__}")
+        return None, _token_ids(value, where)
+    if isinstance(prompt, (list, tuple, np.ndarray)):
+        return None, _token_ids(prompt, where)
+    raise TypeError(f"{where}: prompts must be {_PROMPT_FORMS}: got {type(prompt).__name__}")
+
+
+def _token_ids(value, where: str) -> list[int]:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+            raise TypeError(f"{where}: an array of token ids must be 1-D of an integer dtype, got {value.ndim}-D "
+                            f"{value.dtype}")
+        return value.tolist()
+    ids = []
+    for i, t in enumerate(value):
+        if not isinstance(t, numbers.Integral) or isinstance(t, (bool, np.bool_)):
+            raise TypeError(f"{where}: token ids must be integers, got {type(t).__name__} {t!r} at position {i}")
+        ids.append(int(t))
+    return ids

@@ -97,7 +97,8 @@ class EngineStats:
     num_swapped_in_blocks: int = 0
     num_copied_blocks: int = 0
     num_finished_requests: int = 0
-    num_aborted_requests: int = 0
+    num_aborted_requests: int = 0  # by abort(), by an interrupted generate(), or by a failed step
+    num_failed_steps: int = 0  # steps that raised; each aborted the requests it touched (LLM.step)
     busy_time_s: float = 0.0  # sum of step_time_s
     finish_reasons: dict[str, int] = field(default_factory=dict)  # finished samples (and beam requests) per reason
 

@@ -5,7 +5,7 @@ between vLLM and this lab by changing an import. The sampler follows vLLM's orde
 row of logits:
 
     logits --/temperature--> top-k filter --> top-p filter --> softmax --> draw with the sequence's generator
-                     (temperature 0: argmax of the raw logits, no draw)
+                     (temperature 0, or below 1e-5: argmax of the raw logits, no draw)
 
 The reported log-probability of a token is the log-softmax of the RAW logits (before temperature and
 filters), as vLLM reports it by default; `cumulative_logprob` sums those.
@@ -13,13 +13,54 @@ filters), as vLLM reports it by default; `cumulative_logprob` sums those.
 Randomness: every sequence owns a `torch.Generator` seeded from its request's seed and its index among
 the request's n samples, so the same seed gives the same text whatever else shares the batch, and the
 n samples of one request draw different streams.
+
+Both parameter records check themselves when built, strictly, so that nothing a step later chokes on gets
+in: an integer field takes an integer (numpy integers are converted; a bool or a float such as 2.5 is a
+TypeError), a number field takes a finite real (inf and NaN are ValueErrors), a flag takes a bool. As in
+vLLM, a temperature below 1e-5 samples greedily (dividing logits by it would overflow).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM's _SAMPLING_EPS)
+MAX_LENGTH_PENALTY = 10.0  # |length_penalty| at most: a score divides by generated_len ** length_penalty
+
+
+def check_int(name: str, value, minimum: int | None = None) -> int:
+    """`value` as an int: an int or a numpy integer, not a bool (TypeError otherwise); ValueError below `minimum`."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_real(name: str, value) -> float:
+    """`value` as a finite float: an int, float or numpy number, not a bool (TypeError); ValueError if inf or NaN."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _set(record, **values) -> None:
+    for name, value in values.items():  # frozen dataclass: the checked, converted values replace the given ones
+        object.__setattr__(record, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,36 +74,41 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past an end-of-sequence token
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed must be None or >= 0, got {self.seed}")
+        temperature, top_p = check_real("temperature", self.temperature), check_real("top_p", self.top_p)
+        if temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        top_k = check_int("top_k", self.top_k)
+        if top_k == 0 or top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {top_k}")
+        seed = None if self.seed is None else check_int("seed", self.seed)
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed must be None or an integer >= 0, got {seed}")
+        _set(self, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+             max_tokens=check_int("max_tokens", self.max_tokens, 1), n=check_int("n", self.n, 1),
+             ignore_eos=check_bool("ignore_eos", self.ignore_eos))  # fmt: skip
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True, slots=True)
 class BeamSearchParams:
-    beam_width: int  # k beams, sharing blocks by reference count (paper 4.4)
+    beam_width: int  # k beams, sharing blocks by reference count (paper 4.4); 1 is greedy with a hypothesis list
     max_tokens: int  # output tokens at most
     ignore_eos: bool = False  # an end-of-sequence token does not finish a hypothesis
     length_penalty: float = 1.0  # a hypothesis scores cum_logprob / generated_len ** length_penalty
 
     def __post_init__(self) -> None:
-        if self.beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        length_penalty = check_real("length_penalty", self.length_penalty)
+        if not -MAX_LENGTH_PENALTY <= length_penalty <= MAX_LENGTH_PENALTY:  # len ** 500 overflows a float
+            raise ValueError(f"length_penalty must be in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] (HF's usual "
+                             f"values: 0.5 .. 2), got {length_penalty}")
+        _set(self, beam_width=check_int("beam_width", self.beam_width, 1), length_penalty=length_penalty,
+             max_tokens=check_int("max_tokens", self.max_tokens, 1),
+             ignore_eos=check_bool("ignore_eos", self.ignore_eos))
 
 
 def sample_generator(seed: int, index: int) -> torch.Generator:

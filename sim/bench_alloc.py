@@ -20,7 +20,6 @@ one call. Benchmark only: tests never assert on these numbers. Writes a CSV (def
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import sys
@@ -32,11 +31,13 @@ import numpy as np
 
 from .blocks import BlockAllocator
 from .kv import NewSequence, make_kv_manager
+from .outfiles import OutputPathError, check_outputs, write_csv as write_csv_file
 
 NUM_BLOCKS = 4096
 BLOCK_SIZE = 16
 MAX_SEQ_LEN = 2048  # OPT's context length, what the `max` policy reserves
 MAX_RUNNING = 64  # sequences running at once in the batching workload
+DEFAULT_CSV = "figures/bench_alloc.csv"
 COLUMNS = ("benchmark", "policy", "allocator", "ops", "seconds", "ops_per_s", "machine")
 
 
@@ -115,11 +116,8 @@ def bench(num_ops: int, seed: int) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    """The rows as CSV, written whole or not at all; missing folders are created."""
+    write_csv_file(path, COLUMNS, rows, make_parents=True)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -143,19 +141,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m sim.bench_alloc", description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=200_000, help="operations per benchmark (default: 200000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload generator (default: 0)")
-    parser.add_argument("--csv", default="figures/bench_alloc.csv", metavar="PATH",
-                        help="where to write the results (default: figures/bench_alloc.csv)")  # fmt: skip
+    parser.add_argument("--csv", default=DEFAULT_CSV, metavar="PATH",
+                        help=f"where to write the results (default: {DEFAULT_CSV})")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.ops < 1:
-        print(f"error: --ops must be >= 1, got {args.ops} (allowed: a positive integer)", file=sys.stderr)
+    from .limits import MAX_COUNT, MAX_SEED
+
+    if not 1 <= args.ops <= MAX_COUNT:
+        print(f"error: --ops must be >= 1, got {args.ops} (allowed: an integer from 1 to {MAX_COUNT:,})",
+              file=sys.stderr)
+        return 2
+    if not 0 <= args.seed <= MAX_SEED:
+        print(f"error: --seed: got {args.seed} (allowed: an integer from 0 to {MAX_SEED:,})", file=sys.stderr)
+        return 2
+    try:  # before the benchmark: a folder is created only for the default path
+        check_outputs({"--csv": args.csv}, make_parents=args.csv == DEFAULT_CSV)
+    except OutputPathError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     rows = bench(args.ops, args.seed)
+    print(format_table(rows))  # first: a disk that fails the write below does not lose the numbers
     try:
         write_csv(rows, Path(args.csv))
-    except OSError as exc:
-        print(f"error: cannot write --csv {args.csv}: {exc.strerror} (allowed: a writable file path)", file=sys.stderr)
+    except OSError as exc:  # the disk filled up during the run: any earlier file is unchanged
+        print(f"error: --csv {args.csv}: {exc.strerror} (allowed: a writable file path)", file=sys.stderr)
         return 2
-    print(format_table(rows))
     print(f"wrote {args.csv}")
     return 0
 

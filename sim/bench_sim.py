@@ -16,14 +16,15 @@ Writes figures/bench_sim.csv (or --csv PATH) with a description of the machine, 
 from __future__ import annotations
 
 import argparse
-import csv
 import heapq
 import platform
 import time
 from pathlib import Path
 
 from .api import run
+from .outfiles import check_outputs, write_csv as write_csv_file
 
+DEFAULT_CSV = "figures/bench_sim.csv"
 RATE_100K = 1.5  # req/s: paged OPT-13B/A100-40GB serves ShareGPT-shaped requests at ~2 req/s before latency climbs
 POLICY_ORDER = ("max", "pow2", "oracle", "paged")
 TARGETS_S = {"paper-scale paged": 1.0, "100k paged v0": 60.0}
@@ -33,8 +34,8 @@ COLUMNS = ("run", "policy", "scheduler", "rate", "num_requests", "sim_time_s", "
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small runs (600 s of arrivals, 10k requests)")
-    parser.add_argument("--csv", default="figures/bench_sim.csv", metavar="PATH",
-                        help="where to write the results (default: figures/bench_sim.csv)")  # fmt: skip
+    parser.add_argument("--csv", default=DEFAULT_CSV, metavar="PATH",
+                        help=f"where to write the results (default: {DEFAULT_CSV})")  # fmt: skip
 
 
 def machine() -> dict[str, str]:
@@ -88,12 +89,8 @@ def bench(quick: bool = False) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    """The rows as CSV, written whole or not at all; missing folders are created."""
+    write_csv_file(path, COLUMNS, rows, make_parents=True)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -108,9 +105,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    # the output is checked before minutes of runs; a folder is created only for the default path
+    check_outputs({"--csv": args.csv}, make_parents=args.csv == DEFAULT_CSV)
     rows = bench(quick=args.quick)
+    print(format_table(rows))  # first: a disk that fails the write below does not lose the numbers
     write_csv(rows, args.csv)
-    print(format_table(rows))
     print(f"wrote {args.csv}")
     return 0
 

@@ -33,6 +33,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit status 2 (no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith(": expected one argument"):  # e.g. --rate -inf: argparse took '-inf' for a flag
+            flag = message.split(":")[0].removeprefix("argument ").split("/")[-1]
+            message += f" (a value that starts with '-' is written {flag}=VALUE)"
         self.exit(2, f"error: {message}\n")
 
 
@@ -78,7 +81,7 @@ def add_run_parser(sub) -> None:
                    help="request lengths: ShareGPT/Alpaca-shaped log-normals, fixed or uniform (default: sharegpt)")
     g.add_argument("--rate", type=float, default=2.0, help="mean arrival rate, requests/s (default: 2)")
     g.add_argument("--duration", type=float, default=3600.0, help="seconds of arrivals (default: 3600)")
-    g.add_argument("--num-requests", type=int, help="exactly this many requests (overrides --duration)")
+    g.add_argument("--num-requests", type=int, help="exactly this many requests (instead of --duration)")
     g.add_argument("--arrival", default="poisson", metavar=_choices(ARRIVALS),
                    help="arrival process; offline = all at t=0, needs --num-requests (default: poisson)")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals' shape k: CV = 1/sqrt(k) (default: 1)")
@@ -91,7 +94,8 @@ def add_run_parser(sub) -> None:
     g.add_argument("--output-len", type=int, help="--workload fixed: output tokens")
     g.add_argument("--prompt-len-range", type=_pair, metavar="LO,HI", help="--workload uniform: prompt tokens")
     g.add_argument("--output-len-range", type=_pair, metavar="LO,HI", help="--workload uniform: output tokens")
-    g.add_argument("--trace", metavar="FILE", help="read requests from a .jsonl/.csv trace instead (sim.trace)")
+    g.add_argument("--trace", metavar="FILE", help="read requests from a .jsonl/.csv trace instead, or import a ShareGPT "
+                   ".json file (--rate, --arrival offline and --seed then set its arrivals) (sim.trace)")
     g = p.add_argument_group("serving system")
     g.add_argument("--policy", default="paged", metavar=_choices(POLICIES),
                    help="KV cache: paged (vLLM) or contiguous Orca max/pow2/oracle reservations (default: paged)")
@@ -129,10 +133,15 @@ def add_run_parser(sub) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .api import run
+    from .outfiles import check_outputs
+
+    # Outputs first, before the run: writable, not a folder, not the trace, not each other (sim.outfiles).
+    check_outputs({"--requests-csv": args.requests_csv, "--steps-csv": args.steps_csv}, {"--trace": args.trace})
 
     caching = {"auto": None, "on": True, "off": False}
     if args.prefix_caching not in caching:
         raise ValueError(f"--prefix-caching: got {args.prefix_caching!r} (allowed: auto, on, off)")
+    _check_typed_flags(args)
     result = run(
         model=args.model, gpu=args.gpu, num_gpus=args.num_gpus, workload=args.workload, rate=args.rate,
         duration=args.duration, num_requests=args.num_requests, policy=args.policy, block_size=args.block_size,
@@ -146,6 +155,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
         slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt,
     )  # fmt: skip
+    if "trace_import" in result.summary:  # a ShareGPT file was imported: say how
+        print(f"note: {result.summary['trace_import']}", file=sys.stderr)
     if args.requests_csv:
         result.requests.to_csv(args.requests_csv)
     if args.steps_csv:
@@ -181,7 +192,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"  SLO attainment       {s['slo_attainment']:.1%} (goodput {s['goodput_req_per_s']:.3f} req/s)")
     if s.get("prefix_cache_hit_rate_tokens") is not None:
         lines.append(f"  prefix cache hits    {s['prefix_cache_hit_rate_tokens']:.1%} of prompt tokens, "
-                     f"{s['prefix_cache_hit_rate_blocks']:.1%} of full blocks")
+                     f"{_num(s['prefix_cache_hit_rate_blocks'], '.1%')} of full blocks")  # n/a: no full block
     lines += [
         "",
         f"KV memory, time-weighted: share of the {s['num_kv_slots']} slots (and of the non-free ones)",
@@ -250,12 +261,56 @@ def add_sweep_parser(sub) -> None:
     p.set_defaults(func=sweep.run_from_args)
 
 
+# `python -m sim run` flags (argparse dests) whose run() keyword has another name
+_KEYWORDS = {"swap_space": "swap_space_gib", "no_chunked_prefill": "enable_chunked_prefill",
+             "prefix_caching": "enable_prefix_caching"}  # fmt: skip
+_FLAGS = {keyword: dest for dest, keyword in _KEYWORDS.items()}
+
+
+def _typed(argv: list[str] | None) -> set[str]:
+    """The dests of the flags typed on the command line (argparse fills in defaults, so `--rate 2` and no --rate
+    look alike): parse again with every default suppressed."""
+    parser = build_parser()
+    for action in parser._subparsers._group_actions:  # the subcommands
+        for sub in action.choices.values():
+            for flag in sub._actions:
+                flag.default = argparse.SUPPRESS
+    return set(vars(parser.parse_known_args(argv)[0]))
+
+
+def _say_flag(keyword: str, value) -> str:
+    """A run() argument as the flag that sets it, for messages: ('block_size', 8) -> '--block-size 8'."""
+    flag = "--" + _FLAGS.get(keyword, keyword).replace("_", "-")
+    if keyword == "enable_chunked_prefill":
+        return flag if value is False else "chunked prefill (the default)"
+    if keyword == "enable_prefix_caching":
+        return f"{flag} {({None: 'auto', True: 'on', False: 'off'})[value]}"
+    if isinstance(value, tuple):
+        return f"{flag} {','.join(map(str, value))}"
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+
+
+def _check_typed_flags(args: argparse.Namespace) -> None:
+    """sim.run's checks of the `run` flags, before it starts, where a typed flag that means nothing with the others
+    is refused even at its default value (sim.api.check_combinations): --rate with --trace, --block-size with
+    --policy max, --burstiness without --arrival gamma, ..."""
+    from .api import check_arguments, run_defaults
+
+    params = {**run_defaults(), **{_KEYWORDS.get(dest, dest): value for dest, value in vars(args).items()}}
+    params["enable_chunked_prefill"] = False if args.no_chunked_prefill else None
+    params["enable_prefix_caching"] = {"auto": None, "on": True, "off": False}[args.prefix_caching]
+    params["jump"] = not args.no_jump
+    typed = getattr(args, "typed", set())  # set by main()
+    check_arguments(params, given={_KEYWORDS.get(dest, dest) for dest in typed}, say=_say_flag)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    args.typed = _typed(argv) if args.command == "run" else set()
     try:
         return args.func(args)
     except (ValueError, OSError) as err:  # bad input (sim.trace.TraceError is a ValueError): one line, exit 2

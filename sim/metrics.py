@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .kv.base import SHARE_NAMES
+from .outfiles import atomic_write
 
 LATENCY_METRICS = ("ttft", "queueing_delay", "itl_mean", "itl_max", "e2e_latency")  # seconds, per request
 PERCENTILES = (50, 90, 99)
@@ -69,7 +70,8 @@ class Table:
         return self.columns[name]
 
     def to_csv(self, path: str | Path) -> None:
-        with open(path, "w", newline="") as f:
+        """The table as CSV, written whole or not at all (sim.outfiles.atomic_write)."""
+        with atomic_write(path, newline="") as f:
             writer = csv.writer(f)
             writer.writerow(self.columns)
             writer.writerows(zip(*(col.tolist() for col in self.columns.values())))

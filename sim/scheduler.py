@@ -125,6 +125,7 @@ class Scheduler(SchedulerViews):
         # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
         # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
         plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
+        self._outstanding = plan  # from here on: should this raise midway, abandon_step() undoes what it did
         for group in self._running:
             group.pending_copies.clear()
         budget = self.config.max_num_batched_tokens
@@ -138,7 +139,6 @@ class Scheduler(SchedulerViews):
             self._schedule_running(plan, None)
             if not plan.preempted:
                 self._swap_in(plan, None)
-        self._outstanding = plan
         return plan
 
     def _may_admit(self) -> bool:
@@ -322,6 +322,32 @@ class Scheduler(SchedulerViews):
         beams_done = {seqs[i].request_id for i in outcome.finished_seq_ids}
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
         return StepResult(self._finish(touched.values(), outcome.finished_seq_ids, beams_done), new_beams)
+
+    def abandon_step(self, plan: StepPlan | None = None) -> list[int]:
+        """A step failed (the executor raised, an interrupt came): abort every request whose memory `plan` touched,
+        so their blocks return to the pool, and forget the plan, so that schedule() can run again. Other requests
+        stay as they were. Returns the touched requests (all FINISHED now), in plan order.
+
+        plan: the plan schedule() returned, reported to finish_step() or not; None: the plan schedule() was
+        building when it raised. Touched: a request with a sequence in the plan (its K/V may be half written), one
+        the plan swapped out (the copy to CPU may not have happened), one owning a block the plan copies into.
+        NOTE: blocks registered in the prefix cache by the plan stay registered (the KV contract has no way to
+        unregister them); their K/V is only sure if the executor's forward pass completed.
+        """
+        if plan is None or plan is self._outstanding:
+            plan, self._outstanding = self._outstanding, None
+        self._plain = None
+        if plan is None:
+            return []
+        touched = dict.fromkeys(plan.request_ids())
+        touched.update(dict.fromkeys(r for r in plan.preempted if self._groups[r].status is SWAPPED))
+        written = {dst for _, dst in plan.blocks_to_copy}
+        for group in self._running if written else ():
+            if any(b in written for s in group.kv_seqs for b in self.kv.block_table(s.seq_id)):
+                touched[group.request_id] = None
+        for rid in touched:
+            self.abort(rid)
+        return list(touched)
 
     def _finish(self, groups, done_ids: set[int] = frozenset(), beams_done: set[int] = frozenset()) -> list[int]:
         """Finish the sequences of `groups` that are done (named in done_ids, or output_len tokens sampled; all

@@ -27,8 +27,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .api import run
+from .api import check_arguments, run, run_defaults
 from .kv import POLICIES
+from .limits import MAX_JOBS
+from .outfiles import atomic_write, check_outputs
 from .scheduler import MODES, PREEMPTION_MODES
 from .slots import ALLOCATORS
 from .specs import GPUS, MODELS
@@ -37,7 +39,7 @@ from .workload import ARRIVALS, DATASETS
 BACKENDS = ("local", "ray")
 RAY_MISSING = "--backend ray needs the 'ray' extra: pip install 'paged-attention-lab[ray]'"
 # run() keywords a sweep cannot set from text: objects, callbacks, and the terminal progress bar.
-NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress")
+NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress", "stop_at")  # stop_at: the probes set it
 CHOICES = {"policy": POLICIES, "workload": DATASETS, "preemption": PREEMPTION_MODES, "scheduler": MODES,
            "arrival": ARRIVALS, "allocator": tuple(ALLOCATORS), "model": tuple(MODELS), "gpu": tuple(GPUS)}  # fmt: skip
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
@@ -163,8 +165,8 @@ def run_tasks(tasks: list[Task], *, jobs: int | None = None, backend: str = "loc
     if backend not in BACKENDS:
         raise SweepError(f"backend: got {backend!r} (allowed: {', '.join(BACKENDS)})")
     jobs = default_jobs() if jobs is None else jobs
-    if jobs < 1:
-        raise SweepError(f"jobs: got {jobs} (allowed: an integer >= 1)")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise SweepError(f"jobs: got {jobs} (allowed: an integer from 1 to {MAX_JOBS:,})")
     results: list[PointResult | None] = [None] * len(tasks)
     bar = tqdm(total=len(tasks), desc=desc, unit="run", disable=not progress, file=sys.stderr)
 
@@ -234,21 +236,26 @@ def sweep(grid: dict[str, list], fixed: dict | None = None, *, jobs: int | None 
         if isinstance(values, list) and not values:
             raise SweepError(f"{name}: the grid gives no values")
     points = grid_points(grid, fixed)
+    for point in points:  # every point checked before any runs (a bad one would fail only when its turn came)
+        check_arguments({**run_defaults(), **point})
     results = run_tasks([Task.of(**p) for p in points], jobs=jobs, backend=backend, progress=progress)
     return [summary_row(p, r.summary) for p, r in zip(points, results)]
 
 
 def write_csv(rows: list[dict], path: str | Path | None) -> None:
-    """Rows as CSV (columns in first-seen order) to `path`, or to stdout when path is None."""
+    """Rows as CSV (columns in first-seen order) to `path` (whole or not at all), or to stdout when path is None."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    f = sys.stdout if path is None else open(path, "w", newline="")
-    try:
+
+    def write(f) -> None:
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows(rows)
-    finally:
-        if path is not None:
-            f.close()
+
+    if path is None:
+        write(sys.stdout)
+        return
+    with atomic_write(path, newline="") as f:
+        write(f)
 
 
 def add_arguments(parser) -> None:
@@ -266,14 +273,22 @@ def add_arguments(parser) -> None:
 def run_from_args(args) -> int:
     if not args.grid:
         raise SweepError("give at least one --grid NAME=V1,V2,...")
-    grid, fixed = dict(parse_assignment(g) for g in args.grid), {}
-    for spec in args.set:
-        name, values = parse_assignment(spec)
-        if len(values) != 1:
-            raise SweepError(f"--set {spec!r}: expected exactly one value (use --grid to vary it)")
-        fixed[name] = values[0]
+    grid, fixed = {}, {}
+    for flag, specs in (("--grid", args.grid), ("--set", args.set)):
+        for spec in specs:
+            name, values = parse_assignment(spec)
+            if name in grid or name in fixed:
+                raise SweepError(f"{flag} {spec!r}: {name} is given twice (allowed: one --grid or --set per name)")
+            if flag == "--set" and len(values) != 1:
+                raise SweepError(f"--set {spec!r}: expected exactly one value (use --grid to vary it)")
+            if flag == "--grid" and len(set(map(repr, values))) != len(values):
+                raise SweepError(f"--grid {spec!r}: a value is given twice (each grid value runs once)")
+            (grid if flag == "--grid" else fixed)[name] = values if flag == "--grid" else values[0]
     if args.backend not in BACKENDS:
         raise SweepError(f"--backend: got {args.backend!r} (allowed: {', '.join(BACKENDS)})")
+    # before any run: --out must be writable and must not be a trace the points read
+    traces = [("trace", v) for v in [*grid.get("trace", []), fixed.get("trace")] if isinstance(v, str)]
+    check_outputs({"--out": args.out}, traces)
     rows = sweep(grid, fixed, jobs=args.jobs, backend=args.backend, progress=not args.no_progress)
     write_csv(rows, args.out)
     if args.out:

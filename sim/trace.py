@@ -6,26 +6,37 @@ model's reply to it is the output, and pairs that do not fit the model's context
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import functools
+import itertools
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
+from sim.limits import MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_TIME_S, MAX_TOKENS
 from sim.request import Request
 
 CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "beam_width", "prefix_id", "prefix_len")
 JSON_FIELDS = CSV_COLUMNS + ("prompt_token_ids",)
-# field -> (smallest allowed value, default when absent); None = required.
-_INT_FIELDS = {"request_id": (0, None), "prompt_len": (1, None), "output_len": (1, None), "n": (1, 1),
-               "beam_width": (1, 1), "prefix_len": (0, 0)}
+_FIELD_SET = frozenset(JSON_FIELDS)
+_REQUIRED = ("request_id", "arrival_time", "prompt_len", "output_len")
+# integer field -> (smallest, largest allowed value, default when absent); None = required. Limits: sim.limits.
+_INT_FIELDS = {"request_id": (0, MAX_ID, None), "prompt_len": (1, MAX_TOKENS, None),
+               "output_len": (1, MAX_TOKENS, None), "n": (1, MAX_COUNT, 1), "beam_width": (1, MAX_COUNT, 1),
+               "prefix_len": (0, MAX_TOKENS, 0)}  # fmt: skip
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")  # a CSV integer: ASCII digits (int() would also take '1_000' and '٣')
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, no inf
+_LONGEST_INT = 24  # digits: no field allows more than 19, and Python converts at most 4,300
 
 
 class TraceError(ValueError):
-    """A malformed trace: the message names the file, the line and what is wrong."""
+    """A malformed trace: one line naming the file, the line (or "the whole file") and what is wrong."""
 
 
 def _record(request: Request) -> dict:
@@ -33,7 +44,10 @@ def _record(request: Request) -> dict:
 
 
 def write_jsonl(requests: list[Request], path: str | Path) -> None:
-    with Path(path).open("w") as f:
+    """One JSON object a line, written whole or not at all (sim.outfiles.atomic_write)."""
+    from sim.outfiles import atomic_write
+
+    with atomic_write(path) as f:
         for request in requests:
             record = _record(request)
             if record["prompt_token_ids"] is None:
@@ -42,8 +56,11 @@ def write_jsonl(requests: list[Request], path: str | Path) -> None:
 
 
 def write_csv(requests: list[Request], path: str | Path) -> None:
-    """CSV holds no token ids (use JSONL for prefix-caching traces); an empty prefix_id means none."""
-    with Path(path).open("w", newline="") as f:
+    """CSV holds no token ids (use JSONL for prefix-caching traces); an empty prefix_id means none. Written whole
+    or not at all (sim.outfiles.atomic_write)."""
+    from sim.outfiles import atomic_write
+
+    with atomic_write(path, newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS)
         for r in requests:
@@ -51,85 +68,319 @@ def write_csv(requests: list[Request], path: str | Path) -> None:
                              "" if r.prefix_id is None else r.prefix_id, r.prefix_len])
 
 
-def _int(value, name: str, low: int) -> int:
-    if isinstance(value, str):  # CSV cells are strings
-        try:
-            value = int(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+def _show(value) -> str:
+    """A value for an error message: its repr, shortened (a message is one line, whatever the file holds)."""
+    if isinstance(value, _LongInt):
+        return f"an integer of {len(value.lstrip('+-'))} digits"
+    if type(value) is int and abs(value) >= 10**_LONGEST_INT:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:36] + "..." + text[-1]
+
+
+def _name(key: str) -> str:
+    return key if key.isidentifier() and len(key) <= 40 else _show(key)
+
+
+def _names(keys: list[str]) -> str:
+    """Field names for a message: the first three, and how many more."""
+    more = f" and {len(keys) - 3:,} more" if len(keys) > 3 else ""
+    return ", ".join(map(_name, keys[:3])) + more
+
+
+def _upto(high: int) -> str:
+    return "2**63 - 1" if high == MAX_ID else f"{high:,}"
+
+
+def _int(value, name: str, low: int, high: int, cell: bool = False) -> int:
+    """An integer field in [low, high]: a JSON integer (not a bool, not 3.0), or a CSV cell of ASCII digits."""
+    if cell:
+        value = value.strip()
+        if _INT_TEXT.fullmatch(value):
+            value = int(value) if len(value) <= _LONGEST_INT else _LongInt(value)
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{name}: got {_show(value)} (allowed: an integer from {low} to {_upto(high)})")
     return value
 
 
-def _request(record: dict) -> Request:
-    """Validate one record (already parsed) and build the Request; ValueError says what is wrong."""
-    unknown = sorted(set(record) - set(JSON_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(unknown)} (allowed: {', '.join(JSON_FIELDS)})")
+def _seconds(value, name: str, cell: bool = False) -> float:
+    """A time in [0, MAX_TIME_S] seconds: a JSON number or a CSV cell in decimal notation (no nan, no inf)."""
+    number = value
+    if cell:
+        number = value.strip()
+        number = float(number) if _NUMBER_TEXT.fullmatch(number) else None
+    elif type(value) is int:  # float() of a huge integer would overflow
+        number = float(value) if -MAX_TIME_S <= value <= MAX_TIME_S else math.inf
+    if type(number) is not float or not 0 <= number <= MAX_TIME_S:  # NaN fails the comparison too
+        raise ValueError(f"{name}: got {_show(value)} (allowed: a number of seconds from 0 to {MAX_TIME_S:g})")
+    return number
+
+
+def _token_ids(ids) -> list[int]:
+    if type(ids) is list and (not ids or ({*map(type, ids)} == {int} and min(ids) >= 0 and max(ids) <= MAX_ID)):
+        return ids
+    bad = next((i for i in ids if type(i) is not int or not 0 <= i <= MAX_ID), None) if type(ids) is list else ids
+    raise ValueError(f"prompt_token_ids: got {'a list holding ' if type(ids) is list else ''}{_show(bad)} "
+                     f"(allowed: a list of integers from 0 to {_upto(MAX_ID)}, one per prompt token)")
+
+
+def _absent(value, cell: bool) -> bool:
+    return value is None or (cell and not value.strip())  # JSON null or no field; an empty CSV cell
+
+
+def parse_record(record: dict, cell: bool = False) -> Request:
+    """Validate one record (a JSON object, or a CSV row with `cell`) and build the Request; ValueError says
+    which field is wrong and what is allowed."""
+    if not record.keys() <= _FIELD_SET:
+        unknown = [key for key in record if key not in _FIELD_SET]
+        sharegpt = "; a ShareGPT file is a JSON list of such objects" if "conversations" in unknown else ""
+        raise ValueError(f"unknown field(s) {_names(unknown)} (allowed: {', '.join(JSON_FIELDS)}){sharegpt}")
     values = {}
-    for name, (low, default) in _INT_FIELDS.items():
-        if record.get(name) in (None, "") and default is not None:
-            values[name] = default
+    for name, (low, high, default) in _INT_FIELDS.items():  # in the order of the columns
+        value = record.get(name)
+        if type(value) is int and low <= value <= high:  # the common case first
+            values[name] = value
+        elif not _absent(value, cell):
+            values[name] = _int(value, name, low, high, cell)
+        elif default is None:
+            raise ValueError(f"{name}: missing (allowed: an integer from {low} to {_upto(high)})")
         else:
-            values[name] = _int(record.get(name), name, low)
-    t = record.get("arrival_time")
+            values[name] = default
+        if name == "request_id":
+            t = record.get("arrival_time")
+            if _absent(t, cell):
+                raise ValueError(f"arrival_time: missing (allowed: a number of seconds from 0 to {MAX_TIME_S:g})")
+            values["arrival_time"] = _seconds(t, "arrival_time", cell)
+    prefix_id, ids = record.get("prefix_id"), record.get("prompt_token_ids")
+    prefix_id = None if _absent(prefix_id, cell) else _int(prefix_id, "prefix_id", 0, MAX_ID, cell)
+    return Request(prefix_id=prefix_id, prompt_token_ids=None if ids is None else _token_ids(ids), **values)
+
+
+class _LongInt(str):
+    """A JSON integer with more digits than any field allows, kept as text (Python converts at most 4,300)."""
+
+
+def _json_int(text: str):
+    return int(text) if len(text) <= _LONGEST_INT else _LongInt(text)
+
+
+def _json_object(pairs: list) -> dict:
+    record = dict(pairs)
+    if len(record) < len(pairs):  # json keeps the last of duplicate keys: refuse them instead
+        seen: set = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"field {_name(twice)} appears twice in one object")
+    return record
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_json_object)
+_DECODER_LONG = json.JSONDecoder(object_pairs_hook=_json_object, parse_int=_json_int)
+
+
+def _json_type(value) -> str:
+    for kind, words in ((dict, "an object"), (list, "a list"), (_LongInt, "a number"), (str, "a string"),
+                        (bool, "true/false"), ((int, float), "a number")):  # fmt: skip
+        if isinstance(value, kind):
+            return words
+    return "null"
+
+
+def _open(path: str | Path):
+    """The file, opened for reading bytes; TraceError (one line) if it cannot be."""
     try:
-        t = float(t) if isinstance(t, (int, float, str)) and not isinstance(t, bool) else None
-    except ValueError:
-        t = None
-    if t is None or not (math.isfinite(t) and t >= 0):
-        raise ValueError(f"arrival_time must be a finite number >= 0 seconds, got {record.get('arrival_time')!r}")
-    prefix_id = record.get("prefix_id")
-    prefix_id = None if prefix_id in (None, "") else _int(prefix_id, "prefix_id", 0)
-    ids = record.get("prompt_token_ids")
-    if ids is not None and not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
-        raise ValueError("prompt_token_ids must be a list of integers >= 0")
-    return Request(arrival_time=t, prefix_id=prefix_id, prompt_token_ids=ids, **values)
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except PermissionError:
+        raise TraceError(f"{path}: cannot be read (permission denied)") from None
+    except (OSError, ValueError) as e:  # ValueError: a path holding a NUL byte
+        raise TraceError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+
+
+def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line: UTF-8 (a byte-order mark at the start is skipped), each at most
+    MAX_LINE_BYTES, read one at a time; a line that breaks either rule is a TraceError naming it."""
+    with _open(path) as f:
+        for line_no in itertools.count(1):
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:
+                raise TraceError(f"{path} line {line_no}: cannot be read ({e.strerror or e})") from None
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(f"{path} line {line_no}: longer than {MAX_LINE_BYTES:,} bytes (the limit of one line)")
+            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{path} line {line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte "
+                                 f"{e.start + 1} of the line)") from None  # fmt: skip
+            yield line_no, text
+
+
+def _collect(path: str | Path, records: Iterator[tuple[int, dict]], cell: bool = False) -> list[Request]:
+    """Requests from (line number, record) pairs: each valid, request ids unique, at most MAX_NUM_REQUESTS, and
+    at least one."""
+    requests: list[Request] = []
+    first_line: dict[int, int] = {}  # request_id -> the line that used it
+    for line_no, record in records:
+        try:
+            request = parse_record(record, cell)
+        except ValueError as e:
+            raise TraceError(f"{path} line {line_no}: {e}") from None
+        seen = first_line.setdefault(request.request_id, line_no)
+        if seen != line_no:
+            raise TraceError(f"{path} line {line_no}: request_id: {request.request_id} is already the id of line "
+                             f"{seen} (allowed: each request_id once)")  # fmt: skip
+        if len(requests) == MAX_NUM_REQUESTS:
+            raise TraceError(f"{path} line {line_no}: more than {MAX_NUM_REQUESTS:,} requests (the limit of one trace)")
+        requests.append(request)
+    if not requests:
+        what = "holds only its header" if cell else "is empty or holds only blank lines"
+        raise TraceError(f"{path}: no requests in the whole file (it {what})")
+    return requests
+
+
+def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict]]:
+    first = True
+    for line_no, text in _lines(path):
+        if not text.strip():
+            continue
+        if first and text.lstrip().startswith("["):
+            raise TraceError(f"{path} line {line_no}: expected one JSON object per line, got a JSON list. A ShareGPT "
+                             "file (a JSON list of conversations) is imported from a .json file: python -m sim run "
+                             "--trace conversations.json, or sim.trace.import_sharegpt")  # fmt: skip
+        first = False
+        try:
+            try:
+                record = _DECODER.decode(text)
+            except ValueError as e:  # an integer past Python's 4,300 digits: keep such integers as text
+                if isinstance(e, json.JSONDecodeError) or "digits" not in str(e):
+                    raise
+                record = _DECODER_LONG.decode(text)
+        except RecursionError:
+            raise TraceError(f"{path} line {line_no}: JSON nested too deep (a request is one flat object)") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path} line {line_no}: not valid JSON ({e.msg.removesuffix(' at')} at column "
+                             f"{e.colno})") from None  # fmt: skip
+        except ValueError as e:  # _json_object: a field twice
+            raise TraceError(f"{path} line {line_no}: {e}") from None
+        if not isinstance(record, dict):
+            raise TraceError(f"{path} line {line_no}: expected a JSON object, got {_json_type(record)}")
+        yield line_no, record
 
 
 def read_jsonl(path: str | Path) -> list[Request]:
-    requests = []
-    with Path(path).open() as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
+    """Requests from a JSONL file: one JSON object a line (JSON_FIELDS; blank lines are skipped)."""
+    return _collect(path, _jsonl_records(path))
+
+
+def _csv_records(path: str | Path) -> Iterator[tuple[int, dict]]:
+    reader = csv.reader((text for _, text in _lines(path)), strict=True)
+    try:
+        header = next((row for row in reader if row), None)
+        if header is None:
+            raise TraceError(f"{path}: no header line in the whole file (expected: {','.join(CSV_COLUMNS)})")
+        header = [name.strip() for name in header]
+        line_no = reader.line_num
+        unknown = [name for name in header if name not in CSV_COLUMNS]
+        twice = next((name for name in CSV_COLUMNS if header.count(name) > 1), None)
+        missing = [c for c in _REQUIRED if c not in header]
+        if unknown or twice or missing:
+            what = (f"unknown column(s) {_names(unknown)}" if unknown else
+                    f"column {twice} appears twice" if twice else f"missing column(s) {', '.join(missing)}")
+            raise TraceError(f"{path} line {line_no}: {what} (columns: {', '.join(CSV_COLUMNS)}; token ids need JSONL)")
+        for row in reader:
+            if not row:
                 continue
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-                requests.append(_request(record))
-            except ValueError as e:  # json.JSONDecodeError is a ValueError too
-                raise TraceError(f"{path} line {line_no}: {e}") from None
-    return requests
+            if len(row) != len(header):
+                raise TraceError(f"{path} line {reader.line_num}: expected {len(header)} columns (as the header), "
+                                 f"got {len(row)}")  # fmt: skip
+            yield reader.line_num, dict(zip(header, row))
+    except csv.Error as e:
+        limit = f"field larger than field limit ({csv.field_size_limit()})"
+        what = f"a cell is longer than {csv.field_size_limit():,} characters" if str(e) == limit else str(e)
+        raise TraceError(f"{path} line {reader.line_num}: not valid CSV ({what})") from None
 
 
 def read_csv(path: str | Path) -> list[Request]:
-    requests = []
-    with Path(path).open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in ("request_id", "arrival_time", "prompt_len", "output_len") if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path} line 1: missing column(s) {', '.join(missing)} (columns: {', '.join(CSV_COLUMNS)})")
-        for record in reader:
-            line_no = reader.line_num
+    """Requests from a CSV file: a header naming CSV_COLUMNS (request_id, arrival_time, prompt_len and
+    output_len required), then one request a row; an empty optional cell means its default."""
+    return _collect(path, _csv_records(path), cell=True)
+
+
+def _first_character(path: str | Path) -> str:
+    """The first character of the file that is not JSON whitespace ('' if none), a byte-order mark skipped."""
+    with _open(path) as f:
+        start = True
+        while True:
             try:
-                if None in record or None in record.values():
-                    raise ValueError(f"expected {len(reader.fieldnames)} columns, got a row of a different length")
-                requests.append(_request(record))
-            except ValueError as e:
-                raise TraceError(f"{path} line {line_no}: {e}") from None
-    return requests
+                chunk = f.read(1 << 16)
+            except OSError as e:
+                raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
+            if start and chunk.startswith(codecs.BOM_UTF8):
+                chunk = chunk[len(codecs.BOM_UTF8):]
+            start = False
+            if not chunk:
+                return ""
+            rest = chunk.lstrip(b" \t\r\n")
+            if rest:
+                return chr(rest[0])
 
 
-def read_trace(path: str | Path) -> list[Request]:
-    """Read a .jsonl or .csv trace (by suffix)."""
+def trace_format(path: str | Path) -> str:
+    """'csv', 'jsonl' or 'sharegpt', from the suffix: .csv, .jsonl, or .json (JSONL, or a ShareGPT conversation
+    file when its first character is '[': a JSON list)."""
+    if not str(path):
+        raise TraceError("trace: an empty path (allowed: a .jsonl, .csv or .json file)")
     suffix = Path(path).suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        return read_jsonl(path)
-    if suffix == ".csv":
-        return read_csv(path)
-    raise TraceError(f"{path}: unknown trace format {suffix!r} (allowed: .jsonl, .csv)")
+    if suffix in (".csv", ".jsonl"):
+        return suffix[1:]
+    if suffix == ".json":
+        return "sharegpt" if _first_character(path) == "[" else "jsonl"
+    raise TraceError(f"{path}: unknown trace format {suffix!r} (allowed: .jsonl, .csv, or .json: JSONL or a "
+                     "ShareGPT conversation list)")  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def _smollm2_counter() -> Callable[[str], int]:
+    from sim.tokenizer import load_smollm2_tokenizer
+
+    return load_smollm2_tokenizer().count_tokens
+
+
+def default_count_tokens() -> Callable[[str], int]:
+    """The token counter a ShareGPT file is imported with unless told otherwise: the embedded SmolLM2 tokenizer
+    (sim/tokenizer.py), loaded once."""
+    try:
+        return _smollm2_counter()
+    except (ImportError, RuntimeError, OSError) as e:
+        raise ValueError(f"importing a ShareGPT file counts tokens with the embedded SmolLM2 tokenizer, which "
+                         f"cannot be loaded: {e}") from None  # fmt: skip
+
+
+def read_trace(
+    path: str | Path,
+    *,
+    count_tokens: Callable[[str], int] | None = None,
+    max_seq_len: int = 2048,
+    rate: float | None = None,
+    seed: int = 0,
+) -> list[Request]:
+    """Read a trace: .jsonl or .csv (by suffix), or .json, which is JSONL unless it is a ShareGPT conversation
+    list (its first character is '['). A ShareGPT file is imported (`import_sharegpt`: token counts by
+    `count_tokens`, default `default_count_tokens()`; pairs over `max_seq_len` skipped; Poisson arrivals at
+    `rate`, or all at t = 0); the other arguments are for it alone. Any problem with the file is one TraceError
+    naming the file and the line; a file with no request is one too."""
+    kind = trace_format(path)
+    if kind == "sharegpt":
+        pairs = load_sharegpt_pairs(path, count_tokens or default_count_tokens(), max_seq_len)
+        return sharegpt_requests(path, pairs, rate=rate, seed=seed)
+    return read_csv(path) if kind == "csv" else read_jsonl(path)
 
 
 @dataclass(slots=True)
@@ -141,21 +392,82 @@ class ShareGPTPairs:
     skipped_too_long: int = 0  # prompt + output > max_seq_len (the paper drops these)
     skipped_no_pair: int = 0  # no human turn followed by a gpt turn, or an empty one
 
+    def describe(self) -> str:
+        total = len(self.prompt_lens) + self.skipped_too_long + self.skipped_no_pair
+        return (f"{len(self.prompt_lens)} requests from {total} conversations ({self.skipped_too_long} skipped as too "
+                f"long, {self.skipped_no_pair} without a human turn followed by a gpt reply)")  # fmt: skip
+
+
+def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]]:
+    """(line, item) of each item of the JSON list that is the whole of `text`, decoded one at a time, so that a
+    problem with an item names its line."""
+    decoder, NEWLINE = json.JSONDecoder(parse_int=_json_int), "\n"  # ids of any length: see _json_int
+    line, pos = 1, 0  # the line number at text[pos]
+
+    def skip(i: int) -> int:
+        nonlocal line, pos
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        line, pos = line + text.count("\n", pos, i), i
+        return i
+
+    def bad(i: int, what: str) -> TraceError:
+        return TraceError(f"{path} line {line + text.count(NEWLINE, pos, i)}: not valid JSON ({what})")
+
+    i = skip(0)
+    if i == len(text):
+        raise TraceError(f"{path}: the whole file is empty (expected a JSON list of conversations)")
+    if text[i] != "[":
+        raise TraceError(f"{path} line {line}: expected a JSON list of conversations")
+    i = skip(i + 1)
+    if text.startswith("]", i):
+        i += 1
+    else:
+        while True:
+            try:
+                item, end = decoder.raw_decode(text, i)
+            except RecursionError:
+                raise TraceError(f"{path} line {line}: JSON nested too deep (a conversation is a list of "
+                                 "turns)") from None  # fmt: skip
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{path} line {e.lineno}: not valid JSON ({e.msg.removesuffix(' at')} at column "
+                                 f"{e.colno})") from None  # fmt: skip
+            yield line, item
+            i = skip(end)
+            if text.startswith(",", i):
+                i = skip(i + 1)
+            elif text.startswith("]", i):
+                i += 1
+                break
+            else:
+                raise bad(i, "expected ',' or ']' after an item of the list")
+    i = skip(i)
+    if i != len(text):
+        raise bad(i, "extra data after the list")
+
 
 def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], max_seq_len: int = 2048) -> ShareGPTPairs:
     """The first human turn and the gpt reply after it, of every conversation, as token counts."""
+    with _open(path) as f:
+        try:
+            data = f.read()
+        except OSError as e:
+            raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
-        with Path(path).open() as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(data, list):
-        raise TraceError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        start = e.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+        line = data.count(b"\n", 0, start) + 1
+        raise TraceError(f"{path} line {line}: not UTF-8 text (byte 0x{data[start]:02x})") from None
     pairs = ShareGPTPairs()
-    for index, item in enumerate(data):
+    for index, (line, item) in enumerate(_json_list_items(path, text)):
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-            raise TraceError(f"{path}: conversation {index} has no 'conversations' list of turns")
+            raise TraceError(f"{path} line {line}: conversation {index} has no 'conversations' list of turns "
+                             '(expected {"conversations": [{"from": "human", "value": "..."}, ...]})')  # fmt: skip
+        if index == MAX_NUM_REQUESTS:
+            raise TraceError(f"{path} line {line}: more than {MAX_NUM_REQUESTS:,} conversations (the limit of one "
+                             "trace)")  # fmt: skip
         pair = next(
             ((a.get("value"), b.get("value")) for a, b in zip(turns, turns[1:])
              if a.get("from") == "human" and b.get("from") == "gpt"),
@@ -175,6 +487,33 @@ def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], ma
     return pairs
 
 
+def _check_rate(rate: float | None) -> None:
+    if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < math.inf):
+        raise ValueError(f"rate must be a finite number > 0 requests/s, got {rate}")
+
+
+def sharegpt_requests(path: str | Path, pairs: ShareGPTPairs, *, rate: float | None = None,
+                      seed: int = 0) -> list[Request]:  # fmt: skip
+    """The requests of `pairs` (from `load_sharegpt_pairs(path, ...)`), in file order: Poisson arrivals at `rate`
+    req/s (seeded), or all at t = 0 when rate is None. TraceError if there is none, or the last arrives past
+    MAX_TIME_S."""
+    _check_rate(rate)
+    count = len(pairs.prompt_lens)
+    if count == 0:
+        raise TraceError(f"{path}: no request in the whole file: {pairs.describe()}")
+    if rate is None:
+        times = [0.0] * count
+    else:
+        times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, count)).tolist()
+        if not times[-1] <= MAX_TIME_S:
+            raise TraceError(f"{path}: {count} requests at {rate:g} req/s arrive until {times[-1]:.3g} s, past the "
+                             f"limit {MAX_TIME_S:g} s (allowed: a higher rate)")  # fmt: skip
+    return [
+        Request(request_id=i, arrival_time=times[i], prompt_len=p, output_len=o)
+        for i, (p, o) in enumerate(zip(pairs.prompt_lens, pairs.output_lens))
+    ]
+
+
 def import_sharegpt(
     path: str | Path,
     *,
@@ -185,15 +524,6 @@ def import_sharegpt(
 ) -> list[Request]:
     """Requests from a ShareGPT conversation file, in file order; Poisson arrivals at `rate` req/s (seeded),
     or all at t = 0 when rate is None. Skip counts: see `load_sharegpt_pairs`."""
-    if rate is not None and not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"rate must be a finite number > 0 requests/s, got {rate}")
+    _check_rate(rate)
     pairs = load_sharegpt_pairs(path, count_tokens, max_seq_len)
-    count = len(pairs.prompt_lens)
-    if rate is None:
-        times = [0.0] * count
-    else:
-        times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, count)).tolist()
-    return [
-        Request(request_id=i, arrival_time=times[i], prompt_len=p, output_len=o)
-        for i, (p, o) in enumerate(zip(pairs.prompt_lens, pairs.output_lens))
-    ]
+    return sharegpt_requests(path, pairs, rate=rate, seed=seed) if pairs.prompt_lens else []

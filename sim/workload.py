@@ -31,8 +31,12 @@ the paper's beam-search/parallel-sampling style batch runs).
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
+from sim.limits import MAX_BURSTINESS, MAX_COUNT, MAX_NUM_REQUESTS, MAX_SEED, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS
 from sim.request import Request
 
 DATASETS = ("sharegpt", "alpaca", "fixed", "uniform")
@@ -75,6 +79,8 @@ def generate_requests(
     i % num_prefixes, and `prompt_token_ids` are synthetic (see `_prompt_token_ids`).
     """
     _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len, num_prefixes)
+    if not (_is_int(seed) and 0 <= seed <= MAX_SEED):
+        raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
     # NOTE: lengths and arrivals use independent streams spawned from one seed, so sweeping the rate (as the
     # paper's figures do) keeps the very same requests and only moves their arrival times.
     length_rng, arrival_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
@@ -88,6 +94,9 @@ def generate_requests(
         length_rng, dataset, count, budget, prompt_len, output_len, prompt_len_range, output_len_range
     )
     token_ids = _prompt_token_ids(prompts, prefix_len, num_prefixes) if prefix_len > 0 else None
+    if count and not arrivals[-1] <= MAX_TIME_S:  # the expected span was checked; a rare draw may still pass it
+        raise ValueError(f"the last of {count} arrivals at {rate:g} req/s comes at {arrivals[-1]:.3g} s, past the "
+                         f"limit {MAX_TIME_S:g} s (allowed: a higher rate)")  # fmt: skip
     times = arrivals.tolist()
     prompt_list, output_list = (prompts + prefix_len).tolist(), outputs.tolist()
     return [
@@ -106,27 +115,45 @@ def generate_requests(
     ]
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len, num_prefixes):
+    """Everything numpy would choke on, refused before it draws: types, the limits of sim.limits, and the size of
+    the workload (at most MAX_NUM_REQUESTS requests expected, arriving by MAX_TIME_S)."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r} (allowed: {', '.join(DATASETS)})")
     if arrival not in ARRIVALS:
         raise ValueError(f"unknown arrival process {arrival!r} (allowed: {', '.join(ARRIVALS)})")
-    if arrival != "offline" and (rate is None or not rate > 0 or not np.isfinite(rate)):
+    if arrival != "offline" and not (_is_real(rate) and rate > 0):
         raise ValueError(f"rate must be a finite number > 0 requests/s for {arrival} arrivals, got {rate}")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness (gamma shape) must be > 0, got {burstiness}")
+    if not (_is_real(burstiness) and MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS):
+        raise ValueError(f"burstiness (gamma shape) must be from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g}, "
+                         f"got {burstiness}")  # fmt: skip
     if (num_requests is None) == (duration is None):
         raise ValueError("give exactly one of num_requests or duration (with a rate)")
-    if num_requests is not None and num_requests < 0:
-        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
-    if duration is not None and (arrival == "offline" or not duration > 0):
-        raise ValueError(f"duration must be > 0 seconds and needs poisson or gamma arrivals, got {duration} ({arrival})")
-    if max_seq_len < 2:
-        raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
-    if not 0 <= prefix_len <= max_seq_len - 2:
+    if num_requests is not None and not (_is_int(num_requests) and 0 <= num_requests <= MAX_NUM_REQUESTS):
+        raise ValueError(f"num_requests must be an integer from 0 to {MAX_NUM_REQUESTS:,}, got {num_requests}")
+    if duration is not None and (arrival == "offline" or not (_is_real(duration) and 0 < duration <= MAX_TIME_S)):
+        raise ValueError(f"duration must be > 0 seconds (at most {MAX_TIME_S:g}) and needs poisson or gamma arrivals, "
+                         f"got {duration} ({arrival})")  # fmt: skip
+    if duration is not None and rate * duration > MAX_NUM_REQUESTS:
+        raise ValueError(f"rate x duration = {rate:g} x {duration:g} = {rate * duration:.3g} expected requests, more "
+                         f"than the limit {MAX_NUM_REQUESTS:,}")  # fmt: skip
+    if num_requests is not None and arrival != "offline" and num_requests / rate > MAX_TIME_S:
+        raise ValueError(f"num_requests / rate = {num_requests / rate:.3g} s of arrivals, more than the limit "
+                         f"{MAX_TIME_S:g} s")  # fmt: skip
+    if not (_is_int(max_seq_len) and 2 <= max_seq_len <= MAX_TOKENS):
+        raise ValueError(f"max_seq_len must be an integer from 2 to {MAX_TOKENS:,}, got {max_seq_len}")
+    if not (_is_int(prefix_len) and 0 <= prefix_len <= max_seq_len - 2):
         raise ValueError(f"prefix_len must be in [0, max_seq_len - 2] = [0, {max_seq_len - 2}], got {prefix_len}")
-    if num_prefixes < 1:
-        raise ValueError(f"num_prefixes must be >= 1, got {num_prefixes}")
+    if not (_is_int(num_prefixes) and 1 <= num_prefixes <= MAX_COUNT):
+        raise ValueError(f"num_prefixes must be an integer from 1 to {MAX_COUNT:,}, got {num_prefixes}")
 
 
 def _gaps(rng: np.random.Generator, arrival: str, rate: float, burstiness: float, size: int) -> np.ndarray:
@@ -182,8 +209,8 @@ def _lengths(rng, dataset, count, budget, prompt_len, output_len, prompt_range, 
 
 def _check_range(prompt_name, prompt_range, output_name, output_range, budget):
     for name, (lo, hi) in ((prompt_name, prompt_range), (output_name, output_range)):
-        if not 1 <= lo <= hi:
-            raise ValueError(f"{name} must satisfy 1 <= low <= high, got ({lo}, {hi})")
+        if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi):
+            raise ValueError(f"{name} must be integers with 1 <= low <= high, got ({lo}, {hi})")
     if prompt_range[1] + output_range[1] > budget:
         raise ValueError(
             f"{prompt_name} + {output_name} can reach {prompt_range[1] + output_range[1]} tokens; "
@@ -204,7 +231,8 @@ def _prompt_token_ids(own_lens: np.ndarray, prefix_len: int, num_prefixes: int) 
     NOTE: the ids are labels for prefix caching (equal ids -> equal block hashes), not a real vocabulary:
     they are unique by construction, so no two requests ever share a block by accident.
     """
-    prefixes = [list(range(p * prefix_len, (p + 1) * prefix_len)) for p in range(num_prefixes)]
+    used = min(num_prefixes, len(own_lens))  # request i uses prefix i % num_prefixes: build only those
+    prefixes = [list(range(p * prefix_len, (p + 1) * prefix_len)) for p in range(used)]
     starts = num_prefixes * prefix_len + np.concatenate(([0], np.cumsum(own_lens)[:-1]))
     return [
         prefixes[i % num_prefixes] + list(range(start, start + own))

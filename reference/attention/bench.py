@@ -33,6 +33,7 @@ import torch
 
 from reference.attention import paged_decode_attention
 from reference.attention.triton_decode import choose_num_splits
+from sim.outfiles import OutputPathError, atomic_write, check_outputs
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "figures" / "bench_attention_gpu.csv"
 FIELDS = ["experiment", "batch", "context", "block_size", "block_table", "num_splits", "time_us",
@@ -150,8 +151,8 @@ class Bench:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
+    """The rows as CSV, written whole or not at all (sim.outfiles); missing folders are created."""
+    with atomic_write(path, newline="", make_parents=True) as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         for row in rows:  # 4 significant digits: more would be noise
@@ -167,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats} (allowed: 1, 2, ...)")
+    default = DEFAULT_OUT if torch.cuda.is_available() else None  # the CSV written when --out is not given
+    try:  # before any timing: a folder is created only for the default path
+        check_outputs({"--out": args.out or default}, make_parents=args.out is None)
+    except OutputPathError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if torch.cuda.is_available():
         cfg, device, out = GPU_CONFIG, "cuda", args.out or DEFAULT_OUT
         print(f"device: {torch.cuda.get_device_name()}")

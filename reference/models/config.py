@@ -6,15 +6,23 @@ small record describes all three. Qwen2 differs only by biases on the q/k/v proj
 
 `ModelConfig.from_hf_dict` accepts both spellings of the RoPE settings: transformers < 5 writes
 `rope_theta` / `rope_scaling` at the top level, transformers >= 5 writes them in `rope_parameters`.
+`read_checkpoint_config(folder)` reads the files; whatever is wrong in them (missing, not JSON, a field missing
+or of the wrong type) is one ValueError naming the file and the field.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _SUPPORTED = ", ".join(SUPPORTED_MODEL_TYPES)
+REQUIRED_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                   "vocab_size")  # every other field we read has a default
+_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +88,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
-        """Read a transformers `config.json` (and optionally `generation_config.json`) dict."""
+        """Read a transformers `config.json` (and optionally `generation_config.json`) dict. ValueError naming the
+        field if one is missing or of the wrong type (JSON null counts as missing)."""
+        if "model_type" not in hf:
+            raise ValueError(f"missing field 'model_type' (allowed: {_SUPPORTED})")
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not supported (allowed: {_SUPPORTED})")
@@ -88,27 +99,27 @@ class ModelConfig:
             raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (allowed: silu)")
         if hf.get("mlp_bias"):
             raise ValueError("mlp_bias=true is not supported (allowed: SwiGLU MLP without biases)")
-        num_heads = hf["num_attention_heads"]
-        rope = dict(hf.get("rope_parameters") or {})
-        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        scaling = rope if "rope_type" in rope else (hf.get("rope_scaling") or {})
-        sliding = hf.get("sliding_window")
+        num_heads, hidden = _int_field(hf, "num_attention_heads"), _int_field(hf, "hidden_size")
+        rope = _dict_field(hf, "rope_parameters")
+        rope_theta = _real_field(rope, "rope_theta", _real_field(hf, "rope_theta", 10000.0), "rope_parameters.")
+        scaling = rope if "rope_type" in rope else _dict_field(hf, "rope_scaling")
+        sliding = _int_field(hf, "sliding_window", None)
         if model_type == "qwen2" and not hf.get("use_sliding_window", False):
             sliding = None  # Qwen2 configs name a window but switch it off
         return cls(
             model_type=model_type,
-            num_layers=hf["num_hidden_layers"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
+            num_layers=_int_field(hf, "num_hidden_layers"),
+            hidden_size=hidden,
+            intermediate_size=_int_field(hf, "intermediate_size"),
             num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-            vocab_size=hf["vocab_size"],
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            num_kv_heads=_int_field(hf, "num_key_value_heads", num_heads),
+            head_dim=_int_field(hf, "head_dim", hidden // num_heads if num_heads > 0 else 0),
+            vocab_size=_int_field(hf, "vocab_size"),
+            max_position_embeddings=_int_field(hf, "max_position_embeddings", 2048),
             eos_token_ids=_eos_ids(hf, generation or {}),
-            bos_token_id=hf.get("bos_token_id"),
-            rope_theta=float(rope_theta),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            bos_token_id=_int_field(hf, "bos_token_id", None),
+            rope_theta=rope_theta,
+            rms_norm_eps=_real_field(hf, "rms_norm_eps", 1e-6),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             # Qwen2's q/k/v projections always carry biases (its config does not say so).
             attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias")),
@@ -117,16 +128,89 @@ class ModelConfig:
         )
 
 
-def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:
+def read_checkpoint_config(folder: str | Path) -> ModelConfig:
+    """ModelConfig from a checkpoint folder's config.json (+ generation_config.json when present). Any problem
+    with them is a ValueError that starts with the file's path: "DIR/config.json: missing field 'vocab_size' ..."."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    hf = _read_json_object(path)
+    gen_path = folder / "generation_config.json"
+    generation = _read_json_object(gen_path) if gen_path.is_file() else None
+    try:
+        _token_id_list((generation or {}).get("eos_token_id"))  # the one field we read there
+    except ValueError as exc:
+        raise ValueError(f"{gen_path}: {exc}") from None
+    try:
+        return ModelConfig.from_hf_dict(hf, generation)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (allowed: a checkpoint folder with config.json and *.safetensors)"
+                         ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot be read: {exc} (allowed: a readable UTF-8 JSON file)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+                         "(allowed: a JSON object {...})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__} (allowed: a JSON object {{...}})")
+    return data
+
+
+def _int_field(hf: dict[str, Any], name: str, default: Any = _MISSING, prefix: str = "") -> Any:
+    value = hf.get(name)
+    if value is None:
+        if default is _MISSING:
+            allowed = "an integer" if prefix else "a Llama-family config.json, which has all of " + ", ".join(
+                REQUIRED_FIELDS)
+            raise ValueError(f"missing field '{prefix}{name}' (allowed: {allowed})")
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"field '{prefix}{name}' is {value!r} (allowed: an integer)")
+    return value
+
+
+def _real_field(hf: dict[str, Any], name: str, default: Any = _MISSING, prefix: str = "") -> Any:
+    value = hf.get(name)
+    if value is None:
+        if default is _MISSING:
+            raise ValueError(f"missing field '{prefix}{name}' (allowed: a number)")
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"field '{prefix}{name}' is {value!r} (allowed: a finite number)")
+    return float(value)
+
+
+def _dict_field(hf: dict[str, Any], name: str) -> dict[str, Any]:
+    value = hf.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"field '{name}' is {value!r} (allowed: an object {{...}} or null)")
+    return dict(value)
+
+
+def _token_id_list(value: Any) -> tuple[int, ...]:
+    """eos_token_id: null, an integer or a list of integers."""
     if value is None:
         return ()
-    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+    ids = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
+        raise ValueError(f"field 'eos_token_id' is {value!r} (allowed: an integer, a list of integers, or null)")
+    return ids
 
 
 def _eos_ids(hf: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:
     # NOTE: instruct models often list extra end tokens only in generation_config.json (Llama 3's
     # <|eot_id|>); we take the union so generation stops where transformers' generate() stops.
-    ids = _as_tuple(hf.get("eos_token_id")) + _as_tuple(generation.get("eos_token_id"))
+    ids = _token_id_list(hf.get("eos_token_id")) + _token_id_list(generation.get("eos_token_id"))
     return tuple(dict.fromkeys(ids))
 
 
@@ -137,8 +221,9 @@ def _rope_scaling(scaling: dict[str, Any]) -> Llama3RopeScaling | None:
     if kind != "llama3":
         raise ValueError(f"rope_scaling type {kind!r} is not supported (allowed: default, llama3)")
     return Llama3RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        factor=_real_field(scaling, "factor", prefix="rope_scaling."),
+        low_freq_factor=_real_field(scaling, "low_freq_factor", prefix="rope_scaling."),
+        high_freq_factor=_real_field(scaling, "high_freq_factor", prefix="rope_scaling."),
+        original_max_position_embeddings=_int_field(scaling, "original_max_position_embeddings",
+                                                    prefix="rope_scaling."),
     )

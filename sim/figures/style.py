@@ -12,6 +12,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from ..outfiles import atomic_files, save_figure
+
 DPI = 120
 # The paper's default setup for section 6 (OPT-13B on one A100-40GB, Table 1), the same as sim.run's defaults.
 SETUP = "OPT-13B, 1x A100-40GB, block size 16, Poisson arrivals"
@@ -64,17 +66,21 @@ def caption(fig, text: str, *, width: int = 150) -> None:
 
 
 def save(fig, rows: list[dict], outdir: str | Path, name: str) -> list[Path]:
-    """Write `name`.png and `name`.csv (the rows drawn; columns in first-seen order) into `outdir`."""
+    """Write `name`.png and `name`.csv (the rows drawn; columns in first-seen order) into `outdir`: both to
+    temporary files first, then renamed into place together, so a failure or a kill leaves the old pair."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     png, table = outdir / f"{name}.png", outdir / f"{name}.csv"
-    fig.savefig(png, dpi=DPI)
-    plt.close(fig)
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    with open(table, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    try:
+        with atomic_files() as files:
+            save_figure(fig, png, format="png", dpi=DPI, files=files)
+            with files.open(table, "w", newline="") as f:
+                writer = csv.DictWriter(f, columns)
+                writer.writeheader()
+                writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    finally:
+        plt.close(fig)
     return [png, table]
 
 

@@ -30,6 +30,10 @@ BAD = {  # name -> (arguments, a word the error line must contain)
     "top_k": (["generate", "hi", "--top-k", "0"], "--top-k"),
     "policy": (["generate", "hi", "--policy", "contiguous"], "paged"),
     "not_an_int": (["generate", "hi", "--max-tokens", "many"], "--max-tokens"),
+    "a_float_for_an_int": (["generate", "hi", "--n", "2.0"], "--n: invalid int value: '2.0'"),
+    "temperature_inf": (["generate", "hi", "--temperature", "inf"], "--temperature inf (allowed: a number >= 0)"),
+    "top_p_nan": (["generate", "hi", "--top-p", "nan"], "--top-p"),
+    "seed_negative": (["generate", "hi", "--seed", "-1"], "--seed -1 (allowed: an integer >= 0"),
     "empty_prompt": (["generate", "  "], "prompt"),
     "unknown_model": (["generate", "hi", "--model", "/no/such/checkpoint"], "/no/such/checkpoint"),
     "not_a_checkpoint": (["generate", "hi", "--model", "tests"], "tests"),
@@ -63,8 +67,42 @@ def test_bad_input_is_one_line_and_exit_2():
         assert out == "", name
         assert len(lines) == 1 and lines[0].startswith("error: "), f"{name}: {err}"
         assert BAD[name][1] in lines[0], f"{name}: {lines[0]}"
-        if name not in ("no_command", "not_an_int"):  # argparse's own wording for these two
+        if name not in ("no_command", "not_an_int", "a_float_for_an_int"):  # argparse's own wording for these
             assert "(allowed: " in lines[0], f"{name}: {lines[0]}"
+
+
+LLAMA_FIELDS = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                "num_attention_heads": 4, "vocab_size": 256}
+BROKEN_CONFIGS = {  # name -> (config.json text, generation_config.json text or None, the error after "error: PATH: ")
+    "a missing field": (json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "num_hidden_layers"}), None,
+                        "config.json: missing field 'num_hidden_layers' (allowed: "),
+    "a null field": (json.dumps({**LLAMA_FIELDS, "vocab_size": None}), None, "config.json: missing field 'vocab_size'"),
+    "a string for an int": (json.dumps({**LLAMA_FIELDS, "hidden_size": "64"}), None,
+                            "config.json: field 'hidden_size' is '64' (allowed: an integer)"),
+    "a float for an int": (json.dumps({**LLAMA_FIELDS, "hidden_size": 64.0}), None, "field 'hidden_size' is 64.0"),
+    "not JSON": ("{oops", None, "config.json: not valid JSON: "),
+    "a list": ("[1, 2]", None, "config.json: a JSON list (allowed: a JSON object"),
+    "no model_type": (json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "model_type"}), None,
+                      "config.json: missing field 'model_type' (allowed: llama, mistral, qwen2)"),
+    "a bad rope_scaling": (json.dumps({**LLAMA_FIELDS, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), None,
+                           "config.json: missing field 'rope_scaling.low_freq_factor'"),
+    "a bad generation config": (json.dumps(LLAMA_FIELDS), '{"eos_token_id": "x"}',
+                                "generation_config.json: field 'eos_token_id' is 'x'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BROKEN_CONFIGS)
+def test_a_broken_checkpoint_config_is_one_line_naming_file_and_field(tmp_path, capsys, case):
+    text, generation, expected = BROKEN_CONFIGS[case]
+    (tmp_path / "config.json").write_text(text)
+    if generation is not None:
+        (tmp_path / "generation_config.json").write_text(generation)
+    assert main(["generate", "1 2 3", "--model", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1, captured.err
+    assert lines[0].startswith(f"error: {tmp_path}{'/'}") and expected in lines[0], lines[0]
+    assert "(allowed: " in lines[0], lines[0]
 
 
 def test_help_explains_every_flag():

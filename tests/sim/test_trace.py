@@ -44,16 +44,16 @@ def test_jsonl_defaults_for_optional_fields(tmp_path):
     "bad_line, message",
     [
         ('{"request_id": 1, "arrival_time": 0.5, "prompt_len": 3, "output_len": "x"}',
-         "line 2: output_len must be an integer >= 1, got 'x'"),
-        ('{"request_id": 1, "arrival_time": -1, "prompt_len": 3, "output_len": 2}', "line 2: arrival_time must be"),
+         r"line 2: output_len: got 'x' \(allowed: an integer from 1 to 1,048,576\)"),
+        ('{"request_id": 1, "arrival_time": -1, "prompt_len": 3, "output_len": 2}', "line 2: arrival_time: got -1"),
         ('{"request_id": 1, "arrival_time": 0, "prompt_len": 3, "output_len": 2, "colour": 1}', "line 2: unknown field"),
         ('{"request_id": 1, "arrival_time": 0, "prompt_len": 3, "output_len": 2, "n": 2, "beam_width": 2}',
          "line 2: request 1: use either n"),
         ('{"request_id": 1, "arrival_time": 0, "prompt_len": 2, "output_len": 2, "prompt_token_ids": [1]}',
          "line 2: request 1: 1 prompt_token_ids for prompt_len 2"),
-        ('{"request_id": 1, "arrival_time": 0, "prompt_len": true, "output_len": 2}', "line 2: prompt_len must be"),
-        ("[1, 2]", "line 2: expected a JSON object"),
-        ('{"request_id": 1,', "line 2: "),
+        ('{"request_id": 1, "arrival_time": 0, "prompt_len": true, "output_len": 2}', "line 2: prompt_len: got True"),
+        ("[1, 2]", "line 2: expected a JSON object, got a list"),
+        ('{"request_id": 1,', "line 2: not valid JSON"),
     ],
 )
 def test_malformed_jsonl_names_file_and_line(tmp_path, bad_line, message):
@@ -68,8 +68,8 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, bad_line, message):
     "text, message",
     [
         ("request_id,arrival_time,prompt_len\n0,0,1\n", "line 1: missing column\\(s\\) output_len"),
-        ("request_id,arrival_time,prompt_len,output_len\n0,0,1,2\n1,0,1,0\n", "line 3: output_len must be an integer >= 1, got 0"),
-        ("request_id,arrival_time,prompt_len,output_len\n0,soon,1,2\n", "line 2: arrival_time must be"),
+        ("request_id,arrival_time,prompt_len,output_len\n0,0,1,2\n1,0,1,0\n", "line 3: output_len: got 0 \\(allowed: an integer from 1"),
+        ("request_id,arrival_time,prompt_len,output_len\n0,soon,1,2\n", "line 2: arrival_time: got 'soon'"),
         ("request_id,arrival_time,prompt_len,output_len\n0,0,1,2,9\n", "line 2: expected 4 columns"),
     ],
 )

@@ -1,0 +1,261 @@
+"""The Python API refuses bad input whole, before queuing anything, with the exception and words that say why.
+
+One table per entry point (input -> exception type, a fragment of its message). After every refused call nothing
+of it is queued: a request queued before it is still the only one, and once that one finishes the pool is
+entirely free. Integers must be integers (not bools, not floats; numpy integers are converted), numbers finite,
+prompts a str, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts (never bytes).
+The engine is the tiny random Llama with a byte tokenizer (text = its UTF-8 bytes), so text prompts work too.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from reference import LLM, BeamSearchParams, SamplingParams
+from reference.models import random_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+class ByteTokenizer:
+    """Text <-> its UTF-8 bytes as token ids: the tiny model's vocabulary is 256."""
+
+    def __call__(self, text: str):
+        return SimpleNamespace(input_ids=list(text.encode()))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(ids).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_model(seed=5, tie_word_embeddings=False)  # untied: its tokens depend on the whole prompt
+
+
+@pytest.fixture
+def llm(tiny):
+    return LLM.from_loaded(tiny, ByteTokenizer(), block_size=4, num_gpu_blocks=24, max_model_len=64)
+
+
+def assert_nothing_queued_but(llm: LLM, bystander: int) -> None:
+    """Only `bystander` is queued; it then finishes, and the pool is entirely free."""
+    assert llm.scheduler.waiting_request_ids() + llm.scheduler.running_request_ids() == [bystander]
+    assert list(llm._requests) == [bystander]
+    while llm.has_unfinished_requests():
+        llm.step()
+    kv = llm.kv_manager
+    assert not llm._requests and kv.num_free_blocks == kv.num_blocks
+    kv.check_invariants()
+
+
+LONG = [7] * 64  # max_model_len 64: at most 63 prompt tokens
+
+GENERATE = {  # id: (prompts, params, exception, message fragment)
+    "bytes": (b"hello", None, TypeError, "got bytes"),
+    "bytearray": (bytearray(b"hi"), None, TypeError, "got bytearray"),
+    "bytes in a list": (["hi", b"hi"], None, TypeError, "prompt 1: prompts must be a str"),
+    "a str then an int": (["hi", 5], None, TypeError, "prompt 1: prompts must be a str, a list of token ids"),
+    "None": (None, None, TypeError, "got NoneType"),
+    "an int": (5, None, TypeError, "got int"),
+    "a set": ({"hi"}, None, TypeError, "got set"),
+    "a float token id": ([1, 2.0], None, TypeError, "token ids must be integers, got float"),
+    "a bool token id": ([True, 3], None, TypeError, "got bool"),
+    "a str among token ids": ([5, "hi"], None, TypeError, "got str 'hi' at position 1"),
+    "a float id in the 2nd prompt": ([[1, 2], [3, 4.5]], None, TypeError, "prompt 1: token ids must be integers"),
+    "a token id over the vocabulary": ([[1], [1, 256]], None, ValueError, "prompt 1: token id 256 is outside"),
+    "a negative token id": ([-1, 4], None, ValueError, "token id -1 is outside the vocabulary"),
+    "a float array": (np.array([1.0, 2.0]), None, TypeError, "integer dtype"),
+    "a 3-D array": (np.zeros((1, 1, 2), dtype=np.int64), None, ValueError, "1-D"),
+    "a dict with an unknown key": ({"text": "hi"}, None, ValueError,
+                                   "exactly one of the keys 'prompt', 'prompt_token_ids'"),
+    "a dict with both keys": ({"prompt": "hi", "prompt_token_ids": [1]}, None, ValueError, "exactly one of the keys"),
+    "an empty dict": ({}, None, ValueError, "exactly one of the keys"),
+    "a dict prompt not str": ({"prompt": 5}, None, TypeError, "'prompt' must be a str"),
+    "a dict of ids as str": ({"prompt_token_ids": "12"}, None, TypeError, "'prompt_token_ids' must be a list"),
+    "a dict of float ids": ({"prompt_token_ids": [1.5]}, None, TypeError, "token ids must be integers"),
+    "a bad dict after a good one": ([{"prompt": "a"}, {"prompts": "b"}], None, ValueError, "prompt 1: a prompt dict"),
+    "an empty str": ("", None, ValueError, "the prompt is empty"),
+    "an empty id list": ([[1], []], None, ValueError, "prompt 1 is empty"),
+    "too long after a good one": (["hi", LONG], None, ValueError, "prompt 1 has 64 tokens, too long"),
+    "too many params": (["a", "b"], [GREEDY] * 3, ValueError, "got 3 SamplingParams for 2 prompts"),
+    "params as a dict": (["a"], {"temperature": 0}, TypeError, "must be SamplingParams, got dict"),
+    "a bad params in the list": (["a", "b"], [GREEDY, "x"], TypeError, "params[1] must be SamplingParams"),
+    "beam params": (["a"], BeamSearchParams(beam_width=2, max_tokens=4), TypeError, "use beam_search()"),
+    "more blocks than the pool (the scheduler's check)": (
+        ["a", [5] * 30], [GREEDY, SamplingParams(n=4, max_tokens=30)], ValueError,
+        "prompt 1: 4 sequence(s) of final length 59 need 60 blocks"),
+    "more sequences than max_num_seqs": (["a", "b"], [GREEDY, SamplingParams(n=300)], ValueError,
+                                         "prompt 1: 300 sequences (allowed: <= max_num_seqs, 256)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", GENERATE)
+def test_generate_refuses_bad_input_whole(llm, case):
+    prompts, params, exc, fragment = GENERATE[case]
+    bystander = llm.add_request([9, 9, 9], GREEDY)
+    with pytest.raises(exc) as info:
+        llm.generate(prompts, params)
+    assert fragment in str(info.value)
+    assert_nothing_queued_but(llm, bystander)
+    assert llm.stats.num_aborted_requests == 0
+
+
+def test_beam_search_refuses_bad_input_whole(llm):
+    bystander = llm.add_request([9, 9, 9], GREEDY)
+    with pytest.raises(TypeError, match="takes BeamSearchParams, got SamplingParams"):
+        llm.beam_search(["a"], GREEDY)
+    with pytest.raises(ValueError, match="prompt 1 has 64 tokens"):
+        llm.beam_search(["a", LONG], BeamSearchParams(beam_width=2, max_tokens=4))
+    with pytest.raises(TypeError, match="got bytes"):
+        llm.beam_search(b"a", BeamSearchParams(beam_width=2, max_tokens=4))
+    with pytest.raises(TypeError, match="use_tqdm must be True or False"):
+        llm.generate(["a"], GREEDY, use_tqdm="yes")
+    assert_nothing_queued_but(llm, bystander)
+
+
+ADD_REQUEST = {  # id: (kwargs, exception, fragment)
+    "request_id a str": (dict(request_id="7"), TypeError, "request_id must be an integer, got str"),
+    "request_id a float": (dict(request_id=7.0), TypeError, "request_id must be an integer, got float"),
+    "request_id a bool": (dict(request_id=True), TypeError, "request_id must be an integer, got bool"),
+    "request_id negative": (dict(request_id=-1), ValueError, "request_id must be >= 0"),
+    "request_id in use": (dict(request_id=0), ValueError, "request_id 0 was already given"),
+    "params a dict": (dict(params={"n": 2}), TypeError, "params must be SamplingParams or BeamSearchParams"),
+    "prompt bytes": (dict(prompt=b"x"), TypeError, "got bytes"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ADD_REQUEST)
+def test_add_request_refuses_bad_input(llm, case):
+    kwargs, exc, fragment = ADD_REQUEST[case]
+    bystander = llm.add_request([9, 9, 9], GREEDY)  # request 0
+    kwargs = {"prompt": [1, 2], "params": GREEDY, **kwargs}
+    with pytest.raises(exc) as info:
+        llm.add_request(**kwargs)
+    assert fragment in str(info.value)
+    assert_nothing_queued_but(llm, bystander)
+
+
+def test_a_finished_request_id_stays_taken(llm):
+    rid = llm.add_request([1, 2], GREEDY, request_id=5)
+    while llm.has_unfinished_requests():
+        llm.step()
+    with pytest.raises(ValueError, match="request_id 5 was already given"):
+        llm.add_request([1, 2], GREEDY, request_id=rid)
+    assert llm.add_request([1, 2], GREEDY) == 6  # the next free id
+
+
+PARAMS = {  # id: (class, kwargs, exception, fragment)
+    "n float": (SamplingParams, dict(n=1.5), TypeError, "n must be an integer, got float 1.5"),
+    "n integral float": (SamplingParams, dict(n=2.0), TypeError, "n must be an integer, got float"),
+    "n bool": (SamplingParams, dict(n=True), TypeError, "n must be an integer, got bool"),
+    "n zero": (SamplingParams, dict(n=0), ValueError, "n must be >= 1, got 0"),
+    "max_tokens float": (SamplingParams, dict(max_tokens=2.5), TypeError, "max_tokens must be an integer"),
+    "max_tokens str": (SamplingParams, dict(max_tokens="16"), TypeError, "max_tokens must be an integer, got str"),
+    "max_tokens None": (SamplingParams, dict(max_tokens=None), TypeError, "max_tokens must be an integer"),
+    "top_k float": (SamplingParams, dict(top_k=2.5, temperature=0.7), TypeError, "top_k must be an integer"),
+    "top_k zero": (SamplingParams, dict(top_k=0), ValueError, "top_k must be -1 (off) or >= 1"),
+    "top_k -2": (SamplingParams, dict(top_k=-2), ValueError, "top_k must be -1 (off) or >= 1"),
+    "temperature inf": (SamplingParams, dict(temperature=math.inf), ValueError, "temperature must be a finite number"),
+    "temperature nan": (SamplingParams, dict(temperature=math.nan), ValueError, "temperature must be a finite number"),
+    "temperature negative": (SamplingParams, dict(temperature=-0.1), ValueError, "temperature must be >= 0"),
+    "temperature str": (SamplingParams, dict(temperature="0.7"), TypeError, "temperature must be a number, got str"),
+    "temperature bool": (SamplingParams, dict(temperature=False), TypeError, "temperature must be a number, got bool"),
+    "top_p zero": (SamplingParams, dict(top_p=0.0), ValueError, "top_p must be in (0, 1]"),
+    "top_p over 1": (SamplingParams, dict(top_p=1.5), ValueError, "top_p must be in (0, 1]"),
+    "top_p nan": (SamplingParams, dict(top_p=math.nan), ValueError, "top_p must be a finite number"),
+    "seed negative": (SamplingParams, dict(seed=-1), ValueError, "seed must be None or an integer >= 0"),
+    "seed float": (SamplingParams, dict(seed=1.0), TypeError, "seed must be an integer, got float"),
+    "ignore_eos int": (SamplingParams, dict(ignore_eos=1), TypeError, "ignore_eos must be True or False"),
+    "beam_width zero": (BeamSearchParams, dict(beam_width=0, max_tokens=4), ValueError, "beam_width must be >= 1"),
+    "beam_width float": (BeamSearchParams, dict(beam_width=2.0, max_tokens=4), TypeError,
+                         "beam_width must be an integer"),
+    "beam max_tokens float": (BeamSearchParams, dict(beam_width=2, max_tokens=4.5), TypeError,
+                              "max_tokens must be an integer"),
+    "length_penalty inf": (BeamSearchParams, dict(beam_width=2, max_tokens=4, length_penalty=math.inf), ValueError,
+                           "length_penalty must be a finite number"),
+    "length_penalty huge": (BeamSearchParams, dict(beam_width=2, max_tokens=4, length_penalty=500.0), ValueError,
+                            "length_penalty must be in [-10.0, 10.0]"),
+    "length_penalty str": (BeamSearchParams, dict(beam_width=2, max_tokens=4, length_penalty="1"), TypeError,
+                           "length_penalty must be a number"),
+    "beam ignore_eos None": (BeamSearchParams, dict(beam_width=2, max_tokens=4, ignore_eos=None), TypeError,
+                             "ignore_eos must be True or False"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_params_refuse_bad_values_when_built(case):
+    cls, kwargs, exc, fragment = PARAMS[case]
+    with pytest.raises(exc) as info:
+        cls(**kwargs)
+    assert fragment in str(info.value)
+
+
+ENGINE = {  # id: (kwargs, exception, fragment)
+    "block_size float": (dict(block_size=2.5), TypeError, "block_size must be an integer"),
+    "num_gpu_blocks bool": (dict(num_gpu_blocks=True), TypeError, "num_gpu_blocks must be an integer, got bool"),
+    "max_num_seqs float": (dict(max_num_seqs=1.5), TypeError, "max_num_seqs must be an integer"),
+    "seed negative": (dict(seed=-1), ValueError, "seed must be >= 0, got -1"),
+    "max_model_len float": (dict(max_model_len=32.0), TypeError, "max_model_len must be an integer"),
+    "watermark nan": (dict(watermark=math.nan), ValueError, "watermark must be a finite number"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ENGINE)
+def test_the_engine_refuses_bad_settings(tiny, case):
+    kwargs, exc, fragment = ENGINE[case]
+    kwargs = {"block_size": 4, "num_gpu_blocks": 24, **kwargs}
+    with pytest.raises(exc) as info:
+        LLM.from_loaded(tiny, **kwargs)
+    assert fragment in str(info.value)
+
+
+def test_every_prompt_form_and_numpy_integers_give_the_same_tokens(llm):
+    ids = list("hi".encode())
+    expected = llm.generate("hi", GREEDY)[0].outputs[0].token_ids
+    forms = [["hi"], ("hi",), ids, [ids], tuple(ids), np.array(ids), np.array([ids]), {"prompt": "hi"},
+             {"prompt_token_ids": ids}, [{"prompt": "hi"}, {"prompt_token_ids": np.array(ids, dtype=np.int32)}],
+             [np.int64(t) for t in ids]]
+    for form in forms:
+        outs = llm.generate(form, GREEDY)
+        assert all(o.outputs[0].token_ids == expected and o.prompt_token_ids == ids for o in outs), form
+    text_out, ids_out = llm.generate([{"prompt": "hi"}, {"prompt_token_ids": ids}], GREEDY)
+    assert (text_out.prompt, ids_out.prompt) == ("hi", None)  # as vLLM: the text when given as text
+    numpy_params = SamplingParams(temperature=np.float32(0), max_tokens=np.int64(4), n=np.int8(1),
+                                  ignore_eos=np.bool_(True), seed=np.uint32(3), top_k=np.int64(-1))
+    assert type(numpy_params.max_tokens) is int and type(numpy_params.ignore_eos) is bool
+    assert llm.generate(ids, numpy_params)[0].outputs[0].token_ids == expected
+    assert llm.generate([], GREEDY) == []
+    assert llm.stats.num_aborted_requests == 0
+
+
+def test_a_tiny_temperature_samples_greedily(llm):
+    """1e-30 would overflow the logits (inf, then NaN probabilities inside the step): below 1e-5 is greedy, as vLLM."""
+    expected = llm.generate([[5, 6, 7]], GREEDY)[0].outputs[0].token_ids
+    tiny_t = SamplingParams(temperature=1e-30, max_tokens=4, ignore_eos=True, seed=0)
+    assert tiny_t.greedy and llm.generate([[5, 6, 7]], tiny_t)[0].outputs[0].token_ids == expected
+
+
+def test_beam_search_of_width_1_is_greedy(llm):
+    """One beam: each step keeps the best continuation. With no end token in the way it is greedy decoding."""
+    prompts = [[5, 17, 99, 3, 42], [100, 101, 102]]
+    greedy = [o.outputs[0] for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))]
+    beams = llm.beam_search(prompts, BeamSearchParams(beam_width=1, max_tokens=6, ignore_eos=True))
+    for prompt, g, out in zip(prompts, greedy, beams):
+        [best] = out.sequences
+        assert best.tokens == prompt + g.token_ids and best.finish_reason == "length"
+        assert best.cum_logprob == pytest.approx(g.cumulative_logprob, abs=1e-4)
+    kv = llm.kv_manager
+    assert not llm.has_unfinished_requests() and kv.num_free_blocks == kv.num_blocks
+
+
+def test_a_refused_generate_draws_no_seeds(tiny, llm):
+    """Unseeded sampling draws its seed from the engine's generator: a refused call must not use any up."""
+    sampled = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)
+    fresh = LLM.from_loaded(tiny, block_size=4, num_gpu_blocks=24, max_model_len=64)
+    expected = fresh.generate([[5, 6, 7]], sampled)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="max_num_seqs"):  # the first prompt was queued, then withdrawn
+        llm.generate([[5, 6, 7], [1]], [sampled, SamplingParams(n=300)])
+    assert llm.generate([[5, 6, 7]], sampled)[0].outputs[0].token_ids == expected

@@ -1,0 +1,297 @@
+"""Try the command lines with bad input, as a careless user and a hostile file would, and count what happens.
+
+    .venv/bin/python tools/bad_inputs.py [--only sim|reference] [--jobs 2] [--csv figures/bad_inputs.csv]
+
+Every case is a command that must be refused: one line `error: ...` on stderr, exit status 2, no traceback,
+and every file that existed before (input traces, earlier outputs) unchanged afterwards. Each case runs in a
+fresh process in a temporary folder holding its files. The cases are generated from the command lines' own
+parsers (every numeric flag gets negative, non-finite, non-numeric and out-of-range values; every choice flag
+an unknown one) plus hand-written ones: flag combinations that would be silently ignored, output paths that
+cannot be written or that name an input, and hostile trace files.
+
+Outcomes: `clean` (as required), `traceback`, `wrong_exit` (any status but 2, e.g. 0 for an input silently
+accepted), `messy` (status 2 but not one `error:` line), `hung` (no answer in --timeout seconds) and, counted
+on top, `files_lost` (a file that existed before was changed or removed). The table is printed and saved.
+This is a probe, not a test: tests/sim/test_bad_input.py and tests/reference/test_api_bad_input.py hold the
+fast tables that run in `make test`.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GOOD_JSONL = b'{"request_id": 0, "arrival_time": 0.0, "prompt_len": 8, "output_len": 4}\n' \
+             b'{"request_id": 1, "arrival_time": 0.5, "prompt_len": 12, "output_len": 6}\n'  # fmt: skip
+GOOD_CSV = b"request_id,arrival_time,prompt_len,output_len\n0,0.0,8,4\n1,0.5,12,6\n"
+SENTINEL = b"an earlier output that must survive\n"
+
+INT_BAD = ["-1", "abc", "", "1.5", "nan", "99999999999999999999999999999"]
+FLOAT_BAD = ["-1", "abc", "", "nan", "inf", "-inf", "1e400"]
+# flags whose huge values are legitimate (a seed is any integer numpy accepts)
+HUGE_OK = {"--seed"}
+
+
+@dataclass
+class Case:
+    command: str  # "sim" or "reference": python -m <command>
+    argv: list[str]
+    kind: str  # which class of bad input
+    files: dict[str, bytes] = field(default_factory=dict)  # created in the case's folder first
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _flag_cases(command: str, sub: str, parser: argparse.ArgumentParser, base: list[str]) -> list[Case]:
+    """Bad values for every flag that takes a number or a choice."""
+    cases = []
+    for action in parser._actions:
+        if not action.option_strings or action.nargs == 0 or action.dest in ("help",):
+            continue
+        flag = max(action.option_strings, key=len)
+        if action.type is int:
+            values = [v for v in INT_BAD if not (flag in HUGE_OK and v.startswith("9999"))]
+        elif action.type is float:
+            values = FLOAT_BAD
+        elif action.choices or (action.metavar or "").startswith("{"):
+            values = ["bogus", ""]
+        else:
+            continue
+        cases += [Case(command, [sub, *base, flag, v], f"{sub} flag value") for v in values]
+    return cases
+
+
+def sim_cases() -> list[Case]:
+    from sim import bench_alloc
+    from sim.cli import build_parser
+
+    subs = _subparsers(build_parser())
+    cases = []
+    for name, parser in subs.items():
+        if name == "bench-alloc":
+            continue
+        cases += _flag_cases("sim", name, parser, [])
+    alloc = argparse.ArgumentParser()
+    for flag, typ in (("--ops", int), ("--seed", int)):
+        alloc.add_argument(flag, type=typ)
+    cases += _flag_cases("sim", "bench-alloc", alloc, [])
+    del bench_alloc
+    run = ["run", "--num-requests", "20"]
+    t = {"t.jsonl": GOOD_JSONL}
+    combos = [
+        (["run", "--rate", "1e9"], "workload past the limits"),
+        (["run", "--duration", "1e12"], "workload past the limits"),
+        (["run", "--rate", "1e6", "--duration", "1e6"], "workload past the limits"),
+        (["run", "--num-requests", "1000000000"], "workload past the limits"),
+        ([*run, "--kv-slots", "100000000000000"], "pool past the limits"),
+        ([*run, "--policy", "max", "--prefix-caching", "on"], "ignored combination"),
+        ([*run, "--policy", "max", "--block-size", "32"], "ignored combination"),
+        ([*run, "--prompt-len", "5"], "ignored combination"),
+        ([*run, "--workload", "fixed", "--prompt-len", "5"], "missing flag"),
+        ([*run, "--prompt-len-range", "5,9"], "ignored combination"),
+        ([*run, "--n", "2", "--beam-width", "2"], "conflicting flags"),
+        ([*run, "--scheduler", "v0", "--no-chunked-prefill"], "ignored combination"),
+        (["run", "--arrival", "offline"], "missing flag"),
+        ([*run, "--trace", "t.jsonl"], "ignored combination"),
+        (["run", "--trace", "t.jsonl", "--workload", "alpaca"], "ignored combination"),
+        (["run", "--trace", "t.jsonl", "--prefix-len", "8"], "ignored combination"),
+        (["run", "--trace", "missing.jsonl"], "missing input"),
+        (["run", "--trace", "."], "input is a folder"),
+        ([*run, "--prompt-len-range", "9,5", "--workload", "uniform", "--output-len-range", "1,2"], "bad range"),
+        ([*run, "--workload", "uniform", "--prompt-len-range", "1", "--output-len-range", "1,2"], "bad range"),
+        ([*run, "--workload", "uniform", "--prompt-len-range", "-3,2", "--output-len-range", "1,2"], "bad range"),
+        ([*run, "--workload", "fixed", "--prompt-len", "100000000", "--output-len", "4"], "request past the context"),
+        ([*run, "--max-num-seqs", "0"], "flag value"),
+        ([*run, "--slo-ttft", "0"], "flag value"),
+        ([*run, "--watermark", "1.5"], "flag value"),
+    ]
+    cases += [Case("sim", argv, kind, dict(t)) for argv, kind in combos]
+    # outputs: unwritable, a folder, equal to an input or to each other; earlier outputs must survive
+    keep = {"t.jsonl": GOOD_JSONL, "A.csv": SENTINEL, "adir/x": SENTINEL}
+    outputs = [
+        [*run, "--requests-csv", "A.csv", "--steps-csv", "nodir/x.csv"],
+        [*run, "--requests-csv", "A.csv", "--steps-csv", "adir"],
+        [*run, "--requests-csv", "A.csv", "--steps-csv", "A.csv"],
+        [*run, "--requests-csv", "A.csv", "--steps-csv", "t.jsonl/x.csv"],
+        ["run", "--trace", "t.jsonl", "--requests-csv", "t.jsonl"],
+        ["run", "--trace", "t.jsonl", "--steps-csv", "./t.jsonl"],
+        ["run", "--trace", "t.jsonl", "--requests-csv", "adir/../t.jsonl"],
+        ["sweep", "--grid", "rate=1", "--set", "duration=5", "--out", "nodir/x.csv"],
+        ["sweep", "--grid", "rate=1", "--set", "duration=5", "--out", "adir"],
+        ["figures", "--only", "memory_waste", "--quick", "--out", "A.csv"],
+        ["bench", "--quick", "--csv", "nodir/x.csv"],
+        ["bench", "--quick", "--csv", "adir"],
+        ["bench-alloc", "--ops", "100", "--csv", "nodir/x.csv"],
+        ["bench-alloc", "--ops", "100", "--csv", "t.jsonl/x.csv"],
+    ]
+    cases += [Case("sim", argv, "output path", dict(keep)) for argv in outputs]
+    sweeps = [["sweep"], ["sweep", "--grid", "rate"], ["sweep", "--grid", "bogus=1"], ["sweep", "--grid", "rate=a"],
+              ["sweep", "--grid", "rate=1", "--grid", "rate=2"], ["sweep", "--set", "rate=-1", "--grid", "policy=max"],
+              ["sweep", "--grid", "rate=1", "--set", "requests=1"], ["sweep", "--grid", "rate=1", "--jobs", "0"],
+              ["figures", "--only", "bogus"], ["figures", "--jobs", "0"]]  # fmt: skip
+    cases += [Case("sim", argv, "sweep/figures spec") for argv in sweeps]
+    cases += [Case("sim", ["run", "--trace", name], "hostile trace", {name: content})
+              for name, content in hostile_traces().items()]
+    return cases
+
+
+def hostile_traces() -> dict[str, bytes]:
+    row = '{{"request_id": {rid}, "arrival_time": {t}, "prompt_len": {p}, "output_len": {o}{extra}}}\n'
+
+    def jsonl(rid="0", t="0.0", p="8", o="4", extra=""):
+        return row.format(rid=rid, t=t, p=p, o=o, extra=extra).encode()
+
+    traces = {
+        "empty.jsonl": b"", "blank.jsonl": b"\n\n", "nul.jsonl": b"\x00\x00",
+        "utf16.jsonl": GOOD_JSONL.decode().encode("utf-16"), "latin1.jsonl": b'{"request_id": 0, "x\xe9": 1}\n',
+        "deep.jsonl": b"[" * 3000 + b"\n", "deepobj.jsonl": b'{"a":' * 3000 + b"\n",
+        "list.jsonl": b"[1, 2, 3]\n", "string.jsonl": b'"hello"\n', "truncated.jsonl": GOOD_JSONL[:40],
+        "huge_t.jsonl": jsonl(t="1" + "0" * 400), "far_t.jsonl": jsonl(t="1e17"), "nan_t.jsonl": jsonl(t="NaN"),
+        "inf_t.jsonl": jsonl(t="Infinity"), "neg_t.jsonl": jsonl(t="-1"), "str_t.jsonl": jsonl(t='"soon"'),
+        "huge_id.jsonl": jsonl(rid=str(2**63)), "neg_id.jsonl": jsonl(rid="-1"), "float_id.jsonl": jsonl(rid="1.5"),
+        "bool_len.jsonl": jsonl(p="true"), "null_len.jsonl": jsonl(p="null"), "zero_len.jsonl": jsonl(o="0"),
+        "huge_len.jsonl": jsonl(p=str(10**12)), "float_len.jsonl": jsonl(p="8.5"),
+        "dup_ids.jsonl": jsonl() + jsonl(t="1.0"), "unknown.jsonl": jsonl(extra=', "colour": "red"'),
+        "huge_n.jsonl": jsonl(extra=', "n": 1000000000'), "beam_and_n.jsonl": jsonl(extra=', "n": 2, "beam_width": 2'),
+        "ids_len.jsonl": jsonl(p="3", extra=', "prompt_token_ids": [1, 2]'),
+        "ids_huge.jsonl": jsonl(p="2", extra=f', "prompt_token_ids": [1, {2**63}]'),
+        "ids_neg.jsonl": jsonl(p="2", extra=', "prompt_token_ids": [1, -2]'),
+        "ids_str.jsonl": jsonl(p="2", extra=', "prompt_token_ids": "ab"'),
+        "dup_key.jsonl": b'{"request_id": 0, "request_id": 1, "arrival_time": 0, "prompt_len": 8, "output_len": 4}\n',
+        "long_line.jsonl": b'{"request_id": 0, "arrival_time": 0, "pad": "' + b"x" * (2 << 20) + b'"}\n',
+        "bad.csv": b"a,b\n1,2\n", "short_row.csv": GOOD_CSV + b"2,1.0,8\n", "long_row.csv": GOOD_CSV + b"2,1,8,4,1,1,,0,9\n",
+        "huge_cell.csv": GOOD_CSV + b'3,"' + b"9" * (200 << 10) + b'",8,4\n', "nan.csv": GOOD_CSV + b"2,nan,8,4\n",
+        "neg.csv": GOOD_CSV + b"2,1,-8,4\n", "latin1.csv": GOOD_CSV + b"2,1,8,\xff\n", "empty.csv": b"",
+        "quote.csv": GOOD_CSV + b'2,"1,8,4\n', "huge_id.csv": GOOD_CSV + str(2**64).encode() + b",1,8,4\n",
+        "trace.txt": GOOD_JSONL, "noext": GOOD_JSONL,
+        "sharegpt_bad.json": b'[{"conversations": 5}]', "sharegpt_empty.json": b"[]",
+        "sharegpt_notlist.json": b'{"conversations": []}',
+    }  # fmt: skip
+    return traces
+
+
+def reference_cases() -> list[Case]:
+    from reference.cli import build_parser
+
+    subs = _subparsers(build_parser())
+    gen = ["hi", "--model", "random"]
+    cases = _flag_cases("reference", "generate", subs["generate"], gen)
+    cases += _flag_cases("reference", "bench", subs["bench"], ["--quick"])
+    bad_config = {"ck/config.json": b'{"model_type": "llama"}'}
+    combos = [
+        (["generate", "", "--model", "random"], "empty prompt", {}),
+        (["generate", "hi", "--model", "nodir"], "missing input", {}),
+        (["generate", "hi", "--model", "ck"], "bad checkpoint", bad_config),
+        (["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": b"{not json"}),
+        (["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": b"[]"}),
+        (["generate", "1 2 99999999", "--model", "random"], "prompt token id", {}),
+        (["generate", "1 2 x", "--model", "random"], "prompt token id", {}),
+        (["generate", " ".join(["5"] * 5000), "--model", "random"], "prompt past the context", {}),
+        (["generate", "hi", "--model", "random", "--n", "2", "--beam-width", "2"], "conflicting flags", {}),
+        (["generate", "hi", "--model", "random", "--beam-width", "2", "--temperature", "0.5"], "conflicting flags", {}),
+        (["generate", "hi", "--model", "random", "--max-tokens", "100000000"], "flag value", {}),
+        (["generate", "hi", "--model", "random", "--kv-blocks", "1"], "pool too small", {}),
+        (["generate", "hi", "--model", "random", "--kv-blocks", "100000000000"], "pool past the limits", {}),
+        (["bench", "--quick", "--out", "nodir/x.csv"], "output path", {"A.csv": SENTINEL}),
+        (["bench", "--quick", "--out", "A.csv/x.csv"], "output path", {"A.csv": SENTINEL}),
+        (["bench", "--quick", "--out", "."], "output path", {}),
+        (["bench-kernels", "--bogus"], "flag value", {}),
+    ]
+    cases += [Case("reference", argv, kind, files) for argv, kind, files in combos]
+    return cases
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def run_case(case: Case, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "adir").mkdir()
+        for name, content in case.files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(content)
+        before = snapshot(folder)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+        start = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, "-m", case.command, *case.argv], cwd=folder, env=env,
+                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            code, err = done.returncode, done.stderr
+        except subprocess.TimeoutExpired as e:
+            code, err = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        seconds = time.perf_counter() - start
+        after = snapshot(folder)
+    lost = sorted(name for name, content in before.items() if after.get(name) != content)
+    lines = [line for line in err.splitlines() if line.strip()]
+    if code is None:
+        outcome = "hung"
+    elif "Traceback" in err:
+        outcome = "traceback"
+    elif code != 2:
+        outcome = "wrong_exit"
+    elif len(lines) != 1 or not lines[0].startswith("error: "):
+        outcome = "messy"
+    else:
+        outcome = "clean"
+    last = lines[-1] if lines else ""
+    return {"command": f"python -m {case.command} " + " ".join(_short(a) for a in case.argv), "kind": case.kind,
+            "outcome": outcome, "exit": code, "files_lost": ";".join(lost), "seconds": round(seconds, 2),
+            "message": last[:300]}
+
+
+def _short(arg: str) -> str:
+    text = arg if len(arg) <= 40 else arg[:37] + "..."
+    return repr(text) if (" " in text or not text) else text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", choices=("sim", "reference"), help="one command line only")
+    p.add_argument("--jobs", type=int, default=2, help="cases run at once (default: 2)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may take (default: 60)")
+    p.add_argument("--csv", default="figures/bad_inputs.csv", help="table to write (default: figures/bad_inputs.csv)")
+    args = p.parse_args(argv)
+    if args.jobs < 1 or not args.timeout > 0:
+        p.error("--jobs must be >= 1 and --timeout > 0")
+    out = Path(args.csv)
+    if not out.parent.is_dir():
+        p.error(f"--csv {out}: folder {out.parent} does not exist")
+    cases = (sim_cases() if args.only != "reference" else []) + (reference_cases() if args.only != "sim" else [])
+    rows = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for i, row in enumerate(pool.map(lambda c: run_case(c, args.timeout), cases), start=1):
+            rows.append(row)
+            if row["outcome"] != "clean" or row["files_lost"]:
+                print(f"[{i}/{len(cases)}] {row['outcome']}: {row['command']}\n    {row['message']}", file=sys.stderr)
+    from sim.outfiles import atomic_write
+
+    with atomic_write(out, newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("clean", "traceback", "wrong_exit", "messy", "hung")}
+    lost = sum(bool(r["files_lost"]) for r in rows)
+    print(f"{len(rows)} bad inputs tried: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; files lost in {lost}")
+    print(f"table: {out}")
+    return 0 if counts["clean"] == len(rows) and not lost else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
