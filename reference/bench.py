@@ -184,9 +184,17 @@ def _print_table(rows: list[dict]) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line, with the allowed range) for a bad flag or an --out that could not be written, before
     any work starts (sim.outfiles.check_outputs; a missing folder is created only for the default path)."""
-    for name in ("hf_batch_size", "kv_blocks", "num_requests"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} (allowed: an integer >= 1)")
+    from sim.limits import MAX_POOL_BLOCKS, MAX_SEED
+
+    # A benchmark's workload must fit in memory and in a run someone waits for: 100,000 requests is already hours
+    # on a CPU; a batch or a pool past these sizes would not fit in this machine's memory as float32 K/V anyway.
+    limits = {"num_requests": 100_000, "hf_batch_size": 4096, "kv_blocks": MAX_POOL_BLOCKS}
+    for name, high in limits.items():
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= high:
+            raise ValueError(f"--{name.replace('_', '-')} {value} (allowed: an integer from 1 to {high:,})")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed {args.seed} (allowed: an integer from 0 to {MAX_SEED:,})")
     check_outputs({"--out": args.out}, make_parents=args.out == DEFAULT_OUT)
 
 

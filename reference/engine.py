@@ -243,10 +243,9 @@ class LLM:
         (a sequence in the plan, swapped out or copied into by it): their blocks return to the pool and their
         RequestOutput is never delivered as finished (an abort: has_unfinished_requests() no longer counts them).
         The exception is re-raised after that, and counted in stats.num_failed_steps; the other requests stay
-        queued and later steps serve them as if nothing had happened.
-        NOTE: with prefix caching, full prompt blocks the failed plan registered stay in the cache (the KV contract
-        cannot unregister them); if the failure came before the forward pass wrote them, a later prompt with the
-        same prefix reuses K/V that was never computed."""
+        queued and later steps serve them as if nothing had happened. With prefix caching, the blocks the failed
+        plan was to write leave the prefix cache (Scheduler.abandon_step), so no later prompt reuses K/V that was
+        never computed."""
         plan = None
         try:
             with torch.inference_mode():

@@ -178,6 +178,14 @@ class BlockAllocator:
         self._block_to_hash[block_id] = block_hash
         return True
 
+    def uncache(self, block_ids: Iterable[int]) -> None:
+        """Forget the prefix-cache entries of these blocks (their K/V was never written: a failed step), so no
+        later prompt finds them. Blocks not cached are skipped; reference counts are unchanged."""
+        for block_id in block_ids:
+            block_hash = self._block_to_hash.pop(block_id, None)
+            if block_hash is not None:
+                del self._hash_to_block[block_hash]
+
     def lookup(self, block_hash: int) -> int | None:
         """The cached block for `block_hash` with one more reference (a hit), or None (a miss).
 

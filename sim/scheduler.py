@@ -331,14 +331,17 @@ class Scheduler(SchedulerViews):
         plan: the plan schedule() returned, reported to finish_step() or not; None: the plan schedule() was
         building when it raised. Touched: a request with a sequence in the plan (its K/V may be half written), one
         the plan swapped out (the copy to CPU may not have happened), one owning a block the plan copies into.
-        NOTE: blocks registered in the prefix cache by the plan stay registered (the KV contract has no way to
-        unregister them); their K/V is only sure if the executor's forward pass completed.
+        The blocks the plan was to write are unregistered from the prefix cache (a full block is registered when
+        allocated, before the executor writes it), so no later prompt reuses K/V that was never computed.
         """
         if plan is None or plan is self._outstanding:
             plan, self._outstanding = self._outstanding, None
         self._plain = None
         if plan is None:
             return []
+        for e in plan.prefills + plan.decodes:  # positions before num_computed were written by earlier steps
+            if e.num_new_tokens:
+                self.kv.uncache(e.block_table[e.num_computed_tokens // self.kv.block_size:])
         touched = dict.fromkeys(plan.request_ids())
         touched.update(dict.fromkeys(r for r in plan.preempted if self._groups[r].status is SWAPPED))
         written = {dst for _, dst in plan.blocks_to_copy}

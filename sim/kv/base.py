@@ -166,6 +166,10 @@ class KVManager(Protocol):
 
     def free(self, seq_id: int) -> None: ...
 
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        """Unregister these blocks from the prefix cache (a failed step never wrote their K/V); no-op without one."""
+        ...
+
     # --- swapping (paper 4.5); managers with num_cpu_blocks == 0 answer False / None ------------------
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool: ...
 

@@ -200,6 +200,9 @@ class ContiguousKVManager:
         self._seqs[child_id] = child
         return [(parent.start + i, child.start + i) for i in range(self._num_blocks_for(parent.num_tokens))]
 
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        pass  # no prefix cache: nothing registered
+
     def free(self, seq_id: int) -> None:
         run = self._run(seq_id)
         for r in (run, *run.forks):

@@ -280,6 +280,9 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
                                          list(parent.hashes))  # fmt: skip
         return []
 
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        self.allocator.uncache(block_ids)
+
     def free(self, seq_id: int) -> None:
         """Drop the sequence's references. NOTE: tail blocks first, as vLLM does: they go to the front of the
         free queue and are evicted first, while the prompt's head blocks (the most shareable) stay cached longest."""

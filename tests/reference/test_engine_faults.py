@@ -246,8 +246,6 @@ def test_params_that_slip_past_validation_fail_one_step_not_the_engine(tiny):
     assert llm.stats.num_aborted_requests == 1 and llm.stats.num_failed_steps == 1
 
 
-@pytest.mark.xfail(strict=True, reason="the KV contract cannot unregister the prefix-cache entries of a failed plan: "
-                   "a later prompt with the same prefix reuses blocks whose K/V was never written (LLM.step's NOTE)")
 def test_a_step_failing_before_the_forward_pass_leaves_no_prefix_cache_entries(tiny):
     prompt = [(3 * j + 11) % 250 for j in range(13)]  # 3 full blocks of 4, registered when scheduled
     fresh = greedy_tokens(engine(tiny, enable_prefix_caching=True).generate([prompt], GREEDY))

@@ -46,6 +46,19 @@ def test_bench_refuses_a_bad_out_before_it_runs(folder, capsys, monkeypatch, out
     assert (folder / "A.csv").read_text() == "old\n" and sorted(p.name for p in folder.iterdir()) == ["A.csv"]
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--seed", "-1"], "--seed -1 (allowed: an integer from 0 to"),
+    (["--kv-blocks", str(10**20)], "--kv-blocks 100000000000000000000 (allowed: an integer from 1 to 8,388,608)"),
+    (["--num-requests", str(10**29)], "--num-requests 1" + "0" * 29 + " (allowed: an integer from 1 to 100,000)"),
+    (["--hf-batch-size", "0"], "--hf-batch-size 0 (allowed: an integer from 1 to 4,096)"),
+])  # fmt: skip
+def test_bench_refuses_bad_flag_values_before_it_runs(folder, capsys, monkeypatch, flags, words):
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("the benchmark ran before its flags were checked"))
+    assert main(["bench", "--quick", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+
+
 def test_bench_default_out_may_create_its_folder(folder):
     args = build_parser().parse_args(["bench", "--quick"])
     bench.check_args(args)  # figures/ is missing here: the default output's folder is created when written
@@ -80,3 +93,9 @@ def test_the_next_load_removes_an_interrupted_conversions_folder(tmp_path, monke
     recent.mkdir()
     assert loader.smollm2_checkpoint_dir() == tmp_path / name
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, running.name, recent.name])
+
+
+def test_kernel_bench_refuses_an_unknown_flag_in_one_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        kernel_bench.main(["--bogus"])
+    assert done.value.code == 2 and capsys.readouterr().err == "error: unrecognized arguments: --bogus\n"

@@ -165,3 +165,13 @@ def test_bench_alloc_rejects_bad_flags_in_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+def test_uncache_forgets_a_blocks_prefix_entry_and_keeps_its_references():
+    alloc = BlockAllocator(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    a, b = alloc.allocate(2)
+    assert alloc.cache_block(a, 111) and alloc.cache_block(b, 222)
+    alloc.uncache([a, 3])  # block 3 was never cached: skipped
+    assert alloc.cached_block(111) is None and alloc.cached_block(222) == b
+    assert alloc.lookup(111) is None and alloc.ref_count(a) == 1
+    alloc.check_invariants()
