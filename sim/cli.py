@@ -292,9 +292,9 @@ def _say_flag(keyword: str, value) -> str:
 
 def _check_typed_flags(args: argparse.Namespace) -> None:
     """sim.run's checks of the `run` flags, before it starts, where a typed flag that means nothing with the others
-    is refused even at its default value (sim.api.check_combinations): --rate with --trace, --block-size with
+    is refused even at its default value (sim.arguments.check_combinations): --rate with --trace, --block-size with
     --policy max, --burstiness without --arrival gamma, ..."""
-    from .api import check_arguments, run_defaults
+    from .arguments import check_arguments, run_defaults
 
     params = {**run_defaults(), **{_KEYWORDS.get(dest, dest): value for dest, value in vars(args).items()}}
     params["enable_chunked_prefill"] = False if args.no_chunked_prefill else None

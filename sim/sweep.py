@@ -27,7 +27,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .api import check_arguments, run, run_defaults
+from .api import run
+from .arguments import check_arguments, run_defaults
 from .kv import POLICIES
 from .limits import MAX_JOBS
 from .outfiles import atomic_write, check_outputs

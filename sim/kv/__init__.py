@@ -54,6 +54,12 @@ def _policy(policy: str) -> _Policy:
     return _REGISTRY[policy]
 
 
+def allocates_blocks_on_demand(policy: str) -> bool:
+    """Whether `policy` hands out blocks as sequences grow (paged) rather than reserving runs up front: only such a
+    pool has a block size of its own, a prefix cache, swap space, an admission watermark and preemption."""
+    return not _policy(policy).token_granular_in_simulator
+
+
 def simulator_block_size(policy: str, block_size: int) -> int:
     """The block size `policy` runs at in the simulator: `block_size`, or 1 for token-granular baselines."""
     return 1 if _policy(policy).token_granular_in_simulator else block_size

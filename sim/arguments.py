@@ -1,0 +1,260 @@
+"""What `sim.run` accepts: every argument's type and range (sim.limits), the choices, the combinations that mean
+nothing (refused, not ignored), and the workload and pool sizes, all checked before a simulation starts.
+
+The command line (sim.cli) and the sweep (sim.sweep) call the same checks, spelling arguments as their flags.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+import os
+
+from .kv import POLICIES, allocates_blocks_on_demand
+from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS,
+                     MAX_SEED, MAX_SWAP_GIB, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS)  # fmt: skip
+from .preemption import VICTIM_POLICIES
+from .request import Request
+from .scheduler import MODES, PREEMPTION_MODES
+from .slots import ALLOCATORS
+from .specs import GPUS, MODELS
+from .trace import JSON_FIELDS, parse_record, trace_format
+from .workload import ARRIVALS, DATASETS
+
+
+def _require(ok: bool, name: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: got {value!r} (allowed: {allowed})")
+
+
+# run() keyword -> (kind, smallest, largest): what check_arguments accepts. Kinds: "int" (not a bool), "real" (a
+# finite number, not a bool), "bool"; a trailing "?" also takes None. Limits: sim.limits. Choices: _CHOICES.
+_ARGUMENTS = {
+    "num_gpus": ("int", 1, MAX_NUM_GPUS), "block_size": ("int", 1, MAX_TOKENS), "seed": ("int", 0, MAX_SEED),
+    "n": ("int", 1, MAX_COUNT), "beam_width": ("int", 1, MAX_COUNT), "prefix_len": ("int", 0, MAX_TOKENS),
+    "num_prefixes": ("int", 1, MAX_COUNT), "max_num_seqs": ("int", 1, MAX_COUNT),
+    "num_requests": ("int?", 1, MAX_NUM_REQUESTS), "kv_slots": ("int?", 1, MAX_KV_SLOTS),
+    "max_num_batched_tokens": ("int?", 1, MAX_TOKENS), "prompt_len": ("int?", 1, MAX_TOKENS),
+    "output_len": ("int?", 1, MAX_TOKENS), "swap_space_gib": ("real", 0, MAX_SWAP_GIB),
+    "burstiness": ("real", MIN_BURSTINESS, MAX_BURSTINESS), "watermark": ("real", 0, 1),
+    "rate": ("real?", 0, math.inf), "duration": ("real?", 0, MAX_TIME_S), "slo_ttft": ("real?", 0, MAX_TIME_S),
+    "slo_tbt": ("real?", 0, MAX_TIME_S), "jump": ("bool", None, None), "validate": ("bool", None, None),
+    "progress": ("bool", None, None), "enable_prefix_caching": ("bool?", None, None),
+    "enable_chunked_prefill": ("bool?", None, None),
+}  # fmt: skip
+_OPEN_BELOW = ("rate", "duration", "slo_ttft", "slo_tbt")  # > 0, not >= 0
+_OPEN_ABOVE = ("watermark", "rate")  # < 1; rate: finite
+_CHOICES = {"model": tuple(MODELS), "gpu": tuple(GPUS), "policy": POLICIES, "workload": DATASETS,
+            "preemption": PREEMPTION_MODES, "scheduler": MODES, "arrival": ARRIVALS, "allocator": tuple(ALLOCATORS),
+            "victim": tuple(VICTIM_POLICIES)}  # fmt: skip
+# What a generated workload is made of: meaningless when the requests come from a trace or a list.
+WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival", "burstiness", "n", "beam_width",
+                      "prefix_len", "num_prefixes", "prompt_len", "output_len", "prompt_len_range",
+                      "output_len_range")  # fmt: skip
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _num(x) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _allowed(kind: str, low, high, name: str) -> str:
+    if kind.startswith("bool"):
+        text = "True or False"
+    elif kind.startswith("int"):
+        text = f"an integer from {low:,} to {high:,}"
+    else:
+        above = f"> {_num(low)}" if name in _OPEN_BELOW else f">= {_num(low)}"
+        below = "" if high == math.inf else (f" and < {_num(high)}" if name in _OPEN_ABOVE else f" and <= {_num(high)}")
+        unit = {"rate": " requests/s", "burstiness": "", "watermark": ", a share of the blocks",
+                "swap_space_gib": " GiB"}.get(name, " seconds")  # fmt: skip
+        text = f"a finite number {above}{below}{unit}"
+    return text
+
+
+def _check_value(name: str, value) -> None:
+    kind, low, high = _ARGUMENTS[name]
+    if value is None and kind.endswith("?"):
+        return
+    base = kind.rstrip("?")
+    if base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "int":
+        ok = _is_int(value) and low <= value <= high
+    else:
+        ok = _is_real(value) and (low < value if name in _OPEN_BELOW else low <= value) and (
+            value < high if name in _OPEN_ABOVE else value <= high)
+    if not ok:
+        _require(ok, name, value, _allowed(kind, low, high, name))
+
+
+def _check_range(name: str, value) -> None:
+    ok = value is None or (isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        _is_int(v) and 1 <= v <= MAX_TOKENS for v in value))
+    _require(ok, name, value, f"None, or (low, high): two integers from 1 to {MAX_TOKENS:,}")
+
+
+def check_arguments(params: dict, given: set[str] | None = None, say=None) -> str | None:
+    """Every check of run()'s arguments `params` that needs no simulation: types, ranges (sim.limits), choices,
+    combinations (`check_combinations`, with `given` and `say`), the workload's size. ValueError names the
+    argument and what is allowed. Returns the trace's format (sim.trace.trace_format) if there is one, else None."""
+    for name, allowed in _CHOICES.items():
+        value = params[name]
+        _require(isinstance(value, str) and value in allowed, name, value, ", ".join(allowed))
+    for name in _ARGUMENTS:
+        _check_value(name, params[name])
+    for name in ("prompt_len_range", "output_len_range"):
+        _check_range(name, params[name])
+    trace, requests = params["trace"], params["requests"]
+    _require(trace is None or isinstance(trace, (str, os.PathLike)), "trace", trace, "a file path, or None")
+    _require(requests is None or (isinstance(requests, list) and all(isinstance(r, Request) for r in requests)),
+             "requests", type(requests).__name__, "a list of sim.request.Request, or None")  # fmt: skip
+    _require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
+    kind = check_combinations(params, given, say or _say)
+    _require(params["n"] == 1 or params["beam_width"] == 1, "n and beam_width", (params["n"], params["beam_width"]),
+             "at most one of them > 1")  # fmt: skip
+    if trace is None and requests is None:
+        _check_workload(params)
+    return kind
+
+
+def _say(name: str, value) -> str:
+    return f"{name}={value!r}"
+
+
+def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
+    """run() keyword -> why it means nothing with the other arguments `p` (kind: the trace's format, if any)."""
+    why = {}
+    if p["requests"] is not None or kind is not None:
+        source = "requests" if p["requests"] is not None else say("trace", p["trace"])
+        for name in WORKLOAD_ARGUMENTS:
+            why[name] = f"describes a generated workload, and {source} gives the requests"
+        if kind == "sharegpt":
+            del why["rate"], why["arrival"]
+            if p["arrival"] == "gamma":
+                why["arrival"] = (f"a ShareGPT file's requests arrive by Poisson at {say('rate', p['rate'])}, or all "
+                                  f"at t = 0 with {say('arrival', 'offline')}")  # fmt: skip
+    else:
+        for name, workload in (("prompt_len", "fixed"), ("output_len", "fixed"), ("prompt_len_range", "uniform"),
+                               ("output_len_range", "uniform")):  # fmt: skip
+            if p["workload"] != workload:
+                why[name] = f"applies to {say('workload', workload)} only, not {say('workload', p['workload'])}"
+        if p["arrival"] != "gamma":
+            why["burstiness"] = f"applies to {say('arrival', 'gamma')} only, not {say('arrival', p['arrival'])}"
+        if p["arrival"] == "offline":
+            why["duration"] = (f"means nothing with {say('arrival', 'offline')}, which takes "
+                               f"{say('num_requests', 'N')} (all arrive at t = 0)")  # fmt: skip
+        elif p["num_requests"] is not None:
+            why["duration"] = f"conflicts with {say('num_requests', p['num_requests'])} (give one of them)"
+        if p["prefix_len"] == 0:
+            why["num_prefixes"] = f"applies with a shared prefix only ({say('prefix_len', 'N')} with N > 0)"
+            if p["enable_prefix_caching"]:  # generated prompts carry token ids only with a shared prefix
+                why["enable_prefix_caching"] = ("has nothing to cache: a generated workload's prompts have token ids "
+                                                f"only with a shared prefix ({say('prefix_len', 'N')}, N > 0)")
+    if p["arrival"] == "offline" and "rate" not in why:
+        why["rate"] = f"means nothing with {say('arrival', 'offline')}: every request arrives at t = 0"
+    if not allocates_blocks_on_demand(p["policy"]):
+        contiguous = f"{say('policy', p['policy'])} reserves contiguous runs of token slots and never preempts"
+        for name in ("block_size", "watermark", "swap_space_gib", "preemption", "victim"):
+            why[name] = f"applies to {say('policy', 'paged')} only; {contiguous}"
+        if p["enable_prefix_caching"]:
+            why["enable_prefix_caching"] = f"applies to {say('policy', 'paged')} only; {contiguous}"
+    else:
+        why["allocator"] = f"applies to the contiguous policies (max, pow2, oracle) only, not {say('policy', 'paged')}"
+        if p["preemption"] != "swap":
+            why["swap_space_gib"] = (f"applies to {say('preemption', 'swap')} only, not "
+                                     f"{say('preemption', p['preemption'])}")  # fmt: skip
+    if p["scheduler"] != "v1":
+        why["enable_chunked_prefill"] = (f"applies to {say('scheduler', 'v1')} only; "
+                                         f"{say('scheduler', p['scheduler'])} never chunks a prompt")  # fmt: skip
+    return why
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict:
+    from .api import run  # api imports this module
+
+    return {name: p.default for name, p in inspect.signature(run).parameters.items()}
+
+
+def run_defaults() -> dict:
+    """run()'s keywords and their defaults."""
+    return dict(_defaults())
+
+
+def check_combinations(params: dict, given: set[str] | None = None, say=_say) -> str | None:
+    """Refuse an argument that means nothing with the others (a workload option with a trace, block_size with a
+    contiguous policy, ...): one of `given` (default: those not None that differ from run()'s defaults, as
+    nothing else can be told from a call). `say(name, value)` spells an argument in the message (the CLI spells flags).
+    Returns the trace's format (sim.trace.trace_format), or None without a trace."""
+    for name in ("policy", "scheduler", "arrival", "workload", "preemption"):
+        _require(params[name] in _CHOICES[name], name, params[name], ", ".join(_CHOICES[name]))
+    kind = None if params["trace"] is None or params["requests"] is not None else trace_format(params["trace"])
+    if given is None:
+        defaults = _defaults()
+        given = {name for name in defaults if name in params and params[name] is not None  # None: not given
+                 and params[name] is not defaults[name] and params[name] != defaults[name]}  # fmt: skip
+    why = _why_not(params, kind, say)
+    for name in why:
+        if name in given:
+            raise ValueError(f"{say(name, params[name])}: {why[name]}")
+    return kind
+
+
+def _check_workload(p: dict) -> None:
+    """A generated workload's size, before numpy draws it: at most MAX_NUM_REQUESTS requests (expected), the
+    last arriving by MAX_TIME_S (expected)."""
+    rate, duration, num_requests, arrival = p["rate"], p["duration"], p["num_requests"], p["arrival"]
+    if arrival != "offline":
+        _require(rate is not None, "rate", rate, "a finite number > 0 requests/s")
+    if num_requests is None:
+        _require(arrival != "offline", "num_requests", None, "an integer >= 1; offline arrivals need a count")
+        _require(duration is not None, "duration", duration, "a finite number > 0 seconds, or num_requests")
+        if rate * duration > MAX_NUM_REQUESTS:
+            raise ValueError(f"rate x duration: {rate:g} x {duration:g} = {rate * duration:.3g} expected requests "
+                             f"(allowed: at most {MAX_NUM_REQUESTS:,}, the limit of one workload)")  # fmt: skip
+    elif arrival != "offline" and num_requests / rate > MAX_TIME_S:
+        raise ValueError(f"num_requests / rate: {num_requests} / {rate:g} = {num_requests / rate:.3g} s of arrivals "
+                         f"(allowed: at most {MAX_TIME_S:g} s of simulated time)")  # fmt: skip
+
+
+def _check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots) -> None:
+    """The KV pools fit the simulator's limits (sim.limits): slots, and blocks of a paged GPU or CPU pool."""
+    name = "kv_slots" if kv_slots is not None else "the KV pool (what model, gpu and num_gpus leave)"
+    if num_slots > MAX_KV_SLOTS:
+        raise ValueError(f"{name}: {num_slots:,} token slots (allowed: at most {MAX_KV_SLOTS:,})")
+    paged = allocates_blocks_on_demand(policy)
+    if paged and num_slots // block_size > MAX_POOL_BLOCKS:
+        raise ValueError(f"{name}: {num_slots:,} token slots = {num_slots // block_size:,} blocks of {block_size} "
+                         f"(allowed: at most {MAX_POOL_BLOCKS:,} blocks: a larger block_size, or kv_slots)")
+    if paged and num_cpu_blocks > MAX_POOL_BLOCKS:
+        raise ValueError(f"swap_space_gib: {num_cpu_blocks:,} CPU blocks of {block_size} tokens (allowed: at most "
+                         f"{MAX_POOL_BLOCKS:,} blocks of swap space)")  # fmt: skip
+
+
+def _check_given_requests(requests: list[Request]) -> None:
+    """A list given to run(): every request as a trace line would have to be (sim.trace), ids unique."""
+    seen: set[int] = set()
+    for i, r in enumerate(requests):
+        # numpy scalars are numbers here (a trace line's JSON is stricter: 3.0 is no integer there)
+        record = {name: v if type(v) is int or not _is_int(v) else int(v)
+                  for name in JSON_FIELDS if (v := getattr(r, name)) is not None}  # fmt: skip
+        t = record["arrival_time"]
+        record["arrival_time"] = float(t) if isinstance(t, numbers.Real) and not _is_int(t) else t
+        ids = record.get("prompt_token_ids")
+        if isinstance(ids, (list, tuple)) and (type(ids) is not list or {*map(type, ids)} - {int}):
+            record["prompt_token_ids"] = [int(i) if _is_int(i) else i for i in ids]
+        try:
+            parse_record(record)
+        except ValueError as e:
+            raise ValueError(f"requests[{i}]: {e}") from None
+        _require(r.request_id not in seen, f"requests[{i}]: request_id", r.request_id, "each request_id once")
+        seen.add(r.request_id)
