@@ -18,7 +18,8 @@ from .metrics import Table, summarize
 from .request import Request
 from .scheduler import DEFAULT_BUDGET, Scheduler, SchedulerConfig
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
-from .trace import default_count_tokens, load_sharegpt_pairs, read_trace, sharegpt_requests
+from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
+from .trace import read_trace
 from .workload import generate_requests
 
 

@@ -1,12 +1,12 @@
-"""Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/trace.py, sim/tokenizer.py)."""
+"""Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/trace.py, sim/sharegpt.py, sim/tokenizer.py)."""
 import dataclasses
 import json
 
 import pytest
 
 from sim.request import Request
-from sim.trace import (TraceError, import_sharegpt, load_sharegpt_pairs, read_csv, read_jsonl, read_trace,
-                       write_csv, write_jsonl)
+from sim.sharegpt import import_sharegpt, load_sharegpt_pairs
+from sim.trace import TraceError, read_csv, read_jsonl, read_trace, write_csv, write_jsonl
 from sim.workload import generate_requests
 
 
