@@ -26,7 +26,6 @@ Bad input and failures:
 """
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass
 
@@ -34,13 +33,13 @@ import numpy as np
 import torch
 
 from reference import executor as ex
-from reference.beam import Beam, BeamSearchState
+from reference.beam import BeamSearchState
+from reference.engine_outcomes import EngineOutcomes
 from reference.kv_cache import KVCache
 from reference.models.llama import LlamaForwardModel
-from reference.outputs import (BeamSearchOutput, BeamSearchSequence, CompletionOutput, EngineStats,
-                               RequestOutput, StepRecord)
-from reference.sampling import (BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample,
-                                sample_generator)
+from reference.outputs import BeamSearchOutput, BeamSearchSequence, EngineStats, RequestOutput, StepRecord
+from reference.prompts import prompt_list, prompt_parts
+from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample_generator
 from sim.kv import make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
@@ -80,7 +79,7 @@ class _Checked:
     request_id: int | None  # None: the engine's next id
 
 
-class LLM:
+class LLM(EngineOutcomes):
     """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API."""
 
     def __init__(self, model: str | LlamaForwardModel = "smollm2", *, policy: str = "paged", block_size: int = 16,
@@ -167,7 +166,7 @@ class LLM:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise TypeError(f"params must be SamplingParams or BeamSearchParams, got {type(params).__name__}")
-        text, ids = _prompt_parts(prompt, where)
+        text, ids = prompt_parts(prompt, where)
         if ids is None:
             ids = self._tokenize(text)
         elif any(not 0 <= t < self.config.vocab_size for t in ids):
@@ -298,84 +297,6 @@ class LLM:
             self.stats.num_cached_tokens += entry.num_computed_tokens
         return tokens[entry.num_computed_tokens:end]
 
-    def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int]) -> tuple[StepOutcome, dict]:
-        """One token per sampling entry, one beam step per beam request: the outcome for the scheduler, and the
-        surviving beams (request_id -> list[Beam]) of every beam search that goes on."""
-        outcome, pending = StepOutcome(), {}
-        plain: list[tuple[ScheduledSeq, int]] = []
-        beam_rows: dict[int, dict[int, int]] = {}  # request_id -> seq_id -> logits row
-        for entry, row in zip(plan.prefills + plan.decodes, rows):
-            if not entry.sample:  # a prompt chunk that stops short of the end: its logits are not needed
-                continue
-            if self._requests[entry.request_id].beam is None:
-                plain.append((entry, row))
-            else:
-                beam_rows.setdefault(entry.request_id, {})[entry.seq_id] = row
-        if plain:
-            self._sample_plain(plain, logits, outcome)
-        for rid, row_of in beam_rows.items():
-            survivors = self._step_beams(rid, row_of, logits, outcome)
-            if survivors:
-                pending[rid] = survivors
-        return outcome, pending
-
-    def _sample_plain(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, outcome: StepOutcome) -> None:
-        states = [self._requests[e.request_id] for e, _ in plain]
-        seqs = [state.seqs[e.seq_id] for state, (e, _) in zip(states, plain)]
-        tokens, logprobs = sample(logits[[r for _, r in plain]], [st.params for st in states],
-                                  [s.generator for s in seqs])
-        for (entry, _), state, seq, token, logprob in zip(plain, states, seqs, tokens, logprobs):
-            seq.token_ids.append(token)
-            seq.cum_logprob += logprob
-            if not state.params.ignore_eos and token in self.config.eos_token_ids:
-                seq.finish_reason = "stop"
-            elif len(seq.token_ids) >= state.max_tokens:
-                seq.finish_reason = "length"
-            if seq.finish_reason is not None:
-                outcome.finished_seq_ids.add(entry.seq_id)
-                self._count_finish(seq.finish_reason)
-
-    def _step_beams(self, rid: int, row_of: dict[int, int], logits: torch.Tensor, outcome: StepOutcome) -> list[Beam]:
-        state = self._requests[rid]
-        if set(row_of) != set(state.seqs):
-            raise RuntimeError(f"request {rid}: expected all beams {sorted(state.seqs)} in the step, "
-                               f"found {sorted(row_of)}")
-        order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
-        beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
-        step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1))
-        if step.done:
-            outcome.finished_seq_ids.update(order)
-            self._count_finish(state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length")
-        elif state.beam.width > 1:  # the scheduler re-chooses beams; a single beam simply goes on (a plain group)
-            outcome.beam_parents[rid] = step.parents
-        return step.beams
-
-    def _count_finish(self, reason: str) -> None:
-        self.stats.finish_reasons[reason] = self.stats.finish_reasons.get(reason, 0) + 1
-
-    # --- outputs and records ----------------------------------------------------------------------------
-    def _decode(self, token_ids: list[int]) -> str:
-        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def _output(self, request_id: int) -> RequestOutput:
-        state = self._requests[request_id]
-        if state.beam is not None and state.beam.done:  # the finished hypotheses, best first
-            outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, h.finish_reason)
-                       for i, h in enumerate(state.beam.hypotheses)]
-        else:
-            seqs = sorted(state.seqs.values(), key=lambda s: s.index)
-            outputs = [CompletionOutput(s.index, self._decode(s.token_ids), list(s.token_ids), s.cum_logprob,
-                                        s.finish_reason) for s in seqs]
-        finished = self.scheduler.is_finished(request_id)
-        return RequestOutput(request_id, state.prompt, list(state.prompt_token_ids), outputs, finished,
-                             state.num_cached_tokens or 0)
-
-    def _record(self, plan: StepPlan, finished: list[int], seconds: float) -> None:
-        self.stats.add_step(plan, finished, seconds, self.scheduler.num_preemptions)
-        memory = self.kv_manager.breakdown(waiting=self.scheduler.num_waiting > 0)
-        self.step_log.append(StepRecord.from_plan(self.stats.num_steps - 1, plan, finished,
-                                                  self.kv_manager.num_free_blocks, memory, seconds))
-
     # --- offline API ------------------------------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -387,7 +308,7 @@ class LLM:
         All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
         type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
         every request it queued is aborted before the exception goes on; the engine stays usable."""
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         if isinstance(params, (list, tuple)):
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts (allowed: 1 or equal)")
@@ -408,7 +329,7 @@ class LLM:
         beam_width 1 keeps one beam: greedy decoding that also keeps the best finished hypothesis."""
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
-        prompts, results = _prompt_list(prompts), []
+        prompts, results = prompt_list(prompts), []
         for out in self._run(prompts, [params] * len(prompts), False):
             seqs = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
                                        c.finish_reason, c.cumulative_logprob / len(c.token_ids) ** params.length_penalty)
@@ -458,65 +379,3 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [finals[rid] for rid in ids]
-
-
-_PROMPT_FORMS = "a str, a list of token ids, or a dict {'prompt': str} / {'prompt_token_ids': list[int]}"
-_PROMPT_KEYS = ("prompt", "prompt_token_ids")
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (numbers.Number, np.bool_))
-
-
-def _prompt_list(prompts) -> list:
-    """The prompts of one call, each as given: a str or a dict is one prompt; a list or tuple whose first element
-    is a number is ONE prompt of token ids, else one prompt per element; a 1-D numpy array is one prompt, a 2-D
-    one a prompt per row. TypeError for anything else (bytes included: text must be str)."""
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, np.ndarray):
-        if prompts.ndim not in (1, 2):
-            raise ValueError(f"an array of prompts must be 1-D (one prompt of token ids) or 2-D (one per row), "
-                             f"got {prompts.ndim}-D")
-        return [prompts] if prompts.ndim == 1 else list(prompts)
-    if not isinstance(prompts, (list, tuple)):
-        raise TypeError(f"prompts must be {_PROMPT_FORMS}, or a list of them: got {type(prompts).__name__}")
-    if prompts and _is_number(prompts[0]):
-        return [prompts]
-    return list(prompts)
-
-
-def _prompt_parts(prompt, where: str) -> tuple[str | None, list[int] | None]:
-    """(text, None) or (None, token ids) of one prompt; the ids are ints, not yet checked against the vocabulary."""
-    if isinstance(prompt, str):
-        return prompt, None
-    if isinstance(prompt, dict):
-        if len(prompt) != 1 or not set(prompt) <= set(_PROMPT_KEYS):
-            raise ValueError(f"{where}: a prompt dict takes exactly one of the keys 'prompt', 'prompt_token_ids', "
-                             f"got keys {sorted(map(repr, prompt))}")
-        [(key, value)] = prompt.items()
-        if key == "prompt":
-            if not isinstance(value, str):
-                raise TypeError(f"{where}: the value of 'prompt' must be a str, got {type(value).__name__}")
-            return value, None
-        if not isinstance(value, (list, tuple, np.ndarray)):
-            raise TypeError(f"{where}: the value of 'prompt_token_ids' must be a list of token ids, "
-                            f"got {type(value).__name__}")
-        return None, _token_ids(value, where)
-    if isinstance(prompt, (list, tuple, np.ndarray)):
-        return None, _token_ids(prompt, where)
-    raise TypeError(f"{where}: prompts must be {_PROMPT_FORMS}: got {type(prompt).__name__}")
-
-
-def _token_ids(value, where: str) -> list[int]:
-    if isinstance(value, np.ndarray):
-        if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
-            raise TypeError(f"{where}: an array of token ids must be 1-D of an integer dtype, got {value.ndim}-D "
-                            f"{value.dtype}")
-        return value.tolist()
-    ids = []
-    for i, t in enumerate(value):
-        if not isinstance(t, numbers.Integral) or isinstance(t, (bool, np.bool_)):
-            raise TypeError(f"{where}: token ids must be integers, got {type(t).__name__} {t!r} at position {i}")
-        ids.append(int(t))
-    return ids

@@ -164,28 +164,27 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     return data
 
 
-def _int_field(hf: dict[str, Any], name: str, default: Any = _MISSING, prefix: str = "") -> Any:
+def _field(hf: dict[str, Any], name: str, default: Any, prefix: str, real: bool) -> Any:
+    """hf[name] checked as an integer (real: a finite number, returned as float); `default` when absent or null."""
     value = hf.get(name)
     if value is None:
         if default is _MISSING:
-            allowed = "an integer" if prefix else "a Llama-family config.json, which has all of " + ", ".join(
-                REQUIRED_FIELDS)
+            allowed = "a number" if real else "an integer" if prefix else (
+                "a Llama-family config.json, which has all of " + ", ".join(REQUIRED_FIELDS))
             raise ValueError(f"missing field '{prefix}{name}' (allowed: {allowed})")
         return default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"field '{prefix}{name}' is {value!r} (allowed: an integer)")
-    return value
+    ok = isinstance(value, (int, float) if real else int) and not isinstance(value, bool)
+    if not ok or (real and not math.isfinite(value)):
+        raise ValueError(f"field '{prefix}{name}' is {value!r} (allowed: {'a finite number' if real else 'an integer'})")
+    return float(value) if real else value
+
+
+def _int_field(hf: dict[str, Any], name: str, default: Any = _MISSING, prefix: str = "") -> Any:
+    return _field(hf, name, default, prefix, real=False)
 
 
 def _real_field(hf: dict[str, Any], name: str, default: Any = _MISSING, prefix: str = "") -> Any:
-    value = hf.get(name)
-    if value is None:
-        if default is _MISSING:
-            raise ValueError(f"missing field '{prefix}{name}' (allowed: a number)")
-        return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"field '{prefix}{name}' is {value!r} (allowed: a finite number)")
-    return float(value)
+    return _field(hf, name, default, prefix, real=True)
 
 
 def _dict_field(hf: dict[str, Any], name: str) -> dict[str, Any]:
