@@ -22,7 +22,6 @@ is timed with CUDA events, and the median of the repeats is reported, after warm
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
@@ -160,14 +159,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
     print(f"wrote {path}")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2 (no usage dump), as in every CLI here."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
+    from reference.cli import _Parser  # one-line usage errors, as in every command line here
+
     parser = _Parser(prog="python -m reference.attention.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny run through the Triton interpreter")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats per point (median reported)")
