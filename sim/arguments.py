@@ -13,7 +13,7 @@ import os
 
 from .kv import POLICIES, allocates_blocks_on_demand
 from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS,
-                     MAX_SEED, MAX_SWAP_GIB, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS)  # fmt: skip
+                     MAX_SEED, MAX_SWAP_GIB, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS, is_int, is_real)  # fmt: skip
 from .preemption import VICTIM_POLICIES
 from .request import Request
 from .scheduler import MODES, PREEMPTION_MODES
@@ -54,12 +54,6 @@ WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival",
                       "output_len_range")  # fmt: skip
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _num(x) -> str:
@@ -88,9 +82,9 @@ def _check_value(name: str, value) -> None:
     if base == "bool":
         ok = isinstance(value, bool)
     elif base == "int":
-        ok = _is_int(value) and low <= value <= high
+        ok = is_int(value) and low <= value <= high
     else:
-        ok = _is_real(value) and (low < value if name in _OPEN_BELOW else low <= value) and (
+        ok = is_real(value) and (low < value if name in _OPEN_BELOW else low <= value) and (
             value < high if name in _OPEN_ABOVE else value <= high)
     if not ok:
         _require(ok, name, value, _allowed(kind, low, high, name))
@@ -98,7 +92,7 @@ def _check_value(name: str, value) -> None:
 
 def _check_range(name: str, value) -> None:
     ok = value is None or (isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        _is_int(v) and 1 <= v <= MAX_TOKENS for v in value))
+        is_int(v) and 1 <= v <= MAX_TOKENS for v in value))
     _require(ok, name, value, f"None, or (low, high): two integers from 1 to {MAX_TOKENS:,}")
 
 
@@ -245,13 +239,13 @@ def _check_given_requests(requests: list[Request]) -> None:
     seen: set[int] = set()
     for i, r in enumerate(requests):
         # numpy scalars are numbers here (a trace line's JSON is stricter: 3.0 is no integer there)
-        record = {name: v if type(v) is int or not _is_int(v) else int(v)
+        record = {name: v if type(v) is int or not is_int(v) else int(v)
                   for name in JSON_FIELDS if (v := getattr(r, name)) is not None}  # fmt: skip
         t = record["arrival_time"]
-        record["arrival_time"] = float(t) if isinstance(t, numbers.Real) and not _is_int(t) else t
+        record["arrival_time"] = float(t) if isinstance(t, numbers.Real) and not is_int(t) else t
         ids = record.get("prompt_token_ids")
         if isinstance(ids, (list, tuple)) and (type(ids) is not list or {*map(type, ids)} - {int}):
-            record["prompt_token_ids"] = [int(i) if _is_int(i) else i for i in ids]
+            record["prompt_token_ids"] = [int(i) if is_int(i) else i for i in ids]
         try:
             parse_record(record)
         except ValueError as e:

@@ -7,6 +7,9 @@ real serving run; the comment says what breaks past it.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 # Seconds: arrival times, durations, SLO targets. The clock is a float64 (53-bit mantissa): at 1e9 s (31 years)
 # consecutive floats are 2**-23 s = 1.2e-7 s apart, still well below a step's length (milliseconds); at 1e17 s
 # they are 16 s apart and every latency rounds to 0.
@@ -51,3 +54,13 @@ MAX_LINE_BYTES = 2**24
 
 # Worker processes of a sweep or of `python -m sim figures` (--jobs): each is a Python process of its own.
 MAX_JOBS = 1024
+
+
+def is_int(value) -> bool:
+    """An integer (numpy's included), not a bool: what every count and id above must be."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """A finite number (an integer included), not a bool: what every time, rate and size above must be."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

@@ -31,12 +31,10 @@ the paper's beam-search/parallel-sampling style batch runs).
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
-from sim.limits import MAX_BURSTINESS, MAX_COUNT, MAX_NUM_REQUESTS, MAX_SEED, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS
+from sim.limits import (MAX_BURSTINESS, MAX_COUNT, MAX_NUM_REQUESTS, MAX_SEED, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS,
+                        is_int, is_real)  # fmt: skip
 from sim.request import Request
 
 DATASETS = ("sharegpt", "alpaca", "fixed", "uniform")
@@ -79,7 +77,7 @@ def generate_requests(
     i % num_prefixes, and `prompt_token_ids` are synthetic (see `_prompt_token_ids`).
     """
     _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len, num_prefixes)
-    if not (_is_int(seed) and 0 <= seed <= MAX_SEED):
+    if not (is_int(seed) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
     # NOTE: lengths and arrivals use independent streams spawned from one seed, so sweeping the rate (as the
     # paper's figures do) keeps the very same requests and only moves their arrival times.
@@ -115,12 +113,6 @@ def generate_requests(
     ]
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len, num_prefixes):
@@ -130,16 +122,16 @@ def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_
         raise ValueError(f"unknown dataset {dataset!r} (allowed: {', '.join(DATASETS)})")
     if arrival not in ARRIVALS:
         raise ValueError(f"unknown arrival process {arrival!r} (allowed: {', '.join(ARRIVALS)})")
-    if arrival != "offline" and not (_is_real(rate) and rate > 0):
+    if arrival != "offline" and not (is_real(rate) and rate > 0):
         raise ValueError(f"rate must be a finite number > 0 requests/s for {arrival} arrivals, got {rate}")
-    if not (_is_real(burstiness) and MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS):
+    if not (is_real(burstiness) and MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS):
         raise ValueError(f"burstiness (gamma shape) must be from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g}, "
                          f"got {burstiness}")  # fmt: skip
     if (num_requests is None) == (duration is None):
         raise ValueError("give exactly one of num_requests or duration (with a rate)")
-    if num_requests is not None and not (_is_int(num_requests) and 0 <= num_requests <= MAX_NUM_REQUESTS):
+    if num_requests is not None and not (is_int(num_requests) and 0 <= num_requests <= MAX_NUM_REQUESTS):
         raise ValueError(f"num_requests must be an integer from 0 to {MAX_NUM_REQUESTS:,}, got {num_requests}")
-    if duration is not None and (arrival == "offline" or not (_is_real(duration) and 0 < duration <= MAX_TIME_S)):
+    if duration is not None and (arrival == "offline" or not (is_real(duration) and 0 < duration <= MAX_TIME_S)):
         raise ValueError(f"duration must be > 0 seconds (at most {MAX_TIME_S:g}) and needs poisson or gamma arrivals, "
                          f"got {duration} ({arrival})")  # fmt: skip
     if duration is not None and rate * duration > MAX_NUM_REQUESTS:
@@ -148,11 +140,11 @@ def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_
     if num_requests is not None and arrival != "offline" and num_requests / rate > MAX_TIME_S:
         raise ValueError(f"num_requests / rate = {num_requests / rate:.3g} s of arrivals, more than the limit "
                          f"{MAX_TIME_S:g} s")  # fmt: skip
-    if not (_is_int(max_seq_len) and 2 <= max_seq_len <= MAX_TOKENS):
+    if not (is_int(max_seq_len) and 2 <= max_seq_len <= MAX_TOKENS):
         raise ValueError(f"max_seq_len must be an integer from 2 to {MAX_TOKENS:,}, got {max_seq_len}")
-    if not (_is_int(prefix_len) and 0 <= prefix_len <= max_seq_len - 2):
+    if not (is_int(prefix_len) and 0 <= prefix_len <= max_seq_len - 2):
         raise ValueError(f"prefix_len must be in [0, max_seq_len - 2] = [0, {max_seq_len - 2}], got {prefix_len}")
-    if not (_is_int(num_prefixes) and 1 <= num_prefixes <= MAX_COUNT):
+    if not (is_int(num_prefixes) and 1 <= num_prefixes <= MAX_COUNT):
         raise ValueError(f"num_prefixes must be an integer from 1 to {MAX_COUNT:,}, got {num_prefixes}")
 
 
@@ -209,7 +201,7 @@ def _lengths(rng, dataset, count, budget, prompt_len, output_len, prompt_range, 
 
 def _check_range(prompt_name, prompt_range, output_name, output_range, budget):
     for name, (lo, hi) in ((prompt_name, prompt_range), (output_name, output_range)):
-        if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi):
+        if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi):
             raise ValueError(f"{name} must be integers with 1 <= low <= high, got ({lo}, {hi})")
     if prompt_range[1] + output_range[1] > budget:
         raise ValueError(
