@@ -3,6 +3,7 @@
     python -m reference generate "What is paged attention?" [--max-tokens 64] [--n 2 --temperature 0.8] [--json]
     python -m reference bench [--quick] [--out figures/bench_engine_cpu.csv]     engine vs HF, paged vs contiguous
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
+    python -m reference bench-gpu [...]                                         the engine vs HF on a GPU
 
 `generate` drives the engine the way vLLM's LLMEngine is driven: `add_request`, then `step()` until done,
 printing each step's new text (one request, one sample) or each completion as it finishes (n > 1, beams).
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
                    "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
+    sub.add_parser("bench-gpu", add_help=False, help="GPU benchmark: the engine vs HF transformers on SmolLM2's "
+                   "shape (reference.bench_gpu; `bench-gpu --help` lists its flags)")  # fmt: skip
     return parser
 
 
@@ -254,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         from reference.attention import bench as kernel_bench
 
         return kernel_bench.main(argv[1:])
+    if argv[:1] == ["bench-gpu"]:
+        from reference import bench_gpu
+
+        return bench_gpu.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":

@@ -61,7 +61,7 @@ class EngineOutcomes:
                                f"found {sorted(row_of)}")
         order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
         beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
-        step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1))
+        step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1).cpu())
         if step.done:
             outcome.finished_seq_ids.update(order)
             self._count_finish(state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length")

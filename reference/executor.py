@@ -100,7 +100,7 @@ class ModelExecutor:
                 ) -> tuple[torch.Tensor | None, list[int]]:
         """Do the plan's block moves and its forward pass.
 
-        Returns (logits [num_fed, vocab] float32 on CPU, or None when nothing is fed; and for every entry of
+        Returns (logits [num_fed, vocab] float32 on the model's device, or None when nothing is fed; and for every entry of
         plan.prefills + plan.decodes, the logits row it samples from, or None for a chunk that samples nothing).
         """
         cache = self.kv_cache
@@ -121,7 +121,7 @@ class ModelExecutor:
         seqs = [(tokens_to_feed(entries[i]), entries[i].num_computed_tokens, entries[i].block_table) for i in order]
         batch = ForwardBatch.build(seqs, cache.block_size, self.model.device)
         logits = self.model.forward(batch.input_ids, batch.positions, batch, cache, self.backend)
-        return logits.float().cpu(), _sample_rows(plan, row_of)
+        return logits.float(), _sample_rows(plan, row_of)  # NOTE: stays on the device; only tokens come back
 
 
 def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int | None]:

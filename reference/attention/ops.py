@@ -16,7 +16,7 @@ import torch
 from reference.attention import torch_batched, torch_ref
 from reference.attention._checks import check_backend, check_cache, check_heads, check_scale, check_tensor
 from reference.attention._checks import FLOAT_DTYPES
-from reference.attention.triton_decode import paged_decode_attention_triton
+from reference.attention.triton_decode import DecodeTuning, paged_decode_attention_triton
 from reference.attention.triton_prefill import paged_prefill_attention_triton
 from reference.attention.triton_store import check_store_args, store_kv_triton
 
@@ -71,12 +71,14 @@ def paged_decode_attention(
     backend: str = "triton",
     *,
     num_splits: int | None = None,
+    tuning: DecodeTuning | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Attention of each sequence's one new query token over its ``seq_lens[i]`` cached tokens.
 
     ``seq_lens[i]`` counts the current token too (its K/V is already stored). A sequence with
     ``seq_lens[i] == 0`` gets zeros. ``num_splits`` (Triton only) forces the split-KV factor; by default
-    it is chosen from the batch size and ``max_blocks_per_seq * block_size``.
+    it is chosen from the batch size and ``max_blocks_per_seq * block_size``. ``tuning`` (Triton only)
+    overrides the launch knobs (``triton_decode.DecodeTuning``; the benchmark's sweep uses it).
     """
     check_backend(backend)
     scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
@@ -93,7 +95,7 @@ def paged_decode_attention(
             query, key_cache, value_cache, block_tables, seq_lens, scale
         )
     return paged_decode_attention_triton(
-        query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits
+        query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits, tuning=tuning
     )
 
 

@@ -76,8 +76,8 @@ def _attend(
     values = values.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, D]
     scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale  # [num_heads, q_len, seq_len]
     # Query j sits at absolute position seq_len - q_len + j and sees keys 0..that position.
-    q_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)  # [q_len, 1]
-    k_pos = torch.arange(seq_len).unsqueeze(0)  # [1, seq_len]
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=scores.device).unsqueeze(1)  # [q_len, 1]
+    k_pos = torch.arange(seq_len, device=scores.device).unsqueeze(0)  # [1, seq_len]
     scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # [num_heads, q_len, seq_len]
     return torch.einsum("hqk,khd->qhd", probs, values)

@@ -32,6 +32,8 @@ A split whose range lies past the end of a short sequence is empty: ``lse_i = -i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -39,10 +41,39 @@ import triton.language as tl
 from reference.attention._checks import check_triton_device
 from reference.attention.triton_common import dot_config, next_pow2
 
-TILE = 32  # tokens per inner-loop step (>= 16 for tl.dot)
-MIN_TOKENS_PER_SPLIT = 256  # NOTE: shorter splits cost more in merging than they win in parallelism
-TARGET_PROGRAMS = 512  # NOTE: a few waves of an H100's 132 SMs; enough programs to hide memory latency
-MAX_SPLITS = 32
+
+
+@dataclass(frozen=True)
+class DecodeTuning:
+    """The kernel's launch knobs. ``python -m reference bench-kernels --sweep`` times a grid of them on the
+    GPU and saves the table (figures/bench_attention_sweep_gpu.csv, measured on an H100 in bfloat16 with 32 query
+    over 8 KV heads, head_dim 128, block size 16); ``DEFAULT_TUNING`` is the variant that ranked first there.
+
+    - ``tile``: tokens per inner-loop step (>= 16 for tl.dot); K and V tiles of ``tile x head_dim``.
+    - ``num_warps`` / ``num_stages``: Triton's launch options (warps per program, software-pipeline depth of
+      the loads in the token loop).
+    - ``target_programs``: split a sequence until ``num_seqs * num_kv_heads * num_splits`` reaches this, so
+      that a few sequences with long contexts still keep every SM busy with loads in flight ...
+    - ``min_tokens_per_split``: ... but never into splits shorter than this (merging costs more than it wins).
+    """
+
+    tile: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    target_programs: int = 512
+    min_tokens_per_split: int = 256
+    max_splits: int = 32
+
+    def __post_init__(self):
+        for name in ("tile", "num_warps", "num_stages", "target_programs", "min_tokens_per_split", "max_splits"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DecodeTuning.{name} must be an int >= 1, got {value!r}")
+        if self.tile < 16 or self.tile & (self.tile - 1):
+            raise ValueError(f"DecodeTuning.tile must be a power of two >= 16 (tl.dot), got {self.tile}")
+
+
+DEFAULT_TUNING = DecodeTuning()
 
 
 @triton.jit
@@ -160,15 +191,16 @@ def _merge_splits_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int) -> int:
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int,
+                      tuning: DecodeTuning = DEFAULT_TUNING) -> int:
     """How many splits per sequence: enough programs to fill the GPU, each split long enough to pay.
 
     NOTE: decided from ``max_context = max_blocks_per_seq * block_size`` (a shape, known on the host)
     rather than from ``seq_lens.max()``, which would cost a device-to-host sync every decode step.
     """
-    by_length = triton.cdiv(max(max_context, 1), MIN_TOKENS_PER_SPLIT)
-    by_occupancy = triton.cdiv(TARGET_PROGRAMS, max(num_seqs * num_kv_heads, 1))
-    return max(1, min(by_length, by_occupancy, MAX_SPLITS))
+    by_length = triton.cdiv(max(max_context, 1), tuning.min_tokens_per_split)
+    by_occupancy = triton.cdiv(tuning.target_programs, max(num_seqs * num_kv_heads, 1))
+    return max(1, min(by_length, by_occupancy, tuning.max_splits))
 
 
 def paged_decode_attention_triton(
@@ -179,16 +211,19 @@ def paged_decode_attention_triton(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     num_splits: int | None = None,
+    tuning: DecodeTuning | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Launch the decode kernel (and the merge kernel when split). Arguments checked by the caller."""
+    tuning = tuning or DEFAULT_TUNING
     check_triton_device(key_cache.device)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     max_context = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context)
-    tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), TILE) * TILE
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, tuning)
+    tile = tuning.tile
+    tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), tile) * tile
     seq_lens = seq_lens.contiguous()  # NOTE: a tiny index vector; copying it is free
     out = torch.empty_like(query)
     if num_seqs == 0:
@@ -207,8 +242,8 @@ def paged_decode_attention_triton(
         *query.stride(), *out.stride(), *key_cache.stride(), *block_tables.stride(),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         GROUP=group, GROUP_PAD=next_pow2(group, minimum=16),
-        BLOCK_SIZE=block_size, TILE=TILE, IS_SPLIT=is_split,
-        **dot_config(query.dtype),
+        BLOCK_SIZE=block_size, TILE=tile, IS_SPLIT=is_split,
+        **dot_config(query.dtype), num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
     if is_split:
         _merge_splits_kernel[(num_seqs, num_heads)](

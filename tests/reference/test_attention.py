@@ -280,13 +280,13 @@ def test_bench_without_gpu_says_so_and_exits_0(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")
 def test_bench_cpu_smoke_runs_and_writes_csv(tmp_path):
-    import csv
-
     from reference.attention import bench
+    from reference.attention.bench_plot import read_table
 
     out = tmp_path / "bench.csv"
     assert bench.main(["--cpu-smoke", "--repeats", "1", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out)))
+    rows, comments = read_table(out)
+    assert "versions" in comments and "command" in comments
     experiments = [r["experiment"] for r in rows]
     assert experiments.count("decode") == 4 and experiments.count("paging") == 4  # 2x2 and 2 sizes x 2 tables
     assert all(float(r["time_us"]) > 0 and float(r["fraction_of_copy"]) > 0 for r in rows)
