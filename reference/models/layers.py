@@ -17,15 +17,17 @@ from reference.models.config import Llama3RopeScaling
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, over the last dimension. Computed in float32."""
-    x32 = x.float()  # [T, hidden]
-    variance = x32.pow(2).mean(dim=-1, keepdim=True)  # [T, 1]
-    return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
+    # = x32 * rsqrt(mean(x32 ** 2) + eps) with x32 = x.float(), as HF's LlamaRMSNorm; torch's fused op does it in
+    # one call (bit-identical on the CPU; on a GPU one kernel launch instead of five).
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)  # [T, hidden] float32
+    return weight * normed.to(x.dtype)
 
 
-def swiglu_mlp(x: torch.Tensor, gate_proj: torch.Tensor, up_proj: torch.Tensor,
-               down_proj: torch.Tensor) -> torch.Tensor:
-    """down( silu(gate(x)) * up(x) ): the feed-forward block of every Llama layer."""
-    return F.linear(F.silu(F.linear(x, gate_proj)) * F.linear(x, up_proj), down_proj)
+def swiglu_mlp(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """down( silu(gate(x)) * up(x) ): the feed-forward block of every Llama layer. ``gate_up_proj`` is the gate and
+    up matrices stacked ([2 * intermediate, hidden]): one matrix product computes both."""
+    gate, up = F.linear(x, gate_up_proj).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down_proj)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> torch.Tensor:

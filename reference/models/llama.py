@@ -51,6 +51,25 @@ class LayerWeights:
     k_bias: torch.Tensor | None = None  # [num_kv_heads * head_dim]
     v_bias: torch.Tensor | None = None  # [num_kv_heads * head_dim]
     o_bias: torch.Tensor | None = None  # [hidden]
+    # NOTE: the fused forms the forward pass multiplies with (one matrix product instead of three, and one instead
+    # of two: fewer kernel launches per layer, which is what a small model's step costs on a GPU). q/k/v_proj,
+    # gate/up_proj and the biases above are views into these, so nothing is stored twice.
+    qkv_proj: torch.Tensor | None = None  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None = None  # [(num_heads + 2 * num_kv_heads) * head_dim]
+    gate_up_proj: torch.Tensor | None = None  # [2 * intermediate, hidden]
+
+
+def fused_layer(**w: torch.Tensor | None) -> LayerWeights:
+    """A LayerWeights whose q/k/v and gate/up projections are views into one concatenated matrix each."""
+    qkv = torch.cat([w["q_proj"], w["k_proj"], w["v_proj"]])
+    sizes = [w["q_proj"].shape[0], w["k_proj"].shape[0], w["v_proj"].shape[0]]
+    w["q_proj"], w["k_proj"], w["v_proj"] = qkv.split(sizes)
+    if w.get("q_bias") is not None:
+        w["qkv_bias"] = torch.cat([w["q_bias"], w["k_bias"], w["v_bias"]])
+        w["q_bias"], w["k_bias"], w["v_bias"] = w["qkv_bias"].split(sizes)
+    gate_up = torch.cat([w["gate_proj"], w["up_proj"]])
+    w["gate_proj"], w["up_proj"] = gate_up.split([w["gate_proj"].shape[0], w["up_proj"].shape[0]])
+    return LayerWeights(**w, qkv_proj=qkv, gate_up_proj=gate_up)
 
 
 @dataclass(slots=True)
@@ -73,7 +92,7 @@ def weights_from_state_dict(config: ModelConfig, state: dict[str, torch.Tensor])
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         bias = (lambda n: get(p + f"self_attn.{n}.bias")) if config.attention_bias else (lambda n: None)
-        layers.append(LayerWeights(
+        layers.append(fused_layer(
             input_norm=get(p + "input_layernorm.weight"),
             q_proj=get(p + "self_attn.q_proj.weight"),
             k_proj=get(p + "self_attn.k_proj.weight"),
@@ -127,7 +146,7 @@ class LlamaForwardModel:
             attn = self._attention(layer_index, layer, x, cos, sin, batch, kv_cache, backend)  # [T, heads*dim]
             h = h + F.linear(attn, layer.o_proj, layer.o_bias)
             x = rms_norm(h, layer.post_attention_norm, eps)
-            h = h + swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj)
+            h = h + swiglu_mlp(x, layer.gate_up_proj, layer.down_proj)
         if not all_logits:
             h = h[batch.logits_indices]  # [num_seqs, hidden]: only these rows need the vocab projection
         return F.linear(rms_norm(h, self.weights.norm, eps), self.weights.lm_head)  # [rows, vocab]
@@ -139,10 +158,10 @@ class LlamaForwardModel:
         """Grouped-query attention of the new rows over each sequence's cached context."""
         cfg = self.config
         num_tokens = x.shape[0]
-        q = F.linear(x, w.q_proj, w.q_bias).view(num_tokens, cfg.num_heads, cfg.head_dim)
-        k = F.linear(x, w.k_proj, w.k_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(x, w.v_proj, w.v_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
+        qkv = F.linear(x, w.qkv_proj, w.qkv_bias).view(num_tokens, heads + 2 * kv_heads, cfg.head_dim)
+        qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated together: [T, heads + kv, dim]
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # strided views; the kernels take strides
 
         # The cache stores K after RoPE, so a cached key never needs rotating again.
         key_cache, value_cache = kv_cache.key_caches[layer_index], kv_cache.value_caches[layer_index]
