@@ -36,7 +36,8 @@ bench: $(STAMP)
 	$(BIN)/python -m sim bench-alloc
 	$(BIN)/python -m sim bench
 	$(BIN)/python -m reference bench
-	$(BIN)/python -m reference.attention.bench
+	$(BIN)/python -m reference bench-kernels
+	$(BIN)/python -m reference bench-gpu
 
 # A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
 bad-inputs: $(STAMP)

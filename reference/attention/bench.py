@@ -250,9 +250,9 @@ def describe_machine(argv: list[str], repeats: int, tuning: DecodeTuning | None)
         lines.append(f"clocks: {gpu_clocks()}")
     lines.append(f"versions: torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, "
                  f"python {sys.version.split()[0]}")
-    lines.append(f"timing: median of {repeats} repeats, L2 flushed before each; time_us: CUDA events around a CUDA-graph "
-                 "replay (kernel time, no Python launch overhead); eager_us: the same call launched from Python; "
-                 "systems compared at a point alternate repeat by repeat")
+    lines.append(f"timing: median of {repeats} repeats, L2 flushed before each; time_us: CUDA events around a "
+                 "CUDA-graph replay (kernel time, no Python launch overhead); eager_us: the same call launched from "
+                 "Python; systems compared at a point alternate repeat by repeat")
     if tuning is not None:
         lines.append(f"decode tuning: {tuning}")
     return lines

@@ -76,7 +76,8 @@ def plot(rows: list[dict], comments: dict[str, str], png: Path) -> None:
         right.set_ylim(min(0.95, min(values) - 0.02), max(1.32, max(values) + 0.05))
     right.axhline(1.0, color="black", linewidth=0.8)
     right.axhline(TARGET_PAGING, color="grey", linestyle="--", linewidth=1, label=f"target {TARGET_PAGING}")
-    right.axhspan(1.20, 1.26, color="tab:red", alpha=0.15, label="vLLM paper: its paged kernel vs FasterTransformer's (1.20-1.26)")
+    right.axhspan(1.20, 1.26, color="tab:red", alpha=0.15,
+                  label="vLLM paper: its paged kernel vs FasterTransformer's (1.20-1.26)")
     paging = [r for r in rows if r["experiment"] == "paging"]
     shape = f"batch {paging[0]['batch']} x context {paging[0]['context']}" if paging else ""
     right.set_xlabel("block size (tokens)")

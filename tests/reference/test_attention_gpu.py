@@ -38,7 +38,8 @@ def dense(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
     """float64 causal attention of the last len(query) positions over contiguous K/V: [q_len, heads, D]."""
     q, k, v = (t.to("cuda", torch.float64).transpose(0, 1) for t in (query, keys, values))
     q_len, seq_len = q.shape[1], k.shape[1]
-    mask = torch.arange(seq_len, device="cuda")[None, :] <= (seq_len - q_len + torch.arange(q_len, device="cuda"))[:, None]
+    k_pos, q_pos = torch.arange(seq_len, device="cuda"), seq_len - q_len + torch.arange(q_len, device="cuda")
+    mask = k_pos[None, :] <= q_pos[:, None]
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=HEAD_DIM**-0.5,
                                                             enable_gqa=True).transpose(0, 1)  # fmt: skip
 
