@@ -70,7 +70,7 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (default); e.g. 0.8 with --n > 1, else all n samples are the same")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default: 1 = off)")
-    g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 = off (default)")
+    g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 or 0 = off (default -1)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator, >= 0 (default: 0)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
     g = p.add_argument_group("KV cache (the paper's memory manager)")
@@ -106,7 +106,7 @@ def _check_generate_args(a: argparse.Namespace) -> None:
         (a.beam_width == 1 or a.temperature == 0, f"--beam-width {a.beam_width} with --temperature {a.temperature}",
          "--temperature 0: beam search is deterministic"),
         (0 < a.top_p <= 1, f"--top-p {a.top_p}", "a number in (0, 1]"),
-        (a.top_k == -1 or a.top_k >= 1, f"--top-k {a.top_k}", "-1 (off) or an integer >= 1"),
+        (a.top_k >= -1, f"--top-k {a.top_k}", "-1 or 0 (off) or an integer >= 1"),
         (a.seed >= 0, f"--seed {a.seed}", "an integer >= 0: the seed of the sampling generator"),
         (a.block_size >= 1, f"--block-size {a.block_size}", "an integer >= 1"),
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),

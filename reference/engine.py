@@ -55,6 +55,11 @@ class _Seq:
     cum_logprob: float = 0.0
     finish_reason: str | None = None
     generator: torch.Generator | None = None  # None: greedy (or a beam)
+    logprobs: list[dict] | None = None  # per token {id: (logprob, rank)}, when the params ask for them
+    stop_reason: int | str | None = None
+    stop_token: bool = False  # stopped by an end-of-sequence or stop token: its text is left out of the text
+    text_len: int = 0  # characters of the text decoded so far (stop strings: only new text is searched)
+    text_end: int | None = None  # a stop string cut the text here
 
 
 @dataclass(slots=True)
@@ -211,7 +216,8 @@ class LLM(EngineOutcomes):
             seed = None if beam or params.greedy else (params.seed if params.seed is not None
                                                        else int(self._rng.integers(2**62)))
             for i, seq_id in enumerate(self.scheduler.seq_ids(rid)):
-                state.seqs[seq_id] = _Seq(i, [], generator=None if seed is None else sample_generator(seed, i))
+                state.seqs[seq_id] = _Seq(i, [], generator=None if seed is None else sample_generator(seed, i),
+                                          logprobs=None if beam or params.logprobs is None else [])
             self._requests[rid] = state
         except BaseException:  # an interrupt right here: the scheduler must not keep a request the engine lacks
             self.scheduler.abort(rid)

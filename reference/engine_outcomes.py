@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from reference.beam import Beam
-from reference.outputs import CompletionOutput, RequestOutput, StepRecord
-from reference.sampling import sample
+from reference.outputs import CompletionOutput, Logprob, RequestOutput, StepRecord
+from reference.sampling import RowContext, sample
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 
 
@@ -41,18 +41,44 @@ class EngineOutcomes:
     def _sample_plain(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, outcome: StepOutcome) -> None:
         states = [self._requests[e.request_id] for e, _ in plain]
         seqs = [state.seqs[e.seq_id] for state, (e, _) in zip(states, plain)]
-        tokens, logprobs = sample(logits[[r for _, r in plain]], [st.params for st in states],
-                                  [s.generator for s in seqs])
-        for (entry, _), state, seq, token, logprob in zip(plain, states, seqs, tokens, logprobs):
+        params = [st.params for st in states]
+        contexts = None
+        if any(p.has_penalties or p.min_tokens for p in params):
+            contexts = [RowContext(st.prompt_token_ids, seq.token_ids, self._stop_ids(st.params))
+                        for st, seq in zip(states, seqs)]  # fmt: skip
+        tokens, logprobs, top = sample(logits[[r for _, r in plain]], params, [s.generator for s in seqs], contexts)
+        for (entry, _), state, seq, token, logprob, best in zip(plain, states, seqs, tokens, logprobs, top):
             seq.token_ids.append(token)
             seq.cum_logprob += logprob
-            if not state.params.ignore_eos and token in self.config.eos_token_ids:
-                seq.finish_reason = "stop"
-            elif len(seq.token_ids) >= state.max_tokens:
-                seq.finish_reason = "length"
+            if best is not None:
+                seq.logprobs.append(best)
+            self._check_stop(state, seq, token)
             if seq.finish_reason is not None:
                 outcome.finished_seq_ids.add(entry.seq_id)
                 self._count_finish(seq.finish_reason)
+
+    def _stop_ids(self, params) -> tuple[int, ...]:
+        eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)
+        return eos + tuple(params.stop_token_ids)
+
+    def _check_stop(self, state, seq, token: int) -> None:
+        """vLLM v1's stop rules: no stop before min_tokens; an end-of-sequence id (unless ignore_eos) or a stop id
+        stops ("stop", stop_reason = the id); a stop string in the new text stops and cuts the text (checked from
+        min_tokens + 1 tokens on, as vLLM's detokenizer); else max_tokens ends it ("length")."""
+        p, n = state.params, len(seq.token_ids)
+        if n >= p.min_tokens:
+            if not p.ignore_eos and token in self.config.eos_token_ids:
+                seq.finish_reason, seq.stop_token = "stop", True
+            elif token in p.stop_token_ids:
+                seq.finish_reason, seq.stop_token, seq.stop_reason = "stop", True, token
+        if p.stop and n > p.min_tokens and not seq.stop_token:
+            text = self._decode(seq.token_ids, p.skip_special_tokens)
+            hit = find_stop_string(text, len(text) - seq.text_len, p.stop, p.include_stop_str_in_output)
+            seq.text_len = len(text)
+            if hit is not None:
+                seq.finish_reason, (seq.stop_reason, seq.text_end) = "stop", hit
+        if seq.finish_reason is None and n >= state.max_tokens:
+            seq.finish_reason = "length"
 
     def _step_beams(self, rid: int, row_of: dict[int, int], logits: torch.Tensor, outcome: StepOutcome) -> list[Beam]:
         state = self._requests[rid]
@@ -73,18 +99,32 @@ class EngineOutcomes:
         self.stats.finish_reasons[reason] = self.stats.finish_reasons.get(reason, 0) + 1
 
     # --- outputs and records ----------------------------------------------------------------------------
-    def _decode(self, token_ids: list[int]) -> str:
-        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids,
+                                                                       skip_special_tokens=skip_special_tokens)
+
+    def _completion(self, seq, params) -> CompletionOutput:
+        """A sample's CompletionOutput, its text cut as vLLM cuts it (a stop token's or stop string's text is left
+        out unless include_stop_str_in_output)."""
+        ids = list(seq.token_ids)  # (beams in progress have BeamSearchParams: vLLM's defaults)
+        skip = getattr(params, "skip_special_tokens", True)
+        keep_stop = getattr(params, "include_stop_str_in_output", False)
+        text = self._decode(ids[:-1] if seq.stop_token and not keep_stop else ids, skip)
+        if seq.text_end is not None and seq.text_end >= 0:
+            text = text[:seq.text_end]
+        # decoded_token shows special tokens as they are (vLLM converts ids to tokens for logprobs)
+        logprobs = None if seq.logprobs is None else [
+            {t: Logprob(lp, rank, self._decode([t], False)) for t, (lp, rank) in step.items()} for step in seq.logprobs]
+        return CompletionOutput(seq.index, text, ids, seq.cum_logprob, logprobs, seq.finish_reason, seq.stop_reason)
 
     def _output(self, request_id: int) -> RequestOutput:
         state = self._requests[request_id]
         if state.beam is not None and state.beam.done:  # the finished hypotheses, best first
-            outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, h.finish_reason)
+            outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, None, h.finish_reason)
                        for i, h in enumerate(state.beam.hypotheses)]
         else:
             seqs = sorted(state.seqs.values(), key=lambda s: s.index)
-            outputs = [CompletionOutput(s.index, self._decode(s.token_ids), list(s.token_ids), s.cum_logprob,
-                                        s.finish_reason) for s in seqs]
+            outputs = [self._completion(s, state.params) for s in seqs]
         finished = self.scheduler.is_finished(request_id)
         return RequestOutput(request_id, state.prompt, list(state.prompt_token_ids), outputs, finished,
                              state.num_cached_tokens or 0)
@@ -94,3 +134,20 @@ class EngineOutcomes:
         memory = self.kv_manager.breakdown(waiting=self.scheduler.num_waiting > 0)
         self.step_log.append(StepRecord.from_plan(self.stats.num_steps - 1, plan, finished,
                                                   self.kv_manager.num_free_blocks, memory, seconds))
+
+
+def find_stop_string(text: str, new_chars: int, stop: list[str], include: bool) -> tuple[str, int] | None:
+    """vLLM's check_stop_strings: the first stop string (in the list's order) found in the text's newest
+    `new_chars` characters (or overlapping them); (the string, where the text ends: -1 for no cut)."""
+    if not new_chars:
+        return None
+    for s in stop:
+        index = text.find(s, 1 - new_chars - len(s))
+        if index == -1:
+            continue
+        if include:
+            index += len(s)
+            if index >= len(text):
+                return s, -1
+        return s, index
+    return None

@@ -17,15 +17,25 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 @dataclass(slots=True)
+class Logprob:
+    """One token's log-probability in a CompletionOutput's `logprobs` (vllm/logprobs.py)."""
+
+    logprob: float  # under the raw logits
+    rank: int | None = None  # 1 = the most likely token (ties count as more likely)
+    decoded_token: str | None = None
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     index: int  # which of the request's n samples (or beams, best first)
-    text: str  # the generated text so far (special tokens skipped, as vLLM does by default)
-    token_ids: list[int]  # generated ids; an end-of-sequence token that stopped it is included
-    cumulative_logprob: float  # sum of the raw log-probabilities of token_ids
+    text: str  # the generated text so far (special tokens skipped, as vLLM does by default; see SamplingParams)
+    token_ids: list[int]  # generated ids; an end-of-sequence or stop token that stopped it is included
+    cumulative_logprob: float | None  # sum of the raw log-probabilities of token_ids
+    logprobs: list[dict[int, Logprob]] | None = None  # per generated token, when SamplingParams.logprobs is set
     finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: EOS or other)
 
-    @property
-    def finished(self) -> bool:
+    def finished(self) -> bool:  # a method, as in vLLM
         return self.finish_reason is not None
 
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM's _SAMPLING_EPS)
 MAX_LENGTH_PENALTY = 10.0  # |length_penalty| at most: a score divides by generated_len ** length_penalty
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 def check_int(name: str, value, minimum: int | None = None) -> int:
@@ -65,13 +67,25 @@ def _set(record, **values) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """vLLM's SamplingParams, field for field where the lab implements the option (vllm/sampling_params.py)."""
+
+    n: int = 1  # parallel samples sharing the prompt's blocks (paper 4.4)
+    presence_penalty: float = 0.0  # [-2, 2]: subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # [-2, 2]: subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # > 0: logits of tokens in the prompt or output: / if > 0, * if <= 0 (CTRL)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
-    top_k: int = -1  # keep the k most likely tokens; -1 = off (vLLM's convention)
-    max_tokens: int = 16  # output tokens at most (fewer if the model context ends first)
-    n: int = 1  # parallel samples sharing the prompt's blocks (paper 4.4)
+    top_k: int = -1  # keep the k most likely tokens; -1 or 0 = off (vLLM's convention)
+    min_p: float = 0.0  # [0, 1]: drop tokens less likely than min_p times the most likely one
     seed: int | None = None  # per-request generator; same seed -> same text
+    stop: str | list[str] | None = None  # stop when the text contains one; the text ends before it
+    stop_token_ids: list[int] | None = None  # stop after sampling one of these (besides end-of-sequence)
     ignore_eos: bool = False  # keep generating past an end-of-sequence token
+    max_tokens: int = 16  # output tokens at most (fewer if the model context ends first)
+    min_tokens: int = 0  # no stop (end-of-sequence, stop ids, stop strings) before this many output tokens
+    logprobs: int | None = None  # also return the top-`logprobs` log-probabilities of every generated token
+    skip_special_tokens: bool = True  # leave special tokens out of the text
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) in the text
 
     def __post_init__(self) -> None:
         temperature, top_p = check_real("temperature", self.temperature), check_real("top_p", self.top_p)
@@ -80,18 +94,59 @@ class SamplingParams:
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         top_k = check_int("top_k", self.top_k)
-        if top_k == 0 or top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {top_k}")
+        if top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off) or >= 1, got {top_k}")
         seed = None if self.seed is None else check_int("seed", self.seed)
         if seed is not None and seed < 0:
             raise ValueError(f"seed must be None or an integer >= 0, got {seed}")
-        _set(self, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-             max_tokens=check_int("max_tokens", self.max_tokens, 1), n=check_int("n", self.n, 1),
-             ignore_eos=check_bool("ignore_eos", self.ignore_eos))  # fmt: skip
+        penalties = {name: check_real(name, getattr(self, name)) for name in ("presence_penalty", "frequency_penalty")}
+        for name, value in penalties.items():
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        repetition = check_real("repetition_penalty", self.repetition_penalty)
+        if not 0.0 < repetition <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100] (1 = off), got {repetition}")
+        min_p = check_real("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+        max_tokens = check_int("max_tokens", self.max_tokens, 1)
+        min_tokens = check_int("min_tokens", self.min_tokens, 0)
+        if min_tokens > max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens={max_tokens}, got {min_tokens}")
+        logprobs = None if self.logprobs is None else check_int("logprobs", self.logprobs, 0)
+        if logprobs is not None and logprobs > MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {logprobs}")
+        _set(self, temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, seed=seed,
+             max_tokens=max_tokens, n=check_int("n", self.n, 1), ignore_eos=check_bool("ignore_eos", self.ignore_eos),
+             repetition_penalty=repetition, min_p=min_p, min_tokens=min_tokens, logprobs=logprobs,
+             stop=_stop_strings(self.stop), stop_token_ids=_stop_ids(self.stop_token_ids),
+             skip_special_tokens=check_bool("skip_special_tokens", self.skip_special_tokens),
+             include_stop_str_in_output=check_bool("include_stop_str_in_output", self.include_stop_str_in_output),
+             **penalties)  # fmt: skip
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def _stop_strings(stop) -> list[str]:
+    """vLLM takes one str or a list; stored as a list (empty: none)."""
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise TypeError(f"stop must be None, a non-empty str or a list of non-empty str, got {stop!r}")
+    return list(stop)
+
+
+def _stop_ids(ids) -> list[int]:
+    if ids is None:
+        return []
+    if not isinstance(ids, (list, tuple)):
+        raise TypeError(f"stop_token_ids must be None or a list of token ids, got {type(ids).__name__}")
+    return [check_int("stop_token_ids[]", t, 0) for t in ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +173,40 @@ def sample_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(int(state) >> 1)  # manual_seed takes < 2**63
 
 
+@dataclass(slots=True)
+class RowContext:
+    """What the penalties and min_tokens need of one row's sequence (vLLM keeps the same per request)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # generated so far
+    stop_ids: tuple[int, ...]  # end-of-sequence ids (unless ignore_eos) and stop_token_ids
+
+
+class Sampled(NamedTuple):
+    tokens: list[int]
+    logprobs: list[float]  # raw log-probability of each chosen token
+    top: list[dict[int, tuple[float, int]] | None]  # rows that asked for logprobs: {token: (logprob, rank)}
+
+
+def _process_row(row: torch.Tensor, params: SamplingParams, ctx: RowContext) -> None:
+    """In place, before the choice (vLLM v1's order): min_tokens masks the stop ids, then the penalties."""
+    if len(ctx.output_ids) < params.min_tokens and ctx.stop_ids:
+        row[list(ctx.stop_ids)] = float("-inf")
+    if params.repetition_penalty != 1.0:  # every token of the prompt or the output, once
+        seen = torch.tensor(sorted(set(ctx.prompt_ids) | set(ctx.output_ids)), device=row.device)
+        values = row[seen]
+        row[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if ctx.output_ids and (params.frequency_penalty or params.presence_penalty):  # generated tokens only
+        ids, counts = torch.tensor(ctx.output_ids, device=row.device).unique(return_counts=True)
+        row[ids] -= params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
+
+
 def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p on one row [vocab]; filtered-out tokens get -inf."""
+    """Temperature, then min-p, then top-k, then top-p on one row [vocab]; filtered-out tokens get -inf."""
     logits = logits / params.temperature
+    if params.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     if params.top_k != -1 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -136,23 +222,47 @@ def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
-    """One token per row of `logits` [num_rows, vocab] (float32, on any device), with row i's params and generator.
+def _top_logprobs(row: torch.Tensor, k: int, token: int) -> dict[int, tuple[float, int]]:
+    """vLLM's per-token logprobs: the chosen token first, then the k most likely, each with its 1-based rank
+    (the number of tokens at least as likely)."""
+    chosen = float(row[token])
+    out = {token: (chosen, int((row >= row[token]).sum()))}
+    if k:
+        values, ids = torch.topk(row, k)
+        for rank, (t, v) in enumerate(zip(ids.tolist(), values.tolist()), start=1):
+            out.setdefault(t, (v, rank))
+    return out
 
-    Returns (token ids, log-probability of each under the raw logits).
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           contexts: list[RowContext] | None = None) -> Sampled:
+    """One token per row of `logits` [num_rows, vocab] (float32, on any device), with row i's params and generator
+    (and its RowContext, needed when a row has penalties or min_tokens).
+
+    Returns the tokens, the log-probability of each under the raw logits, and the top log-probabilities of the rows
+    whose params ask for them. As vLLM v1: raw log-probabilities; then min_tokens and the penalties change the
+    logits; greedy rows take the argmax of those; sampled rows go on through temperature, min-p, top-k, top-p.
 
     NOTE: log-probabilities and the greedy answer are computed where the logits are (on a GPU: 50 MB of logits
     for 256 rows of SmolLM2's vocabulary stay there; only the ids and log-probabilities come back). A sampled
     row goes to the CPU, where its torch.Generator lives, so a seed gives the same tokens on every device.
     """
-    logprobs = torch.log_softmax(logits, dim=-1)  # [num_rows, vocab], raw: what vLLM reports
-    greedy = torch.argmax(logits, dim=-1)  # the greedy answer for every row; sampled rows overwrite
+    raw = torch.log_softmax(logits, dim=-1)  # [num_rows, vocab], raw: what vLLM reports
+    work = logits
+    if contexts is not None:
+        touched = [i for i, p in enumerate(params)
+                   if p.has_penalties or len(contexts[i].output_ids) < p.min_tokens]  # fmt: skip
+        if touched:
+            work = logits.clone()
+            for i in touched:
+                _process_row(work[i], params[i], contexts[i])
+    chosen = torch.argmax(work, dim=-1)  # the greedy answer for every row; sampled rows overwrite
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
-        rows = logits[sampled].cpu()
+        rows = work[sampled].cpu()
         for j, i in enumerate(sampled):
             probs = torch.softmax(_filter_logits(rows[j], params[i]), dim=-1)
-            greedy[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    chosen = logprobs.gather(1, greedy[:, None])[:, 0]
-    return greedy.tolist(), chosen.tolist()
+            chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    tokens = chosen.tolist()
+    top = [None if p.logprobs is None else _top_logprobs(raw[i], p.logprobs, tokens[i]) for i, p in enumerate(params)]
+    return Sampled(tokens, raw.gather(1, chosen[:, None])[:, 0].tolist(), top)

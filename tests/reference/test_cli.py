@@ -27,7 +27,7 @@ BAD = {  # name -> (arguments, a word the error line must contain)
     "beam_with_temperature": (["generate", "hi", "--beam-width", "2", "--temperature", "0.7"], "--temperature"),
     "n_and_beam": (["generate", "hi", "--n", "2", "--beam-width", "2"], "--beam-width"),
     "top_p": (["generate", "hi", "--top-p", "1.5"], "--top-p"),
-    "top_k": (["generate", "hi", "--top-k", "0"], "--top-k"),
+    "top_k": (["generate", "hi", "--top-k", "-2"], "--top-k"),
     "policy": (["generate", "hi", "--policy", "contiguous"], "paged"),
     "not_an_int": (["generate", "hi", "--max-tokens", "many"], "--max-tokens"),
     "a_float_for_an_int": (["generate", "hi", "--n", "2.0"], "--n: invalid int value: '2.0'"),

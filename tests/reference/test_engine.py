@@ -185,7 +185,7 @@ def test_sampler_filters_and_reports_raw_logprobs():
     narrow = SamplingParams(temperature=5.0, top_p=0.01)  # the most likely token alone reaches top_p
     gens = [sample_generator(0, i) for i in range(2)]
     for params in (greedy, top1, narrow):
-        tokens, logprobs = sample(logits, [params, params], gens)
+        tokens, logprobs, _ = sample(logits, [params, params], gens)
         assert tokens == [0, 1]
         assert logprobs == pytest.approx([raw[0, 0].item(), raw[1, 1].item()])  # before temperature / filters
     draws = {tuple(sample(logits, [SamplingParams(top_k=2)] * 2, gens)[0]) for _ in range(50)}
