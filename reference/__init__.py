@@ -1,6 +1,7 @@
 """The reference half of the lab: real tensors behind the simulator's block tables.
 
-`from reference import LLM, SamplingParams, BeamSearchParams` gives vLLM's offline API (docs/ARCHITECTURE.md, "In the engine").
+`from reference import LLM, SamplingParams, BeamSearchParams` gives vLLM's offline API (docs/ARCHITECTURE.md, "In the engine");
+`reference.inputs` and `reference.sampling_params` stand where `vllm.inputs` and `vllm.sampling_params` do.
 Imports are lazy so that `import reference.attention` or `reference.models` does not pull in the engine.
 """
 from __future__ import annotations
@@ -13,6 +14,9 @@ _EXPORTS = {
     "CompletionOutput": "reference.outputs",
     "BeamSearchOutput": "reference.outputs",
     "BeamSearchSequence": "reference.outputs",
+    "Logprob": "reference.outputs",
+    "TextPrompt": "reference.inputs",
+    "TokensPrompt": "reference.inputs",
 }
 
 __all__ = list(_EXPORTS)

@@ -34,11 +34,12 @@ import torch
 
 from reference import executor as ex
 from reference.beam import BeamSearchState
+from reference.engine_offline import OfflineAPI
 from reference.engine_outcomes import EngineOutcomes
-from reference.kv_cache import KVCache
+from reference.kv_cache import KVCache, kv_bytes_per_block
 from reference.models.llama import LlamaForwardModel
-from reference.outputs import BeamSearchOutput, BeamSearchSequence, EngineStats, RequestOutput, StepRecord
-from reference.prompts import prompt_list, prompt_parts
+from reference.outputs import EngineStats, RequestOutput, StepRecord
+from reference.prompts import prompt_parts
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample_generator
 from sim.kv import make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
@@ -84,16 +85,29 @@ class _Checked:
     request_id: int | None  # None: the engine's next id
 
 
-class LLM(EngineOutcomes):
+class LLM(EngineOutcomes, OfflineAPI):
     """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API."""
 
     def __init__(self, model: str | LlamaForwardModel = "smollm2", *, policy: str = "paged", block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_budget_bytes: int | None = None, num_cpu_blocks: int = 0,
                  preemption: str = "recompute", max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = False, scheduler: str = "v1", backend: str | None = None,
-                 device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0,
+                 device: str | None = None, dtype: torch.dtype | str | None = None, seed: int = 0,
                  max_model_len: int | None = None, tokenizer=None, enable_chunked_prefill: bool | None = None,
-                 watermark: float = 0.0, victim: str = "latest_arrival") -> None:
+                 watermark: float = 0.0, victim: str = "latest_arrival", gpu_memory_utilization: float | None = None,
+                 kv_cache_memory_bytes: int | None = None, swap_space: float | None = None, enforce_eager: bool = False,
+                 tensor_parallel_size: int = 1, trust_remote_code: bool = False) -> None:
+        # vLLM's keywords (the last line): kv_cache_memory_bytes is kv_budget_bytes, swap_space (GiB) sizes
+        # num_cpu_blocks, gpu_memory_utilization the GPU pool; the others change nothing (check_vllm_only_options).
+        ex.check_vllm_only_options(tensor_parallel_size, enforce_eager, trust_remote_code)
+        if kv_cache_memory_bytes is not None:
+            if kv_budget_bytes is not None:
+                raise ValueError("give kv_budget_bytes or kv_cache_memory_bytes (the same budget), not both")
+            kv_budget_bytes = kv_cache_memory_bytes
+        if gpu_memory_utilization is not None:
+            gpu_memory_utilization = check_real("gpu_memory_utilization", gpu_memory_utilization)
+            if not 0.0 < gpu_memory_utilization <= 1.0:
+                raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         block_size, max_num_seqs = check_int("block_size", block_size, 1), check_int("max_num_seqs", max_num_seqs, 1)
         num_cpu_blocks, seed = check_int("num_cpu_blocks", num_cpu_blocks, 0), check_int("seed", seed, 0)
         num_gpu_blocks, kv_budget_bytes, max_num_batched_tokens, max_model_len = (
@@ -107,14 +121,15 @@ class LLM(EngineOutcomes):
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
-            if (device is not None and ex.default_device(device) != self.device) or dtype not in (None, self.dtype):
+            if (device is not None and ex.default_device(device) != self.device) or (
+                    dtype not in (None, "auto") and ex.default_dtype(dtype, self.device) != self.dtype):
                 raise ValueError(f"the loaded model lives on {self.device} in {self.dtype}; "
                                  "give device/dtype to load_model, not to LLM")
         else:
             from reference.models import load_model
 
             self.device = ex.default_device(device)
-            self.dtype = ex.default_dtype(dtype, self.device)
+            self.dtype = ex.default_dtype(dtype, self.device)  # also vLLM's names: "float32", "bfloat16", "auto"
             self.model, self.tokenizer, _ = load_model(model, dtype=self.dtype, device=self.device)
         ex.use_one_cpu_thread(self.device)
         self.config = self.model.config
@@ -124,7 +139,15 @@ class LLM(EngineOutcomes):
         if not 2 <= self.max_model_len <= context:
             raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {max_model_len}")
         num_blocks = ex.num_gpu_blocks_for(self.config, block_size, self.dtype, self.device, num_gpu_blocks,
-                                           kv_budget_bytes)
+                                           kv_budget_bytes, gpu_memory_utilization)
+        if swap_space is not None:
+            if num_cpu_blocks:
+                raise ValueError("give num_cpu_blocks or swap_space (GiB of CPU swap), not both")
+            swap_bytes = int(check_real("swap_space", swap_space) * 2**30)
+            if swap_bytes < 0:
+                raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}")
+            num_cpu_blocks = swap_bytes // kv_bytes_per_block(self.config.num_layers, block_size,
+                                                              self.config.num_kv_heads, self.config.head_dim, self.dtype)
         self.block_size = block_size
         self.kv_manager = make_kv_manager(policy, num_blocks * block_size, block_size=block_size,
                                           max_seq_len=self.max_model_len, enable_prefix_caching=enable_prefix_caching,
@@ -302,86 +325,3 @@ class LLM(EngineOutcomes):
             state.num_cached_tokens = entry.num_computed_tokens  # the first admission's prefix-cache hits
             self.stats.num_cached_tokens += entry.num_computed_tokens
         return tokens[entry.num_computed_tokens:end]
-
-    # --- offline API ------------------------------------------------------------------------------------
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """One finished RequestOutput per prompt, in prompt order.
-
-        prompts: str | list[int] (ONE prompt as token ids) | {"prompt": str} | {"prompt_token_ids": list[int]}, or
-        a list (tuple) of those; numpy integer arrays count as token ids (a 2-D array: one prompt per row).
-        params: one SamplingParams for all prompts, or a list with one per prompt.
-        All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
-        type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
-        every request it queued is aborted before the exception goes on; the engine stays usable."""
-        prompts = prompt_list(prompts)
-        if isinstance(params, (list, tuple)):
-            if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts (allowed: 1 or equal)")
-            params = list(params)
-        else:
-            params = [params if params is not None else SamplingParams()] * len(prompts)
-        for i, p in enumerate(params):
-            if isinstance(p, BeamSearchParams):
-                raise TypeError("generate() takes SamplingParams; use beam_search() for BeamSearchParams")
-            if not isinstance(p, SamplingParams):
-                raise TypeError(f"params{f'[{i}]' if len(params) > 1 else ''} must be SamplingParams, "
-                                f"got {type(p).__name__}")
-        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm))
-
-    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
-        """The best `beam_width` hypotheses of each prompt (HF transformers' beam search rules, see beam.py).
-        prompts as for generate(); all or none, and an interruption aborts what it queued, as for generate().
-        beam_width 1 keeps one beam: greedy decoding that also keeps the best finished hypothesis."""
-        if not isinstance(params, BeamSearchParams):
-            raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
-        prompts, results = prompt_list(prompts), []
-        for out in self._run(prompts, [params] * len(prompts), False):
-            seqs = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
-                                       c.finish_reason, c.cumulative_logprob / len(c.token_ids) ** params.length_penalty)
-                    for c in out.outputs]
-            results.append(BeamSearchOutput(seqs))
-        return results
-
-    def _run(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
-        """Check every prompt, queue them all (all or none), step until they are done; on any exception or
-        interruption while stepping, abort the ones still queued and re-raise."""
-        where = "the prompt" if len(prompts) == 1 else "prompt {}"
-        checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
-        ids: list[int] = []
-        rng_state = self._rng.bit_generator.state
-        try:
-            for i, c in enumerate(checked):
-                try:
-                    ids.append(self._enqueue(c))
-                except ValueError as exc:  # "request 3: <why>": name the prompt, the id was never the caller's
-                    message = str(exc)
-                    reason = message.split(": ", 1)[-1] if message.startswith("request ") else message
-                    raise ValueError(f"{where.format(i)}: {reason}") from None
-        except BaseException:  # the scheduler refused one (it can never be served), or an interrupt: none stays
-            for rid in ids:
-                self._requests.pop(rid, None)
-                self.scheduler.abort(rid)
-            self._rng.bit_generator.state = rng_state  # the seeds drawn for them are not used up either
-            raise
-        wanted, finals = set(ids), {}
-        bar = None
-        try:
-            if use_tqdm:
-                from tqdm import tqdm
-
-                bar = tqdm(total=len(ids), desc="requests", unit="req")
-            while len(finals) < len(wanted):
-                for out in self.step():
-                    if out.finished and out.request_id in wanted:
-                        finals[out.request_id] = out
-                        if bar is not None:
-                            bar.update(1)
-        except BaseException:
-            for rid in ids:
-                self.abort(rid)  # finished ones and those the failed step aborted are gone already: no-op
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-        return [finals[rid] for rid in ids]

@@ -57,9 +57,33 @@ def default_backend(backend: str | None, device: torch.device) -> str:
     return backend
 
 
-def default_dtype(dtype: torch.dtype | None, device: torch.device) -> torch.dtype:
-    # float32 on CPU keeps greedy output equal to HF's float32 run; bfloat16 is what GPUs serve in.
+DTYPE_NAMES = {"auto": None, "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+               "half": torch.float16, "bfloat16": torch.bfloat16}  # vLLM's spellings of `dtype`
+
+
+def default_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """The model's dtype: a torch dtype, one of vLLM's names (DTYPE_NAMES; "auto" = the default), or None.
+    NOTE: float32 on CPU keeps greedy output equal to HF's float32 run; bfloat16 is what GPUs serve in."""
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {dtype!r} (allowed: {', '.join(DTYPE_NAMES)}, or a torch dtype)")
+        dtype = DTYPE_NAMES[dtype]
+    if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype {dtype} is not served (allowed: float32, float16, bfloat16)")
     return dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def check_vllm_only_options(tensor_parallel_size, enforce_eager, trust_remote_code) -> None:
+    """vLLM's keywords that change nothing here, checked so that a script passing them runs unchanged:
+    tensor_parallel_size must be 1 (one device); enforce_eager (this engine never captures CUDA graphs: it always
+    runs eagerly) and trust_remote_code (only the Llama, Mistral and Qwen2 families load, with this project's
+    own code; nothing from a checkpoint folder is ever executed) take a bool."""
+    from reference.sampling import check_bool, check_int
+
+    if check_int("tensor_parallel_size", tensor_parallel_size, 1) != 1:
+        raise ValueError(f"tensor_parallel_size {tensor_parallel_size}: this engine runs on one device (allowed: 1)")
+    check_bool("enforce_eager", enforce_eager)
+    check_bool("trust_remote_code", trust_remote_code)
 
 
 def use_one_cpu_thread(device: torch.device) -> None:
@@ -71,10 +95,13 @@ def use_one_cpu_thread(device: torch.device) -> None:
 
 
 def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torch.device,
-                       num_gpu_blocks: int | None, kv_budget_bytes: int | None) -> int:
-    """The KV pool size in blocks: given, or from a byte budget, or the device's default."""
+                       num_gpu_blocks: int | None, kv_budget_bytes: int | None,
+                       gpu_memory_utilization: float | None = None) -> int:
+    """The KV pool size in blocks: given, or from a byte budget, or the device's default: on a GPU,
+    `gpu_memory_utilization` of its free memory (0.9 by default). As in vLLM, a block count or a byte budget
+    overrides gpu_memory_utilization, and vLLM's CPU build ignores that keyword: so does this engine on the CPU."""
     if num_gpu_blocks is not None and kv_budget_bytes is not None:
-        raise ValueError("give at most one of num_gpu_blocks and kv_budget_bytes")
+        raise ValueError("give at most one of num_gpu_blocks and kv_budget_bytes (kv_cache_memory_bytes)")
     if num_gpu_blocks is not None:
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {num_gpu_blocks}")
@@ -84,7 +111,8 @@ def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torc
     if kv_budget_bytes is not None:
         return KVCache.num_blocks_for_budget(**shape, budget_bytes=kv_budget_bytes)
     if device.type == "cuda":
-        return KVCache.num_blocks_for_budget(**shape, fraction_of_free_memory=GPU_MEMORY_FRACTION, device=device)
+        return KVCache.num_blocks_for_budget(**shape, device=device,
+                                             fraction_of_free_memory=gpu_memory_utilization or GPU_MEMORY_FRACTION)
     return -(-CPU_DEFAULT_TOKENS // block_size)
 
 

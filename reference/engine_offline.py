@@ -1,0 +1,122 @@
+"""vLLM's offline API over the engine's streaming one: `generate`, `chat`, `beam_search`, `get_tokenizer`.
+
+A mixin of `LLM` (reference/engine.py): everything here queues requests with the engine's `_check` / `_enqueue`
+and drives `step()` until they finish, so it adds no state of its own.
+"""
+from __future__ import annotations
+
+from reference.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from reference.prompts import prompt_list
+from reference.sampling import BeamSearchParams, SamplingParams, check_bool
+
+Params = SamplingParams | BeamSearchParams
+
+
+class OfflineAPI:
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One finished RequestOutput per prompt, in prompt order.
+
+        prompts: str | list[int] (ONE prompt as token ids) | {"prompt": str} | {"prompt_token_ids": list[int]}, or
+        a list (tuple) of those; numpy integer arrays count as token ids (a 2-D array: one prompt per row).
+        params (or `sampling_params=`, vLLM's name): one SamplingParams for all prompts, or a list with one per
+        prompt.
+        All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
+        type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
+        every request it queued is aborted before the exception goes on; the engine stays usable."""
+        if sampling_params is not None:
+            if params is not None:
+                raise TypeError("give the SamplingParams once: as the second argument or as sampling_params=")
+            params = sampling_params
+        prompts = prompt_list(prompts)
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts (allowed: 1 or equal)")
+            params = list(params)
+        else:
+            params = [params if params is not None else SamplingParams()] * len(prompts)
+        for i, p in enumerate(params):
+            if isinstance(p, BeamSearchParams):
+                raise TypeError("generate() takes SamplingParams; use beam_search() for BeamSearchParams")
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params{f'[{i}]' if len(params) > 1 else ''} must be SamplingParams, "
+                                f"got {type(p).__name__}")
+        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm))
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+             use_tqdm: bool = False, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a list of them,
+        rendered with the tokenizer's chat template (the assistant's turn opened when add_generation_prompt),
+        then generated as generate() does. A RequestOutput's prompt is the rendered text."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not conversations or not all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c)
+                                        for c in conversations):  # fmt: skip
+            raise TypeError("messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) "
+                            "or a list of conversations")
+        if self.tokenizer is None or getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError("this model has no chat template: use generate() with plain prompts")
+        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=check_bool(
+            "add_generation_prompt", add_generation_prompt), tokenize=False) for c in conversations]
+        return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
+
+    def get_tokenizer(self):
+        """The model's tokenizer (a transformers tokenizer), or None for a model given without one."""
+        return self.tokenizer
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """The best `beam_width` hypotheses of each prompt (HF transformers' beam search rules, see beam.py).
+        prompts as for generate(); all or none, and an interruption aborts what it queued, as for generate().
+        beam_width 1 keeps one beam: greedy decoding that also keeps the best finished hypothesis."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
+        prompts, results = prompt_list(prompts), []
+        for out in self._run(prompts, [params] * len(prompts), False):
+            seqs = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
+                                       c.finish_reason, c.cumulative_logprob / len(c.token_ids) ** params.length_penalty)
+                    for c in out.outputs]
+            results.append(BeamSearchOutput(seqs))
+        return results
+
+    def _run(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
+        """Check every prompt, queue them all (all or none), step until they are done; on any exception or
+        interruption while stepping, abort the ones still queued and re-raise."""
+        where = "the prompt" if len(prompts) == 1 else "prompt {}"
+        checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
+        ids: list[int] = []
+        rng_state = self._rng.bit_generator.state
+        try:
+            for i, c in enumerate(checked):
+                try:
+                    ids.append(self._enqueue(c))
+                except ValueError as exc:  # "request 3: <why>": name the prompt, the id was never the caller's
+                    message = str(exc)
+                    reason = message.split(": ", 1)[-1] if message.startswith("request ") else message
+                    raise ValueError(f"{where.format(i)}: {reason}") from None
+        except BaseException:  # the scheduler refused one (it can never be served), or an interrupt: none stays
+            for rid in ids:
+                self._requests.pop(rid, None)
+                self.scheduler.abort(rid)
+            self._rng.bit_generator.state = rng_state  # the seeds drawn for them are not used up either
+            raise
+        wanted, finals = set(ids), {}
+        bar = None
+        try:
+            if use_tqdm:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(ids), desc="requests", unit="req")
+            while len(finals) < len(wanted):
+                for out in self.step():
+                    if out.finished and out.request_id in wanted:
+                        finals[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.abort(rid)  # finished ones and those the failed step aborted are gone already: no-op
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finals[rid] for rid in ids]

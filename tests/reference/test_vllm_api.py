@@ -1,0 +1,140 @@
+"""vLLM's offline API, both ways: scripts written for vLLM run with `vllm` replaced by `reference` in the import
+(and the model name replaced by the embedded one: no model hub here), and vLLM's keywords are accepted with a
+meaning or refused with one clear message."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from reference import LLM, SamplingParams, TokensPrompt
+from reference.kv_cache import kv_bytes_per_block
+from reference.models import load_model
+
+# After vLLM's examples/offline_inference/basic/basic.py and chat.py, and the docs' TokensPrompt and beam search
+# snippets (vLLM 0.32 documentation), written for vLLM; only the import and the model name are changed by run().
+VLLM_SCRIPTS = {
+    "basic": """
+        from vllm import LLM, SamplingParams
+        prompts = ["Hello, my name is", "The capital of France is"]
+        sampling_params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=8, seed=0)
+        llm = LLM(model="facebook/opt-125m", dtype="float32", gpu_memory_utilization=0.9, max_model_len=256)
+        outputs = llm.generate(prompts, sampling_params)
+        for output in outputs:
+            result.append((output.prompt, output.outputs[0].text, output.outputs[0].finished()))
+    """,
+    "keyword and tokens": """
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+        llm = LLM(model="facebook/opt-125m", seed=0, enforce_eager=True, max_model_len=256)
+        tokenizer = llm.get_tokenizer()
+        ids = tokenizer("The capital of France is").input_ids
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids), {"prompt": "Hello"}],
+                               sampling_params=SamplingParams(temperature=0, max_tokens=6, stop=["\\n"], logprobs=2))
+        result.extend((o.outputs[0].token_ids, o.outputs[0].finish_reason, len(o.outputs[0].logprobs)) for o in outputs)
+    """,
+    "chat": """
+        from vllm import LLM, SamplingParams
+        llm = LLM(model="facebook/opt-125m", max_model_len=256)
+        conversation = [{"role": "system", "content": "You are a helpful assistant"},
+                        {"role": "user", "content": "Write one word."}]
+        outputs = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=8))
+        result.append(outputs[0].outputs[0].text)
+    """,
+    "beam search import": """
+        from vllm.sampling_params import BeamSearchParams
+        result.append(BeamSearchParams(beam_width=2, max_tokens=4).beam_width)
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def smol():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model("smollm2")
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", VLLM_SCRIPTS)
+def test_a_vllm_script_runs_with_the_import_changed(name, smol, monkeypatch):
+    code = textwrap.dedent(VLLM_SCRIPTS[name]).replace("from vllm", "from reference")
+    code = code.replace('model="facebook/opt-125m"', "model=MODEL")
+    monkeypatch.setattr("reference.models.load_model", lambda *a, **k: smol)  # loaded once for the module
+    result: list = []
+    exec(compile(code, f"<vLLM example {name}>", "exec"), {"result": result, "MODEL": "smollm2"})
+    assert result
+    if name == "basic":
+        assert [r[0] for r in result] == ["Hello, my name is", "The capital of France is"] and all(r[2] for r in result)
+    if name == "keyword and tokens":
+        assert all(reason in ("stop", "length") and n == len(ids) for ids, reason, n in result)
+
+
+def engine(smol, **kwargs):
+    kwargs.setdefault("num_gpu_blocks", 64)
+    kwargs.setdefault("max_model_len", 256)
+    return LLM.from_loaded(*smol, **kwargs)
+
+
+def test_generate_takes_sampling_params_by_name_and_prompt_dicts(smol):
+    llm = engine(smol)
+    tok = smol[1]
+    ids = tok("The capital of France is").input_ids
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    by_position = llm.generate("The capital of France is", greedy)[0].outputs[0].token_ids
+    assert llm.generate(TokensPrompt(prompt_token_ids=ids), sampling_params=greedy)[0].outputs[0].token_ids == by_position
+    with pytest.raises(TypeError, match="give the SamplingParams once"):
+        llm.generate("hi", greedy, sampling_params=greedy)
+
+
+def test_chat_renders_the_template_and_generates(smol):
+    llm = engine(smol)
+    conversation = [{"role": "user", "content": "What is 2+2?"}]
+    ids = list(smol[1].apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)["input_ids"])
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    [out] = llm.chat(conversation, greedy)
+    assert out.prompt_token_ids == ids and out.prompt.endswith("<|im_start|>assistant\n")
+    assert out.outputs[0].token_ids == llm.generate([ids], greedy)[0].outputs[0].token_ids
+    assert len(llm.chat([conversation, conversation], greedy)) == 2
+    with pytest.raises(TypeError, match="messages must be a conversation"):
+        llm.chat(["What is 2+2?"], greedy)
+
+
+def test_chat_without_a_template_is_refused():
+    from reference.models import random_model
+
+    with pytest.raises(ValueError, match="no chat template"):
+        LLM.from_loaded(random_model(), num_gpu_blocks=8).chat([{"role": "user", "content": "hi"}])
+
+
+def test_vllms_memory_keywords_size_the_pools(smol):
+    model, _, config = smol
+    per_block = kv_bytes_per_block(config.num_layers, 16, config.num_kv_heads, config.head_dim, torch.float32)
+    llm = LLM.from_loaded(*smol[:2], kv_cache_memory_bytes=10 * per_block + 5, swap_space=4 * per_block / 2**30,
+                          max_model_len=256)  # fmt: skip
+    assert llm.kv_manager.num_free_blocks == 10 and llm.kv_manager.num_cpu_blocks == 4
+    # on the CPU, gpu_memory_utilization changes nothing (as in vLLM's CPU build); explicit sizes win anyway
+    assert engine(smol, gpu_memory_utilization=0.5).kv_manager.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("kwargs, exc, fragment", [
+    (dict(tensor_parallel_size=2), ValueError, "this engine runs on one device (allowed: 1)"),
+    (dict(enforce_eager="yes"), TypeError, "enforce_eager must be True or False"),
+    (dict(trust_remote_code=None), TypeError, "trust_remote_code must be True or False"),
+    (dict(gpu_memory_utilization=1.5), ValueError, "gpu_memory_utilization must be in (0, 1]"),
+    (dict(kv_cache_memory_bytes=10**6, kv_budget_bytes=10**6), ValueError, "not both"),
+    (dict(swap_space=-1.0), ValueError, "swap_space must be >= 0"),
+    (dict(swap_space=1.0, num_cpu_blocks=4), ValueError, "num_cpu_blocks or swap_space"),
+    (dict(dtype="float64"), ValueError, "unknown dtype 'float64' (allowed: auto, float32"),
+])  # fmt: skip
+def test_vllms_keywords_refused_with_one_message(kwargs, exc, fragment):
+    with pytest.raises(exc) as info:
+        LLM("random", **kwargs)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("name, dtype", [("float32", torch.float32), ("float", torch.float32), ("auto", torch.float32),
+                                         ("bfloat16", torch.bfloat16), (torch.float32, torch.float32)])
+def test_dtype_names_are_vllms(name, dtype):
+    assert LLM("random", dtype=name, num_gpu_blocks=4).dtype == dtype
