@@ -12,13 +12,19 @@ request or a sequence. Whoever owns a block (a sequence's block table) holds one
 
 Prefix caching (vLLM's automatic prefix caching): a FULL block is named by the hash of its tokens
 chained with the hash of the block before it, so equal hashes mean equal prefixes. When a cached
-block's last owner frees it, its K/V stays in memory: the block goes to the free queue but keeps its
-hash, and a later `lookup` may revive it. Only when the pool needs a block does `allocate` take the
-least recently freed one and drop (evict) its hash. One ordered free queue therefore serves both
-purposes, exactly as in vLLM v1:
+block's last owner frees it, its K/V stays in memory: the block goes to the BACK of the free queue but keeps
+its hash, and a later `lookup` may revive it. A freed block that holds no cached prefix goes to the FRONT
+instead: it is reused first. `allocate` always takes the front, dropping (evicting) the hash of a cached block
+it takes, so cached blocks are evicted last, least recently freed first. One ordered free queue serves both
+purposes, exactly as vLLM v1's BlockPool (`free_blocks`: uncached blocks prepended, cached ones appended):
 
-    free queue (front = least recently freed)       allocate() pops here ->  [7] [2] [5] [0]  <- free() appends
-                                                     lookup(h) may pull a cached block out of the middle
+    free() puts uncached blocks here    allocate() pops here ->  [3] [9] | [4] [6] | [7] [2]  <- free() appends cached
+                                                   freed, uncached | never used | freed, cached (LRU order)
+                                                   lookup(h) may pull a cached block out of the middle
+
+One hash may name several blocks (two requests computed the same prefix at once; vLLM keeps both, so that block
+tables never change): a lookup finds the one cached first. `make peer` checks all of this against vLLM's own
+BlockPool, operation by operation (tools/peer/block_pool_diff.py).
 
 Out of memory is an answer (`None`, nothing changed); a broken invariant or a misuse (freeing a free
 block, sharing a free block) raises `RuntimeError` and changes nothing.
@@ -66,7 +72,9 @@ class BlockAllocator:
         # NOTE: an OrderedDict used as a queue: O(1) pop from the front, append at the back, and
         # removal from the middle (a lookup reviving a freed cached block). Insertion order = free order.
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._hash_to_block: dict[int, int] = {}
+        # hash -> the blocks cached under it, in the order cached (an ordered set): two requests that computed the
+        # same prefix at once both keep their blocks cached, as vLLM's BlockHashToBlockMap; a lookup takes the first.
+        self._hash_to_block: dict[int, dict[int, None]] = {}
         self._block_to_hash: dict[int, int] = {}
         self.num_prefix_hits = 0
         self.num_prefix_misses = 0
@@ -81,6 +89,10 @@ class BlockAllocator:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free_queue)
 
+    def free_queue(self) -> list[int]:
+        """The free blocks in the order allocate() hands them out (front first): for tests and pictures."""
+        return list(self._free_queue)
+
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= len(self._free_queue)
 
@@ -93,7 +105,8 @@ class BlockAllocator:
     def allocate(self, num_blocks: int) -> list[int] | None:
         """`num_blocks` distinct free blocks, each with one reference; None (nothing changed) if too few are free.
 
-        Blocks leave the free queue least recently freed first; a cached one loses its hash (eviction).
+        Blocks leave from the front of the free queue (see the module docstring); a cached one loses its hash
+        (eviction).
         """
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
@@ -102,9 +115,8 @@ class BlockAllocator:
         block_ids = []
         for _ in range(num_blocks):
             block_id, _ = self._free_queue.popitem(last=False)
-            block_hash = self._block_to_hash.pop(block_id, None)
-            if block_hash is not None:  # evict: its old contents are about to be overwritten
-                del self._hash_to_block[block_hash]
+            if block_id in self._block_to_hash:  # evict: its old contents are about to be overwritten
+                self._forget(block_id)
             self._ref_counts[block_id] = 1
             block_ids.append(block_id)
         return block_ids
@@ -119,7 +131,8 @@ class BlockAllocator:
             self._ref_counts[block_id] += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
-        """One reference less to each block; a block left with none goes to the back of the free queue.
+        """One reference less to each block; a block left with none joins the free queue: at the front if it holds
+        no cached prefix (the first of this call first), at the back if it is cached.
 
         Raises (and changes nothing) if a block would be freed more times than it is referenced.
         """
@@ -132,10 +145,17 @@ class BlockAllocator:
                     f"cannot free block {block_id}: expected ref count >= {pending[block_id]}, "
                     f"found {self._ref_counts[block_id]}"
                 )
+        first, last = [], []  # vLLM v1's BlockPool.free_blocks: reused first (uncached), evicted last (cached)
         for block_id in block_ids:
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
-                self._free_queue[block_id] = None
+                (last if block_id in self._block_to_hash else first).append(block_id)
+        queue = self._free_queue
+        for block_id in reversed(first):  # to the front, in the order freed: the first one freed is handed out first
+            queue[block_id] = None
+            queue.move_to_end(block_id, last=False)
+        for block_id in last:  # to the back: a freed prefix stays cached as long as possible
+            queue[block_id] = None
 
     def copy_on_write(self, block_id: int) -> int | None:
         """The block a writer may write into: `block_id` itself if exclusive, else a fresh copy target.
@@ -158,9 +178,9 @@ class BlockAllocator:
     def cache_block(self, block_id: int, block_hash: int) -> bool:
         """Register a FULL block in use under `block_hash` so later prompts can find it.
 
-        Returns True if registered (or already registered under this hash). NOTE: if another block already
-        holds `block_hash` (the same prefix was computed twice, e.g. after its parent was evicted), the
-        first one stays the cached copy and this call returns False; the duplicate is an ordinary block.
+        Returns True. NOTE: if another block already holds `block_hash` (two requests computed the same prefix
+        at once), both stay cached under it, as in vLLM v1 (block tables never change); a lookup finds the one
+        cached first, and each is evicted on its own.
         """
         self._require_caching("cache_block")
         if self.ref_count(block_id) == 0:
@@ -172,9 +192,7 @@ class BlockAllocator:
                     f"block {block_id} is already cached under hash {old_hash}, cannot re-cache it as {block_hash}"
                 )
             return True
-        if block_hash in self._hash_to_block:
-            return False
-        self._hash_to_block[block_hash] = block_id
+        self._hash_to_block.setdefault(block_hash, {})[block_id] = None
         self._block_to_hash[block_id] = block_hash
         return True
 
@@ -182,9 +200,16 @@ class BlockAllocator:
         """Forget the prefix-cache entries of these blocks (their K/V was never written: a failed step), so no
         later prompt finds them. Blocks not cached are skipped; reference counts are unchanged."""
         for block_id in block_ids:
-            block_hash = self._block_to_hash.pop(block_id, None)
-            if block_hash is not None:
-                del self._hash_to_block[block_hash]
+            if block_id in self._block_to_hash:
+                self._forget(block_id)
+
+    def _forget(self, block_id: int) -> None:
+        """Drop a cached block's entry (its hash stays if other blocks hold it)."""
+        block_hash = self._block_to_hash.pop(block_id)
+        holders = self._hash_to_block[block_hash]
+        del holders[block_id]
+        if not holders:
+            del self._hash_to_block[block_hash]
 
     def lookup(self, block_hash: int) -> int | None:
         """The cached block for `block_hash` with one more reference (a hit), or None (a miss).
@@ -192,7 +217,7 @@ class BlockAllocator:
         A hit on a freed cached block takes it out of the free queue: its K/V is reused, not recomputed.
         """
         self._require_caching("lookup")
-        block_id = self._hash_to_block.get(block_hash)
+        block_id = self.cached_block(block_hash)
         if block_id is None:
             self.num_prefix_misses += 1
             return None
@@ -203,8 +228,10 @@ class BlockAllocator:
         return block_id
 
     def cached_block(self, block_hash: int) -> int | None:
-        """The block cached under `block_hash`, without taking a reference or counting a hit (a peek)."""
-        return self._hash_to_block.get(block_hash)
+        """The block cached under `block_hash` (the first cached, if several), without taking a reference or
+        counting a hit (a peek)."""
+        holders = self._hash_to_block.get(block_hash)
+        return None if holders is None else next(iter(holders))
 
     def is_cached(self, block_id: int) -> bool:
         self._check_id(block_id)
@@ -230,8 +257,8 @@ class BlockAllocator:
             raise RuntimeError(
                 f"expected free + used == {self.num_blocks}, found {self.num_free_blocks} + {self.num_used_blocks}"
             )
-        reverse = {block_id: block_hash for block_hash, block_id in self._hash_to_block.items()}
-        if reverse != self._block_to_hash or len(reverse) != len(self._hash_to_block):
+        reverse = {b: block_hash for block_hash, holders in self._hash_to_block.items() for b in holders}
+        if reverse != self._block_to_hash or any(not holders for holders in self._hash_to_block.values()):
             raise RuntimeError(
                 f"expected the hash->block and block->hash maps to mirror each other, found "
                 f"{self._hash_to_block} and {self._block_to_hash}"

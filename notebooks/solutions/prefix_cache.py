@@ -2,9 +2,9 @@
 
 vLLM's automatic prefix caching: a FULL block is named by a hash of its tokens (chained with its parent
 block's hash). When the last owner frees a cached block, its K/V stays in memory: the block joins the
-back of the free queue but keeps its hash, so a later prompt with the same prefix can revive it. Only
-when the pool needs a block does `allocate` take the front of the queue (the least recently freed) and
-evict its hash. Blocks never used count as freed long ago, so they are taken first.
+back of the free queue but keeps its hash, so a later prompt with the same prefix can revive it; a freed block
+without a cached prefix joins the front and is reused first. `allocate` takes the front of the queue and evicts
+the hash of a cached block it takes. Never-used blocks sit between the two. As vLLM v1's BlockPool.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ class MyPrefixCachingAllocator:
         self.block_size = block_size
         self.enable_prefix_caching = True
         self.ref_counts = [0] * num_blocks
-        # The free queue, front = least recently freed. An OrderedDict: pop the front, append at the back,
-        # and remove from the middle (a lookup reviving a freed cached block), all in O(1).
+        # The free queue, front = handed out next. An OrderedDict: pop the front, add at either end
+        # (move_to_end), and remove from the middle (a lookup reviving a freed cached block), all in O(1).
         self.free_queue = OrderedDict.fromkeys(range(num_blocks))
-        self.hash_to_block = {}  # block hash -> the block holding that prefix's K/V
-        self.block_to_hash = {}  # the reverse map, for eviction
+        self.hash_to_block = {}  # block hash -> list of the blocks holding that prefix's K/V, first cached first
+        self.block_to_hash = {}  # block -> its hash, for eviction
         self.num_prefix_hits = 0
         self.num_prefix_misses = 0
 
@@ -49,17 +49,26 @@ class MyPrefixCachingAllocator:
             self.ref_counts[b] += 1
 
     def free(self, block_ids: list[int]) -> None:
-        """One owner less; a block left with none goes to the BACK of the free queue, keeping its hash."""
+        """One owner less. A block left with none joins the free queue: at the FRONT if it holds no cached prefix
+        (reused first; the first one freed here first), at the BACK if it is cached (evicted last, keeping its
+        hash). vLLM v1's BlockPool.free_blocks does exactly this."""
         wanted = {}
         for b in block_ids:
             wanted[b] = wanted.get(b, 0) + 1
         for b, times in wanted.items():
             if times > self.ref_counts[b]:
                 raise RuntimeError(f"cannot free block {b} {times} time(s): it has {self.ref_counts[b]} owner(s)")
+        to_front = []
         for b in block_ids:
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self.free_queue[b] = None
+                if b in self.block_to_hash:
+                    self.free_queue[b] = None  # the back
+                else:
+                    to_front.append(b)
+        for b in reversed(to_front):
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
 
     def copy_on_write(self, block_id: int) -> int | None:
         if self.ref_counts[block_id] == 0:
@@ -78,8 +87,8 @@ class MyPrefixCachingAllocator:
             f"the free queue must hold exactly the blocks with ref count 0: expected {sorted(unowned)}, "
             f"found {sorted(self.free_queue)}"
         )
-        reverse = {b: h for h, b in self.hash_to_block.items()}
-        assert reverse == self.block_to_hash, (
+        reverse = {b: h for h, blocks in self.hash_to_block.items() for b in blocks}
+        assert reverse == self.block_to_hash and all(self.hash_to_block.values()), (
             f"hash_to_block and block_to_hash must mirror each other, "
             f"found {self.hash_to_block} and {self.block_to_hash}"
         )
@@ -94,23 +103,25 @@ class MyPrefixCachingAllocator:
             b, _ = self.free_queue.popitem(last=False)
             old_hash = self.block_to_hash.pop(b, None)
             if old_hash is not None:  # evicted: its K/V is about to be overwritten
-                del self.hash_to_block[old_hash]
+                self.hash_to_block[old_hash].remove(b)
+                if not self.hash_to_block[old_hash]:
+                    del self.hash_to_block[old_hash]
             self.ref_counts[b] = 1
             blocks.append(b)
         return blocks
 
     def cache_block(self, block_id: int, block_hash: int) -> None:
-        """Register a full block in use under `block_hash`; if the hash already names a block, keep that one."""
+        """Register a full block in use under `block_hash` (a hash may name several blocks: add it to the list)."""
         if self.ref_counts[block_id] == 0:
             raise RuntimeError(f"cannot cache block {block_id}: it is free")
-        if block_hash in self.hash_to_block or block_id in self.block_to_hash:
+        if block_id in self.block_to_hash:
             return
-        self.hash_to_block[block_hash] = block_id
+        self.hash_to_block.setdefault(block_hash, []).append(block_id)
         self.block_to_hash[block_id] = block_hash
 
     def lookup(self, block_hash: int) -> int | None:
-        """The cached block for `block_hash` with one more owner (a hit; revives it if free), or None (a miss)."""
-        b = self.hash_to_block.get(block_hash)
+        """The first block cached under `block_hash` with one more owner (a hit; revives it if free), or None."""
+        b = self.hash_to_block[block_hash][0] if block_hash in self.hash_to_block else None
         if b is None:
             self.num_prefix_misses += 1
             return None

@@ -4,7 +4,7 @@ Each example is a short story on a pool of a few blocks, told through `Story` so
 steps that led to it. `make(num_blocks, block_size)` builds the student's allocator. The stories follow
 the paper: blocks and block tables (vLLM paper section 4.2), sharing by reference counts and
 copy-on-write for parallel sampling and beam search (4.4), and vLLM's automatic prefix caching, whose
-freed cached blocks are reused least recently freed first.
+freed cached blocks are evicted last, least recently freed first (freed uncached blocks are reused first).
 """
 from __future__ import annotations
 
@@ -144,17 +144,26 @@ def lru_eviction(make, t: Story) -> None:
     t.expect("lookup(3): evicted too", t.do(a, "lookup", 3), None)
 
 
-def first_copy_stays_cached(make, t: Story) -> None:
-    """the first block cached under a hash stays the cached copy; a duplicate is an ordinary block"""
+def a_hash_names_both_copies(make, t: Story) -> None:
+    """a prefix computed twice stays cached twice under one hash (as in vLLM v1); a lookup finds the first"""
     a = make(4, 16)
     first, second = t.blocks(a, 2)
     t.do(a, "cache_block", first, 9)
     t.do(a, "cache_block", second, 9)
     t.expect("lookup(9)", t.do(a, "lookup", 9), first)
-    t.expect(f"is_cached({second})", a.is_cached(second), False)
+    t.expect(f"is_cached({second})", a.is_cached(second), True)
+
+
+def freed_uncached_blocks_go_first(make, t: Story) -> None:
+    """a freed block holding no cached prefix is reused first: free puts it at the front of the queue"""
+    a = make(4, 16)
+    x, y = t.blocks(a, 2)
+    t.do(a, "free", [y, x])
+    t.say(f"freed {y} then {x}, neither cached: both go to the front, {y} first")
+    t.expect("allocate(2)", t.blocks(a, 2), [y, x])
 
 
 BLOCK_ALLOCATOR_EXAMPLES = (allocate_distinct_blocks, out_of_memory_changes_nothing, share_and_free_count_owners,
                             copy_on_write_shared, copy_on_write_out_of_memory, misuse_raises)  # fmt: skip
 PREFIX_CACHE_EXAMPLES = (lookup_finds_cached_block, freed_cached_block_survives, never_used_blocks_go_first,
-                         lru_eviction, first_copy_stays_cached)  # fmt: skip
+                         lru_eviction, a_hash_names_both_copies, freed_uncached_blocks_go_first)  # fmt: skip

@@ -11,8 +11,11 @@ Use it for your own allocator (the classroom exercises do):
     TestMine = make_block_allocator_test(lambda: MyAllocator(8, 4, enable_prefix_caching=True))
 
 The allocator needs the surface of `sim.blocks.BlockAllocator`; the prefix-cache rules run when its
-`enable_prefix_caching` attribute is true. With prefix caching the model also checks the eviction order:
-blocks are handed out least recently freed first (never-used blocks count as freed long ago).
+`enable_prefix_caching` attribute is true. With prefix caching the model also checks the order of the free queue,
+vLLM v1's (BlockPool.free_blocks): a freed block that holds no cached prefix goes to the FRONT (reused first,
+the first one of a free() call first), a freed cached block to the BACK (evicted last, least recently freed
+first); never-used blocks sit between the two, in any order. One hash may name several blocks; a lookup finds the
+one cached first.
 """
 from __future__ import annotations
 
@@ -42,9 +45,10 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
                 raise AssertionError(f"{name}: expected {want}, found {getattr(self.alloc, name)}")
         self.caching = bool(getattr(self.alloc, "enable_prefix_caching", False))
         self.refs = [0] * n  # the model's reference count of each block
-        self.never_used = set(range(n))  # free since the start: taken before any freed block
-        self.freed: list[int] = []  # free blocks that were used before, least recently freed first
-        self.cache: dict[int, int] = {}  # hash -> block
+        self.front: list[int] = []  # freed blocks without a cached prefix, handed out first (in this order)
+        self.never_used = set(range(n))  # free since the start: handed out next, in any order
+        self.back: list[int] = []  # freed cached blocks, least recently freed first: handed out (evicted) last
+        self.cache: dict[int, list[int]] = {}  # hash -> the blocks cached under it, first cached first
         self.hits = self.misses = 0
         note(f"start: {n} blocks of {self.alloc.block_size} slots, prefix caching {'on' if self.caching else 'off'}")
 
@@ -64,26 +68,43 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
         after = self.snapshot()
         assert after == before, f"{what} must change nothing: (free, refs, cached) before {before}, after {after}"
 
+    def cached(self, b: int) -> bool:
+        return any(b in blocks for blocks in self.cache.values())
+
     def take_fresh(self, blocks: list[int], what: str) -> None:
-        """Update the model for blocks just handed out, checking they were free (and, with caching, LRU order)."""
+        """Update the model for blocks just handed out, checking they were free (and, with caching, the order)."""
         assert len(set(blocks)) == len(blocks), f"{what}: expected distinct blocks, found {blocks}"
         for b in blocks:
             assert self.refs[b] == 0, f"{what}: handed out block {b}, expected a free one, found {self.refs[b]} owners"
         if self.caching:
-            from_new = [b for b in blocks if b in self.never_used]
-            expected_old = self.freed[: len(blocks) - min(len(blocks), len(self.never_used))]
-            got_old = [b for b in blocks if b not in self.never_used]
-            assert len(from_new) == min(len(blocks), len(self.never_used)) and got_old == expected_old, (
-                f"{what}: expected never-used blocks first (any of {sorted(self.never_used)}), then the least "
-                f"recently freed in order {expected_old}, found {blocks}"
+            k = len(blocks)
+            head = self.front[:k]
+            middle = min(k - len(head), len(self.never_used))
+            tail = self.back[: k - len(head) - middle]
+            got_head, got_middle = blocks[: len(head)], blocks[len(head) : len(head) + middle]
+            ok = got_head == head and set(got_middle) <= self.never_used and blocks[len(head) + middle :] == tail
+            assert ok, (
+                f"{what}: expected first the freed uncached blocks {head} (the free queue's front, most recently "
+                f"freed first), then {middle} never-used block(s) (any of {sorted(self.never_used)}), then the "
+                f"freed cached blocks {tail} (least recently freed first), found {blocks}"
             )
         for b in blocks:
             self.never_used.discard(b)
-            if b in self.freed:
-                self.freed.remove(b)
+            for queue in (self.front, self.back):
+                if b in queue:
+                    queue.remove(b)
             self.refs[b] = 1
-            for h in [h for h, cb in self.cache.items() if cb == b]:  # its old contents are overwritten
-                del self.cache[h]
+            for h, holders in list(self.cache.items()):  # its old contents are overwritten
+                if b in holders:
+                    holders.remove(b)
+                    if not holders:
+                        del self.cache[h]
+
+    def released(self, blocks: list[int]) -> None:
+        """Blocks whose last owner just let go, in the order freed: to the queue's front or back."""
+        uncached = [b for b in blocks if not self.cached(b)]
+        self.front[:0] = uncached
+        self.back.extend(b for b in blocks if self.cached(b))
 
     # --- rules ----------------------------------------------------------------------------------
     @rule(n=st.integers(0, 4))
@@ -115,8 +136,7 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
         self.alloc.free(blocks)
         for b in blocks:
             self.refs[b] -= 1
-            if self.refs[b] == 0:
-                self.freed.append(b)
+        self.released([b for b in blocks if self.refs[b] == 0])
         note(f"free({blocks}): owners now {[self.refs[b] for b in blocks]}")
 
     @precondition(lambda self: 0 in self.refs)
@@ -152,22 +172,20 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
             self.take_fresh([result], f"copy_on_write({b})")
             self.refs[b] -= 1
 
-    @precondition(lambda self: self.caching and any(b not in self.cache.values() for b in self.owned()))
+    @precondition(lambda self: self.caching and any(not self.cached(b) for b in self.owned()))
     @rule(data=st.data(), block_hash=st.integers(0, NUM_HASHES - 1))
     def cache_block(self, data: st.DataObject, block_hash: int) -> None:
-        candidates = [b for b in self.owned() if b not in self.cache.values()]
+        candidates = [b for b in self.owned() if not self.cached(b)]
         b = data.draw(st.sampled_from(candidates), label="block")
         self.alloc.cache_block(b, block_hash)
-        if block_hash in self.cache:  # the first block cached under a hash stays the cached copy
-            note(f"cache_block({b}, {block_hash}): {block_hash} already names block {self.cache[block_hash]}")
-        else:
-            self.cache[block_hash] = b
-            note(f"cache_block({b}, {block_hash})")
+        others = list(self.cache.get(block_hash, []))
+        self.cache.setdefault(block_hash, []).append(b)  # a hash may name several blocks; lookups find the first
+        note(f"cache_block({b}, {block_hash})" + (f": {block_hash} also names {others}" if others else ""))
 
     @precondition(lambda self: self.caching)
     @rule(block_hash=st.integers(0, NUM_HASHES - 1))
     def lookup(self, block_hash: int) -> None:
-        expected = self.cache.get(block_hash)
+        expected = self.cache[block_hash][0] if block_hash in self.cache else None
         result = self.alloc.lookup(block_hash)
         note(f"lookup({block_hash}) -> {result}")
         assert result == expected, f"lookup({block_hash}): expected {expected}, found {result}"
@@ -177,7 +195,9 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
         self.hits += 1
         if self.refs[result] == 0:  # revived: it leaves the free queue with its contents intact
             self.never_used.discard(result)
-            self.freed.remove(result)
+            for queue in (self.front, self.back):
+                if result in queue:
+                    queue.remove(result)
         self.refs[result] += 1
 
     @precondition(lambda self: any(self.refs))
@@ -193,7 +213,7 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
     def release_all(self) -> None:
         for b in self.owned():
             self.alloc.free([b] * self.refs[b])
-            self.freed.append(b)
+            self.released([b])
             self.refs[b] = 0
 
     # --- invariants -----------------------------------------------------------------------------
@@ -211,7 +231,7 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
         assert a.num_free_blocks == free, f"num_free_blocks: expected {free}, found {a.num_free_blocks}"
         if self.caching:
             for b in range(a.num_blocks):
-                want = b in self.cache.values()
+                want = self.cached(b)
                 assert a.is_cached(b) == want, f"is_cached({b}): expected {want}"
             counters = (a.num_prefix_hits, a.num_prefix_misses)
             want = (self.hits, self.misses)

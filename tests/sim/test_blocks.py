@@ -99,16 +99,36 @@ def test_prefix_cache_keeps_freed_blocks_until_the_pool_needs_them():
     a.check_invariants()
 
 
-def test_a_hash_cached_twice_keeps_the_first_block():
+def test_a_hash_cached_twice_names_both_blocks_and_finds_the_first():
     a = BlockAllocator(2, 4, enable_prefix_caching=True)
     b0, b1 = a.allocate(2)
     assert a.cache_block(b0, 42)
-    assert not a.cache_block(b1, 42)  # the same prefix computed again: b1 stays an ordinary block
+    assert a.cache_block(b1, 42)  # the same prefix computed again: both stay cached (vLLM v1 does the same)
     assert a.cache_block(b0, 42)  # re-registering the same pair is harmless
     with pytest.raises(RuntimeError, match="already cached"):
         a.cache_block(b0, 43)
-    assert a.lookup(42) == b0 and not a.is_cached(b1)
+    assert a.lookup(42) == b0 and a.is_cached(b1)  # a lookup finds the one cached first
+    a.free([b0, b0])  # cached: to the back of the free queue, then b1 behind it
+    a.free([b1])
+    assert a.free_queue() == [b0, b1]
+    assert a.allocate(1) == [b0] and not a.is_cached(b0)  # evicting b0 leaves 42 naming b1
+    assert a.lookup(42) == b1
     a.check_invariants()
+
+
+def test_the_free_queue_is_vllms():
+    """vLLM v1's BlockPool.free_blocks: a freed block holding no cached prefix goes to the front (reused first, the
+    first of one free() call first), a freed cached block to the back (evicted last)."""
+    a = BlockAllocator(6, 4, enable_prefix_caching=True)
+    assert a.allocate(4) == [0, 1, 2, 3] and a.free_queue() == [4, 5]
+    a.cache_block(0, 7)
+    a.free([3, 2, 1, 0])  # a request's blocks, tail first
+    assert a.free_queue() == [3, 2, 1, 4, 5, 0]
+    assert a.allocate(2) == [3, 2]  # the freed tail is reused first; the cached head stays until the very end
+    plain = BlockAllocator(4, 4)
+    plain.allocate(3)
+    plain.free([2, 0])
+    assert plain.free_queue() == [2, 0, 3]
 
 
 def test_prefix_cache_calls_raise_when_caching_is_off():

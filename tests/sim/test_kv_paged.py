@@ -92,18 +92,20 @@ def test_a_prefix_hit_after_free_and_lru_eviction():
     # it finishes: all 6 blocks count as free, though blocks 0 and 1 still hold the prefix
     kv.free(0)
     assert kv.num_free_blocks == 6 and kv.breakdown().free == 24
-    # same prefix again: 8 tokens are found in the cache, and the very same blocks come back
-    # (its partial third block is new: never-used block 3 from the front of the free queue [3, 4, 5, 2, 1, 0])
+    # same prefix again: 8 tokens are found in the cache, and the very same blocks come back (its partial third
+    # block is new: block 2 from the front of the free queue [2, 3, 4, 5, 1, 0]: freed tail first, uncached blocks
+    # go to the front and cached ones to the back, as in vLLM v1)
     assert admit(kv, 1, 10, 12, prompt)[0] == 8
-    assert kv.block_table(1) == [0, 1, 3]
+    assert kv.block_table(1) == [0, 1, 2]
     assert (kv.allocator.num_prefix_hits, kv.allocator.num_prefix_misses) == (2, 1)
     stats = kv.prefix_cache_stats()  # both admissions looked up 2 full blocks (the last token never hits)
     assert (stats.queried_blocks, stats.hit_blocks, stats.queried_tokens, stats.hit_tokens) == (4, 2, 20, 8)
     kv.free(1)
-    # a different prompt needing 4 blocks: the free queue (least recently freed first) is now
-    # [4, 5, 2, 3, 1, 0]: request 1's blocks went to the back tail first. It takes 4, 5, 2, 3.
+    # a different prompt needing 4 blocks: the free queue is [2, 3, 4, 5, 1, 0] again (request 1's uncached
+    # block 2 at the front, its cached blocks 1 and 0 at the back, tail first). It takes 2, 3, 4, 5.
+    assert kv.allocator.free_queue() == [2, 3, 4, 5, 1, 0]
     assert admit(kv, 2, 16, 16, [100 + t for t in range(16)])[0] == 0
-    assert kv.block_table(2) == [4, 5, 2, 3]
+    assert kv.block_table(2) == [2, 3, 4, 5]
     assert kv.allocator.is_cached(0) and kv.allocator.is_cached(1)
     # a 5-token prompt with the first block of the prefix: block 0 hits; its second block is new,
     # and the pool evicts the least recently freed cached block, 1, to provide it

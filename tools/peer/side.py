@@ -1,0 +1,57 @@
+"""One system's side of `make peer` (tools/peer_vllm.py), run in a fresh process: vLLM's in .venv-vllm, this
+project's engine in .venv. Reads a task (JSON), writes what it measured (JSON). The same code drives both systems
+through the offline API they share: only the import differs.
+
+    python tools/peer/side.py {vllm|engine} TASK.json OUT.json SPAWN_TIME
+
+Measured, in this order, in one process: the cold start (process spawn to the first token of one request: imports,
+model load, KV pool, the first step), greedy token ids of the task's prompts, then the throughput workload (all
+requests at once, greedy, ignore_eos, exact max_tokens) after an untimed warm-up request.
+"""
+import json
+import sys
+import time
+
+
+def main() -> None:
+    system, task_path, out_path, spawn = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    with open(task_path) as f:
+        task = json.load(f)
+    if system == "vllm":
+        import vllm
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = LLM(model=task["model_dir"], dtype="float32", max_model_len=task["max_model_len"], seed=0)
+        version = f"vllm {vllm.__version__}"
+    else:
+        import torch
+
+        from reference import LLM, SamplingParams, TokensPrompt
+
+        llm = LLM("smollm2", dtype="float32", max_model_len=task["max_model_len"], seed=0)
+        version = f"paged-attention-lab engine, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+
+    def greedy(max_tokens: int) -> "SamplingParams":
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    first = llm.generate([TokensPrompt(prompt_token_ids=task["ttft_prompt"])], greedy(1))
+    cold_start_s = time.time() - spawn
+    assert len(first[0].outputs[0].token_ids) == 1
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in task["greedy_prompts"]]
+    outs = llm.generate(prompts, greedy(task["greedy_max_tokens"]))
+    greedy_ids = [list(o.outputs[0].token_ids) for o in outs]
+    workload = task["workload"]
+    llm.generate([TokensPrompt(prompt_token_ids=workload[0][0])], greedy(4))  # warm-up, untimed
+    started = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in workload], [greedy(n) for _, n in workload])
+    wall = time.perf_counter() - started
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == sum(n for _, n in workload), "ignore_eos with exact max_tokens: every request runs to its length"
+    with open(out_path, "w") as f:
+        json.dump({"version": version, "cold_start_s": cold_start_s, "greedy": greedy_ids, "wall_s": wall,
+                   "output_tokens": tokens}, f)  # fmt: skip
+
+
+if __name__ == "__main__":  # vLLM's CPU build starts worker processes: the guard is required
+    main()
