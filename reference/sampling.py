@@ -1,11 +1,16 @@
 """How the next token is chosen: the request's parameters and the sampler.
 
 Shaped like vLLM's `SamplingParams` / `BeamSearchParams` (vllm/sampling_params.py), so a script moves
-between vLLM and this lab by changing an import. The sampler follows vLLM's order of operations on one
+between vLLM and this lab by changing an import. The sampler follows vLLM v1's order of operations on one
 row of logits:
 
-    logits --/temperature--> top-k filter --> top-p filter --> softmax --> draw with the sequence's generator
-                     (temperature 0, or below 1e-5: argmax of the raw logits, no draw)
+    logits --min_tokens mask, penalties--> greedy: argmax (temperature 0, or below 1e-5: no draw)
+                                       \-> /temperature --> min-p --> top-k --> top-p --> softmax --> draw
+
+(min_tokens masks the end-of-sequence and stop ids until that many tokens are out; repetition_penalty divides
+positive and multiplies negative logits of every prompt or output token; frequency and presence penalties subtract
+per occurrence and once for each generated token.) Stop strings and ids are checked after the draw
+(engine_outcomes.py), as vLLM's stop checker and detokenizer do.
 
 The reported log-probability of a token is the log-softmax of the RAW logits (before temperature and
 filters), as vLLM reports it by default; `cumulative_logprob` sums those.

