@@ -73,6 +73,16 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 or 0 = off (default -1)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator, >= 0 (default: 0)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when the text contains TEXT, which is left out (repeatable)")
+    g.add_argument("--min-tokens", type=int, default=0, help="no stop before this many tokens (default: 0)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability, [0, 1]")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0; 1 = off (default): > 1 discourages tokens of the prompt and the output")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2], once per generated token (default 0)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="[-2, 2], per occurrence of a generated token (default 0)")
+    g.add_argument("--logprobs", type=int, help="with --json: the top LOGPROBS log-probabilities of every token, 0..20")
     g = p.add_argument_group("KV cache (the paper's memory manager)")
     g.add_argument("--policy", default="paged", type=_choice(POLICIES), metavar="{" + ",".join(POLICIES) + "}",
                    help="paged (vLLM), or a contiguous Orca baseline reserving the max length / the prompt plus its "
@@ -108,6 +118,16 @@ def _check_generate_args(a: argparse.Namespace) -> None:
         (0 < a.top_p <= 1, f"--top-p {a.top_p}", "a number in (0, 1]"),
         (a.top_k >= -1, f"--top-k {a.top_k}", "-1 or 0 (off) or an integer >= 1"),
         (a.seed >= 0, f"--seed {a.seed}", "an integer >= 0: the seed of the sampling generator"),
+        (0 <= a.min_tokens <= a.max_tokens, f"--min-tokens {a.min_tokens}", "an integer from 0 to --max-tokens"),
+        (0 <= a.min_p <= 1, f"--min-p {a.min_p}", "a number in [0, 1]"),
+        (0 < a.repetition_penalty <= 100, f"--repetition-penalty {a.repetition_penalty}", "a number in (0, 100]"),
+        (-2 <= a.presence_penalty <= 2, f"--presence-penalty {a.presence_penalty}", "a number in [-2, 2]"),
+        (-2 <= a.frequency_penalty <= 2, f"--frequency-penalty {a.frequency_penalty}", "a number in [-2, 2]"),
+        (a.logprobs is None or 0 <= a.logprobs <= 20, f"--logprobs {a.logprobs}", "an integer from 0 to 20"),
+        (all(a.stop or []), "--stop ''", "a non-empty text"),
+        (a.beam_width == 1 or not (a.stop or a.min_tokens or a.logprobs is not None or a.min_p
+                                   or a.repetition_penalty != 1 or a.presence_penalty or a.frequency_penalty),
+         f"--beam-width {a.beam_width} with sampling options", "beam search takes only --max-tokens, --ignore-eos"),
         (a.block_size >= 1, f"--block-size {a.block_size}", "an integer >= 1"),
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
         (a.model in ("smollm2", "random") or (Path(a.model) / "config.json").is_file(),
@@ -182,22 +202,25 @@ def run_generate(a: argparse.Namespace) -> int:
             params = BeamSearchParams(beam_width=a.beam_width, max_tokens=a.max_tokens, ignore_eos=a.ignore_eos)
         else:
             params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens,
-                                    n=a.n, seed=a.seed, ignore_eos=a.ignore_eos)  # fmt: skip
+                                    n=a.n, seed=a.seed, ignore_eos=a.ignore_eos, stop=a.stop, min_tokens=a.min_tokens,
+                                    min_p=a.min_p, repetition_penalty=a.repetition_penalty, logprobs=a.logprobs,
+                                    presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty)
         request_id = llm.add_request(prompt, params)
     except ValueError as exc:
         message = str(exc)
         if a.kv_blocks is not None and message.startswith("request "):  # the scheduler: it can never fit the pool
             message = f"--kv-blocks {a.kv_blocks} is too small: {message.split(': ', 1)[-1]}"
         raise UsageError(message) from None
-    outputs = _run_steps(llm, request_id, stream=not a.json)
+    outputs = _run_steps(llm, request_id, stream=not a.json, hold=max(map(len, a.stop or [""]), default=0))
     if a.json:
         print(json.dumps(_summary(llm, a, prompt, outputs)))
     return 0
 
 
-def _run_steps(llm, request_id: int, *, stream: bool) -> list:
+def _run_steps(llm, request_id: int, *, stream: bool, hold: int = 0) -> list:
     """Step the engine until the request is done. stream: n = 1 prints each step's new text at once; n > 1
-    prints each completion when it finishes. Returns the final CompletionOutputs."""
+    prints each completion when it finishes. Returns the final CompletionOutputs. hold: the longest stop string;
+    while running, that many characters but one stay unprinted, since a stop string completed later cuts them."""
     printed, done, final = "", set(), None
     while llm.has_unfinished_requests():
         for out in llm.step():
@@ -208,6 +231,7 @@ def _run_steps(llm, request_id: int, *, stream: bool) -> list:
                 # NOTE: a partly decoded multi-byte character shows as U+FFFD until its last byte arrives:
                 # hold it back rather than print a character that will change.
                 text = out.outputs[0].text.rstrip("\ufffd")
+                text = text[:max(0, len(text) - hold + 1)] if hold else text
                 if text.startswith(printed) and len(text) > len(printed):
                     print(text[len(printed):], end="", flush=True)
                     printed = text
@@ -223,8 +247,11 @@ def _run_steps(llm, request_id: int, *, stream: bool) -> list:
 
 
 def _fields(out) -> dict:
-    return {"text": out.text, "token_ids": list(out.token_ids), "cumulative_logprob": out.cumulative_logprob,
-            "finish_reason": out.finish_reason}
+    fields = {"text": out.text, "token_ids": list(out.token_ids), "cumulative_logprob": out.cumulative_logprob,
+              "finish_reason": out.finish_reason, "stop_reason": getattr(out, "stop_reason", None)}
+    if getattr(out, "logprobs", None) is not None:  # per token: [[token id, logprob, rank], ...], chosen first
+        fields["logprobs"] = [[[t, lp.logprob, lp.rank] for t, lp in step.items()] for step in out.logprobs]
+    return fields
 
 
 def _print_completion(index: int, out) -> None:

@@ -5,7 +5,7 @@ between vLLM and this lab by changing an import. The sampler follows vLLM v1's o
 row of logits:
 
     logits --min_tokens mask, penalties--> greedy: argmax (temperature 0, or below 1e-5: no draw)
-                                       \-> /temperature --> min-p --> top-k --> top-p --> softmax --> draw
+                                       +-> /temperature --> min-p --> top-k --> top-p --> softmax --> draw
 
 (min_tokens masks the end-of-sequence and stop ids until that many tokens are out; repetition_penalty divides
 positive and multiplies negative logits of every prompt or output token; frequency and presence penalties subtract

@@ -35,6 +35,14 @@ BAD = {  # name -> (arguments, a word the error line must contain)
     "top_p_nan": (["generate", "hi", "--top-p", "nan"], "--top-p"),
     "seed_negative": (["generate", "hi", "--seed", "-1"], "--seed -1 (allowed: an integer >= 0"),
     "empty_prompt": (["generate", "  "], "prompt"),
+    "min_tokens_over_max": (["generate", "hi", "--max-tokens", "4", "--min-tokens", "5"], "--min-tokens 5"),
+    "min_p": (["generate", "hi", "--min-p", "2"], "--min-p 2.0 (allowed: a number in [0, 1])"),
+    "repetition_penalty": (["generate", "hi", "--repetition-penalty", "0"], "--repetition-penalty"),
+    "presence_penalty": (["generate", "hi", "--presence-penalty", "3"], "--presence-penalty"),
+    "frequency_penalty_nan": (["generate", "hi", "--frequency-penalty", "nan"], "--frequency-penalty"),
+    "logprobs": (["generate", "hi", "--logprobs", "21"], "--logprobs 21 (allowed: an integer from 0 to 20)"),
+    "empty_stop": (["generate", "hi", "--stop", ""], "--stop"),
+    "beam_with_stop": (["generate", "hi", "--beam-width", "2", "--stop", "x"], "beam search takes only"),
     "unknown_model": (["generate", "hi", "--model", "/no/such/checkpoint"], "/no/such/checkpoint"),
     "not_a_checkpoint": (["generate", "hi", "--model", "tests"], "tests"),
     "kv_blocks_too_small": (["generate", IDS, "--model", "random", "--kv-blocks", "1", "--block-size", "4"],
@@ -128,7 +136,7 @@ def test_json_generation_matches_llm_generate():
     assert set(result) >= {"prompt", "outputs", "stats"}
     assert result["prompt"] == QUESTION and result["model_prompt"] == prompt
     (output,) = result["outputs"]
-    assert set(output) == {"text", "token_ids", "cumulative_logprob", "finish_reason"}
+    assert set(output) == {"text", "token_ids", "cumulative_logprob", "finish_reason", "stop_reason"}
     assert output["token_ids"] == expected.token_ids
     assert output["text"] == expected.text
     assert output["finish_reason"] == expected.finish_reason
@@ -136,6 +144,20 @@ def test_json_generation_matches_llm_generate():
                                     "max_blocks_used_after_step"}  # fmt: skip
     assert result["stats"]["max_concurrent_requests"] == 1
     # streaming (no --json) prints the same text, step by step, then a newline
+    code, streamed, err = finish(streaming)
+    assert code == 0, err
+    assert streamed == output["text"] + "\n"
+
+
+def test_a_stop_string_cuts_the_streamed_and_the_json_text():
+    """--stop as vLLM's `stop`: the text ends before the string; streaming never prints what the cut removes."""
+    args = ["generate", QUESTION, "--max-tokens", "24", "--stop", "Paris", "--logprobs", "2"]
+    as_json, streaming = start([*args, "--json"]), start(args)
+    code, out, err = finish(as_json)
+    assert code == 0, err
+    (output,) = json.loads(out)["outputs"]
+    assert output["finish_reason"] == "stop" and output["stop_reason"] == "Paris" and "Paris" not in output["text"]
+    assert len(output["logprobs"]) == len(output["token_ids"]) and output["logprobs"][0][0][2] == 1  # greedy: rank 1
     code, streamed, err = finish(streaming)
     assert code == 0, err
     assert streamed == output["text"] + "\n"
