@@ -5,18 +5,21 @@ continuations are kept, a beam chosen twice is forked (its blocks shared, copy-o
 not chosen is freed. This module decides WHICH beams; the scheduler does the memory side
 (`StepOutcome.beam_parents`).
 
-The selection rules follow Hugging Face transformers' beam search (`GenerationMixin._beam_search`,
-num_beams=k, do_sample=False, early_stopping=False), re-derived here in plain Python:
+The rules are vLLM's `LLM.beam_search` (vllm/entrypoints/generate/beam_search/offline.py), re-derived here:
 
-    1. candidates: every (beam, token) scored cum_logprob(beam) + log p(token | beam). On the first step all
-       beams are the same prompt, so only beam 0 is expanded. Keep the K = max(2, 1 + #eos) * k best.
-    2. a candidate "finishes" if its token is an end-of-sequence token or it reaches max_tokens. A finishing
-       candidate ranked in the top k becomes a hypothesis scored cum_logprob / generated_len ** length_penalty;
-       the k best hypotheses are kept. Finishing candidates ranked below k are dropped.
-    3. the k best NON-finishing candidates are the next beams (K >= 2k guarantees there are k of them).
-    4. the search stops when every candidate finished (max_tokens), or when k hypotheses exist and the best
-       running beam's score at its current length cannot beat the worst of them (HF's heuristic for
-       early_stopping=False: assume the beam's sum can only fall).
+    1. candidates: each running beam's 2k most likely next tokens, scored cum_logprob(beam) + log p(token | beam)
+       (raw log-probabilities). The search starts from one beam, the prompt.
+    2. a candidate whose token is an end-of-sequence token (unless ignore_eos) is COMPLETED: it is kept, whatever
+       its rank, and competes at the end.
+    3. the k best other candidates (by score; a stable sort) are the next beams.
+    4. after max_tokens steps, the completed sequences and the running beams are ranked together by
+       score = cum_logprob / len(prompt + generated, without a final end-of-sequence token) ** length_penalty,
+       and the k best are the result, best first. (HF transformers differs: it keeps an end-of-sequence
+       candidate only if it ranks in the top k, divides by the generated length only, and may stop early; with
+       ignore_eos both give the same beams, which tests/reference/test_engine.py checks.)
+
+NOTE: the scheduler runs exactly k beams per request, so should fewer than k candidates ever be left (a vocabulary
+of fewer than 2k tokens), the search ends there; vLLM would go on with fewer beams.
 """
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ import torch
 class Hypothesis:
     token_ids: list[int]  # generated ids, the end-of-sequence token included
     cum_logprob: float
-    score: float  # cum_logprob / len(token_ids) ** length_penalty
-    finish_reason: str  # "stop" or "length"
+    score: float  # vLLM's: cum_logprob / (prompt + generated, minus a final EOS) ** length_penalty
+    finish_reason: str  # "stop" (ended with an end-of-sequence token) or "length"
 
 
 @dataclass(slots=True)
@@ -55,14 +58,15 @@ class BeamSearchState:
     max_tokens: int
     eos_token_ids: tuple[int, ...]  # empty when ignore_eos
     length_penalty: float = 1.0
-    hypotheses: list[Hypothesis] = field(default_factory=list)  # the best finished ones, best first, <= k
+    prompt_len: int = 0  # counted in the score's length, as vLLM does
+    hypotheses: list[Hypothesis] = field(default_factory=list)  # the final k, best first (set when done)
+    completed: list[Hypothesis] = field(default_factory=list)  # every sequence that ended with EOS so far
     first_step: bool = True
     done: bool = False  # the search is over: `hypotheses` are final
 
-    def _hits(self, token: int, new_len: int) -> str | None:
-        if token in self.eos_token_ids:
-            return "stop"
-        return "length" if new_len >= self.max_tokens else None
+    def score(self, token_ids: list[int], cum_logprob: float) -> float:
+        length = self.prompt_len + len(token_ids) - (1 if token_ids and token_ids[-1] in self.eos_token_ids else 0)
+        return cum_logprob / max(length, 1) ** self.length_penalty
 
     def step(self, beams: list[Beam], logprobs: torch.Tensor) -> BeamStepResult:
         """Advance the search by one token. `logprobs` [len(beams), vocab] are each beam's next-token
@@ -70,41 +74,24 @@ class BeamSearchState:
         if len(beams) != self.width or logprobs.shape[0] != self.width:
             raise ValueError(f"expected {self.width} running beams and logit rows, "
                              f"got {len(beams)} and {logprobs.shape[0]}")
-        new_len = len(beams[0].token_ids) + 1
-        vocab = logprobs.shape[1]
-        cum = torch.tensor([b.cum_logprob for b in beams], dtype=torch.float64)
-        scores = logprobs.to(torch.float64) + cum[:, None]  # [k, vocab]
-        if self.first_step:  # all beams hold the same prompt: expand only beam 0 (HF gives the rest -1e9)
-            scores = scores[:1]
+        if self.first_step:  # all beams hold the same prompt: the search starts from one
+            beams, logprobs = beams[:1], logprobs[:1]
             self.first_step = False
-        num_candidates = min(max(2, 1 + len(self.eos_token_ids)) * self.width, scores.numel())
-        top_scores, top_index = torch.topk(scores.flatten(), num_candidates)
-        survivors: list[Beam] = []
-        parents: list[int] = []
-        all_finish = True
-        for rank, (score, index) in enumerate(zip(top_scores.tolist(), top_index.tolist())):
-            parent, token = beams[index // vocab], index % vocab
-            reason = self._hits(token, new_len)
-            if reason is not None:
-                if rank < self.width:  # only the top k may become hypotheses (HF's top_num_beam_mask)
-                    self._add(Hypothesis(parent.token_ids + [token], score,
-                                         score / new_len ** self.length_penalty, reason))
-                continue
-            all_finish = False
-            if len(survivors) < self.width:
-                survivors.append(Beam(parent.seq_id, parent.token_ids + [token], score))
-                parents.append(parent.seq_id)
-        done = all_finish or len(survivors) < self.width or self._cannot_improve(survivors, new_len)
-        self.done = done
-        return BeamStepResult([] if done else survivors, [] if done else parents, done)
-
-    def _add(self, hyp: Hypothesis) -> None:
-        # NOTE: a stable sort keeps an earlier hypothesis ahead of a later one with an equal score, as HF's
-        # merge (old finished first, then new) does in practice.
-        self.hypotheses = sorted(self.hypotheses + [hyp], key=lambda h: -h.score)[: self.width]
-
-    def _cannot_improve(self, survivors: list[Beam], new_len: int) -> bool:
-        if len(self.hypotheses) < self.width:
-            return False
-        best_running = max(b.cum_logprob for b in survivors) / new_len ** self.length_penalty
-        return best_running <= self.hypotheses[-1].score
+        per_beam = min(2 * self.width, logprobs.shape[1])
+        values, tokens = torch.topk(logprobs.to(torch.float64), per_beam, dim=1)
+        candidates: list[tuple[float, Beam, int]] = []  # (score, new beam, parent seq id), in vLLM's order
+        for parent, row_values, row_tokens in zip(beams, values.tolist(), tokens.tolist()):
+            for value, token in zip(row_values, row_tokens):
+                ids, cum = parent.token_ids + [token], parent.cum_logprob + value
+                if token in self.eos_token_ids:
+                    self.completed.append(Hypothesis(ids, cum, self.score(ids, cum), "stop"))
+                else:
+                    candidates.append((self.score(ids, cum), Beam(parent.seq_id, ids, cum), parent.seq_id))
+        best = sorted(candidates, key=lambda c: c[0], reverse=True)[: self.width]  # stable, as vLLM's sorted
+        new_len = len(beams[0].token_ids) + 1
+        if new_len >= self.max_tokens or len(best) < self.width:
+            running = [Hypothesis(b.token_ids, b.cum_logprob, score, "length") for score, b, _ in best]
+            self.hypotheses = sorted(self.completed + running, key=lambda h: h.score, reverse=True)[: self.width]
+            self.done = True
+            return BeamStepResult([], [], True)
+        return BeamStepResult([b for _, b, _ in best], [p for _, _, p in best], False)

@@ -235,7 +235,7 @@ class LLM(EngineOutcomes, OfflineAPI):
             eos = () if params.ignore_eos else self.config.eos_token_ids
             state = _RequestState(checked.prompt, ids, params, max_tokens, {})
             if beam:
-                state.beam = BeamSearchState(params.beam_width, max_tokens, eos, params.length_penalty)
+                state.beam = BeamSearchState(params.beam_width, max_tokens, eos, params.length_penalty, len(ids))
             seed = None if beam or params.greedy else (params.seed if params.seed is not None
                                                        else int(self._rng.integers(2**62)))
             for i, seq_id in enumerate(self.scheduler.seq_ids(rid)):

@@ -65,16 +65,21 @@ class OfflineAPI:
         return self.tokenizer
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
-        """The best `beam_width` hypotheses of each prompt (HF transformers' beam search rules, see beam.py).
-        prompts as for generate(); all or none, and an interruption aborts what it queued, as for generate().
-        beam_width 1 keeps one beam: greedy decoding that also keeps the best finished hypothesis."""
+        """The best `beam_width` sequences of each prompt, by vLLM's beam search rules (see beam.py): each
+        sequence's `tokens` and `text` hold the prompt and the output, as vLLM's do; `score` is vLLM's (the length
+        penalty over prompt + output). prompts as for generate(); all or none, and an interruption aborts what it
+        queued, as for generate(). beam_width 1 keeps one beam and every sequence that ended with EOS."""
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
+        eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)
         prompts, results = prompt_list(prompts), []
         for out in self._run(prompts, [params] * len(prompts), False):
-            seqs = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
-                                       c.finish_reason, c.cumulative_logprob / len(c.token_ids) ** params.length_penalty)
-                    for c in out.outputs]
+            seqs = []
+            for c in out.outputs:
+                tokens = out.prompt_token_ids + c.token_ids
+                length = len(tokens) - (1 if c.token_ids and c.token_ids[-1] in eos else 0)
+                seqs.append(BeamSearchSequence(tokens, self._decode(tokens), c.cumulative_logprob, c.finish_reason,
+                                               c.cumulative_logprob / max(length, 1) ** params.length_penalty))
             results.append(BeamSearchOutput(seqs))
         return results
 

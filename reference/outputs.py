@@ -52,10 +52,10 @@ class RequestOutput:
 @dataclass(slots=True)
 class BeamSearchSequence:
     tokens: list[int]  # prompt + generated ids
-    text: str  # the generated text
+    text: str  # the text of prompt + output, as vLLM's
     cum_logprob: float  # sum of the generated tokens' log-probabilities
     finish_reason: str | None  # "stop" (ended with an end-of-sequence token) or "length"
-    score: float = 0.0  # cum_logprob / generated_len ** length_penalty: the ranking key
+    score: float = 0.0  # cum_logprob / len(tokens, minus a final EOS) ** length_penalty: vLLM's ranking key
 
 
 @dataclass(slots=True)

@@ -27,7 +27,8 @@ def test_without_vllm_it_says_where_it_looked(tmp_path, capsys):
 
 def test_the_committed_run_covers_every_check():
     sections = {r["section"] for r in rows()}
-    assert sections == {"greedy_equality", "throughput", "cold_start", "throughput_ratio", "block_pool"}
+    assert sections == {"greedy_equality", "beam_search_equality", "throughput", "cold_start", "throughput_ratio",
+                        "block_pool"}
     text = (ROOT / "figures" / "peer_vllm.csv").read_text()
     assert "# command: python tools/peer_vllm.py" in text and "vllm 0.32" in text
 
@@ -41,6 +42,8 @@ def test_readme_quotes_the_committed_peer_run():
         assert f"| {threads} | {ours:.1f} | {theirs:.1f} | {ratio:.2f} |" in README
     equal = table["greedy_equality", "engine vs vLLM", "1"]
     assert f"{equal['value']} of 16 prompts" in README
+    beams = table["beam_search_equality", "engine vs vLLM", "1"]
+    assert f"**Beam search**: {beams['value']} of 8 cases" in README
     pool = table["block_pool", "sim.BlockAllocator vs vLLM BlockPool", ""]
     assert f"{pool['value']} of {pool['rounds']} runs" in README
     cold = {s: float(table["cold_start", s, "1"]["value"]) for s in ("engine", "vllm")}

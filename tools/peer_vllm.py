@@ -3,7 +3,8 @@
 Three checks, printed as a table and saved to figures/peer_vllm.csv with the machine, versions and command:
 
 1. Greedy equality: 16 prompts (8 raw texts, 8 chat-templated questions), 32 new tokens each, ignore EOS, float32,
-   the same prompt token ids in both systems: how many token sequences are identical.
+   the same prompt token ids in both systems: how many token sequences are identical. Beam search: 8 cases
+   (`beam_search`, EOS on), how many return exactly vLLM's sequences (tokens, in order).
 2. Speed: the workload of `python -m reference bench` (64 ShareGPT-shaped requests at once: prompts 8-128, outputs
    4-64 tokens, greedy, ignore EOS), output tokens/s at 1 and 2 threads, and the cold start (process spawn to the
    first token of one request). Each (system, threads) runs in a fresh process; the systems alternate, and the
@@ -54,13 +55,16 @@ def task(args) -> dict:
     greedy += [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                             tokenize=True)["input_ids"]) for q in QUESTIONS]  # fmt: skip
     workload = bench_workload(64, quick=False, seed=0, vocab_size=tok.vocab_size)
+    beam_cases = [[tok(t).input_ids, 3, 16] for t in RAW[:4]] + [[ids, 4, 12] for ids in greedy[8:12]]
     return {"model_dir": str(model_dir), "max_model_len": 2048, "greedy_prompts": greedy, "greedy_max_tokens": 32,
-            "ttft_prompt": greedy[0], "workload": [[r.prompt_token_ids, r.output_len] for r in workload]}
+            "ttft_prompt": greedy[0], "workload": [[r.prompt_token_ids, r.output_len] for r in workload],
+            "beam_cases": beam_cases}
 
 
-def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str) -> dict:
+def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str, beam: bool) -> dict:
     out = tmp / f"{system}-{threads}-{time.time_ns()}.json"
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PEER_BEAM="1" if beam else "0")
     if system == "vllm":  # vLLM's CPU build pins its OpenMP threads to these cores; a 2 GiB KV pool
         env.update(VLLM_CPU_OMP_THREADS_BIND="0" if threads == 1 else f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
     command = [python, str(ROOT / "tools" / "peer" / "side.py"), system, str(task_path), str(out), str(time.time())]
@@ -97,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = ("engine", "vllm") if (r + threads) % 2 == 0 else ("vllm", "engine")
                 for system in order:
                     python = args.vllm_python if system == "vllm" else sys.executable
-                    results.setdefault((system, threads), []).append(run_side(system, threads, task_path, tmp, python))
+                    beam = r == 0 and threads == args.threads[0]
+                    results.setdefault((system, threads), []).append(
+                        run_side(system, threads, task_path, tmp, python, beam))
         diff_out = tmp / "diff.json"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         subprocess.run([args.vllm_python, str(ROOT / "tools" / "peer" / "block_pool_diff.py"), "300", "80",
@@ -110,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     rows.append({"section": "greedy_equality", "system": "engine vs vLLM", "threads": args.threads[0], "rounds": 1,
                  "value": equal, "unit": f"of {len(ours)} prompts identical (32 tokens, float32)",
                  "per_round": "", "note": f"first differing position per prompt: {first_diff}"})  # fmt: skip
+    ours_beams, their_beams = (results[s, args.threads[0]][0]["beams"] for s in ("engine", "vllm"))
+    same = [a == b for a, b in zip(ours_beams, their_beams)]
+    rows.append({"section": "beam_search_equality", "system": "engine vs vLLM", "threads": args.threads[0],
+                 "rounds": 1, "value": sum(same), "unit": f"of {len(same)} cases with every sequence identical",
+                 "per_round": "", "note": "width 3 x 16 tokens on 4 raw prompts, width 4 x 12 on 4 chat prompts; "
+                 f"equal per case: {same}"})  # fmt: skip
     for (system, threads), runs in sorted(results.items()):
         tps = [x["output_tokens"] / x["wall_s"] for x in runs]
         cold = [x["cold_start_s"] for x in runs]

@@ -7,6 +7,8 @@ parallel samples and beams must share blocks (paper 4.4) and copy on write.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -118,20 +120,37 @@ def beam_prompts(smol):
     return [tok(PROMPTS[0]).input_ids, chat_prompt(tok, "What is 2+2? Answer with a number only.")]
 
 
-def test_beam_search_equals_hf(smol, hf_model, beam_prompts):
+def test_beam_search_equals_hf_where_their_rules_agree(smol, hf_model, beam_prompts):
+    """vLLM's rules (reference/beam.py) and HF's part on end-of-sequence tokens and on the score's length; on a
+    raw prompt whose beams never meet EOS, with ignore_eos, every beam runs to max_tokens and both keep the same
+    3 sequences, best first. (The chat prompt's beams do meet EOS: there ignore_eos makes it an ordinary token
+    in vLLM and a forbidden one in HF's min_new_tokens, so they part.)"""
     llm = engine(smol)
-    params = BeamSearchParams(beam_width=3, max_tokens=12)
-    results = llm.beam_search(beam_prompts, params)  # both requests' beams run in the same steps
-    for ids, result in zip(beam_prompts, results):
-        hf_ids = hf_generate(hf_model, ids, max_new_tokens=12, num_beams=3, early_stopping=False,
-                             length_penalty=1.0)
-        best = result.sequences[0]
-        assert best.tokens == ids + hf_ids
-        assert len(result.sequences) == 3
+    params = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
+    results = llm.beam_search([beam_prompts[0], PROMPTS[1]], params)  # both requests' beams run in the same steps
+    for ids, result in zip([beam_prompts[0], smol[1](PROMPTS[1]).input_ids], results):
+        assert all(2 not in s.tokens[len(ids):] for s in result.sequences)
+        with torch.no_grad():
+            hf = hf_model.generate(torch.tensor([ids]), pad_token_id=2, do_sample=False, max_new_tokens=12,
+                                   min_new_tokens=12, num_beams=3, num_return_sequences=3, early_stopping=False)
+        assert [s.tokens for s in result.sequences] == hf.tolist()
         assert [s.score for s in result.sequences] == sorted((s.score for s in result.sequences), reverse=True)
-    # the chat prompt's short answer ends with eos: finished hypotheses and the early-stop rule are exercised
-    assert results[1].sequences[0].finish_reason == "stop"
     assert llm.kv_manager.num_free_blocks == llm.kv_manager.num_blocks
+
+
+def test_beam_search_returns_vllms_sequences(smol, beam_prompts):
+    """As vLLM's: tokens and text hold the prompt, the score divides by the whole length (an end-of-sequence token
+    not counted), and sequences that ended with EOS are kept (the chat prompt's short answer ends with one)."""
+    llm = engine(smol)
+    results = llm.beam_search([{"prompt_token_ids": ids} for ids in beam_prompts],
+                              BeamSearchParams(beam_width=3, max_tokens=12))
+    tok = smol[1]
+    for ids, result in zip(beam_prompts, results):
+        for s in result.sequences:
+            assert s.tokens[:len(ids)] == ids and s.text == tok.decode(s.tokens, skip_special_tokens=True)
+            length = len(s.tokens) - (s.finish_reason == "stop")
+            assert math.isclose(s.score, s.cum_logprob / length, rel_tol=1e-9)
+    assert results[1].sequences[0].finish_reason == "stop" and results[1].sequences[0].tokens[-1] == 2
 
 
 def test_beams_share_blocks_and_copy_on_write(smol, beam_prompts):

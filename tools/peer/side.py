@@ -5,10 +5,12 @@ through the offline API they share: only the import differs.
     python tools/peer/side.py {vllm|engine} TASK.json OUT.json SPAWN_TIME
 
 Measured, in this order, in one process: the cold start (process spawn to the first token of one request: imports,
-model load, KV pool, the first step), greedy token ids of the task's prompts, then the throughput workload (all
-requests at once, greedy, ignore_eos, exact max_tokens) after an untimed warm-up request.
+model load, KV pool, the first step), greedy token ids of the task's prompts, beam search on the task's cases (when
+PEER_BEAM=1), then the throughput workload (all requests at once, greedy, ignore_eos, exact max_tokens) after an
+untimed warm-up request.
 """
 import json
+import os
 import sys
 import time
 
@@ -21,6 +23,7 @@ def main() -> None:
         import vllm
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import BeamSearchParams
 
         llm = LLM(model=task["model_dir"], dtype="float32", max_model_len=task["max_model_len"], seed=0)
         version = f"vllm {vllm.__version__}"
@@ -28,6 +31,7 @@ def main() -> None:
         import torch
 
         from reference import LLM, SamplingParams, TokensPrompt
+        from reference.sampling_params import BeamSearchParams
 
         llm = LLM("smollm2", dtype="float32", max_model_len=task["max_model_len"], seed=0)
         version = f"paged-attention-lab engine, torch {torch.__version__} ({torch.get_num_threads()} threads)"
@@ -41,6 +45,12 @@ def main() -> None:
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in task["greedy_prompts"]]
     outs = llm.generate(prompts, greedy(task["greedy_max_tokens"]))
     greedy_ids = [list(o.outputs[0].token_ids) for o in outs]
+    beams = []
+    if os.environ.get("PEER_BEAM") == "1":  # every sequence of each case, best first: prompt + output token ids
+        for ids, width, max_tokens in task["beam_cases"]:
+            out = llm.beam_search([TokensPrompt(prompt_token_ids=ids)], BeamSearchParams(beam_width=width,
+                                                                                     max_tokens=max_tokens))
+            beams.append([list(s.tokens) for s in out[0].sequences])
     workload = task["workload"]
     llm.generate([TokensPrompt(prompt_token_ids=workload[0][0])], greedy(4))  # warm-up, untimed
     started = time.perf_counter()
@@ -50,7 +60,7 @@ def main() -> None:
     assert tokens == sum(n for _, n in workload), "ignore_eos with exact max_tokens: every request runs to its length"
     with open(out_path, "w") as f:
         json.dump({"version": version, "cold_start_s": cold_start_s, "greedy": greedy_ids, "wall_s": wall,
-                   "output_tokens": tokens}, f)  # fmt: skip
+                   "output_tokens": tokens, "beams": beams}, f)  # fmt: skip
 
 
 if __name__ == "__main__":  # vLLM's CPU build starts worker processes: the guard is required
