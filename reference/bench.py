@@ -67,15 +67,25 @@ def bench_workload(num_requests: int, *, quick: bool, seed: int, vocab_size: int
     return out
 
 
+def _sync() -> None:
+    """Wait for queued GPU work (nothing to wait for on the CPU), so that a wall clock measures it."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _run_engine(llm, requests: list[Request]) -> tuple[float, object]:
     """Serve every request (all at once, greedy, exact output lengths); wall seconds and the engine's stats."""
     from reference import SamplingParams
 
+    _sync()
     started = time.perf_counter()
     for r in requests:
         llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
     while llm.has_unfinished_requests():
         llm.step()
+    _sync()
     return time.perf_counter() - started, llm.stats
 
 
@@ -102,26 +112,35 @@ def hf_throughput(requests: list[Request], batch_size: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32,
                                                  local_files_only=True).eval()  # fmt: skip
     pad = model.generation_config.pad_token_id
-    pad = pad if pad is not None else 0
+    wall = time_hf_batches(model, requests, batch_size, pad if pad is not None else 0, warmup=2)
+    return _row("throughput", f"HF transformers generate (static batches of {batch_size})", requests, wall,
+                min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")  # fmt: skip
+
+
+def time_hf_batches(model, requests: list[Request], batch_size: int, pad: int, warmup: int) -> float:
+    """Wall seconds of HF `generate` over the requests in static batches, in arrival order (FCFS), after an untimed
+    warm-up batch of the first `warmup` requests. A batch is left-padded (every prompt ends at the last column)
+    and runs until its longest output (min_new_tokens = max_new_tokens)."""
+    import torch
 
     def run_batch(batch: list[Request]) -> None:
         width, steps = max(r.prompt_len for r in batch), max(r.output_len for r in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, r in enumerate(batch):  # left padding: every prompt ends at the last column
+        for i, r in enumerate(batch):
             ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
             mask[i, width - r.prompt_len:] = 1
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=steps,
-                           min_new_tokens=steps, pad_token_id=pad)  # fmt: skip
+            model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                           max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad)  # fmt: skip
 
-    run_batch(requests[:2])  # warm-up, not timed
+    run_batch(requests[:warmup])
+    _sync()
     started = time.perf_counter()
     for i in range(0, len(requests), batch_size):
-        run_batch(requests[i:i + batch_size])  # FCFS: batches in arrival order, as the requests came
-    wall = time.perf_counter() - started
-    return _row("throughput", f"HF transformers generate (static batches of {batch_size})", requests, wall,
-                min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")  # fmt: skip
+        run_batch(requests[i:i + batch_size])
+    _sync()
+    return time.perf_counter() - started
 
 
 def concurrency(requests: list[Request], num_blocks: int) -> list[dict]:

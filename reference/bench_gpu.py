@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reference.bench import _row, bench_workload
+from reference.bench import _row, _run_engine, bench_workload, time_hf_batches
 from sim.outfiles import check_outputs, write_csv
 
 DEFAULT_OUT = "figures/bench_engine_gpu.csv"
@@ -133,45 +133,6 @@ def equality_row(dtype_name: str, ours: list[list[int]], theirs: list[list[int]]
                     f"{sum(prefix) / len(prefix):.1f} of {len(ours[0])}"}  # fmt: skip
 
 
-def time_engine(llm, requests) -> tuple[float, object]:
-    import torch
-
-    from reference import SamplingParams
-
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    started = time.perf_counter()
-    for r in requests:
-        llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
-    while llm.has_unfinished_requests():
-        llm.step()
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    return time.perf_counter() - started, llm.stats
-
-
-def time_hf(model, requests, batch_size: int) -> float:
-    """Static batches in arrival order, left-padded; a batch runs until its longest output (min = max tokens)."""
-    import torch
-
-    def run_batch(batch) -> None:
-        width, steps = max(r.prompt_len for r in batch), max(r.output_len for r in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
-            mask[i, width - r.prompt_len:] = 1
-        with torch.inference_mode():
-            model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                           max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0)  # fmt: skip
-
-    run_batch(requests[:batch_size])  # warm-up, untimed
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    started = time.perf_counter()
-    for i in range(0, len(requests), batch_size):
-        run_batch(requests[i:i + batch_size])
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    return time.perf_counter() - started
-
-
 def machine(device: str) -> str:
     import platform
 
@@ -219,22 +180,23 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         # Warm-up: the whole workload once, untimed. Triton compiles a kernel again for each new specialization of
         # its integer arguments (a batch size divisible by 16, say): a shorter warm-up left compilations in the
         # timed run, which then measured the compiler, not the engine.
-        time_engine(LLM(str(folder), **llm_args), requests)
-        wall, stats = time_engine(LLM(str(folder), **llm_args), requests)
+        _run_engine(LLM(str(folder), **llm_args), requests)
+        wall, stats = _run_engine(LLM(str(folder), **llm_args), requests)
         rows.append({**_row("throughput", "engine (continuous batching, paged KV, Triton)", requests, wall,
                             stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16"),
                      "dtype": name})  # fmt: skip
-        print(f"  engine: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
+        engine_tps = rows[-1]["tokens_per_s"]
+        print(f"  engine: {engine_tps:.1f} output tokens/s", flush=True)
         hf = load_hf(folder, dtype, device)
         for batch_size in sorted({args.hf_batch_size, len(requests)}):
-            wall = time_hf(hf, requests, batch_size)
+            wall = time_hf_batches(hf, requests, batch_size, pad=0, warmup=batch_size)
             rows.append({**_row("throughput", f"HF transformers generate (static batches of {batch_size})",
                                 requests, wall, min(batch_size, len(requests)), 0,
                                 "left padding; a batch runs to its longest output"), "dtype": name})  # fmt: skip
             print(f"  HF, batches of {batch_size}: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
-    engine_tps = rows[2]["tokens_per_s"]
-    for r in rows[3:]:
-        print(f"engine / {r['system']} = {engine_tps / r['tokens_per_s']:.2f}x")
+    for r in rows:
+        if r["system"].startswith("HF"):
+            print(f"engine / {r['system']} = {engine_tps / r['tokens_per_s']:.2f}x")
     prompts_len, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
     comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
                 f"machine: {machine(device)}", f"command: {shlex.join(argv)}",

@@ -122,17 +122,17 @@ def main(argv: list[str] | None = None) -> int:
                  "rounds": 1, "value": sum(same), "unit": f"of {len(same)} cases with every sequence identical",
                  "per_round": "", "note": "width 3 x 16 tokens on 4 raw prompts, width 4 x 12 on 4 chat prompts; "
                  f"equal per case: {same}"})  # fmt: skip
+    median_tps = {}
     for (system, threads), runs in sorted(results.items()):
         tps = [x["output_tokens"] / x["wall_s"] for x in runs]
         cold = [x["cold_start_s"] for x in runs]
+        median_tps[system, threads] = round(statistics.median(tps), 2)
         for section, values, unit in (("throughput", tps, "output tokens/s"), ("cold_start", cold, "s")):
             rows.append({"section": section, "system": system, "threads": threads, "rounds": len(values),
                          "value": round(statistics.median(values), 2), "unit": unit,
                          "per_round": " ".join(f"{v:.2f}" for v in values), "note": runs[0]["version"]})  # fmt: skip
     for threads in args.threads:
-        ratio = next(r["value"] for r in rows if r["section"] == "throughput" and r["system"] == "engine"
-                     and r["threads"] == threads) / next(r["value"] for r in rows if r["section"] == "throughput"
-                                                        and r["system"] == "vllm" and r["threads"] == threads)
+        ratio = median_tps["engine", threads] / median_tps["vllm", threads]
         rows.append({"section": "throughput_ratio", "system": "engine / vLLM", "threads": threads, "rounds": "",
                      "value": round(ratio, 2), "unit": "x", "per_round": "", "note": "medians"})  # fmt: skip
     rows.append({"section": "block_pool", "system": "sim.BlockAllocator vs vLLM BlockPool", "threads": "",

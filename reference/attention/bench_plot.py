@@ -22,15 +22,20 @@ TARGET_FRACTION = 0.85  # issue target: decode moves >= 0.85 of a copy's bytes p
 TARGET_PAGING = 1.03  # issue target: a shuffled table costs <= 3% over an identity table at block size >= 16
 
 
-def read_table(path: Path) -> tuple[list[dict], dict[str, str]]:
-    """The CSV's rows and its ``# key: value`` comment lines. ValueError names what is wrong."""
+def read_commented_csv(path: Path) -> tuple[list[dict], dict[str, str]]:
+    """A benchmark CSV's rows and its ``# key: value`` comment lines. ValueError if it cannot be read."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
     lines = text.splitlines()
     comments = dict(line[2:].split(": ", 1) for line in lines if line.startswith("# ") and ": " in line)
-    rows = list(csv.DictReader(io.StringIO("\n".join(line for line in lines if not line.startswith("#")))))
+    return list(csv.DictReader(io.StringIO("\n".join(line for line in lines if not line.startswith("#"))))), comments
+
+
+def read_table(path: Path) -> tuple[list[dict], dict[str, str]]:
+    """The kernel benchmark's rows and comments (read_commented_csv). ValueError names what is wrong."""
+    rows, comments = read_commented_csv(path)
     needed = {"experiment", "batch", "context", "block_size", "block_table", "time_us", "fraction_of_copy"}
     if not rows or not needed <= set(rows[0]):
         raise ValueError(f"{path} is not a table of `python -m reference bench-kernels` (needs the columns "

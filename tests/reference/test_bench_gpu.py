@@ -1,7 +1,6 @@
 """The GPU benchmarks' CPU side: the engine bench's smoke run and flags, the kernel figure redrawn from the committed
 table, and the README's GPU numbers checked against the committed files (they were measured on a lent H100)."""
 
-import csv
 import json
 import re
 from pathlib import Path
@@ -11,7 +10,7 @@ import torch
 
 from reference import bench_gpu
 from reference.attention import bench as kernel_bench
-from reference.attention.bench_plot import paging_ratios, read_table
+from reference.attention.bench_plot import paging_ratios, read_commented_csv, read_table
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
@@ -19,8 +18,7 @@ README = " ".join((ROOT / "README.md").read_text().split())  # line breaks do no
 
 
 def rows_of(path: Path) -> list[dict]:
-    with open(path) as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return read_commented_csv(path)[0]
 
 
 def test_smollm2_config_is_the_checkpoints():
@@ -86,22 +84,16 @@ def test_kernel_figure_refuses_a_table_of_something_else(tmp_path, capsys):
 def test_committed_gpu_tables_name_the_device_and_the_command():
     _, comments = read_table(FIGURES / "bench_attention_gpu.csv")
     assert "H100" in comments["device"] and "triton" in comments["versions"] and "bench" in comments["command"]
-    _, sweep = read_table_any(FIGURES / "bench_attention_sweep_gpu.csv")
+    _, sweep = read_commented_csv(FIGURES / "bench_attention_sweep_gpu.csv")
     assert "H100" in sweep["device"] and "--sweep" in sweep["command"]
     engine = (FIGURES / "bench_engine_gpu.csv").read_text()
     assert "# machine: NVIDIA H100" in engine and "# command: python -m reference bench-gpu" in engine
 
 
-def read_table_any(path: Path) -> tuple[list[dict], dict]:
-    lines = path.read_text().splitlines()
-    comments = dict(line[2:].split(": ", 1) for line in lines if line.startswith("# ") and ": " in line)
-    return rows_of(path), comments
-
-
 def test_default_tuning_is_the_sweeps_first_choice():
     from reference.attention.triton_decode import DEFAULT_TUNING
 
-    rows, _ = read_table_any(FIGURES / "bench_attention_sweep_gpu.csv")
+    rows, _ = read_commented_csv(FIGURES / "bench_attention_sweep_gpu.csv")
     best = kernel_bench.best_tunings(rows)[0][2]
     assert {k: int(v) for k, v in best.items()} == {k: getattr(DEFAULT_TUNING, k) for k in best}
 

@@ -13,28 +13,11 @@ import pytest
 import torch
 
 from reference import LLM, BeamSearchParams, SamplingParams
-from reference.models import load_model, random_model, smollm2_checkpoint_dir
+from reference.models import random_model
 from reference.sampling import sample, sample_generator
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived a"]
 GREEDY_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def smol():
-    """(model, tokenizer, config), loaded once; every test builds cheap engines around it with from_loaded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the engine picks on CPU; HF's runs here get the same (measured faster)
-    yield load_model("smollm2")
-    torch.set_num_threads(before)  # give the other test modules theirs back
-
-
-@pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32,
-                                                local_files_only=True).eval()
 
 
 def chat_prompt(tok, question: str) -> list[int]:

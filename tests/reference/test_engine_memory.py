@@ -7,22 +7,13 @@ copied or recomputed wrongly would change it. At the end every block is back in 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from reference import LLM, BeamSearchParams, SamplingParams
-from reference.models import load_model, random_model
+from reference.models import random_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
            "Paged attention stores the KV cache in"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def smol():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the engine picks on CPU
-    yield load_model("smollm2")
-    torch.set_num_threads(before)
 
 
 def engine(smol, **kwargs) -> LLM:

@@ -10,26 +10,9 @@ import torch
 
 from reference import LLM, SamplingParams
 from reference.engine_outcomes import find_stop_string
-from reference.models import load_model, smollm2_checkpoint_dir
 from reference.sampling import RowContext, _filter_logits, _process_row
 
 QUESTION = "Name three colours, separated by commas."
-
-
-@pytest.fixture(scope="module")
-def smol():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("smollm2")
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32,
-                                                local_files_only=True).eval()  # fmt: skip
 
 
 @pytest.fixture(scope="module")

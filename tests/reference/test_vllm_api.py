@@ -10,7 +10,6 @@ import torch
 
 from reference import LLM, SamplingParams, TokensPrompt
 from reference.kv_cache import kv_bytes_per_block
-from reference.models import load_model
 
 # After vLLM's examples/offline_inference/basic/basic.py and chat.py, and the docs' TokensPrompt and beam search
 # snippets (vLLM 0.32 documentation), written for vLLM; only the import and the model name are changed by run().
@@ -47,14 +46,6 @@ VLLM_SCRIPTS = {
         result.append(BeamSearchParams(beam_width=2, max_tokens=4).beam_width)
     """,
 }
-
-
-@pytest.fixture(scope="module")
-def smol():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("smollm2")
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", VLLM_SCRIPTS)
