@@ -34,6 +34,7 @@ import torch
 
 from reference import executor as ex
 from reference.beam import BeamSearchState
+from reference.cpu_allocator import keep_freed_memory
 from reference.engine_offline import OfflineAPI
 from reference.engine_outcomes import EngineOutcomes
 from reference.kv_cache import KVCache, kv_bytes_per_block
@@ -132,8 +133,10 @@ class LLM(EngineOutcomes, OfflineAPI):
             self.dtype = ex.default_dtype(dtype, self.device)  # also vLLM's names: "float32", "bfloat16", "auto"
             self.model, self.tokenizer, _ = load_model(model, dtype=self.dtype, device=self.device)
         ex.use_one_cpu_thread(self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # glibc keeps the steps' freed tensors instead of page-faulting them back
         self.config = self.model.config
-        self.backend = ex.default_backend(backend, self.device)
+        self.backend = ex.default_backend(backend, self.device, self.dtype)
         context = self.config.max_position_embeddings
         self.max_model_len = max_model_len or context
         if not 2 <= self.max_model_len <= context:

@@ -30,7 +30,7 @@ from reference.kv_cache import KVCache
 from reference.models.llama import LlamaForwardModel
 from sim.plan import ScheduledSeq, StepPlan
 
-BACKENDS = ("torch", "torch_batched", "triton")
+BACKENDS = ("torch", "torch_batched", "numba", "triton")
 # NOTE: the CPU default pool holds 64 requests of 512 tokens (a CPU pool sized for a class demo); SmolLM2 in float32
 # needs 45 KiB of K/V per token, so this is 1.4 GiB. The GPU default is 0.9 of free memory after the weights.
 CPU_DEFAULT_TOKENS = 64 * 512
@@ -46,12 +46,19 @@ def default_device(device: str | None) -> torch.device:
         raise ValueError(f"unknown device {device!r} (allowed: cpu, cuda, cuda:N)") from err
 
 
-def default_backend(backend: str | None, device: torch.device) -> str:
-    """The attention backend: given, or "triton" on CUDA and "torch_batched" elsewhere.
+def default_backend(backend: str | None, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The attention backend: given, or "triton" on CUDA; on a CPU "numba" (the compiled decode kernel,
+    reference.attention.cpu_numba) for float32 when numba is installed, else "torch_batched".
 
     NOTE: "torch" (the per-sequence oracle in reference.attention.torch_ref) stays selectable for tests and
     for reading, but on CPU its Python loops were ~41% of a decode step; Triton on CPU only interprets."""
-    backend = backend or ("triton" if device.type == "cuda" else "torch_batched")
+    if backend is None:
+        from reference.attention import cpu_numba
+
+        if device.type == "cuda":
+            backend = "triton"
+        else:
+            backend = "numba" if dtype == torch.float32 and cpu_numba.available() else "torch_batched"
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r} (allowed: {', '.join(BACKENDS)})")
     return backend

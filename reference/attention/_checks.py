@@ -25,7 +25,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-BACKENDS = ("triton", "torch", "torch_batched")
+BACKENDS = ("triton", "torch", "torch_batched", "numba")
 
 
 def check_backend(backend: str) -> None:

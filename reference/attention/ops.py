@@ -1,9 +1,10 @@
-"""The public attention operations of the reference engine, each with three backends.
+"""The public attention operations of the reference engine, each with four backends.
 
 ``backend="triton"`` runs the kernels in ``triton_store`` / ``triton_decode`` / ``triton_prefill``
 (compiled on CUDA, interpreted on CPU under ``TRITON_INTERPRET=1``); ``backend="torch"`` runs the slow
 oracle in ``torch_ref``; ``backend="torch_batched"`` runs the vectorized torch version in
-``torch_batched`` (the engine's CPU default). All take the same arguments and get the same checks, so
+``torch_batched``; ``backend="numba"`` is ``torch_batched`` with decode attention as a compiled CPU
+kernel (``cpu_numba``, float32): the engine's CPU default for float32 models. All take the same arguments and get the same checks, so
 a test can call one and then another. The layout follows vLLM (Kwon et al., SOSP 2023, Section 4.1):
 per layer, K and V each live in a cache ``[num_blocks, block_size, num_kv_heads, head_dim]``, and the
 token at slot ``block_id * block_size + offset`` is ``cache[block_id, offset]``.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.attention import torch_batched, torch_ref
+from reference.attention import cpu_numba, torch_batched, torch_ref
 from reference.attention._checks import check_backend, check_cache, check_heads, check_scale, check_tensor
 from reference.attention._checks import FLOAT_DTYPES
 from reference.attention.triton_decode import DecodeTuning, paged_decode_attention_triton
@@ -39,7 +40,7 @@ def store_kv(
     check_store_args(key, value, key_cache, value_cache, slot_mapping)
     if backend == "torch":
         torch_ref.store_kv_ref(key, value, key_cache, value_cache, slot_mapping)
-    elif backend == "torch_batched":
+    elif backend in ("torch_batched", "numba"):
         torch_batched.store_kv_batched(key, value, key_cache, value_cache, slot_mapping)
     else:
         store_kv_triton(key, value, key_cache, value_cache, slot_mapping)
@@ -94,6 +95,9 @@ def paged_decode_attention(
         return torch_batched.paged_decode_attention_batched(
             query, key_cache, value_cache, block_tables, seq_lens, scale
         )
+    if backend == "numba":
+        torch_batched.check_block_tables(block_tables, seq_lens, *key_cache.shape[:2])
+        return cpu_numba.paged_decode_attention_numba(query, key_cache, value_cache, block_tables, seq_lens, scale)
     return paged_decode_attention_triton(
         query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits, tuning=tuning
     )
@@ -128,7 +132,7 @@ def paged_prefill_attention(
         return torch_ref.paged_prefill_attention_ref(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
         )
-    if backend == "torch_batched":
+    if backend in ("torch_batched", "numba"):  # numba: decode only; a prefill is compute-bound (SDPA)
         return torch_batched.paged_prefill_attention_batched(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
         )

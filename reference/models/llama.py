@@ -32,6 +32,7 @@ from reference.batch import ForwardBatch
 from reference.kv_cache import KVCache
 from reference.models.config import ModelConfig
 from reference.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, swiglu_mlp
+from reference.models.matmul import PackedLinear, default_matmul
 
 
 @dataclass(slots=True)
@@ -113,12 +114,19 @@ def weights_from_state_dict(config: ModelConfig, state: dict[str, torch.Tensor])
 class LlamaForwardModel:
     """Runs one step of a batch (prefill and decode rows packed together) over a paged KV cache."""
 
-    def __init__(self, config: ModelConfig, weights: LlamaWeights) -> None:
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, matmul: str | None = None) -> None:
+        """matmul: how projections multiply (reference.models.matmul): "torch" (F.linear, the oracle's) or
+        "onednn" (weights prepacked once; CPU only); None picks "onednn" for float32 on a CPU, else "torch"."""
         self.config = config
         self.weights = weights
         self.scale = config.head_dim ** -0.5  # softmax(q.k * scale), the 1/sqrt(d) of attention
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(
             weights.embed_tokens.device)  # [head_dim / 2] float32
+        self.matmul = default_matmul(matmul, self.device, self.dtype)
+        # linear(x, W, b) = x W^T + b, as F.linear; every projection of forward() goes through it.
+        self.linear = F.linear if self.matmul == "torch" else PackedLinear(
+            [m for w in weights.layers for m in (w.qkv_proj, w.o_proj, w.gate_up_proj, w.down_proj)]
+            + [weights.lm_head])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -144,12 +152,12 @@ class LlamaForwardModel:
         for layer_index, layer in enumerate(self.weights.layers):
             x = rms_norm(h, layer.input_norm, eps)
             attn = self._attention(layer_index, layer, x, cos, sin, batch, kv_cache, backend)  # [T, heads*dim]
-            h = h + F.linear(attn, layer.o_proj, layer.o_bias)
+            h += self.linear(attn, layer.o_proj, layer.o_bias)  # in place: h is this step's own tensor
             x = rms_norm(h, layer.post_attention_norm, eps)
-            h = h + swiglu_mlp(x, layer.gate_up_proj, layer.down_proj)
+            h += swiglu_mlp(x, layer.gate_up_proj, layer.down_proj, self.linear)
         if not all_logits:
             h = h[batch.logits_indices]  # [num_seqs, hidden]: only these rows need the vocab projection
-        return F.linear(rms_norm(h, self.weights.norm, eps), self.weights.lm_head)  # [rows, vocab]
+        return self.linear(rms_norm(h, self.weights.norm, eps), self.weights.lm_head)  # [rows, vocab]
 
     __call__ = forward
 
@@ -159,7 +167,7 @@ class LlamaForwardModel:
         cfg = self.config
         num_tokens = x.shape[0]
         heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
-        qkv = F.linear(x, w.qkv_proj, w.qkv_bias).view(num_tokens, heads + 2 * kv_heads, cfg.head_dim)
+        qkv = self.linear(x, w.qkv_proj, w.qkv_bias).view(num_tokens, heads + 2 * kv_heads, cfg.head_dim)
         qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated together: [T, heads + kv, dim]
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # strided views; the kernels take strides
 

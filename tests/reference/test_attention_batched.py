@@ -170,5 +170,3 @@ def test_engine_greedy_tokens_equal_the_oracle_backend():
         assert llm.backend == backend
         results[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert results["torch_batched"] == results["torch"]
-    if not torch.cuda.is_available():
-        assert LLM.from_loaded(*loaded, num_gpu_blocks=4).backend == "torch_batched"  # the CPU default
