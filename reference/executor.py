@@ -80,6 +80,16 @@ def default_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     return dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
+def default_token_budget(device: torch.device) -> int:
+    """vLLM's default max_num_batched_tokens for its offline `LLM` class (vllm/engine/arg_utils.py,
+    get_batch_defaults): 4096 on a CPU; on a GPU 16384 with 70 GiB of memory or more (A100s excepted), else 8192."""
+    if device.type != "cuda":
+        return 4096
+    props = torch.cuda.get_device_properties(device)
+    big = props.total_memory >= 160 * 2**30 or (props.total_memory >= 70 * 2**30 and "a100" not in props.name.lower())
+    return 16384 if big else 8192
+
+
 def check_vllm_only_options(tensor_parallel_size, enforce_eager, trust_remote_code) -> None:
     """vLLM's keywords that change nothing here, checked so that a script passing them runs unchanged:
     tensor_parallel_size must be 1 (one device); enforce_eager (this engine never captures CUDA graphs: it always
