@@ -83,6 +83,9 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="[-2, 2], per occurrence of a generated token (default 0)")
     g.add_argument("--logprobs", type=int, help="with --json: the top LOGPROBS log-probabilities of every token, 0..20")
+    g.add_argument("--prompt-logprobs", type=int, metavar="K",
+                   help="with --json: each prompt token's log-probability and the top K there, 0..20 (vLLM's "
+                   "prompt_logprobs)")
     g = p.add_argument_group("KV cache (the paper's memory manager)")
     g.add_argument("--policy", default="paged", type=_choice(POLICIES), metavar="{" + ",".join(POLICIES) + "}",
                    help="paged (vLLM), or a contiguous Orca baseline reserving the max length / the prompt plus its "
@@ -91,8 +94,8 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--kv-blocks", type=int, help="KV pool size in blocks (default: just enough for this request)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: prompt, outputs [{text, token_ids, cumulative_logprob, "
-                   "finish_reason}], stats {num_steps, max_concurrent_requests, num_preemptions, num_gpu_blocks, "
-                   "max_blocks_used_after_step}")
+                   "finish_reason}], prompt_logprobs (with --prompt-logprobs), stats {num_steps, "
+                   "max_concurrent_requests, num_preemptions, num_gpu_blocks, max_blocks_used_after_step}")
 
 
 def _choice(allowed: tuple[str, ...]):
@@ -124,9 +127,12 @@ def _check_generate_args(a: argparse.Namespace) -> None:
         (-2 <= a.presence_penalty <= 2, f"--presence-penalty {a.presence_penalty}", "a number in [-2, 2]"),
         (-2 <= a.frequency_penalty <= 2, f"--frequency-penalty {a.frequency_penalty}", "a number in [-2, 2]"),
         (a.logprobs is None or 0 <= a.logprobs <= 20, f"--logprobs {a.logprobs}", "an integer from 0 to 20"),
+        (a.prompt_logprobs is None or 0 <= a.prompt_logprobs <= 20, f"--prompt-logprobs {a.prompt_logprobs}",
+         "an integer from 0 to 20"),
         (all(a.stop or []), "--stop ''", "a non-empty text"),
         (a.beam_width == 1 or not (a.stop or a.min_tokens or a.logprobs is not None or a.min_p
-                                   or a.repetition_penalty != 1 or a.presence_penalty or a.frequency_penalty),
+                                   or a.prompt_logprobs is not None or a.repetition_penalty != 1
+                                   or a.presence_penalty or a.frequency_penalty),
          f"--beam-width {a.beam_width} with sampling options", "beam search takes only --max-tokens, --ignore-eos"),
         (a.block_size >= 1, f"--block-size {a.block_size}", "an integer >= 1"),
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
@@ -204,23 +210,25 @@ def run_generate(a: argparse.Namespace) -> int:
             params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens,
                                     n=a.n, seed=a.seed, ignore_eos=a.ignore_eos, stop=a.stop, min_tokens=a.min_tokens,
                                     min_p=a.min_p, repetition_penalty=a.repetition_penalty, logprobs=a.logprobs,
-                                    presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty)
+                                    presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                                    prompt_logprobs=a.prompt_logprobs)
         request_id = llm.add_request(prompt, params)
     except ValueError as exc:
         message = str(exc)
         if a.kv_blocks is not None and message.startswith("request "):  # the scheduler: it can never fit the pool
             message = f"--kv-blocks {a.kv_blocks} is too small: {message.split(': ', 1)[-1]}"
         raise UsageError(message) from None
-    outputs = _run_steps(llm, request_id, stream=not a.json, hold=max(map(len, a.stop or [""]), default=0))
+    final = _run_steps(llm, request_id, stream=not a.json, hold=max(map(len, a.stop or [""]), default=0))
     if a.json:
-        print(json.dumps(_summary(llm, a, prompt, outputs)))
+        print(json.dumps(_summary(llm, a, prompt, final)))
     return 0
 
 
-def _run_steps(llm, request_id: int, *, stream: bool, hold: int = 0) -> list:
+def _run_steps(llm, request_id: str, *, stream: bool, hold: int = 0):
     """Step the engine until the request is done. stream: n = 1 prints each step's new text at once; n > 1
-    prints each completion when it finishes. Returns the final CompletionOutputs. hold: the longest stop string;
-    while running, that many characters but one stay unprinted, since a stop string completed later cuts them."""
+    prints each completion when it finishes. Returns the request's final RequestOutput (None if it never ran).
+    hold: the longest stop string; while running, that many characters but one stay unprinted, since a stop
+    string completed later cuts them."""
     printed, done, final = "", set(), None
     while llm.has_unfinished_requests():
         for out in llm.step():
@@ -243,7 +251,7 @@ def _run_steps(llm, request_id: int, *, stream: bool, hold: int = 0) -> list:
     if stream and final is not None and len(final.outputs) == 1:
         rest = final.outputs[0].text
         print(rest[len(printed):] if rest.startswith(printed) else "", flush=True)
-    return list(final.outputs) if final is not None else []
+    return final
 
 
 def _fields(out) -> dict:
@@ -259,14 +267,19 @@ def _print_completion(index: int, out) -> None:
     print(out.text, flush=True)
 
 
-def _summary(llm, a: argparse.Namespace, prompt, outputs: list) -> dict:
+def _summary(llm, a: argparse.Namespace, prompt, final) -> dict:
     stats = llm.stats
     num_blocks = llm.kv_manager.num_blocks
     min_free = min((r.num_free_blocks for r in llm.step_log), default=num_blocks)
+    extra = {}
+    if a.prompt_logprobs is not None and final is not None:  # per prompt token: null, then [[id, logprob, rank], ...]
+        extra["prompt_logprobs"] = [None if p is None else [[t, lp.logprob, lp.rank] for t, lp in p.items()]
+                                    for p in final.prompt_logprobs]  # fmt: skip
     return {
         "prompt": a.prompt,
         "model_prompt": prompt,  # what the engine was given: chat-templated text, or token ids
-        "outputs": [_fields(o) for o in outputs],
+        "outputs": [_fields(o) for o in (final.outputs if final is not None else [])],
+        **extra,
         "stats": {
             "num_steps": stats.num_steps, "max_concurrent_requests": stats.max_concurrent_requests,
             "num_preemptions": stats.num_preemptions, "num_gpu_blocks": num_blocks,

@@ -12,6 +12,10 @@ the objects the simulator drives, and executes their plans on a real model (vLLM
 A v1 plan mixes prompt chunks and decodes: a chunk attends to the earlier chunks of its prompt through the
 block table, and only an entry that reaches the end of its sequence (`entry.sample`) samples a token.
 
+Request ids are vLLM's strings at the engine's surface (add_request, abort, RequestOutput.request_id) and the
+simulator's ints below it (the scheduler, the KV manager's sequences, step_log): reference/request_ids.py maps one
+to the other, and `scheduler_request_id` tells a caller which int the scheduler knows a request by.
+
 The simulator decides outcomes from true lengths; here they come from sampled tokens. NOTE: the engine cannot
 know a request's true output length, so each `Request` says output_len = max_tokens; the contiguous policies
 (oracle, pow2) therefore reserve as if every request ran to max_tokens, and `max` reserves max_model_len.
@@ -40,7 +44,9 @@ from reference.engine_outcomes import EngineOutcomes
 from reference.kv_cache import KVCache, kv_bytes_per_block
 from reference.models.llama import LlamaForwardModel
 from reference.outputs import EngineStats, RequestOutput, StepRecord
+from reference.prompt_logprobs import PromptLogprobs
 from reference.prompts import prompt_parts
+from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample_generator
 from sim.kv import make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
@@ -66,6 +72,7 @@ class _Seq:
 
 @dataclass(slots=True)
 class _RequestState:
+    request_id: str  # the public id (the engine's dicts key it by the scheduler's int)
     prompt: str | None
     prompt_token_ids: list[int]
     params: Params
@@ -73,6 +80,7 @@ class _RequestState:
     seqs: dict[int, _Seq]  # scheduler seq id -> state: samples, or the current beams
     beam: BeamSearchState | None = None
     num_cached_tokens: int | None = None  # set at the first admission
+    prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs set: collected as computed
 
 
 @dataclass(slots=True)
@@ -83,7 +91,7 @@ class _Checked:
     prompt_token_ids: list[int]
     params: Params
     max_tokens: int  # params.max_tokens, cut to what the model context leaves
-    request_id: int | None  # None: the engine's next id
+    request_id: str | None  # None: the engine's next id
 
 
 class LLM(EngineOutcomes, OfflineAPI):
@@ -172,9 +180,9 @@ class LLM(EngineOutcomes, OfflineAPI):
         self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend)
         self.stats = EngineStats()
         self.step_log: list[StepRecord] = []
-        self._requests: dict[int, _RequestState] = {}
+        self._requests: dict[int, _RequestState] = {}  # by scheduler id: the requests not finished
+        self._ids = RequestIds()  # public str id <-> scheduler int id, for every request ever queued
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
-        self._next_request_id = 0
         self._start = time.perf_counter()
 
     @classmethod
@@ -187,10 +195,14 @@ class LLM(EngineOutcomes, OfflineAPI):
 
     # --- requests in ------------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | dict, params: Params | None = None,
-                    request_id: int | None = None) -> int:
-        """Queue one request; returns its id. prompt: text, token ids, or a dict {"prompt": text} /
-        {"prompt_token_ids": ids}; request_id: an int >= 0 this engine has never been given (None: the next free
-        one). TypeError / ValueError (nothing changed) for a bad input or a request that can never be served."""
+                    request_id: str | int | None = None) -> str:
+        """Queue one request; returns its id, a str as in vLLM. prompt: text, token ids, or a dict {"prompt": text}
+        / {"prompt_token_ids": ids}. request_id: a str this engine has never been given (vLLM's
+        `llm_engine.add_request(request_id: str, ...)`); an int is accepted too and converted with str() (7 is "7":
+        scripts written for this engine's former int ids keep working); None: the engine's next id, from the
+        counter that numbers generate()'s requests "0", "1", ... (one a caller already took is skipped).
+        TypeError / ValueError (nothing changed) for a bad input, an id already given, or a request that can never
+        be served. The scheduler knows the request by an int: `scheduler_request_id(request_id)`."""
         return self._enqueue(self._check(prompt, params, request_id, "the prompt"))
 
     def _check(self, prompt, params: Params | None, request_id, where: str) -> _Checked:
@@ -211,34 +223,34 @@ class LLM(EngineOutcomes, OfflineAPI):
         if len(ids) >= self.max_model_len:
             raise ValueError(f"{where} has {len(ids)} tokens, too long for a context of {self.max_model_len} "
                              f"(allowed: at most {self.max_model_len - 1} prompt tokens)")
-        if request_id is not None:
-            request_id = check_int("request_id", request_id, 0)
-            if self._id_taken(request_id):
-                raise ValueError(f"request_id {request_id} was already given to this engine (allowed: a new id, "
-                                 "or None for the next free one)")
+        request_id = self._ids.check_new(request_id)
         return _Checked(text, ids, params, min(params.max_tokens, self.max_model_len - len(ids)), request_id)
 
-    def _id_taken(self, request_id: int) -> bool:
-        try:
-            self.scheduler.request(request_id)  # the scheduler remembers every id, finished ones included
-        except KeyError:
-            return False
-        return True
-
-    def _enqueue(self, checked: _Checked) -> int:
-        """Queue a checked request. Only the scheduler's own checks can still refuse it (ValueError, nothing
-        changed)."""
+    def _enqueue(self, checked: _Checked) -> str:
+        """Queue a checked request; its public id. Only the scheduler's own checks can still refuse it (ValueError,
+        nothing changed; the message names the public id)."""
         ids, params, max_tokens = checked.prompt_token_ids, checked.params, checked.max_tokens
-        rid = self._next_request_id if checked.request_id is None else checked.request_id
+        public = self._ids.next_public() if checked.request_id is None else checked.request_id
+        rid = self._ids.next_scheduler_id
         beam = isinstance(params, BeamSearchParams)
-        self.scheduler.add_request(Request(
-            rid, time.perf_counter() - self._start, len(ids), max_tokens,
-            n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
-            prompt_token_ids=ids if self.enable_prefix_caching else None))
-        self._next_request_id = max(self._next_request_id, rid + 1)
+        prompt_logprobs = None if beam else params.prompt_logprobs
         try:
+            self.scheduler.add_request(Request(
+                rid, time.perf_counter() - self._start, len(ids), max_tokens,
+                n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
+                prompt_token_ids=ids if self.enable_prefix_caching else None,
+                skip_reading_prefix_cache=prompt_logprobs is not None))  # as vLLM: every prompt position computed
+        except ValueError as exc:  # "request 3: <why>": the scheduler's int, which the caller never saw
+            message = str(exc)
+            if message.startswith(f"request {rid}: "):
+                raise ValueError(f"request {public!r}: {message.split(': ', 1)[1]}") from None
+            raise
+        try:
+            self._ids.add(public, rid)
             eos = () if params.ignore_eos else self.config.eos_token_ids
-            state = _RequestState(checked.prompt, ids, params, max_tokens, {})
+            state = _RequestState(public, checked.prompt, ids, params, max_tokens, {})
+            if prompt_logprobs is not None:
+                state.prompt_logprobs = PromptLogprobs(ids, prompt_logprobs)
             if beam:
                 state.beam = BeamSearchState(params.beam_width, max_tokens, eos, params.length_penalty, len(ids))
             seed = None if beam or params.greedy else (params.seed if params.seed is not None
@@ -249,21 +261,34 @@ class LLM(EngineOutcomes, OfflineAPI):
             self._requests[rid] = state
         except BaseException:  # an interrupt right here: the scheduler must not keep a request the engine lacks
             self.scheduler.abort(rid)
+            if self._ids.next_scheduler_id == rid:  # the scheduler remembers rid, aborted: never hand it out again
+                self._ids.add(public, rid)
             raise
-        return rid
+        return public
 
     def _tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: give prompts as lists of token ids")
         return list(self.tokenizer(text).input_ids)
 
-    def abort(self, request_id: int) -> None:
-        """Stop a request wherever it is; its blocks return to the pool at once."""
-        state = self._requests.pop(request_id, None)
-        if state is None:
-            return  # unknown or already finished: nothing to do (vLLM's abort is idempotent too)
-        self.scheduler.abort(request_id)
-        self.stats.num_aborted_requests += 1
+    def abort(self, request_id: str | int | list | tuple) -> None:
+        """Stop a request wherever it is; its blocks return to the pool at once. request_id: its public id (an int
+        converted with str(), as add_request does), or a list of them (vLLM's LLMEngine.abort_request takes a list).
+        An unknown or finished request is ignored (vLLM's abort is idempotent too); a bad type is a TypeError."""
+        for public in request_id if isinstance(request_id, (list, tuple)) else [request_id]:
+            rid = self._ids.scheduler_id(public)
+            if rid is None or self._requests.pop(rid, None) is None:
+                continue
+            self.scheduler.abort(rid)
+            self.stats.num_aborted_requests += 1
+
+    def scheduler_request_id(self, request_id: str | int) -> int:
+        """The int the scheduler knows a request by (`llm.scheduler`, `llm.step_log`, the KV manager's sequences via
+        `llm.scheduler.seq_ids`), from its public id; KeyError if this engine was never given that id."""
+        rid = self._ids.scheduler_id(request_id)
+        if rid is None:
+            raise KeyError(f"unknown request_id {request_id!r}")
+        return rid
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -290,7 +315,8 @@ class LLM(EngineOutcomes, OfflineAPI):
                         raise RuntimeError(f"expected the scheduler to admit one of the {self.scheduler.num_waiting} "
                                            "waiting requests into an idle engine, found an empty plan")
                     return []
-                logits, rows = self.executor.execute(plan, self._tokens_to_feed)
+                logits, rows, all_rows = self.executor.execute(plan, self._tokens_to_feed, self._wants_all_rows)
+                self._collect_prompt_logprobs(plan, all_rows)
                 outcome, pending = self._sample(plan, logits, rows)
                 result = self.scheduler.finish_step(plan, outcome)
                 for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids

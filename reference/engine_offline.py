@@ -1,7 +1,8 @@
 """vLLM's offline API over the engine's streaming one: `generate`, `chat`, `beam_search`, `get_tokenizer`.
 
 A mixin of `LLM` (reference/engine.py): everything here queues requests with the engine's `_check` / `_enqueue`
-and drives `step()` until they finish, so it adds no state of its own.
+and drives `step()` until they finish, so it adds no state of its own. As vLLM's `LLM.generate`, the requests
+are numbered by the engine's counter: str ids "0", "1", ... across every call on one LLM.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class OfflineAPI:
         prompts: str | list[int] (ONE prompt as token ids) | {"prompt": str} | {"prompt_token_ids": list[int]}, or
         a list (tuple) of those; numpy integer arrays count as token ids (a 2-D array: one prompt per row).
         params (or `sampling_params=`, vLLM's name): one SamplingParams for all prompts, or a list with one per
-        prompt.
+        prompt. Each RequestOutput.request_id is the engine's next id, as vLLM numbers them: "0", "1", ... counted
+        across every call on this LLM (and add_request(request_id=None)).
         All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
         type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
         every request it queued is aborted before the exception goes on; the engine stays usable."""
@@ -88,18 +90,18 @@ class OfflineAPI:
         interruption while stepping, abort the ones still queued and re-raise."""
         where = "the prompt" if len(prompts) == 1 else "prompt {}"
         checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
-        ids: list[int] = []
+        ids: list[str] = []
         rng_state = self._rng.bit_generator.state
         try:
             for i, c in enumerate(checked):
                 try:
                     ids.append(self._enqueue(c))
-                except ValueError as exc:  # "request 3: <why>": name the prompt, the id was never the caller's
+                except ValueError as exc:  # "request '3': <why>": name the prompt, the id was never the caller's
                     message = str(exc)
                     reason = message.split(": ", 1)[-1] if message.startswith("request ") else message
                     raise ValueError(f"{where.format(i)}: {reason}") from None
         except BaseException:  # the scheduler refused one (it can never be served), or an interrupt: none stays
-            for rid in ids:
+            for rid in map(self.scheduler_request_id, ids):
                 self._requests.pop(rid, None)
                 self.scheduler.abort(rid)
             self._rng.bit_generator.state = rng_state  # the seeds drawn for them are not used up either

@@ -1,9 +1,9 @@
-"""What the engine makes of a step's logits: the tokens sampled (or the beams re-chosen), the outcome reported to
-the scheduler, the RequestOutputs, and the step's record.
+"""What the engine makes of a step's logits: the tokens sampled (or the beams re-chosen), the prompt log-probs
+collected, the outcome reported to the scheduler, the RequestOutputs, and the step's record.
 
-A mixin of `LLM` (reference/engine.py), which owns the state it reads: `self._requests` (request id -> its
-prompt, params and sequences), `self.config` (end-of-sequence ids), `self.tokenizer`, `self.scheduler`,
-`self.kv_manager`, `self.stats` and `self.step_log`.
+A mixin of `LLM` (reference/engine.py), which owns the state it reads: `self._requests` (the scheduler's request
+id -> its public id, prompt, params and sequences), `self.config` (end-of-sequence ids), `self.tokenizer`,
+`self.scheduler`, `self.kv_manager`, `self.stats` and `self.step_log`.
 """
 from __future__ import annotations
 
@@ -16,6 +16,21 @@ from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 
 
 class EngineOutcomes:
+    # --- prompt log-probs -----------------------------------------------------------------------------------
+    def _wants_all_rows(self, entry: ScheduledSeq) -> bool:
+        """Whether the executor must hand back the logits of every token this fed entry computes: its request asks
+        for prompt log-probs and the entry reaches a prompt position not collected yet."""
+        collected = self._requests[entry.request_id].prompt_logprobs
+        return collected is not None and collected.wants(entry.num_computed_tokens, entry.num_new_tokens)
+
+    def _collect_prompt_logprobs(self, plan: StepPlan, all_rows: dict[int, torch.Tensor]) -> None:
+        """File each asked-for entry's rows under its request's prompt positions (reference/prompt_logprobs.py)."""
+        entries = plan.prefills + plan.decodes
+        decode = None if self.tokenizer is None else (lambda token: self._decode([token], False))
+        for i, logits in all_rows.items():
+            entry = entries[i]
+            self._requests[entry.request_id].prompt_logprobs.add(entry.num_computed_tokens, logits, decode)
+
     # --- sampling -----------------------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int]) -> tuple[StepOutcome, dict]:
         """One token per sampling entry, one beam step per beam request: the outcome for the scheduler, and the
@@ -118,6 +133,7 @@ class EngineOutcomes:
         return CompletionOutput(seq.index, text, ids, seq.cum_logprob, logprobs, seq.finish_reason, seq.stop_reason)
 
     def _output(self, request_id: int) -> RequestOutput:
+        """The RequestOutput of the request the scheduler knows as `request_id`, under its public id."""
         state = self._requests[request_id]
         if state.beam is not None and state.beam.done:  # the finished hypotheses, best first
             outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, None, h.finish_reason)
@@ -126,8 +142,9 @@ class EngineOutcomes:
             seqs = sorted(state.seqs.values(), key=lambda s: s.index)
             outputs = [self._completion(s, state.params) for s in seqs]
         finished = self.scheduler.is_finished(request_id)
-        return RequestOutput(request_id, state.prompt, list(state.prompt_token_ids), outputs, finished,
-                             state.num_cached_tokens or 0)
+        prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs.entries)
+        return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), prompt_logprobs, outputs,
+                             finished, state.num_cached_tokens or 0)
 
     def _record(self, plan: StepPlan, finished: list[int], seconds: float) -> None:
         self.stats.add_step(plan, finished, seconds, self.scheduler.num_preemptions)

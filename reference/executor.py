@@ -16,12 +16,16 @@ Row mapping, for a plan with a shared-prompt group R (fed entry r0, sample-only 
     forward rows   r0 -> logits row 0                              d -> logits row 1
     sampled from   r0: row 0, r1: row 0 (its group's fed entry)    d: row 1
 
+The forward pass projects only each fed entry's last row onto the vocabulary, except in a step where an entry
+asks for the logits of every token it feeds (prompt log-probs, reference/prompt_logprobs.py): that step runs the
+model with `all_logits=True` and hands those entries their rows as well.
+
 Also here: the defaults the engine derives from the device (backend, dtype, KV pool size).
 """
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -133,6 +137,15 @@ def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torc
     return -(-CPU_DEFAULT_TOKENS // block_size)
 
 
+class StepLogits(NamedTuple):
+    """What one plan's forward pass gives the engine."""
+
+    logits: torch.Tensor | None  # [num_fed, vocab] float32 on the model's device, one row per fed entry (its last
+    # new token); None when nothing is fed
+    rows: list[int | None]  # per entry of plan.prefills + plan.decodes: the logits row it samples from, or None
+    all_rows: dict[int, torch.Tensor]  # entry index -> [num_new_tokens, vocab]: every fed row, for the entries asked
+
+
 class ModelExecutor:
     """Runs plans for one model over one KV cache."""
 
@@ -141,12 +154,15 @@ class ModelExecutor:
         self.kv_cache = kv_cache
         self.backend = backend
 
-    def execute(self, plan: StepPlan, tokens_to_feed: Callable[[ScheduledSeq], list[int]]
-                ) -> tuple[torch.Tensor | None, list[int]]:
-        """Do the plan's block moves and its forward pass.
+    def execute(self, plan: StepPlan, tokens_to_feed: Callable[[ScheduledSeq], list[int]],
+                wants_all_rows: Callable[[ScheduledSeq], bool] | None = None) -> StepLogits:
+        """Do the plan's block moves and its forward pass: the logits at every fed entry's last new token and the
+        row each entry samples from (StepLogits), and for the fed entries for which `wants_all_rows(entry)` is true,
+        the logits of every token they feed (all_rows; float32, on the model's device).
 
-        Returns (logits [num_fed, vocab] float32 on the model's device, or None when nothing is fed; and for every entry of
-        plan.prefills + plan.decodes, the logits row it samples from, or None for a chunk that samples nothing).
+        NOTE: the model projects either each sequence's last row or every row of the batch (`all_logits`), so a step
+        with an entry in all_rows projects every fed row, other requests' prompt chunks included ([num_tokens, vocab]
+        floats); vLLM projects only the rows of the request that asked. Steps without such an entry pay nothing.
         """
         cache = self.kv_cache
         cache.swap_out(plan.blocks_to_swap_out)
@@ -156,7 +172,7 @@ class ModelExecutor:
         entries = plan.prefills + plan.decodes
         fed = [i for i, e in enumerate(entries) if e.num_new_tokens > 0]
         if not fed:
-            return None, []
+            return StepLogits(None, [], {})
         # NOTE: ForwardBatch classifies by shape, not by plan list: a prefill that feeds 1 token over a cached
         # prefix (a prefix-cache hit up to the last prompt token) runs as a decode. Stable-partition so that
         # every prefill-shaped entry comes first, as build() requires.
@@ -165,8 +181,18 @@ class ModelExecutor:
         row_of = {entry_index: row for row, entry_index in enumerate(order)}
         seqs = [(tokens_to_feed(entries[i]), entries[i].num_computed_tokens, entries[i].block_table) for i in order]
         batch = ForwardBatch.build(seqs, cache.block_size, self.model.device)
-        logits = self.model.forward(batch.input_ids, batch.positions, batch, cache, self.backend)
-        return logits.float(), _sample_rows(plan, row_of)  # NOTE: stays on the device; only tokens come back
+        wanted = [i for i in order if wants_all_rows is not None and wants_all_rows(entries[i])]
+        # NOTE: the logits stay on the device; only tokens (and asked-for log-probs) come back
+        if not wanted:
+            logits = self.model.forward(batch.input_ids, batch.positions, batch, cache, self.backend)
+            return StepLogits(logits.float(), _sample_rows(plan, row_of), {})
+        every = self.model.forward(batch.input_ids, batch.positions, batch, cache, self.backend, all_logits=True)
+        start, first_row = 0, {}
+        for i, (tokens, _, _) in zip(order, seqs):
+            first_row[i] = start
+            start += len(tokens)
+        all_rows = {i: every[first_row[i]:first_row[i] + entries[i].num_new_tokens].float() for i in wanted}
+        return StepLogits(every[batch.logits_indices].float(), _sample_rows(plan, row_of), all_rows)
 
 
 def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int | None]:

@@ -2,9 +2,10 @@
 
 `RequestOutput` / `CompletionOutput` mirror vllm/outputs.py and `BeamSearchSequence` /
 `BeamSearchOutput` mirror vllm/beam_search.py, so code written against vLLM's offline API reads them
-unchanged. `StepRecord` and `EngineStats` are this lab's own: one record per executed scheduler plan
-(what ran, what moved, how much memory is left), and running totals over the engine's life. They are
-what notebooks plot and what the simulator-vs-engine checks compare.
+unchanged (a request is named by vLLM's str id). `StepRecord` and `EngineStats` are this lab's own: one record
+per executed scheduler plan (what ran, what moved, how much memory is left), and running totals over the
+engine's life. They are what notebooks plot and what the simulator-vs-engine checks compare, so a StepRecord
+names requests by the scheduler's int ids (`LLM.scheduler_request_id(request_id)` gives a request's).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 @dataclass(slots=True)
 class Logprob:
-    """One token's log-probability in a CompletionOutput's `logprobs` (vllm/logprobs.py)."""
+    """One token's log-probability in a CompletionOutput's `logprobs` or a RequestOutput's `prompt_logprobs`
+    (vllm/logprobs.py)."""
 
     logprob: float  # under the raw logits
     rank: int | None = None  # 1 = the most likely token (ties count as more likely)
@@ -41,9 +43,13 @@ class CompletionOutput:
 
 @dataclass(slots=True)
 class RequestOutput:
-    request_id: int
+    request_id: str  # as given to add_request, or the engine's "0", "1", ... (vLLM's ids are str)
     prompt: str | None  # None when the prompt was given as token ids
     prompt_token_ids: list[int]
+    # SamplingParams.prompt_logprobs set: one entry per prompt token, None for the first, then {token id: Logprob}
+    # of the prompt's token and the top prompt_logprobs there (reference/prompt_logprobs.py; while a prompt is
+    # computed in chunks, the positions so far); else None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache at admission
@@ -65,7 +71,7 @@ class BeamSearchOutput:
 
 @dataclass(slots=True)
 class StepRecord:
-    """One executed scheduler plan."""
+    """One executed scheduler plan. Requests appear under the scheduler's int ids (see the module doc)."""
 
     step: int  # 0-based count of executed plans
     prefills: list[tuple[int, int, int, int]]  # (request_id, seq_id, num_computed_tokens, num_new_tokens)

@@ -13,7 +13,8 @@ per occurrence and once for each generated token.) Stop strings and ids are chec
 (engine_outcomes.py), as vLLM's stop checker and detokenizer do.
 
 The reported log-probability of a token is the log-softmax of the RAW logits (before temperature and
-filters), as vLLM reports it by default; `cumulative_logprob` sums those.
+filters), as vLLM reports it by default; `cumulative_logprob` sums those. `prompt_logprobs` reports the prompt's
+tokens the same way (reference/prompt_logprobs.py, which the engine runs; not the sampler).
 
 Randomness: every sequence owns a `torch.Generator` seeded from its request's seed and its index among
 the request's n samples, so the same seed gives the same text whatever else shares the batch, and the
@@ -89,6 +90,7 @@ class SamplingParams:
     max_tokens: int = 16  # output tokens at most (fewer if the model context ends first)
     min_tokens: int = 0  # no stop (end-of-sequence, stop ids, stop strings) before this many output tokens
     logprobs: int | None = None  # also return the top-`logprobs` log-probabilities of every generated token
+    prompt_logprobs: int | None = None  # RequestOutput.prompt_logprobs: each prompt token's, and the top k there
     skip_special_tokens: bool = True  # leave special tokens out of the text
     include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) in the text
 
@@ -118,12 +120,15 @@ class SamplingParams:
         min_tokens = check_int("min_tokens", self.min_tokens, 0)
         if min_tokens > max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens={max_tokens}, got {min_tokens}")
-        logprobs = None if self.logprobs is None else check_int("logprobs", self.logprobs, 0)
-        if logprobs is not None and logprobs > MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {logprobs}")
+        logprobs, prompt_logprobs = (None if v is None else check_int(name, v) for name, v in (
+            ("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)))
+        for name, v in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if v is not None and not 0 <= v <= MAX_LOGPROBS:  # NOTE: vLLM's -1 (the whole vocabulary) is over 20 too
+                raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {v}")
         _set(self, temperature=temperature, top_p=top_p, top_k=-1 if top_k == 0 else top_k, seed=seed,
              max_tokens=max_tokens, n=check_int("n", self.n, 1), ignore_eos=check_bool("ignore_eos", self.ignore_eos),
              repetition_penalty=repetition, min_p=min_p, min_tokens=min_tokens, logprobs=logprobs,
+             prompt_logprobs=prompt_logprobs,
              stop=_stop_strings(self.stop), stop_token_ids=_stop_ids(self.stop_token_ids),
              skip_special_tokens=check_bool("skip_special_tokens", self.skip_special_tokens),
              include_stop_str_in_output=check_bool("include_stop_str_in_output", self.include_stop_str_in_output),

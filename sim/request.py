@@ -22,6 +22,9 @@ class Request:
     prefix_id: int | None = None  # requests with the same id share their first `prefix_len` prompt tokens
     prefix_len: int = 0  # tokens of the shared prefix (a system prompt / few-shot examples)
     prompt_token_ids: list[int] | None = None  # real or synthetic ids; needed for prefix caching
+    # vLLM's Request.skip_reading_prefix_cache: never take prefix-cache hits (every prompt token is computed), while
+    # its own full blocks are still cached for others. The engine sets it for SamplingParams.prompt_logprobs.
+    skip_reading_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:

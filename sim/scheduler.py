@@ -238,10 +238,10 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         return (new, counts) if any(counts) else None
 
     def _new_spec(self, group: SequenceGroup, seq: Sequence) -> NewSequence:
-        ids = group.request.prompt_token_ids
-        cached = self.kv.get_computed_tokens(ids, seq.num_tokens) if ids is not None else 0
+        ids, skip = group.request.prompt_token_ids, group.request.skip_reading_prefix_cache
+        cached = self.kv.get_computed_tokens(ids, seq.num_tokens) if ids is not None and not skip else 0
         forks = tuple(s.final_len for s in group.siblings_to_fork)
-        return NewSequence(seq.prompt_len, seq.final_len, ids, cached, forks)
+        return NewSequence(seq.prompt_len, seq.final_len, ids, cached, forks, skip)
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> bool:
         num_seqs, admitted = self.num_running_seqs, False

@@ -90,6 +90,9 @@ class NewSequence:
     # final length. A paged manager shares blocks then and needs nothing now; a contiguous one reserves
     # their runs now, as Orca reserves for every sequence at admission.
     fork_final_lens: tuple[int, ...] = ()
+    # No prefix-cache lookup for it (Request.skip_reading_prefix_cache): num_cached_tokens is 0, and a paged
+    # manager neither looks its blocks up nor counts it in its prefix-cache stats; its full blocks are still cached.
+    skip_reading_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.final_len < self.prompt_len:
@@ -98,6 +101,8 @@ class NewSequence:
             raise ValueError(f"{len(self.token_ids)} token_ids for a sequence of final length {self.final_len}")
         if self.num_cached_tokens < 0:
             raise ValueError(f"num_cached_tokens must be >= 0, got {self.num_cached_tokens}")
+        if self.skip_reading_prefix_cache and self.num_cached_tokens:
+            raise ValueError(f"num_cached_tokens must be 0 when skipping the prefix cache, got {self.num_cached_tokens}")
         if any(f < self.prompt_len for f in self.fork_final_lens):
             raise ValueError(f"fork_final_lens must each be >= prompt_len {self.prompt_len}, got {self.fork_final_lens}")
 

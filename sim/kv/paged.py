@@ -150,7 +150,8 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         for spec, k in zip(new, counts):
             total = spec.num_cached_tokens + k
             # the lookup of get_computed_tokens, bounded by this step's tokens (a hit is never the last token)
-            hashes, hits = self._lookup_blocks(spec.token_ids, spec.num_cached_tokens + max(k, 1))
+            hashes, hits = ([], 0) if spec.skip_reading_prefix_cache else self._lookup_blocks(
+                spec.token_ids, spec.num_cached_tokens + max(k, 1))
             if spec.num_cached_tokens != hits * bs:
                 raise RuntimeError(f"expected num_cached_tokens {spec.num_cached_tokens} to be the cache's current "
                                    f"hits, found {hits * bs} (look up and allocate in the same step)")  # fmt: skip
@@ -218,7 +219,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
             seq = _SeqState(table, total, spec.final_len, spec.token_ids, hashes[:hits])
             self._seqs[seq_id] = seq
             self._register(seq)
-            if self.enable_prefix_caching:
+            if self.enable_prefix_caching and not spec.skip_reading_prefix_cache:  # vLLM counts lookups only
                 self._stats.queried_tokens += spec.prompt_len
                 self._stats.hit_tokens += spec.num_cached_tokens
         return Allocation([])

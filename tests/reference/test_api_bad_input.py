@@ -40,10 +40,11 @@ def llm(tiny):
     return LLM.from_loaded(tiny, ByteTokenizer(), block_size=4, num_gpu_blocks=24, max_model_len=64)
 
 
-def assert_nothing_queued_but(llm: LLM, bystander: int) -> None:
+def assert_nothing_queued_but(llm: LLM, bystander: str) -> None:
     """Only `bystander` is queued; it then finishes, and the pool is entirely free."""
-    assert llm.scheduler.waiting_request_ids() + llm.scheduler.running_request_ids() == [bystander]
-    assert list(llm._requests) == [bystander]
+    queued = llm.scheduler_request_id(bystander)
+    assert llm.scheduler.waiting_request_ids() + llm.scheduler.running_request_ids() == [queued]
+    assert list(llm._requests) == [queued]
     while llm.has_unfinished_requests():
         llm.step()
     kv = llm.kv_manager
@@ -117,11 +118,13 @@ def test_beam_search_refuses_bad_input_whole(llm):
 
 
 ADD_REQUEST = {  # id: (kwargs, exception, fragment)
-    "request_id a str": (dict(request_id="7"), TypeError, "request_id must be an integer, got str"),
-    "request_id a float": (dict(request_id=7.0), TypeError, "request_id must be an integer, got float"),
-    "request_id a bool": (dict(request_id=True), TypeError, "request_id must be an integer, got bool"),
-    "request_id negative": (dict(request_id=-1), ValueError, "request_id must be >= 0"),
-    "request_id in use": (dict(request_id=0), ValueError, "request_id 0 was already given"),
+    "request_id a float": (dict(request_id=7.0), TypeError, "request_id must be a str (or an int, converted with "
+                                                            "str()), got float 7.0"),
+    "request_id a bool": (dict(request_id=True), TypeError, "request_id must be a str (or an int"),
+    "request_id a list": (dict(request_id=["7"]), TypeError, "request_id must be a str (or an int"),
+    "request_id in use": (dict(request_id="0"), ValueError, "request_id '0' was already given to this engine "
+                                                            "(allowed: an id not given before, or None"),
+    "request_id in use, as an int": (dict(request_id=0), ValueError, "request_id '0' was already given"),
     "params a dict": (dict(params={"n": 2}), TypeError, "params must be SamplingParams or BeamSearchParams"),
     "prompt bytes": (dict(prompt=b"x"), TypeError, "got bytes"),
 }  # fmt: skip
@@ -130,7 +133,7 @@ ADD_REQUEST = {  # id: (kwargs, exception, fragment)
 @pytest.mark.parametrize("case", ADD_REQUEST)
 def test_add_request_refuses_bad_input(llm, case):
     kwargs, exc, fragment = ADD_REQUEST[case]
-    bystander = llm.add_request([9, 9, 9], GREEDY)  # request 0
+    bystander = llm.add_request([9, 9, 9], GREEDY)  # request "0"
     kwargs = {"prompt": [1, 2], "params": GREEDY, **kwargs}
     with pytest.raises(exc) as info:
         llm.add_request(**kwargs)
@@ -140,11 +143,18 @@ def test_add_request_refuses_bad_input(llm, case):
 
 def test_a_finished_request_id_stays_taken(llm):
     rid = llm.add_request([1, 2], GREEDY, request_id=5)
+    assert rid == "5"  # an int is converted with str()
     while llm.has_unfinished_requests():
         llm.step()
-    with pytest.raises(ValueError, match="request_id 5 was already given"):
-        llm.add_request([1, 2], GREEDY, request_id=rid)
-    assert llm.add_request([1, 2], GREEDY) == 6  # the next free id
+    for again in (rid, 5, np.int64(5)):
+        with pytest.raises(ValueError, match="request_id '5' was already given"):
+            llm.add_request([1, 2], GREEDY, request_id=again)
+    llm.abort("1")  # unknown: nothing to do
+    assert llm.add_request([1, 2], GREEDY, request_id="1") == "1"
+    llm.abort(["1"])  # a list, as vLLM's LLMEngine.abort_request takes
+    # None: the engine's counter, as generate() numbers requests, skipping "1" (taken) but not "5" (not reached yet)
+    assert [llm.add_request([1, 2], GREEDY) for _ in range(3)] == ["0", "2", "3"]
+    assert [o.request_id for o in llm.generate([[1], [2], [3]], GREEDY)] == ["4", "6", "7"]
 
 
 PARAMS = {  # id: (class, kwargs, exception, fragment)
@@ -177,6 +187,17 @@ PARAMS = {  # id: (class, kwargs, exception, fragment)
     "min_tokens negative": (SamplingParams, dict(min_tokens=-1), ValueError, "min_tokens must be >= 0"),
     "logprobs 100": (SamplingParams, dict(logprobs=100), ValueError, "logprobs must be None or an integer in [0, 20]"),
     "logprobs bool": (SamplingParams, dict(logprobs=True), TypeError, "logprobs must be an integer"),
+    "logprobs negative": (SamplingParams, dict(logprobs=-1), ValueError,
+                          "logprobs must be None or an integer in [0, 20], got -1"),
+    "prompt_logprobs negative": (SamplingParams, dict(prompt_logprobs=-1), ValueError,
+                                 "prompt_logprobs must be None or an integer in [0, 20], got -1"),
+    "prompt_logprobs 21": (SamplingParams, dict(prompt_logprobs=21), ValueError, "prompt_logprobs must be None or an "
+                                                                                 "integer in [0, 20], got 21"),
+    "prompt_logprobs float": (SamplingParams, dict(prompt_logprobs=1.0), TypeError,
+                              "prompt_logprobs must be an integer, got float"),
+    "prompt_logprobs bool": (SamplingParams, dict(prompt_logprobs=True), TypeError,
+                             "prompt_logprobs must be an integer, got bool"),
+    "prompt_logprobs str": (SamplingParams, dict(prompt_logprobs="2"), TypeError, "prompt_logprobs must be an integer"),
     "stop empty": (SamplingParams, dict(stop=""), TypeError, "stop must be None, a non-empty str"),
     "stop int": (SamplingParams, dict(stop=[3]), TypeError, "stop must be None, a non-empty str"),
     "stop_token_ids str": (SamplingParams, dict(stop_token_ids="2"), TypeError, "stop_token_ids must be None or"),

@@ -41,6 +41,10 @@ BAD = {  # name -> (arguments, a word the error line must contain)
     "presence_penalty": (["generate", "hi", "--presence-penalty", "3"], "--presence-penalty"),
     "frequency_penalty_nan": (["generate", "hi", "--frequency-penalty", "nan"], "--frequency-penalty"),
     "logprobs": (["generate", "hi", "--logprobs", "21"], "--logprobs 21 (allowed: an integer from 0 to 20)"),
+    "prompt_logprobs": (["generate", "hi", "--prompt-logprobs", "-1"],
+                        "--prompt-logprobs -1 (allowed: an integer from 0 to 20)"),
+    "beam_with_prompt_logprobs": (["generate", "hi", "--beam-width", "2", "--prompt-logprobs", "1"],
+                                  "beam search takes only"),
     "empty_stop": (["generate", "hi", "--stop", ""], "--stop"),
     "beam_with_stop": (["generate", "hi", "--beam-width", "2", "--stop", "x"], "beam search takes only"),
     "unknown_model": (["generate", "hi", "--model", "/no/such/checkpoint"], "/no/such/checkpoint"),
@@ -178,6 +182,12 @@ def test_parallel_samples_and_beams_through_the_cli(capsys):
     assert len({tuple(b["token_ids"]) for b in beams}) == 3, "beams are distinct hypotheses"
     scores = [b["cumulative_logprob"] for b in beams]
     assert scores == sorted(scores, reverse=True), "best first (equal lengths: by cumulative log-prob)"
+    assert main([*args, "--prompt-logprobs", "2"]) == 0  # per prompt token: null, then [[id, logprob, rank], ...]
+    result = json.loads(capsys.readouterr().out)
+    plp = result["prompt_logprobs"]
+    assert len(plp) == len(IDS.split()) and plp[0] is None
+    assert [p[0][0] for p in plp[1:]] == [int(t) for t in IDS.split()[1:]] and all(len(p) in (2, 3) for p in plp[1:])
+    assert main(args) == 0 and "prompt_logprobs" not in json.loads(capsys.readouterr().out)
     # n > 1 without --json prints each completion when it finishes
     assert main([*args[:-1], "--n", "3", "--temperature", "1.0"]) == 0
     printed = capsys.readouterr().out

@@ -72,7 +72,7 @@ def test_parallel_samples_share_the_prompt_and_seeds_reproduce(smol):
     llm = engine(smol)
     prompt = "Write a short poem about the sea:"  # 8 tokens: one partly filled block of 16, shared by n = 3
     params = SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=50, max_tokens=8, seed=7, ignore_eos=True)
-    rid = llm.add_request(prompt, params)
+    rid = llm.scheduler_request_id(llm.add_request(prompt, params))  # the scheduler's int, as step_log names it
     llm.step()  # the prefill: the prompt is computed ONCE, and each sibling samples from its logits
     seq_ids = llm.scheduler.seq_ids(rid)
     tables = [llm.kv_manager.block_table(i) for i in seq_ids]
@@ -138,7 +138,7 @@ def test_beam_search_returns_vllms_sequences(smol, beam_prompts):
 
 def test_beams_share_blocks_and_copy_on_write(smol, beam_prompts):
     llm = engine(smol, block_size=4)  # small blocks: forks share partly filled blocks often
-    rid = llm.add_request(beam_prompts[0], BeamSearchParams(beam_width=3, max_tokens=6))
+    rid = llm.scheduler_request_id(llm.add_request(beam_prompts[0], BeamSearchParams(beam_width=3, max_tokens=6)))
     max_refs = 0
     while llm.has_unfinished_requests():
         llm.step()

@@ -82,10 +82,11 @@ def fail_on_call(obj, name: str, call: int, exc: BaseException, after: bool = Fa
 
 def serve(llm: LLM, workload: list[tuple[list[int], object]] | None = None) -> tuple[dict[int, list], list]:
     """Add every request (streaming API), step until done; a step that raises is recorded and stepping goes on.
-    Returns the finished requests' token ids and the exceptions seen."""
+    Returns the finished requests' token ids by the scheduler's id (as the plans name them), and the exceptions
+    seen."""
     workload = workload or [(prompt, params_of(i)) for i, prompt in enumerate(PROMPTS)]
     for i, (prompt, params) in enumerate(workload):
-        assert llm.add_request(prompt, params) == i
+        assert llm.scheduler_request_id(llm.add_request(prompt, params)) == i
     finished, errors = {}, []
     while llm.has_unfinished_requests():
         try:
@@ -93,7 +94,8 @@ def serve(llm: LLM, workload: list[tuple[list[int], object]] | None = None) -> t
         except (Fault, KeyboardInterrupt) as exc:
             errors.append(exc)
             continue
-        finished.update({o.request_id: [c.token_ids for c in o.outputs] for o in outs if o.finished})
+        finished.update({llm.scheduler_request_id(o.request_id): [c.token_ids for c in o.outputs]
+                         for o in outs if o.finished})  # fmt: skip
     return finished, errors
 
 
@@ -217,7 +219,8 @@ def test_an_interrupt_inside_the_scheduler_is_undone(tiny):
     llm.kv_manager.allocate_slots = allocate_slots
     with pytest.raises(KeyboardInterrupt):
         llm.step()
-    assert llm.scheduler.is_finished(ids[0]) and llm.scheduler.waiting_request_ids() == ids[1:]
+    sids = [llm.scheduler_request_id(i) for i in ids]
+    assert llm.scheduler.is_finished(sids[0]) and llm.scheduler.waiting_request_ids() == sids[1:]
     finals = {}
     while llm.has_unfinished_requests():
         finals.update({o.request_id: o.outputs[0].token_ids for o in llm.step() if o.finished})

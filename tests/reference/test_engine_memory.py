@@ -50,7 +50,7 @@ def test_preemption_keeps_greedy_outputs(smol, unconstrained, preemption, num_cp
         assert llm.stats.num_swapped_out_blocks > 0 and llm.stats.num_swapped_in_blocks > 0
         assert any(r.blocks_to_swap_out for r in llm.step_log)
     else:  # a recomputed sequence feeds prompt + its generated tokens again, from position 0
-        prompt_lens = [len(smol[1](p).input_ids) for p in PROMPTS]  # request ids are 0, 1, 2, 3
+        prompt_lens = [len(smol[1](p).input_ids) for p in PROMPTS]  # scheduler ids (step_log's) are 0, 1, 2, 3
         assert any(computed == 0 and new > prompt_lens[rid]
                    for r in llm.step_log for rid, _, computed, new in r.prefills)
     assert_pool_empty(llm)
@@ -61,7 +61,7 @@ def test_abort_frees_blocks_while_others_run(smol, unconstrained):
     ids = [llm.add_request(p, GREEDY) for p in PROMPTS[:3]]
     for _ in range(3):
         llm.step()
-    victim = llm.scheduler.seq_ids(ids[1])[0]
+    victim = llm.scheduler.seq_ids(llm.scheduler_request_id(ids[1]))[0]
     held = len(llm.kv_manager.block_table(victim))
     free_before = llm.kv_manager.num_free_blocks
     llm.abort(ids[1])
@@ -93,7 +93,8 @@ def test_bad_requests_are_clear_errors_and_do_not_disturb_others(smol, unconstra
         llm.add_request([], GREEDY)
     with pytest.raises(ValueError):  # generate() is all or nothing: the good prompt is withdrawn too
         llm.generate([PROMPTS[1], "word " * 200], GREEDY)
-    assert llm.scheduler.waiting_request_ids() == [] and llm.scheduler.running_request_ids() == [rid]
+    assert llm.scheduler.waiting_request_ids() == []
+    assert llm.scheduler.running_request_ids() == [llm.scheduler_request_id(rid)]
     while llm.has_unfinished_requests():
         outs = llm.step()
     assert outs[0].request_id == rid and outs[0].outputs[0].token_ids == unconstrained[0]

@@ -157,7 +157,9 @@ def serve(model, requests: list[Request], sim_calls: list[tuple], policy: str, p
         if kind == "add":
             r = by_id[what]
             params = SamplingParams(temperature=0.0, max_tokens=r.output_len, n=r.n, ignore_eos=True)
-            assert llm.add_request(r.prompt_token_ids, params, request_id=r.request_id) == r.request_id
+            public = llm.add_request(r.prompt_token_ids, params, request_id=r.request_id)  # an int: str() of it
+            # the scheduler numbers requests in the order they come, as the simulator's arrivals are numbered
+            assert public == str(r.request_id) and llm.scheduler_request_id(public) == r.request_id
         else:
             llm.step()
     while llm.has_unfinished_requests():  # nothing should be left: then this adds steps that fail the comparison

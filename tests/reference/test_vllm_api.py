@@ -41,6 +41,15 @@ VLLM_SCRIPTS = {
         outputs = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=8))
         result.append(outputs[0].outputs[0].text)
     """,
+    "request ids and prompt logprobs": """
+        from vllm import LLM, SamplingParams
+        llm = LLM(model="facebook/opt-125m", max_model_len=256)
+        outputs = llm.generate(["Hello, my name is", "Hi"], SamplingParams(max_tokens=1, prompt_logprobs=1))
+        for out in outputs:
+            scored, ids = out.prompt_logprobs[1:], out.prompt_token_ids[1:]
+            result.append((out.request_id, out.prompt_logprobs[0], len(scored) == len(ids),
+                           all(next(iter(p)) == t and 1 <= len(p) <= 2 for p, t in zip(scored, ids))))
+    """,
     "beam search import": """
         from vllm.sampling_params import BeamSearchParams
         result.append(BeamSearchParams(beam_width=2, max_tokens=4).beam_width)
@@ -60,6 +69,8 @@ def test_a_vllm_script_runs_with_the_import_changed(name, smol, monkeypatch):
         assert [r[0] for r in result] == ["Hello, my name is", "The capital of France is"] and all(r[2] for r in result)
     if name == "keyword and tokens":
         assert all(reason in ("stop", "length") and n == len(ids) for ids, reason, n in result)
+    if name == "request ids and prompt logprobs":  # vLLM's ids: str(next(counter)) per LLM
+        assert result == [("0", None, True, True), ("1", None, True, True)]
 
 
 def engine(smol, **kwargs):

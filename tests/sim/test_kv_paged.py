@@ -152,6 +152,23 @@ def test_a_recompute_readmission_hits_the_whole_prompt():
     kv.check_invariants()
 
 
+def test_a_sequence_skipping_the_prefix_cache_reads_nothing_but_is_cached():
+    """vLLM's skip_reading_prefix_cache (a request that wants prompt log-probs): no hit, no lookup counted, every
+    token computed into new blocks, which are cached beside the first holders."""
+    kv = PagedKVManager(8, 4, enable_prefix_caching=True)
+    prompt = list(range(10))
+    admit(kv, 0, 10, 12, prompt)  # blocks 0, 1 cached
+    before = kv.prefix_cache_stats()
+    skip = NewSequence(10, 12, prompt, 0, skip_reading_prefix_cache=True)
+    assert kv.allocate_slots([1], [10], [skip]) is not None
+    assert not set(kv.block_table(1)) & set(kv.block_table(0)) and kv.num_tokens(1) == 10
+    assert all(kv.allocator.is_cached(b) for b in kv.block_table(1)[:2])  # its own full blocks, cached too
+    assert kv.prefix_cache_stats() == before  # not a lookup: not counted
+    with pytest.raises(ValueError, match="num_cached_tokens must be 0 when skipping the prefix cache, got 4"):
+        NewSequence(10, 12, prompt, 4, skip_reading_prefix_cache=True)
+    kv.check_invariants()
+
+
 def test_out_of_memory_changes_nothing():
     kv = PagedKVManager(3, 4, enable_prefix_caching=True)
     admit(kv, 0, 7, 12, list(range(7)))

@@ -155,3 +155,23 @@ def test_the_budget_counts_the_tokens_left_after_prefix_cache_hits(caching):
         assert entries(plan) == [(1, 0, 10, True), (0, 10, 1, True)] and plan.num_batched_tokens == 11
     drive(sched)
     assert all_blocks_free(kv)
+
+
+def test_a_request_skipping_the_prefix_cache_computes_its_whole_prompt():
+    """Request.skip_reading_prefix_cache (vLLM's, set for prompt log-probs): request 1 shares request 0's two cached
+    blocks but computes all 10 tokens, while request 2, reading the cache again, finds request 1's own third block
+    (its prompt's first 12 tokens) as well as the shared ones."""
+    prefix = list(range(100, 108))
+    kv = paged(32, enable_prefix_caching=True)
+    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64))
+    sched.add_request(req(0, 10, 3, prompt_token_ids=prefix + [1, 2]))
+    plan, _ = step(sched)
+    sched.add_request(req(1, 13, 3, prompt_token_ids=prefix + [3, 4, 5, 6, 7], skip_reading_prefix_cache=True))
+    plan, _ = step(sched)
+    assert (1, 0, 13, True) in entries(plan)  # computed from position 0: no hit
+    sched.add_request(req(2, 13, 3, prompt_token_ids=prefix + [3, 4, 5, 6, 7]))
+    plan, _ = step(sched)
+    assert (2, 12, 1, True) in entries(plan)  # 12 tokens found: request 1's blocks were cached
+    drive(sched)
+    assert all_blocks_free(kv)
+
