@@ -263,7 +263,8 @@ def _fields(out) -> dict:
 
 
 def _print_completion(index: int, out) -> None:
-    print(f"--- completion {index} (finish: {out.finish_reason}, cumulative logprob {out.cumulative_logprob:.3f})")
+    score = "" if out.cumulative_logprob is None else f", cumulative logprob {out.cumulative_logprob:.3f}"
+    print(f"--- completion {index} (finish: {out.finish_reason}{score})")
     print(out.text, flush=True)
 
 

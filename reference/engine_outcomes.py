@@ -64,7 +64,8 @@ class EngineOutcomes:
         tokens, logprobs, top = sample(logits[[r for _, r in plain]], params, [s.generator for s in seqs], contexts)
         for (entry, _), state, seq, token, logprob, best in zip(plain, states, seqs, tokens, logprobs, top):
             seq.token_ids.append(token)
-            seq.cum_logprob += logprob
+            if logprob is not None:
+                seq.cum_logprob += logprob
             if best is not None:
                 seq.logprobs.append(best)
             self._check_stop(state, seq, token)
@@ -130,7 +131,9 @@ class EngineOutcomes:
         # decoded_token shows special tokens as they are (vLLM converts ids to tokens for logprobs)
         logprobs = None if seq.logprobs is None else [
             {t: Logprob(lp, rank, self._decode([t], False)) for t, (lp, rank) in step.items()} for step in seq.logprobs]
-        return CompletionOutput(seq.index, text, ids, seq.cum_logprob, logprobs, seq.finish_reason, seq.stop_reason)
+        # vLLM: no cumulative_logprob for a sample that asked for no logprobs (beams always score theirs)
+        cumulative = seq.cum_logprob if getattr(params, "logprobs", 0) is not None else None
+        return CompletionOutput(seq.index, text, ids, cumulative, logprobs, seq.finish_reason, seq.stop_reason)
 
     def _output(self, request_id: int) -> RequestOutput:
         """The RequestOutput of the request the scheduler knows as `request_id`, under its public id."""

@@ -275,7 +275,8 @@ def test_a_tiny_temperature_samples_greedily(llm):
 def test_beam_search_of_width_1_is_greedy(llm):
     """One beam: each step keeps the best continuation. With no end token in the way it is greedy decoding."""
     prompts = [[5, 17, 99, 3, 42], [100, 101, 102]]
-    greedy = [o.outputs[0] for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))]
+    greedy = [o.outputs[0] for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                                         logprobs=0))]
     beams = llm.beam_search(prompts, BeamSearchParams(beam_width=1, max_tokens=6, ignore_eos=True))
     for prompt, g, out in zip(prompts, greedy, beams):
         [best] = out.sequences

@@ -182,14 +182,18 @@ def test_triton_backend_equals_torch_on_the_tiny_model():
 def test_sampler_filters_and_reports_raw_logprobs():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 2.9, 0.0]])
     raw = torch.log_softmax(logits, dim=-1)
-    greedy = SamplingParams(temperature=0.0)
-    top1 = SamplingParams(temperature=5.0, top_k=1)  # a hot temperature, but only one token survives top-k
-    narrow = SamplingParams(temperature=5.0, top_p=0.01)  # the most likely token alone reaches top_p
+    greedy = SamplingParams(temperature=0.0, logprobs=0)
+    top1 = SamplingParams(temperature=5.0, top_k=1, logprobs=0)  # a hot temperature, but only one token survives
+    narrow = SamplingParams(temperature=5.0, top_p=0.01, logprobs=0)  # the most likely token alone reaches top_p
     gens = [sample_generator(0, i) for i in range(2)]
     for params in (greedy, top1, narrow):
         tokens, logprobs, _ = sample(logits, [params, params], gens)
         assert tokens == [0, 1]
         assert logprobs == pytest.approx([raw[0, 0].item(), raw[1, 1].item()])  # before temperature / filters
+    # a row that asks for no logprobs gets none (vLLM: cumulative_logprob None); the others keep theirs
+    tokens, logprobs, top = sample(logits, [SamplingParams(temperature=0.0), greedy], gens)
+    assert tokens == [0, 1] and logprobs[0] is None and top[0] is None
+    assert logprobs[1] == pytest.approx(raw[1, 1].item())
     draws = {tuple(sample(logits, [SamplingParams(top_k=2)] * 2, gens)[0]) for _ in range(50)}
     assert {t for d in draws for t in d} <= {0, 1, 2} and len(draws) > 1  # only the two best of each row
 
