@@ -12,8 +12,8 @@ compare), printed as a table and saved as CSV with the machine and the exact com
    paged blocks vs the Orca baselines' contiguous reservations (max, pow2, oracle), from
    `LLM.stats.max_concurrent_requests` on the same workload, all requests arriving at once.
 
-NOTE: both systems run with torch.set_num_threads(1): on a 2-core machine shared with other processes,
-OpenMP hand-offs cost more than they save for a 135M model, and one thread makes the two runs comparable.
+NOTE: both systems run with torch.set_num_threads(1), so that the two runs are comparable on a 2-core machine
+shared with other processes (make peer measures this engine at 1 and 2 threads against vLLM).
 """
 from __future__ import annotations
 

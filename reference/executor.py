@@ -108,9 +108,14 @@ def check_vllm_only_options(tensor_parallel_size, enforce_eager, trust_remote_co
 
 
 def use_one_cpu_thread(device: torch.device) -> None:
-    """NOTE: measured on the 2-core development boxes, one torch thread runs this small model faster than two
-    (OpenMP hand-offs cost more than they save at batch sizes of a few sequences). Respect the user's choice
-    when OMP_NUM_THREADS / MKL_NUM_THREADS is set. This is process-wide, as torch.set_num_threads is."""
+    """One torch thread on a CPU unless OMP_NUM_THREADS / MKL_NUM_THREADS says otherwise. This is process-wide, as
+    torch.set_num_threads is.
+
+    NOTE: not because one thread is faster: on an idle 2-core box two threads ran the bench workload faster (see
+    the 2-thread rows of figures/peer_vllm.csv, where OMP_NUM_THREADS=2 is set). One is the default because this
+    engine's processes usually share the cores (the test suite runs two workers; the benchmarks alternate
+    systems), where OpenMP threads that outnumber the free cores spin and stall each other. Set
+    OMP_NUM_THREADS to the free cores for a machine of one's own."""
     if device.type == "cpu" and not (os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")):
         torch.set_num_threads(1)
 
