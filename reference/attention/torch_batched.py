@@ -132,10 +132,10 @@ def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_b
 
 
 def _used_blocks(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int
-                 ) -> tuple[torch.Tensor, int]:
+                 ) -> torch.Tensor:
     """The first ``num_cols`` columns of the block tables (num_cols: what the longest sequence needs), with every
     column a sequence does not need replaced by its own first block (block 0 when it is empty), checked to lie in
-    the cache. Returns (blocks int64 [num_seqs, num_cols], num_cols)."""
+    the cache. Returns blocks, int64 [num_seqs, num_cols]."""
     lo, hi = (int(x) for x in torch.aminmax(seq_lens)) if seq_lens.numel() else (0, 0)
     if lo < 0:
         raise ValueError(f"seq_lens must be >= 0, got {seq_lens.tolist()}")
@@ -152,7 +152,7 @@ def _used_blocks(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks:
         lo, hi = (int(x) for x in torch.aminmax(blocks))
         if lo < 0 or hi >= num_blocks:
             raise ValueError(f"block table entries must be in 0..{num_blocks - 1}, got {lo if lo < 0 else hi}")
-    return blocks, num_cols
+    return blocks
 
 
 def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torch.Tensor, num_heads: int
@@ -164,7 +164,7 @@ def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torc
     tensor per layer and cache came from the kernel as new zeroed pages each time, which measured slower than
     the copy itself (2-4 ms instead of 0.8 for 7 MiB) on the 2-core box."""
     num_blocks, block_size = cache.shape[:2]
-    blocks, _ = _used_blocks(block_tables, seq_lens, num_blocks, block_size)
+    blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size)
     lens = seq_lens.tolist()
     groups = _length_groups([1] * len(lens), lens, num_heads)
     plan = []
@@ -240,7 +240,7 @@ def _prefill_plan(block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq
                   num_tokens: int, num_blocks: int, block_size: int) -> list[tuple]:
     """Per sequence with new tokens: (first row, end row, seq_len, its block ids, mask or None when causal)."""
     starts, q_lens, lens = packed_query_lens(query_start_loc, seq_lens, num_tokens)
-    blocks, _ = _used_blocks(block_tables, seq_lens, num_blocks, block_size)
+    blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size)
     plan = []
     for i, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
         if q_len == 0:  # a sequence with no new token has no rows

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from reference import LLM, SamplingParams
-from reference.attention import paged_decode_attention, paged_prefill_attention, store_kv, torch_batched
+from reference.attention import cpu_numba, paged_decode_attention, paged_prefill_attention, store_kv, torch_batched
 from reference.models import load_model
 from tests.reference.test_attention import NUM_KV_HEADS, make_paged_kv, prefill_case
 
@@ -143,18 +143,21 @@ def test_store_kv_writes_what_the_oracle_writes(block_size):
         assert torch.equal(batched.nan_to_num(), oracle.nan_to_num())  # with the same bits
 
 
-def test_bad_values_raise_like_the_oracle():
+@pytest.mark.parametrize("backend", ["torch_batched", pytest.param(
+    "numba", marks=pytest.mark.skipif(not cpu_numba.available(), reason="needs numba"))])
+def test_bad_values_raise_like_the_oracle(backend):
+    """The numba kernel reads the block tables itself: it gets the same value checks (once per step)."""
     cache = torch.zeros(4, 2, NUM_KV_HEADS, 8)
     kv = torch.zeros(1, NUM_KV_HEADS, 8)
     with pytest.raises(ValueError, match=r"slot_mapping\[0\] = 8 is outside the cache"):
-        store_kv(kv, kv, cache, cache.clone(), torch.tensor([8]), backend="torch_batched")
+        store_kv(kv, kv, cache, cache.clone(), torch.tensor([8]), backend=backend)
     query = torch.zeros(1, NUM_KV_HEADS, 8)
     with pytest.raises(ValueError, match="needs 2 blocks but the block table has 1 columns"):
         paged_decode_attention(query, cache, cache.clone(), torch.tensor([[0]], dtype=torch.int32),
-                               torch.tensor([3], dtype=torch.int32), 1.0, backend="torch_batched")
+                               torch.tensor([3], dtype=torch.int32), 1.0, backend=backend)
     with pytest.raises(ValueError, match=r"block table entries must be in 0..3"):
         paged_decode_attention(query, cache, cache.clone(), torch.tensor([[9]], dtype=torch.int32),
-                               torch.tensor([1], dtype=torch.int32), 1.0, backend="torch_batched")
+                               torch.tensor([1], dtype=torch.int32), 1.0, backend=backend)
 
 
 # --- the engine ----------------------------------------------------------------------------------------
