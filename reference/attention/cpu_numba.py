@@ -37,64 +37,104 @@ import torch
 try:
     import numba
 
-    # NOTE: numba's default threading layer here is OpenMP, the same runtime as torch's: its set_num_threads
-    # then changed torch's thread count too (measured: 1 -> 2). Its own "workqueue" pool leaves torch alone.
-    numba.config.THREADING_LAYER = "workqueue"
+    # NOTE: OpenMP first, the runtime torch's CPU ops already run on (torch's wheels bring libgomp; numba's layer
+    # then uses the same library and so the same pool of warm threads). With numba's own "workqueue" pool, its
+    # threads had to wake and then compete with torch's, still spinning after the last matmul: measured on the
+    # 2-core box, 2 threads, the bench workload's decode attention took 1.14 s with workqueue, 0.64 s with OpenMP.
+    # workqueue stays the fallback where numba has no OpenMP layer. See paged_decode_attention_numba for the
+    # thread count, which numba's OpenMP start-up changes.
+    numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]
+    numba.config.THREADING_LAYER = "default"
 except ImportError:  # numba is a dependency of the project; without it the engine uses torch_batched
     numba = None
+
+
+# NOTE: numba's parallel loop hands each thread an equal share of the *iterations*; with sequences of 20 and 190
+# tokens in one step, an equal count of sequences is not an equal amount of work (measured on the 2-core box, 2
+# threads, 30 sequences of 20-190 tokens sorted by length, 30 layers: 23.6 ms, 1 thread 32.4). So sequences are
+# dealt into one bucket per thread by length first (_balance) and the loop runs over buckets: 17.8 ms.
+PER_SEQ_COST = 8  # tokens: a sequence's fixed work (its scores and output buffers, 9 heads' setup), a rough guess
 
 
 def available() -> bool:
     return numba is not None
 
 
-def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, out):
+def _balance(seq_lens, num_workers):
+    """Sequences dealt to `num_workers` buckets, longest first, each to the least loaded bucket so far (LPT):
+    (order, starts), bucket w being order[starts[w]:starts[w + 1]]. A sequence's cost is its length plus
+    PER_SEQ_COST tokens of fixed work."""
+    n = seq_lens.shape[0]
+    by_length = np.argsort(-seq_lens.astype(np.int64), kind="mergesort")
+    bucket = np.empty(n, np.int64)
+    load = np.zeros(num_workers, np.int64)
+    count = np.zeros(num_workers, np.int64)
+    for s in by_length:
+        w = np.argmin(load)
+        bucket[s] = w
+        load[w] += seq_lens[s] + PER_SEQ_COST
+        count[w] += 1
+    starts = np.zeros(num_workers + 1, np.int64)
+    starts[1:] = np.cumsum(count)
+    order = np.empty(n, np.int64)
+    fill = starts[:-1].copy()
+    for s in by_length:
+        order[fill[bucket[s]]] = s
+        fill[bucket[s]] += 1
+    return order, starts
+
+
+def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, out, order, starts):
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
-    for s in numba.prange(num_seqs):
-        seq_len = seq_lens[s]
-        if seq_len == 0:  # nothing to attend to: zeros, as the oracle
-            out[s, :, :] = 0.0
-            continue
-        num_blocks = (seq_len + block_size - 1) // block_size
-        scores = np.empty(seq_len, np.float32)
-        acc = np.empty(head_dim, np.float32)
-        for head in range(num_heads):
-            kv_head = head // group  # GQA: query head `head` reads KV head head // group
-            top = np.float32(-np.inf)
-            for j in range(num_blocks):
-                block = block_tables[s, j]
-                for o in range(min(block_size, seq_len - j * block_size)):
-                    dot = np.float32(0.0)
-                    for d in range(head_dim):
-                        dot += query[s, head, d] * key_cache[block, o, kv_head, d]
-                    dot *= scale
-                    scores[j * block_size + o] = dot
-                    top = max(top, dot)
-            total = np.float32(0.0)
-            for t in range(seq_len):
-                scores[t] = math.exp(scores[t] - top)
-                total += scores[t]
-            acc[:] = 0.0
-            for j in range(num_blocks):
-                block = block_tables[s, j]
-                for o in range(min(block_size, seq_len - j * block_size)):
-                    p = scores[j * block_size + o]
-                    for d in range(head_dim):
-                        acc[d] += p * value_cache[block, o, kv_head, d]
-            for d in range(head_dim):
-                out[s, head, d] = acc[d] / total
+    for w in numba.prange(starts.shape[0] - 1):  # one bucket of sequences per thread (see _balance)
+        for i in range(starts[w], starts[w + 1]):
+            s = order[i]
+            seq_len = seq_lens[s]
+            if seq_len == 0:  # nothing to attend to: zeros, as the oracle
+                out[s, :, :] = 0.0
+                continue
+            num_blocks = (seq_len + block_size - 1) // block_size
+            scores = np.empty(seq_len, np.float32)
+            acc = np.empty(head_dim, np.float32)
+            for head in range(num_heads):
+                kv_head = head // group  # GQA: query head `head` reads KV head head // group
+                top = np.float32(-np.inf)
+                for j in range(num_blocks):
+                    block = block_tables[s, j]
+                    for o in range(min(block_size, seq_len - j * block_size)):
+                        dot = np.float32(0.0)
+                        for d in range(head_dim):
+                            dot += query[s, head, d] * key_cache[block, o, kv_head, d]
+                        dot *= scale
+                        scores[j * block_size + o] = dot
+                        top = max(top, dot)
+                total = np.float32(0.0)
+                for t in range(seq_len):
+                    scores[t] = math.exp(scores[t] - top)
+                    total += scores[t]
+                acc[:] = 0.0
+                for j in range(num_blocks):
+                    block = block_tables[s, j]
+                    for o in range(min(block_size, seq_len - j * block_size)):
+                        p = scores[j * block_size + o]
+                        for d in range(head_dim):
+                            acc[d] += p * value_cache[block, o, kv_head, d]
+                for d in range(head_dim):
+                    out[s, head, d] = acc[d] / total
 
 
 _compiled = None
 
 
 def _kernel():
+    """(balance, kernel), compiled on first use."""
     global _compiled
     if _compiled is None:
-        _compiled = numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False,
-                               error_model="numpy")(_decode_kernel)
+        _compiled = (numba.njit(cache=True)(_balance),
+                     numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False,
+                                error_model="numpy")(_decode_kernel))
     return _compiled
 
 
@@ -119,7 +159,16 @@ def paged_decode_attention_numba(
     out = torch.empty(query.shape, dtype=torch.float32)
     if query.shape[0]:
         # NOTE: as many numba threads as torch uses (the engine's thread setting), at most numba's own pool.
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        _kernel()(query.contiguous().numpy(), key_cache.numpy(), value_cache.numpy(),
-                  block_tables.contiguous().numpy(), seq_lens.contiguous().numpy(), np.float32(scale), out.numpy())
+        torch_threads = torch.get_num_threads()
+        threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(threads)  # the first call starts numba's threading layer
+        balance, kernel = _kernel()
+        lens = seq_lens.contiguous().numpy()
+        order, starts = balance(lens, threads)
+        kernel(query.contiguous().numpy(), key_cache.numpy(), value_cache.numpy(), block_tables.contiguous().numpy(),
+               lens, np.float32(scale), out.numpy(), order, starts)
+        if torch.get_num_threads() != torch_threads:
+            # NOTE: numba's OpenMP layer sets OpenMP's thread count to all cores when it starts (measured: torch's
+            # 1 became 2); torch reads the same setting, so the caller's count is put back.
+            torch.set_num_threads(torch_threads)
     return out

@@ -93,3 +93,24 @@ def test_engine_greedy_tokens_equal_the_oracle_backend_and_numba_is_the_cpu_defa
         assert LLM.from_loaded(*loaded, num_gpu_blocks=4).backend == "numba"  # float32 on a CPU
         bf16 = load_model("random", dtype=torch.bfloat16)
         assert LLM.from_loaded(*bf16, num_gpu_blocks=4).backend == "torch_batched"  # numba has no bfloat16
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_balance_deals_every_sequence_once_and_evens_the_load(workers):
+    seq_lens = torch.tensor([190, 20, 20, 33, 0, 150, 7, 64, 64, 101, 5], dtype=torch.int32).numpy()
+    order, starts = cpu_numba._kernel()[0](seq_lens, workers)
+    assert sorted(order.tolist()) == list(range(len(seq_lens))) and starts[0] == 0 and starts[-1] == len(seq_lens)
+    cost = seq_lens.astype(int) + cpu_numba.PER_SEQ_COST
+    loads = [int(cost[order[starts[w]:starts[w + 1]]].sum()) for w in range(workers)]
+    assert max(loads) - min(loads) <= cost.max()  # LPT: no bucket exceeds another by more than one sequence
+
+
+def test_decode_on_two_threads_equals_oracle():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        args = decode_args(SEQ_LENS, 16, 6)
+        torch.testing.assert_close(paged_decode_attention(*args, backend="numba"),
+                                   paged_decode_attention(*args, backend="torch"), **TOL[torch.float32])
+    finally:
+        torch.set_num_threads(before)
