@@ -32,6 +32,7 @@ from reference.batch import ForwardBatch
 from reference.kv_cache import KVCache
 from reference.models.config import ModelConfig
 from reference.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, swiglu_mlp
+from reference.models import cpu_fused
 from reference.models.matmul import PackedLinear, default_matmul
 
 
@@ -147,17 +148,33 @@ class LlamaForwardModel:
         """
         self._check(input_ids, positions, batch, kv_cache)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim] each
-        eps = self.config.rms_norm_eps
+        fused = backend == "numba"  # the CPU fast path: small steps fused into compiled loops (cpu_fused)
+        if fused:
+            self._check_fused(kv_cache)
+        norm = self._fused_norm if fused else self._norm
+        act = cpu_fused.silu_mul if fused else None
         h = F.embedding(input_ids, self.weights.embed_tokens)  # [T, hidden], the residual stream
+        delta = None  # what the previous layer's MLP adds to h, added by the next norm (one pass over h)
         for layer_index, layer in enumerate(self.weights.layers):
-            x = rms_norm(h, layer.input_norm, eps)
+            x = norm(h, delta, layer.input_norm)
             attn = self._attention(layer_index, layer, x, cos, sin, batch, kv_cache, backend)  # [T, heads*dim]
-            h += self.linear(attn, layer.o_proj, layer.o_bias)  # in place: h is this step's own tensor
-            x = rms_norm(h, layer.post_attention_norm, eps)
-            h += swiglu_mlp(x, layer.gate_up_proj, layer.down_proj, self.linear)
+            x = norm(h, self.linear(attn, layer.o_proj, layer.o_bias), layer.post_attention_norm)  # h += attn Wo
+            delta = swiglu_mlp(x, layer.gate_up_proj, layer.down_proj, self.linear, act)
+        if delta is not None:
+            h += delta  # in place: h is this step's own tensor
         if not all_logits:
             h = h[batch.logits_indices]  # [num_seqs, hidden]: only these rows need the vocab projection
-        return self.linear(rms_norm(h, self.weights.norm, eps), self.weights.lm_head)  # [rows, vocab]
+        return self.linear(rms_norm(h, self.weights.norm, self.config.rms_norm_eps), self.weights.lm_head)
+
+    def _norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """h += delta (in place; none for the first layer), then RMSNorm of h."""
+        if delta is not None:
+            h += delta
+        return rms_norm(h, weight, self.config.rms_norm_eps)
+
+    def _fused_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """As _norm, in one compiled loop that reads h once."""
+        return cpu_fused.add_rms_norm(h, delta, weight, self.config.rms_norm_eps)
 
     __call__ = forward
 
@@ -168,12 +185,14 @@ class LlamaForwardModel:
         num_tokens = x.shape[0]
         heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
         qkv = self.linear(x, w.qkv_proj, w.qkv_bias).view(num_tokens, heads + 2 * kv_heads, cfg.head_dim)
-        qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated together: [T, heads + kv, dim]
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # strided views; the kernels take strides
-
-        # The cache stores K after RoPE, so a cached key never needs rotating again.
         key_cache, value_cache = kv_cache.key_caches[layer_index], kv_cache.value_caches[layer_index]
-        store_kv(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend)
+        # The cache stores K after RoPE, so a cached key never needs rotating again.
+        if backend == "numba":  # rotate q and k and store k, v in one compiled loop (reference.models.cpu_fused)
+            q = cpu_fused.rope_store(qkv, cos, sin, heads, kv_heads, key_cache, value_cache, batch.slot_mapping)
+        else:
+            qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated together: [T, heads + kv, dim]
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # strided views; kernels take strides
+            store_kv(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend)
 
         n_pre = batch.num_prefill_tokens
         parts = []
@@ -187,6 +206,15 @@ class LlamaForwardModel:
                                                 d.seq_lens, self.scale, backend=backend))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [T, num_heads, head_dim]
         return out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)
+
+    def _check_fused(self, kv_cache: KVCache) -> None:
+        cache = kv_cache.key_caches[0] if kv_cache.key_caches else None
+        if not cpu_fused.available():
+            raise ValueError("backend 'numba' needs the numba package (pip install numba), or use 'torch_batched'")
+        if self.dtype != torch.float32 or self.device.type != "cpu" or (
+                cache is not None and (cache.dtype != torch.float32 or cache.device.type != "cpu")):
+            raise ValueError(f"backend 'numba' runs float32 models and caches on a CPU (model: {self.dtype} on "
+                             f"{self.device}; allowed: torch_batched for other dtypes, triton on a GPU)")
 
     def _check(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                kv_cache: KVCache) -> None:
