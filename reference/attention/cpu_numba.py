@@ -7,20 +7,24 @@ attention over a few hundred tokens is memory-bound. This kernel is what vLLM's 
 (``cpu_attention_with_kv_cache``) and the Triton kernel does on a GPU: follow the block table and read each
 sequence's own tokens straight out of the cache, once, with no copy and no padding::
 
-    for each sequence s (in parallel), each KV head h, each query head g of h's group:
+    for each sequence s (sequences dealt to the threads by length):
         for each block j of s:  b = block_tables[s, j]              <- the page-table lookup
-            for each token o of block b that s owns:  score = q . key_cache[b, o, h] * scale
-        p = softmax(scores)                                          (max subtracted first)
-        out = sum over the same tokens of p * value_cache[b, o, h]
+            for each token o of block b that s owns, each KV head h, each query head g of h's group:
+                score[g, o] = q[g] . key_cache[b, o, h] * scale        (each key row read once)
+        p = softmax(scores) per head                                 (max subtracted first)
+        out[g] = sum over the same walk of p[g, o] * value_cache[b, o, h]
 
 Slots a sequence does not own (the tail of its last block, the padding columns of its table) are never
 read, so stale values or the tests' NaN cannot leak in. Accumulation is float32, as the oracle's.
-NOTE: ``fastmath`` lets LLVM reorder the float32 sums (that is what vectorizes the dot products), so results
-differ from the oracle's in the last bits (measured max |difference| ~7e-7 on unit-scale inputs).
+NOTE: ``fastmath`` lets LLVM reorder the float32 sums (that is what vectorizes the dot products), and exp is a
+polynomial that vectorizes (``_exp_float32``, ~3 units in the last place), so results differ from the oracle's in
+the last bits (measured max |difference| ~7e-7 on unit-scale inputs).
 
-Measured on the 2-core box, 1 thread, 30 layers of a decode step (one cache per layer, SmolLM2's 3 KV heads
-x 64 dims, block size 16): 64 sequences of 5-130 tokens, 39 ms per step against 105 for ``torch_batched``;
-16 sequences of up to 170 tokens, 17 ms against 34 (scratch benchmark, one run).
+Measured on the 2-core box, 30 layers of a decode step (one cache per layer, SmolLM2's 3 KV heads x 64 dims,
+block size 16), scratch benchmarks: first version, 1 thread, 64 sequences of 5-130 tokens, 39 ms per step
+against 105 for ``torch_batched``; 16 sequences of up to 170 tokens, 17 ms against 34. This version (heads
+inside the token walk, vectorized exp, OpenMP threads), 30 sequences of 20-190 tokens: 24.2 ms against 27.0 for
+the first at 1 thread, 12.8 against 14.1 at 2 threads (best of 3).
 
 Float32 caches only (numba has no bfloat16); the engine picks this backend on a CPU for float32 models and
 ``torch_batched`` otherwise. The first call compiles the kernel (~2 s); ``cache=True`` keeps the machine
@@ -29,7 +33,6 @@ code on disk (numba's cache next to this file, or NUMBA_CACHE_DIR), so later pro
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
@@ -96,33 +99,56 @@ def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale,
                 out[s, :, :] = 0.0
                 continue
             num_blocks = (seq_len + block_size - 1) // block_size
-            scores = np.empty(seq_len, np.float32)
-            acc = np.empty(head_dim, np.float32)
-            for head in range(num_heads):
-                kv_head = head // group  # GQA: query head `head` reads KV head head // group
+            scores = np.empty((num_heads, seq_len), np.float32)
+            # Scores of all heads, token by token: each key row is read once, in cache order (GQA: query head
+            # kv_head * group + g reads KV head kv_head).
+            for j in range(num_blocks):
+                block = block_tables[s, j]
+                for o in range(min(block_size, seq_len - j * block_size)):
+                    for kv_head in range(num_kv_heads):
+                        for head in range(kv_head * group, (kv_head + 1) * group):
+                            dot = np.float32(0.0)
+                            for d in range(head_dim):
+                                dot += query[s, head, d] * key_cache[block, o, kv_head, d]
+                            scores[head, j * block_size + o] = dot * scale
+            inv_total = np.empty(num_heads, np.float32)
+            for head in range(num_heads):  # softmax numerators (max subtracted first) and 1 / their sum
                 top = np.float32(-np.inf)
-                for j in range(num_blocks):
-                    block = block_tables[s, j]
-                    for o in range(min(block_size, seq_len - j * block_size)):
-                        dot = np.float32(0.0)
-                        for d in range(head_dim):
-                            dot += query[s, head, d] * key_cache[block, o, kv_head, d]
-                        dot *= scale
-                        scores[j * block_size + o] = dot
-                        top = max(top, dot)
+                for t in range(seq_len):
+                    top = max(top, scores[head, t])
                 total = np.float32(0.0)
                 for t in range(seq_len):
-                    scores[t] = math.exp(scores[t] - top)
-                    total += scores[t]
-                acc[:] = 0.0
-                for j in range(num_blocks):
-                    block = block_tables[s, j]
-                    for o in range(min(block_size, seq_len - j * block_size)):
-                        p = scores[j * block_size + o]
-                        for d in range(head_dim):
-                            acc[d] += p * value_cache[block, o, kv_head, d]
+                    p = _exp(scores[head, t] - top)
+                    scores[head, t] = p
+                    total += p
+                inv_total[head] = np.float32(1.0) / total
+            acc = np.zeros((num_heads, head_dim), np.float32)
+            for j in range(num_blocks):  # the same walk over the values
+                block = block_tables[s, j]
+                for o in range(min(block_size, seq_len - j * block_size)):
+                    for kv_head in range(num_kv_heads):
+                        for head in range(kv_head * group, (kv_head + 1) * group):
+                            p = scores[head, j * block_size + o]
+                            for d in range(head_dim):
+                                acc[head, d] += p * value_cache[block, o, kv_head, d]
+            for head in range(num_heads):
                 for d in range(head_dim):
-                    out[s, head, d] = acc[d] / total
+                    out[s, head, d] = acc[head, d] * inv_total[head]
+
+
+def _exp_float32(x):
+    """exp of a float32 that LLVM vectorizes, unlike math.exp (Cephes' expf: 2^n times a degree-7 polynomial on
+    [-ln2/2, ln2/2]; measured max relative error 1.7e-7, ~3 units in the last place; 6x faster in silu)."""
+    x = min(max(x, np.float32(-87.3)), np.float32(88.0))  # 2^n stays a normal float32: n in -126..127
+    n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)  # x - n ln2, ln2 split in two parts
+    p = ((((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r + np.float32(8.3334519073e-3)) * r
+          + np.float32(4.1665795894e-2)) * r + np.float32(1.6666665459e-1)) * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)  # times 2^n
+
+
+_exp = numba.njit(fastmath=True, inline="always")(_exp_float32) if numba is not None else None
 
 
 _compiled = None
