@@ -32,7 +32,7 @@ def test_without_vllm_it_says_where_it_looked(tmp_path, capsys):
 def test_the_committed_run_covers_every_check():
     sections = {r["section"] for r in rows()}
     assert sections == {"greedy_equality", "beam_search_equality", "throughput", "cold_start", "throughput_ratio",
-                        "block_pool"}
+                        "throughput_one_core", "cold_start_one_core", "throughput_ratio_one_core", "block_pool"}
     text = (ROOT / "figures" / "peer_vllm.csv").read_text()
     assert "# command: python tools/peer_vllm.py" in text and "vllm 0.32" in text
 
@@ -44,6 +44,9 @@ def test_readme_quotes_the_committed_peer_run():
         theirs = float(table["throughput", "vllm", threads]["value"])
         ratio = float(table["throughput_ratio", "engine / vLLM", threads]["value"])
         assert f"| {threads} | {ours:.1f} | {theirs:.1f} | {ratio:.2f} |" in README
+    ours, theirs = (float(table["throughput_one_core", s, "1"]["value"]) for s in ("engine", "vllm"))
+    ratio = float(table["throughput_ratio_one_core", "engine / vLLM", "1"]["value"])
+    assert f"| 1, both on one core | {ours:.1f} | {theirs:.1f} | {ratio:.2f} |" in README
     equal = table["greedy_equality", "engine vs vLLM", "1"]
     assert f"{equal['value']} of 16 prompts" in README
     beams = table["beam_search_equality", "engine vs vLLM", "1"]

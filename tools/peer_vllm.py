@@ -9,6 +9,12 @@ Three checks, printed as a table and saved to figures/peer_vllm.csv with the mac
    4-64 tokens, greedy, ignore EOS), output tokens/s at 1 and 2 threads, and the cold start (process spawn to the
    first token of one request). Each (system, threads) runs in a fresh process; the systems alternate, and the
    order flips every round. Medians over --rounds.
+   "1 thread" is OpenMP's thread count, not the cores a system uses: vLLM runs its engine in a second process, so
+   its front end (requests in, detokenized outputs out) works on another core meanwhile, while this engine does
+   everything in one thread. So a third setting (`--one-core`, on by default) pins both systems' processes to
+   one core (CPU 0), vLLM with its engine in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): its default
+   two processes, pinned to one core together, ran at 90 tok/s (one scratch run), so in-process is its best
+   configuration on one core.
 3. Block pool: tools/peer/block_pool_diff.py drives vLLM's BlockPool and sim.BlockAllocator with the same random
    operation sequences (300 runs x 80 operations) and counts the runs where they ever disagree.
 4. The API: tools/peer/api_checks.py, about thirty small pieces of vLLM's offline API written as its documentation
@@ -71,25 +77,34 @@ def task(args) -> dict:
             "beam_cases": beam_cases}
 
 
-def side_env(system: str, threads: int, beam: bool = False) -> dict:
+def side_env(system: str, threads: int, beam: bool = False, one_core: bool = False) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                PEER_BEAM="1" if beam else "0")
     if system == "vllm":  # vLLM's CPU build pins its OpenMP threads to these cores; a 2 GiB KV pool
         env.update(VLLM_CPU_OMP_THREADS_BIND="0" if threads == 1 else f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
+        if one_core:  # the engine in this process: see the module docstring
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 
-def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str, beam: bool) -> dict:
+def setting(threads: int, one_core: bool) -> str:
+    return "1 thread, one core" if one_core else f"{threads} thread(s)"
+
+
+def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str, beam: bool,
+             one_core: bool = False) -> dict:
     out = tmp / f"{system}-{threads}-{time.time_ns()}.json"
-    env = side_env(system, threads, beam)
+    env = side_env(system, threads, beam, one_core)
     command = [python, str(ROOT / "tools" / "peer" / "side.py"), system, str(task_path), str(out), str(time.time())]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    pin = (lambda: os.sched_setaffinity(0, {0})) if one_core else None  # inherited by every process it starts
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800, preexec_fn=pin)
     if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"{system} ({threads} threads) failed with exit {done.returncode}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{system} ({setting(threads, one_core)}) failed with exit {done.returncode}:\n"
+                           f"{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
     tps = result["output_tokens"] / result["wall_s"]
-    print(f"  {system:6} {threads} thread(s): {tps:7.1f} output tokens/s, cold start {result['cold_start_s']:.1f} s",
-          flush=True)  # fmt: skip
+    print(f"  {system:6} {setting(threads, one_core)}: {tps:7.1f} output tokens/s, cold start "
+          f"{result['cold_start_s']:.1f} s", flush=True)  # fmt: skip
     return result
 
 
@@ -97,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=2, help="rounds of every (system, threads) run (default 2)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
+    p.add_argument("--one-core", action=argparse.BooleanOptionalAction, default=hasattr(os, "sched_setaffinity"),
+                   help="also both systems pinned to one core, 1 thread (default: on where the OS can pin)")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--out", default="figures/peer_vllm.csv")
     p.add_argument("--api-out", default=API_OUT, help=f"the API checks' CSV (default {API_OUT}: also README.md's "
@@ -107,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1 or any(not 1 <= t <= (os.cpu_count() or 1) for t in args.threads):
         p.error(f"--rounds >= 1 and --threads in 1..{os.cpu_count()}")
+    if args.one_core and not hasattr(os, "sched_setaffinity"):
+        p.error("--one-core pins processes with os.sched_setaffinity, which this OS lacks (use --no-one-core)")
     if args.reuse_vllm_api and not (args.api_only and Path(args.api_out).exists()):
         p.error(f"--reuse-vllm-api goes with --api-only and an existing --api-out ({args.api_out})")
     if not args.reuse_vllm_api and not Path(args.vllm_python).exists():
@@ -126,45 +145,50 @@ def compare_speed(args, argv: list[str] | None) -> None:
         tmp = Path(tmp)
         task_path = tmp / "task.json"
         task_path.write_text(json.dumps(task(args)))
+        settings = [(t, False) for t in args.threads] + [(1, True)] * args.one_core
         for r in range(args.rounds):
-            for threads in args.threads:
-                order = ("engine", "vllm") if (r + threads) % 2 == 0 else ("vllm", "engine")
+            for i, (threads, one_core) in enumerate(settings):
+                order = ("engine", "vllm") if (r + i) % 2 == 1 else ("vllm", "engine")
                 for system in order:
                     python = args.vllm_python if system == "vllm" else sys.executable
-                    beam = r == 0 and threads == args.threads[0]
-                    results.setdefault((system, threads), []).append(
-                        run_side(system, threads, task_path, tmp, python, beam))
+                    beam = r == 0 and i == 0
+                    results.setdefault((system, threads, one_core), []).append(
+                        run_side(system, threads, task_path, tmp, python, beam, one_core))
         diff_out = tmp / "diff.json"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         subprocess.run([args.vllm_python, str(ROOT / "tools" / "peer" / "block_pool_diff.py"), "300", "80",
                         str(diff_out)], env=env, cwd=ROOT, check=True, capture_output=True, timeout=1800)  # fmt: skip
         diff = json.loads(diff_out.read_text())
     rows = []
-    ours, theirs = results["engine", args.threads[0]][0]["greedy"], results["vllm", args.threads[0]][0]["greedy"]
+    first = (args.threads[0], False)
+    ours, theirs = results[("engine", *first)][0]["greedy"], results[("vllm", *first)][0]["greedy"]
     equal = sum(a == b for a, b in zip(ours, theirs))
     first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(ours, theirs)]
     rows.append({"section": "greedy_equality", "system": "engine vs vLLM", "threads": args.threads[0], "rounds": 1,
                  "value": equal, "unit": f"of {len(ours)} prompts identical (32 tokens, float32)",
                  "per_round": "", "note": f"first differing position per prompt: {first_diff}"})  # fmt: skip
-    ours_beams, their_beams = (results[s, args.threads[0]][0]["beams"] for s in ("engine", "vllm"))
+    ours_beams, their_beams = (results[(s, *first)][0]["beams"] for s in ("engine", "vllm"))
     same = [a == b for a, b in zip(ours_beams, their_beams)]
     rows.append({"section": "beam_search_equality", "system": "engine vs vLLM", "threads": args.threads[0],
                  "rounds": 1, "value": sum(same), "unit": f"of {len(same)} cases with every sequence identical",
                  "per_round": "", "note": "width 3 x 16 tokens on 4 raw prompts, width 4 x 12 on 4 chat prompts; "
                  f"equal per case: {same}"})  # fmt: skip
     median_tps = {}
-    for (system, threads), runs in sorted(results.items()):
+    for (system, threads, one_core), runs in sorted(results.items()):
         tps = [x["output_tokens"] / x["wall_s"] for x in runs]
         cold = [x["cold_start_s"] for x in runs]
-        median_tps[system, threads] = round(statistics.median(tps), 2)
+        median_tps[system, threads, one_core] = round(statistics.median(tps), 2)
+        suffix, note = ("_one_core", "; both pinned to CPU 0" + ", vLLM in-process" * (system == "vllm")) \
+            if one_core else ("", "")
         for section, values, unit in (("throughput", tps, "output tokens/s"), ("cold_start", cold, "s")):
-            rows.append({"section": section, "system": system, "threads": threads, "rounds": len(values),
+            rows.append({"section": section + suffix, "system": system, "threads": threads, "rounds": len(values),
                          "value": round(statistics.median(values), 2), "unit": unit,
-                         "per_round": " ".join(f"{v:.2f}" for v in values), "note": runs[0]["version"]})  # fmt: skip
-    for threads in args.threads:
-        ratio = median_tps["engine", threads] / median_tps["vllm", threads]
-        rows.append({"section": "throughput_ratio", "system": "engine / vLLM", "threads": threads, "rounds": "",
-                     "value": round(ratio, 2), "unit": "x", "per_round": "", "note": "medians"})  # fmt: skip
+                         "per_round": " ".join(f"{v:.2f}" for v in values), "note": runs[0]["version"] + note})  # fmt: skip
+    for threads, one_core in settings:
+        ratio = median_tps["engine", threads, one_core] / median_tps["vllm", threads, one_core]
+        rows.append({"section": "throughput_ratio" + "_one_core" * one_core, "system": "engine / vLLM",
+                     "threads": threads, "rounds": "", "value": round(ratio, 2), "unit": "x", "per_round": "",
+                     "note": "medians"})  # fmt: skip
     rows.append({"section": "block_pool", "system": "sim.BlockAllocator vs vLLM BlockPool", "threads": "",
                  "rounds": diff["runs"], "value": diff["diverged"], "unit": f"runs of {diff['ops']} ops diverging",
                  "per_round": "", "note": "; ".join(diff["first"])[:500]})  # fmt: skip
