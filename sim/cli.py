@@ -126,6 +126,8 @@ def add_run_parser(sub) -> None:
     g.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g.add_argument("--requests-csv", metavar="PATH", help="also write the per-request table")
     g.add_argument("--steps-csv", metavar="PATH", help="also write the per-step table")
+    g.add_argument("--chrome-trace", metavar="PATH", help="also write the step and request timeline as a Chrome trace "
+                   "(JSON; open in ui.perfetto.dev or chrome://tracing)")
     g.add_argument("--no-jump", action="store_true", help="step token by token (same results, slower)")
     g.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.set_defaults(func=cmd_run)
@@ -136,7 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .outfiles import check_outputs
 
     # Outputs first, before the run: writable, not a folder, not the trace, not each other (sim.outfiles).
-    check_outputs({"--requests-csv": args.requests_csv, "--steps-csv": args.steps_csv}, {"--trace": args.trace})
+    check_outputs({"--requests-csv": args.requests_csv, "--steps-csv": args.steps_csv,
+                   "--chrome-trace": args.chrome_trace}, {"--trace": args.trace})
 
     caching = {"auto": None, "on": True, "off": False}
     if args.prefix_caching not in caching:
@@ -161,6 +164,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         result.requests.to_csv(args.requests_csv)
     if args.steps_csv:
         result.steps.to_csv(args.steps_csv)
+    if args.chrome_trace:
+        from .chrome_trace import simulator_rows, write_trace
+
+        title = f"sim run: {args.policy}, {args.scheduler} scheduler, {args.model} on {args.gpu}"
+        write_trace(args.chrome_trace, *simulator_rows(result.steps, result.requests), title=title)
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
     return 0
 

@@ -274,7 +274,8 @@ class Simulator:
         log["duration"] += durations
         for name, value in (("num_prefill_seqs", 0), ("num_decode_seqs", num_seqs), ("num_running", run.num_running),
                             ("num_batched_tokens", num_seqs), ("num_prefill_tokens", 0),
-                            ("num_waiting", run.num_waiting), ("num_preempted", 0)):  # fmt: skip
+                            ("num_waiting", run.num_waiting), ("num_preempted", 0), ("num_swapped_out_blocks", 0),
+                            ("num_swapped_in_blocks", 0), ("num_copied_blocks", 0)):  # a run has none  # fmt: skip
             log[name] += [value] * k
         # Token times: each step ends with a token for every running request, so the gaps are the first step's
         # end minus the last token before, then the differences of consecutive step ends (the same float
@@ -319,3 +320,6 @@ class Simulator:
             log[name].append(count)
         log["num_waiting"].append(self.scheduler.num_waiting)
         log["num_preempted"].append(len(plan.preempted))
+        log["num_swapped_out_blocks"].append(len(plan.blocks_to_swap_out))
+        log["num_swapped_in_blocks"].append(len(plan.blocks_to_swap_in))
+        log["num_copied_blocks"].append(len(plan.blocks_to_copy))  # copy-on-write and beam forks

@@ -48,7 +48,8 @@ REQUEST_COLUMNS = (
 )  # fmt: skip
 STEP_COLUMNS = (
     "time", "duration", "num_prefill_seqs", "num_decode_seqs", "num_running", "num_batched_tokens",
-    "num_prefill_tokens", *SHARE_NAMES, "num_waiting", "num_preempted",
+    "num_prefill_tokens", *SHARE_NAMES, "num_waiting", "num_preempted", "num_swapped_out_blocks",
+    "num_swapped_in_blocks", "num_copied_blocks",
 )  # fmt: skip
 
 
