@@ -92,6 +92,9 @@ def _add_generate_parser(sub) -> None:
                    "output rounded up to a power of two / exactly prompt + output (default: paged)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     g.add_argument("--kv-blocks", type=int, help="KV pool size in blocks (default: just enough for this request)")
+    p.add_argument("--chrome-trace", metavar="PATH",
+                   help="also write the engine's steps and the request's spans as a Chrome trace (JSON; open in "
+                   "ui.perfetto.dev or chrome://tracing)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: prompt, outputs [{text, token_ids, cumulative_logprob, "
                    "finish_reason}], prompt_logprobs (with --prompt-logprobs), stats {num_steps, "
@@ -202,6 +205,14 @@ def run_generate(a: argparse.Namespace) -> int:
     _check_generate_args(a)
     from reference import BeamSearchParams, SamplingParams
 
+    if a.chrome_trace:  # before the model loads: an unwritable path is one line now, not after the run
+        from sim.outfiles import check_outputs
+
+        try:
+            check_outputs({"--chrome-trace": a.chrome_trace})
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
     try:  # NOTE: ValueError from the engine is a user error here (unknown model, pool too small, ...)
         llm, prompt = _build_engine(a)
         if a.beam_width > 1:
@@ -219,6 +230,10 @@ def run_generate(a: argparse.Namespace) -> int:
             message = f"--kv-blocks {a.kv_blocks} is too small: {message.split(': ', 1)[-1]}"
         raise UsageError(message) from None
     final = _run_steps(llm, request_id, stream=not a.json, hold=max(map(len, a.stop or [""]), default=0))
+    if a.chrome_trace:
+        from reference.timeline import write_chrome_trace
+
+        write_chrome_trace(llm, a.chrome_trace, title=f"python -m reference generate: {a.model}, policy {a.policy}")
     if a.json:
         print(json.dumps(_summary(llm, a, prompt, final)))
     return 0

@@ -180,6 +180,7 @@ class LLM(EngineOutcomes, OfflineAPI):
         self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend)
         self.stats = EngineStats()
         self.step_log: list[StepRecord] = []
+        self.arrivals: dict[int, tuple[float, int, int]] = {}  # scheduler id -> (arrival s, prompt len, max tokens)
         self._requests: dict[int, _RequestState] = {}  # by scheduler id: the requests not finished
         self._ids = RequestIds()  # public str id <-> scheduler int id, for every request ever queued
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
@@ -235,8 +236,9 @@ class LLM(EngineOutcomes, OfflineAPI):
         beam = isinstance(params, BeamSearchParams)
         prompt_logprobs = None if beam else params.prompt_logprobs
         try:
+            arrival = time.perf_counter() - self._start
             self.scheduler.add_request(Request(
-                rid, time.perf_counter() - self._start, len(ids), max_tokens,
+                rid, arrival, len(ids), max_tokens,
                 n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
                 prompt_token_ids=ids if self.enable_prefix_caching else None,
                 skip_reading_prefix_cache=prompt_logprobs is not None))  # as vLLM: every prompt position computed
@@ -245,6 +247,7 @@ class LLM(EngineOutcomes, OfflineAPI):
             if message.startswith(f"request {rid}: "):
                 raise ValueError(f"request {public!r}: {message.split(': ', 1)[1]}") from None
             raise
+        self.arrivals[rid] = (arrival, len(ids), max_tokens)  # for the timeline (reference/timeline.py)
         try:
             self._ids.add(public, rid)
             eos = () if params.ignore_eos else self.config.eos_token_ids
@@ -327,7 +330,7 @@ class LLM(EngineOutcomes, OfflineAPI):
                 outputs = [self._output(rid) for rid in plan.request_ids()]
                 for rid in result.finished_request_ids:
                     del self._requests[rid]
-                self._record(plan, result.finished_request_ids, time.perf_counter() - start)
+                self._record(plan, result.finished_request_ids, time.perf_counter() - start, start - self._start)
         except BaseException:
             self._abandon_step(plan)
             raise

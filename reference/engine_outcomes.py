@@ -149,11 +149,12 @@ class EngineOutcomes:
         return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), prompt_logprobs, outputs,
                              finished, state.num_cached_tokens or 0)
 
-    def _record(self, plan: StepPlan, finished: list[int], seconds: float) -> None:
+    def _record(self, plan: StepPlan, finished: list[int], seconds: float, start_s: float = 0.0) -> None:
         self.stats.add_step(plan, finished, seconds, self.scheduler.num_preemptions)
         memory = self.kv_manager.breakdown(waiting=self.scheduler.num_waiting > 0)
         self.step_log.append(StepRecord.from_plan(self.stats.num_steps - 1, plan, finished,
-                                                  self.kv_manager.num_free_blocks, memory, seconds))
+                                                  self.kv_manager.num_free_blocks, memory, seconds, start_s,
+                                                  self.scheduler.num_waiting))
 
 
 def find_stop_string(text: str, new_chars: int, stop: list[str], include: bool) -> tuple[str, int] | None:

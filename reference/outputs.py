@@ -86,10 +86,14 @@ class StepRecord:
     num_free_blocks: int  # GPU blocks free after the step
     memory: MemoryBreakdown  # the KV pool after the step, five kinds of slot (sim/kv/base.py)
     step_time_s: float  # wall time to execute the plan: copies, forward pass, sampling
+    start_s: float = 0.0  # when the step began, in seconds since the engine was built (the timeline's clock)
+    num_waiting: int = 0  # requests waiting for admission after the step
+    sampled_request_ids: list[int] = field(default_factory=list)  # requests that got a token from this step
 
     @classmethod
     def from_plan(cls, step: int, plan: StepPlan, finished: list[int], num_free_blocks: int,
-                  memory: MemoryBreakdown, step_time_s: float) -> StepRecord:
+                  memory: MemoryBreakdown, step_time_s: float, start_s: float = 0.0,
+                  num_waiting: int = 0) -> StepRecord:
         return cls(
             step=step,
             prefills=[(e.request_id, e.seq_id, e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills],
@@ -97,7 +101,9 @@ class StepRecord:
             blocks_to_swap_out=list(plan.blocks_to_swap_out), blocks_to_swap_in=list(plan.blocks_to_swap_in),
             blocks_to_copy=list(plan.blocks_to_copy), finished_request_ids=list(finished),
             num_running_requests=len(plan.request_ids()), num_batched_tokens=plan.num_batched_tokens,
-            num_free_blocks=num_free_blocks, memory=memory, step_time_s=step_time_s)
+            num_free_blocks=num_free_blocks, memory=memory, step_time_s=step_time_s, start_s=start_s,
+            num_waiting=num_waiting,
+            sampled_request_ids=list(dict.fromkeys(e.request_id for e in plan.prefills + plan.decodes if e.sample)))
 
 
 @dataclass(slots=True)

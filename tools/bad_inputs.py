@@ -213,6 +213,8 @@ def reference_cases() -> list[Case]:
         (["generate", "hi", "--model", "random", "--max-tokens", "100000000"], "flag value", {}),
         (["generate", "hi", "--model", "random", "--kv-blocks", "1"], "pool too small", {}),
         (["generate", "hi", "--model", "random", "--kv-blocks", "100000000000"], "pool past the limits", {}),
+        (["generate", "hi", "--model", "random", "--chrome-trace", "nodir/t.json"], "output path", {}),
+        (["generate", "hi", "--model", "random", "--chrome-trace", "."], "output path", {}),
         (["bench", "--quick", "--out", "nodir/x.csv"], "output path", {"A.csv": SENTINEL}),
         (["bench", "--quick", "--out", "A.csv/x.csv"], "output path", {"A.csv": SENTINEL}),
         (["bench", "--quick", "--out", "."], "output path", {}),
