@@ -12,7 +12,9 @@ History: when the scheduler was rebuilt in vLLM v1's shape, every v0 case equall
 bit for bit, except two deliberate changes: `oracle-n2` (a group's prompt is computed once by its leader and
 copied into its siblings' runs, instead of computed once per sibling) and `paged-prefix` (a request re-admitted
 after a preemption by recompute may hit the prefix cache, and the token budget counts the tokens computed after
-prefix-cache hits, as vLLM v1 does). The v1 cases were added then.
+prefix-cache hits, as vLLM v1 does). The v1 cases were added then. When the step table gained the blocks swapped
+out, swapped in and copied per step (for `--chrome-trace`), the copy was re-recorded after checking that every
+earlier column's hash and every summary were unchanged.
 
 NOTE: every case runs with a frozen copy of the roofline cost model as it stood when the golden copy was
 recorded (`FrozenRoofline`) and the pool size spelled out, so the golden copy guards the scheduler, the KV
