@@ -13,6 +13,7 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     memory_map         Figs. 3/6 the KV pool slot by slot at one moment, contiguous vs paged
     latency_vs_rate    Fig. 12   normalized latency vs request rate, ShareGPT and Alpaca
     batch_size         Fig. 13   mean batched requests
+    sampling_latency   Fig. 14   parallel sampling and beam search: normalized latency vs request rate
     sharing            Fig. 15   memory saved by sharing (parallel sampling, beam search)
     shared_prefix      Fig. 16   a shared few-shot prefix, with and without prefix caching
     block_size         Fig. 18b  block size: latency and memory
@@ -34,7 +35,7 @@ from typing import Callable
 
 from ..outfiles import check_output_folder
 from ..sweep import PointResult, SweepError, Task, run_tasks
-from . import ablations, memory, scheduling, sharing, throughput
+from . import ablations, memory, sampling, scheduling, sharing, throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("memory_map", memory.map_tasks, memory.draw_map),
     FigureSpec("latency_vs_rate", throughput.latency_tasks, throughput.draw_latency),
     FigureSpec("batch_size", throughput.batch_tasks, throughput.draw_batch),
+    FigureSpec("sampling_latency", sampling.sampling_tasks, sampling.draw_sampling),
     FigureSpec("sharing", sharing.sharing_tasks, sharing.draw_sharing),
     FigureSpec("shared_prefix", sharing.prefix_tasks, sharing.draw_prefix),
     FigureSpec("block_size", ablations.block_tasks, ablations.draw_block),

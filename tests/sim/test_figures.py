@@ -178,3 +178,32 @@ def test_cli_rejects_an_unknown_figure():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stderr.startswith("error: unknown figure 'nope' (allowed: memory_waste")
     assert "Traceback" not in done.stderr
+
+
+def test_sampling_latency_has_every_panel_and_paged_lasts_longest(quick_figures):
+    rows = read_rows(quick_figures, "sampling_latency")
+    panels = {(r["kind"], int(r["width"])) for r in rows}
+    assert panels == {(kind, width) for kind in ("n", "beam_width") for width in (2, 4, 6)}
+    for kind, width in panels:
+        mine = [r for r in rows if (r["kind"], int(r["width"])) == (kind, width)]
+        top = max(float(r["rate"]) for r in mine)
+        at_top = {r["system"]: float(r["normalized_latency_s_per_token"]) for r in mine if float(r["rate"]) == top}
+        assert at_top["paged"] <= at_top["oracle"] <= at_top["max"], (kind, width, at_top)
+
+
+def test_the_sustained_rate_is_read_off_as_on_the_papers_plots():
+    from sim.figures.sampling import knee
+
+    assert knee([1, 2, 4, 8], [0.1, 0.2, 0.9, 3.0]) == 4
+    assert knee([4, 1, 2], [0.5, 0.1, 2.0]) == 1  # sorted by rate; a lower rate over the limit ends it
+    assert knee([1, 2], [1.5, 0.1]) is None and knee([1, 2], [None, 0.1]) is None
+
+
+def test_readme_quotes_the_sustained_rates_of_fig_14():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    rows = read_rows(ROOT / "figures", "sampling_latency")
+    sustained = {(r["kind"], int(r["width"]), r["system"]): (">= " if r["sustained_is_lower_bound"] == "True" else "")
+                 + r["sustained_rate"] for r in rows}  # fmt: skip
+    assert (f"sustains {sustained['n', 6, 'paged']} req/s of parallel sampling against Oracle's "
+            f"{sustained['n', 6, 'oracle']} and {sustained['beam_width', 6, 'paged']} of beam search against "
+            f"{sustained['beam_width', 6, 'oracle']}") in readme
