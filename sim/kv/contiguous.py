@@ -6,7 +6,7 @@ might become. How much they reserve is the reservation rule (in tokens, for a se
 `prompt_len` prompt tokens and a true final length `final_len`, output = final_len - prompt_len):
 
     max      the model's maximum sequence length (2048 for OPT)          Orca (Max)
-    pow2     prompt_len + output rounded up to a power of two (25 -> 32)  Orca (Pow2)
+    pow2     prompt_len + (output rounded up to a power of two: 25 -> 32)  Orca (Pow2)
     oracle   exactly final_len (knows the output length in advance)       Orca (Oracle)
 
 The reservation becomes ceil(tokens / block_size) blocks, and the slot allocator may round it up
