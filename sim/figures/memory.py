@@ -8,6 +8,7 @@ as 20.4% (Orca Max), 26.8% (Pow2), 38.2% (Oracle) and 96.3% (vLLM).
 from __future__ import annotations
 
 import numpy as np
+from matplotlib import patheffects
 
 from ..kv.base import SHARE_NAMES
 from ..sweep import Task
@@ -58,7 +59,11 @@ def draw_waste(runs, outdir, quick: bool):
                   label="paper: token states" if x == 0 else None)  # fmt: skip
     whole.set_title("(a) share of the whole KV pool")
     busy.set_title("(b) share of the memory in use (the paper's Fig. 2 view)")
-    busy.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    # One legend for both panels: the five kinds as drawn in (a) (free appears only there), then the paper's line.
+    handles, names = whole.get_legend_handles_labels()
+    paper = [(h, n) for h, n in zip(*busy.get_legend_handles_labels()) if n.startswith("paper")]
+    busy.legend(handles + [h for h, _ in paper], names + [n for _, n in paper], loc="upper left",
+                bbox_to_anchor=(1.0, 1.0), frameon=False)  # fmt: skip
     fig.suptitle(f"KV cache memory: what each slot holds, time-weighted ({SETUP})", fontsize=12)
     caption(fig, f"{_trace_text(quick)}. Dashed: the paper's Fig. 2 token-state shares (Max 20.4%, Pow2 26.8%, "
                  "Oracle 38.2%, vLLM 96.3%). External fragmentation includes free slots while a request waits that "
@@ -98,7 +103,9 @@ def draw_timeline(runs, outdir, quick: bool):
                      loc="left", fontsize=10)  # fmt: skip
         twin = ax.twinx()
         twins.append(twin)
-        twin.plot(tl["time"], tl["num_running"], color="black", linewidth=0.8, label="running requests")
+        # NOTE: a white halo under the black line keeps it visible on every share's colour (red included).
+        twin.plot(tl["time"], tl["num_running"], color="black", linewidth=0.9, label="running requests",
+                  path_effects=[patheffects.Stroke(linewidth=2.6, foreground="white"), patheffects.Normal()])
         twin.set_ylabel("running", fontsize=9)
         twin.grid(False)
         twin.set_ylim(0, None)
