@@ -32,7 +32,11 @@ def block_tasks(quick: bool) -> list[Task]:
 
 
 def draw_block(runs, outdir, quick: bool):
-    fig, axes = new_figure(1, 3, size=(16.5, 4.6))
+    # NOTE: a 2 x 2 grid, the fourth cell holding the legend: three panels in a row made a 1980 x 552 image whose
+    # text was too small to read.
+    fig, grid = new_figure(2, 2, size=(12, 8.5))
+    axes = [grid[0, 0], grid[0, 1], grid[1, 0]]
+    grid[1, 1].axis("off")
     rows = []
     for i, (workload, (label, rate, durations)) in enumerate(WORKLOADS.items()):
         mine = [(t, r) for t, r in runs if t.params["workload"] == workload]
@@ -63,10 +67,11 @@ def draw_block(runs, outdir, quick: bool):
     axes[0].set_ylabel("normalized latency (s/token)")
     axes[0].set_ylim(0, None)
     axes[0].set_title("(a) normalized latency")
-    axes[0].legend(loc="upper left", frameon=False, fontsize=8)
-    axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    axes[0].legend(loc="upper right", frameon=False, fontsize=9)  # the curves start high on the left
+    grid[1, 1].legend(*axes[2].get_legend_handles_labels(), loc="center left", frameon=False, fontsize=10,
+                      title="(b), (c): memory in use")
     fig.suptitle(f"Block size, the paper's Fig. 18b ({SETUP.replace('block size 16, ', '')}, vLLM)", fontsize=12)
-    caption(fig, BLOCK_COST + " The paper's 1-hour traces are shortened as stated.", width=170)
+    caption(fig, BLOCK_COST + " The paper's 1-hour traces are shortened as stated.", width=140)
     return save(fig, rows, outdir, "block_size")
 
 
