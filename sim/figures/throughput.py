@@ -52,7 +52,7 @@ def latency_tasks(quick: bool) -> list[Task]:
 
 
 def draw_latency(runs, outdir, quick: bool):
-    fig, axes = new_figure(1, 2, size=(12, 4.8))
+    fig, axes = new_figure(1, 2, size=(14.5, 4.8))
     rows = []
     for ax, workload in zip(axes, WORKLOADS):
         for system in SYSTEMS:
@@ -69,7 +69,7 @@ def draw_latency(runs, outdir, quick: bool):
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(f"{WORKLOAD_LABELS[workload]} ({DURATION[workload][quick]:g} s traces)")
-    axes[1].legend(loc="upper right", frameon=False)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # outside: inside, it covered curves
     fig.suptitle(f"Normalized latency vs request rate, the paper's Fig. 12 ({SETUP})", fontsize=12)
     caption(fig, "Mean over requests of end-to-end latency / output length. Traces are shorter than the paper's "
                  "1 hour (ShareGPT %g s, Alpaca %g s of arrivals): the knees are where they are, but past a knee "
