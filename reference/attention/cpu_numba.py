@@ -33,6 +33,7 @@ code on disk (numba's cache next to this file, or NUMBA_CACHE_DIR), so later pro
 
 from __future__ import annotations
 
+import contextlib
 
 import numpy as np
 import torch
@@ -44,8 +45,8 @@ try:
     # then uses the same library and so the same pool of warm threads). With numba's own "workqueue" pool, its
     # threads had to wake and then compete with torch's, still spinning after the last matmul: measured on the
     # 2-core box, 2 threads, the bench workload's decode attention took 1.14 s with workqueue, 0.64 s with OpenMP.
-    # workqueue stays the fallback where numba has no OpenMP layer. See paged_decode_attention_numba for the
-    # thread count, which numba's OpenMP start-up changes.
+    # workqueue stays the fallback where numba has no OpenMP layer. See keep_torch_threads for the thread count,
+    # which numba's OpenMP start-up changes.
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]
     numba.config.THREADING_LAYER = "default"
 except ImportError:  # numba is a dependency of the project; without it the engine uses torch_batched
@@ -61,6 +62,24 @@ PER_SEQ_COST = 8  # tokens: a sequence's fixed work (its scores and output buffe
 
 def available() -> bool:
     return numba is not None
+
+
+def numba_threads() -> int:
+    """As many numba threads as torch uses (the engine's thread setting), at most numba's own pool."""
+    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+@contextlib.contextmanager
+def keep_torch_threads():
+    """Around a numba call: torch's thread count afterwards is what it was before. NOTE: numba's OpenMP layer sets
+    OpenMP's thread count to all cores when it starts (measured: torch's 1 became 2), and torch reads the same
+    setting. Every numba call of the engine (this kernel, reference.models.cpu_fused) goes through here."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def _balance(seq_lens, num_workers):
@@ -184,17 +203,12 @@ def paged_decode_attention_numba(
                              "(allowed: torch_batched for other dtypes)")
     out = torch.empty(query.shape, dtype=torch.float32)
     if query.shape[0]:
-        # NOTE: as many numba threads as torch uses (the engine's thread setting), at most numba's own pool.
-        torch_threads = torch.get_num_threads()
-        threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
-        numba.set_num_threads(threads)  # the first call starts numba's threading layer
-        balance, kernel = _kernel()
-        lens = seq_lens.contiguous().numpy()
-        order, starts = balance(lens, threads)
-        kernel(query.contiguous().numpy(), key_cache.numpy(), value_cache.numpy(), block_tables.contiguous().numpy(),
-               lens, np.float32(scale), out.numpy(), order, starts)
-        if torch.get_num_threads() != torch_threads:
-            # NOTE: numba's OpenMP layer sets OpenMP's thread count to all cores when it starts (measured: torch's
-            # 1 became 2); torch reads the same setting, so the caller's count is put back.
-            torch.set_num_threads(torch_threads)
+        with keep_torch_threads():
+            threads = numba_threads()
+            numba.set_num_threads(threads)  # the first call starts numba's threading layer
+            balance, kernel = _kernel()
+            lens = seq_lens.contiguous().numpy()
+            order, starts = balance(lens, threads)
+            kernel(query.contiguous().numpy(), key_cache.numpy(), value_cache.numpy(),
+                   block_tables.contiguous().numpy(), lens, np.float32(scale), out.numpy(), order, starts)
     return out

@@ -30,11 +30,8 @@ from reference.attention import cpu_numba
 
 _exp = cpu_numba._exp  # float32 exp that vectorizes (see there)
 numba = cpu_numba.numba  # None without numba: the model then never takes this path (see available())
+available = cpu_numba.available
 PARALLEL_ROWS = 64  # rows from which the loops run on all threads (fewer: one thread; a wake-up costs more)
-
-
-def available() -> bool:
-    return numba is not None
 
 
 def _add_rms_norm(h, delta, weight, eps, out):
@@ -109,17 +106,11 @@ def _kernel(name: str, parallel: bool):
 
 
 def _launch(name: str, rows: int, *args):
-    torch_threads = torch.get_num_threads()
-    parallel = rows >= PARALLEL_ROWS and torch_threads > 1
-    if parallel:
-        numba.set_num_threads(min(torch_threads, numba.config.NUMBA_NUM_THREADS))
-    result = _kernel(name, parallel)(*args)
-    if torch.get_num_threads() != torch_threads:
-        # NOTE: numba's OpenMP layer sets OpenMP's thread count to all cores when it starts (see cpu_numba). It was
-        # seen once through this function on a serial call at 1 thread (torch's 1 became 2), not reproduced since;
-        # the check stays on every path, at the cost of one call.
-        torch.set_num_threads(torch_threads)
-    return result
+    parallel = rows >= PARALLEL_ROWS and torch.get_num_threads() > 1
+    with cpu_numba.keep_torch_threads():
+        if parallel:
+            numba.set_num_threads(cpu_numba.numba_threads())
+        return _kernel(name, parallel)(*args)
 
 
 # NOTE: no checks per call: the forward pass checks once per step that the model, its cache and so every tensor

@@ -31,7 +31,6 @@ RATES = {
     ("beam_width", 6): (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 15.0, 18.0),
 }
 DURATION = {False: 90.0, True: 15.0}  # seconds of arrivals (as Fig. 12's Alpaca traces)
-
 Y_LIMIT = 1.0  # s/token, as the paper's axes
 
 
