@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test figures bench bad-inputs peer install clean
+.PHONY: demo test figures bench calibrate bad-inputs peer install clean
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ bench: $(STAMP)
 	$(BIN)/python -m reference bench
 	$(BIN)/python -m reference bench-kernels
 	$(BIN)/python -m reference bench-gpu
+
+# Does the simulator predict the engine? Fit its cost model to the engine's measured steps, then replay held-out
+# traces through both (real time) and compare latencies request by request. Minutes; run on a quiet machine.
+calibrate: $(STAMP)
+	$(BIN)/python -m reference calibrate
+	$(BIN)/python -m reference validate-sim
 
 # A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
 bad-inputs: $(STAMP)

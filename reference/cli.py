@@ -2,6 +2,8 @@
 
     python -m reference generate "What is paged attention?" [--max-tokens 64] [--n 2 --temperature 0.8] [--json]
     python -m reference bench [--quick] [--out figures/bench_engine_cpu.csv]     engine vs HF, paged vs contiguous
+    python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
+    python -m reference validate-sim [--trace FILE ...]                         the simulator's latency errors
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
     python -m reference bench-gpu [...]                                         the engine vs HF on a GPU
 
@@ -44,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(sub.add_parser(
         "bench", help="CPU benchmark: engine vs HF transformers static batching; paged vs contiguous concurrency",
         description=bench.__doc__.split("\n\n")[0]))  # fmt: skip
+    from reference import calibrate, validate_sim
+
+    calibrate.add_arguments(sub.add_parser(
+        "calibrate", help="time the engine over designed batch shapes and fit the simulator's cost model (JSON)",
+        description=calibrate.__doc__.split("\n\n")[0]))  # fmt: skip
+    validate_sim.add_arguments(sub.add_parser(
+        "validate-sim", help="replay traces through the engine (real time) and the calibrated simulator; latency errors",
+        description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
     # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
                    "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
@@ -329,6 +339,15 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
             return bench.run(args, argv=["python", "-m", "reference", *argv])
+        if args.command in ("calibrate", "validate-sim"):
+            from reference import calibrate, validate_sim
+
+            command = calibrate if args.command == "calibrate" else validate_sim
+            try:
+                command.check_args(args)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            return command.run(args, argv=["python", "-m", "reference", *argv])
         raise AssertionError(f"expected a known command, found {args.command!r}")  # argparse allows no other
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

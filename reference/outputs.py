@@ -89,6 +89,10 @@ class StepRecord:
     start_s: float = 0.0  # when the step began, in seconds since the engine was built (the timeline's clock)
     num_waiting: int = 0  # requests waiting for admission after the step
     sampled_request_ids: list[int] = field(default_factory=list)  # requests that got a token from this step
+    # The simulator's cost-model inputs for this plan (sim.cost.CostModel.step_time), so that measured steps fit it:
+    # prompt tokens computed, decode entries, and K/V tokens the attention reads (StepPlan.num_context_tokens).
+    num_prefill_tokens: int = 0
+    num_context_tokens: int = 0
 
     @classmethod
     def from_plan(cls, step: int, plan: StepPlan, finished: list[int], num_free_blocks: int,
@@ -102,7 +106,8 @@ class StepRecord:
             blocks_to_copy=list(plan.blocks_to_copy), finished_request_ids=list(finished),
             num_running_requests=len(plan.request_ids()), num_batched_tokens=plan.num_batched_tokens,
             num_free_blocks=num_free_blocks, memory=memory, step_time_s=step_time_s, start_s=start_s,
-            num_waiting=num_waiting,
+            num_waiting=num_waiting, num_prefill_tokens=plan.num_prefill_tokens,
+            num_context_tokens=plan.num_context_tokens,
             sampled_request_ids=list(dict.fromkeys(e.request_id for e in plan.prefills + plan.decodes if e.sample)))
 
 

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arguments import _check_given_requests, _check_pool, _require, check_arguments
+from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS, flatten, generate_sessions
+from .conversation_import import import_conversations
 from .cost import RooflineCostModel
-from .kv import allocates_blocks_on_demand, make_kv_manager, simulator_block_size
+from .cost_file import cost_model_for
+from .kv import allocates_blocks_on_demand, make_kv_manager, pages_in_kib, simulator_block_size
 from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
@@ -41,6 +44,7 @@ def run(
     num_requests: int | None = None,
     policy: str = "paged",
     block_size: int = 16,
+    page_kib: float | None = None,
     seed: int = 0,
     n: int = 1,
     beam_width: int = 1,
@@ -73,17 +77,27 @@ def run(
     slo_ttft: float | None = None,
     slo_tbt: float | None = None,
     stop_at=(),
+    turns: float = DEFAULT_TURNS,
+    think_time: float = DEFAULT_THINK_TIME,
+    history_limit: int | None = None,
+    conversations: bool = False,
 ) -> SimResult:
     """Simulate serving one workload and return its summary and per-request / per-step tables.
 
     Requests come from `requests` (a list), else `trace` (a .jsonl/.csv file, or a ShareGPT .json file: imported
     with Poisson arrivals at `rate`, or all at t = 0 with arrival="offline"), else the synthetic `workload`
-    (`num_requests` of them if given, else every arrival in `duration` seconds at `rate` req/s). An argument
+    (`num_requests` of them if given, else every arrival in `duration` seconds at `rate` req/s). `workload`
+    "conversation" is multi-turn chat sessions (sim.conversation): `rate` and `duration` are then of session starts,
+    `turns` the mean turns per session, `think_time` the mean seconds between turns, `history_limit` the prompt's
+    last tokens kept (None: a session ends where its history outgrows the context); `trace` with
+    `conversations=True` imports a ShareGPT file's conversations as such sessions (sim.conversation_import). An argument
     that means nothing with the others (a workload's with a trace, block_size with a contiguous policy, ...)
     is refused, not ignored (`check_combinations`); every size has a limit (sim.limits). The KV pool
     holds `kv_slots` token slots (default: what vLLM would allocate for `model` on `num_gpus` x `gpu`).
     `policy` paged uses `block_size`; the contiguous baselines use block_size 1 (token-granular runs, as the
-    paper's Orca reimplementation). `swap_space_gib`: CPU swap space per GPU (vLLM's default 4 GiB).
+    paper's Orca reimplementation); vattention maps pages of `page_kib` KiB per layer per K/V buffer (default: the
+    smallest page of whole tokens >= 64 KiB; sim.kv.vattention). `swap_space_gib`: CPU swap space per GPU (vLLM's
+    default 4 GiB).
     `scheduler`: "v1" (token budget, chunked prefill; `enable_chunked_prefill=False` turns chunking off), "v0"
     (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults to 2048 in v1 and to
     max(2560, the model's context) otherwise. `victim`: who is preempted (sim.preemption.VICTIM_POLICIES).
@@ -92,27 +106,46 @@ def run(
     contains each, exactly as stepping would show it).
     `jump`: jump over runs of identical decode steps (same results as stepping, faster); `validate`: check each
     jump's memory bookkeeping against the KV manager (slower). `cost_model`: any object with step_time and
-    swap_time (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged). `watermark`: fraction of KV blocks kept
-    free at admission (vLLM v0's default 0.01; it curbs admit-then-preempt thrashing). `on_step`: an observer
-    `f(simulator, plan_or_None)` called after every step (see `sim.loop.Simulator`).
+    swap_time, or the path of a calibrated model's JSON file (sim.cost_file; it must have been measured on
+    `model`) (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged).
+    `watermark`: fraction of KV blocks kept free at admission (vLLM v0's default 0.01; it curbs
+    admit-then-preempt thrashing). `on_step`: an observer `f(simulator, plan_or_None)` called after every step
+    (see `sim.loop.Simulator`).
     """
     params = dict(locals())  # every argument as given, for the checks
     started = time.perf_counter()
     kind = check_arguments(params)  # every check that needs no simulation, first
+    cost_file = str(cost_model) if isinstance(cost_model, (str, Path)) else None
+    if cost_file is not None:  # a file `python -m reference calibrate` wrote
+        cost_model = cost_model_for(cost_file, model)
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     num_slots = kv_slots if kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, num_gpus)
     synthetic = requests is None and trace is None
     source = workload if synthetic else ("requests" if requests is not None else str(trace))
     notes = {}
     if synthetic:
-        requests = generate_requests(
-            workload, num_requests, rate=rate, duration=None if num_requests is not None else duration,
-            arrival=arrival, burstiness=burstiness, max_seq_len=model_spec.max_seq_len, n=n, beam_width=beam_width,
-            prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed, prompt_len=prompt_len, output_len=output_len,
-            prompt_len_range=prompt_len_range, output_len_range=output_len_range,
-        )  # fmt: skip
-        _require(len(requests) >= 1, "duration", duration, f"long enough for a request to arrive at {rate:g} req/s "
-                 f"(none did; or give num_requests)")  # fmt: skip
+        if workload == "conversation":
+            sessions = generate_sessions(
+                num_requests, rate=None if arrival == "offline" else rate,
+                duration=None if num_requests is not None else duration, arrival=arrival, burstiness=burstiness,
+                max_seq_len=model_spec.max_seq_len, turns=turns, think_time=think_time, history_limit=history_limit,
+                seed=seed,
+            )  # fmt: skip
+            requests, notes = flatten(sessions), {"num_sessions": len(sessions)}
+        else:
+            requests = generate_requests(
+                workload, num_requests, rate=rate, duration=None if num_requests is not None else duration,
+                arrival=arrival, burstiness=burstiness, max_seq_len=model_spec.max_seq_len, n=n,
+                beam_width=beam_width, prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed,
+                prompt_len=prompt_len, output_len=output_len, prompt_len_range=prompt_len_range,
+                output_len_range=output_len_range,
+            )  # fmt: skip
+        if not requests:  # (the message formats `rate`, None with offline arrivals, which always bring requests)
+            _require(False, "duration", duration, f"long enough for a request to arrive at {rate:g} req/s "
+                     f"(none did; or give num_requests)")  # fmt: skip
+    elif kind == "sharegpt" and conversations:
+        requests, notes = _import_conversations(trace, model_spec, None if arrival == "offline" else rate, seed,
+                                                think_time, history_limit)  # fmt: skip
     elif kind == "sharegpt":
         requests, notes = _import_sharegpt(trace, model_spec, None if arrival == "offline" else rate, seed)
     elif requests is None:
@@ -121,7 +154,7 @@ def run(
         _check_given_requests(requests)
     # auto: on for a shared prefix in a paged pool (contiguous policies have no prefix cache)
     caching = (prefix_len > 0 and allocates_blocks_on_demand(policy)) if enable_prefix_caching is None else enable_prefix_caching
-    kv_block_size = simulator_block_size(policy, block_size)
+    kv_block_size = simulator_block_size(policy, block_size, model=model_spec, num_gpus=num_gpus, page_kib=page_kib)
     budget = max_num_batched_tokens
     if budget is None:
         budget = DEFAULT_BUDGET["v1"] if scheduler == "v1" else max(DEFAULT_BUDGET[scheduler], model_spec.max_seq_len)
@@ -132,7 +165,7 @@ def run(
     def make_scheduler() -> Scheduler:
         kv = make_kv_manager(policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
                              allocator=allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
-                             watermark=watermark)  # fmt: skip
+                             watermark=watermark, model=model_spec)  # fmt: skip
         return Scheduler(kv, config)
 
     _check_requests(requests, model_spec, make_scheduler())
@@ -152,6 +185,10 @@ def run(
         "enable_prefix_caching": sched.kv.enable_prefix_caching, "max_num_seqs": max_num_seqs,
         "watermark": watermark, "max_num_batched_tokens": budget, "enable_chunked_prefill": config.chunked,
         "victim": victim, "jump": jump, "num_events": result.num_events, **notes,
+        # a policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
+        **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * num_gpus * 1024)}
+           if pages_in_kib(policy) else {}),
+        **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
     }  # fmt: skip
     summary = summarize(
         policy=policy, requests=result.requests, steps=result.steps, integral=result.memory_integral,
@@ -170,6 +207,19 @@ def _import_sharegpt(trace, model_spec, rate: float | None, seed: int) -> tuple[
             f"{model_spec.name}'s {model_spec.max_seq_len}-token context; tokens counted by SmolLM2's tokenizer; "
             f"{arrivals}")  # fmt: skip
     return requests, {"trace_format": "sharegpt", "trace_import": note}
+
+
+def _import_conversations(trace, model_spec, rate: float | None, seed: int, think_time: float,
+                          history_limit: int | None) -> tuple[list[Request], dict]:  # fmt: skip
+    """A ShareGPT file's conversations as multi-turn sessions, and what happened, for the summary."""
+    sessions, imported = import_conversations(trace, max_seq_len=model_spec.max_seq_len, history_limit=history_limit,
+                                              rate=rate, think_time=think_time, seed=seed)  # fmt: skip
+    arrivals = "all at t = 0" if rate is None else f"sessions start by Poisson at {rate:g} sessions/s (seed {seed})"
+    cut = "" if history_limit is None else f"; prompts cut to their last {history_limit} tokens"
+    note = (f"{trace} is a ShareGPT conversation file, imported as multi-turn sessions: {imported.describe()}; "
+            f"context: {model_spec.name}'s {model_spec.max_seq_len} tokens{cut}; tokens by SmolLM2's tokenizer; "
+            f"{arrivals}, then mean think time {think_time:g} s between turns")  # fmt: skip
+    return flatten(sessions), {"trace_format": "sharegpt", "trace_import": note, "num_sessions": len(sessions)}
 
 
 def _check_requests(requests: list[Request], model_spec, probe: Scheduler) -> None:

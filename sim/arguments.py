@@ -11,9 +11,11 @@ import math
 import numbers
 import os
 
-from .kv import POLICIES, allocates_blocks_on_demand
+from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, has_prefix_cache,
+                 has_swap_space, pages_in_kib, simulator_block_size)  # fmt: skip
 from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS,
-                     MAX_SEED, MAX_SWAP_GIB, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS, is_int, is_real)  # fmt: skip
+                     MAX_SEED, MAX_SWAP_GIB, MAX_TIME_S, MAX_TOKENS, MAX_TURNS, MIN_BURSTINESS, is_int,
+                     is_real)  # fmt: skip
 from .preemption import VICTIM_POLICIES
 from .request import Request
 from .scheduler import MODES, PREEMPTION_MODES
@@ -41,9 +43,12 @@ _ARGUMENTS = {
     "rate": ("real?", 0, math.inf), "duration": ("real?", 0, MAX_TIME_S), "slo_ttft": ("real?", 0, MAX_TIME_S),
     "slo_tbt": ("real?", 0, MAX_TIME_S), "jump": ("bool", None, None), "validate": ("bool", None, None),
     "progress": ("bool", None, None), "enable_prefix_caching": ("bool?", None, None),
-    "enable_chunked_prefill": ("bool?", None, None),
+    "enable_chunked_prefill": ("bool?", None, None), "turns": ("real", 1, MAX_TURNS),
+    "page_kib": ("real?", 0, MAX_TOKENS),  # KiB per layer per K/V buffer; a page is also at most MAX_TOKENS tokens
+    "think_time": ("real", 0, MAX_TIME_S), "history_limit": ("int?", 1, MAX_TOKENS),
+    "conversations": ("bool", None, None),
 }  # fmt: skip
-_OPEN_BELOW = ("rate", "duration", "slo_ttft", "slo_tbt")  # > 0, not >= 0
+_OPEN_BELOW = ("rate", "duration", "slo_ttft", "slo_tbt", "page_kib")  # > 0, not >= 0
 _OPEN_ABOVE = ("watermark", "rate")  # < 1; rate: finite
 _CHOICES = {"model": tuple(MODELS), "gpu": tuple(GPUS), "policy": POLICIES, "workload": DATASETS,
             "preemption": PREEMPTION_MODES, "scheduler": MODES, "arrival": ARRIVALS, "allocator": tuple(ALLOCATORS),
@@ -51,7 +56,8 @@ _CHOICES = {"model": tuple(MODELS), "gpu": tuple(GPUS), "policy": POLICIES, "wor
 # What a generated workload is made of: meaningless when the requests come from a trace or a list.
 WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival", "burstiness", "n", "beam_width",
                       "prefix_len", "num_prefixes", "prompt_len", "output_len", "prompt_len_range",
-                      "output_len_range")  # fmt: skip
+                      "output_len_range", "turns", "think_time", "history_limit")  # fmt: skip
+CONVERSATION_ARGUMENTS = ("turns", "think_time", "history_limit")  # sim/conversation.py's options
 
 
 
@@ -69,7 +75,8 @@ def _allowed(kind: str, low, high, name: str) -> str:
         above = f"> {_num(low)}" if name in _OPEN_BELOW else f">= {_num(low)}"
         below = "" if high == math.inf else (f" and < {_num(high)}" if name in _OPEN_ABOVE else f" and <= {_num(high)}")
         unit = {"rate": " requests/s", "burstiness": "", "watermark": ", a share of the blocks",
-                "swap_space_gib": " GiB"}.get(name, " seconds")  # fmt: skip
+                "swap_space_gib": " GiB", "turns": " (the mean turns per session)",
+                "page_kib": " KiB per layer per K/V buffer"}.get(name, " seconds")  # fmt: skip
         text = f"a finite number {above}{below}{unit}"
     return text
 
@@ -113,6 +120,10 @@ def check_arguments(params: dict, given: set[str] | None = None, say=None) -> st
              "requests", type(requests).__name__, "a list of sim.request.Request, or None")  # fmt: skip
     _require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
     kind = check_combinations(params, given, say or _say)
+    # a page that is not a whole number of the model's tokens (vattention): one line naming the allowed sizes
+    simulator_block_size(params["policy"], params["block_size"], model=MODELS[params["model"]],
+                         num_gpus=params["num_gpus"], page_kib=params["page_kib"])  # fmt: skip
+    check_model(params["policy"], MODELS[params["model"]])  # hybrid on a model without sliding windows: one line
     _require(params["n"] == 1 or params["beam_width"] == 1, "n and beam_width", (params["n"], params["beam_width"]),
              "at most one of them > 1")  # fmt: skip
     if trace is None and requests is None:
@@ -133,6 +144,8 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
             why[name] = f"describes a generated workload, and {source} gives the requests"
         if kind == "sharegpt":
             del why["rate"], why["arrival"]
+            if p["conversations"]:  # imported as sessions (sim.conversation_import)
+                del why["think_time"], why["history_limit"]
             if p["arrival"] == "gamma":
                 why["arrival"] = (f"a ShareGPT file's requests arrive by Poisson at {say('rate', p['rate'])}, or all "
                                   f"at t = 0 with {say('arrival', 'offline')}")  # fmt: skip
@@ -141,6 +154,13 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
                                ("output_len_range", "uniform")):  # fmt: skip
             if p["workload"] != workload:
                 why[name] = f"applies to {say('workload', workload)} only, not {say('workload', p['workload'])}"
+        for name in CONVERSATION_ARGUMENTS:
+            if p["workload"] != "conversation":
+                why[name] = f"applies to {say('workload', 'conversation')} only, not {say('workload', p['workload'])}"
+        if p["workload"] == "conversation":  # every turn is one sequence, its prompt a session's own history
+            for name in ("n", "beam_width", "prefix_len"):
+                why[name] = (f"means nothing with {say('workload', 'conversation')}: a turn is one sequence whose "
+                             "prompt is its session's history")  # fmt: skip
         if p["arrival"] != "gamma":
             why["burstiness"] = f"applies to {say('arrival', 'gamma')} only, not {say('arrival', p['arrival'])}"
         if p["arrival"] == "offline":
@@ -150,9 +170,13 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
             why["duration"] = f"conflicts with {say('num_requests', p['num_requests'])} (give one of them)"
         if p["prefix_len"] == 0:
             why["num_prefixes"] = f"applies with a shared prefix only ({say('prefix_len', 'N')} with N > 0)"
-            if p["enable_prefix_caching"]:  # generated prompts carry token ids only with a shared prefix
+            if p["enable_prefix_caching"] and p["workload"] != "conversation":  # its turns carry token ids
                 why["enable_prefix_caching"] = ("has nothing to cache: a generated workload's prompts have token ids "
-                                                f"only with a shared prefix ({say('prefix_len', 'N')}, N > 0)")
+                                                f"only with a shared prefix ({say('prefix_len', 'N')}, N > 0) or "
+                                                f"{say('workload', 'conversation')}")  # fmt: skip
+    if p["conversations"] and (p["requests"] is not None or kind != "sharegpt"):
+        why["conversations"] = (f"applies to a ShareGPT conversation file only ({say('trace', 'FILE.json')}, a JSON "
+                                "list of conversations), imported as multi-turn sessions")  # fmt: skip
     if p["arrival"] == "offline" and "rate" not in why:
         why["rate"] = f"means nothing with {say('arrival', 'offline')}: every request arrives at t = 0"
     if not allocates_blocks_on_demand(p["policy"]):
@@ -166,6 +190,20 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
         if p["preemption"] != "swap":
             why["swap_space_gib"] = (f"applies to {say('preemption', 'swap')} only, not "
                                      f"{say('preemption', p['preemption'])}")  # fmt: skip
+        if p["preemption"] == "swap" and not has_swap_space(p["policy"]):
+            why["preemption"] = (f"needs CPU swap space, and {say('policy', p['policy'])} has none: it preempts by "
+                                 f"recompute only (allowed: {say('preemption', 'recompute')})")  # fmt: skip
+        if p["enable_prefix_caching"] and not has_prefix_cache(p["policy"]):
+            why["enable_prefix_caching"] = f"{say('policy', p['policy'])} has no prefix cache"
+        if p["enable_prefix_caching"] is False and always_caches_prefixes(p["policy"]):
+            why["enable_prefix_caching"] = (f"{say('policy', p['policy'])} always caches prefixes: its prefix cache is "
+                                            "the policy itself and cannot be turned off")  # fmt: skip
+    if pages_in_kib(p["policy"]):
+        why["block_size"] = (f"{say('policy', p['policy'])} maps pages given in KiB per layer per K/V buffer "
+                             f"({say('page_kib', 'KIB')}), not blocks of tokens")  # fmt: skip
+    else:
+        paging = ", ".join(name for name in POLICIES if pages_in_kib(name))
+        why["page_kib"] = f"applies to {say('policy', paging)} only, not {say('policy', p['policy'])}"
     if p["scheduler"] != "v1":
         why["enable_chunked_prefill"] = (f"applies to {say('scheduler', 'v1')} only; "
                                          f"{say('scheduler', p['scheduler'])} never chunks a prompt")  # fmt: skip
@@ -212,8 +250,10 @@ def _check_workload(p: dict) -> None:
     if num_requests is None:
         _require(arrival != "offline", "num_requests", None, "an integer >= 1; offline arrivals need a count")
         _require(duration is not None, "duration", duration, "a finite number > 0 seconds, or num_requests")
-        if rate * duration > MAX_NUM_REQUESTS:
-            raise ValueError(f"rate x duration: {rate:g} x {duration:g} = {rate * duration:.3g} expected requests "
+        turns = p["turns"] if p["workload"] == "conversation" else 1  # requests per session, a mean
+        if rate * duration * turns > MAX_NUM_REQUESTS:
+            times = f" x turns: {rate:g} x {duration:g} x {turns:g}" if turns != 1 else f": {rate:g} x {duration:g}"
+            raise ValueError(f"rate x duration{times} = {rate * duration * turns:.3g} expected requests "
                              f"(allowed: at most {MAX_NUM_REQUESTS:,}, the limit of one workload)")  # fmt: skip
     elif arrival != "offline" and num_requests / rate > MAX_TIME_S:
         raise ValueError(f"num_requests / rate: {num_requests} / {rate:g} = {num_requests / rate:.3g} s of arrivals "

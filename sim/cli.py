@@ -24,6 +24,7 @@ from .preemption import VICTIM_POLICIES
 from .scheduler import MODES, PREEMPTION_MODES
 from .slots import ALLOCATORS
 from .specs import GPUS, MODELS
+from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
 from .workload import ARRIVALS, DATASETS
 
 BAR_WIDTH = 40  # characters of the memory bar chart for a share of 100%
@@ -76,9 +77,12 @@ def add_run_parser(sub) -> None:
     g.add_argument("--gpu", default="a100-40gb", metavar=_choices(GPUS), help="GPU spec (default: a100-40gb)")
     g.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default: 1)")
     g.add_argument("--kv-slots", type=int, help="KV pool size in token slots (default: what vLLM's 90%% memory rule leaves)")
+    g.add_argument("--cost-model", metavar="FILE", help="price steps with a calibrated model (JSON from `python -m "
+                   "reference calibrate`, measured on --model) instead of --gpu's roofline; --gpu then only sizes the pool")
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="sharegpt", metavar=_choices(DATASETS),
-                   help="request lengths: ShareGPT/Alpaca-shaped log-normals, fixed or uniform (default: sharegpt)")
+                   help="request lengths: ShareGPT/Alpaca-shaped log-normals, fixed or uniform; conversation: "
+                   "multi-turn chat sessions, --rate in sessions/s (default: sharegpt)")
     g.add_argument("--rate", type=float, default=2.0, help="mean arrival rate, requests/s (default: 2)")
     g.add_argument("--duration", type=float, default=3600.0, help="seconds of arrivals (default: 3600)")
     g.add_argument("--num-requests", type=int, help="exactly this many requests (instead of --duration)")
@@ -96,10 +100,24 @@ def add_run_parser(sub) -> None:
     g.add_argument("--output-len-range", type=_pair, metavar="LO,HI", help="--workload uniform: output tokens")
     g.add_argument("--trace", metavar="FILE", help="read requests from a .jsonl/.csv trace instead, or import a ShareGPT "
                    ".json file (--rate, --arrival offline and --seed then set its arrivals) (sim.trace)")
+    g.add_argument("--conversations", action="store_true", help="--trace FILE.json: import every turn of the "
+                   "ShareGPT conversations as multi-turn sessions (--rate: sessions/s), not only the first "
+                   "(sim.conversation_import)")
+    g.add_argument("--turns", type=float, default=DEFAULT_TURNS,
+                   help=f"--workload conversation: mean turns per session, geometric (default: {DEFAULT_TURNS:g})")
+    g.add_argument("--think-time", type=float, default=DEFAULT_THINK_TIME, help="--workload conversation or "
+                   f"--conversations: mean seconds between a session's turns (default: {DEFAULT_THINK_TIME:g})")
+    g.add_argument("--history-limit", type=int, metavar="TOKENS", help="--workload conversation or --conversations: "
+                   "keep the prompt's last TOKENS tokens and cut replies to the context left (the paper's chatbot: "
+                   "1024); default: a session ends where its history outgrows the context")
     g = p.add_argument_group("serving system")
     g.add_argument("--policy", default="paged", metavar=_choices(POLICIES),
-                   help="KV cache: paged (vLLM) or contiguous Orca max/pow2/oracle reservations (default: paged)")
+                   help="KV cache: paged (vLLM), contiguous Orca max/pow2/oracle reservations, or vattention "
+                   "(a virtual range per request, pages mapped on demand) (default: paged)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block, paged only (default: 16)")
+    g.add_argument("--page-kib", type=float, metavar="KIB", help="--policy vattention: physical page in KiB per layer "
+                   "per K/V buffer, a whole number of tokens (OPT-13B: multiples of 10; default: the smallest such "
+                   "page >= 64 KiB)")
     g.add_argument("--allocator", default="buddy", metavar=_choices(ALLOCATORS),
                    help="contiguous policies' slot allocator (default: buddy)")
     g.add_argument("--preemption", default="recompute", metavar=_choices(PREEMPTION_MODES),
@@ -139,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Outputs first, before the run: writable, not a folder, not the trace, not each other (sim.outfiles).
     check_outputs({"--requests-csv": args.requests_csv, "--steps-csv": args.steps_csv,
-                   "--chrome-trace": args.chrome_trace}, {"--trace": args.trace})
+                   "--chrome-trace": args.chrome_trace}, {"--trace": args.trace, "--cost-model": args.cost_model})
 
     caching = {"auto": None, "on": True, "off": False}
     if args.prefix_caching not in caching:
@@ -148,6 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run(
         model=args.model, gpu=args.gpu, num_gpus=args.num_gpus, workload=args.workload, rate=args.rate,
         duration=args.duration, num_requests=args.num_requests, policy=args.policy, block_size=args.block_size,
+        page_kib=args.page_kib,
         seed=args.seed, n=args.n, beam_width=args.beam_width, prefix_len=args.prefix_len,
         num_prefixes=args.num_prefixes, preemption=args.preemption, swap_space_gib=args.swap_space, trace=args.trace,
         scheduler=args.scheduler, arrival=args.arrival, burstiness=args.burstiness, allocator=args.allocator,
@@ -156,7 +175,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=args.progress, prompt_len=args.prompt_len, output_len=args.output_len,
         prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,
         enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
-        slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt,
+        slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt, cost_model=args.cost_model, turns=args.turns,
+        think_time=args.think_time, history_limit=args.history_limit, conversations=args.conversations,
     )  # fmt: skip
     if "trace_import" in result.summary:  # a ShareGPT file was imported: say how
         print(f"note: {result.summary['trace_import']}", file=sys.stderr)
@@ -179,10 +199,14 @@ def _num(value, fmt: str) -> str:
 
 def format_summary(s: dict) -> str:
     """A readable summary: the headline numbers, then the memory shares as a text bar chart."""
-    rate = "" if s.get("rate") is None else f", {s['arrival']} {s['rate']:g} req/s"
+    unit = "sessions/s" if "num_sessions" in s else "req/s"  # a conversation workload's rate starts sessions
+    rate = "" if s.get("rate") is None else f", {s['arrival']} {s['rate']:g} {unit}"
     lines = [
-        f"policy {s['policy']}  |  {s['model']} on {s['num_gpus']} x {s['gpu']}  |  {s['workload']}{rate}",
-        f"  requests             {s['num_requests']} ({s['num_finished']} finished)",
+        f"policy {s['policy']}  |  {s['model']} "
+        + (f"priced by {s['cost_model']}" if s.get("cost_model") else f"on {s['num_gpus']} x {s['gpu']}")
+        + f"  |  {s['workload']}{rate}",
+        f"  requests             {s['num_requests']} ({s['num_finished']} finished)"
+        + (f" in {s['num_sessions']} sessions" if "num_sessions" in s else ""),
         f"  throughput           {s['throughput_req_per_s']:.3f} req/s",
         f"  normalized latency   {_num(s['normalized_latency_s_per_token'], '.4f')} s/token "
         f"(p50 {_num(s['p50_normalized_latency_s_per_token'], '.4f')}, "
@@ -293,6 +317,8 @@ def _say_flag(keyword: str, value) -> str:
         return flag if value is False else "chunked prefill (the default)"
     if keyword == "enable_prefix_caching":
         return f"{flag} {({None: 'auto', True: 'on', False: 'off'})[value]}"
+    if keyword == "conversations":
+        return flag
     if isinstance(value, tuple):
         return f"{flag} {','.join(map(str, value))}"
     return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"

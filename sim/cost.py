@@ -7,16 +7,17 @@ Two interchangeable models behind one protocol:
   reads all weights once plus the K/V of every running sequence), prefill is compute-bound: the split the
   vLLM paper's section 2-3 argument rests on (batching amortizes the weight reads, so memory for the KV
   cache decides throughput).
-- `CalibratedCostModel`: a linear fit to step times measured on the reference engine.
+- `CalibratedCostModel` and `PiecewiseCostModel`: fits to step times measured on the reference engine.
 
 Both are called 10^5-10^6 times per simulation, so `step_time` is plain float arithmetic (no numpy).
 """
 from __future__ import annotations
 
 import csv
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -89,6 +90,14 @@ class RooflineCostModel:
     gather = (block_size + efficiency.block_gather_tokens) / block_size times a contiguous read (counted per
     token, i.e. as if every block were full). None: contiguous K/V (the Orca baselines), gather = 1.
     Swaps cost bytes over PCIe plus efficiency.copy_overhead_s per copy, 2 * layers copies per block.
+
+    A model with sliding-window layers (Gemma 3, sim.specs.ModelSpec.sliding_window W): those layers read, for an entry
+    feeding k tokens after c, only min(c + k, k + W - 1) tokens of K/V, both in bytes and in attention FLOPs; the full
+    layers read c + k. NOTE: step_time sees only the batch's total context C, so the sliding layers' reads are taken
+    as min(C, P + D + (D + [P > 0]) * (W - 1)) (P prompt tokens, D decodes): exact when every decoding sequence holds
+    at least W tokens and a step has at most one prompt chunk (long-context serving), an overestimate when some
+    sequences are shorter than the window, an underestimate only for steps with several prompt chunks. This depends on
+    the model, not on the KV policy: a paged pool that keeps every layer's K/V still reads only the window.
     """
 
     def __init__(
@@ -118,14 +127,32 @@ class RooflineCostModel:
         self._token_flop_s = 2.0 * m.num_params / flops
         self._attn_flop_s = 4.0 * m.num_layers * m.num_heads * m.head_dim / flops
         self._overhead_s = efficiency.overhead_s
+        self._window = m.sliding_window  # None: every layer full attention (the plain formula above)
+        if m.sliding_window is not None:
+            full, sliding = m.num_full_layers / m.num_layers, m.num_sliding_layers / m.num_layers
+            self._full_read_s, self._sliding_read_s = self._kv_read_s * full, self._kv_read_s * sliding
+            self._full_attn_s, self._sliding_attn_s = self._attn_flop_s * full, self._attn_flop_s * sliding
         self._swap_bandwidth = num_gpus * g.pcie_bandwidth * efficiency.pcie  # each GPU has its own link
         # Each GPU copies its own slice of every block, K and V for every layer, in parallel with the others.
         self._block_copy_s = 2 * m.num_layers * efficiency.copy_overhead_s
 
     def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+        if self._window is not None:
+            return self._windowed_step_time(num_prefill_tokens, num_decode_seqs, num_context_tokens)
         new_tokens = num_prefill_tokens + num_decode_seqs
         memory = self._weights_s + self._kv_read_s * num_context_tokens + self._kv_token_s * new_tokens
         compute = self._token_flop_s * new_tokens + self._attn_flop_s * num_context_tokens
+        return (memory if memory > compute else compute) + self._overhead_s
+
+    def _windowed_step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+        """step_time for a model with sliding-window layers (see the class docstring)."""
+        new_tokens = num_prefill_tokens + num_decode_seqs
+        entries = num_decode_seqs + (num_prefill_tokens > 0)
+        windowed = min(num_context_tokens, new_tokens + entries * (self._window - 1))
+        memory = (self._weights_s + self._full_read_s * num_context_tokens + self._sliding_read_s * windowed
+                  + self._kv_token_s * new_tokens)  # fmt: skip
+        compute = (self._token_flop_s * new_tokens + self._full_attn_s * num_context_tokens
+                   + self._sliding_attn_s * windowed)  # fmt: skip
         return (memory if memory > compute else compute) + self._overhead_s
 
     def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
@@ -140,30 +167,45 @@ CSV_COLUMNS = ("num_prefill_tokens", "num_decode_seqs", "num_context_tokens", "s
 
 @dataclass(frozen=True, slots=True)
 class CalibratedCostModel:
-    """step_time = a + b * prefill_tokens + c * decode_seqs + d * context_tokens, least-squares fitted to
-    step times measured on the reference engine. Swaps are priced at `swap_bandwidth` bytes/s (the CSV
-    holds no swap measurements; the default is the roofline's 80% of PCIe Gen4's 32 GB/s one way)."""
+    """step_time = a + max(floor_s, b * prefill_tokens + c * decode_seqs) + d * context_tokens, fitted to step
+    times measured on the reference engine (`python -m reference calibrate` writes one to a file, sim.cost_file).
+
+    The max is a roofline's knee, learnt instead of derived: a step over a few tokens costs what reading the
+    weights costs (`floor_s`), a step over many costs per token. With floor_s = 0 the model is the plain line
+    a + b * prefill_tokens + c * decode_seqs + d * context_tokens. Swaps are priced at `swap_bandwidth` bytes/s
+    (the engine's steps hold no swap measurements; the default is the roofline's 80% of PCIe Gen4's 32 GB/s)."""
 
     a: float
     b: float
     c: float
     d: float
     swap_bandwidth: float = 25.6e9
+    floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.swap_bandwidth > 0:
             raise ValueError(f"swap_bandwidth must be > 0 bytes/s, got {self.swap_bandwidth}")
+        if not self.floor_s >= 0:
+            raise ValueError(f"floor_s must be >= 0 seconds, got {self.floor_s}")
 
     def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
-        t = self.a + self.b * num_prefill_tokens + self.c * num_decode_seqs + self.d * num_context_tokens
+        work = self.b * num_prefill_tokens + self.c * num_decode_seqs
+        t = self.a + (work if work > self.floor_s else self.floor_s) + self.d * num_context_tokens
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
 
     def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
         return num_bytes / self.swap_bandwidth  # NOTE: no per-copy cost: the CSV holds no swap measurements
 
     @classmethod
-    def fit(cls, rows: Iterable[tuple[float, float, float, float]], swap_bandwidth: float = 25.6e9) -> "CalibratedCostModel":
-        """rows: (num_prefill_tokens, num_decode_seqs, num_context_tokens, step_time_s) per measured step."""
+    def fit(cls, rows: Iterable[tuple[float, float, float, float]], swap_bandwidth: float = 25.6e9,
+            with_floor: bool = False) -> "CalibratedCostModel":
+        """rows: (num_prefill_tokens, num_decode_seqs, num_context_tokens, step_time_s) per measured step.
+
+        Default: ordinary least squares of the plain line (floor_s = 0). `with_floor`: the knee too, fitted to
+        RELATIVE errors (each step weighs 1 / its time, so a 20 ms decode counts as much as a 5 s prefill): for
+        each candidate floor on a grid up to the median step time, the line is fitted by weighted least squares
+        on the steps above the floor, the steps are re-split by the fitted line until the split is stable, and
+        the floor with the smallest root-mean-square relative error wins."""
         data = np.asarray(list(rows), dtype=np.float64)
         if data.ndim != 2 or data.shape[1] != 4:
             raise ValueError(f"each row must have 4 numbers {CSV_COLUMNS}, got an array of shape {data.shape}")
@@ -173,8 +215,15 @@ class CalibratedCostModel:
                 f"need >= 4 rows that vary prefill tokens, decode seqs and context tokens independently "
                 f"to fit 4 coefficients, got {len(data)} rows of rank {np.linalg.matrix_rank(design) if len(data) else 0}"
             )
-        coef, *_ = np.linalg.lstsq(design, data[:, 3], rcond=None)
-        return cls(*(float(x) for x in coef), swap_bandwidth=swap_bandwidth)
+        if not with_floor:
+            coef, *_ = np.linalg.lstsq(design, data[:, 3], rcond=None)
+            return cls(*(float(x) for x in coef), swap_bandwidth=swap_bandwidth)
+        if not (data[:, 3] > 0).all():
+            raise ValueError("a fit of relative errors needs every step time > 0")
+        best = min((_fit_knee(data, floor) for floor in np.linspace(0.0, np.median(data[:, 3]), 101)),
+                   key=lambda fit: fit[0])  # fmt: skip
+        _, floor, (a, b, c, d) = best
+        return cls(float(a), float(b), float(c), float(d), swap_bandwidth=swap_bandwidth, floor_s=float(floor))
 
     @classmethod
     def from_csv(cls, path: str | Path, swap_bandwidth: float = 25.6e9) -> "CalibratedCostModel":
@@ -198,3 +247,126 @@ class CalibratedCostModel:
             return cls.fit(rows, swap_bandwidth=swap_bandwidth)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+def _fit_knee(data: np.ndarray, floor: float) -> tuple[float, float, np.ndarray]:
+    """(rms relative error, floor, [a, b, c, d]) of the knee model at this floor (see CalibratedCostModel.fit)."""
+    prefill, decode, context, t = data.T
+    weight = 1.0 / t
+    at_floor = np.zeros(len(t), dtype=bool)
+    for _ in range(50):  # re-split until stable; a few rounds in practice
+        above = ~at_floor
+        design = np.column_stack([np.ones(len(t)), prefill * above, decode * above, context])
+        coef = _nonnegative_slopes(design * weight[:, None], (t - floor * at_floor) * weight)
+        split = coef[1] * prefill + coef[2] * decode < floor
+        if (split == at_floor).all():
+            break
+        at_floor = split
+    predicted = coef[0] + np.maximum(floor, coef[1] * prefill + coef[2] * decode) + coef[3] * context
+    return float(np.sqrt(np.mean(((predicted - t) * weight) ** 2))), floor, coef
+
+
+def _nonnegative_slopes(design: np.ndarray, target: np.ndarray, nonnegative: Sequence[int] | None = None) -> np.ndarray:
+    """Least squares with the coefficients `nonnegative` (default: all but the intercept, column 0) >= 0: a token, a
+    sequence or a K/V read never makes a step faster. One that comes out negative is pinned to 0 and the rest refitted
+    (a small active set)."""
+    bounded = range(1, design.shape[1]) if nonnegative is None else nonnegative
+    free = np.ones(design.shape[1], dtype=bool)
+    while True:
+        coef = np.zeros(design.shape[1])
+        coef[free], *_ = np.linalg.lstsq(design[:, free], target, rcond=None)
+        negative = [i for i in bounded if coef[i] < 0]
+        if not negative:
+            return coef
+        free[min(negative, key=lambda i: coef[i])] = False
+
+
+# Where the piecewise model's line bends: every batch of 1 to 8 tokens (a CPU's matrix kernels change method between
+# such small sizes, and step times do not grow monotonically there), then about two per doubling up to a CPU
+# engine's largest default token budget (4,096).
+DEFAULT_KNOTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+                 3072, 4096)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PiecewiseCostModel:
+    """step_time = g(prefill_tokens + decode_seqs) + c * decode_seqs + d * context_tokens, fitted to step times
+    measured on the reference engine (`python -m reference calibrate`).
+
+    g is piecewise linear in the tokens the forward pass computes, through (knots[i], values[i]), and continues past
+    the last knot along its last segment: what the matrix multiplications cost, measured at each size instead of
+    derived, since on a CPU it is neither a roofline nor monotonic at small batches (a step of 2 tokens measured
+    slower than one of 4 with SmolLM2 on the project's 2-core machine). c prices what a decoding sequence costs
+    beyond its token (its logits and sampling: a prompt only samples at its end), d each K/V token the attention
+    reads. Swaps are priced at `swap_bandwidth` bytes/s, as CalibratedCostModel."""
+
+    knots: tuple[float, ...]
+    values: tuple[float, ...]
+    c: float
+    d: float
+    swap_bandwidth: float = 25.6e9
+
+    def __post_init__(self) -> None:
+        if len(self.knots) < 2 or len(self.knots) != len(self.values):
+            raise ValueError(f"need >= 2 knots and one value per knot, got {len(self.knots)} knots, {len(self.values)} values")
+        if any(b <= a for a, b in zip(self.knots, self.knots[1:])) or self.knots[0] < 0:
+            raise ValueError(f"knots must be >= 0 and strictly increasing, got {list(self.knots)}")
+        if not (self.c >= 0 and self.d >= 0):
+            raise ValueError(f"c and d must be >= 0, got {self.c}, {self.d}")
+        if not self.swap_bandwidth > 0:
+            raise ValueError(f"swap_bandwidth must be > 0 bytes/s, got {self.swap_bandwidth}")
+
+    def tokens_time(self, num_tokens: float) -> float:
+        """g: seconds of a forward pass over `num_tokens` tokens, before per-sequence and attention costs."""
+        k, v = self.knots, self.values
+        i = bisect_left(k, num_tokens, 1, len(k) - 1)  # the segment [k[i-1], k[i]] (the first or last one outside)
+        return v[i - 1] + (v[i] - v[i - 1]) * (num_tokens - k[i - 1]) / (k[i] - k[i - 1])
+
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+        t = self.tokens_time(num_prefill_tokens + num_decode_seqs) + self.c * num_decode_seqs + self.d * num_context_tokens
+        return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
+
+    def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
+        return num_bytes / self.swap_bandwidth  # NOTE: no per-copy cost: the engine's steps hold no swap measurements
+
+    @classmethod
+    def fit(cls, rows: Iterable[tuple[float, float, float, float]], knots: Sequence[float] = DEFAULT_KNOTS,
+            swap_bandwidth: float = 25.6e9) -> "PiecewiseCostModel":
+        """rows as CalibratedCostModel.fit's. Weighted least squares of relative errors (each step weighs 1 / its
+        time) over hat functions at the knots (a knot no step lies next to is dropped: nothing measures it; with
+        too few steps for the knots left, every other one is dropped until the steps determine the fit) plus decode
+        sequences and context tokens, c and d kept >= 0."""
+        data = np.asarray(list(rows), dtype=np.float64)
+        if data.ndim != 2 or data.shape[1] != 4 or len(data) < 4:
+            raise ValueError(f"need >= 4 rows of 4 numbers {CSV_COLUMNS}, got an array of shape {data.shape}")
+        if not (data[:, 3] > 0).all():
+            raise ValueError("a fit of relative errors needs every step time > 0")
+        tokens = data[:, 0] + data[:, 1]
+        grid = np.asarray(sorted(set(knots)), dtype=np.float64)
+        used = [i for i in range(len(grid)) if ((tokens > (grid[i - 1] if i else -np.inf))
+                                                & (tokens < (grid[i + 1] if i + 1 < len(grid) else np.inf))).any()]
+        grid = grid[used]
+        while True:  # too few steps for so many knots: every other knot (the ends kept) until the rows determine it
+            if len(grid) < 2:
+                raise ValueError(f"the steps do not determine the model: vary the tokens per step, decode sequences "
+                                 f"and context tokens independently ({len(data)} rows)")  # fmt: skip
+            design = np.column_stack([_hats(grid, tokens), data[:, 1], data[:, 2]])
+            if np.linalg.matrix_rank(design) == design.shape[1]:
+                break
+            grid = grid[sorted({*range(0, len(grid), 2), len(grid) - 1})] if len(grid) > 2 else grid[:0]
+        weight = 1.0 / data[:, 3]
+        coef = _nonnegative_slopes(design * weight[:, None], data[:, 3] * weight, nonnegative=(len(grid), len(grid) + 1))
+        return cls(tuple(float(k) for k in grid), tuple(float(v) for v in coef[:len(grid)]), float(coef[-2]),
+                   float(coef[-1]), swap_bandwidth)  # fmt: skip
+
+
+def _hats(grid: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Linear-interpolation weights of each x on the grid (one row per x, summing to 1; outside the grid the end
+    segment's line continues, so weights may be negative there)."""
+    i = np.clip(np.searchsorted(grid, x, side="left"), 1, len(grid) - 1)
+    w = (x - grid[i - 1]) / (grid[i] - grid[i - 1])
+    out = np.zeros((len(x), len(grid)))
+    rows = np.arange(len(x))
+    out[rows, i - 1] = 1 - w
+    out[rows, i] = w
+    return out

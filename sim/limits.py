@@ -30,6 +30,10 @@ MAX_NUM_REQUESTS = 10_000_000
 # Counts that are not requests: parallel samples n, beam width, distinct prefixes, running sequences.
 MAX_COUNT = 10_000_000
 
+# The mean number of turns of a conversation (sim/conversation.py): a session longer than a few thousand turns is
+# no chat; with a history limit sessions never end for the context, and the requests' count is the real bound.
+MAX_TURNS = 1000
+
 # A tensor-parallel group: more GPUs than this serve no model in sim.specs.
 MAX_NUM_GPUS = 1024
 

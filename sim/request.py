@@ -25,6 +25,9 @@ class Request:
     # vLLM's Request.skip_reading_prefix_cache: never take prefix-cache hits (every prompt token is computed), while
     # its own full blocks are still cached for others. The engine sets it for SamplingParams.prompt_logprobs.
     skip_reading_prefix_cache: bool = False
+    # The ids its one sequence will generate, when known in advance (a conversation's replies, sim/conversation.py):
+    # the prefix cache then keeps the generated tokens' full blocks too, for the next turn whose prompt repeats them.
+    output_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
@@ -41,6 +44,12 @@ class Request:
             raise ValueError(
                 f"request {self.request_id}: {len(self.prompt_token_ids)} prompt_token_ids for prompt_len {self.prompt_len}"
             )
+        if self.output_token_ids is not None and len(self.output_token_ids) != self.output_len:
+            raise ValueError(f"request {self.request_id}: {len(self.output_token_ids)} output_token_ids for output_len "
+                             f"{self.output_len}")  # fmt: skip
+        if self.output_token_ids is not None and self.num_seqs > 1:
+            raise ValueError(f"request {self.request_id}: output_token_ids name the tokens of one sequence (allowed "
+                             f"with n == 1 and beam_width == 1 only; siblings generate different tokens)")  # fmt: skip
 
     @property
     def num_seqs(self) -> int:

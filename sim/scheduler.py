@@ -238,7 +238,13 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         return (new, counts) if any(counts) else None
 
     def _new_spec(self, group: SequenceGroup, seq: Sequence) -> NewSequence:
-        ids, skip = group.request.prompt_token_ids, group.request.skip_reading_prefix_cache
+        request = group.request
+        ids, skip = request.prompt_token_ids, request.skip_reading_prefix_cache
+        if ids is not None and request.output_token_ids is not None and request.num_seqs == 1:
+            # Known generated tokens are prefix-cache keys too (a conversation's next turn repeats them), up to the
+            # sequence's final length: its last sampled token is never fed, so it never has K/V. Only for a lone
+            # sequence: siblings would generate different tokens (Request refuses the combination too).
+            ids = ids + request.output_token_ids[: seq.final_len - len(ids)]
         cached = self.kv.get_computed_tokens(ids, seq.num_tokens) if ids is not None and not skip else 0
         forks = tuple(s.final_len for s in group.siblings_to_fork)
         return NewSequence(seq.prompt_len, seq.final_len, ids, cached, forks, skip)

@@ -22,20 +22,29 @@ from .trace import TraceError, _json_int, _open
 
 
 @functools.lru_cache(maxsize=1)
-def _smollm2_counter() -> Callable[[str], int]:
+def _smollm2_tokenizer():
     from sim.tokenizer import load_smollm2_tokenizer
 
-    return load_smollm2_tokenizer().count_tokens
+    return load_smollm2_tokenizer()
+
+
+def _default_tokenizer():
+    try:
+        return _smollm2_tokenizer()
+    except (ImportError, RuntimeError, OSError) as e:
+        raise ValueError(f"importing a ShareGPT file counts tokens with the embedded SmolLM2 tokenizer, which "
+                         f"cannot be loaded: {e}") from None  # fmt: skip
 
 
 def default_count_tokens() -> Callable[[str], int]:
     """The token counter a ShareGPT file is imported with unless told otherwise: the embedded SmolLM2 tokenizer
     (sim/tokenizer.py), loaded once."""
-    try:
-        return _smollm2_counter()
-    except (ImportError, RuntimeError, OSError) as e:
-        raise ValueError(f"importing a ShareGPT file counts tokens with the embedded SmolLM2 tokenizer, which "
-                         f"cannot be loaded: {e}") from None  # fmt: skip
+    return _default_tokenizer().count_tokens
+
+
+def default_encode() -> Callable[[str], list[int]]:
+    """text -> token ids with the same tokenizer (multi-turn import, sim.conversation_import: real ids)."""
+    return _default_tokenizer().encode
 
 
 @dataclass(slots=True)
@@ -101,8 +110,9 @@ def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]
         raise bad(i, "extra data after the list")
 
 
-def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], max_seq_len: int = 2048) -> ShareGPTPairs:
-    """The first human turn and the gpt reply after it, of every conversation, as token counts."""
+def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]]:
+    """(index, line, turns) of every conversation of a ShareGPT file, read and checked: UTF-8, a JSON list, each
+    item {"conversations": [turn objects]}, at most MAX_NUM_REQUESTS of them. TraceError (one line) otherwise."""
     with _open(path) as f:
         try:
             data = f.read()
@@ -114,7 +124,6 @@ def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], ma
         start = e.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
         line = data.count(b"\n", 0, start) + 1
         raise TraceError(f"{path} line {line}: not UTF-8 text (byte 0x{data[start]:02x})") from None
-    pairs = ShareGPTPairs()
     for index, (line, item) in enumerate(_json_list_items(path, text)):
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
@@ -123,6 +132,13 @@ def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], ma
         if index == MAX_NUM_REQUESTS:
             raise TraceError(f"{path} line {line}: more than {MAX_NUM_REQUESTS:,} conversations (the limit of one "
                              "trace)")  # fmt: skip
+        yield index, line, turns
+
+
+def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], max_seq_len: int = 2048) -> ShareGPTPairs:
+    """The first human turn and the gpt reply after it, of every conversation, as token counts."""
+    pairs = ShareGPTPairs()
+    for _, _, turns in iter_conversations(path):
         pair = next(
             ((a.get("value"), b.get("value")) for a, b in zip(turns, turns[1:])
              if a.get("from") == "human" and b.get("from") == "gpt"),

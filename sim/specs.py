@@ -38,6 +38,12 @@ class ModelSpec:
     num_params: int  # total parameters, embeddings included (counted from the model config)
     max_seq_len: int  # context length: prompt + output must fit
     dtype_bytes: int = 2  # fp16 / bf16 weights and KV cache
+    # Interleaved sliding-window attention (Gemma 3): a sliding layer's query at position p attends to keys
+    # p - sliding_window + 1 .. p only. Every `sliding_window_pattern`-th layer (layers pattern - 1,
+    # 2 * pattern - 1, ...) is full attention, the others slide, as HF's Gemma 3 config counts them.
+    # None: every layer is full attention.
+    sliding_window: int | None = None
+    sliding_window_pattern: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -48,6 +54,27 @@ class ModelSpec:
             raise ValueError(
                 f"ModelSpec {self.name}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if (self.sliding_window is None) != (self.sliding_window_pattern is None):
+            raise ValueError(f"ModelSpec {self.name}: give sliding_window and sliding_window_pattern together, got "
+                             f"{self.sliding_window} and {self.sliding_window_pattern}")  # fmt: skip
+        if self.sliding_window is not None and not 1 <= self.sliding_window < self.max_seq_len:
+            raise ValueError(f"ModelSpec {self.name}: sliding_window {self.sliding_window} must be from 1 to less than "
+                             f"the context of {self.max_seq_len} tokens (a window covering the context is full "
+                             "attention)")  # fmt: skip
+        if self.sliding_window_pattern is not None and not 2 <= self.sliding_window_pattern <= self.num_layers:
+            raise ValueError(f"ModelSpec {self.name}: sliding_window_pattern {self.sliding_window_pattern} must be "
+                             f"from 2 to num_layers {self.num_layers} (one full-attention layer in every that "
+                             "many)")  # fmt: skip
+
+    @property
+    def num_full_layers(self) -> int:
+        """Layers of full attention (all of them without a sliding window)."""
+        pattern = self.sliding_window_pattern
+        return self.num_layers if pattern is None else self.num_layers // pattern
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return self.num_layers - self.num_full_layers
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -84,6 +111,15 @@ MODELS = {
     "opt-175b": ModelSpec("opt-175b", 96, 12288, 96, 96, 128, 49152, 50272, 174_604_468_224, 2048),
     "llama-13b": ModelSpec("llama-13b", 40, 5120, 40, 40, 128, 13824, 32000, 13_015_864_320, 2048),
     "smollm2-135m": ModelSpec("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, 134_515_008, 8192),
+    # Gemma 3 (HF configs google/gemma-3-270m and google/gemma-3-27b-it's text_config): sliding_window 512 / 1024,
+    # sliding_window_pattern 6 (5 sliding layers, then 1 full), max_position_embeddings 32,768 / 131,072, bf16.
+    # num_params counted from those configs (q/k/v/o, gated MLP, four RMSNorms per layer plus q/k norms, tied
+    # embeddings): 268,098,176 (Google: "270M") and 27,009,346,304 for the text model (27B with its vision tower).
+    # 27B: 62 layers = 10 full + 52 sliding.
+    "gemma3-270m": ModelSpec("gemma3-270m", 18, 640, 4, 1, 256, 2048, 262_144, 268_098_176, 32_768,
+                             sliding_window=512, sliding_window_pattern=6),
+    "gemma3-27b": ModelSpec("gemma3-27b", 62, 5376, 32, 16, 128, 21504, 262_208, 27_009_346_304, 131_072,
+                            sliding_window=1024, sliding_window_pattern=6),
 }
 
 # vLLM's default `gpu_memory_utilization` (0.90, vLLM 0.1 as in the paper's artifact): the engine plans to

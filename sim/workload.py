@@ -37,7 +37,7 @@ from sim.limits import (MAX_BURSTINESS, MAX_COUNT, MAX_NUM_REQUESTS, MAX_SEED, M
                         is_int, is_real)  # fmt: skip
 from sim.request import Request
 
-DATASETS = ("sharegpt", "alpaca", "fixed", "uniform")
+DATASETS = ("sharegpt", "alpaca", "fixed", "uniform", "conversation")  # conversation: sim/conversation.py
 ARRIVALS = ("poisson", "gamma", "offline")
 
 # (mu, sigma) of log(length), per dataset and length kind. See the module docstring for the fit.
@@ -120,6 +120,8 @@ def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_
     the workload (at most MAX_NUM_REQUESTS requests expected, arriving by MAX_TIME_S)."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r} (allowed: {', '.join(DATASETS)})")
+    if dataset == "conversation":
+        raise ValueError("the conversation workload is made of sessions: sim.conversation.generate_conversations")
     if arrival not in ARRIVALS:
         raise ValueError(f"unknown arrival process {arrival!r} (allowed: {', '.join(ARRIVALS)})")
     if arrival != "offline" and not (is_real(rate) and rate > 0):

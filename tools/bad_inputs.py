@@ -195,6 +195,10 @@ def reference_cases() -> list[Case]:
     gen = ["hi", "--model", "random"]
     cases = _flag_cases("reference", "generate", subs["generate"], gen)
     cases += _flag_cases("reference", "bench", subs["bench"], ["--quick"])
+    cases += _flag_cases("reference", "calibrate", subs["calibrate"], ["--quick"])
+    cases += _flag_cases("reference", "validate-sim", subs["validate-sim"], ["--trace", "t.jsonl"])
+    cost = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 1, "model": "opt-13b", '
+                      b'"coefficients": {"a": 0, "b": 0, "c": 0, "d": 0, "floor_s": 0, "swap_bandwidth": 1}}'}
     bad_config = {"ck/config.json": b'{"model_type": "llama"}'}
     combos = [
         (["generate", "", "--model", "random"], "empty prompt", {}),
@@ -219,6 +223,14 @@ def reference_cases() -> list[Case]:
         (["bench", "--quick", "--out", "A.csv/x.csv"], "output path", {"A.csv": SENTINEL}),
         (["bench", "--quick", "--out", "."], "output path", {}),
         (["bench-kernels", "--bogus"], "flag value", {}),
+        (["calibrate", "--quick", "--out", "."], "output path", {}),
+        (["calibrate", "--quick", "--out", "A.csv", "--steps-csv", "A.csv"], "output path", {"A.csv": SENTINEL}),
+        (["validate-sim", "--cost-model", "c.json"], "cost model for another model", cost),
+        (["validate-sim", "--cost-model", "c.json"], "cost model not JSON", {"c.json": b"{"}),
+        (["validate-sim", "--cost-model", "absent.json"], "missing input", {}),
+        (["validate-sim", "--trace", "t.jsonl", "--cost-model", "absent.json"], "missing input", {"t.jsonl": GOOD_JSONL}),
+        (["validate-sim", "--trace", "t.jsonl", "--figure", "t.jsonl"], "output path", {"t.jsonl": GOOD_JSONL}),
+        (["validate-sim", "--num-gpu-blocks", "64"], "conflicting flags", {}),
     ]
     cases += [Case("reference", argv, kind, files) for argv, kind, files in combos]
     return cases

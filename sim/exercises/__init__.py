@@ -10,7 +10,11 @@ LRU prefix cache of vLLM's automatic prefix caching. `check` grades the student'
    (`sim.testing`),
 
 and prints readable feedback: which example failed, its steps and what was expected; or the shortest
-failing program hypothesis found and the invariant it broke; or "method X is not implemented yet".
+failing program hypothesis found and the invariant it broke; the call that raised, when the student's code
+raised; every method still "not implemented yet". Those are the VISIBLE checks. `grade` runs them and the
+HIDDEN ones (registry.py: the placement rules against an oracle, refused calls that must change nothing,
+longer programs), each with a score; `python -m sim.exercises grade SOURCE --exercise NAME` grades a module
+or notebook into Gradescope's results.json (gradescope.py).
 
     from sim.exercises import check
     check("block_allocator", MyBlockAllocator)
@@ -19,97 +23,68 @@ Importing this package needs only `sim`; running a check needs `hypothesis` (a d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
-from .block_stories import BLOCK_ALLOCATOR_EXAMPLES, PREFIX_CACHE_EXAMPLES
+from .referee import refereed
+from .registry import EXERCISES, Exercise, MachineCheck
 from .report import CheckReport, CheckResult, run_example, run_machine
-from .slot_stories import BUDDY_EXAMPLES, FIRST_FIT_EXAMPLES
+from .unfinished import unfinished
 
-__all__ = ["EXERCISES", "CheckReport", "CheckResult", "Exercise", "check"]
-
-# The pools the state machines use: small, so memory runs out often (as in tests/sim).
-MACHINE_NUM_BLOCKS, MACHINE_BLOCK_SIZE = 6, 4
-PREFIX_MACHINE_NUM_BLOCKS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Exercise:
-    title: str  # what the student builds, and where the paper describes it
-    constructor: str  # how `check` builds the student's class (the arguments a factory receives)
-    examples: tuple  # narrated example functions (make, story) -> None; their docstrings are their titles
-    machine: Callable[[Callable[..., Any], int], type]  # (make, max_examples) -> a unittest.TestCase class
-
-
-def _slot_machine(power_of_two: bool) -> Callable[[Callable[..., Any], int], type]:
-    def build(make: Callable[..., Any], max_examples: int) -> type:
-        from hypothesis import settings
-
-        from ..testing.slots import make_slot_allocator_test
-
-        # NOTE: the buddy exercise handles powers of two only (no top-level regions, unlike sim.slots), so its
-        # machine gets the largest power of two <= the drawn size (8, 16 or 32 slots).
-        factory = (lambda n: make(1 << (n.bit_length() - 1))) if power_of_two else make
-        test = make_slot_allocator_test(factory, max_examples=max_examples)
-        test.settings = settings(test.settings, report_multiple_bugs=False)
-        return test
-
-    return build
-
-
-def _block_machine(num_blocks: int) -> Callable[[Callable[..., Any], int], type]:
-    def build(make: Callable[..., Any], max_examples: int) -> type:
-        from hypothesis import settings
-
-        from ..testing.blocks import make_block_allocator_test
-
-        test = make_block_allocator_test(lambda: make(num_blocks, MACHINE_BLOCK_SIZE), max_examples=max_examples)
-        test.settings = settings(test.settings, report_multiple_bugs=False)  # one bug, told clearly
-        return test
-
-    return build
-
-
-EXERCISES: dict[str, Exercise] = {
-    "first_fit": Exercise(
-        "a first-fit slot allocator (contiguous KV memory, paper section 3)",
-        "YourClass(num_slots)", FIRST_FIT_EXAMPLES, _slot_machine(power_of_two=False),
-    ),
-    "buddy": Exercise(
-        "a binary buddy allocator (the Orca baselines' allocator, paper section 6.1)",
-        "YourClass(num_slots), num_slots a power of two", BUDDY_EXAMPLES, _slot_machine(power_of_two=True),
-    ),
-    "block_allocator": Exercise(
-        "a block allocator with reference counts and copy-on-write (paper sections 4.2 and 4.4)",
-        "YourClass(num_blocks, block_size)", BLOCK_ALLOCATOR_EXAMPLES, _block_machine(MACHINE_NUM_BLOCKS),
-    ),
-    "prefix_cache": Exercise(
-        "an LRU prefix cache over a block allocator (vLLM's automatic prefix caching)",
-        "YourClass(num_blocks, block_size), with enable_prefix_caching True",
-        PREFIX_CACHE_EXAMPLES, _block_machine(PREFIX_MACHINE_NUM_BLOCKS),
-    ),
-}  # fmt: skip
+__all__ = ["EXERCISES", "CheckReport", "CheckResult", "Exercise", "MachineCheck", "check", "grade"]
 
 
 def check(
     name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = False
 ) -> CheckReport:
-    """Grade a student's class (or a factory taking the same arguments) for exercise `name`; print and return it.
+    """Grade a student's class (or a factory taking the same arguments) for exercise `name` on the VISIBLE checks;
+    print and return the report.
 
     Examples run first, then the state machine (`max_examples` random programs of up to 30 steps; derandomized,
     so the same class always gets the same verdict). The machine runs only once every example passes.
     `quiet=True` returns the report without printing it. Raises ValueError only for an unknown exercise name.
     """
+    return _run(name, cls_or_factory, max_examples, quiet, hidden=False)
+
+
+def grade(
+    name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = True,
+    machines: Collection[str] = ("model", "rule", "long"),
+) -> CheckReport:
+    """Every check of exercise `name`, visible and hidden, each run on its own and scored by its weight.
+
+    What the autograder command runs (`python -m sim.exercises grade`). `quiet=False` also prints the report.
+    `machines` picks the state machines to run by kind (registry.py); the examples always run.
+    """
+    return _run(name, cls_or_factory, max_examples, quiet, hidden=True, machines=machines)
+
+
+def _run(name: str, cls_or_factory: Callable[..., Any], max_examples: int, quiet: bool, hidden: bool,
+         machines: Collection[str] = ("model", "rule", "long")) -> CheckReport:  # fmt: skip
     if name not in EXERCISES:
         raise ValueError(f"unknown exercise {name!r} (allowed: {', '.join(EXERCISES)})")
     if max_examples < 1:
         raise ValueError(f"max_examples must be >= 1, got {max_examples}")
     exercise = EXERCISES[name]
     report = CheckReport(name, getattr(cls_or_factory, "__name__", repr(cls_or_factory)))
+    report.not_implemented, report.missing = unfinished(
+        cls_or_factory, exercise.probe_with, exercise.probes, exercise.surface
+    )
+    make = refereed(cls_or_factory, exercise.rules)
     for example in exercise.examples:
-        run_example(example.__doc__.strip(), example, cls_or_factory, report)
-    title = f"state machine: {max_examples} random programs (hypothesis, sim.testing)"
-    run_machine(title, exercise.machine(cls_or_factory, max_examples), report)
+        run_example(example.__doc__.strip(), example, make, report)
+    unknown = set(machines) - {m.kind for m in exercise.machines}
+    if unknown:
+        raise ValueError(f"unknown machine kinds {sorted(unknown)} (allowed: model, rule, long)")
+    for machine in exercise.machines:
+        if machine.kind not in machines:
+            continue
+        if machine.visibility == "hidden" and not hidden:
+            report.num_hidden += 1
+            continue
+        n = machine.scale * max_examples
+        build = (lambda m=machine, n=n: m.build(cls_or_factory, n, m.steps))  # fmt: skip
+        run_machine(machine.title.format(n=n), build, report, machine.weight, machine.visibility,
+                    after_examples=not hidden)  # fmt: skip
     if not quiet:
         print(report.text(exercise.title))
     return report

@@ -58,7 +58,8 @@ def copy_on_write_shared(make, t: Story) -> None:
     fresh = t.do(a, "copy_on_write", block)
     t.ensure(fresh is not None and fresh != block, f"copy_on_write({block}) of a shared block: expected a new block, "
              f"found {fresh!r}")
-    t.expect(f"ref_count({block}): the writer dropped its reference", a.ref_count(block), 1)
+    t.expect(f"ref_count({block}) after copy_on_write({block}): the writer dropped its reference",
+             a.ref_count(block), 1)
     t.expect(f"ref_count({fresh}): the writer's copy", a.ref_count(fresh), 1)
     t.expect("num_free_blocks", a.num_free_blocks, 2)
     t.expect(f"copy_on_write({block}) now that one owner is left", t.do(a, "copy_on_write", block), block)
@@ -71,7 +72,8 @@ def copy_on_write_out_of_memory(make, t: Story) -> None:
     [block] = t.blocks(a, 1)
     t.do(a, "share", [block])
     t.expect(f"copy_on_write({block}) with no free block", t.do(a, "copy_on_write", block), None)
-    t.expect(f"ref_count({block}) after the refused copy", a.ref_count(block), 2)
+    t.expect(f"ref_count({block}) after copy_on_write({block}) returned None: nothing may change",
+             a.ref_count(block), 2)
 
 
 def misuse_raises(make, t: Story) -> None:
@@ -87,6 +89,18 @@ def misuse_raises(make, t: Story) -> None:
     t.expect("num_free_blocks", a.num_free_blocks, 2)
 
 
+def refused_free_changes_nothing(make, t: Story) -> None:
+    """a refused free changes nothing: free([b, b]) on a block with one owner raises and b keeps its owner"""
+    a = make(3, 16)
+    first, second = t.blocks(a, 2)
+    t.raises(RuntimeError, a, "free", [first, first])
+    t.expect(f"ref_count({first}) after the refused free", a.ref_count(first), 1)
+    t.raises(RuntimeError, a, "free", [second, 2])
+    t.say("block 2 is free, so the whole call is refused before anything changes")
+    t.expect(f"ref_count({second}) after the refused free", a.ref_count(second), 1)
+    t.expect("num_free_blocks after the refused calls", a.num_free_blocks, 1)
+
+
 # --- prefix caching ------------------------------------------------------------------------------
 
 
@@ -97,7 +111,7 @@ def lookup_finds_cached_block(make, t: Story) -> None:
     t.do(a, "cache_block", block, 111)
     t.expect(f"is_cached({block})", a.is_cached(block), True)
     t.expect("lookup(111): a hit", t.do(a, "lookup", 111), block)
-    t.expect(f"ref_count({block}): the new prompt now shares it", a.ref_count(block), 2)
+    t.expect(f"ref_count({block}) after the hit lookup(111): the new prompt now shares it", a.ref_count(block), 2)
     t.expect("lookup(222): a miss", t.do(a, "lookup", 222), None)
     t.expect("(num_prefix_hits, num_prefix_misses)", (a.num_prefix_hits, a.num_prefix_misses), (1, 1))
 
@@ -112,7 +126,7 @@ def freed_cached_block_survives(make, t: Story) -> None:
     t.expect(f"is_cached({block}) after free", a.is_cached(block), True)
     t.expect("lookup(7)", t.do(a, "lookup", 7), block)
     t.expect(f"ref_count({block}) after the revival", a.ref_count(block), 1)
-    t.expect("num_free_blocks: the revived block left the free queue", a.num_free_blocks, 1)
+    t.expect("num_free_blocks after lookup(7): the revived block left the free queue", a.num_free_blocks, 1)
 
 
 def never_used_blocks_go_first(make, t: Story) -> None:
@@ -164,6 +178,7 @@ def freed_uncached_blocks_go_first(make, t: Story) -> None:
 
 
 BLOCK_ALLOCATOR_EXAMPLES = (allocate_distinct_blocks, out_of_memory_changes_nothing, share_and_free_count_owners,
-                            copy_on_write_shared, copy_on_write_out_of_memory, misuse_raises)  # fmt: skip
+                            copy_on_write_shared, copy_on_write_out_of_memory, misuse_raises,
+                            refused_free_changes_nothing)  # fmt: skip
 PREFIX_CACHE_EXAMPLES = (lookup_finds_cached_block, freed_cached_block_survives, never_used_blocks_go_first,
                          lru_eviction, a_hash_names_both_copies, freed_uncached_blocks_go_first)  # fmt: skip

@@ -6,14 +6,19 @@ so far plus the expectation ("ref_count(0) after one owner frees: expected 1, fo
 is one of the project's own (`sim.testing`); when it fails, hypothesis has already shrunk the failing
 program, and its `note()` lines (attached to the exception as `__notes__`) are printed as the steps.
 
-Whatever the student's code raises is feedback, never a crash of the grader. A `NotImplementedError`
-becomes "method X is not implemented yet", X read from the frame that raised it.
+Whatever the student's code raises is feedback, never a crash of the grader: the CALL that raised (named by
+the `Referee` the student's class is wrapped in) and the line inside it. A `NotImplementedError` becomes
+"method X is not implemented yet", X read from the frame that raised it; `unfinished.py` lists every such
+method up front. Each check carries a weight (its score when it passes) and a visibility: "visible" checks
+are what `check` runs in the notebook, "hidden" ones run only in the autograder (`python -m sim.exercises grade`).
 """
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .referee import RuleBroken, exercise_call
 
 INDENT = "      "
 
@@ -24,6 +29,12 @@ class CheckResult:
     passed: bool
     detail: str = ""  # why it failed: the steps taken and what broke (empty when passed or skipped)
     skipped: bool = False
+    weight: float = 1.0  # the points it is worth
+    visibility: str = "visible"  # "visible" (the notebook's check) or "hidden" (only the autograder runs it)
+
+    @property
+    def score(self) -> float:
+        return self.weight if self.passed else 0.0
 
 
 @dataclass(slots=True)
@@ -34,6 +45,8 @@ class CheckReport:
     implementation: str  # the graded class's name
     results: list[CheckResult] = field(default_factory=list)
     not_implemented: list[str] = field(default_factory=list)  # method names that raised NotImplementedError
+    missing: list[str] = field(default_factory=list)  # methods the grader calls that the class does not define
+    num_hidden: int = 0  # checks left for the autograder (not run here)
 
     @property
     def passed(self) -> bool:
@@ -43,21 +56,38 @@ class CheckReport:
     def num_failed(self) -> int:
         return sum(not r.passed and not r.skipped for r in self.results)
 
+    @property
+    def score(self) -> float:
+        return sum(r.score for r in self.results)
+
+    @property
+    def max_score(self) -> float:
+        return sum(r.weight for r in self.results)
+
     def text(self, title: str = "") -> str:
         lines = [f"Checking {self.implementation} for the exercise {self.exercise!r}{': ' + title if title else ''}"]
         for r in self.results:
             mark = "-" if r.skipped else ("✓" if r.passed else "✗")
-            lines.append(f"  {mark} {r.name}")
+            hidden = ", hidden" if r.visibility == "hidden" else ""
+            lines.append(f"  {mark} {r.name}   [{_points(r.score)}/{_points(r.weight)}{hidden}]")
             if r.detail:
                 lines += [INDENT + line for line in r.detail.splitlines()]
+        if self.missing:
+            names = ", ".join(f"{name}" for name in self.missing)
+            lines.append(f"Missing: your class does not define {names} (the grader calls it).")
         if self.not_implemented:
             names = ", ".join(f"{name}()" for name in self.not_implemented)
             verb = "is" if len(self.not_implemented) == 1 else "are"
             lines.append(f"Not finished yet: {names} {verb} not implemented yet (raising NotImplementedError).")
+        elif self.missing:
+            pass
         elif self.passed:
             lines.append(f"All {len(self.results)} checks passed.")
         else:
             lines.append(f"{self.num_failed} of {len(self.results)} checks failed: start with the first one above.")
+        lines.append(f"Score: {_points(self.score)}/{_points(self.max_score)}")
+        if self.num_hidden:
+            lines.append(f"(The autograder runs {self.num_hidden} more check(s), hidden here.)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -111,7 +141,7 @@ class Story:
         call = f"{method}({', '.join(repr(a) for a in args)})"
         try:
             getattr(obj, method)(*args)
-        except NotImplementedError:
+        except (NotImplementedError, RuleBroken):
             raise
         except error as exc:
             self.steps.append(f"{call} raised {type(exc).__name__}: {exc}")
@@ -129,55 +159,69 @@ def raising_method(exc: BaseException) -> str:
     return frames[-1].name if frames else "?"
 
 
+def _points(x: float) -> str:
+    return f"{x:g}"
+
+
 def describe_error(exc: BaseException) -> str:
-    """One line: an expectation's own message, or what the student's code raised and where."""
+    """One line: an expectation's own message, or what the student's code raised, during which call, and where."""
     if isinstance(exc, AssertionError) and str(exc):
         return f"broken: {exc}"
+    call = exercise_call(exc)
+    during = f" during the call {call}" if call else ""
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     if frame is not None and "/sim/exercises/" in frame.filename.replace("\\", "/"):
         # raised by the grader's own call (wrong arguments, an unexpected return value), not inside your code
-        return (f"{type(exc).__name__}: {exc} (calling your class; check the method's signature "
+        return (f"{type(exc).__name__}: {exc}{during} (calling your class; check the method's signature "
                 f"and what it returns)")
     where = f" in {frame.name} (line {frame.lineno})" if frame else ""
-    return f"your code raised {type(exc).__name__}: {exc}{where}"
+    return f"your code raised {type(exc).__name__}: {exc}{during}{where}"
 
 
 def run_example(title: str, example: Callable[[Callable[..., Any], Story], None], make: Callable[..., Any],
-                report: CheckReport) -> None:  # fmt: skip
+                report: CheckReport, weight: float = 1.0, visibility: str = "visible") -> None:  # fmt: skip
     story = Story()
     try:
         example(make, story)
     except NotImplementedError as exc:
         _not_implemented(report, exc)
-        report.results.append(CheckResult(title, False, f"{raising_method(exc)}() is not implemented yet"))
+        detail = f"{raising_method(exc)}() is not implemented yet"
+        report.results.append(CheckResult(title, False, detail, weight=weight, visibility=visibility))
         return
     except Exception as exc:  # noqa: BLE001  (anything the student's code raises is feedback)
         steps = "\n".join(["steps:"] + ["  " + s for s in story.steps]) + "\n" if story.steps else ""
-        report.results.append(CheckResult(title, False, steps + describe_error(exc)))
+        report.results.append(CheckResult(title, False, steps + describe_error(exc), weight=weight,
+                                          visibility=visibility))
         return
-    report.results.append(CheckResult(title, True))
+    report.results.append(CheckResult(title, True, weight=weight, visibility=visibility))
 
 
-def run_machine(title: str, test_case: type, report: CheckReport) -> None:
-    """Run a `sim.testing` TestCase; on failure, print hypothesis' shrunk program and the broken invariant."""
-    # NOTE: the machine runs only once every example passes: a failing example is the clearer story, and
-    # shrinking a failing random program takes seconds. One thing to fix at a time.
-    if report.not_implemented:
-        report.results.append(CheckResult(title + ": skipped until every method is implemented", False, skipped=True))
-        return
-    if not all(r.passed for r in report.results):
-        report.results.append(CheckResult(title + ": skipped until the examples above pass", False, skipped=True))
-        return
+def run_machine(title: str, build: Callable[[], type], report: CheckReport, weight: float = 1.0,
+                visibility: str = "visible", after_examples: bool = True) -> None:  # fmt: skip
+    """Run a state machine (a TestCase class from `build()`); on failure, print hypothesis' shrunk program and
+    the broken rule. `after_examples`: skip it while an example fails (the notebook's one-thing-at-a-time)."""
+    # NOTE: in the notebook the machine runs only once every example passes: a failing example is the clearer
+    # story, and shrinking a failing random program takes seconds. The autograder runs every check on its own
+    # (after_examples=False), so each check's score depends on that check alone.
+    def skipped(why: str) -> None:
+        report.results.append(CheckResult(f"{title}: skipped until {why}", False, skipped=True, weight=weight,
+                                          visibility=visibility))
+
+    if report.not_implemented or report.missing:
+        return skipped("every method is implemented")
+    if after_examples and not all(r.passed for r in report.results):
+        return skipped("the examples above pass")
     try:
-        test_case("runTest").runTest()
+        build()("runTest").runTest()
     except NotImplementedError as exc:
         _not_implemented(report, exc)
-        report.results.append(CheckResult(title, False, f"{raising_method(exc)}() is not implemented yet"))
+        detail = f"{raising_method(exc)}() is not implemented yet"
+        report.results.append(CheckResult(title, False, detail, weight=weight, visibility=visibility))
         return
     except Exception as exc:  # noqa: BLE001
-        report.results.append(CheckResult(title, False, _machine_story(exc)))
+        report.results.append(CheckResult(title, False, _machine_story(exc), weight=weight, visibility=visibility))
         return
-    report.results.append(CheckResult(title, True))
+    report.results.append(CheckResult(title, True, weight=weight, visibility=visibility))
 
 
 # Lines hypothesis adds around the program; the note() lines between them tell the story.
@@ -192,8 +236,12 @@ def _machine_story(exc: BaseException) -> str:
     if not steps:  # no narration: show hypothesis' own rendering of the program
         steps = [n for n in notes if n.startswith("state.")]
     lines = ["the shortest failing program hypothesis found:"] + ["  " + s for s in _collapse(steps)]
+    call = exercise_call(exc)
+    if call and not isinstance(exc, AssertionError):
+        lines.append(f"  then {call} raised {type(exc).__name__}")
     frames = traceback.extract_tb(exc.__traceback__)
-    checking = [f.name for f in frames if "/sim/testing/" in f.filename.replace("\\", "/")]
+    machines = ("/sim/testing/", "/sim/exercises/machines.py")
+    checking = [f.name for f in frames if any(m in f.filename.replace("\\", "/") for m in machines)]
     if checking:
         lines.append(f"  (it failed in the machine's `{checking[-1]}`)")
     lines.append(describe_error(exc))

@@ -107,6 +107,23 @@ def buddy_neighbours_are_not_buddies(make, t: Story) -> None:
     t.expect("allocate(8) with 8 free slots in two blocks", t.do(a, "allocate", 8), None)
 
 
+def buddy_lowest_block_first(make, t: Story) -> None:
+    """allocate takes the lowest-addressed free block of the smallest order that fits, at a multiple of its size"""
+    a = make(16)
+    starts = [t.do(a, "allocate", 4) for _ in range(4)]
+    t.expect("four blocks of 4 start at", starts, [0, 4, 8, 12])
+    t.do(a, "free", 12)
+    t.do(a, "free", 4)
+    t.say("free blocks of 4 slots at 4 and 12; none smaller, none larger")
+    t.expect("allocate(2): the lower one, split into 4 + 6", t.do(a, "allocate", 2), 4)
+    t.expect("free_runs()", a.free_runs(), [(6, 2), (12, 4)])
+    t.expect("allocate(1): the block of 2 at 6 is the smallest that fits, so", t.do(a, "allocate", 1), 6)
+    for start in (0, 4, 6, 8):
+        size = a.allocated_size(start)
+        t.ensure(start % size == 0, f"allocated_size({start}) is {size}: a block of {size} slots must start at a "
+                 f"multiple of {size}")
+
+
 def buddy_out_of_memory(make, t: Story) -> None:
     """allocate(5) takes the whole space of 8 (rounded up to 8); then even allocate(1) is refused"""
     a = make(8)
@@ -119,4 +136,4 @@ def buddy_out_of_memory(make, t: Story) -> None:
 
 FIRST_FIT_EXAMPLES = (first_fit_lowest_hole, first_fit_out_of_memory, first_fit_coalesces, bad_input_raises)
 BUDDY_EXAMPLES = (buddy_rounds_up, buddy_splits_down, buddy_merges, buddy_neighbours_are_not_buddies,
-                  buddy_out_of_memory, bad_input_raises)  # fmt: skip
+                  buddy_lowest_block_first, buddy_out_of_memory, bad_input_raises)  # fmt: skip

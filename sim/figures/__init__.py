@@ -16,9 +16,13 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     sampling_latency   Fig. 14   parallel sampling and beam search: normalized latency vs request rate
     sharing            Fig. 15   memory saved by sharing (parallel sampling, beam search)
     shared_prefix      Fig. 16   a shared few-shot prefix, with and without prefix caching
+    chatbot            Fig. 17   a chatbot: conversation history as the prompt, latency vs request rate
     block_size         Fig. 18b  block size: latency and memory
     recompute_vs_swap  Fig. 19   preemption by recompute vs swap across block sizes
     chunked_prefill    -         the paper's scheduler (v0) vs vLLM v1's chunked prefill: stalls and TTFT
+    vattention_pages   -         vAttention's page size: from paging to contiguous reservation
+    hybrid_memory      -         sliding-window layers (Gemma 3): the hybrid KV manager vs all layers as full
+    memory_managers    -         every KV manager's breakdown and batch size; prefix hits vs block size, hashed vs radix
 
 The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
 with vLLM v1's.
@@ -35,7 +39,7 @@ from typing import Callable
 
 from ..outfiles import check_output_folder
 from ..sweep import PointResult, SweepError, Task, run_tasks
-from . import ablations, memory, sampling, scheduling, sharing, throughput
+from . import ablations, chatbot, hybrid, managers, memory, pages, sampling, scheduling, sharing, throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +58,13 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("sampling_latency", sampling.sampling_tasks, sampling.draw_sampling),
     FigureSpec("sharing", sharing.sharing_tasks, sharing.draw_sharing),
     FigureSpec("shared_prefix", sharing.prefix_tasks, sharing.draw_prefix),
+    FigureSpec("chatbot", chatbot.chatbot_tasks, chatbot.draw_chatbot),
     FigureSpec("block_size", ablations.block_tasks, ablations.draw_block),
     FigureSpec("recompute_vs_swap", ablations.preemption_tasks, ablations.draw_preemption),
     FigureSpec("chunked_prefill", scheduling.chunked_tasks, scheduling.draw_chunked),
+    FigureSpec("vattention_pages", pages.pages_tasks, pages.draw_pages),
+    FigureSpec("hybrid_memory", hybrid.hybrid_tasks, hybrid.draw_hybrid),
+    FigureSpec("memory_managers", managers.manager_tasks, managers.draw_managers),
 )}  # fmt: skip
 
 

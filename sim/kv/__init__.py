@@ -2,6 +2,9 @@
 
     paged                      vLLM: blocks on demand, shared with reference counts, copy-on-write
     max / pow2 / oracle        the paper's Orca baselines: one contiguous reservation per sequence
+    vattention                 vAttention: a contiguous virtual range per sequence, physical pages mapped on demand
+    radix                      SGLang's RadixAttention: pages (1 token by default) and a radix tree of cached prefixes
+    hybrid                     vLLM's hybrid allocator: a table per layer group; sliding-window groups free blocks
 
 `make_kv_manager` builds any of them over a pool of `num_slots` token slots. A new policy is one file in this
 folder plus one entry in `_REGISTRY`: nothing outside `sim/kv/` knows which policy it is talking to.
@@ -21,6 +24,15 @@ class _Policy:
     # NOTE: the paper's Orca reimplementation reserved token-granular runs, so the simulator runs the contiguous
     # baselines at block size 1; the engine keeps its cache's block size for every policy.
     token_granular_in_simulator: bool
+    # A policy whose block is a page given in KiB per layer per K/V buffer (vattention's `page_kib`): (model spec,
+    # num_gpus, page_kib or None for its default) -> tokens per page. None: the block size is given in tokens.
+    page_tokens: Callable[..., int] | None = None
+    has_swap_space: bool = True  # False: preempts by recompute only (radix, as SGLang); preemption="swap" is refused
+    always_caches_prefixes: bool = False  # True: the prefix cache is the policy (radix); it cannot be turned off
+    has_prefix_cache: bool = True  # False: shares nothing (vattention); enable_prefix_caching=True is refused
+    # A policy that needs the model's layers (hybrid: its sliding-window ones): (model spec) -> None, raising one line
+    # for a model it cannot serve. None: any model.
+    check_model: Callable[..., None] | None = None
 
 
 def _paged(num_blocks: int, block_size: int, o: dict) -> KVManager:
@@ -39,11 +51,52 @@ def _contiguous(rule: str) -> Callable[..., KVManager]:
     return build
 
 
+def _vattention(num_blocks: int, block_size: int, o: dict) -> KVManager:
+    from .vattention import VAttentionKVManager
+
+    return VAttentionKVManager(num_blocks, block_size, watermark=o["watermark"], max_seq_len=o["max_seq_len"])
+
+
+def _vattention_page_tokens(model, num_gpus: int, page_kib: float | None) -> int:
+    from .vattention import page_tokens
+
+    return page_tokens(model, num_gpus, page_kib)
+
+
+def _hybrid(num_blocks: int, block_size: int, o: dict) -> KVManager:
+    from .hybrid import HybridKVManager, kv_cache_groups, pool_blocks
+
+    if o["model"] is None:
+        raise ValueError("policy 'hybrid' needs the model whose sliding-window layers it serves (make_kv_manager(..., "
+                         "model=a sim.specs.ModelSpec))")  # fmt: skip
+    _, windows = kv_cache_groups(o["model"])
+    # num_slots counts all-layer token slots (a paged pool's): the same bytes hold more pages of one group each
+    return HybridKVManager(pool_blocks(o["model"], o["num_slots"], block_size), block_size, windows,
+                           watermark=o["watermark"], max_seq_len=o["max_seq_len"])  # fmt: skip
+
+
+def _hybrid_check_model(model) -> None:
+    from .hybrid import kv_cache_groups
+
+    kv_cache_groups(model)
+
+
+def _radix(num_blocks: int, block_size: int, o: dict) -> KVManager:
+    from .radix import RadixKVManager
+
+    return RadixKVManager(num_blocks, block_size, watermark=o["watermark"])
+
+
 _REGISTRY = {
     "paged": _Policy(_paged, token_granular_in_simulator=False),
     "max": _Policy(_contiguous("max"), token_granular_in_simulator=True),
     "pow2": _Policy(_contiguous("pow2"), token_granular_in_simulator=True),
     "oracle": _Policy(_contiguous("oracle"), token_granular_in_simulator=True),
+    "vattention": _Policy(_vattention, token_granular_in_simulator=False, page_tokens=_vattention_page_tokens,
+                          has_swap_space=False, has_prefix_cache=False),
+    "radix": _Policy(_radix, token_granular_in_simulator=False, has_swap_space=False, always_caches_prefixes=True),
+    "hybrid": _Policy(_hybrid, token_granular_in_simulator=False, has_swap_space=False, has_prefix_cache=False,
+                      check_model=_hybrid_check_model),
 }
 POLICIES = tuple(_REGISTRY)
 
@@ -60,9 +113,41 @@ def allocates_blocks_on_demand(policy: str) -> bool:
     return not _policy(policy).token_granular_in_simulator
 
 
-def simulator_block_size(policy: str, block_size: int) -> int:
-    """The block size `policy` runs at in the simulator: `block_size`, or 1 for token-granular baselines."""
-    return 1 if _policy(policy).token_granular_in_simulator else block_size
+def has_swap_space(policy: str) -> bool:
+    """Whether `policy` can swap a preempted group to CPU memory (else it preempts by recompute only)."""
+    return allocates_blocks_on_demand(policy) and _policy(policy).has_swap_space
+
+
+def always_caches_prefixes(policy: str) -> bool:
+    """Whether `policy`'s prefix cache is always on (`enable_prefix_caching` means nothing to it)."""
+    return _policy(policy).always_caches_prefixes
+
+
+def has_prefix_cache(policy: str) -> bool:
+    """Whether `policy` can cache prefixes (`enable_prefix_caching`); the contiguous baselines and vattention cannot."""
+    return allocates_blocks_on_demand(policy) and _policy(policy).has_prefix_cache
+
+
+def pages_in_kib(policy: str) -> bool:
+    """Whether `policy` sizes its blocks as pages of `page_kib` KiB per layer per K/V buffer, not in tokens."""
+    return _policy(policy).page_tokens is not None
+
+
+def check_model(policy: str, model) -> None:
+    """One line of ValueError if `policy` cannot serve `model` (a sim.specs.ModelSpec): hybrid needs sliding windows."""
+    spec = _policy(policy)
+    if spec.check_model is not None:
+        spec.check_model(model)
+
+
+def simulator_block_size(policy: str, block_size: int, *, model=None, num_gpus: int = 1,
+                         page_kib: float | None = None) -> int:  # fmt: skip
+    """The block size `policy` runs at in the simulator: `block_size`, or 1 for token-granular baselines, or the
+    tokens of one `page_kib` page of `model` (a sim.specs.ModelSpec) for a policy that maps pages (vattention)."""
+    spec = _policy(policy)
+    if spec.page_tokens is not None:
+        return spec.page_tokens(model, num_gpus, page_kib)
+    return 1 if spec.token_granular_in_simulator else block_size
 
 
 def make_kv_manager(
@@ -75,13 +160,15 @@ def make_kv_manager(
     enable_prefix_caching: bool = False,
     num_cpu_blocks: int = 0,
     watermark: float = 0.0,
+    model=None,
 ) -> KVManager:
     """A KV manager for `policy` over `num_slots` token slots (the pool holds num_slots // block_size blocks).
 
     Options a policy has no use for are ignored, and the manager says what it does: `allocator` and
     `max_seq_len` shape the contiguous reservations; prefix caching (`kv.enable_prefix_caching`), CPU swap
     space (`kv.num_cpu_blocks`) and the admission `watermark` (a share of the blocks) exist only where blocks
-    are shared and allocated on demand.
+    are shared and allocated on demand. `model` (a sim.specs.ModelSpec) is for a policy that needs the model's layers:
+    hybrid groups them (sim.kv.hybrid), and turns the `num_slots` all-layer token slots into pages of the same bytes.
     """
     spec = _policy(policy)
     if block_size < 1:
@@ -90,7 +177,7 @@ def make_kv_manager(
     if num_blocks < 1:
         raise ValueError(f"a pool of {num_slots} slots holds no block of {block_size} tokens")
     options = dict(max_seq_len=max_seq_len, allocator=allocator, enable_prefix_caching=enable_prefix_caching,
-                   num_cpu_blocks=num_cpu_blocks, watermark=watermark)  # fmt: skip
+                   num_cpu_blocks=num_cpu_blocks, watermark=watermark, num_slots=num_slots, model=model)  # fmt: skip
     return spec.build(num_blocks, block_size, options)
 
 
@@ -111,4 +198,5 @@ def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int 
 
 
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
-           "PrefixCacheStats", "as_seen", "make_kv_manager", "pool_blocks_for", "simulator_block_size"]  # fmt: skip
+           "PrefixCacheStats", "as_seen", "check_model", "make_kv_manager", "pool_blocks_for",
+           "simulator_block_size"]  # fmt: skip

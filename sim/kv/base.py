@@ -232,3 +232,27 @@ def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
         raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
     if any(n < 0 for n in num_new_tokens):
         raise ValueError(f"num_new_tokens must be >= 0, got {list(num_new_tokens)}")
+
+
+class NoSwapSpace:
+    """The swap half of the contract for a manager with no CPU swap space (num_cpu_blocks = 0): every question is
+    answered no, so the scheduler preempts its groups by recompute. Mixed into such managers (contiguous,
+    vattention, hybrid)."""
+
+    num_cpu_blocks = 0
+
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
+        return False
+
+    def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
+        return None
+
+    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
+        return False
+
+    def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
+        return None
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return False
+

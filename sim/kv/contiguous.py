@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, as_seen,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoSwapSpace, PrefixCacheStats, as_seen,
                    check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
@@ -52,10 +52,11 @@ def next_power_of_two(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVManager:
+class ContiguousKVManager(NoSwapSpace):
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
 
-    num_cpu_blocks = 0  # no swap space: a contiguous sequence is never preempted
+    # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more memory and
+    # is never preempted; the baselines therefore have no CPU swap space (NoSwapSpace answers the swap questions).
     enable_prefix_caching = False
     gather_block_size = None  # attention reads each sequence's K/V as one run
 
@@ -208,23 +209,6 @@ class ContiguousKVManager:
         for r in (run, *run.forks):
             self.allocator.free(r.start)
         del self._seqs[seq_id]
-
-    # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more
-    # memory and is never preempted; the baselines therefore have no CPU swap space.
-    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        return False
-
-    def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
-        return None
-
-    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
-        return False
-
-    def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
-        return None
-
-    def is_swapped(self, seq_id: int) -> bool:
-        return False
 
     # --- runs of plain decode steps ------------------------------------------------------------------
     def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:

@@ -10,7 +10,8 @@ checks the paged manager and the contiguous baselines. After every step:
 - the memory breakdown covers the pool exactly (five non-negative counts summing to `num_slots`), and
   `slot_segments()` tells the same story slot by slot;
 - `token_states` lies between the longest live sequence and the sum of all of them (sharing may count
-  a prompt once; it can never count less than one whole sequence);
+  a prompt once; it can never count less than one whole sequence); a hybrid pool's bounds are given
+  (`token_bounds`: a slot per KV cache group, none for K/V that left a sliding window);
 - every refused action (`None`) left block tables, `num_free_blocks` and the breakdown unchanged;
 - check-first answers (`can_allocate_slots`, `can_swap_*`) agree with what the action then does;
 - a bulk decode run (`max_decode_steps`, `advance_decodes`) equals stepping one token at a time, and is as
@@ -38,6 +39,7 @@ class KVManagerMachine(RuleBasedStateMachine):
     """Model: live sequence id -> [num_tokens, final_len, prompt_len]; siblings waiting to be forked; swapped ids."""
 
     factory: Callable[[], Any]  # builds the manager under test; set by make_kv_manager_test
+    token_bounds: Callable[[int], tuple[int, int]]  # (fewest, most) token-state slots of a sequence of n tokens
 
     def __init__(self) -> None:
         super().__init__()
@@ -260,8 +262,8 @@ class KVManagerMachine(RuleBasedStateMachine):
         for seq_id, (num_tokens, _, _) in self.seqs.items():
             found = kv.num_tokens(seq_id)
             assert found == num_tokens, f"sequence {seq_id}: expected {num_tokens} tokens, found {found}"
-        lengths = [self.seqs[s][0] for s in self.on_gpu()]
-        low, high = max(lengths, default=0), sum(lengths)
+        bounds = [type(self).token_bounds(self.seqs[s][0]) for s in self.on_gpu()]
+        low, high = max((lo for lo, _ in bounds), default=0), sum(hi for _, hi in bounds)
         assert low <= b.token_states <= high, (
             f"token_states: expected between {low} (longest live sequence) and {high} (all of them), "
             f"found {b.token_states}"
@@ -275,12 +277,16 @@ class KVManagerMachine(RuleBasedStateMachine):
 
 
 def make_kv_manager_test(
-    factory: Callable[[], Any], max_examples: int = 500, stateful_step_count: int = 30, derandomize: bool = True
+    factory: Callable[[], Any], max_examples: int = 500, stateful_step_count: int = 30, derandomize: bool = True,
+    token_bounds: Callable[[int], tuple[int, int]] | None = None,
 ) -> type:
     """A unittest.TestCase class running `KVManagerMachine` on managers built by `factory()`.
 
+    `token_bounds(n)`: the fewest and the most token-state slots a sequence of n tokens accounts for (default n and n;
+    a hybrid pool counts a slot per KV cache group, and none for K/V out of a sliding window).
     Assign the result to a module-level name starting with `Test` so pytest collects it.
     """
-    machine = type("KVManagerMachine", (KVManagerMachine,), {"factory": staticmethod(factory)})
+    bounds = staticmethod(token_bounds or (lambda n: (n, n)))
+    machine = type("KVManagerMachine", (KVManagerMachine,), {"factory": staticmethod(factory), "token_bounds": bounds})
     machine.TestCase.settings = machine_settings(max_examples, stateful_step_count, derandomize)
     return machine.TestCase

@@ -207,3 +207,67 @@ def test_readme_quotes_the_sustained_rates_of_fig_14():
     assert (f"sustains {sustained['n', 6, 'paged']} req/s of parallel sampling against Oracle's "
             f"{sustained['n', 6, 'oracle']} and {sustained['beam_width', 6, 'paged']} of beam search against "
             f"{sustained['beam_width', 6, 'oracle']}") in readme
+
+
+def test_readme_quotes_the_sustained_rates_of_fig_17():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    sustained = {r["system"]: r["sustained_rate"] for r in read_rows(ROOT / "figures", "chatbot")}
+    ratio = float(sustained["paged"]) / max(float(sustained[s]) for s in ("max", "pow2", "oracle"))
+    assert (f"paged sustains {sustained['paged']} req/s against {sustained['max']}, {sustained['pow2']}, "
+            f"{sustained['oracle']} for Max, Pow2 and Oracle ({ratio:.2g}x the best Orca") in readme
+
+
+def test_readme_quotes_the_vattention_page_sweep():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    rows = {(r["system"], r["page_tokens"]): r for r in read_rows(ROOT / "figures", "vattention_pages")}
+    used = {t: float(rows["vattention", str(t)]["token_states_of_used"]) for t in (1, 64, 2048)}
+    max_used, max_batch = float(rows["max", ""]["token_states_of_used"]), float(rows["max", ""]["mean_batch_size"])
+    assert (f"token states are {used[1]:.1%} of the memory in use with 1-token pages, {used[64]:.1%} with 64, "
+            f"{used[2048]:.1%} with 2048 (Max: {max_used:.1%}), and the batch falls to Max's {max_batch:.1f}") in readme
+    assert float(rows["vattention", "2048"]["mean_batch_size"]) == pytest.approx(max_batch)
+
+
+def test_vattention_moves_from_paging_to_reservation(quick_figures):
+    rows = [r for r in read_rows(quick_figures, "vattention_pages") if r["system"] == "vattention"]
+    used = [float(r["token_states_of_used"]) for r in sorted(rows, key=lambda r: int(r["page_tokens"]))]
+    assert used == sorted(used, reverse=True) and used[0] > 0.95 and used[-1] < 0.4
+
+
+def test_readme_quotes_the_hybrid_comparison():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    rows = {(r["system"], r["prompt_len"]): r for r in read_rows(ROOT / "figures", "hybrid_memory")}
+    hyb, full = rows["hybrid", "8192"], rows["paged", "8192"]
+    ratio = float(hyb["throughput_req_per_s"]) / float(full["throughput_req_per_s"])
+    assert (f"at 8K-token prompts it batches {float(hyb['mean_batch_size']):.1f} requests against "
+            f"{float(full['mean_batch_size']):.1f} and serves {ratio:.1f}x the throughput") in readme
+
+
+def test_hybrid_batches_more_as_prompts_outgrow_the_window(quick_figures):
+    rows = {(r["system"], int(r["prompt_len"])): r for r in read_rows(quick_figures, "hybrid_memory")}
+    longest = max(p for _, p in rows)
+    assert float(rows["hybrid", longest]["mean_batch_size"]) > 2 * float(rows["paged", longest]["mean_batch_size"])
+    for system, prompt in rows:  # never fewer: the same bytes, and the hybrid pool frees what paged keeps
+        assert float(rows["hybrid", prompt]["mean_batch_size"]) >= float(rows["paged", prompt]["mean_batch_size"])
+
+
+def test_readme_quotes_the_memory_managers():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    rows = read_rows(ROOT / "figures", "memory_managers")
+    a = [r for r in rows if r["panel"] == "a" and not (r["policy"] == "vattention" and r["block_size_tokens"] != "64")]
+    names = ("Max", "Pow2", "Oracle", "vAttention, 64-token pages", "paged", "radix, 1-token pages")
+    assert [r["policy"] for r in a] == ["max", "pow2", "oracle", "vattention", "paged", "radix"]
+    shares = [f"{float(r['token_states']):.0%} ({name})" for r, name in zip(a, names)]
+    assert f"token states {', '.join(shares[:-1])} and {shares[-1]} of the pool" in readme
+    batches = [f"{float(r['mean_batch_size']):.1f}" for r in a]
+    assert f"batching {', '.join(batches[:-1])} and {batches[-1]} requests" in readme
+    hits = {(r["policy"], r["block_size_tokens"]): float(r["prefix_hit_rate_tokens"]) for r in rows if r["panel"] == "b"}
+    for policy, name in (("paged", "hashed blocks"), ("radix", "radix tree")):
+        assert f"{name} {', '.join(f'{hits[policy, b]:.1%}' for b in ('1', '16', '64'))}" in readme
+
+
+def test_readme_counts_the_figures():
+    words = {11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen", 16: "sixteen", 17: "seventeen"}
+    readme = (ROOT / "README.md").read_text()
+    assert f"regenerates all {words[len(FIGURES)]} figures" in readme
+    for name in FIGURES:
+        assert f"`{name}`" in readme, name

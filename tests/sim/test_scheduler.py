@@ -4,17 +4,24 @@ decode runs. Small pools, so memory runs out often; the KV manager's invariants 
 (Sequence groups: test_scheduler_groups.py; the v1 token budget and chunks: test_scheduler_v1.py.)"""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.kv import POLICIES, make_kv_manager
+from sim.kv import POLICIES, allocates_blocks_on_demand, make_kv_manager
 from sim.plan import StepOutcome, StepPlan
 from sim.scheduler import Scheduler, SchedulerConfig
+from sim.specs import get_model
 from sim.testing.blocks import machine_settings
 from sim.workload import generate_requests
 from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, run_length, step
+
+# The model the policies that need one are given (hybrid: sliding-window layers): Gemma 3's, a window these short
+# requests slide past.
+_WINDOWED = dataclasses.replace(get_model("gemma3-270m"), sliding_window=16, max_seq_len=256)
 
 V0 = SchedulerConfig(mode="v0")
 
@@ -291,8 +298,8 @@ def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slo
     for use_runs in (False, True):
         reqs = generate_requests("uniform", 50, rate=20.0, prompt_len_range=(2, 60), output_len_range=(1, 60),
                                  max_seq_len=256, seed=7, **workload)
-        kv = make_kv_manager(policy, num_slots, block_size=8 if policy == "paged" else 1, max_seq_len=256,
-                             num_cpu_blocks=32, enable_prefix_caching="prefix_len" in workload)
+        kv = make_kv_manager(policy, num_slots, block_size=8 if policy in ("paged", "hybrid") else 1, max_seq_len=256,
+                             num_cpu_blocks=32, enable_prefix_caching="prefix_len" in workload, model=_WINDOWED)
         sched = Scheduler(kv, SchedulerConfig(max_num_seqs=24, **config))
         for r in reqs:
             sched.add_request(r)
@@ -301,7 +308,7 @@ def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slo
         assert all(sched.num_generated(i) == r.output_len for r in reqs for i in sched.seq_ids(r.request_id))
         assert all_blocks_free(kv)
     assert results[0] == results[1]
-    if policy != "paged":
+    if not allocates_blocks_on_demand(policy):
         assert results[0][1] == 0  # contiguous policies reserve at admission and never preempt
 
 

@@ -1,6 +1,6 @@
 """Scheduler invariants under random workloads and configurations, checked after every step.
 
-Hypothesis draws a small memory-starved system (mode v1/v0/static, paged or contiguous, a token budget,
+Hypothesis draws a small memory-starved system (mode v1/v0/static, paged, radix or contiguous, a token budget,
 chunked prefill on or off, recompute or swap, a victim policy) and a workload (prompts, outputs, parallel
 samples, beam search, shared prompt prefixes, staggered arrivals), then drives the scheduler with the
 simulator's outcome rule (a sequence finishes at its output_len) and random beam choices. After every step:
@@ -39,7 +39,7 @@ BLOCK_SIZE = 4
 @st.composite
 def systems(draw):
     mode = draw(st.sampled_from(["v1", "v0", "v1", "static"]))
-    policy = draw(st.sampled_from(["paged", "oracle", "paged", "pow2", "paged", "paged"]))
+    policy = draw(st.sampled_from(["paged", "oracle", "paged", "pow2", "paged", "paged", "radix"]))
     swap = policy == "paged" and draw(st.booleans())
     chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
     budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))

@@ -53,7 +53,7 @@ def test_values_are_typed_from_run_signature():
 @pytest.mark.parametrize("spec, needle", [
     ("colour=red", "unknown sweep parameter 'colour'"),
     ("rate=fast", "rate: cannot read 'fast'"),
-    ("policy=lru", "policy: got 'lru' (allowed: paged, max, pow2, oracle)"),
+    ("policy=lru", "policy: got 'lru' (allowed: paged, max, pow2, oracle"),  # then the newer policies
     ("block_size=1.5", "block_size: cannot read '1.5'"),
     ("rate", "expected NAME=VALUE"),
     ("on_step=x", "unknown sweep parameter 'on_step'"),

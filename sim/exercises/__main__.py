@@ -1,0 +1,66 @@
+"""The autograder command: grade a student's module or notebook, print the feedback, write results.json.
+
+    python -m sim.exercises grade SOURCE --exercise NAME [--results results.json]
+        [--max-examples N] [--hidden-visibility after_published]
+
+SOURCE is a .py module or an .ipynb notebook (source.py says what runs). Every check runs, visible and hidden
+(registry.py lists them with their weights). Exit status 0 when the grade was written, whatever the score;
+2 with one line on stderr when it cannot be (no such file, no class, unknown exercise, a bad flag). With
+--results, a submission that cannot be graded still gets a results.json: 0 points and the same line, so the
+student sees why on Gradescope.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import EXERCISES, grade
+from .gradescope import VISIBILITIES, refusal, results
+from .source import SubmissionError, find_class, load
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit status 2, as for every bad input here
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m sim.exercises", description="Grade a classroom exercise (notebooks/exercises).")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = commands.add_parser("grade", help="grade a .py module or .ipynb notebook into Gradescope's results.json")
+    g.add_argument("source", type=Path, help="the student's .py module or .ipynb notebook")
+    g.add_argument("--exercise", required=True, help=f"one of: {', '.join(EXERCISES)}")
+    g.add_argument("--results", type=Path, help="where to write Gradescope's results.json")
+    g.add_argument("--max-examples", type=int, default=200, help="random programs per state machine (default 200)")
+    g.add_argument("--hidden-visibility", default="after_published", choices=VISIBILITIES,
+                   help="Gradescope visibility of the hidden checks (default after_published)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.exercise not in EXERCISES:
+            raise SubmissionError(f"unknown exercise {args.exercise!r} (allowed: {', '.join(EXERCISES)})")
+        if args.max_examples < 1:
+            raise SubmissionError(f"--max-examples must be >= 1, got {args.max_examples}")
+        exercise = EXERCISES[args.exercise]
+        cls = find_class(load(args.source), exercise.class_name, tuple(exercise.probes), args.source)
+    except SubmissionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if args.results is not None:
+            args.results.write_text(json.dumps(refusal(str(exc)), indent=2) + "\n", encoding="utf-8")
+        return 2
+    report = grade(args.exercise, cls, max_examples=args.max_examples)
+    print(report.text(exercise.title))
+    if args.results is not None:
+        data = results(report, exercise.title, args.hidden_visibility)
+        args.results.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

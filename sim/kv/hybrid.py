@@ -1,0 +1,313 @@
+"""The hybrid KV manager: vLLM's hybrid KV cache manager for models that interleave full and sliding-window attention.
+
+Gemma 3 computes 5 of every 6 layers with sliding-window attention: a query at position p attends only to the keys of
+positions p - W + 1 .. p (W = 512 for Gemma-3-270m, 1024 for Gemma-3-27B). A paged pool that treats every layer as
+full attention keeps every token's K/V in every layer for the whole life of a request; most of it is never read again.
+vLLM's hybrid allocator (vllm/v1/core/kv_cache_coordinator.py, single_type_kv_cache_manager.py; the same idea as Jenga,
+SOSP 2025) gives each kind of layer its own block tables and returns a sliding layer's blocks to the pool as soon as
+they fall out of the window.
+
+KV cache groups. Layers are split into groups of equally many layers (vLLM's `_get_kv_cache_groups_uniform_page_size`:
+the group size is the smaller layer count of the two kinds, or the larger when they are within 25% of each other; the
+last group of a kind is padded with empty layers). Gemma-3-270m: 3 full + 15 sliding layers -> 6 groups of 3 layers,
+one full and five sliding. Gemma-3-27B: 10 full + 52 sliding -> groups of 10, one full and six sliding, the last of
+them 2 layers + 8 layers of padding (vLLM warns of the same waste). Every group takes its blocks from ONE shared pool
+of equal pages: a page holds `block_size` tokens of the K/V of one group's layers, so a page is a page whatever group
+holds it. Each sequence has one block table per group; a block covers the same token positions in every group.
+
+One sequence, block_size 4, window W = 6, final length 12, 11 tokens, the latest step fed position 10:
+
+    positions          0..3     4..7      8..11
+    full group        [ 7,       2,        5 ]        every block kept
+    sliding group     [ -,       9,        3 ]        block 0 freed: the step's query (10) reads positions 5..10
+    slots of group 1             d t t t   t t t r    d: position 4, read by no query of this step or a later one
+
+A sliding group frees, before a step's new tokens get slots, every block whose positions all lie before
+lo = q - W + 1, q being the first position the step feeds: no query of this step or any later one reads them (vLLM's
+`remove_skipped_blocks`, called with num_computed_tokens). Its table then holds logical blocks lo // block_size
+onward (vLLM keeps null blocks in front; here the table just starts later, see `group_tables`).
+
+Slots and the breakdown. The pool has `num_blocks` pages of `block_size` slots, a slot being ONE token of ONE group (a
+token of a full-attention model in a paged pool fills one slot in each of the G groups). Every slot of the pool is
+exactly one of the five kinds, so the counts are integers that sum to num_slots:
+- token_states: K/V that a query of the sequence's latest step or a later one reads (a shared block counts once);
+- reservation: empty slots of a sequence's last block that its tokens will fill (up to its final length);
+- internal_fragmentation: empty slots of a last block past the final length, AND held slots of a sliding group
+  before lo ("dead": K/V no query will read again, held because its block still holds live tokens);
+- external_fragmentation: 0 (any free page fits any group), until the contract's waiting rule;
+- free: free pages.
+
+Sizing (sim.run): `pool_blocks` turns the all-layer token slots vLLM's rule gives (sim.specs.kv_capacity_tokens, the
+pool a paged manager gets) into pages of the same bytes: floor(slots x num_layers / (group_size x block_size)). The
+comparison with `policy="paged"` on the same model is therefore apples to apples: the same bytes of KV memory, one
+pool treating all layers as full attention, the other freeing what the sliding layers no longer read.
+
+NOTE: no prefix cache (vLLM's hybrid manager caches a prefix only where every group hits; not modelled) and no swap
+space: preemption is by recompute. Both are refused with one line by sim.run.
+NOTE: a step's whole chunk gets slots in every group, even tokens the chunk itself pushes out of the window (vLLM
+allocates them too); they are freed by the sequence's next step. So the memory a sequence needs at its peak depends on
+the scheduler's chunks, and `check_request` asks for what an unchunked prefill of the whole sequence would take.
+
+The manager is one class in three files: allocation here, the breakdown and invariants in `hybrid_accounting.py`,
+runs of decode steps (the simulator's fast-forward) in `hybrid_runs.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..blocks import BlockAllocator
+from . import hybrid_runs
+from .base import Allocation, BlockCopy, NewSequence, NoSwapSpace, PrefixCacheStats, check_request_args
+from .hybrid_accounting import HybridAccounting
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kv_cache_groups(model) -> tuple[int, tuple[int | None, ...]]:
+    """(layers per group, the window of each group: None = full attention, full groups first) for a sim.specs.ModelSpec,
+    by vLLM's rule (see the module docstring). One line of error for a model without sliding-window layers."""
+    full, sliding = model.num_full_layers, model.num_sliding_layers
+    if not sliding or not full:
+        raise ValueError(f"policy 'hybrid' needs a model that interleaves full and sliding-window attention, and "
+                         f"{model.name} has {full} full and {sliding} sliding layers (allowed: gemma3-270m, "
+                         f"gemma3-27b or another model with sliding_window)")  # fmt: skip
+    size = min(full, sliding)
+    if max(full, sliding) < 1.25 * size:
+        size = max(full, sliding)
+    return size, (None,) * _cdiv(full, size) + (model.sliding_window,) * _cdiv(sliding, size)
+
+
+def pool_blocks(model, num_slots: int, block_size: int) -> int:
+    """Pages of `block_size` tokens of one group in the bytes of `num_slots` all-layer token slots (a paged pool's)."""
+    size, _ = kv_cache_groups(model)
+    return num_slots * model.num_layers // (size * block_size)
+
+
+@dataclass(slots=True)
+class _Seq:
+    tables: list[list[int]]  # per group: its held blocks, logical blocks `start` .. cdiv(num_tokens, bs) - 1
+    starts: list[int]  # per group: the logical index of its first held block (0 in a full group)
+    num_tokens: int  # tokens whose K/V the sequence holds (or will hold after the current step)
+    first_query: int  # the first position the sequence's latest step feeds (its queries read from there - W + 1)
+    final_len: int  # its true final length (reservation ends and internal fragmentation begins there)
+
+
+class HybridKVManager(NoSwapSpace, HybridAccounting):
+    """Per-group block tables over one shared pool of pages (see the module docstring).
+
+    `windows`: one per KV cache group, None for full attention, full groups first (`block_table` is the first group's).
+    `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
+
+    policy = "hybrid"
+    # preemption by recompute only: NoSwapSpace answers the swap questions
+    enable_prefix_caching = False
+
+    def __init__(self, num_blocks: int, block_size: int, windows: Sequence[int | None], watermark: float = 0.0,
+                 max_seq_len: int = 2048) -> None:  # fmt: skip
+        if not windows or windows[0] is not None:
+            raise ValueError(f"windows: expected one per KV cache group, a full-attention group (None) first, got "
+                             f"{list(windows)}")  # fmt: skip
+        if any(w is not None and not 1 <= w < max_seq_len for w in windows):
+            raise ValueError(f"windows: every sliding window must be from 1 to less than max_seq_len {max_seq_len} "
+                             f"(a window that covers the context is full attention), got {list(windows)}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+        self.allocator = BlockAllocator(num_blocks, block_size)  # checks num_blocks and block_size >= 1
+        self.block_size, self.num_blocks, self.max_seq_len = block_size, num_blocks, max_seq_len
+        self.windows = tuple(windows)
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.gather_block_size = block_size
+        self._seqs: dict[int, _Seq] = {}
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free_blocks
+
+    def live_from(self, window: int | None, first_query: int) -> int:
+        """The first position a group still reads: 0 with full attention, else first_query - window + 1."""
+        return 0 if window is None else max(0, first_query - window + 1)
+
+    # --- what the scheduler asks before admitting ---------------------------------------------------
+    def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:
+        """Counted as if the whole sequence were fed in one chunk (see the module docstring's NOTE), each sequence
+        alone (as the paged manager counts a group re-admitted after a preemption)."""
+        if final_len > self.max_seq_len:
+            return f"final length {final_len} is past the model's context (allowed: <= {self.max_seq_len})"
+        need = num_seqs * len(self.windows) * _cdiv(final_len, self.block_size)
+        usable = self.num_blocks - self.watermark_blocks
+        if need > usable:
+            return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages over {len(self.windows)} "
+                    f"KV cache groups (allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
+        return None
+
+    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
+        return 0  # no prefix cache
+
+    # --- slots for the tokens a step computes ---------------------------------------------------------
+    def _seq(self, seq_id: int) -> _Seq:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise KeyError(f"sequence {seq_id} is not live")
+        return seq
+
+    def _drops(self, seq: _Seq, k: int) -> list[int]:
+        """Per group: how many leading blocks a step feeding k > 0 tokens frees (its first query is num_tokens)."""
+        return [self.live_from(w, seq.num_tokens) // self.block_size - start if k else 0
+                for w, start in zip(self.windows, seq.starts)]  # fmt: skip
+
+    def _need(self, seq_ids, num_new_tokens, new) -> int | None:
+        """Pages the allocation takes from the pool, net of what its sliding groups free, or None if it does not fit
+        (for an admission: also the watermark). Frees come first, as allocate_slots makes them."""
+        check_request_args(seq_ids, num_new_tokens, new)
+        bs, free, groups = self.block_size, self.allocator.num_free_blocks, len(self.windows)
+        if new is not None:
+            for seq_id, k, spec in zip(seq_ids, num_new_tokens, new):
+                if seq_id in self._seqs:
+                    raise ValueError(f"sequence {seq_id} is already live")
+                if spec.num_cached_tokens:
+                    raise ValueError(f"hybrid has no prefix cache, got num_cached_tokens {spec.num_cached_tokens}")
+                if k > spec.final_len:
+                    raise ValueError(f"{k} tokens for a sequence of final length {spec.final_len}")
+            need = sum(groups * _cdiv(k, bs) for k in num_new_tokens)
+            return need if need <= free and free - need >= self.watermark_blocks else None
+        seqs = [self._seq(i) for i in seq_ids]
+        refs, left, need = self.allocator.ref_count, {}, 0
+        for seq, k in zip(seqs, num_new_tokens):
+            for table, drop in zip(seq.tables, self._drops(seq, k)):
+                for b in table[:drop]:
+                    left[b] = left.get(b, refs(b)) - 1
+                    need -= left[b] == 0  # its last reference: back to the pool
+        for seq, k in zip(seqs, num_new_tokens):
+            if not k:
+                continue
+            n = seq.num_tokens
+            need += groups * (_cdiv(n + k, bs) - _cdiv(n, bs))
+            if n % bs:  # the partly filled last block of each group is written: of m owners, m - 1 copy
+                for table in seq.tables:
+                    r = left.get(table[-1], refs(table[-1]))
+                    need += r > 1
+                    left[table[-1]] = r - 1
+        return need if need <= free else None
+
+    def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+        return self._need(seq_ids, num_new_tokens, new) is not None
+
+    def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+        """Room for num_new_tokens[i] more tokens in each sequence, all or none (see the KV contract in base.py).
+
+            W = 6, block_size 4, 10 tokens, sliding table [-, 9, 3]; allocate 2 (queries 10, 11 read from 5):
+            nothing to free (block 1 still holds 5..7); positions 10, 11 fill block 3      [-, 9, 3]
+            allocate 1 more (query 12 reads from 7): block 1 holds 4..7, 7 still read       [-, 9, 3, 6]
+
+        First every sequence's sliding groups free the blocks its new first query no longer reads, then each group's
+        shared, partly filled last block is copied (copy-on-write) and new blocks are taken."""
+        if self._need(seq_ids, num_new_tokens, new) is None:
+            return None
+        if new is not None:
+            for seq_id, spec in zip(seq_ids, new):
+                self._seqs[seq_id] = _Seq([[] for _ in self.windows], [0] * len(self.windows), 0, 0, spec.final_len)
+        seqs = [self._seqs[i] for i in seq_ids]
+        for seq, k in zip(seqs, num_new_tokens):
+            self._free_skipped(seq, self._drops(seq, k))
+        copies: list[BlockCopy] = []
+        for seq, k in zip(seqs, num_new_tokens):
+            copies += self._grow(seq, k)
+        return Allocation(copies)
+
+    def _free_skipped(self, seq: _Seq, drops: list[int]) -> None:
+        for g, drop in enumerate(drops):
+            if drop:
+                self.allocator.free(seq.tables[g][:drop])
+                del seq.tables[g][:drop]
+                seq.starts[g] += drop
+
+    def _grow(self, seq: _Seq, k: int) -> list[BlockCopy]:
+        """Append k tokens to one sequence (room checked, skipped blocks freed): copy-on-write, then new blocks."""
+        if not k:
+            return []
+        copies, n, bs = [], seq.num_tokens, self.block_size
+        grow = _cdiv(n + k, bs) - _cdiv(n, bs)
+        for table in seq.tables:
+            if n % bs and self.allocator.ref_count(table[-1]) > 1:
+                src = table[-1]
+                table[-1] = self.allocator.copy_on_write(src)
+                copies.append((src, table[-1]))
+            if grow:
+                table += self.allocator.allocate(grow)
+        seq.first_query, seq.num_tokens = n, n + k
+        return copies
+
+    def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
+        """The child shares every block the parent holds, in every group (reference counts); nothing is copied
+        now: the first write into a shared, partly filled last block copies it. Never out of memory."""
+        parent = self._seq(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id} is already live")
+        if not parent.num_tokens <= final_len <= self.max_seq_len:
+            raise ValueError(f"final_len must be from the parent's {parent.num_tokens} tokens to {self.max_seq_len}, "
+                             f"got {final_len}")  # fmt: skip
+        for table in parent.tables:
+            self.allocator.share(table)
+        self._seqs[child_id] = _Seq([list(t) for t in parent.tables], list(parent.starts), parent.num_tokens,
+                                    parent.first_query, final_len)  # fmt: skip
+        return []
+
+    def free(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise KeyError(f"sequence {seq_id} is not live")
+        for table in seq.tables:
+            self.allocator.free(reversed(table))
+
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        pass  # no prefix cache: nothing registered
+
+    # --- runs of plain decode steps (hybrid_runs.py) -----------------------------------------------
+    def _run_seqs(self, seq_ids: Sequence[int]) -> list[_Seq]:
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+        return [self._seq(i) for i in seq_ids]
+
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+        return hybrid_runs.max_decode_steps(self, self._run_seqs(seq_ids), limit)
+
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+        """Steps one token at a time (the same end state as stepping, by construction); `checked`: the caller has just
+        asked max_decode_steps for these ids (skips asking again)."""
+        self._run_seqs(seq_ids)  # every id live, none twice
+        if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        return hybrid_runs.step_decodes(self, list(seq_ids), num_steps)
+
+    # --- what the executor and the metrics read ----------------------------------------------------
+    def block_table(self, seq_id: int) -> list[int]:
+        """A copy of the first (full-attention) group's table: block i holds positions i*bs .. (i+1)*bs - 1."""
+        return list(self._seq(seq_id).tables[0])
+
+    def group_tables(self, seq_id: int) -> list[list[int | None]]:
+        """Every group's table, position-indexed: None for a sliding group's freed blocks (vLLM's null block)."""
+        seq = self._seq(seq_id)
+        return [[None] * start + list(table) for table, start in zip(seq.tables, seq.starts)]
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats()  # no prefix cache: all zeros
+
+    def __repr__(self) -> str:
+        return (f"HybridKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, windows={self.windows}, "
+                f"seqs={len(self._seqs)}, free_blocks={self.num_free_blocks})")  # fmt: skip

@@ -1,0 +1,318 @@
+"""vAttention: a virtually contiguous KV cache whose physical memory is mapped on demand, in pages.
+
+Prabhu et al., "vAttention: Dynamic Memory Management for Serving LLMs without PagedAttention", ASPLOS 2025.
+Instead of a block table that an attention kernel must follow (PagedAttention), every request reserves one
+contiguous range of *virtual* memory for its maximum length, so that kernels read its K/V as one tensor; physical
+memory is mapped into that range only as tokens arrive, in pages, through the GPU's virtual memory API (CUDA VMM).
+vAttention maps each layer's K and V buffers separately, with pages of 2 MiB by default (64 KiB and up with its
+driver changes). The page table lives in the GPU's MMU, not in the serving system.
+
+One sequence (page of P = 4 tokens, 6 tokens computed, final length 7):
+
+    virtual range   | page 0      | page 1      | page 2 .. (max_seq_len / P)                |   reserved, costs nothing
+    mapped to       | physical 7  | physical 3  | unmapped                                   |
+    slots           t0 t1 t2 t3    t4 t5 r  i                                    r reservation, i internal frag.
+
+The simulator's pool is physical memory: `num_blocks` pages of `block_size` = P tokens, where one simulator page
+stands for the 2 x num_layers physical pages (a K and a V page per layer) that are mapped together for the same P
+tokens. A sequence's `block_table` is the list of physical pages mapped to its virtual range, in order; a kernel
+never reads it (`gather_block_size` None: no gather overhead in the cost model). The accounting is exact:
+
+- physical pages count; unmapped virtual space costs nothing (`virtual_range` only names it);
+- token_states = computed tokens; reservation = mapped slots the sequence will still fill (up to its final
+  length); internal_fragmentation = mapped slots past its final length (the tail of its last page);
+- no external fragmentation: any free page can back any virtual page (as in paging, and unlike a contiguous
+  physical reservation), so only the contract's waiting rule (`as_seen`) turns free slots into external waste.
+
+NOTE: mapping a page costs time on a real GPU (CUDA VMM calls, which vAttention hides by mapping ahead, in the
+background); the simulator charges nothing for it. The cost model only drops the paged kernel's block gather.
+
+As the page grows from a few tokens to the model's context, the policy moves from paged-like (waste: the tail of
+one small page per sequence) toward reservation-like (one page covers a whole sequence, and its tail is waste).
+
+NOTE: vAttention shares nothing: no prefix cache, and a fork (parallel sampling, beam search) copies the parent's
+mapped pages into pages of the child's own (`fork` returns the copies). Siblings declared at admission
+(`NewSequence.fork_final_lens`) have pages mapped for them alongside their leader's, as many as it maps, so that
+their fork never runs out of memory (the scheduler counts on that, as it does with a contiguous run reserved at
+admission); those pages are the siblings' reservation.
+
+NOTE: preemption is by recompute only (`num_cpu_blocks` 0). Swapping pages would be easy to account, but a fork's
+copies are made by the plan after the fork, and an executor swaps out before it copies (sim/scheduler.py assumes
+that a policy whose forks copy never swaps): a group swapped out right after a fork would save its child's pages
+before the copy filled them.
+
+Page size. A page is given in bytes per layer per K/V buffer; tokens per page = page bytes / (num_kv_heads x
+head_dim x dtype_bytes / num_gpus): tensor parallelism splits the heads, so each GPU maps pages of its share.
+A page must hold a whole number of tokens (`page_tokens`).
+
+The manager is one class in three files: mapping here, the breakdown and invariants in `vattention_accounting.py`,
+the closed forms behind runs of decode steps (the simulator's fast-forward) in `vattention_runs.py`.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Sequence
+
+from ..blocks import BlockAllocator
+from ..specs import ModelSpec
+from . import vattention_runs
+from .base import Allocation, BlockCopy, NewSequence, NoSwapSpace, PrefixCacheStats, check_request_args
+from .vattention_accounting import VAttentionAccounting
+
+KiB = 1024
+# NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size
+# (CUDA's own granularity is 2 MiB). A 64 KiB page itself holds whole tokens only for some models (2 KiB per token
+# per layer, as Llama-3-8B); OPT-13B's 10 KiB give 70 KiB = 7 tokens.
+DEFAULT_MIN_PAGE_KIB = 64
+
+
+def kv_bytes_per_token_per_buffer(model: ModelSpec, num_gpus: int = 1) -> Fraction:
+    """Bytes of one token's K (or V) in one layer on each GPU: num_kv_heads x head_dim x dtype_bytes / num_gpus.
+    NOTE: a fraction when the KV heads do not split evenly over the GPUs, as sim.specs.kv_capacity_tokens splits
+    them (it ignores the replication real tensor parallelism would need)."""
+    if num_gpus < 1:
+        raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")
+    return Fraction(model.num_kv_heads * model.head_dim * model.dtype_bytes, num_gpus)
+
+
+def _kib(num_bytes: Fraction) -> str:
+    return f"{float(num_bytes / KiB):g} KiB"
+
+
+def page_tokens(model: ModelSpec, num_gpus: int = 1, page_kib: float | None = None) -> int:
+    """Tokens one page of `page_kib` KiB per layer per K/V buffer holds (None: the default page, see
+    DEFAULT_MIN_PAGE_KIB). A page that is not a whole, positive number of tokens is refused with one line."""
+    per_token = kv_bytes_per_token_per_buffer(model, num_gpus)
+    if page_kib is None:
+        return math.ceil(DEFAULT_MIN_PAGE_KIB * KiB / per_token)
+    tokens = Fraction(page_kib) * KiB / per_token
+    if tokens.denominator == 1 and tokens >= 1:
+        return int(tokens)
+    step = (per_token / KiB).denominator  # the fewest tokens whose page is a whole number of KiB
+    examples = sorted({step, math.lcm(step, 64), math.lcm(step, 256)})
+    allowed = ", ".join(f"{_kib(t * per_token)} = {t} token{'s' * (t > 1)}" for t in examples)
+    raise ValueError(f"page_kib: {page_kib:g} KiB is not a whole number of {model.name} tokens (allowed: a multiple "
+                     f"of {_kib(per_token)}, one token's K or V in one layer on each of {num_gpus} GPU(s), e.g. "
+                     f"{allowed})")  # fmt: skip
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True)
+class _Sibling:
+    """A sibling declared at its leader's admission, not forked yet: the pages its fork will copy into."""
+
+    final_len: int
+    pages: list[int] = field(default_factory=list)  # as many as the leader maps
+
+
+@dataclass(slots=True)
+class _Seq:
+    pages: list[int]  # physical pages mapped to its virtual range, in order: its block table
+    num_tokens: int  # tokens whose K/V it holds (or will hold after the current step)
+    final_len: int  # its true final length (reservation ends and internal fragmentation begins there)
+    request_slot: int  # its virtual range is [request_slot * max_seq_len, (request_slot + 1) * max_seq_len)
+    siblings: list[_Sibling] = field(default_factory=list)
+
+
+class VAttentionKVManager(NoSwapSpace, VAttentionAccounting):
+    """vAttention's KV memory for sequences named by integer ids (see the module docstring).
+
+    `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
+
+    policy = "vattention"
+    # preemption by recompute only (see the module docstring): NoSwapSpace answers the swap questions
+    enable_prefix_caching = False  # vAttention shares nothing
+    gather_block_size = None  # attention reads each sequence's K/V as one virtually contiguous tensor
+
+    def __init__(self, num_blocks: int, page_tokens: int, watermark: float = 0.0, max_seq_len: int = 2048) -> None:
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        self.allocator = BlockAllocator(num_blocks, page_tokens)  # checks num_blocks and page_tokens >= 1
+        self.block_size = page_tokens
+        self.num_blocks = num_blocks
+        self.max_seq_len = max_seq_len
+        self.watermark_blocks = int(watermark * num_blocks)
+        self._seqs: dict[int, _Seq] = {}
+        self._released_slots: list[int] = []  # a heap: request slots (virtual ranges) to reuse, lowest first
+        self._next_slot = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free_blocks
+
+    # --- what the scheduler asks before admitting ---------------------------------------------------
+    def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:
+        """Each sequence maps its own pages (nothing is shared), up to ceil(final_len / P) of them."""
+        if final_len > self.max_seq_len:
+            return f"final length {final_len} is past the virtual range of a sequence (allowed: <= {self.max_seq_len})"
+        need, usable = num_seqs * _cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
+        if need > usable:
+            return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages of {self.block_size} tokens "
+                    f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
+        return None
+
+    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
+        return 0  # no prefix cache
+
+    # --- slots for the tokens a step computes ---------------------------------------------------------
+    def _seq(self, seq_id: int) -> _Seq:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise KeyError(f"sequence {seq_id} is not live")
+        return seq
+
+    def _need(self, seq_ids, num_new_tokens, new) -> int | None:
+        """Pages the allocation maps, or None if it does not fit (for an admission: also the watermark)."""
+        check_request_args(seq_ids, num_new_tokens, new)
+        bs, free = self.block_size, self.allocator.num_free_blocks
+        if new is None:
+            need = 0
+            for seq_id, k in zip(seq_ids, num_new_tokens):
+                seq = self._seq(seq_id)
+                if seq.num_tokens + k > self.max_seq_len:
+                    raise ValueError(f"sequence {seq_id}: {seq.num_tokens + k} tokens overrun its virtual range of "
+                                     f"{self.max_seq_len}")  # fmt: skip
+                need += (_cdiv(seq.num_tokens + k, bs) - len(seq.pages)) * (1 + len(seq.siblings))
+            return need if need <= free else None
+        need = 0
+        for seq_id, k, spec in zip(seq_ids, num_new_tokens, new):
+            if seq_id in self._seqs:
+                raise ValueError(f"sequence {seq_id} is already live")
+            if spec.num_cached_tokens:
+                raise ValueError(f"vattention has no prefix cache, got num_cached_tokens {spec.num_cached_tokens}")
+            if k > spec.final_len:
+                raise ValueError(f"{k} tokens for a sequence of final length {spec.final_len}")
+            if max((spec.final_len, *spec.fork_final_lens)) > self.max_seq_len:
+                raise ValueError(f"final lengths {spec.final_len}, {spec.fork_final_lens} overrun the virtual range "
+                                 f"of {self.max_seq_len} tokens")  # fmt: skip
+            need += _cdiv(k, bs) * (1 + len(spec.fork_final_lens))
+        return need if need <= free and free - need >= self.watermark_blocks else None
+
+    def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+        return self._need(seq_ids, num_new_tokens, new) is not None
+
+    def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
+                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+        """Map pages for num_new_tokens[i] more tokens in each sequence, all or none (see the KV contract).
+
+            before (P = 4, 6 tokens):   pages [7, 3]      t4 t5 . .
+            allocate 3:                 pages [7, 3, 5]   t4 t5 t6 t7 | t8 . . .      (page 5 mapped at position 8)
+
+        A sequence with siblings not forked yet maps, for each of them, a page beside each page of its own. Nothing
+        is ever shared, so nothing is copied here."""
+        if self._need(seq_ids, num_new_tokens, new) is None:
+            return None
+        if new is not None:
+            for seq_id, spec in zip(seq_ids, new):
+                siblings = [_Sibling(f) for f in spec.fork_final_lens]
+                self._seqs[seq_id] = _Seq([], 0, spec.final_len, self._take_slot(), siblings)
+        for seq_id, k in zip(seq_ids, num_new_tokens):
+            self._map(self._seqs[seq_id], k)
+        return Allocation([])
+
+    def _map(self, seq: _Seq, k: int) -> None:
+        """Append k tokens to one sequence (room checked by the caller): its new pages, then its siblings'."""
+        seq.num_tokens += k
+        grow = _cdiv(seq.num_tokens, self.block_size) - len(seq.pages)
+        if grow:
+            seq.pages += self.allocator.allocate(grow)
+            for sibling in seq.siblings:
+                sibling.pages += self.allocator.allocate(grow)
+
+    def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
+        """The child gets pages of its own (those mapped for it at the parent's admission, or fresh ones) and the
+        executor copies the parent's mapped pages into them, page i to page i. None if fresh pages are short."""
+        parent = self._seq(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id} is already live")
+        if not parent.num_tokens <= final_len <= self.max_seq_len:
+            raise ValueError(f"final_len must be from the parent's {parent.num_tokens} tokens to {self.max_seq_len}, "
+                             f"got {final_len}")  # fmt: skip
+        sibling = next((s for s in parent.siblings if s.final_len == final_len), None)
+        if sibling is not None:
+            parent.siblings.remove(sibling)
+            pages = sibling.pages
+        else:
+            pages = self.allocator.allocate(len(parent.pages))
+            if pages is None:
+                return None
+        self._seqs[child_id] = _Seq(pages, parent.num_tokens, final_len, self._take_slot())
+        return list(zip(parent.pages, pages))
+
+    def free(self, seq_id: int) -> None:
+        """Unmap the sequence's pages (and those mapped for its siblings not forked yet); its virtual range is
+        released for a later request."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise KeyError(f"sequence {seq_id} is not live")
+        self.allocator.free([*reversed(seq.pages), *(p for s in seq.siblings for p in reversed(s.pages))])
+        heapq.heappush(self._released_slots, seq.request_slot)
+
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        pass  # no prefix cache: nothing registered
+
+    def _take_slot(self) -> int:
+        if self._released_slots:
+            return heapq.heappop(self._released_slots)
+        self._next_slot += 1
+        return self._next_slot - 1
+
+    def virtual_range(self, seq_id: int) -> range:
+        """Token positions of the sequence's virtual range: reserved for max_seq_len tokens, mapped only as far as
+        its pages go (vAttention reserves one such range per request slot of the batch)."""
+        start = self._seq(seq_id).request_slot * self.max_seq_len
+        return range(start, start + self.max_seq_len)
+
+    # --- runs of plain decode steps (closed forms in vattention_runs.py) ----------------------------
+    def _run_seqs(self, seq_ids: Sequence[int]) -> list[_Seq]:
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+        return [self._seq(i) for i in seq_ids]
+
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+        seqs = self._run_seqs(seq_ids)
+        room = min((self.max_seq_len - s.num_tokens for s in seqs), default=limit)  # the end of a virtual range
+        capacity = vattention_runs.run_capacity([(s.num_tokens, 1 + len(s.siblings)) for s in seqs], self.block_size,
+                                                self.allocator.num_free_blocks) if seqs else limit  # fmt: skip
+        return max(0, min(limit, room, capacity))
+
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+        """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
+        seqs = self._run_seqs(seq_ids)
+        if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        counts = vattention_runs.decode_run_counts(self.breakdown().counts(), self.block_size, seqs, num_steps)
+        vattention_runs.map_decode_steps(self.allocator, self.block_size, seqs, num_steps)
+        return counts
+
+    # --- what the executor and the metrics read ----------------------------------------------------
+    def block_table(self, seq_id: int) -> list[int]:
+        """A copy of the pages mapped to the sequence's virtual range, in order."""
+        return list(self._seq(seq_id).pages)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats()  # no prefix cache: all zeros
+
+    def __repr__(self) -> str:
+        return (f"VAttentionKVManager(num_blocks={self.num_blocks}, page_tokens={self.block_size}, "
+                f"seqs={len(self._seqs)}, free_pages={self.num_free_blocks})")  # fmt: skip

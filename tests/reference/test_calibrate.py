@@ -1,0 +1,129 @@
+"""`python -m reference calibrate` and `validate-sim` at small scale: the engine's steps carry the simulator's cost
+inputs exactly, a quick calibration fits and writes a usable model, and a replay compares request by request.
+
+Step times are wall-clock measurements on a shared machine, so the tests check what is exact (the features, the
+bookkeeping, the files) and bound the timing only loosely (see the NOTE in test_validate_replays_a_trace).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reference.calibrate import Scenario, Wave, calibrate, run_scenario
+from reference.validate_sim import measured_latencies, validate
+from sim.cost_file import read_cost_model, write_cost_model
+from sim.request import Request
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_steps_carry_the_simulators_cost_inputs(smol):
+    # two prompts of 8 tokens, 6 tokens each: one prefill step of 16 tokens, then decodes whose contexts grow by 2
+    rows = run_scenario(smol, Scenario("decode-2", (Wave(8, 2, 6),)), block_size=16, rng=np.random.default_rng(0))
+    assert [(r["num_prefill_tokens"], r["num_decode_seqs"], r["num_context_tokens"]) for r in rows] == [
+        (16, 0, 16), *((0, 2, 2 * (8 + k)) for k in range(1, 6))]
+    assert all(r["step_time_s"] > 0 for r in rows)
+
+
+def test_chunked_scenario_mixes_prompt_chunks_with_decodes(smol):
+    scenario = Scenario("chunks", (Wave(8, 2, 8), Wave(40, 1, 2, at_step=2)), {"max_num_batched_tokens": 16})
+    rows = run_scenario(smol, scenario, block_size=16, rng=np.random.default_rng(0))
+    mixed = [r for r in rows if r["num_prefill_tokens"] and r["num_decode_seqs"]]
+    # the 40-token prompt arrives while two sequences decode: chunks of 16 - 2 tokens ride along with them
+    assert [r["num_prefill_tokens"] for r in mixed][:2] == [14, 14] and all(r["num_decode_seqs"] == 2 for r in mixed[:2])
+
+
+@pytest.fixture(scope="module")
+def quick_model(smol, tmp_path_factory):
+    record, rows = calibrate(smol, quick=True, command="test", progress=False)
+    path = tmp_path_factory.mktemp("cal") / "cost.json"
+    write_cost_model(path, record)
+    return path, record, rows
+
+
+def test_quick_calibration_writes_a_model_that_explains_its_steps(quick_model):
+    path, record, rows = quick_model
+    model, back = read_cost_model(path)
+    assert back["model"] == "smollm2-135m" and back["engine"]["threads"] >= 1 and back["engine"]["block_size"] == 16
+    assert {s["name"] for s in back["design"]} == {r["scenario"] for r in rows}
+    fit = back["fit"]["in_sample"]
+    assert fit["num_steps"] == len(rows)
+    # the reported error is the error of the written model on the measured rows
+    errors = [abs(model.step_time(r["num_prefill_tokens"], r["num_decode_seqs"], r["num_context_tokens"])
+                  - r["step_time_s"]) / r["step_time_s"] for r in rows]  # fmt: skip
+    assert fit["median_abs_rel_error"] == pytest.approx(float(np.median(errors)))
+    # prompt tokens cost time: a 160-token prefill is priced well above a single decode
+    assert model.step_time(160, 0, 160) > 3 * model.step_time(0, 1, 20)
+
+
+def test_validate_replays_a_trace(smol, quick_model):
+    path, _, _ = quick_model
+    model, _ = read_cost_model(path)
+    requests = [Request(i, 0.15 * i, p, o) for i, (p, o) in enumerate([(40, 6), (12, 9), (70, 4), (20, 8)])]
+    summary, rows = validate(smol, "tiny", requests, model, engine={"num_gpu_blocks": 64})
+    assert [r["request_id"] for r in rows] == [0, 1, 2, 3] and summary["num_requests"] == 4
+    for r in rows:
+        assert 0 < r["measured_ttft"] <= r["measured_e2e_latency"] and 0 < r["simulated_ttft"] <= r["simulated_e2e_latency"]
+    e2e = [abs(r["simulated_e2e_latency"] - r["measured_e2e_latency"]) / r["measured_e2e_latency"] for r in rows]
+    assert summary["median_e2e_latency_error"] == pytest.approx(float(np.median(e2e)))
+    assert summary["measured_preemptions"] == summary["simulated_preemptions"] == 0  # 64 blocks hold them all
+    # NOTE: a loose bound on purpose: the quick model comes from ~35 steps timed on a machine the other test worker
+    # shares; the real targets are measured by the command on a quiet machine (README, figures/validate_sim.csv).
+    assert summary["median_e2e_latency_error"] < 1.0
+
+
+def test_measured_latencies_follow_the_metric_definitions():
+    requests = [Request(0, 1.0, 4, 3), Request(1, 2.0, 4, 1)]
+    got = measured_latencies(requests, {0: [1.5, 1.7, 2.1], 1: [2.25]})
+    assert got[0] == pytest.approx({"ttft": 0.5, "itl_mean": 0.3, "e2e_latency": 1.1})
+    assert got[1]["ttft"] == got[1]["e2e_latency"] == 0.25 and np.isnan(got[1]["itl_mean"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["calibrate", "--block-size", "0"], "--block-size: got 0"),
+    (["calibrate", "--seed", "-2"], "--seed: got -2"),
+    (["validate-sim", "--seed", str(2**70)], "--seed: got"),
+    (["validate-sim", "--trace", "x.jsonl", "--num-gpu-blocks", "100000"], "from 1 to 8192"),
+    (["validate-sim", "--num-gpu-blocks", "8"], "apply to --trace only"),
+    (["validate-sim", "--trace", "x.jsonl", "--quick"], "--quick applies to the suite only"),
+    (["validate-sim", "--trace", "x.jsonl", "--num-gpu-blocks", "0"], "--num-gpu-blocks: got 0"),
+    (["validate-sim", "--cost-model", "absent.json", "--trace", "absent.jsonl"], "no such file"),
+])  # fmt: skip
+def test_bad_flags_are_one_line(args, message, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "reference", *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _committed_rows() -> list[dict]:
+    with open(ROOT / "figures" / "validate_sim.csv") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def test_readme_quotes_the_committed_calibration_and_validation():
+    from reference.calibrate import fit_sentence
+    from reference.validate_sim import readme_table
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme_table(_committed_rows()) in readme
+    record = json.loads((ROOT / "figures" / "cost_model_cpu.json").read_text())
+    assert " ".join(fit_sentence(record).split()) in " ".join(readme.split())
+    assert record["kind"] == "piecewise" and record["engine"]["threads"] == 1
+
+
+def test_committed_traces_are_the_suites():
+    from reference.validate_sim import SUITE, case_requests
+    from sim.trace import read_trace
+
+    assert [r["trace"] for r in _committed_rows()] == [case.name for case in SUITE]
+    for case in SUITE:
+        committed = read_trace(ROOT / "figures" / "validation" / f"{case.name}.jsonl")
+        assert [(r.arrival_time, r.prompt_len, r.output_len) for r in committed] == [
+            (r.arrival_time, r.prompt_len, r.output_len) for r in case_requests(case, quick=False, seed=0)]
