@@ -36,6 +36,7 @@ from sim.cost import CSV_COLUMNS, PiecewiseCostModel
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
 DEFAULT_STEPS = "figures/calibration_steps_cpu.csv"
+QUICK_DIR = "figures/quick"  # --quick's outputs (ignored by git): a smoke run never overwrites the committed model
 MODEL_SPEC = "smollm2-135m"  # the sim.specs entry of the engine's embedded model
 FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 17)
 
@@ -185,10 +186,10 @@ def versions() -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="a few seconds of small shapes (a smoke run), not ~2 minutes")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"cost model JSON to write (default: {DEFAULT_OUT})")
-    p.add_argument("--steps-csv", default=DEFAULT_STEPS,
-                   help=f"the measured steps, refittable with CalibratedCostModel.from_csv (default: {DEFAULT_STEPS})")
+    p.add_argument("--quick", action="store_true", help=f"a few seconds of small shapes (a smoke run, not ~2 minutes; "
+                   f"its files go under {QUICK_DIR}/ unless named, so the committed model stays)")
+    p.add_argument("--out", help=f"cost model JSON to write (default: {DEFAULT_OUT})")
+    p.add_argument("--steps-csv", help=f"the measured steps, one row per step (default: {DEFAULT_STEPS})")
     p.add_argument("--block-size", type=int, default=16, help="the engine's KV block size (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids (default: 0)")
 
@@ -197,6 +198,9 @@ def check_args(args: argparse.Namespace) -> None:
     from sim.limits import MAX_SEED
     from sim.outfiles import check_outputs
 
+    for name, default in (("out", DEFAULT_OUT), ("steps_csv", DEFAULT_STEPS)):
+        if getattr(args, name) is None:
+            setattr(args, name, str(Path(QUICK_DIR) / Path(default).name) if args.quick else default)
     if args.block_size < 1 or args.block_size > 256:
         raise ValueError(f"--block-size: got {args.block_size} (allowed: 1 to 256 tokens)")
     if not 0 <= args.seed <= MAX_SEED:

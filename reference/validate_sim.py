@@ -34,6 +34,7 @@ DEFAULT_REQUESTS = "figures/validate_sim_requests.csv"
 DEFAULT_FIGURE = "figures/validate_sim.png"
 DEFAULT_TRACES = "figures/validation"
 DEFAULT_BLOCKS = 512  # KV blocks of the engine (and the simulated pool), unless a case or --num-gpu-blocks says
+QUICK_DIR = "figures/quick"  # --quick's outputs (ignored by git): a smoke run never overwrites the committed results
 MAX_BLOCKS = 8192  # 6 GiB of SmolLM2 K/V in float32 (720 KiB a block of 16): more than a CPU run needs
 METRICS = ("ttft", "itl_mean", "e2e_latency")
 SUMMARY_COLUMNS = ("trace", "num_requests", "num_gpu_blocks", "max_num_batched_tokens", "chunked_prefill",
@@ -215,16 +216,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpu-blocks", type=int, help=f"--trace: the engine's KV blocks (default: {DEFAULT_BLOCKS})")
     p.add_argument("--max-num-batched-tokens", type=int, help="--trace: the step's token budget (default: the engine's)")
     p.add_argument("--no-chunked-prefill", action="store_true", help="--trace: whole prompts only")
-    p.add_argument("--quick", action="store_true", help="the suite with 8 short requests per trace (a smoke run)")
-    p.add_argument("--traces-dir", default=DEFAULT_TRACES, help=f"where the suite writes its traces (default: {DEFAULT_TRACES})")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"summary CSV, a row per trace (default: {DEFAULT_OUT})")
-    p.add_argument("--requests-csv", default=DEFAULT_REQUESTS, help=f"per-request CSV (default: {DEFAULT_REQUESTS})")
-    p.add_argument("--figure", default=DEFAULT_FIGURE, help=f"PNG of simulated vs measured (default: {DEFAULT_FIGURE})")
+    p.add_argument("--quick", action="store_true", help=f"the suite with 8 short requests per trace (a smoke run; "
+                   f"its files go under {QUICK_DIR}/ unless named, so the committed results stay)")
+    p.add_argument("--traces-dir", help=f"where the suite writes its traces (default: {DEFAULT_TRACES})")
+    p.add_argument("--out", help=f"summary CSV, a row per trace (default: {DEFAULT_OUT})")
+    p.add_argument("--requests-csv", help=f"per-request CSV (default: {DEFAULT_REQUESTS})")
+    p.add_argument("--figure", help=f"PNG of simulated vs measured (default: {DEFAULT_FIGURE})")
     p.add_argument("--seed", type=int, default=0, help="seed of the suite's traces and of prompt ids (default: 0)")
+
+
+def _default_paths(args: argparse.Namespace) -> None:
+    """Unnamed outputs: the committed files, or with --quick the same names under QUICK_DIR."""
+    for name, default in (("traces_dir", DEFAULT_TRACES), ("out", DEFAULT_OUT), ("requests_csv", DEFAULT_REQUESTS),
+                          ("figure", DEFAULT_FIGURE)):  # fmt: skip
+        if getattr(args, name) is None:
+            setattr(args, name, str(Path(QUICK_DIR) / Path(default).name) if args.quick else default)
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Every flag, the cost model and the traces, before the model loads."""
+    _default_paths(args)
     from sim.cost_file import cost_model_for
     from sim.outfiles import check_outputs
     from sim.trace import read_trace

@@ -127,3 +127,17 @@ def test_committed_traces_are_the_suites():
         committed = read_trace(ROOT / "figures" / "validation" / f"{case.name}.jsonl")
         assert [(r.arrival_time, r.prompt_len, r.output_len) for r in committed] == [
             (r.arrival_time, r.prompt_len, r.output_len) for r in case_requests(case, quick=False, seed=0)]
+
+
+def test_quick_runs_never_overwrite_the_committed_results():
+    from reference import calibrate, validate_sim
+    from reference.cli import build_parser
+
+    for argv, command, names in ((["calibrate", "--quick"], calibrate, ("out", "steps_csv")),
+                                 (["validate-sim", "--quick"], validate_sim, ("out", "requests_csv", "figure", "traces_dir"))):
+        args = build_parser().parse_args(argv)
+        command.check_args(args)
+        assert all(getattr(args, name).startswith("figures/quick/") for name in names), vars(args)
+        full = build_parser().parse_args(argv[:1])
+        command.check_args(full)
+        assert not any(getattr(full, name).startswith("figures/quick") for name in names)
