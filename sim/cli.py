@@ -5,6 +5,7 @@
     python -m sim bench-alloc ...                       allocator ops/s (sim.bench_alloc)
     python -m sim figures [--only NAME ...] [--quick]   the paper-style figures into figures/ (sim.figures)
     python -m sim sweep --grid 'rate=1,2' [--set ...]   sim.run over a parameter grid, one CSV row each (sim.sweep)
+    python -m sim animate [--out PATH.gif]              the pool, step by step, as an animated GIF (sim.viewer)
 
 Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
 dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_alloc_parser(sub)
     add_figures_parser(sub)
     add_sweep_parser(sub)
+    add_animate_parser(sub)
     return parser
 
 
@@ -291,6 +293,36 @@ def add_sweep_parser(sub) -> None:
                        description=sweep.__doc__.split("\n\n")[0])  # fmt: skip
     sweep.add_arguments(p)
     p.set_defaults(func=sweep.run_from_args)
+
+
+def add_animate_parser(sub) -> None:
+    p = sub.add_parser("animate", help="the KV pool step by step as an animated GIF (sim.viewer; no ffmpeg)",
+                       description="Record a small paged run with preemption (sim.viewer.DEMO_RUN), one frame per "
+                       "step: the pool's memory map, block tables, queues and five shares, as an animated GIF.")  # fmt: skip
+    p.add_argument("--out", default="figures/pool_animation.gif", metavar="PATH",
+                   help="the GIF to write (default: figures/pool_animation.gif)")
+    p.add_argument("--fps", type=float, default=8.0, help="frames per second (default: 8)")
+    p.add_argument("--max-frames", type=int, default=120, help="frames at most: the run's first steps (default: 120)")
+    p.add_argument("--dpi", type=float, default=80.0, help="pixels per inch of an 11 x 6 inch frame (default: 80)")
+    p.set_defaults(func=cmd_animate)
+
+
+def cmd_animate(args: argparse.Namespace) -> int:
+    import time
+
+    from .viewer import DPI_RANGE, FPS_RANGE, MAX_FRAMES, animate, check_gif_path, check_range, record
+
+    check_range("--fps", args.fps, FPS_RANGE)
+    check_range("--dpi", args.dpi, DPI_RANGE)
+    if not 1 <= args.max_frames <= MAX_FRAMES:
+        raise ValueError(f"--max-frames: got {args.max_frames} (allowed: 1 to {MAX_FRAMES})")
+    check_gif_path(args.out, "--out")  # before the work
+    started = time.perf_counter()
+    snapshots = record(max_steps=args.max_frames)
+    size = animate(snapshots, args.out, fps=args.fps, dpi=args.dpi)
+    print(args.out)
+    print(f"{len(snapshots)} frames, {size / 1e6:.2f} MB in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
 
 
 # `python -m sim run` flags (argparse dests) whose run() keyword has another name

@@ -1,0 +1,195 @@
+"""The pool viewer (sim/viewer.py): its snapshots say what the KV manager and the scheduler say, step by step;
+a frame draws them; the slider redraws; the GIF has one frame per step; bad arguments get one line."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from PIL import Image
+
+from sim import viewer
+from sim.api import run
+from sim.cli import main
+from sim.viewer_draw import slot_map_of
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return viewer.record()
+
+
+def _truth(**kwargs) -> list[dict]:
+    """The same run, read straight from the KV manager after every step (not through the viewer)."""
+    seen = []
+
+    def observe(sim, plan) -> None:
+        sched, kv = sim.scheduler, sim.kv
+        short = sched.num_waiting + sched.num_swapped > 0
+        running = [s for r in sched.running_request_ids() for s in sched.seq_ids(r) if s in set(kv.seq_ids)]
+        seen.append({"counts": kv.breakdown(short).counts(), "tables": {s: kv.block_table(s) for s in running},
+                     "free_slots": kv.num_free_blocks * kv.block_size, "time": sim.now})  # fmt: skip
+
+    run(**{**viewer.DEMO_RUN, **kwargs}, jump=False, on_step=observe)
+    return seen
+
+
+def test_snapshots_agree_with_the_kv_manager_at_every_step(demo):
+    truth = _truth()
+    assert 60 <= len(demo) == len(truth) <= 120  # the README's animation: one frame per step of the whole run
+    for snap, want in zip(demo, truth):
+        assert snap.counts == want["counts"] and snap.time == want["time"]
+        assert math.isclose(sum(snap.shares.values()), 1.0)
+        # the segments tile exactly the held slots: no overlap, and every slot not free is in one
+        spans = sorted((lo, hi) for _, lo, hi, _ in snap.segments)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"step {snap.step}: segments overlap"
+        assert sum(hi - lo for lo, hi in spans) == snap.num_slots - want["free_slots"]
+        # ... and slot for slot they are the breakdown (what the frame draws)
+        assert tuple(slot_map_of(snap).counts().values()) == snap.counts
+        assert snap.block_tables == want["tables"]
+        for seq_id, table in snap.block_tables.items():  # a running sequence's blocks are held, by its request
+            held = {lo // snap.block_size for s, lo, _, _ in snap.segments if snap.owners[s] == snap.owners[seq_id]}
+            assert set(table) <= held
+        assert set(snap.owners.values()) <= set(snap.running + snap.swapped)
+
+
+@pytest.mark.parametrize("preemption, queue", [("recompute", "waiting"), ("swap", "swapped")])
+def test_a_preempted_request_leaves_the_pool_for_its_queue(demo, preemption, queue):
+    snaps = demo if preemption == "recompute" else viewer.record(preemption=preemption)
+    steps = [s for s in snaps if s.preempted]
+    assert steps, "expected the demo run to preempt"
+    for snap in steps:
+        before = snaps[snap.step - 1]
+        for victim in snap.preempted:
+            assert victim in before.running  # it ran in the step before ...
+            assert victim in getattr(snap, queue) and victim not in snap.running  # ... and is queued now
+            gone = [s for s, r in snap.owners.items() if r == victim and s in snap.block_tables]
+            assert not gone and victim not in {snap.owners.get(s) for s, *_ in snap.segments}  # no GPU slot
+    assert not snaps[-1].waiting and not snaps[-1].swapped  # after the last step: everyone served
+
+
+def test_record_stops_at_max_steps():
+    snaps = viewer.record(max_steps=7)
+    assert [s.step for s in snaps] == list(range(7))
+
+
+def test_the_engine_recorder_on_the_tiny_model():
+    torch = pytest.importorskip("torch")
+    from reference import LLM, SamplingParams
+    from reference.models import random_model
+
+    llm = LLM.from_loaded(random_model(seed=1), block_size=4, num_gpu_blocks=12, max_model_len=64)
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for n in (10, 14, 9, 12):
+        llm.add_request(torch.randint(3, 256, (n,), generator=gen).tolist(), params)
+    tables, step = [], llm.step
+
+    def step_and_look():  # the KV manager's own block tables after each executed step
+        before, out = len(llm.step_log), step()
+        if len(llm.step_log) > before:
+            sched = llm.scheduler
+            tables.append({s: sched.kv.block_table(s) for r in sched.running_request_ids() for s in sched.seq_ids(r)
+                           if s in set(sched.kv.seq_ids)})  # fmt: skip
+        return out
+
+    llm.step = step_and_look
+    snaps = viewer.record_engine(llm)
+    assert len(snaps) == len(llm.step_log) == len(tables) and not llm.has_unfinished_requests()
+    for snap, rec, table in zip(snaps, llm.step_log, tables):
+        assert snap.counts == rec.memory.counts() and snap.block_tables == table
+        assert (snap.num_prefills, snap.num_decodes, snap.preempted) == (len(rec.prefills), len(rec.decodes),
+                                                                         rec.preempted)  # fmt: skip
+        assert snap.time == pytest.approx(rec.start_s + rec.step_time_s)
+    assert any(s.preempted for s in snaps), "12 blocks of 4 for four requests of up to 26 tokens: one is preempted"
+    assert sorted(r for s in snaps for r in s.finished) == [0, 1, 2, 3]
+
+
+def _texts(fig) -> str:
+    return "\n".join(t.get_text() for t in fig.texts + [t for ax in fig.axes for t in ax.texts])
+
+
+def test_draw_renders_a_frame(demo):
+    fig = viewer.new_frame_figure()
+    snap = next(s for s in demo if s.preempted)
+    viewer.draw(snap, fig)
+    assert len(fig.axes) == 3  # the map, the tables and queues, the bar
+    text = _texts(fig)
+    assert f"step {snap.step} " in text and f"preempted: request {snap.preempted[0]}" in text
+    assert all(f"req {r}:" in text for r in snap.running)  # a block table line per running request
+    image = fig.axes[0].images[0].get_array()
+    assert image.shape[0] * image.shape[1] >= snap.num_slots  # one pixel per slot
+    bar = fig.axes[2].patches
+    assert [p.get_width() for p in bar] == pytest.approx(list(snap.shares.values()))
+    png = viewer.render_png(snap, fig)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png != viewer.render_png(demo[0], fig)
+
+
+def test_the_scrubber_redraws_when_the_slider_moves(demo):
+    ipywidgets = pytest.importorskip("ipywidgets")
+    box = viewer.scrubber(demo[:6])
+    (play, slider), image = box.children[0].children, box.children[1]
+    assert isinstance(slider, ipywidgets.IntSlider) and isinstance(play, ipywidgets.Play)
+    assert (slider.min, slider.max, play.max) == (0, 5, 5)
+    first = image.value
+    slider.value = 4
+    assert image.value != first and image.value == viewer.render_png(demo[4], viewer.new_frame_figure())
+    slider.value = 0
+    assert image.value == first
+
+
+def test_animate_writes_one_gif_frame_per_step(demo, tmp_path):
+    path = tmp_path / "pool.gif"
+    size = viewer.animate(demo[:6], path, fps=5)
+    with Image.open(path) as gif:
+        assert (gif.format, gif.n_frames, gif.info["duration"]) == ("GIF", 6, 200)
+    assert size == path.stat().st_size and [p.name for p in tmp_path.iterdir()] == ["pool.gif"]  # no temporary left
+
+
+def test_to_jshtml_embeds_every_frame(demo):
+    html = viewer.to_jshtml(demo[:3])
+    assert "<script" in html and html.count("data:image/png;base64") == 3
+
+
+def test_the_animate_command(tmp_path, capsys):
+    out = tmp_path / "a.gif"
+    assert main(["animate", "--out", str(out), "--max-frames", "4", "--dpi", "30"]) == 0
+    with Image.open(out) as gif:
+        assert gif.n_frames == 4
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda tmp: viewer.animate([], tmp / "a.gif"), "snapshots: got none"),
+    (lambda tmp: viewer.scrubber([]), "snapshots: got none"),
+    (lambda tmp: viewer.to_jshtml(["step 1"]), "snapshots: expected Snapshot objects"),
+    (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "missing" / "a.gif"), "does not exist"),
+    (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.png"), "allowed: a .gif file"),
+    (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.gif", fps=0), "fps: got 0"),
+    (lambda tmp: viewer.record(max_steps=0), "max_steps: got 0"),
+    (lambda tmp: viewer.record(jump=True), "jump: got True"),
+    (lambda tmp: viewer.record_engine(_IdleEngine()), "no unfinished requests"),
+])  # fmt: skip
+def test_bad_arguments_are_refused_with_one_line(tmp_path, call, message):
+    with pytest.raises(ValueError, match=message) as err:
+        call(tmp_path)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "a.gif").exists()
+
+
+class _IdleEngine:
+    def has_unfinished_requests(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "{tmp}/missing/a.gif"], "error: --out {tmp}/missing/a.gif: folder {tmp}/missing does not exist"),
+    (["--out", "{tmp}/a.png"], "error: --out: got '{tmp}/a.png' (allowed: a .gif file"),
+    (["--fps", "0"], "error: --fps: got 0.0 (allowed: 0.5 to 50)"),
+    (["--max-frames", "0"], "error: --max-frames: got 0 (allowed: 1 to 2000)"),
+    (["--max-frames", "9" * 30], "error: --max-frames: got 9999"),
+])  # fmt: skip
+def test_the_animate_command_refuses_bad_flags_with_one_line(tmp_path, capsys, argv, message):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["animate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message.format(tmp=tmp_path)) and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
