@@ -5,11 +5,11 @@ An answer in INSTRUCTORS.md is a list item `- **Answer, cell-NN:** ...`; every c
 (`saves 58%`, `r2:prefill(17)`) is a piece of what cell cell-NN prints, quoted verbatim, and is checked here
 without a Jupyter kernel:
 
-- notebooks 1-5 and 7: their code cells run in this process, in order, in one namespace per notebook, as the kernel
+- notebooks 1-5, 7 and 8: their code cells run in this process, in order, in one namespace per notebook, as the kernel
   would run them (in the notebooks' folder, `%` magics dropped, matplotlib drawing off-screen), and each quoted
   span must appear in its cell's printed output. A cell that answers with a plot and prints nothing (notebook 5's
-  sweep) is given a printed form of the points it plots (`PLOTTED`). About 20 s in all on 2 cores (notebook 7's
-  simulations about 8 s of it).
+  sweep) is given a printed form of the points it plots (`PLOTTED`). About 26 s in all on 2 cores (notebook 7's
+  simulations about 8 s of it, notebook 8's about 6 s with its tiny engine).
 - notebook 6 loads a real model, too slow for this file (tests/notebooks/test_walkthroughs.py runs it). Its
   answers quote only shapes, block ids and free-block counts, which follow from the model's spec and the
   simulator's KV manager: `replay_engine_blocks` makes the engine's allocations on a `PagedKVManager` and prints
