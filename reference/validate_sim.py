@@ -288,11 +288,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from reference.calibrate import measure
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
-    from sim.cost_file import cost_model_for, read_cost_model
+    from sim.cost_file import read_cost_model
     from sim.outfiles import write_csv
 
-    cost_model = cost_model_for(args.cost_model, "smollm2-135m")
-    record = read_cost_model(args.cost_model)[1]
+    cost_model, record = read_cost_model(args.cost_model)  # check_args has checked it is SmolLM2's
     cases = _cases(args)
     use_one_cpu_thread(torch.device("cpu"))
     threads, calibrated = torch.get_num_threads(), record.get("engine", {}).get("threads")

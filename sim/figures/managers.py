@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kv import allocates_blocks_on_demand, pages_in_kib
 from ..kv.base import SHARE_NAMES, PrefixCacheStats
 from ..sweep import Task
 from .memory import DURATION as WASTE_DURATION
@@ -39,6 +40,7 @@ SYSTEMS = (("max", {}), ("pow2", {}), ("oracle", {}), ("vattention", {"page_kib"
            ("vattention", {"page_kib": 2560.0}), ("paged", {}), ("radix", {"block_size": 1}))  # fmt: skip
 # (paged: sim.run's default block size, 16, left unnamed so that the task equals memory_waste's)
 LABELS = {**SYSTEM_LABELS, "vattention": "vAttention", "radix": "SGLang (radix)"}
+UNITS = {"paged": "blocks of {n}"}  # what a label calls a policy's blocks (default: pages)
 # Panel (b)
 CACHES = {"paged": "hashed full blocks (vLLM)", "radix": "radix tree (SGLang)"}
 CACHE_STYLE = {"paged": dict(color="#1f77b4", marker="o"), "radix": dict(color="#2ca02c", marker="s")}
@@ -94,10 +96,11 @@ def _panel(task: Task) -> str:
 
 def _system_label(task: Task, block_size: int) -> str:
     policy = task.params["policy"]
-    if policy == "vattention":
+    if pages_in_kib(policy):
         return f"{LABELS[policy]}\n{task.params['page_kib']:g} KiB pages\n({block_size} tokens)"
-    unit = {"max": "token runs", "pow2": "token runs", "oracle": "token runs"}.get(policy, f"{block_size}-token pages")
-    return f"{LABELS[policy]}\n{unit}" if policy != "paged" else f"{LABELS[policy]}\nblocks of {block_size}"
+    if not allocates_blocks_on_demand(policy):
+        return f"{LABELS[policy]}\ntoken runs"
+    return f"{LABELS[policy]}\n" + UNITS.get(policy, "{n}-token pages").format(n=block_size)
 
 
 def _system_rows(runs) -> list[dict]:

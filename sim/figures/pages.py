@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kv import pages_in_kib
 from ..kv.base import SHARE_NAMES
 from ..sweep import Task
 from .memory import DURATION, RATE
@@ -40,7 +41,7 @@ def draw_pages(runs, outdir, quick: bool):
     for task, result in runs:
         s = result.summary
         policy = task.params["policy"]
-        rows.append({"system": policy, "page_tokens": s["block_size"] if policy == "vattention" else None,
+        rows.append({"system": policy, "page_tokens": s["block_size"] if pages_in_kib(policy) else None,
                      "page_kib": task.params.get("page_kib"), **{name: s["memory"][name] for name in SHARE_NAMES},
                      "token_states_of_used": s["memory_busy"]["token_states"], "mean_batch_size": s["mean_batch_size"],
                      "num_preemptions": s["num_preemptions"],

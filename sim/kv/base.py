@@ -256,3 +256,19 @@ class NoSwapSpace:
     def is_swapped(self, seq_id: int) -> bool:
         return False
 
+
+class NoPrefixCache:
+    """The prefix-cache half of the contract for a manager that shares nothing between requests: no lookup finds
+    anything, nothing is registered, the stats stay zero. Mixed into such managers (contiguous, vattention, hybrid)."""
+
+    enable_prefix_caching = False
+
+    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
+        return 0
+
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        pass  # nothing registered
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats()
+

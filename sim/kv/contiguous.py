@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoSwapSpace, PrefixCacheStats, as_seen,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, as_seen,
                    check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
@@ -52,12 +52,12 @@ def next_power_of_two(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVManager(NoSwapSpace):
+class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
 
     # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more memory and
     # is never preempted; the baselines therefore have no CPU swap space (NoSwapSpace answers the swap questions).
-    enable_prefix_caching = False
+    # no prefix cache (NoPrefixCache): Orca shares nothing
     gather_block_size = None  # attention reads each sequence's K/V as one run
 
     def __init__(
@@ -117,9 +117,6 @@ class ContiguousKVManager(NoSwapSpace):
         if any(trial.allocate(self._num_blocks_for(reserved)) is None for _ in range(num_seqs)):
             return f"{num_seqs} reservation(s) of {reserved} tokens do not fit the pool of {self.num_slots} slots even when empty"
         return None
-
-    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
-        return 0  # no prefix cache: Orca shares nothing
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _sizes(self, new: Sequence[NewSequence]) -> list[int]:
@@ -201,9 +198,6 @@ class ContiguousKVManager(NoSwapSpace):
         self._seqs[child_id] = child
         return [(parent.start + i, child.start + i) for i in range(self._num_blocks_for(parent.num_tokens))]
 
-    def uncache(self, block_ids: Sequence[int]) -> None:
-        pass  # no prefix cache: nothing registered
-
     def free(self, seq_id: int) -> None:
         run = self._run(seq_id)
         for r in (run, *run.forks):
@@ -249,9 +243,6 @@ class ContiguousKVManager(NoSwapSpace):
     @property
     def seq_ids(self) -> list[int]:
         return list(self._seqs)
-
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats()
 
     def _runs(self):
         for seq_id, run in self._seqs.items():

@@ -58,7 +58,7 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator
 from . import hybrid_runs
-from .base import Allocation, BlockCopy, NewSequence, NoSwapSpace, PrefixCacheStats, check_request_args
+from .base import Allocation, BlockCopy, NewSequence, NoPrefixCache, NoSwapSpace, check_request_args
 from .hybrid_accounting import HybridAccounting
 
 
@@ -95,7 +95,7 @@ class _Seq:
     final_len: int  # its true final length (reservation ends and internal fragmentation begins there)
 
 
-class HybridKVManager(NoSwapSpace, HybridAccounting):
+class HybridKVManager(NoSwapSpace, NoPrefixCache, HybridAccounting):
     """Per-group block tables over one shared pool of pages (see the module docstring).
 
     `windows`: one per KV cache group, None for full attention, full groups first (`block_table` is the first group's).
@@ -103,7 +103,7 @@ class HybridKVManager(NoSwapSpace, HybridAccounting):
 
     policy = "hybrid"
     # preemption by recompute only: NoSwapSpace answers the swap questions
-    enable_prefix_caching = False
+    # no prefix cache (NoPrefixCache)
 
     def __init__(self, num_blocks: int, block_size: int, windows: Sequence[int | None], watermark: float = 0.0,
                  max_seq_len: int = 2048) -> None:  # fmt: skip
@@ -146,9 +146,6 @@ class HybridKVManager(NoSwapSpace, HybridAccounting):
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages over {len(self.windows)} "
                     f"KV cache groups (allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
         return None
-
-    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
-        return 0  # no prefix cache
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _seq(self, seq_id: int) -> _Seq:
@@ -268,9 +265,6 @@ class HybridKVManager(NoSwapSpace, HybridAccounting):
         for table in seq.tables:
             self.allocator.free(reversed(table))
 
-    def uncache(self, block_ids: Sequence[int]) -> None:
-        pass  # no prefix cache: nothing registered
-
     # --- runs of plain decode steps (hybrid_runs.py) -----------------------------------------------
     def _run_seqs(self, seq_ids: Sequence[int]) -> list[_Seq]:
         if len(set(seq_ids)) != len(seq_ids):
@@ -304,9 +298,6 @@ class HybridKVManager(NoSwapSpace, HybridAccounting):
     @property
     def seq_ids(self) -> list[int]:
         return list(self._seqs)
-
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats()  # no prefix cache: all zeros
 
     def __repr__(self) -> str:
         return (f"HybridKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, windows={self.windows}, "

@@ -96,24 +96,35 @@ class PagedAccounting:
                 refs[seq.swapped][b] = refs[seq.swapped].get(b, 0) + 1
                 if seq.swapped:
                     continue
-                filled = min(bs, seq.num_tokens - i * bs)
-                reach = max(filled, min(bs, seq.final_len - i * bs))
-                if b in fill and fill[b][0] != filled:
-                    raise RuntimeError(f"block {b}: owners disagree on its fill ({fill[b][0]} vs {filled} tokens)")
-                fill[b] = (filled, max(reach, fill.get(b, (0, 0))[1]))
+                note_fill(fill, b, seq, i, bs, "block")
         for pool, held, name in ((self.allocator, refs[False], "GPU"), (self.cpu_allocator, refs[True], "CPU")):
             size = 0 if pool is None else pool.num_blocks
             for b in set(range(size)) | set(held):
                 found = pool.ref_count(b) if b < size else None
                 if found != held.get(b, 0):
                     raise RuntimeError(f"{name} block {b}: expected ref count {held.get(b, 0)} (owners), found {found}")
-        expected = MemoryBreakdown(
-            token_states=sum(f for f, _ in fill.values()),
-            reservation=sum(r - f for f, r in fill.values()),
-            internal_fragmentation=sum(bs - r for _, r in fill.values()),
-            external_fragmentation=0,
-            free=self.allocator.num_free_blocks * bs,
-        )
+        expected = recounted_breakdown(fill, bs, self.allocator.num_free_blocks)
         if self.breakdown() != expected:
             raise RuntimeError(f"expected breakdown {expected} (block by block), found {self.breakdown()}")
+
+
+def note_fill(fill: dict[int, tuple[int, int]], block: int, seq, i: int, bs: int, word: str) -> None:
+    """Record in `fill` (block -> (filled slots, slots some owner will reach)) what logical block `i` of `seq` (its
+    num_tokens, final_len) holds in physical `block`; every owner of a shared block must see the same fill."""
+    filled = min(bs, seq.num_tokens - i * bs)
+    reach = max(filled, min(bs, seq.final_len - i * bs))
+    if block in fill and fill[block][0] != filled:
+        raise RuntimeError(f"{word} {block}: owners disagree on its fill ({fill[block][0]} vs {filled} tokens)")
+    fill[block] = (filled, max(reach, fill.get(block, (0, 0))[1]))
+
+
+def recounted_breakdown(fill: dict[int, tuple[int, int]], bs: int, num_free_blocks: int) -> MemoryBreakdown:
+    """The breakdown a block-by-block recount gives (no external fragmentation: blocks fit anywhere)."""
+    return MemoryBreakdown(
+        token_states=sum(f for f, _ in fill.values()),
+        reservation=sum(r - f for f, r in fill.values()),
+        internal_fragmentation=sum(bs - r for _, r in fill.values()),
+        external_fragmentation=0,
+        free=num_free_blocks * bs,
+    )
 

@@ -45,8 +45,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats
+from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats
 from .paged import PagedKVManager, _cdiv, _SeqState
+from .paged_accounting import note_fill, recounted_breakdown
 from .radix_tree import RadixNode, RadixTree
 
 
@@ -349,20 +350,10 @@ class RadixKVManager(PagedKVManager):
                 locks[node.node_id] = locks.get(node.node_id, 0) + 1
             for i, page in enumerate(seq.block_table):
                 holders[page] = holders.get(page, 0) + 1
-                filled = min(bs, seq.num_tokens - i * bs)
-                reach = max(filled, min(bs, seq.final_len - i * bs))
-                if page in fill and fill[page][0] != filled:
-                    raise RuntimeError(f"page {page}: owners disagree on its fill ({fill[page][0]} vs {filled} tokens)")
-                fill[page] = (filled, max(reach, fill.get(page, (0, 0))[1]))
+                note_fill(fill, page, seq, i, bs, "page")
         self.tree.check_invariants(locks)
         self.allocator.check_invariants(holders)
-        expected = MemoryBreakdown(
-            token_states=sum(f for f, _ in fill.values()),
-            reservation=sum(r - f for f, r in fill.values()),
-            internal_fragmentation=sum(bs - r for _, r in fill.values()),
-            external_fragmentation=0,
-            free=self.allocator.num_free_blocks * bs,
-        )
+        expected = recounted_breakdown(fill, bs, self.allocator.num_free_blocks)
         if self.breakdown() != expected:
             raise RuntimeError(f"expected breakdown {expected} (page by page), found {self.breakdown()}")
 

@@ -59,7 +59,7 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import Allocation, BlockCopy, NewSequence, NoSwapSpace, PrefixCacheStats, check_request_args
+from .base import Allocation, BlockCopy, NewSequence, NoPrefixCache, NoSwapSpace, check_request_args
 from .vattention_accounting import VAttentionAccounting
 
 KiB = 1024
@@ -120,14 +120,14 @@ class _Seq:
     siblings: list[_Sibling] = field(default_factory=list)
 
 
-class VAttentionKVManager(NoSwapSpace, VAttentionAccounting):
+class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
     """vAttention's KV memory for sequences named by integer ids (see the module docstring).
 
     `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
 
     policy = "vattention"
     # preemption by recompute only (see the module docstring): NoSwapSpace answers the swap questions
-    enable_prefix_caching = False  # vAttention shares nothing
+    # no prefix cache (NoPrefixCache): vAttention shares nothing
     gather_block_size = None  # attention reads each sequence's K/V as one virtually contiguous tensor
 
     def __init__(self, num_blocks: int, page_tokens: int, watermark: float = 0.0, max_seq_len: int = 2048) -> None:
@@ -162,9 +162,6 @@ class VAttentionKVManager(NoSwapSpace, VAttentionAccounting):
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages of {self.block_size} tokens "
                     f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
         return None
-
-    def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
-        return 0  # no prefix cache
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _seq(self, seq_id: int) -> _Seq:
@@ -261,9 +258,6 @@ class VAttentionKVManager(NoSwapSpace, VAttentionAccounting):
         self.allocator.free([*reversed(seq.pages), *(p for s in seq.siblings for p in reversed(s.pages))])
         heapq.heappush(self._released_slots, seq.request_slot)
 
-    def uncache(self, block_ids: Sequence[int]) -> None:
-        pass  # no prefix cache: nothing registered
-
     def _take_slot(self) -> int:
         if self._released_slots:
             return heapq.heappop(self._released_slots)
@@ -309,9 +303,6 @@ class VAttentionKVManager(NoSwapSpace, VAttentionAccounting):
     @property
     def seq_ids(self) -> list[int]:
         return list(self._seqs)
-
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats()  # no prefix cache: all zeros
 
     def __repr__(self) -> str:
         return (f"VAttentionKVManager(num_blocks={self.num_blocks}, page_tokens={self.block_size}, "

@@ -17,7 +17,7 @@ from sim.cli import main
 from sim.cost import RooflineCostModel
 from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
 from sim.kv.hybrid import HybridKVManager, kv_cache_groups, pool_blocks
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.scheduler import Scheduler
 from sim.specs import ModelSpec, get_model
 from sim.testing import make_kv_manager_test
 from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
@@ -208,12 +208,7 @@ class _GroupContents(props.Contents):
 
 @st.composite
 def hybrid_systems(draw, manager=HybridKVManager):
-    mode = draw(st.sampled_from(["v1", "v0", "v1", "static"]))
-    chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
-    budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
-    config = SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
-                             enable_chunked_prefill=chunked,
-                             victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])))  # fmt: skip
+    config = props.draw_config(draw, props.draw_mode(draw))
     windows = (None,) + (draw(st.integers(1, 40)),) * draw(st.integers(1, 2))
     kv = manager(draw(st.integers(30, 70)), props.BLOCK_SIZE, windows, watermark=draw(st.sampled_from([0.0, 0.05])),
                  max_seq_len=64)  # fmt: skip

@@ -13,11 +13,11 @@ import sim
 from sim.cli import main
 from sim.kv import MemoryBreakdown, NewSequence, pool_blocks_for
 from sim.kv.vattention import VAttentionKVManager, page_tokens
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.scheduler import Scheduler
 from sim.specs import get_model
 from sim.testing import make_kv_manager_test
 from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
-from tests.sim.test_scheduler_properties import workloads
+from tests.sim.test_scheduler_properties import draw_config, draw_mode, workloads
 
 # --- the KV state machine: small pools, so memory runs out often ------------------------------------------------
 TestVAttention = make_kv_manager_test(lambda: VAttentionKVManager(8, 4, max_seq_len=32))
@@ -187,12 +187,7 @@ def test_a_decode_run_equals_stepping_with_siblings_and_past_final_lengths():
 # --- the scheduler's invariants, as tests/sim/test_scheduler_properties.py checks them for the other policies -----
 @st.composite
 def vattention_systems(draw, manager=VAttentionKVManager):
-    mode = draw(st.sampled_from(["v1", "v0", "v1", "static"]))
-    chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
-    budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
-    config = SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
-                             enable_chunked_prefill=chunked,
-                             victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])))  # fmt: skip
+    config = draw_config(draw, draw_mode(draw))
     page = draw(st.sampled_from([1, 4, 8]))
     kv = manager(draw(st.integers(48, 112)) // page, page, watermark=draw(st.sampled_from([0.0, 0.05])), max_seq_len=64)
     return Scheduler(kv, config)

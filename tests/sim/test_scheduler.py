@@ -298,7 +298,7 @@ def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slo
     for use_runs in (False, True):
         reqs = generate_requests("uniform", 50, rate=20.0, prompt_len_range=(2, 60), output_len_range=(1, 60),
                                  max_seq_len=256, seed=7, **workload)
-        kv = make_kv_manager(policy, num_slots, block_size=8 if policy in ("paged", "hybrid") else 1, max_seq_len=256,
+        kv = make_kv_manager(policy, num_slots, block_size=8 if allocates_blocks_on_demand(policy) else 1, max_seq_len=256,
                              num_cpu_blocks=32, enable_prefix_caching="prefix_len" in workload, model=_WINDOWED)
         sched = Scheduler(kv, SchedulerConfig(max_num_seqs=24, **config))
         for r in reqs:

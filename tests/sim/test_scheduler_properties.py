@@ -27,7 +27,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from sim.cost import RooflineCostModel
-from sim.kv import make_kv_manager
+from sim.kv import always_caches_prefixes, has_prefix_cache, has_swap_space, make_kv_manager
 from sim.loop import Simulator
 from sim.plan import StepOutcome
 from sim.request import Request
@@ -36,18 +36,28 @@ from sim.scheduler import Scheduler, SchedulerConfig
 BLOCK_SIZE = 4
 
 
-@st.composite
-def systems(draw):
-    mode = draw(st.sampled_from(["v1", "v0", "v1", "static"]))
-    policy = draw(st.sampled_from(["paged", "oracle", "paged", "pow2", "paged", "paged", "radix"]))
-    swap = policy == "paged" and draw(st.booleans())
+def draw_mode(draw) -> str:
+    return draw(st.sampled_from(["v1", "v0", "v1", "static"]))
+
+
+def draw_config(draw, mode: str, preemption: str = "recompute") -> SchedulerConfig:
+    """The rest of a scheduler's configuration, drawn after its mode (the policy test files reuse it)."""
     chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
     budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
-    config = SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
-                             preemption="swap" if swap else "recompute", enable_chunked_prefill=chunked,
-                             victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])))  # fmt: skip
+    return SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
+                           preemption=preemption, enable_chunked_prefill=chunked,
+                           victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])))  # fmt: skip
+
+
+@st.composite
+def systems(draw):
+    mode = draw_mode(draw)
+    policy = draw(st.sampled_from(["paged", "oracle", "paged", "pow2", "paged", "paged", "radix"]))
+    swap = has_swap_space(policy) and draw(st.booleans())
+    config = draw_config(draw, mode, "swap" if swap else "recompute")
+    optional_cache = has_prefix_cache(policy) and not always_caches_prefixes(policy)  # radix's is always on
     kv = make_kv_manager(policy, draw(st.integers(12, 28)) * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=64,
-                         enable_prefix_caching=policy == "paged" and draw(st.booleans()),
+                         enable_prefix_caching=optional_cache and draw(st.booleans()),
                          num_cpu_blocks=32 if swap else 0, watermark=draw(st.sampled_from([0.0, 0.05])))  # fmt: skip
     return Scheduler(kv, config)
 
