@@ -54,6 +54,8 @@ class Exercise:
     rules: Rules  # what the referee snapshots and logs
     examples: tuple  # narrated example functions (make, story) -> None; their docstrings are their titles
     machines: tuple[MachineCheck, ...]
+    notebook: str  # the exercise notebook, notebooks/exercises/{notebook}.ipynb
+    solution: str  # the solution module, notebooks/solutions/{solution}.py (kept apart from the notebook)
 
 
 def _lazy(builder: str, *args: Any) -> Build:
@@ -100,23 +102,31 @@ EXERCISES: dict[str, Exercise] = {
         "YourClass(num_slots)", "MyFirstFitAllocator",
         (16,), {"largest_free_run": None, "allocate": (1,), "free": (0,)}, _SLOTS, SLOT_RULES, FIRST_FIT_EXAMPLES,
         _slot_machines(False, "placement: {n} programs, every answer as first fit places it", FIRST_FIT),
+        "01_first_fit", "first_fit",
     ),
     "buddy": Exercise(
         "a binary buddy allocator (the Orca baselines' allocator, paper section 6.1)",
         "YourClass(num_slots), num_slots a power of two", "MyBuddyAllocator",
         (16,), {"allocate": (1,), "free": (0,)}, _SLOTS, SLOT_RULES, BUDDY_EXAMPLES,
         _slot_machines(True, "placement: {n} programs, every block where the buddy rule puts it", BUDDY),
+        "02_buddy", "buddy",
     ),
     "block_allocator": Exercise(
         "a block allocator with reference counts and copy-on-write (paper sections 4.2 and 4.4)",
         "YourClass(num_blocks, block_size)", "MyBlockAllocator",
         (4, 16), {"allocate": (1,), "share": ([0],), "free": ([0],), "copy_on_write": (0,)}, _BLOCKS, BLOCK_RULES,
-        BLOCK_ALLOCATOR_EXAMPLES, _block_machines(MACHINE_NUM_BLOCKS),
+        BLOCK_ALLOCATOR_EXAMPLES, _block_machines(MACHINE_NUM_BLOCKS), "03_block_allocator", "block_allocator",
     ),
     "prefix_cache": Exercise(
         "an LRU prefix cache over a block allocator (vLLM's automatic prefix caching)",
         "YourClass(num_blocks, block_size), with enable_prefix_caching True", "MyPrefixCachingAllocator",
         (4, 16), {"allocate": (1,), "cache_block": (0, 1), "lookup": (1,), "is_cached": (0,)}, _PREFIX, BLOCK_RULES,
-        PREFIX_CACHE_EXAMPLES, _block_machines(PREFIX_MACHINE_NUM_BLOCKS),
+        PREFIX_CACHE_EXAMPLES, _block_machines(PREFIX_MACHINE_NUM_BLOCKS), "04_prefix_cache", "prefix_cache",
     ),
 }  # fmt: skip
+
+# The labs after the four allocator exercises, one module each (labs/__init__.py lists them in course order).
+# NOTE: imported last: a lab module imports Exercise and MachineCheck from this (by then defined) module.
+from .labs import load_labs  # noqa: E402
+
+EXERCISES.update(load_labs())

@@ -18,15 +18,8 @@ from sim.exercises import EXERCISES, check
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
-# exercise name -> (notebook, solution module, class name, the methods the student writes)
-CASES = {
-    "first_fit": ("01_first_fit", "first_fit", "MyFirstFitAllocator", {"largest_free_run", "allocate", "free"}),
-    "buddy": ("02_buddy", "buddy", "MyBuddyAllocator", {"allocate", "free"}),
-    "block_allocator": ("03_block_allocator", "block_allocator", "MyBlockAllocator",
-                        {"allocate", "share", "free", "copy_on_write"}),
-    "prefix_cache": ("04_prefix_cache", "prefix_cache", "MyPrefixCachingAllocator",
-                     {"allocate", "cache_block", "lookup", "is_cached"}),
-}  # fmt: skip
+# exercise name -> (notebook, solution module, class name, the methods the student writes): from the registry
+CASES = {name: (e.notebook, e.solution, e.class_name, set(e.probes)) for name, e in EXERCISES.items()}
 
 
 def solution(name: str) -> type:

@@ -1,0 +1,21 @@
+"""The labs after the four allocator exercises: scheduling, attention through a block table, kernels, accounting.
+
+Each lab is one module here defining `EXERCISE` (a `registry.Exercise`): what the student writes (a class whose
+methods raise NotImplementedError in the notebook's skeleton), the narrated examples, and the property checks
+(each a `MachineCheck` whose builder returns a unittest.TestCase class, a hypothesis test or state machine).
+Its notebook is notebooks/exercises/{EXERCISE.notebook}.ipynb, its solution notebooks/solutions/{EXERCISE.solution}.py
+and its planted bugs tests/notebooks/planted/{name}.py. The module name is the exercise's name
+(`check("victim_policy", MyVictimPolicy)`); every module here is a lab, in the order of their notebooks' numbers.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+
+def load_labs() -> dict[str, Any]:
+    """{lab name: its Exercise}, every module of this package, ordered by notebook (course order)."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    labs = {name: importlib.import_module(f"{__name__}.{name}").EXERCISE for name in names}
+    return dict(sorted(labs.items(), key=lambda item: item[1].notebook))
