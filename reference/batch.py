@@ -17,6 +17,11 @@ A token at position `pos` of a sequence is stored in the cache slot of its block
 
 Block tables are `list[int]` in Python and become `int32` tensors only here, at the kernel boundary.
 The builder takes plain lists, so the engine and tests can drive the model without the scheduler.
+
+KV cache groups (the hybrid KV manager, sim/kv/hybrid.py; Gemma 3): each sequence has one block table per group
+of layers, and a sliding group's table may start with freed blocks (None: vLLM's null block). Group 0's tables
+are the fields below; the others are `groups[g - 1]` (`tables(g)` reads either). Every new token has a slot in
+every group. A None entry becomes block 0 in the tensors: attention with a window never reads it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ class DecodeMetadata:
 
 
 @dataclass(slots=True)
+class GroupTables:
+    """One more KV cache group's view of the step: where the new tokens go, and the tables attention reads."""
+
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    prefill_block_tables: torch.Tensor | None  # int32 [num_prefill_seqs, max_blocks]
+    decode_block_tables: torch.Tensor | None  # int32 [num_decode_seqs, max_blocks]
+
+
+@dataclass(slots=True)
 class ForwardBatch:
     """Tensors for one forward step. Build it with `ForwardBatch.build`."""
 
@@ -55,6 +69,19 @@ class ForwardBatch:
     prefill: PrefillMetadata | None  # None when the step has no prefill sequence
     decode: DecodeMetadata | None  # None when the step has no decode sequence
     max_seq_len: int  # longest context in the batch (a Python int: checks need no device sync)
+    groups: tuple[GroupTables, ...] = ()  # KV cache groups 1, 2, ... (group 0 is the fields above)
+
+    @property
+    def num_groups(self) -> int:
+        return 1 + len(self.groups)
+
+    def tables(self, group: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(slot_mapping, prefill block tables, decode block tables) of KV cache group `group`."""
+        if group == 0:
+            return (self.slot_mapping, None if self.prefill is None else self.prefill.block_tables,
+                    None if self.decode is None else self.decode.block_tables)
+        g = self.groups[group - 1]
+        return g.slot_mapping, g.prefill_block_tables, g.decode_block_tables
 
     @property
     def num_tokens(self) -> int:
@@ -71,13 +98,14 @@ class ForwardBatch:
         return num_new_tokens == 1 and num_computed_tokens > 0
 
     @classmethod
-    def build(cls, seqs: Sequence[SeqToRun], block_size: int,
-              device: torch.device | str = "cpu") -> ForwardBatch:
+    def build(cls, seqs: Sequence[SeqToRun], block_size: int, device: torch.device | str = "cpu",
+              group_tables: Sequence[Sequence[Sequence[int | None]]] | None = None) -> ForwardBatch:
         """Pack `seqs` (prefill sequences first) into the tensors of one step.
 
         Each seq is (token_ids_to_run, num_computed_tokens, block_table): the new tokens sit at
         positions num_computed_tokens .. num_computed_tokens + len(token_ids) - 1, and the block
-        table must already cover all of them.
+        table must already cover all of them. `group_tables[i]`: seq i's tables of KV cache groups 1, 2, ...
+        (position-indexed, None for a freed block), the same number for every seq.
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -125,6 +153,7 @@ class ForwardBatch:
             prefill=prefill,
             decode=decode,
             max_seq_len=max(seq_lens),
+            groups=_groups(seqs, group_tables, num_prefill, block_size, device) if group_tables else (),
         )
 
 
@@ -145,6 +174,30 @@ def _check_seq(index: int, seq: SeqToRun, block_size: int) -> str:
     if any(b is None or b < 0 for b in block_table):
         raise ValueError(f"seq {index}: block table entries must be block ids >= 0, got {list(block_table)}")
     return "decode" if ForwardBatch.is_decode(len(token_ids), num_computed) else "prefill"
+
+
+def _groups(seqs: Sequence[SeqToRun], group_tables: Sequence[Sequence[Sequence[int | None]]], num_prefill: int,
+            block_size: int, device: torch.device | str) -> tuple[GroupTables, ...]:
+    """The slot mappings and block tables of KV cache groups 1, 2, ... (see the module docstring)."""
+    if len(group_tables) != len(seqs) or len({len(t) for t in group_tables}) != 1:
+        raise ValueError(f"group_tables must give every one of the {len(seqs)} seqs the same number of tables")
+    out = []
+    for g in range(len(group_tables[0])):
+        slots: list[int] = []
+        tables = []
+        for i, ((token_ids, num_computed, _), own) in enumerate(zip(seqs, group_tables)):
+            table = own[g]
+            for pos in range(num_computed, num_computed + len(token_ids)):
+                block = table[pos // block_size] if pos // block_size < len(table) else None
+                if block is None or block < 0:
+                    raise ValueError(f"seq {i}: group {g + 1} has no block for position {pos} (table {list(table)})")
+                slots.append(block * block_size + pos % block_size)
+            tables.append([0 if b is None else b for b in table])
+        out.append(GroupTables(
+            torch.tensor(slots, dtype=torch.int64, device=device),
+            _block_tables_tensor(tables[:num_prefill], device) if num_prefill else None,
+            _block_tables_tensor(tables[num_prefill:], device) if num_prefill < len(seqs) else None))
+    return tuple(out)
 
 
 def _block_tables_tensor(tables: list[list[int]], device: torch.device | str) -> torch.Tensor:

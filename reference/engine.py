@@ -48,7 +48,8 @@ from reference.prompt_logprobs import PromptLogprobs
 from reference.prompts import prompt_parts
 from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample_generator
-from sim.kv import make_kv_manager
+from reference.kv_groups import kv_layout, model_spec
+from sim.kv import check_model, make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -160,9 +161,12 @@ class LLM(EngineOutcomes, OfflineAPI):
             num_cpu_blocks = swap_bytes // kv_bytes_per_block(self.config.num_layers, block_size,
                                                               self.config.num_kv_heads, self.config.head_dim, self.dtype)
         self.block_size = block_size
+        # the model as the KV managers see it: hybrid groups its full and sliding-window layers (Gemma 3)
+        spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model")
+        check_model(policy, spec)
         self.kv_manager = make_kv_manager(policy, num_blocks * block_size, block_size=block_size,
                                           max_seq_len=self.max_model_len, enable_prefix_caching=enable_prefix_caching,
-                                          num_cpu_blocks=num_cpu_blocks, watermark=watermark)  # fmt: skip
+                                          num_cpu_blocks=num_cpu_blocks, watermark=watermark, model=spec)  # fmt: skip
         if enable_prefix_caching and not self.kv_manager.enable_prefix_caching:
             raise ValueError(f"policy {policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
         if num_cpu_blocks and not self.kv_manager.num_cpu_blocks:
@@ -175,9 +179,13 @@ class LLM(EngineOutcomes, OfflineAPI):
                                                 0 if chunked else self.max_model_len)
         self.scheduler = Scheduler(self.kv_manager, SchedulerConfig(max_num_seqs, batched, scheduler, preemption,
                                                                     enable_chunked_prefill, victim))  # fmt: skip
-        self.kv_cache = KVCache.for_model(self.config, num_blocks, block_size, self.dtype, self.device,
-                                          num_cpu_blocks=num_cpu_blocks)
-        self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend)
+        # one tensor per layer, or (hybrid) one per place in a KV cache group, of the manager's pages: the same bytes
+        layout = kv_layout(self.config, self.kv_manager)
+        self.kv_cache = KVCache(layout.num_tensors, self.kv_manager.num_blocks, block_size, self.config.num_kv_heads,
+                                self.config.head_dim, self.dtype, self.device, num_cpu_blocks=num_cpu_blocks,
+                                layout=layout)
+        self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend,
+                                         getattr(self.kv_manager, "group_tables", None))
         self.stats = EngineStats()
         self.step_log: list[StepRecord] = []
         self.arrivals: dict[int, tuple[float, int, int]] = {}  # scheduler id -> (arrival s, prompt len, max tokens)

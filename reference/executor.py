@@ -154,10 +154,16 @@ class StepLogits(NamedTuple):
 class ModelExecutor:
     """Runs plans for one model over one KV cache."""
 
-    def __init__(self, model: LlamaForwardModel, kv_cache: KVCache, backend: str) -> None:
+    def __init__(self, model: LlamaForwardModel, kv_cache: KVCache, backend: str,
+                 group_tables: Callable[[int], list[list[int | None]]] | None = None) -> None:
+        """group_tables: seq_id -> the sequence's block table in every KV cache group (the hybrid KV manager's
+        `group_tables`), needed when the cache's layout has more than one group."""
+        if kv_cache.layout.num_groups > 1 and group_tables is None:
+            raise ValueError(f"a KV cache of {kv_cache.layout.num_groups} groups needs each sequence's group tables")
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend
+        self.group_tables = group_tables if kv_cache.layout.num_groups > 1 else None
 
     def execute(self, plan: StepPlan, tokens_to_feed: Callable[[ScheduledSeq], list[int]],
                 wants_all_rows: Callable[[ScheduledSeq], bool] | None = None) -> StepLogits:
@@ -185,7 +191,9 @@ class ModelExecutor:
         order = [i for i in fed if not is_decode[i]] + [i for i in fed if is_decode[i]]
         row_of = {entry_index: row for row, entry_index in enumerate(order)}
         seqs = [(tokens_to_feed(entries[i]), entries[i].num_computed_tokens, entries[i].block_table) for i in order]
-        batch = ForwardBatch.build(seqs, cache.block_size, self.model.device)
+        # group 0's table is the plan's own; the others come from the KV manager (after this step's allocations)
+        extra = None if self.group_tables is None else [self.group_tables(entries[i].seq_id)[1:] for i in order]
+        batch = ForwardBatch.build(seqs, cache.block_size, self.model.device, extra)
         wanted = [i for i in order if wants_all_rows is not None and wants_all_rows(entries[i])]
         # NOTE: the logits stay on the device; only tokens (and asked-for log-probs) come back
         if not wanted:

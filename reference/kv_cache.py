@@ -11,12 +11,19 @@ knows which sequence owns a block: the allocator deals in integers and this clas
 Besides the device pool there is an optional CPU pool of `num_cpu_blocks` with the same layout, for
 preemption by swapping (Section 4.5): `swap_out` copies device blocks to CPU blocks, `swap_in` copies
 them back. `copy_blocks` performs the copy-on-write copies the block manager asks for (Section 4.4).
+
+`KVLayout` says which tensor (and which KV cache group's block tables) each model layer uses: tensor i for layer i
+under every policy but `hybrid`. Under `hybrid` (sim/kv/hybrid.py) layers form groups of `size` layers over one pool
+of pages, and, as vLLM lays out its hybrid allocator's memory, tensor t holds the t-th layer of EVERY group: page p
+of the pool is page p of each of the `size` tensors, whichever group holds it. Gemma 3 270M: 6 groups of 3 layers,
+3 tensors of `num_blocks` pages instead of 18 tensors, the same bytes.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,12 +53,42 @@ def free_device_memory_bytes(device: torch.device | str) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """Per model layer: the KV cache group whose block tables it reads, and the cache tensor it lives in."""
+
+    layer_group: tuple[int, ...]
+    layer_tensor: tuple[int, ...]
+
+    @property
+    def num_groups(self) -> int:
+        return max(self.layer_group) + 1
+
+    @property
+    def num_tensors(self) -> int:
+        return max(self.layer_tensor) + 1
+
+    @classmethod
+    def one_group(cls, num_layers: int) -> KVLayout:
+        return cls(tuple([0] * num_layers), tuple(range(num_layers)))
+
+    @classmethod
+    def grouped(cls, groups: Sequence[Sequence[int]]) -> KVLayout:
+        """`groups[g]`: the model layers of KV cache group g; the i-th of them lives in tensor i."""
+        where = {layer: (g, i) for g, layers in enumerate(groups) for i, layer in enumerate(layers)}
+        if sorted(where) != list(range(len(where))) or len(where) != sum(len(layers) for layers in groups):
+            raise ValueError(f"KV cache groups must hold each layer 0..N-1 once, got {[list(g) for g in groups]}")
+        return cls(tuple(where[i][0] for i in range(len(where))), tuple(where[i][1] for i in range(len(where))))
+
+
 class KVCache:
     """Per-layer K and V block pools on one device, plus an optional CPU swap pool."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 *, num_cpu_blocks: int = 0, fill_nan: bool = False) -> None:
+                 *, num_cpu_blocks: int = 0, fill_nan: bool = False, layout: KVLayout | None = None) -> None:
+        """num_layers: the number of K (and V) tensors; `layout` maps model layers onto them (default: layer i
+        in tensor i, one group)."""
         for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if value < 1:
@@ -66,6 +103,9 @@ class KVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         self.num_cpu_blocks = num_cpu_blocks
+        self.layout = layout or KVLayout.one_group(num_layers)
+        if self.layout.num_tensors != num_layers:
+            raise ValueError(f"the layout uses {self.layout.num_tensors} tensors, the cache has {num_layers}")
         # NOTE: fill_nan (for tests and debugging) makes a read of a never-written slot poison the
         # output; otherwise memory is zeroed, which hides such a bug behind plausible numbers.
         fill = float("nan") if fill_nan else 0.0

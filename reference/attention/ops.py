@@ -8,6 +8,11 @@ kernel (``cpu_numba``, float32): the engine's CPU default for float32 models. Al
 a test can call one and then another. The layout follows vLLM (Kwon et al., SOSP 2023, Section 4.1):
 per layer, K and V each live in a cache ``[num_blocks, block_size, num_kv_heads, head_dim]``, and the
 token at slot ``block_id * block_size + offset`` is ``cache[block_id, offset]``.
+
+``window`` (decode and prefill): a sliding-window layer (Gemma 3's local layers), whose query at position ``p``
+attends to positions ``p - window + 1 .. p`` only; table entries wholly before the first query's window are never
+read (the hybrid KV manager may have freed those blocks). The numba decode kernel has no window: a windowed decode
+on ``backend="numba"`` runs ``torch_batched``'s.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ def store_kv(
         store_kv_triton(key, value, key_cache, value_cache, slot_mapping)
 
 
-def _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale) -> float:
+def _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale, window=None) -> float:
     """Checks shared by decode and prefill; returns ``scale`` as a float."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be None (full attention) or an int >= 1, got {window!r}")
     check_cache(key_cache, value_cache)
     device = key_cache.device
     check_tensor("query", query, 3, FLOAT_DTYPES, device)
@@ -73,6 +80,7 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     tuning: DecodeTuning | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Attention of each sequence's one new query token over its ``seq_lens[i]`` cached tokens.
 
@@ -82,7 +90,7 @@ def paged_decode_attention(
     overrides the launch knobs (``triton_decode.DecodeTuning``; the benchmark's sweep uses it).
     """
     check_backend(backend)
-    scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale, window)
     if block_tables.shape[0] != query.shape[0]:
         raise ValueError(
             f"query has {query.shape[0]} sequences but block_tables has {block_tables.shape[0]} rows"
@@ -90,17 +98,18 @@ def paged_decode_attention(
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
     if backend == "torch":
-        return torch_ref.paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale)
-    if backend == "torch_batched":
+        return torch_ref.paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale,
+                                                    window)
+    if backend == "torch_batched" or (backend == "numba" and window is not None):
         return torch_batched.paged_decode_attention_batched(
-            query, key_cache, value_cache, block_tables, seq_lens, scale
+            query, key_cache, value_cache, block_tables, seq_lens, scale, window
         )
     if backend == "numba":
         torch_batched.check_block_tables(block_tables, seq_lens, *key_cache.shape[:2])
         return cpu_numba.paged_decode_attention_numba(query, key_cache, value_cache, block_tables, seq_lens, scale)
     return paged_decode_attention_triton(
-        query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits, tuning=tuning
-    )
+        query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits, tuning=tuning,
+        window=window)
 
 
 def paged_prefill_attention(
@@ -112,6 +121,8 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     backend: str = "triton",
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of packed new tokens over each sequence's cached prefix plus themselves.
 
@@ -121,7 +132,7 @@ def paged_prefill_attention(
     attends to positions ``0 ..`` that position.
     """
     check_backend(backend)
-    scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    scale = _check_paged_args(query, key_cache, value_cache, block_tables, seq_lens, scale, window)
     check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,), key_cache.device)
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1:
         raise ValueError(
@@ -130,12 +141,12 @@ def paged_prefill_attention(
         )
     if backend == "torch":
         return torch_ref.paged_prefill_attention_ref(
-            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, window
         )
     if backend in ("torch_batched", "numba"):  # numba: decode only; a prefill is compute-bound (SDPA)
         return torch_batched.paged_prefill_attention_batched(
-            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, window
         )
     return paged_prefill_attention_triton(
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, window
     )

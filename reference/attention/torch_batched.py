@@ -29,6 +29,12 @@ when the sequence has no cached prefix, else with the mask "query j at position 
 keys 0 .. that position". Measured on the bench's first step (55 prompts of 8-128 tokens, 2,060 rows):
 14 ms per layer against 34 for the padded batched matmuls this replaced.
 
+Sliding-window layers (``window=W``; Gemma 3): a query at position ``p`` sees ``p - W + 1 .. p``. Positions before a
+sequence's first visible one are masked exactly like unowned slots, and its table columns wholly before it (which
+may name blocks already back in the pool: the hybrid KV manager frees them) are replaced by its first visible
+block, so no foreign block is read. NOTE: the decode gather still spans the whole table's width (a window of 512
+in a 4,096-token sequence gathers 4,096 positions); offsetting each sequence to its window would cut that.
+
 What every layer of a step shares (the gather's block ids, the masks, the checks of the block tables) is
 computed once per step: see ``_memo``.
 
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ref import packed_query_lens
+from .torch_ref import packed_query_lens, window_start
 
 # NOTE: a group of sequences is padded to its longest query and longest context, so it computes (and
 # holds) [seqs, heads, max_q, max_len] float32 scores. Sequences are sorted by length and cut into groups:
@@ -124,6 +130,11 @@ class _Memo:
 _memo = {"decode": _Memo(), "prefill": _Memo(), "check": _Memo()}
 
 
+def _memo_for(kind: str, window: int | None) -> _Memo:
+    """One memo per kind and window: a Gemma 3 step alternates sliding and full layers over the same tables."""
+    return _memo[kind] if window is None else _memo.setdefault(f"{kind} {window}", _Memo())
+
+
 def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int
                        ) -> None:
     """The value checks of a decode batch alone (once per step), for a kernel that reads the tables itself."""
@@ -131,11 +142,12 @@ def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_b
                        (block_tables, seq_lens), (num_blocks, block_size))
 
 
-def _used_blocks(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int
-                 ) -> torch.Tensor:
+def _used_blocks(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int,
+                 first: torch.Tensor | None = None) -> torch.Tensor:
     """The first ``num_cols`` columns of the block tables (num_cols: what the longest sequence needs), with every
-    column a sequence does not need replaced by its own first block (block 0 when it is empty), checked to lie in
-    the cache. Returns blocks, int64 [num_seqs, num_cols]."""
+    column a sequence does not need replaced by its own first needed block (block 0 when it is empty), checked to
+    lie in the cache. ``first``: int64 [num_seqs], the first position each sequence reads (a sliding window's
+    start; None: 0), so columns wholly before it are not needed either. Returns blocks, int64 [num_seqs, num_cols]."""
     lo, hi = (int(x) for x in torch.aminmax(seq_lens)) if seq_lens.numel() else (0, 0)
     if lo < 0:
         raise ValueError(f"seq_lens must be >= 0, got {seq_lens.tolist()}")
@@ -145,9 +157,14 @@ def _used_blocks(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks:
             f"seq_len {hi} needs {num_cols} blocks but the block table has {block_tables.shape[1]} columns"
         )
     blocks = block_tables[:, :num_cols].long()  # [num_seqs, num_cols]
-    needed = torch.arange(num_cols, device=blocks.device)[None, :] * block_size < seq_lens.long()[:, None]
-    first = torch.where(seq_lens[:, None] > 0, blocks[:, :1], 0) if num_cols else blocks  # [num_seqs, 1]
-    blocks = torch.where(needed, blocks, first)
+    cols = torch.arange(num_cols, device=blocks.device)[None, :]
+    needed = cols * block_size < seq_lens.long()[:, None]
+    first_col = torch.zeros((seq_lens.shape[0], 1), dtype=torch.int64, device=blocks.device)
+    if first is not None:
+        first_col = (first // block_size)[:, None].clamp(max=max(num_cols - 1, 0))
+        needed &= cols >= first_col
+    keep = torch.where(seq_lens[:, None] > 0, blocks.gather(1, first_col), 0) if num_cols else blocks  # [seqs, 1]
+    blocks = torch.where(needed, blocks, keep)
     if blocks.numel():
         lo, hi = (int(x) for x in torch.aminmax(blocks))
         if lo < 0 or hi >= num_blocks:
@@ -155,8 +172,8 @@ def _used_blocks(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks:
     return blocks
 
 
-def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torch.Tensor, num_heads: int
-                 ) -> list[tuple]:
+def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torch.Tensor, num_heads: int,
+                 window: int | None = None) -> list[tuple]:
     """Per length group: (sequence indices or None for all, block ids [n * num_cols], invalid [n, num_cols *
     block_size] bool, empty [n] bool or None, and two gather buffers shaped like n * num_cols blocks of `cache`).
 
@@ -164,7 +181,8 @@ def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torc
     tensor per layer and cache came from the kernel as new zeroed pages each time, which measured slower than
     the copy itself (2-4 ms instead of 0.8 for 7 MiB) on the 2-core box."""
     num_blocks, block_size = cache.shape[:2]
-    blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size)
+    first = None if window is None else (seq_lens.long() - window).clamp(min=0)  # [num_seqs]
+    blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size, first)
     lens = seq_lens.tolist()
     groups = _length_groups([1] * len(lens), lens, num_heads)
     plan = []
@@ -173,7 +191,10 @@ def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torc
         g_lens = seq_lens if idx is None else seq_lens[idx]
         num_cols = -(-max(lens[i] for i in group) // block_size)
         g_blocks = (blocks if idx is None else blocks[idx])[:, :num_cols].reshape(-1)
-        invalid = torch.arange(num_cols * block_size, device=seq_lens.device)[None, :] >= g_lens.long()[:, None]
+        positions = torch.arange(num_cols * block_size, device=seq_lens.device)[None, :]
+        invalid = positions >= g_lens.long()[:, None]
+        if first is not None:  # before the window: masked as unowned slots are
+            invalid |= positions < (first if idx is None else first[idx])[:, None]
         empty = (g_lens == 0) if min(lens[i] for i in group) == 0 else None
         buffers = [cache.new_empty((g_blocks.shape[0],) + cache.shape[1:]) for _ in range(2)]
         plan.append((idx, g_blocks, invalid, empty, *buffers))
@@ -216,13 +237,16 @@ def paged_decode_attention_batched(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included)."""
+    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included), or to the
+    last ``window`` of them."""
     if query.shape[0] == 0:
         return torch.empty_like(query)
-    plan = _memo["decode"].get(
-        lambda: _decode_plan(block_tables, seq_lens, key_cache, query.shape[1]), (block_tables, seq_lens),
-        (tuple(key_cache.shape), key_cache.dtype, key_cache.device, query.shape[1], GROUP_SLACK, SCORE_BUDGET))
+    plan = _memo_for("decode", window).get(
+        lambda: _decode_plan(block_tables, seq_lens, key_cache, query.shape[1], window), (block_tables, seq_lens),
+        (tuple(key_cache.shape), key_cache.dtype, key_cache.device, query.shape[1], GROUP_SLACK, SCORE_BUDGET,
+         window))
     out = torch.empty_like(query)
     for idx, blocks, invalid, empty, kbuf, vbuf in plan:
         q = query if idx is None else query.index_select(0, idx)
@@ -237,19 +261,26 @@ def paged_decode_attention_batched(
 
 
 def _prefill_plan(block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                  num_tokens: int, num_blocks: int, block_size: int) -> list[tuple]:
-    """Per sequence with new tokens: (first row, end row, seq_len, its block ids, mask or None when causal)."""
+                  num_tokens: int, num_blocks: int, block_size: int, window: int | None = None) -> list[tuple]:
+    """Per sequence with new tokens: (first row, end row, first key position, seq_len, its block ids from the one
+    holding the first key, mask or None when causal)."""
     starts, q_lens, lens = packed_query_lens(query_start_loc, seq_lens, num_tokens)
-    blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size)
+    firsts = [window_start(n - q, window) // block_size * block_size for q, n in zip(q_lens, lens)]
+    first = None if window is None else torch.tensor(firsts, dtype=torch.int64, device=seq_lens.device)
+    blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size, first)
     plan = []
     for i, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
         if q_len == 0:  # a sequence with no new token has no rows
             continue
-        mask = None
-        if q_len < seq_len:  # a cached prefix: query j (position seq_len - q_len + j) sees keys 0 .. that
+        mask, lo = None, firsts[i]
+        if q_len < seq_len or window is not None:  # query j (position seq_len - q_len + j) sees keys 0 .. that
             q_pos = torch.arange(seq_len - q_len, seq_len, device=blocks.device)[:, None]
-            mask = torch.arange(seq_len, device=blocks.device)[None, :] <= q_pos  # [q_len, seq_len]
-        plan.append((starts[i], starts[i + 1], seq_len, blocks[i, : -(-seq_len // block_size)], mask))
+            k_pos = torch.arange(lo, seq_len, device=blocks.device)[None, :]
+            mask = k_pos <= q_pos  # [q_len, seq_len - lo]
+            if window is not None:  # ... and in a sliding layer only its last `window` positions
+                mask &= k_pos > q_pos - window
+        plan.append((starts[i], starts[i + 1], lo, seq_len,
+                     blocks[i, lo // block_size: -(-seq_len // block_size)], mask))
     return plan
 
 
@@ -261,16 +292,19 @@ def paged_prefill_attention_batched(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, cumulative new-token counts
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens."""
+    """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens (each over its
+    last ``window`` positions only, when given)."""
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
-    plan = _memo["prefill"].get(
-        lambda: _prefill_plan(block_tables, query_start_loc, seq_lens, query.shape[0], num_blocks, block_size),
-        (block_tables, query_start_loc, seq_lens), (query.shape[0], num_blocks, block_size))
+    plan = _memo_for("prefill", window).get(
+        lambda: _prefill_plan(block_tables, query_start_loc, seq_lens, query.shape[0], num_blocks, block_size,
+                              window),
+        (block_tables, query_start_loc, seq_lens), (query.shape[0], num_blocks, block_size, window))
     out = torch.zeros_like(query)
-    for start, end, seq_len, blocks, mask in plan:
-        keys = key_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]  # its own tokens only
-        values = value_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len]
+    for start, end, lo, seq_len, blocks, mask in plan:
+        keys = key_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len - lo]  # its own tokens
+        values = value_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len - lo]
         # NOTE: 4-D inputs ([1, heads, tokens, D]): with 3-D ones torch's CPU SDPA took its unfused path, measured
         # 16.3 against 6.7-7.3 ms per layer for the bench workload's 64 prompts at 1 thread (scratch benchmark).
         attended = torch.nn.functional.scaled_dot_product_attention(

@@ -13,6 +13,11 @@ then runs textbook attention in float32 with a plain softmax. No tiling, no onli
 sequence at a time in a Python loop: these are the test oracles for the Triton kernels, not fast code.
 Unlike the Triton wrappers they also check tensor *values* (slots in range, seq_lens consistent with
 the block tables) since a sync costs nothing here.
+
+Sliding-window attention (Gemma 3's local layers, ``window=W``): a query at position ``p`` attends to
+positions ``p - W + 1 .. p`` only. The oracle gathers just the positions some query reads, from the first
+query's window on: blocks before it may already be back in the pool (the hybrid KV manager frees them), so
+their table entries are placeholders that must never be read.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ def gather_kv(
     cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_table: torch.Tensor,  # [max_blocks_per_seq] int32
     seq_len: int,
-) -> torch.Tensor:  # [seq_len, num_kv_heads, head_dim]
-    """Copy one sequence's first ``seq_len`` tokens out of the paged cache into a contiguous tensor."""
+    first: int = 0,
+) -> torch.Tensor:  # [seq_len - first, num_kv_heads, head_dim]
+    """Copy one sequence's tokens at positions ``first .. seq_len - 1`` out of the paged cache into a contiguous
+    tensor (the table's entries before block ``first // block_size`` are not read)."""
     block_size = cache.shape[1]
     num_blocks_used = -(-seq_len // block_size)  # ceil division
     if num_blocks_used > block_table.shape[0]:
@@ -54,11 +61,17 @@ def gather_kv(
             f"seq_len {seq_len} needs {num_blocks_used} blocks but the block table has "
             f"{block_table.shape[0]} columns"
         )
-    blocks = block_table[:num_blocks_used].long()  # [num_blocks_used]
-    if num_blocks_used and (blocks.min() < 0 or blocks.max() >= cache.shape[0]):
+    skip = first // block_size
+    blocks = block_table[skip:num_blocks_used].long()  # [num_blocks_used - skip]
+    if blocks.numel() and (blocks.min() < 0 or blocks.max() >= cache.shape[0]):
         raise ValueError(f"block table entries must be in 0..{cache.shape[0] - 1}, got {blocks.tolist()}")
-    tokens = cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])  # [num_blocks_used*block_size, H_kv, D]
-    return tokens[:seq_len]
+    tokens = cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])  # [blocks * block_size, H_kv, D]
+    return tokens[first - skip * block_size : seq_len - skip * block_size]
+
+
+def window_start(first_query: int, window: int | None) -> int:
+    """The first position a query at ``first_query`` (or any later one) reads: 0, or first_query - window + 1."""
+    return 0 if window is None else max(0, first_query - window + 1)
 
 
 def _attend(
@@ -66,10 +79,14 @@ def _attend(
     keys: torch.Tensor,  # [seq_len, num_kv_heads, head_dim]
     values: torch.Tensor,  # [seq_len, num_kv_heads, head_dim]
     scale: float,
+    window: int | None = None,
+    first: int = 0,  # the position of keys[0]
 ) -> torch.Tensor:  # [q_len, num_heads, head_dim] float32
-    """Causal attention of the *last* ``q_len`` positions of a sequence over all ``seq_len`` positions."""
+    """Causal attention of the *last* ``q_len`` positions of a sequence over positions ``first .. seq_len - 1``
+    (each query only over its last ``window`` positions, when given)."""
     q_len, num_heads, _ = query.shape
-    seq_len, num_kv_heads, _ = keys.shape
+    num_keys, num_kv_heads, _ = keys.shape
+    seq_len = first + num_keys
     group = num_heads // num_kv_heads
     # GQA: query head h reads KV head h // group, so repeat each KV head `group` times.
     keys = keys.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, D]
@@ -77,8 +94,11 @@ def _attend(
     scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale  # [num_heads, q_len, seq_len]
     # Query j sits at absolute position seq_len - q_len + j and sees keys 0..that position.
     q_pos = torch.arange(seq_len - q_len, seq_len, device=scores.device).unsqueeze(1)  # [q_len, 1]
-    k_pos = torch.arange(seq_len, device=scores.device).unsqueeze(0)  # [1, seq_len]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    k_pos = torch.arange(first, seq_len, device=scores.device).unsqueeze(0)  # [1, num_keys]
+    hidden = k_pos > q_pos
+    if window is not None:  # sliding window: query p sees p - window + 1 .. p
+        hidden |= k_pos <= q_pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # [num_heads, q_len, seq_len]
     return torch.einsum("hqk,khd->qhd", probs, values)
 
@@ -90,15 +110,18 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included)."""
+    """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included), or to
+    the last ``window`` of them."""
     out = torch.zeros_like(query)
     for i, seq_len in enumerate(seq_lens.tolist()):
         if seq_len == 0:  # nothing to attend to: zeros, as the Triton kernel does
             continue
-        keys = gather_kv(key_cache, block_tables[i], seq_len)
-        values = gather_kv(value_cache, block_tables[i], seq_len)
-        out[i] = _attend(query[i : i + 1], keys, values, scale)[0].to(query.dtype)
+        first = window_start(seq_len - 1, window)
+        keys = gather_kv(key_cache, block_tables[i], seq_len, first)
+        values = gather_kv(value_cache, block_tables[i], seq_len, first)
+        out[i] = _attend(query[i : i + 1], keys, values, scale, window, first)[0].to(query.dtype)
     return out
 
 
@@ -129,15 +152,18 @@ def paged_prefill_attention_ref(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32, cumulative new-token counts
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens."""
+    """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens (each over its
+    last ``window`` positions only, when given)."""
     out = torch.zeros_like(query)
     starts, q_lens, lens = packed_query_lens(query_start_loc, seq_lens, query.shape[0])
     for i, (q_len, seq_len) in enumerate(zip(q_lens, lens)):
         q_begin, q_end = starts[i], starts[i + 1]
         if q_len == 0:
             continue
-        keys = gather_kv(key_cache, block_tables[i], seq_len)
-        values = gather_kv(value_cache, block_tables[i], seq_len)
-        out[q_begin:q_end] = _attend(query[q_begin:q_end], keys, values, scale).to(query.dtype)
+        first = window_start(seq_len - q_len, window)
+        keys = gather_kv(key_cache, block_tables[i], seq_len, first)
+        values = gather_kv(value_cache, block_tables[i], seq_len, first)
+        out[q_begin:q_end] = _attend(query[q_begin:q_end], keys, values, scale, window, first).to(query.dtype)
     return out

@@ -28,6 +28,10 @@ kernel merges them exactly::
     lse = log(sum_i exp(lse_i))          out = sum_i exp(lse_i - lse) * o_i
 
 A split whose range lies past the end of a short sequence is empty: ``lse_i = -inf``, weight 0.
+
+Sliding window (``window > 0``, Gemma 3's local layers): the query at position ``seq_len - 1`` reads positions
+``seq_len - window .. seq_len - 1`` only, so every split starts no earlier than that; the table's entries before
+it (blocks the hybrid KV manager may have freed) are never loaded. A split wholly before it is empty.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ def _decode_kernel(
     scale,  # softmax scale, usually 1/sqrt(head_dim)
     max_context,  # max_blocks_per_seq * block_size: no read past the block table
     tokens_per_split,  # a multiple of TILE
+    window,  # > 0: attend to the last `window` positions only; 0: the whole context
     num_heads, num_splits,
     stride_qs, stride_qh, stride_qd,  # query strides (seq, head, dim)
     stride_os, stride_oh, stride_od,  # out strides (seq, head, dim)
@@ -113,6 +118,8 @@ def _decode_kernel(
     seq_len = tl.minimum(tl.load(seq_lens_ptr + seq), max_context)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)  # empty range when start >= seq_len
+    # a window: start at the first position it keeps (a split wholly before it is empty)
+    start = tl.where(window > 0, tl.maximum(start, seq_len - window), start)
 
     offs_g = tl.arange(0, GROUP_PAD)  # [GROUP_PAD]
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
@@ -212,6 +219,7 @@ def paged_decode_attention_triton(
     scale: float,
     num_splits: int | None = None,
     tuning: DecodeTuning | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Launch the decode kernel (and the merge kernel when split). Arguments checked by the caller."""
     tuning = tuning or DEFAULT_TUNING
@@ -238,7 +246,7 @@ def paged_decode_attention_triton(
     head_dim_pad = next_pow2(head_dim, minimum=16)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_out, part_lse, query, key_cache, value_cache, block_tables, seq_lens,
-        scale, max_context, tokens_per_split, num_heads, num_splits,
+        scale, max_context, tokens_per_split, window or 0, num_heads, num_splits,
         *query.stride(), *out.stride(), *key_cache.stride(), *block_tables.stride(),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         GROUP=group, GROUP_PAD=next_pow2(group, minimum=16),

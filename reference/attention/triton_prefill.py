@@ -48,6 +48,7 @@ def _prefill_kernel(
     seq_lens_ptr,  # [num_seqs] int32
     scale,  # softmax scale, usually 1/sqrt(head_dim)
     max_context,  # max_blocks_per_seq * block_size: no read past the block table
+    window,  # > 0: each query attends to its last `window` positions only; 0: causal over the whole context
     stride_qt, stride_qh, stride_qd,  # query strides (token, head, dim)
     stride_ot, stride_oh, stride_od,  # out strides (token, head, dim)
     stride_cb, stride_cs, stride_ch, stride_cd,  # cache strides (block, slot, head, dim)
@@ -88,11 +89,15 @@ def _prefill_kernel(
     last_row = tl.minimum(q_tile * BLOCK_M + BLOCK_M, q_len)
     kv_end = tl.minimum(ctx_before + last_row, seq_len)
 
+    # Sliding window: the tile's first row sees from ctx_before + first_row - window + 1 on; nothing before that
+    # is loaded (those table entries may name blocks already freed). Later rows mask the start of that range.
+    kv_begin = tl.where(window > 0, tl.maximum(ctx_before + q_tile * BLOCK_M - window + 1, 0), 0)
+
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     block_table_ptr = block_tables_ptr + seq * stride_bts
-    for kv_start in range(0, kv_end, BLOCK_N):
+    for kv_start in range(kv_begin, kv_end, BLOCK_N):
         pos = kv_start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         valid = pos < kv_end
         # Gather through the block table (see triton_common). Masked rows read 0.0, never the memory
@@ -106,6 +111,7 @@ def _prefill_kernel(
         v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_N, HEAD_DIM_PAD]
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = visible & ((window <= 0) | (pos[None, :] > q_pos[:, None] - window))
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # A row may see nothing in this tile (its max stays -inf); subtract 0 then, so that
@@ -128,8 +134,9 @@ def paged_prefill_attention_triton(
     value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor,  # [num_seqs] int32
+    seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Launch the prefill kernel. Arguments checked by the caller."""
     check_triton_device(key_cache.device)
@@ -144,7 +151,7 @@ def paged_prefill_attention_triton(
     grid = (num_seqs, num_heads, triton.cdiv(num_tokens, BLOCK_M))
     _prefill_kernel[grid](
         out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
-        scale, block_tables.shape[1] * block_size,
+        scale, block_tables.shape[1] * block_size, window or 0,
         *query.stride(), *out.stride(), *key_cache.stride(), *block_tables.stride(),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim, minimum=16),
         GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size,

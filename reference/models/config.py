@@ -2,7 +2,9 @@
 
 A Hugging Face `config.json` carries dozens of keys; our forward pass reads only these. Llama, Mistral
 and Qwen2 share one architecture (pre-norm decoder, RoPE, grouped-query attention, SwiGLU MLP), so one
-small record describes all three. Qwen2 differs only by biases on the q/k/v projections.
+small record describes all three. Qwen2 differs only by biases on the q/k/v projections. Gemma 3's text model
+(`gemma3_text`, the engine's second family: reference/models/gemma3.py) adds a few fields: which layers slide
+(`layer_types`), the sliding layers' own RoPE base, the query scale and its GELU activation.
 
 `ModelConfig.from_hf_dict` accepts both spellings of the RoPE settings: transformers < 5 writes
 `rope_theta` / `rope_scaling` at the top level, transformers >= 5 writes them in `rope_parameters`.
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # Gemma 3's names for its two kinds of layer
 _SUPPORTED = ", ".join(SUPPORTED_MODEL_TYPES)
 REQUIRED_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                    "vocab_size")  # every other field we read has a default
@@ -66,7 +69,27 @@ class ModelConfig:
     tie_word_embeddings: bool  # lm_head reuses the input embedding matrix
     attention_bias: bool = False  # q/k/v projections have biases (Qwen2; Llama's flag adds o_proj's)
     rope_scaling: Llama3RopeScaling | None = None
-    sliding_window: int | None = None  # Mistral v0.1: attend to the last N tokens only
+    sliding_window: int | None = None  # Mistral v0.1: attend to the last N tokens only (Gemma 3: its sliding layers)
+    # Gemma 3 (gemma3_text) only:
+    layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES; () = every layer full attention
+    rope_local_theta: float | None = None  # the RoPE base of the sliding layers (rope_theta is the full layers')
+    query_pre_attn_scalar: float | None = None  # scores are scaled by query_pre_attn_scalar ** -0.5 (None: head_dim)
+
+    @property
+    def family(self) -> str:
+        """Which forward pass runs it: "gemma3" (reference/models/gemma3.py) or "llama" (llama.py)."""
+        return "gemma3" if self.model_type == "gemma3_text" else "llama"
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (its queries attend to the last `window` positions), None for full attention.
+        NOTE: Mistral's sliding_window is not a per-layer window here: its model refuses longer sequences."""
+        if self.layer_types and self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -85,6 +108,12 @@ class ModelConfig:
             raise ValueError("rope_theta and rms_norm_eps must be > 0")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be None or >= 1, got {self.sliding_window}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+                raise ValueError(f"layer_types must name each of the {self.num_layers} layers (allowed: "
+                                 f"{', '.join(LAYER_TYPES)}), got {list(self.layer_types)}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding_attention layers but sliding_window is None")
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
@@ -95,6 +124,8 @@ class ModelConfig:
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not supported (allowed: {_SUPPORTED})")
+        if model_type == "gemma3_text":
+            return _gemma3_config(hf, generation or {})
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (allowed: silu)")
         if hf.get("mlp_bias"):
@@ -126,6 +157,41 @@ class ModelConfig:
             rope_scaling=_rope_scaling(scaling),
             sliding_window=sliding,
         )
+
+
+def _gemma3_config(hf: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
+    """Gemma 3's text config: GELU (tanh) MLP, a RoPE base per kind of layer, every `sliding_window_pattern`-th layer
+    full attention unless `layer_types` lists them (transformers >= 4.53 writes it)."""
+    act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"hidden_activation {act!r} is not supported (allowed: gelu_pytorch_tanh)")
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(name) is not None:
+            raise ValueError(f"{name}={hf[name]!r} is not supported (allowed: null, as Gemma 3 has it)")
+    num_layers, num_heads = _int_field(hf, "num_hidden_layers"), _int_field(hf, "num_attention_heads")
+    rope = _dict_field(hf, "rope_parameters")  # transformers >= 5: {"full_attention": {...}, "sliding_attention": ...}
+    full, local = _dict_field(rope, "full_attention"), _dict_field(rope, "sliding_attention")
+    theta = _real_field(full, "rope_theta", _real_field(hf, "rope_theta", 1_000_000.0), "rope_parameters.full_attention.")
+    local_theta = _real_field(local, "rope_theta", _real_field(hf, "rope_local_base_freq", 10_000.0),
+                              "rope_parameters.sliding_attention.")
+    types = hf.get("layer_types")
+    if types is None:
+        pattern = _int_field(hf, "sliding_window_pattern", 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    if not isinstance(types, list):
+        raise ValueError(f"field 'layer_types' is {types!r} (allowed: a list of {', '.join(LAYER_TYPES)})")
+    return ModelConfig(
+        model_type="gemma3_text", num_layers=num_layers, hidden_size=_int_field(hf, "hidden_size"),
+        intermediate_size=_int_field(hf, "intermediate_size"), num_heads=num_heads,
+        num_kv_heads=_int_field(hf, "num_key_value_heads", num_heads), head_dim=_int_field(hf, "head_dim", 256),
+        vocab_size=_int_field(hf, "vocab_size"), max_position_embeddings=_int_field(hf, "max_position_embeddings", 32768),
+        eos_token_ids=_eos_ids(hf, generation), bos_token_id=_int_field(hf, "bos_token_id", None),
+        rope_theta=theta, rms_norm_eps=_real_field(hf, "rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)), attention_bias=bool(hf.get("attention_bias")),
+        rope_scaling=_rope_scaling(full if "rope_type" in full else _dict_field(hf, "rope_scaling")),
+        sliding_window=_int_field(hf, "sliding_window", 512), layer_types=tuple(types), rope_local_theta=local_theta,
+        query_pre_attn_scalar=_real_field(hf, "query_pre_attn_scalar", None),
+    )
 
 
 def read_checkpoint_config(folder: str | Path) -> ModelConfig:
