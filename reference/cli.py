@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-POLICIES = ("paged", "max", "pow2", "oracle")  # sim.kv.POLICIES, repeated so --help needs no import
+from sim.kv import POLICIES  # sim.kv imports no torch: --help stays quick
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,8 +68,9 @@ def _add_generate_parser(sub) -> None:
                        "it is generated; n samples or beams print as each finishes.")  # fmt: skip
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", default="smollm2",
-                   help="'smollm2' (embedded SmolLM2-135M-Instruct, default), 'random' (a tiny random Llama "
-                   "without tokenizer: the prompt is then space-separated token ids) or a local HF checkpoint folder")
+                   help="'smollm2' (embedded SmolLM2-135M-Instruct, default), 'gemma3' (Gemma 3 270M, whose sliding-"
+                   "window layers the 'hybrid' policy serves), 'random' (a tiny random Llama without tokenizer: the "
+                   "prompt is then space-separated token ids) or a local HF checkpoint folder")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the tokenizer's chat template (default: on; SmolLM2-Instruct is a chat "
                    "model and continues raw text poorly). --no-chat feeds the prompt as it is")
@@ -149,9 +150,9 @@ def _check_generate_args(a: argparse.Namespace) -> None:
          f"--beam-width {a.beam_width} with sampling options", "beam search takes only --max-tokens, --ignore-eos"),
         (a.block_size >= 1, f"--block-size {a.block_size}", "an integer >= 1"),
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
-        (a.model in ("smollm2", "random") or (Path(a.model) / "config.json").is_file(),
+        (a.model in ("smollm2", "gemma3", "random") or (Path(a.model) / "config.json").is_file(),
          f"--model {a.model!r} is not a checkpoint folder (no config.json)",
-         "'smollm2', 'random', or a local folder with a HF checkpoint"),
+         "'smollm2', 'gemma3', 'random', or a local folder with a HF checkpoint"),
     ]
     for ok, what, allowed in rules:
         if not ok:
@@ -176,7 +177,7 @@ def _prompt_for(tokenizer, config, a: argparse.Namespace):
 
 
 def blocks_for_request(policy: str, prompt_len: int, max_tokens: int, num_seqs: int, block_size: int,
-                       max_model_len: int) -> int:
+                       max_model_len: int, model=None) -> int:
     """A KV pool (in blocks) that surely holds one request of num_seqs sequences under `policy`.
 
     NOTE: the CLI serves one request, so by default it sizes the pool for it instead of taking the engine's
@@ -189,7 +190,7 @@ def blocks_for_request(policy: str, prompt_len: int, max_tokens: int, num_seqs: 
 
     final = min(prompt_len + max(1, min(max_tokens, max_model_len - prompt_len)), max_model_len)
     return pool_blocks_for(policy, min(prompt_len, final), final, num_seqs, block_size=block_size,
-                           max_seq_len=max_model_len)  # fmt: skip
+                           max_seq_len=max_model_len, model=model)  # fmt: skip
 
 
 def _build_engine(a: argparse.Namespace):
@@ -204,8 +205,13 @@ def _build_engine(a: argparse.Namespace):
     blocks = a.kv_blocks
     if blocks is None:
         prompt_len = len(prompt) if isinstance(prompt, list) else len(tokenizer(prompt).input_ids)
+        from reference.kv_groups import model_spec
+        from sim.kv import check_model
+
+        spec = model_spec(config, model.dtype, a.model)  # hybrid groups its layers (and refuses a model without)
+        check_model(a.policy, spec)
         blocks = blocks_for_request(a.policy, max(prompt_len, 1), a.max_tokens, max(a.n, a.beam_width),
-                                    a.block_size, config.max_position_embeddings)  # fmt: skip
+                                    a.block_size, config.max_position_embeddings, spec)  # fmt: skip
     llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
                           seed=a.seed)  # fmt: skip
     return llm, prompt

@@ -182,13 +182,14 @@ def make_kv_manager(
 
 
 def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int = 1, *, block_size: int = 16,
-                    max_seq_len: int = 2048) -> int:
+                    max_seq_len: int = 2048, model=None) -> int:
     """The smallest pool, in a power of two of blocks, in which `policy` can serve one request of `num_seqs`
     sequences of this final length (its `check_request` passes): a pool sized for one request, found through the
-    KV contract alone (a buddy allocator hands out powers of two)."""
+    KV contract alone (a buddy allocator hands out powers of two). `model`: as for make_kv_manager (hybrid)."""
     blocks = 1
     while True:
-        kv = make_kv_manager(policy, blocks * block_size, block_size=block_size, max_seq_len=max_seq_len)
+        kv = make_kv_manager(policy, blocks * block_size, block_size=block_size, max_seq_len=max_seq_len,
+                             model=model)
         if kv.check_request(prompt_len, final_len, num_seqs) is None:
             return blocks
         if blocks * block_size > 2 * num_seqs * max(final_len, max_seq_len):

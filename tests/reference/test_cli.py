@@ -95,7 +95,7 @@ BROKEN_CONFIGS = {  # name -> (config.json text, generation_config.json text or 
     "not JSON": ("{oops", None, "config.json: not valid JSON: "),
     "a list": ("[1, 2]", None, "config.json: a JSON list (allowed: a JSON object"),
     "no model_type": (json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "model_type"}), None,
-                      "config.json: missing field 'model_type' (allowed: llama, mistral, qwen2)"),
+                      "config.json: missing field 'model_type' (allowed: llama, mistral, qwen2, gemma3_text)"),
     "a bad rope_scaling": (json.dumps({**LLAMA_FIELDS, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), None,
                            "config.json: missing field 'rope_scaling.low_freq_factor'"),
     "a bad generation config": (json.dumps(LLAMA_FIELDS), '{"eos_token_id": "x"}',
