@@ -8,8 +8,8 @@ until it can (vLLM v1, vllm/v1/core/sched/scheduler.py; the paper, section 4.5).
                        (ties: the latest arrival)
 
 A policy is any function `victim(candidates) -> one of them`. The candidates are `SequenceGroup`s (see
-sim/sequence.py): the request that needs memory and every running request not yet scheduled in this step,
-in arrival order. Each offers `request` (arrival_time, prompt_len, output_len, ...), `arrival_order`,
+sim/sequence.py): every running request not yet scheduled in this step, in the scheduler's running order, and
+LAST the request that needs memory (whatever its arrival: order by `arrival_order`, not by place in the list). Each offers `request` (arrival_time, prompt_len, output_len, ...), `arrival_order`,
 `num_computed_tokens` and `num_seqs`. Pass a name or a function as `SchedulerConfig(victim=...)`.
 """
 from __future__ import annotations

@@ -57,7 +57,14 @@ NO_RULES = Rules((), lambda a: {})
 
 
 def format_call(method: str, args: tuple) -> str:
-    return f"{method}({', '.join(repr(a) for a in args)})"
+    return f"{method}({', '.join(_short(a) for a in args)})"
+
+
+def _short(arg: Any) -> str:
+    """repr(arg), but an array (numpy, torch) as its type and shape: its values would fill the feedback."""
+    if hasattr(arg, "shape") and hasattr(arg, "dtype"):
+        return f"<{type(arg).__name__} {list(arg.shape)} {arg.dtype}>"
+    return repr(arg)
 
 
 def exercise_call(exc: BaseException) -> str | None:

@@ -1,4 +1,4 @@
-"""The four exercises: what the student writes, the checks that grade it, their weights and visibility.
+"""The exercises and labs: what the student writes, the checks that grade it, their weights and visibility.
 
 A grade is a list of weighted checks, each "visible" (the notebook's `check` runs it: the student sees it while
 working) or "hidden" (only the autograder, `python -m sim.exercises grade`, runs it):
@@ -125,7 +125,7 @@ EXERCISES: dict[str, Exercise] = {
     ),
 }  # fmt: skip
 
-# The labs after the four allocator exercises, one module each (labs/__init__.py lists them in course order).
+# The labs after the four allocator exercises, one module each (labs/__init__.py finds them, in notebook order).
 # NOTE: imported last: a lab module imports Exercise and MachineCheck from this (by then defined) module.
 from .labs import load_labs  # noqa: E402
 

@@ -1,0 +1,121 @@
+"""The property checks of the beam copy-on-write lab: random programs of forks, appends and frees on small pools.
+
+Every step goes through `Beams` (beam_cow.py), which keeps each beam's true token list beside the student's class
+and checks after every call: each beam read back through its block table equals its true tokens, reference counts
+equal the tables holding each block, a full block is never copied, an append takes exactly the block it needs (or
+answers None and changes nothing), and no block leaks once every beam is freed (each program ends by freeing them
+all). Programs are lists of plain integer tuples, so hypothesis shrinks a failure into a short story (`note()`).
+
+Imported only when a check runs (it needs hypothesis, a dev dependency); its name starts with "_", so the lab
+loader does not take it for a lab.
+"""
+from __future__ import annotations
+
+import unittest
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import strategies as st
+
+from ..referee import NO_RULES, Referee
+from .beam_cow import Beams
+
+# NOTE: no "explain" phase: it re-runs a failing program many times (seconds) for notes the report leaves out anyway
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+_OP = st.tuples(st.sampled_from(("new", "append", "append", "append", "fork", "fork", "free")), st.integers(0, 63),
+                st.integers(0, 63))  # fmt: skip
+
+
+class _Run:
+    def __init__(self, beams: Beams) -> None:
+        self.beams, self.next_id, self.next_token = beams, 0, 100
+
+    def new(self, length: int) -> None:
+        beam, self.next_id = self.next_id, self.next_id + 1
+        tokens = list(range(self.next_token, self.next_token + length))
+        self.next_token += length
+        note(f"new_beam({beam}), then append its {length} prompt token(s) {tokens}")
+        self.beams.new_beam(beam, [])
+        for token in tokens:
+            if self.beams.append(beam, token) is None:
+                note(f"  append_slot({beam}, {token}) -> None: the pool is full")
+                break
+
+    def append(self, beam: int) -> None:
+        token, self.next_token = self.next_token, self.next_token + 1
+        slot = self.beams.append(beam, token)
+        note(f"append_slot({beam}, {token}) -> {slot}" + ("  (out of memory)" if slot is None else ""))
+
+    def fork(self, parent: int) -> int:
+        child, self.next_id = self.next_id, self.next_id + 1
+        note(f"fork({parent}, {child})")
+        self.beams.fork(parent, child)
+        return child
+
+    def free(self, beam: int) -> None:
+        note(f"free({beam})")
+        self.beams.free(beam)
+
+    def free_all(self) -> None:
+        for beam in sorted(self.beams.truth):
+            self.free(beam)
+
+
+def _random_program(run: _Run, ops: list[tuple[str, int, int]]) -> None:
+    for op, a, b in ops:
+        live = sorted(run.beams.truth)
+        if op == "new" or not live:
+            run.new(1 + a % 6)
+        elif op == "append":
+            run.append(live[a % len(live)])
+        elif op == "fork":
+            run.fork(live[a % len(live)])
+        else:
+            run.free(live[a % len(live)])
+
+
+def _beam_search(run: _Run, width: int, choices: list[int]) -> None:
+    """Width-k beam search: every beam appends a token; each choice keeps one candidate (a beam or a fork of it);
+    beams no choice kept are pruned."""
+    run.new(3)
+    for step, choice in enumerate(choices):
+        live = sorted(run.beams.truth)
+        note(f"-- step {step}: beams {live}")
+        for beam in live:
+            run.append(beam)
+        keep = [live[(choice >> (2 * i)) % len(live)] for i in range(width)]
+        for beam in sorted(set(live) - set(keep)):
+            run.free(beam)
+        seen: set[int] = set()
+        for beam in keep:
+            if beam in seen:  # chosen twice: the second candidate is a fork of it
+                run.fork(beam)
+            seen.add(beam)
+
+
+def beam_program_test(make: Callable[..., Any], max_examples: int, steps: int, beam_search: bool = False,
+                      big: bool = False) -> type:  # fmt: skip
+    """A TestCase whose runTest runs random programs (or beam searches) of up to `steps` steps, then frees every
+    beam."""
+
+    class BeamPrograms(unittest.TestCase):
+        @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None, phases=PHASES,
+                  report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+        @given(data=st.data())
+        def runTest(self, data: st.DataObject) -> None:
+            block_size = data.draw(st.integers(1, 4), label="block_size")
+            num_blocks = data.draw(st.integers(2, 24 if big or beam_search else 8), label="num_blocks")
+            note(f"a pool of {num_blocks} blocks of {block_size} slots")
+            run = _Run(Beams(Referee(make(num_blocks, block_size), NO_RULES)))
+            if beam_search:
+                width = data.draw(st.integers(2, 4), label="width")
+                choices = data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=steps // 3), label="choices")
+                note(f"beam search of width {width}")
+                _beam_search(run, width, choices)
+            else:
+                # NOTE: free lists average ~6 steps and shrink into short stories; the long check asks for more
+                shortest = steps // 2 if big else 1
+                _random_program(run, data.draw(st.lists(_OP, min_size=shortest, max_size=steps), label="program"))
+            run.free_all()
+
+    return BeamPrograms

@@ -1,0 +1,205 @@
+"""Lab: copy-on-write block tables for beam search (notebook 12), vLLM paper section 4.4.
+
+The student writes the block-TABLE half of beam search over the project's ref-counted allocator (`sim.blocks.
+BlockAllocator`): `fork` (a child shares every block of its parent), `append_slot` (copy the last block first if
+it is shared and partly filled; open a new block when it is full) and `free`. Tokens go into a fake KV store,
+`kv[block][offset]`, so a beam's tokens can be read back through its table.
+
+The oracle is simple and exact: the true token list of every beam, kept beside the student's class, and the
+allocator's own accounting. After every step each beam read back through its table must equal its true tokens,
+every block's reference count must equal the number of tables holding it, a full block must never be copied,
+and when every beam is freed no block may be left in use.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..referee import NO_RULES
+from ..registry import Exercise, MachineCheck
+from ..report import Story
+
+
+def read_back(obj: Any, beam: int) -> list:
+    """The beam's tokens, read through its block table from the fake KV store."""
+    table, bs = obj.block_tables[beam], obj.block_size
+    return [obj.kv[table[i // bs]][i % bs] for i in range(obj.num_tokens[beam])]
+
+
+def audit(obj: Any, truth: dict[int, list[int]]) -> str | None:
+    """None if the student's tables and the allocator agree with the true token lists, else what broke."""
+    if sorted(obj.block_tables) != sorted(truth):
+        return f"live beams: expected {sorted(truth)}, found {sorted(obj.block_tables)}"
+    owners: dict[int, int] = {}
+    for beam, tokens in truth.items():
+        table, bs = obj.block_tables[beam], obj.block_size
+        if obj.num_tokens[beam] != len(tokens) or len(table) != -(-len(tokens) // bs):
+            return (f"beam {beam}: expected {len(tokens)} tokens in {-(-len(tokens) // bs)} block(s), found "
+                    f"num_tokens {obj.num_tokens[beam]} and block table {table}")  # fmt: skip
+        found = read_back(obj, beam)
+        if found != tokens:
+            return f"beam {beam} read back through its block table {table}: expected {tokens}, found {found}"
+        for b in table:
+            owners[b] = owners.get(b, 0) + 1
+    alloc = obj.allocator
+    for b in range(alloc.num_blocks):
+        if alloc.ref_count(b) != owners.get(b, 0):
+            return (f"ref_count({b}): expected {owners.get(b, 0)} (the block tables holding it), "
+                    f"found {alloc.ref_count(b)}")  # fmt: skip
+    return None
+
+
+class Beams:
+    """The student's tables and the true token lists, driven together by a story or a random program."""
+
+    def __init__(self, obj: Any, t: Story | None = None) -> None:
+        self.obj, self.t, self.truth = obj, t, {}
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self.t.do(self.obj, method, *args) if self.t else getattr(self.obj, method)(*args)
+
+    def _check(self, after: str) -> None:
+        problem = audit(self.obj, self.truth)
+        if problem:
+            raise AssertionError(f"after {after}: {problem}")
+
+    def new_beam(self, beam: int, tokens: list[int]) -> None:
+        self._call("new_beam", beam)
+        self.truth[beam] = []
+        for token in tokens:
+            self.append(beam, token)
+
+    def fork(self, parent: int, child: int) -> None:
+        free = self.obj.allocator.num_free_blocks
+        self._call("fork", parent, child)
+        self.truth[child] = list(self.truth[parent])
+        self._check(f"fork({parent}, {child})")
+        if self.obj.allocator.num_free_blocks != free:
+            raise AssertionError(f"fork({parent}, {child}): a fork takes no block: expected {free} free blocks, "
+                                 f"found {self.obj.allocator.num_free_blocks}")  # fmt: skip
+
+    def append(self, beam: int, token: int) -> int | None:
+        obj, bs = self.obj, self.obj.block_size
+        n, table, free = len(self.truth[beam]), list(obj.block_tables[beam]), obj.allocator.num_free_blocks
+        shared = n % bs and obj.allocator.ref_count(table[-1]) > 1
+        need = 1 if n % bs == 0 or shared else 0
+        call = f"append_slot({beam}, {token})"
+        slot = self._call("append_slot", beam, token)
+        if need > free:
+            if slot is not None or obj.block_tables[beam] != table:
+                raise AssertionError(f"{call} with no free block: expected None and nothing changed, found {slot!r} "
+                                     f"and block table {obj.block_tables[beam]}")  # fmt: skip
+            self._check(f"the refused {call}")
+            return None
+        self.truth[beam].append(token)
+        self._check(call)
+        after = obj.block_tables[beam]
+        if after[: n // bs] != table[: n // bs]:
+            raise AssertionError(f"{call}: a full block is never copied or moved: expected the table to start with "
+                                 f"{table[: n // bs]}, found {after}")  # fmt: skip
+        used = free - obj.allocator.num_free_blocks
+        if used != need:
+            why = "a new block" if n % bs == 0 else ("a copy of the shared last block" if shared else "no new block")
+            raise AssertionError(f"{call} with {n} tokens ({'shared' if shared else 'own'} last block): needs {why}; "
+                                 f"expected {need} block(s) taken, found {used}")  # fmt: skip
+        expected_slot = after[n // bs] * bs + n % bs
+        if slot != expected_slot:
+            raise AssertionError(f"{call}: expected the slot written, {after[n // bs]} * {bs} + {n % bs} = "
+                                 f"{expected_slot}, found {slot!r}")  # fmt: skip
+        return slot
+
+    def free(self, beam: int) -> None:
+        self._call("free", beam)
+        del self.truth[beam]
+        self._check(f"free({beam})")
+        if not self.truth and self.obj.allocator.num_free_blocks != self.obj.allocator.num_blocks:
+            raise AssertionError(f"free({beam}), the last beam: no block may leak: expected "
+                                 f"{self.obj.allocator.num_blocks} free blocks, found "
+                                 f"{self.obj.allocator.num_free_blocks}")  # fmt: skip
+
+
+# --- narrated examples ------------------------------------------------------------------------------
+
+
+def fork_shares_every_block(make, t: Story) -> None:
+    """fork: the child points at every block of its parent, and each block gains one owner"""
+    b = Beams(make(8, 4), t)
+    b.new_beam(0, [10, 11, 12, 13, 14, 15])
+    b.fork(0, 1)
+    t.say(f"both beams point at {b.obj.block_tables[0]}")
+
+
+def shared_partial_block_is_copied(make, t: Story) -> None:
+    """append into a shared, partly filled last block: copy it first, so the sibling keeps its own tokens"""
+    b = Beams(make(8, 4), t)
+    b.new_beam(0, [10, 11, 12, 13, 14, 15])
+    b.fork(0, 1)
+    b.append(1, 20)
+    t.say("beam 1 now writes into its own copy of the last block; beam 0 still reads [10 .. 15]")
+    b.append(0, 30)
+    t.say("beam 0's last block has one owner now: it writes in place, no copy")
+
+
+def full_shared_block_stays_shared(make, t: Story) -> None:
+    """at a block boundary a beam opens a new block: its full shared blocks are never copied"""
+    b = Beams(make(8, 4), t)
+    b.new_beam(0, [10, 11, 12, 13])
+    b.fork(0, 1)
+    b.append(1, 20)
+    b.append(0, 30)
+    t.say("block 0 stays shared by both beams; each beam opened a block of its own")
+
+
+def out_of_memory_changes_nothing(make, t: Story) -> None:
+    """no free block for a copy: append_slot returns None and changes nothing"""
+    b = Beams(make(2, 2), t)
+    b.new_beam(0, [10, 11, 12])
+    b.fork(0, 1)
+    b.append(1, 20)
+    t.say("both blocks are in use and beam 1's last block is shared")
+
+
+def pruned_beams_leave_no_block(make, t: Story) -> None:
+    """beam search prunes: freeing beams drops their references, and when the last beam goes no block is left in use"""
+    b = Beams(make(8, 2), t)
+    b.new_beam(0, [10, 11, 12])
+    b.fork(0, 1)
+    b.fork(0, 2)
+    b.append(1, 20)
+    b.append(2, 21)
+    b.free(0)
+    t.say("beam 0 pruned: its blocks live on in beams 1 and 2")
+    b.free(1)
+    b.free(2)
+
+
+EXAMPLES = (fork_shares_every_block, shared_partial_block_is_copied, full_shared_block_stays_shared,
+            out_of_memory_changes_nothing, pruned_beams_leave_no_block)  # fmt: skip
+
+
+def _lazy(**options: Any) -> Callable[[Callable[..., Any], int, int], type]:
+    """A machine builder imported only when a check runs (hypothesis is a dev dependency)."""
+
+    def build(make: Callable[..., Any], max_examples: int, steps: int) -> type:
+        from ._beam_cow_machines import beam_program_test
+
+        return beam_program_test(make, max_examples, steps, **options)
+
+    return build
+
+
+EXERCISE = Exercise(
+    "copy-on-write block tables for beam search: fork, append a token, free a beam (paper section 4.4)",
+    "YourClass(num_blocks, block_size)", "MyBeamTables",
+    (4, 2), {"fork": (0, 1), "append_slot": (0, 7), "free": (0,)},
+    ("allocator", "block_size", "kv", "block_tables", "num_tokens", "new_beam", "fork", "append_slot", "free"),
+    NO_RULES, EXAMPLES,
+    (
+        MachineCheck("model", "random programs: {n} programs of forks, appends and frees, every beam read back "
+                     "through its table", _lazy(), 4.0, "visible"),
+        MachineCheck("rule", "beam search: {n} runs of width-k steps (every beam appends, the best fork, the rest are "
+                     "pruned)", _lazy(beam_search=True), 3.0, "hidden"),
+        MachineCheck("long", "long programs: {n} random programs of 60 steps in bigger pools", _lazy(big=True), 2.0,
+                     "hidden", scale=2, steps=60),
+    ),
+    "12_beam_cow", "beam_cow",
+)  # fmt: skip
