@@ -14,7 +14,7 @@ from sim.figures import FIGURES, make_figures, merge_tasks
 from sim.figures.memory_map import draw_memory_map, slot_map
 from sim.figures.probes import Sharing, Timeline
 from sim.figures.style import new_figure
-from sim.kv import NewSequence, make_kv_manager
+from sim.kv import NewSequence, allocates_blocks_on_demand, make_kv_manager
 from sim.kv.base import SHARE_NAMES
 from sim.sweep import Task
 
@@ -113,6 +113,13 @@ def test_readme_quotes_the_committed_csvs():
     assert f"holds {paged['num_requests_in_memory']} requests" in readme and f"{free:.0%} still free" in readme
     batch = {(r["workload"], r["system"]): float(r["mean_batch_size"]) for r in read_rows(ROOT / "figures", "batch_size")}
     assert f"{batch['sharegpt', 'paged'] / batch['sharegpt', 'max']:.1f}x more than Max" in readme
+    used = {r["policy"]: float(r["token_states"]) for r in read_rows(ROOT / "figures", "memory_waste")
+            if r["view"] == "memory in use"}
+    reserving = [share for policy, share in used.items() if not allocates_blocks_on_demand(policy)]
+    paging = [share for policy, share in used.items() if allocates_blocks_on_demand(policy)]
+    assert len(paging) == 1 and len(reserving) == 3
+    assert (f"leaves {100 * min(reserving):.0f}-{100 * max(reserving):.0f}% of the used memory holding tokens; "
+            f"paged, {paging[0]:.0%}") in readme
 
 
 def test_readme_quotes_the_committed_benchmarks():
