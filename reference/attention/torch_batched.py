@@ -32,8 +32,8 @@ keys 0 .. that position". Measured on the bench's first step (55 prompts of 8-12
 Sliding-window layers (``window=W``; Gemma 3): a query at position ``p`` sees ``p - W + 1 .. p``. Positions before a
 sequence's first visible one are masked exactly like unowned slots, and its table columns wholly before it (which
 may name blocks already back in the pool: the hybrid KV manager frees them) are replaced by its first visible
-block, so no foreign block is read. NOTE: the decode gather still spans the whole table's width (a window of 512
-in a 4,096-token sequence gathers 4,096 positions); offsetting each sequence to its window would cut that.
+block, so no foreign block is read. Decode gathers each sequence from the block holding its first visible position:
+about the window, not the whole context (a window of 512 in a 4,096-token sequence gathers 512 to 527 positions).
 
 What every layer of a step shares (the gather's block ids, the masks, the checks of the block tables) is
 computed once per step: see ``_memo``.
@@ -184,17 +184,31 @@ def _decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: torc
     first = None if window is None else (seq_lens.long() - window).clamp(min=0)  # [num_seqs]
     blocks = _used_blocks(block_tables, seq_lens, num_blocks, block_size, first)
     lens = seq_lens.tolist()
-    groups = _length_groups([1] * len(lens), lens, num_heads)
+    # Each sequence's gather starts at the block holding its first visible position (column `skip`), so a sliding
+    # layer gathers about its window, not its whole context; `span`: the positions from there to its end.
+    skips = [0] * len(lens) if window is None else [max(0, n - window) // block_size for n in lens]
+    spans = [n - k * block_size for n, k in zip(lens, skips)]
+    groups = _length_groups([1] * len(lens), spans, num_heads)
     plan = []
     for group in groups:
+        if len(groups) == 1:
+            group = list(range(len(lens)))  # all of them, in the batch's own order (idx None)
         idx = None if len(groups) == 1 else torch.tensor(group, device=seq_lens.device)
         g_lens = seq_lens if idx is None else seq_lens[idx]
-        num_cols = -(-max(lens[i] for i in group) // block_size)
-        g_blocks = (blocks if idx is None else blocks[idx])[:, :num_cols].reshape(-1)
+        num_cols = -(-max(spans[i] for i in group) // block_size)
+        cols = torch.arange(num_cols, device=seq_lens.device)[None, :]
+        g_blocks = blocks if idx is None else blocks[idx]
         positions = torch.arange(num_cols * block_size, device=seq_lens.device)[None, :]
+        if window is None:
+            g_blocks = g_blocks[:, :num_cols]
+        else:
+            skip = torch.tensor([skips[i] for i in group], device=seq_lens.device)[:, None]  # [n, 1]
+            g_blocks = g_blocks.gather(1, (skip + cols).clamp(max=blocks.shape[1] - 1))  # past the end: never valid
+            positions = positions + skip * block_size
         invalid = positions >= g_lens.long()[:, None]
         if first is not None:  # before the window: masked as unowned slots are
             invalid |= positions < (first if idx is None else first[idx])[:, None]
+        g_blocks = g_blocks.reshape(-1)
         empty = (g_lens == 0) if min(lens[i] for i in group) == 0 else None
         buffers = [cache.new_empty((g_blocks.shape[0],) + cache.shape[1:]) for _ in range(2)]
         plan.append((idx, g_blocks, invalid, empty, *buffers))
