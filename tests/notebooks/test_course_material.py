@@ -211,3 +211,11 @@ def test_a_wrong_number_in_an_answer_is_caught():
     answer = answers(sections()["02_paging.ipynb"])["cell-10"]
     assert "`[4, 1, 0]`" in answer and unmatched(answer, printed) == []
     assert unmatched(answer.replace("`[4, 1, 0]`", "`[0, 1, 4]`"), printed) == ["[0, 1, 4]"]
+
+
+def test_the_guide_lists_every_lab_in_course_order():
+    from sim.exercises import EXERCISES
+
+    table = INSTRUCTORS.read_text().split("## The twelve labs")[1]
+    rows = re.findall(r"^\| `(\d\d_\w+)` \|", table, flags=re.M)
+    assert rows == [exercise.notebook for exercise in EXERCISES.values()] and len(rows) == 12
