@@ -82,10 +82,10 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of `layer` (its queries attend to the last `window` positions), None for full attention.
-        NOTE: Mistral's sliding_window is not a per-layer window here: its model refuses longer sequences."""
-        if self.layer_types and self.layer_types[layer] == "sliding_attention":
-            return self.sliding_window
-        return None
+        Gemma 3: its sliding_attention layers; Mistral (v0.1): every layer."""
+        if self.layer_types:
+            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        return self.sliding_window if self.model_type == "mistral" else None
 
     @property
     def attention_scale(self) -> float:

@@ -195,15 +195,17 @@ class LlamaForwardModel:
             store_kv(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend)
 
         n_pre = batch.num_prefill_tokens
+        window = cfg.layer_window(layer_index)  # Mistral's sliding window, else None
         parts = []
         if batch.prefill is not None:  # rows [0, n_pre): causal attention over prefix + new tokens
             p = batch.prefill
             parts.append(paged_prefill_attention(q[:n_pre], key_cache, value_cache, p.block_tables,
-                                                 p.query_start_loc, p.seq_lens, self.scale, backend=backend))
+                                                 p.query_start_loc, p.seq_lens, self.scale, backend=backend,
+                                                 window=window))
         if batch.decode is not None:  # rows [n_pre, T): one query per sequence over its whole context
             d = batch.decode
             parts.append(paged_decode_attention(q[n_pre:], key_cache, value_cache, d.block_tables,
-                                                d.seq_lens, self.scale, backend=backend))
+                                                d.seq_lens, self.scale, backend=backend, window=window))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [T, num_heads, head_dim]
         return out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)
 
@@ -235,11 +237,4 @@ class LlamaForwardModel:
             raise ValueError(
                 f"a sequence of {batch.max_seq_len} tokens is longer than the model's context "
                 f"(allowed: up to {cfg.max_position_embeddings})"
-            )
-        # NOTE: our attention is full causal attention; Mistral's sliding window gives the same result
-        # only while every sequence fits inside the window, so longer ones are refused, not approximated.
-        if cfg.sliding_window is not None and batch.max_seq_len > cfg.sliding_window:
-            raise ValueError(
-                f"a sequence of {batch.max_seq_len} tokens exceeds the sliding window of {cfg.sliding_window} "
-                "(sliding-window attention is not implemented)"
             )

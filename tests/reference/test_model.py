@@ -226,12 +226,14 @@ def tiny_hf_config(family: str):
         return transformers.Qwen2Config(**TINY_HF)
     if family == "mistral":
         return transformers.MistralConfig(**TINY_HF, tie_word_embeddings=False)
+    if family == "mistral-window":  # a sliding window of 16: the 70-token prompt slides past it
+        return transformers.MistralConfig(**TINY_HF, tie_word_embeddings=False, sliding_window=16)
     if family == "llama3-rope":  # Llama 3.1's frequency rescaling
         return transformers.LlamaConfig(**TINY_HF, rope_scaling=LLAMA3_ROPE)
     return transformers.LlamaConfig(**TINY_HF, attention_bias=True, tie_word_embeddings=True)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "llama3-rope", "llama-bias"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "mistral-window", "llama3-rope", "llama-bias"])
 def test_local_checkpoint_of_each_family_equals_hf(family, tmp_path):
     from transformers import AutoModelForCausalLM
 
