@@ -106,7 +106,7 @@ def _balance(seq_lens, num_workers):
     return order, starts
 
 
-def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, out, order, starts):
+def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, out, order, starts, window):
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -118,36 +118,38 @@ def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale,
                 out[s, :, :] = 0.0
                 continue
             num_blocks = (seq_len + block_size - 1) // block_size
-            scores = np.empty((num_heads, seq_len), np.float32)
+            first = max(0, seq_len - window) if window > 0 else 0  # a sliding window's first position
+            span = seq_len - first
+            scores = np.empty((num_heads, span), np.float32)
             # Scores of all heads, token by token: each key row is read once, in cache order (GQA: query head
-            # kv_head * group + g reads KV head kv_head).
-            for j in range(num_blocks):
+            # kv_head * group + g reads KV head kv_head). Blocks before the window are never read.
+            for j in range(first // block_size, num_blocks):
                 block = block_tables[s, j]
-                for o in range(min(block_size, seq_len - j * block_size)):
+                for o in range(max(0, first - j * block_size), min(block_size, seq_len - j * block_size)):
                     for kv_head in range(num_kv_heads):
                         for head in range(kv_head * group, (kv_head + 1) * group):
                             dot = np.float32(0.0)
                             for d in range(head_dim):
                                 dot += query[s, head, d] * key_cache[block, o, kv_head, d]
-                            scores[head, j * block_size + o] = dot * scale
+                            scores[head, j * block_size + o - first] = dot * scale
             inv_total = np.empty(num_heads, np.float32)
             for head in range(num_heads):  # softmax numerators (max subtracted first) and 1 / their sum
                 top = np.float32(-np.inf)
-                for t in range(seq_len):
+                for t in range(span):
                     top = max(top, scores[head, t])
                 total = np.float32(0.0)
-                for t in range(seq_len):
+                for t in range(span):
                     p = _exp(scores[head, t] - top)
                     scores[head, t] = p
                     total += p
                 inv_total[head] = np.float32(1.0) / total
             acc = np.zeros((num_heads, head_dim), np.float32)
-            for j in range(num_blocks):  # the same walk over the values
+            for j in range(first // block_size, num_blocks):  # the same walk over the values
                 block = block_tables[s, j]
-                for o in range(min(block_size, seq_len - j * block_size)):
+                for o in range(max(0, first - j * block_size), min(block_size, seq_len - j * block_size)):
                     for kv_head in range(num_kv_heads):
                         for head in range(kv_head * group, (kv_head + 1) * group):
-                            p = scores[head, j * block_size + o]
+                            p = scores[head, j * block_size + o - first]
                             for d in range(head_dim):
                                 acc[head, d] += p * value_cache[block, o, kv_head, d]
             for head in range(num_heads):
@@ -190,8 +192,10 @@ def paged_decode_attention_numba(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32, values checked by the caller
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim] float32
-    """One new query token per sequence over its ``seq_lens[i]`` cached tokens, read through the block table.
+    """One new query token per sequence over its ``seq_lens[i]`` cached tokens (the last ``window`` of them when
+    given), read through the block table.
 
     The caller (reference.attention.ops) checks shapes, and the block-table values (ids in the cache, enough
     columns) through torch_batched's once-per-step plan: the kernel itself does not bounds-check."""
@@ -208,7 +212,8 @@ def paged_decode_attention_numba(
             numba.set_num_threads(threads)  # the first call starts numba's threading layer
             balance, kernel = _kernel()
             lens = seq_lens.contiguous().numpy()
-            order, starts = balance(lens, threads)
+            order, starts = balance(lens if window is None else np.minimum(lens, window), threads)  # work: spans
             kernel(query.contiguous().numpy(), key_cache.numpy(), value_cache.numpy(),
-                   block_tables.contiguous().numpy(), lens, np.float32(scale), out.numpy(), order, starts)
+                   block_tables.contiguous().numpy(), lens, np.float32(scale), out.numpy(), order, starts,
+                   window or 0)
     return out

@@ -11,8 +11,7 @@ token at slot ``block_id * block_size + offset`` is ``cache[block_id, offset]``.
 
 ``window`` (decode and prefill): a sliding-window layer (Gemma 3's local layers), whose query at position ``p``
 attends to positions ``p - window + 1 .. p`` only; table entries wholly before the first query's window are never
-read (the hybrid KV manager may have freed those blocks). The numba decode kernel has no window: a windowed decode
-on ``backend="numba"`` runs ``torch_batched``'s.
+read (the hybrid KV manager may have freed those blocks).
 """
 
 from __future__ import annotations
@@ -100,13 +99,14 @@ def paged_decode_attention(
     if backend == "torch":
         return torch_ref.paged_decode_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, scale,
                                                     window)
-    if backend == "torch_batched" or (backend == "numba" and window is not None):
+    if backend == "torch_batched":
         return torch_batched.paged_decode_attention_batched(
             query, key_cache, value_cache, block_tables, seq_lens, scale, window
         )
     if backend == "numba":
         torch_batched.check_block_tables(block_tables, seq_lens, *key_cache.shape[:2])
-        return cpu_numba.paged_decode_attention_numba(query, key_cache, value_cache, block_tables, seq_lens, scale)
+        return cpu_numba.paged_decode_attention_numba(query, key_cache, value_cache, block_tables, seq_lens, scale,
+                                                      window)
     return paged_decode_attention_triton(
         query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=num_splits, tuning=tuning,
         window=window)
