@@ -2,6 +2,7 @@
 
     python -m reference generate "What is paged attention?" [--max-tokens 64] [--n 2 --temperature 0.8] [--json]
     python -m reference bench [--quick] [--out figures/bench_engine_cpu.csv]     engine vs HF, paged vs contiguous
+    python -m reference bench-hybrid [--quick]                                  Gemma 3: hybrid vs paged KV, same bytes
     python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
     python -m reference validate-sim [--trace FILE ...]                         the simulator's latency errors
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
@@ -46,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(sub.add_parser(
         "bench", help="CPU benchmark: engine vs HF transformers static batching; paged vs contiguous concurrency",
         description=bench.__doc__.split("\n\n")[0]))  # fmt: skip
+    from reference import bench_hybrid
+
+    bench_hybrid.add_arguments(sub.add_parser(
+        "bench-hybrid", help="CPU benchmark on the real Gemma 3 270M: the hybrid KV manager vs paged, same KV bytes",
+        description=bench_hybrid.__doc__.split("\n\n")[0]))  # fmt: skip
     from reference import calibrate, validate_sim
 
     calibrate.add_arguments(sub.add_parser(
@@ -345,10 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
             return bench.run(args, argv=["python", "-m", "reference", *argv])
-        if args.command in ("calibrate", "validate-sim"):
-            from reference import calibrate, validate_sim
+        if args.command in ("bench-hybrid", "calibrate", "validate-sim"):
+            from reference import bench_hybrid, calibrate, validate_sim
 
-            command = calibrate if args.command == "calibrate" else validate_sim
+            command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate}.get(args.command, validate_sim)
             try:
                 command.check_args(args)
             except ValueError as exc:

@@ -53,6 +53,9 @@ BAD = {  # name -> (arguments, a word the error line must contain)
                             "--kv-blocks"),
     "prompt_too_long": (["generate", " ".join(["5"] * 1100), "--model", "random"], "1100 tokens"),
     "text_without_tokenizer": (["generate", "hello", "--model", "random"], "token ids"),
+    "hybrid_without_sliding_layers": (["generate", IDS, "--model", "random", "--policy", "hybrid"],
+                                      "0 sliding layers (allowed: gemma3-270m"),
+    "unknown_policy": (["generate", "hi", "--policy", "lru"], "--policy"),
     "bench_batch_size": (["bench", "--hf-batch-size", "0"], "--hf-batch-size"),
     "no_command": ([], "COMMAND"),
 }
