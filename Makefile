@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml Makefile
 # The main job: every paper figure into figures/, then the real engine on the embedded model.
 demo: figures
 	$(BIN)/python -m reference generate "Give three tips for staying focused while studying." --max-tokens 64
+	# ... and the hybrid model: Gemma 3 270M, its sliding-window layers' blocks freed by the hybrid KV manager
+	$(BIN)/python -m reference generate "The printing press changed Europe because" --model gemma3 --policy hybrid \
+		--no-chat --max-tokens 48
 
 figures: $(STAMP)
 	$(BIN)/python -m sim figures
