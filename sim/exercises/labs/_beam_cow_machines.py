@@ -14,14 +14,13 @@ from __future__ import annotations
 import unittest
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
 from .beam_cow import Beams
 
-# NOTE: no "explain" phase: it re-runs a failing program many times (seconds) for notes the report leaves out anyway
-PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 _OP = st.tuples(st.sampled_from(("new", "append", "append", "append", "fork", "fork", "free")), st.integers(0, 63),
                 st.integers(0, 63))  # fmt: skip
 
@@ -99,8 +98,7 @@ def beam_program_test(make: Callable[..., Any], max_examples: int, steps: int, b
     beam."""
 
     class BeamPrograms(unittest.TestCase):
-        @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None, phases=PHASES,
-                  report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+        @settings(machine_settings(max_examples), report_multiple_bugs=False)
         @given(data=st.data())
         def runTest(self, data: st.DataObject) -> None:
             block_size = data.draw(st.integers(1, 4), label="block_size")

@@ -13,15 +13,14 @@ from __future__ import annotations
 import unittest
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee, format_call
 from .memory_accounting import ContiguousPool, PagedPool, compare, expected
 
 
-# NOTE: no "explain" phase: it re-runs a failing program many times (seconds) for notes the report leaves out anyway
-PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 
 
 def _paged_pool(data: st.DataObject, big: bool) -> PagedPool:
@@ -96,8 +95,7 @@ def pool_program_test(make: Callable[..., Any], max_examples: int, steps: int, p
     """A TestCase whose runTest checks the student's answer after every step of random programs on `pools`."""
 
     class PoolPrograms(unittest.TestCase):
-        @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None, phases=PHASES,
-                  report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+        @settings(machine_settings(max_examples), report_multiple_bugs=False)
         @given(data=st.data())
         def runTest(self, data: st.DataObject) -> None:
             kind = data.draw(st.sampled_from(pools[:1] + pools), label="pool")  # paged (the first) twice as often

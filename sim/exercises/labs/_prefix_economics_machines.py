@@ -15,9 +15,10 @@ from __future__ import annotations
 import unittest
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
 from .prefix_economics import ProjectPrefixCache, Request, conversation_trace
 
@@ -36,8 +37,6 @@ def _request(draw: tuple, earlier: list[Request], max_len: int) -> Request:
     return tokens, 1 + prompt % len(tokens)
 
 
-# NOTE: no "explain" phase: it re-runs a failing trace many times (seconds) for notes the report leaves out anyway
-PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 
 
 def _show(tokens: list[int]) -> str:
@@ -67,8 +66,7 @@ def trace_test(make: Callable[..., Any], max_examples: int, steps: int, conversa
     """A TestCase whose runTest replays random traces (or conversation traces) of up to `steps` requests."""
 
     class Traces(unittest.TestCase):
-        @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None, phases=PHASES,
-                  report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+        @settings(machine_settings(max_examples), report_multiple_bugs=False)
         @given(data=st.data())
         def runTest(self, data: st.DataObject) -> None:
             if conversations:

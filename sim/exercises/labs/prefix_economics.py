@@ -142,8 +142,18 @@ def hits_are_taken_before_evicting(make, t: Story) -> None:
     c.lookup([9, 9, 9], 3, ": [9 9] was evicted")
 
 
+def a_prefix_computed_twice_keeps_both_copies(make, t: Story) -> None:
+    """a block computed twice is cached twice: evicting the older copy leaves the newer one to hit"""
+    c = Both(make, t, 4, 2)
+    c.serve([1, 2, 3, 4], 4)
+    c.serve([1, 2, 3, 4], 4, ": [1 2] hits; [3 4] holds the last prompt token, so it is computed again")
+    t.say("two copies of [3 4] are cached now, the older one least recently freed")
+    c.serve([7, 8, 9, 10], 1, ": two blocks, one of them by evicting the older copy of [3 4]")
+    c.lookup([1, 2, 3, 4, 5], 5, ": [1 2] and the newer copy of [3 4] still hit")
+
+
 EXAMPLES = (repeat_hits_all_but_last_block, hash_chains_the_parent, replies_are_cached_too, lru_evicts_the_tail_first,
-            hits_are_taken_before_evicting)  # fmt: skip
+            hits_are_taken_before_evicting, a_prefix_computed_twice_keeps_both_copies)  # fmt: skip
 
 
 def _lazy(**options: Any) -> Callable[[Callable[..., Any], int, int], type]:

