@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python -m sim bench-alloc
 	$(BIN)/python -m sim bench
 	$(BIN)/python -m reference bench
+	$(BIN)/python -m reference bench-hybrid
 	$(BIN)/python -m reference bench-kernels
 	$(BIN)/python -m reference bench-gpu
 

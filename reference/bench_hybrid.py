@@ -19,6 +19,9 @@ sequences' tables, and the memory breakdown's slots in use; and the manager's ow
 
 NOTE: memory is read AFTER each step (as `step_log` records it): a request that finished in the step has already
 given its blocks back, so this is the most memory held between steps, a lower bound on the peak within one.
+NOTE: a step's whole prompt chunk gets pages in every group, sliding ones too, until the sequence's next step frees
+what the window has passed (sim/kv/hybrid.py, as vLLM): right after a long prefill a hybrid request holds as much
+as a paged one, so the peak memory of the two runs is alike; the difference is in what stays held.
 NOTE: torch.set_num_threads(1), as `python -m reference bench`: both policies run in one process on a 2-core
 machine that other processes may share (the load average is saved with the numbers).
 """
@@ -28,17 +31,20 @@ import argparse
 import os
 import shlex
 import time
+from pathlib import Path
 
 import numpy as np
 
 DEFAULT_OUT = "figures/bench_hybrid_cpu.csv"
 DEFAULT_STEPS_OUT = "figures/bench_hybrid_steps_cpu.csv"
 DEFAULT_FIGURE = "figures/bench_hybrid_cpu.png"
+QUICK_DIR = "figures/quick"  # outputs of any other workload (ignored by git): the committed run stays
 POLICIES = ("paged", "hybrid")  # the baseline first: the hybrid run's tokens are compared with its
 BUDGET_REQUESTS = 4  # the default KV budget: this many of the longest requests, each alone under paged
 WORKLOADS = {False: {"num_requests": 12, "prompt_len": (1024, 2048), "output_len": 32},  # a few minutes per policy
              True: {"num_requests": 6, "prompt_len": (768, 1024), "output_len": 8}}  # --quick: well under a minute
 MIB = 2**20
+BLOCK_SIZE = 16  # tokens per block (paged) or page (hybrid), unless --block-size
 SUMMARY_COLUMNS = ("policy", "num_requests", "output_tokens", "num_steps", "wall_s", "tokens_per_s",
                    "max_concurrent_requests", "max_decoding_requests", "mean_concurrent_requests", "num_preemptions",
                    "recomputed_tokens", "kv_budget_mib", "pool_pages", "page_kib", "peak_kv_mib", "mean_kv_mib",
@@ -61,18 +67,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-budget-mib", type=float,
                    help=f"the KV budget of both policies in MiB (default: {BUDGET_REQUESTS} of the longest requests "
                    "as paged holds them)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block or page (default: 16)")
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help=f"tokens per block or page (default: {BLOCK_SIZE})")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt lengths and ids (default: 0)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"summary CSV (default: {DEFAULT_OUT})")
-    p.add_argument("--steps-out", default=DEFAULT_STEPS_OUT, help=f"per-step CSV (default: {DEFAULT_STEPS_OUT})")
-    p.add_argument("--figure", default=DEFAULT_FIGURE, help=f"PNG figure (default: {DEFAULT_FIGURE})")
+    where = f"; under {QUICK_DIR}/ for any other workload than the default"
+    p.add_argument("--out", help=f"summary CSV (default: {DEFAULT_OUT}{where})")
+    p.add_argument("--steps-out", help=f"per-step CSV (default: {DEFAULT_STEPS_OUT}{where})")
+    p.add_argument("--figure", help=f"PNG figure (default: {DEFAULT_FIGURE}{where})")
 
 
 def workload(args: argparse.Namespace) -> tuple[int, tuple[int, int], int]:
     """(requests, (shortest, longest) prompt, output tokens): the flags, else the defaults of the mode."""
     mode = WORKLOADS[args.quick]
-    return (args.num_requests or mode["num_requests"], tuple(args.prompt_len or mode["prompt_len"]),
-            args.output_len or mode["output_len"])  # fmt: skip
+    given = {key: getattr(args, key) for key in mode}
+    count, prompt_len, output_len = (mode[key] if value is None else value for key, value in given.items())
+    return count, tuple(prompt_len), output_len
 
 
 def budget_bytes(config, args: argparse.Namespace) -> int:
@@ -115,9 +124,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seed {args.seed} (allowed: an integer from 0 to {MAX_SEED:,})")
     if args.kv_budget_mib is not None and not 0 < args.kv_budget_mib <= 2**20:
         raise ValueError(f"--kv-budget-mib {args.kv_budget_mib:g} (allowed: a number of MiB in (0, 1,048,576])")
-    outputs = {"--out": args.out, "--steps-out": args.steps_out, "--figure": args.figure}
-    check_outputs(outputs, make_parents=(args.out, args.steps_out, args.figure) == (DEFAULT_OUT, DEFAULT_STEPS_OUT,
-                                                                                  DEFAULT_FIGURE))  # fmt: skip
+    full = argparse.Namespace(quick=False, num_requests=None, prompt_len=None, output_len=None)
+    default_run = (workload(args), args.kv_budget_mib, args.block_size, args.seed) == (workload(full), None,
+                                                                                        BLOCK_SIZE, 0)  # fmt: skip
+    for name, default in (("out", DEFAULT_OUT), ("steps_out", DEFAULT_STEPS_OUT), ("figure", DEFAULT_FIGURE)):
+        if getattr(args, name) is None:  # a path the program names: its folder may be made, a user's may not
+            setattr(args, name, default if default_run else str(Path(QUICK_DIR) / Path(default).name))
+            Path(getattr(args, name)).parent.mkdir(parents=True, exist_ok=True)
+    check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in ("out", "steps_out", "figure")})
     config = read_config(gemma3_checkpoint_dir())  # the package missing is one line too
     context = config.max_position_embeddings
     if not 2 <= shortest <= longest or longest + output_len > context:
@@ -292,7 +306,7 @@ def report(summaries: list[dict], steps: list[dict], header: dict[str, str], arg
         print(f"{key}: {value}")
     comments = [f"# {key}: {value}\n" for key, value in header.items()]
     fig = draw(summaries, steps, header)
-    with atomic_files(make_parents=True) as files:  # all three or none; the folders were checked (check_args)
+    with atomic_files() as files:  # all three or none; the folders are there (check_args)
         for path, columns, rows in ((args.out, SUMMARY_COLUMNS, summaries), (args.steps_out, STEP_COLUMNS, steps)):
             with files.open(path, "w", newline="") as f:
                 f.writelines(comments)

