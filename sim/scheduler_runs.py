@@ -8,6 +8,8 @@ A mixin of `Scheduler` (sim/scheduler.py), which owns the state it reads and cha
 """
 from __future__ import annotations
 
+import itertools
+
 from .sequence import Sequence
 
 
@@ -16,7 +18,7 @@ class SchedulerDecodeRuns:
         """The running sequences, if the next schedule() is certain to be a plain decode of exactly them and
         stays so while memory lasts and none finishes: every running group decodes all its sequences (no prompt
         chunk, beam search or copy waiting), nothing is swapped out, the budget holds them all, and the first
-        waiting group could not be admitted now (free memory only shrinks during such a run). Else None."""
+        waiting group could not be admitted now (advance_decodes stops a run before free memory grows). Else None."""
         if self._outstanding is not None or not self._running or self._swapped:
             return None
         seqs: list[Sequence] = []
@@ -72,10 +74,16 @@ class SchedulerDecodeRuns:
             raise ValueError(f"advance_decodes({max_steps}): expected a plain decode state and no sequence finishing "
                              "before the last step")  # fmt: skip
         ids = [s.seq_id for s in seqs]
-        num_steps = self.kv.max_decode_steps(ids, max_steps)
+        # a step allocates request by request: the same calls, so that a pool freeing blocks mid-run (hybrid) finds
+        # the same room and hands out the block ids stepping would
+        batches = [len(list(run)) for _, run in itertools.groupby(seqs, key=lambda s: s.request_id)]
+        # a waiting group refused now stays refused while free memory does not grow (in a paged pool it only
+        # shrinks during a run; a hybrid pool's sliding groups give blocks back): the run stops before it grows
+        cap = self.kv.num_free_blocks if self._waiting and self._may_admit() else None
+        num_steps = self.kv.max_decode_steps(ids, max_steps, max_free=cap, batches=batches)
         if num_steps < 1:
             return [], []
-        counts = self.kv.advance_decodes(ids, num_steps, checked=True)
+        counts = self.kv.advance_decodes(ids, num_steps, checked=True, batches=batches)
         for seq in seqs:
             seq.num_generated += num_steps
             seq.num_computed_tokens += num_steps

@@ -187,15 +187,24 @@ class KVManager(Protocol):
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None: ...
 
     # --- runs of plain decode steps (the simulator's fast-forward) ----------------------------------
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
+                         batches: Sequence[int] | None = None) -> int:
         """The most decode steps (at most `limit`), each appending one token to every sequence in order, that
-        need no copy and find memory, as if allocate_slots(seq_ids, [1, ...]) were called that many times."""
+        need no copy and find memory, as if allocate_slots(seq_ids, [1, ...]) were called that many times.
+        `max_free`: also stop before a step after whose allocations more blocks would be free than this (a scheduler
+        admits after a step's decodes: a request refused now might fit then); only a pool that frees blocks during a
+        run (hybrid) ever reaches it. `batches`: as for advance_decodes."""
         ...
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
+                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
         """Apply `num_steps` such steps at once (the same end state and block ids as one step at a time) and
         return the pool's five raw slot counts (SHARE_NAMES order) DURING each step, i.e. after its
-        allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked)."""
+        allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked).
+        `batches`: how a step of the caller allocates, as the sizes of consecutive runs of `seq_ids` passed to one
+        allocate_slots call each (the scheduler's request groups); None: one call with all of them. A pool whose runs
+        free nothing hands out the same block ids either way; one that frees blocks during a run (hybrid) follows
+        the calls' order."""
         ...
 
     # --- what the executor and the metrics read ---------------------------------------------------

@@ -205,12 +205,14 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         del self._seqs[seq_id]
 
     # --- runs of plain decode steps ------------------------------------------------------------------
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
+                         batches: Sequence[int] | None = None) -> int:
         """Each sequence grows inside its own reservation, which usually holds the whole run."""
         room = min((self._run(i).reserved_tokens - self._run(i).num_tokens for i in seq_ids), default=limit)
         return max(0, min(limit, room))
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
+                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
         """Nothing allocates: each step turns one reserved slot per sequence into a token. A slot is
         reservation up to the sequence's final length and internal fragmentation past it (an engine may
         write beyond a final length that is only max_tokens)."""

@@ -271,16 +271,20 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, HybridAccounting):
             raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
         return [self._seq(i) for i in seq_ids]
 
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
-        return hybrid_runs.max_decode_steps(self, self._run_seqs(seq_ids), limit)
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
+                         batches: Sequence[int] | None = None) -> int:
+        return hybrid_runs.max_decode_steps(self, self._run_seqs(seq_ids), limit, max_free, batches)
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
-        """Steps one token at a time (the same end state as stepping, by construction); `checked`: the caller has just
-        asked max_decode_steps for these ids (skips asking again)."""
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
+                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+        """Steps one token at a time, one allocate_slots per batch (the same end state and block ids as stepping, by
+        construction); `checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
         self._run_seqs(seq_ids)  # every id live, none twice
-        if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:
+        if batches is not None and (sum(batches) != len(seq_ids) or min(batches, default=1) < 1):
+            raise ValueError(f"batches {list(batches)} must split the {len(seq_ids)} sequence ids into runs of >= 1")
+        if not checked and self.max_decode_steps(seq_ids, num_steps, batches=batches) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
-        return hybrid_runs.step_decodes(self, list(seq_ids), num_steps)
+        return hybrid_runs.step_decodes(self, list(seq_ids), num_steps, batches or [len(seq_ids)])
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:

@@ -9,37 +9,46 @@ position p = n + j - 1 of a sequence holding n tokens:
   j_i = (i + 1) * block_size + W - n (at step 1 at the latest: a sequence whose latest step fed a long chunk drops
   several blocks at once). A dropped block returns to the pool when its last owner drops it (forks share blocks).
 
-All of a step's drops happen before its openings (as allocate_slots makes them), so step j fits iff
-opened_j - returned_j <= free blocks before it. Only steps where something opens or is dropped can change the
-answer, so `max_decode_steps` walks those events in order: O(sequences x groups x limit / block_size).
+A step allocates request by request (the scheduler calls allocate_slots once per request group: `batches`), and each
+call makes its own drops before its openings, all or nothing: so the blocks a later request drops come back only
+after an earlier one opened its own, and step j fits iff no call of it finds the pool short. Only steps where
+something opens or is dropped can change the answer, so `max_decode_steps` walks those events, call by call, in
+order: O(sequences x groups x limit / block_size). The scheduler admits a waiting request after a step's decodes, so
+with `max_free` the run also ends before a step that would leave more blocks free than when it began.
 
-`step_decodes` applies a run one allocate_slots at a time, recording the breakdown during each step: the same end
-state, block ids and counts as stepping, by construction. NOTE: O(steps x sequences x groups), slower than the paged
+`step_decodes` applies a run one allocate_slots per batch (request group) per step, recording the breakdown during each
+step: the same end state, block ids and counts as stepping, by construction. NOTE: O(steps x sequences x groups), slower than the paged
 manager's closed forms (paged_runs.py), which a hybrid pool's frees would complicate.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 
-def max_decode_steps(kv, seqs: Sequence, limit: int) -> int:
+def max_decode_steps(kv, seqs: Sequence, limit: int, max_free: int | None = None,
+                     batches: Sequence[int] | None = None) -> int:
     """The most plain decode steps (at most `limit`) that `seqs` (the manager's _Seq records) can take, each one token
     per sequence, with no copy and the memory the pool has; 0 if a partly filled last block is shared (the next write
-    copies it, which a plain decode step may not)."""
+    copies it, which a plain decode step may not). `batches`: the sizes of consecutive runs of `seqs` that a step
+    allocates with one call each (None: one call). `max_free`: stop before a step after whose allocations more blocks
+    would be free than that (the scheduler admits after a step's decodes: its waiting head, refused now, might be
+    admitted then)."""
     if limit < 1:
         return 0
     if not seqs:
         return limit
     bs, refs, groups = kv.block_size, kv.allocator.ref_count, len(kv.windows)
-    opened: dict[int, int] = {}  # step -> blocks opened
-    dropped: dict[int, list[int]] = {}  # step -> held blocks that lose a reference
-    returned: dict[int, int] = {}  # step -> blocks opened during the run that are dropped (their only owner)
-    for seq in seqs:
+    batch_of = [b for b, size in enumerate(batches or [len(seqs)]) for _ in range(size)]
+    opened: dict[tuple[int, int], int] = {}  # (step, batch) -> blocks opened
+    dropped: dict[tuple[int, int], list[int]] = {}  # (step, batch) -> held blocks that lose a reference
+    returned: dict[tuple[int, int], int] = {}  # (step, batch) -> blocks opened during the run, dropped by their owner
+    for seq, b in zip(seqs, batch_of):
         n = seq.num_tokens
         if n % bs and any(refs(table[-1]) > 1 for table in seq.tables):
             return 0
         for j in range((-n) % bs + 1, limit + 1, bs):
-            opened[j] = opened.get(j, 0) + groups
+            opened[j, b] = opened.get((j, b), 0) + groups
         end = -(-(n + limit) // bs)  # logical blocks the sequence would hold at the end of the run
         for window, table, start in zip(kv.windows, seq.tables, seq.starts):
             if window is None:
@@ -49,27 +58,35 @@ def max_decode_steps(kv, seqs: Sequence, limit: int) -> int:
                 if j > limit:
                     break
                 if i - start < len(table):
-                    dropped.setdefault(j, []).append(table[i - start])
+                    dropped.setdefault((j, b), []).append(table[i - start])
                 else:
-                    returned[j] = returned.get(j, 0) + 1
+                    returned[j, b] = returned.get((j, b), 0) + 1
     free, left = kv.allocator.num_free_blocks, {}
-    for j in sorted(opened.keys() | dropped.keys() | returned.keys()):
-        back = returned.get(j, 0)
-        for b in dropped.get(j, ()):
-            left[b] = left.get(b, refs(b)) - 1
-            back += left[b] == 0
-        free += back - opened.get(j, 0)
-        if free < 0:
-            return j - 1
+    events = sorted(opened.keys() | dropped.keys() | returned.keys())
+    for step, calls in itertools.groupby(events, key=lambda event: event[0]):
+        for event in calls:  # each call frees its own drops, then opens (allocate_slots' order), all or nothing
+            back = returned.get(event, 0)
+            for block in dropped.get(event, ()):
+                left[block] = left.get(block, refs(block)) - 1
+                back += left[block] == 0
+            free += back - opened.get(event, 0)
+            if free < 0:
+                return step - 1
+        if max_free is not None and free > max_free:
+            return step - 1
     return limit
 
 
-def step_decodes(kv, seq_ids: Sequence[int], num_steps: int) -> list[tuple[int, ...]]:
-    """Apply `num_steps` decode steps one at a time; the pool's five raw slot counts during each (after its
-    allocation). Room is checked by the caller."""
-    counts, ones = [], [1] * len(seq_ids)
+def step_decodes(kv, seq_ids: Sequence[int], num_steps: int, batches: Sequence[int]) -> list[tuple[int, ...]]:
+    """Apply `num_steps` decode steps one at a time, each one allocate_slots per batch of consecutive ids (sizes in
+    `batches`); the pool's five raw slot counts during each step (after its allocation). Room is checked by the
+    caller."""
+    counts, starts = [], [0]
+    for size in batches:
+        starts.append(starts[-1] + size)
     for _ in range(num_steps):
-        if kv.allocate_slots(seq_ids, ones) is None:
-            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        for lo, hi in zip(starts, starts[1:]):
+            if kv.allocate_slots(seq_ids[lo:hi], [1] * (hi - lo)) is None:
+                raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         counts.append(kv.breakdown().counts())
     return counts

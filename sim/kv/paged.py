@@ -321,10 +321,12 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
             raise RuntimeError(f"sequences {[i for i, s in zip(seq_ids, seqs) if s.swapped]} are swapped out")
         return seqs
 
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
+                         batches: Sequence[int] | None = None) -> int:
         return paged_runs.max_decode_steps(self.allocator, self.block_size, self._gpu_seqs(seq_ids), limit)
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
+                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
         """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
         seqs = self._gpu_seqs(seq_ids)
         if len(set(seq_ids)) != len(seq_ids):

@@ -276,14 +276,16 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
             raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
         return [self._seq(i) for i in seq_ids]
 
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int) -> int:
+    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
+                         batches: Sequence[int] | None = None) -> int:
         seqs = self._run_seqs(seq_ids)
         room = min((self.max_seq_len - s.num_tokens for s in seqs), default=limit)  # the end of a virtual range
         capacity = vattention_runs.run_capacity([(s.num_tokens, 1 + len(s.siblings)) for s in seqs], self.block_size,
                                                 self.allocator.num_free_blocks) if seqs else limit  # fmt: skip
         return max(0, min(limit, room, capacity))
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
+                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
         """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
         seqs = self._run_seqs(seq_ids)
         if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:

@@ -30,7 +30,7 @@ import torch
 from reference import LLM, SamplingParams
 from reference.models import load_model, random_model
 from sim.cost import RooflineCostModel
-from sim.kv import make_kv_manager
+from sim.kv import allocates_blocks_on_demand, make_kv_manager
 from sim.loop import Simulator
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -102,8 +102,8 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
         kv, tables = scheduler.kv, {}
         kv_advance = kv.advance_decodes
 
-        def capture(ids, k, checked=False):  # the tables at the end of the run, before finishes free them
-            counts = kv_advance(ids, k, checked)
+        def capture(ids, k, checked=False, batches=None):  # the tables at the end of the run, before finishes free
+            counts = kv_advance(ids, k, checked, batches)
             tables.update({i: kv.block_table(i) for i in ids})
             return counts
 
@@ -132,10 +132,11 @@ def config(mode: str, preemption: str) -> dict:
     return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET[mode], mode=mode, preemption=preemption)
 
 
-def simulate(requests: list[Request], policy: str, preemption: str, mode: str) -> list[tuple]:
-    """The simulator's executor, fast-forward on, over the same scheduler configuration as the engine below."""
+def simulate(requests: list[Request], policy: str, preemption: str, mode: str, model=None) -> list[tuple]:
+    """The simulator's executor, fast-forward on, over the same scheduler configuration as the engine below.
+    `model`: the sim.specs.ModelSpec a policy that groups layers needs (hybrid)."""
     kv = make_kv_manager(policy, NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
-                         num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0)  # fmt: skip
+                         num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, model=model)  # fmt: skip
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption)))
     calls = record_calls(scheduler)
     # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
@@ -227,6 +228,10 @@ CASES = {  # (mode, policy, preemption, n, seconds between arrivals)
     "v1-paged-swap-staggered": ("v1", "paged", "swap", 1, 0.03),
     "v1-paged-recompute-n2-staggered": ("v1", "paged", "recompute", 2, 0.05),
     "v1-oracle-n2-staggered": ("v1", "oracle", "recompute", 2, 0.05),
+    "v1-radix-staggered": ("v1", "radix", "recompute", 1, 0.05),
+    "v1-radix-n2": ("v1", "radix", "recompute", 2, 0.0),
+    "v1-vattention-staggered": ("v1", "vattention", "recompute", 1, 0.05),
+    "v0-vattention-n2": ("v0", "vattention", "recompute", 2, 0.0),
 }
 
 
@@ -249,7 +254,7 @@ def test_engine_and_simulator_decide_alike(tiny, case):
     if gap:
         adds = [i for i, (kind, _) in enumerate(sim) if kind == "add"]
         assert adds[-1] > adds[0] + 1, "expected arrivals spread between steps"
-    if policy == "paged":
+    if allocates_blocks_on_demand(policy):
         assert llm.stats.num_preemptions > 0, "expected the small pool to force preemption"
         swapped = sum(len(r["blocks_to_swap_out"]) for r in sim_steps)
         assert (swapped > 0) == (preemption == "swap")
@@ -264,6 +269,26 @@ def test_engine_and_simulator_decide_alike(tiny, case):
     # every request ran to exactly its planned length
     assert llm.stats.num_finished_requests == len(requests)
     assert llm.stats.finish_reasons == {"length": sum(r.num_seqs for r in requests)}
+
+
+@pytest.mark.parametrize("n, gap", [(1, 0.0), (2, 0.05)])
+def test_a_hybrid_model_decides_alike(n, gap):
+    """A tiny Gemma 3 (every third layer full, the others sliding over 8 tokens) under the hybrid KV manager: the
+    simulator with the model's spec and the engine with the model's real KV cache groups decide alike, and the run
+    frees sliding-window blocks, preempts and forks on the way."""
+    from reference.kv_groups import model_spec
+    from reference.models.loader import TINY_GEMMA3_CONFIG
+
+    gemma = random_model(TINY_GEMMA3_CONFIG, seed=0)
+    requests = trace(n=n, gap=gap)
+    sim = simulate(requests, "hybrid", "recompute", "v1", model=model_spec(TINY_GEMMA3_CONFIG, torch.float32))
+    engine, llm = serve(gemma, requests, sim, "hybrid", "recompute", "v1")
+    assert_same_decisions(sim, engine)
+    check_step_log(llm, engine)
+    assert llm.kv_cache.layout.num_groups == 3 and llm.stats.num_preemptions > 0
+    assert llm.stats.num_finished_requests == len(requests)
+    if n > 1:
+        assert any(r["blocks_to_copy"] for r in steps(sim)), "expected forked siblings to copy a shared block"
 
 
 def test_preemption_while_chunking_is_covered(tiny):
