@@ -248,7 +248,9 @@ class LLM(EngineOutcomes, OfflineAPI):
             self.scheduler.add_request(Request(
                 rid, arrival, len(ids), max_tokens,
                 n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
-                prompt_token_ids=ids if self.enable_prefix_caching else None,
+                # ids only for a pool that caches prefixes: enable_prefix_caching, or a policy whose cache is the
+                # policy (radix), which must see them even when the flag is off
+                prompt_token_ids=ids if self.kv_manager.enable_prefix_caching else None,
                 skip_reading_prefix_cache=prompt_logprobs is not None))  # as vLLM: every prompt position computed
         except ValueError as exc:  # "request 3: <why>": the scheduler's int, which the caller never saw
             message = str(exc)

@@ -168,6 +168,23 @@ def test_prefix_caching_reuses_blocks_and_keeps_outputs(smol):
     assert llm.stats.num_cached_tokens == cached[1].num_cached_tokens + later.num_cached_tokens
 
 
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_the_radix_policy_caches_prefixes_without_the_flag_and_keeps_outputs(smol, block_size):
+    """radix's tree is the policy: the engine hands it every prompt's ids (enable_prefix_caching or not), and a prompt
+    sharing a system prefix with an earlier one computes only the rest, at any page size, with the same tokens."""
+    system = ("You are a careful assistant. Answer every question in one short sentence, and never use more "
+              "words than you need. Question: ")
+    prompts = [system + "What is the capital of Italy?", system + "What is the largest planet?"]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in engine(smol).generate(prompts, params)]
+    llm = LLM.from_loaded(*smol[:2], policy="radix", block_size=block_size, num_gpu_blocks=4096 // block_size)
+    first = llm.generate(prompts[0], params)[0]
+    second = llm.generate(prompts[1], params)[0]
+    shared = len(smol[1](system).input_ids)
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens >= shared - block_size
+    assert [first.outputs[0].token_ids, second.outputs[0].token_ids] == plain
+
+
 def test_triton_backend_equals_torch_on_the_tiny_model():
     model = random_model(seed=3)
     prompts = [[5, 17, 99, 3, 42, 8, 11], [7, 7, 200, 31]]
