@@ -34,7 +34,8 @@ __all__ = ["EXERCISES", "CheckReport", "CheckResult", "Exercise", "MachineCheck"
 
 
 def check(
-    name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = False
+    name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = False,
+    exercises: dict[str, Exercise] = EXERCISES,
 ) -> CheckReport:
     """Grade a student's class (or a factory taking the same arguments) for exercise `name` on the VISIBLE checks;
     print and return the report.
@@ -42,29 +43,30 @@ def check(
     Examples run first, then the state machine (`max_examples` random programs of up to 30 steps; derandomized,
     so the same class always gets the same verdict). The machine runs only once every example passes.
     `quiet=True` returns the report without printing it. Raises ValueError only for an unknown exercise name.
+    `exercises`: where `name` is looked up (reference.exercises passes these plus its tensor labs).
     """
-    return _run(name, cls_or_factory, max_examples, quiet, hidden=False)
+    return _run(exercises, name, cls_or_factory, max_examples, quiet, hidden=False)
 
 
 def grade(
     name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = True,
-    machines: Collection[str] = ("model", "rule", "long"),
+    machines: Collection[str] = ("model", "rule", "long"), exercises: dict[str, Exercise] = EXERCISES,
 ) -> CheckReport:
     """Every check of exercise `name`, visible and hidden, each run on its own and scored by its weight.
 
     What the autograder command runs (`python -m sim.exercises grade`). `quiet=False` also prints the report.
     `machines` picks the state machines to run by kind (registry.py); the examples always run.
     """
-    return _run(name, cls_or_factory, max_examples, quiet, hidden=True, machines=machines)
+    return _run(exercises, name, cls_or_factory, max_examples, quiet, hidden=True, machines=machines)
 
 
-def _run(name: str, cls_or_factory: Callable[..., Any], max_examples: int, quiet: bool, hidden: bool,
-         machines: Collection[str] = ("model", "rule", "long")) -> CheckReport:  # fmt: skip
-    if name not in EXERCISES:
-        raise ValueError(f"unknown exercise {name!r} (allowed: {', '.join(EXERCISES)})")
+def _run(exercises: dict[str, Exercise], name: str, cls_or_factory: Callable[..., Any], max_examples: int,
+         quiet: bool, hidden: bool, machines: Collection[str] = ("model", "rule", "long")) -> CheckReport:
+    if name not in exercises:
+        raise ValueError(f"unknown exercise {name!r} (allowed: {', '.join(exercises)})")
     if max_examples < 1:
         raise ValueError(f"max_examples must be >= 1, got {max_examples}")
-    exercise = EXERCISES[name]
+    exercise = exercises[name]
     report = CheckReport(name, getattr(cls_or_factory, "__name__", repr(cls_or_factory)))
     report.not_implemented, report.missing = unfinished(
         cls_or_factory, exercise.probe_with, exercise.probes, exercise.surface

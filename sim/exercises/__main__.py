@@ -27,12 +27,12 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m sim.exercises", description="Grade a classroom exercise (notebooks/exercises).")
+def _parser(exercises: dict, prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Grade a classroom exercise (notebooks/exercises).")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = commands.add_parser("grade", help="grade a .py module or .ipynb notebook into Gradescope's results.json")
     g.add_argument("source", type=Path, help="the student's .py module or .ipynb notebook")
-    g.add_argument("--exercise", required=True, help=f"one of: {', '.join(EXERCISES)}")
+    g.add_argument("--exercise", required=True, help=f"one of: {', '.join(exercises)}")
     g.add_argument("--results", type=Path, help="where to write Gradescope's results.json")
     g.add_argument("--max-examples", type=int, default=200, help="random programs per state machine (default 200)")
     g.add_argument("--hidden-visibility", default="after_published", choices=VISIBILITIES,
@@ -40,21 +40,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, exercises: dict = EXERCISES, prog: str = "python -m sim.exercises") -> int:
+    """The command over `exercises` (reference.exercises runs it over these plus its tensor labs)."""
+    args = _parser(exercises, prog).parse_args(argv)
     try:
-        if args.exercise not in EXERCISES:
-            raise SubmissionError(f"unknown exercise {args.exercise!r} (allowed: {', '.join(EXERCISES)})")
+        if args.exercise not in exercises:
+            raise SubmissionError(f"unknown exercise {args.exercise!r} (allowed: {', '.join(exercises)})")
         if args.max_examples < 1:
             raise SubmissionError(f"--max-examples must be >= 1, got {args.max_examples}")
-        exercise = EXERCISES[args.exercise]
+        exercise = exercises[args.exercise]
         cls = find_class(load(args.source), exercise.class_name, tuple(exercise.probes), args.source)
     except SubmissionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if args.results is not None:
             args.results.write_text(json.dumps(refusal(str(exc)), indent=2) + "\n", encoding="utf-8")
         return 2
-    report = grade(args.exercise, cls, max_examples=args.max_examples)
+    report = grade(args.exercise, cls, max_examples=args.max_examples, exercises=exercises)
     print(report.text(exercise.title))
     if args.results is not None:
         data = results(report, exercise.title, args.hidden_visibility)

@@ -214,7 +214,7 @@ def test_a_wrong_number_in_an_answer_is_caught():
 
 
 def test_the_guide_lists_every_lab_in_course_order():
-    from sim.exercises import EXERCISES
+    from reference.exercises import EXERCISES
 
     table = INSTRUCTORS.read_text().split("## The twelve labs")[1]
     rows = re.findall(r"^\| `(\d\d_\w+)` \|", table, flags=re.M)

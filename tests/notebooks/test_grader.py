@@ -16,7 +16,7 @@ import sys
 import nbformat
 import pytest
 
-from sim.exercises import EXERCISES, check, grade
+from reference.exercises import EXERCISES, check, grade
 
 from .test_exercises import CASES, NOTEBOOKS, notebook, skeleton, solution
 

@@ -1,4 +1,4 @@
-"""The labs after the four allocator exercises: scheduling, attention through a block table, kernels, accounting.
+"""The labs after the four allocator exercises that need only `sim`: scheduling, accounting, prefix caches, beams.
 
 Each lab is one module here defining `EXERCISE` (a `registry.Exercise`): what the student writes (a class whose
 methods raise NotImplementedError in the notebook's skeleton), the narrated examples, and the property checks
@@ -6,6 +6,9 @@ methods raise NotImplementedError in the notebook's skeleton), the narrated exam
 Its notebook is notebooks/exercises/{EXERCISE.notebook}.ipynb, its solution notebooks/solutions/{EXERCISE.solution}.py
 and its planted bugs tests/notebooks/planted/{name}.py. The module name is the exercise's name
 (`check("victim_policy", MyVictimPolicy)`); every module here is a lab, in the order of their notebooks' numbers.
+The labs whose checks run tensors (attention through a block table, chunked prefill, the Triton kernel) live in
+reference/exercises/labs/, which `reference.exercises` adds to these with the same `load_labs`: sim never imports
+torch or reference.
 """
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ import pkgutil
 from typing import Any
 
 
-def load_labs() -> dict[str, Any]:
-    """{lab name: its Exercise}, every module of this package, ordered by notebook (course order)."""
-    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
-    labs = {name: importlib.import_module(f"{__name__}.{name}").EXERCISE for name in names}
+def load_labs(package: str = __name__, path: Any = None) -> dict[str, Any]:
+    """{lab name: its Exercise}, every module of `package` (this one by default; `path` its __path__), ordered by
+    notebook (course order)."""
+    names = [m.name for m in pkgutil.iter_modules(__path__ if path is None else path) if not m.name.startswith("_")]
+    labs = {name: importlib.import_module(f"{package}.{name}").EXERCISE for name in names}
     return dict(sorted(labs.items(), key=lambda item: item[1].notebook))

@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 from hypothesis import given, settings
 
-from ...testing.blocks import machine_settings
-from ..referee import NO_RULES, Referee
+from sim.testing.blocks import machine_settings
+from sim.exercises.referee import NO_RULES, Referee
 from ._paged_batches import PagedBatch, Shape, compare_output, oracle_caches, oracle_output, paged_batches, slots_of
 from ._paged_batches import tell
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..referee import NO_RULES
-from ..registry import Exercise, MachineCheck
-from ..report import Story
+from sim.exercises.referee import NO_RULES
+from sim.exercises.registry import Exercise, MachineCheck
+from sim.exercises.report import Story
 from .block_table_attention import expect_close
 
 # NOTE: the interpreter runs about 7 ms per block per program (Triton 3.9 on one CPU core: every tl.sum / tl.max

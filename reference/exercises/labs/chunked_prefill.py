@@ -18,9 +18,9 @@ that reads a slot it should not turns NaN.
 """
 from __future__ import annotations
 
-from ..referee import NO_RULES
-from ..registry import Exercise, MachineCheck
-from ..report import Story
+from sim.exercises.referee import NO_RULES
+from sim.exercises.registry import Exercise, MachineCheck
+from sim.exercises.report import Story
 
 
 def _cumulative_means(values):

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..referee import NO_RULES
-from ..registry import Exercise, MachineCheck
-from ..report import Story
+from sim.exercises.referee import NO_RULES
+from sim.exercises.registry import Exercise, MachineCheck
+from sim.exercises.report import Story
 
 TOL = 1e-4  # examples: float32 inputs; the student may sum in float64 or in another order (~1e-7 apart)
 

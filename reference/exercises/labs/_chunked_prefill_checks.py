@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from reference.attention.torch_ref import paged_prefill_attention_ref, store_kv_ref
 
-from ...testing.blocks import machine_settings
-from ..referee import _tag
+from sim.testing.blocks import machine_settings
+from sim.exercises.referee import _tag
 
 TOLERANCE = 1e-5
 # shape -> (prompt lengths, block sizes, heads, head_dim)

@@ -1,0 +1,1 @@
+"""Labs whose checks run tensors: one module per lab, as in sim/exercises/labs (same `EXERCISE` shape)."""
