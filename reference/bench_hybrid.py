@@ -288,7 +288,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def report(summaries: list[dict], steps: list[dict], header: dict[str, str], args: argparse.Namespace) -> None:
-    from sim.outfiles import atomic_files, save_figure
+    from sim.outfiles import atomic_files, save_figure, write_csv
 
     print(f"{'policy':<8} {'reqs':>5} {'steps':>6} {'wall s':>8} {'tok/s':>7} {'max run':>8} {'mean run':>9} "
           f"{'preempt':>8} {'peak MiB':>9} {'mean MiB':>9}")
@@ -304,21 +304,18 @@ def report(summaries: list[dict], steps: list[dict], header: dict[str, str], arg
           f"{ratio['tokens_per_s']:.2f}x")
     for key, value in header.items():
         print(f"{key}: {value}")
-    comments = [f"# {key}: {value}\n" for key, value in header.items()]
+    comments = [f"{key}: {value}" for key, value in header.items()]
     fig = draw(summaries, steps, header)
     with atomic_files() as files:  # all three or none; the folders are there (check_args)
         for path, columns, rows in ((args.out, SUMMARY_COLUMNS, summaries), (args.steps_out, STEP_COLUMNS, steps)):
-            with files.open(path, "w", newline="") as f:
-                f.writelines(comments)
-                f.write(",".join(columns) + "\n")
-                f.writelines(",".join(_cell(row[c]) for c in columns) + "\n" for row in rows)
+            cells = [{c: _cell(row[c]) for c in columns} for row in rows]
+            write_csv(path, columns, cells, comments=comments, files=files)
         save_figure(fig, args.figure, files=files, dpi=120)
     print(f"wrote {args.out}, {args.steps_out}, {args.figure} (the whole bench took {header['total_s']} s)")
 
 
-def _cell(value) -> str:
-    text = f"{value:g}" if isinstance(value, float) else str(value)
-    return f'"{text}"' if "," in text else text
+def _cell(value):
+    return f"{value:g}" if isinstance(value, float) else value  # write_csv's csv writer quotes what needs it
 
 
 def draw(summaries: list[dict], steps: list[dict], header: dict[str, str]):

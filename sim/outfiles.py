@@ -267,9 +267,12 @@ def save_figure(fig, path: PathLike, *, format: str = "png", files: AtomicFiles 
 
 
 def write_csv(path: PathLike, columns: Iterable[str], rows: Iterable[Mapping], *, comments: Iterable[str] = (),
-              make_parents: bool = False) -> None:  # fmt: skip
-    """Dict rows under a header of `columns`, after `# comment` lines if any, written atomically."""
-    with atomic_write(path, "w", newline="", make_parents=make_parents) as f:
+              make_parents: bool = False, files: AtomicFiles | None = None) -> None:  # fmt: skip
+    """Dict rows under a header of `columns`, after `# comment` lines if any, written atomically; with `files`, as
+    part of that group (as save_figure)."""
+    opened = atomic_write(path, "w", newline="", make_parents=make_parents) if files is None else files.open(
+        path, "w", newline="")
+    with opened as f:
         f.writelines(f"# {line}\n" for line in comments)
         writer = csv.DictWriter(f, fieldnames=list(columns))
         writer.writeheader()
