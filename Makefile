@@ -46,8 +46,9 @@ bench: $(STAMP)
 	$(BIN)/python -m reference bench-kernels
 	$(BIN)/python -m reference bench-gpu
 
-# Does the simulator predict the engine? Fit its cost model to the engine's measured steps, then replay held-out
-# traces through both (real time) and compare latencies request by request. Minutes; run on a quiet machine.
+# Does the simulator predict the engine? Fit its cost model to the engine's measured steps (each timed 3 times; ~7
+# min), then replay 11 held-out traces through both (real time; ~9 min) and compare latencies request by request.
+# Run on a quiet machine: anything else on the cores slows the engine's steps and not the simulator's.
 calibrate: $(STAMP)
 	$(BIN)/python -m reference calibrate
 	$(BIN)/python -m reference validate-sim

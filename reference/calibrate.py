@@ -1,22 +1,32 @@
 """`python -m reference calibrate`: time the engine step by step over a designed set of batch shapes, fit the
 simulator's cost model to the steps, and write it as JSON for `python -m sim run --cost-model FILE`.
 
-The simulator prices a step from three numbers of its plan (sim.cost.CostModel.step_time): prompt tokens computed,
-decode sequences, and K/V tokens the attention reads. The engine runs the very same plans (reference/engine.py), so
-its `step_log` records those three numbers beside each step's wall time (StepRecord.num_prefill_tokens, decodes,
-num_context_tokens). The design makes them vary independently:
+The simulator prices a step from four numbers of its plan (sim.cost.CostModel.step_time): prompt tokens computed,
+decode sequences, K/V tokens the attention reads, and the prompt chunks' query-key pairs. The engine runs the very
+same plans (reference/engine.py), so its `step_log` records those numbers beside each step's wall time
+(StepRecord.num_prefill_tokens, decodes, num_context_tokens, num_prefill_pairs). The design makes them vary
+independently and covers what the engine does with its defaults (a 4,096-token budget on a CPU, 8,192 of context):
 
-    scenario          what it runs                                                  what it pins down
-    prefill           single prompts of 8 .. 2,048 tokens, one after another       g at large token counts
-    decode-S          S = 1 .. 64 short prompts, then ~24 decode steps of S seqs    g at small ones, per-sequence cost
-    long-context-S    S sequences behind one cached 1,024-token prefix, decoding    cost per K/V token read
-    chunks-B          decodes running while long prompts arrive, budget B tokens    mixed steps (chunked prefill)
+    scenario          what it runs                                                 what it pins down
+    prefill           single prompts of 8 .. 4,096 tokens, one after another      g across the whole budget
+    prompts-KxL       K prompts of L tokens in one step (2x2048 .. 8x512)          tokens apart from attention pairs
+    decode-S          S = 1 .. 64 short prompts, then 16 decode steps of S seqs    g at small sizes, per-sequence cost
+    decode-8x384      8 private 384-token prompts decoding                         cost per K/V token read
+    long-context-S    S sequences behind one cached 1,024-token prefix, decoding   the same, read by many at once
+    long-6k-n4        a 6,144-token prompt (2 chunks), 4 samples decoding at 6K    long contexts, parallel sampling
+    chunks-B          decodes running while long prompts arrive, budget B tokens   mixed steps (chunked prefill)
+    sampling-n2       4 prompts x 2 samples                                        sibling decodes
+    beam-4            2 prompts x 4 beams                                          beam steps (forks, copies)
 
-(`--quick`: the same kinds, a few seconds in all; the tests run it.) The fit is sim.cost.PiecewiseCostModel: g, a
-piecewise-linear cost of the tokens a step computes, plus a cost per decoding sequence and per K/V token read,
-fitted to relative errors. (The first version fitted CalibratedCostModel's roofline-shaped knee; on this CPU a step
-of 2 decoding sequences takes longer than one of 4, which no knee follows: 17-20% median error on those shapes.) The file says how good it is: in-sample errors per step, and each scenario predicted by
-a fit that never saw it (leave one scenario out), so a reader sees how the model extrapolates.
+Every step is timed `--passes` times (default 3; each pass serves the whole design once, with the same prompts, so
+the plans repeat exactly) and the fit takes each step's median; the file records the spread of the repeats, so a
+noisy calibration shows. (`--quick`: the same kinds, seconds in all; the tests run it.) The fit is
+sim.cost.PiecewiseCostModel: g, a non-decreasing piecewise-linear cost of the tokens a step computes, plus a cost
+per decoding sequence, per K/V token read and per prompt attention pair, all >= 0, fitted to relative errors with
+Huber weights. The file says how good it is: in-sample errors per step, and each scenario predicted by a fit that
+never saw it (leave one scenario out), so a reader sees how the model extrapolates. `--repeat 2` calibrates twice
+and the file's `stability` says how far the fits to single passes (one per pass of every repeat) differ, step by
+step and on the validation suite, so even a plain run reports how stable its fit is.
 
 NOTE: a step's wall time depends on the machine, the thread count and what else runs on it: calibrate on the
 machine and with the thread count (OMP_NUM_THREADS; the engine's CPU default is 1) you simulate, when it is quiet.
@@ -32,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.cost import CSV_COLUMNS, PiecewiseCostModel
+from sim.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
 DEFAULT_STEPS = "figures/calibration_steps_cpu.csv"
@@ -44,13 +54,16 @@ FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 
 @dataclass(frozen=True, slots=True)
 class Wave:
     """`count` requests of `prompt_len` tokens generating `max_tokens` each, added before engine step `at_step`
-    of their scenario; the first `shared_prefix` tokens are the same in every wave of the scenario that has one."""
+    of their scenario; the first `shared_prefix` tokens are the same in every wave of the scenario that has one.
+    `n` > 1: parallel sampling (n samples of one prompt); `beam_width` > 1: beam search."""
 
     prompt_len: int
     count: int
     max_tokens: int
     at_step: int = 0
     shared_prefix: int = 0
+    n: int = 1
+    beam_width: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,24 +73,44 @@ class Scenario:
     engine: dict = field(default_factory=dict)  # LLM keyword arguments beyond the common ones
 
 
+def _prompts_alone(sizes) -> Scenario:
+    return Scenario("prefill", tuple(Wave(p, 1, 2, at_step=2 * i) for i, p in enumerate(sizes)))
+
+
 def design(quick: bool = False) -> list[Scenario]:
     """The designed batch shapes (module docstring); `quick` for the tests."""
     if quick:
         return [
-            Scenario("prefill", tuple(Wave(p, 1, 2, at_step=2 * i) for i, p in enumerate((8, 64, 160)))),
+            _prompts_alone((8, 64, 160)),
+            Scenario("prompts-3x48", (Wave(48, 3, 2),)),
             *(Scenario(f"decode-{s}", (Wave(8, s, 6),)) for s in (2, 8)),
             Scenario("long-context-4", (Wave(104, 1, 6, 0, 96), Wave(104, 3, 6, 1, 96)), {"enable_prefix_caching": True}),
             Scenario("chunks-32", (Wave(8, 4, 10), Wave(96, 1, 2, at_step=2)), {"max_num_batched_tokens": 32}),
+            Scenario("sampling-n3", (Wave(24, 1, 6, n=3),)),
         ]
-    sizes = (8, 32, 64, 128, 256, 512, 1024, 2048)
     return [
-        Scenario("prefill", tuple(Wave(p, 1, 2, at_step=2 * i) for i, p in enumerate(sizes))),
-        *(Scenario(f"decode-{s}", (Wave(12, s, 24),)) for s in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)),
+        # prompts alone across the whole range, up to the engine's CPU token budget (4,096)
+        _prompts_alone((8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)),
+        # several long prompts in one step, up to the budget: the same tokens as one prompt, less attention
+        *(Scenario(f"prompts-{k}x{p}", (Wave(p, k, 2),)) for k, p in ((2, 2048), (4, 1024), (8, 512), (3, 640))),
+        # decode batches: g at small token counts and the cost of a sequence
+        *(Scenario(f"decode-{s}", (Wave(12, s, 16),)) for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)),
+        # decodes of private contexts (no block shared): the cost of a K/V token read from memory, not cache
+        Scenario("decode-8x384", (Wave(384, 8, 16),)),
+        # decodes behind a cached 1,024-token prefix: a K/V token read by many sequences at once
         *(Scenario(f"long-context-{s}", (Wave(1032, 1, 16, 0, 1024), Wave(1032, s - 1, 16, 1, 1024)),
                    {"enable_prefix_caching": True}) for s in (4, 16, 48)),  # fmt: skip
+        # a 6,144-token prompt in two chunks (the second reads 4,096 cached tokens), then 4 samples decoding at 6K
+        Scenario("long-6k-n4", (Wave(6144, 1, 12, n=4),)),
+        # chunked prompts with decodes riding along, at several budgets
+        Scenario("chunks-64", (Wave(12, 8, 40), Wave(384, 1, 4, at_step=3)), {"max_num_batched_tokens": 64}),
         Scenario("chunks-256", (Wave(12, 16, 48), Wave(1024, 1, 8, at_step=3), Wave(512, 2, 8, at_step=12)),
                  {"max_num_batched_tokens": 256}),
-        Scenario("chunks-64", (Wave(12, 8, 40), Wave(384, 1, 4, at_step=3)), {"max_num_batched_tokens": 64}),
+        Scenario("chunks-1024", (Wave(12, 8, 16), Wave(2048, 1, 4, at_step=2)), {"max_num_batched_tokens": 1024}),
+        Scenario("chunks-2048", (Wave(12, 12, 16), Wave(3072, 1, 4, at_step=2)), {"max_num_batched_tokens": 2048}),
+        # parallel sampling and beam search: decode batches of siblings sharing a prompt's blocks
+        Scenario("sampling-n2", (Wave(256, 4, 24, n=2),)),
+        Scenario("beam-4", (Wave(512, 2, 16, beam_width=4),)),
     ]
 
 
@@ -91,48 +124,98 @@ def _prompts(scenario: Scenario, rng: np.random.Generator, vocab_size: int) -> l
     return out
 
 
-def run_scenario(loaded, scenario: Scenario, *, block_size: int, rng: np.random.Generator) -> list[dict]:
-    """Serve the scenario on a fresh engine over the loaded model; one row per executed step."""
-    from reference import LLM, SamplingParams
+def _params(wave: Wave):
+    from reference import SamplingParams
+    from reference.sampling import BeamSearchParams
 
-    tokens = sum(w.count * (w.prompt_len + w.max_tokens) for w in scenario.waves)
+    if wave.beam_width > 1:
+        return BeamSearchParams(beam_width=wave.beam_width, max_tokens=wave.max_tokens, ignore_eos=True)
+    # NOTE: n samples are greedy here, as in validate-sim: every row is then sampled at the same cost. A row sampled
+    # with a temperature costs ~1 ms more on the project's 2-core machine (torch.multinomial over SmolLM2's 49,152
+    # tokens, measured 0.87 ms of it), a cost of this engine's sampler that the model's per-sequence c does not split out.
+    return SamplingParams(n=wave.n, temperature=0.0, max_tokens=wave.max_tokens, ignore_eos=True)
+
+
+def run_scenario(loaded, scenario: Scenario, *, block_size: int, rng: np.random.Generator | None = None,
+                 prompts: list[list[list[int]]] | None = None) -> list[dict]:
+    """Serve the scenario on a fresh engine over the loaded model; one row per executed step (its index `step`)
+    without swaps. `prompts` (per wave, per request) or else drawn from `rng`."""
+    from reference import LLM
+
+    # room for every sequence's whole length, as if nothing were shared (the admission check's own rule)
+    tokens = sum(w.count * max(w.n, w.beam_width) * (w.prompt_len + w.max_tokens + block_size) for w in scenario.waves)
     llm = LLM.from_loaded(*loaded, block_size=block_size, num_gpu_blocks=-(-tokens // block_size) + 8,
                           **scenario.engine)  # fmt: skip
-    prompts = _prompts(scenario, rng, loaded[0].config.vocab_size)
+    if prompts is None:
+        prompts = _prompts(scenario, rng, loaded[0].config.vocab_size)
     pending = sorted(zip(scenario.waves, prompts), key=lambda wave: wave[0].at_step)
     step = 0
     while pending or llm.has_unfinished_requests():
         while pending and (pending[0][0].at_step <= step or not llm.has_unfinished_requests()):
             wave, ids = pending.pop(0)
             for prompt in ids:
-                llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=wave.max_tokens, ignore_eos=True))
+                llm.add_request(prompt, _params(wave))
         llm.step()
         step += 1
-    return [{"scenario": scenario.name, "num_prefill_tokens": r.num_prefill_tokens, "num_decode_seqs": len(r.decodes),
-             "num_context_tokens": r.num_context_tokens, "step_time_s": r.step_time_s}
-            for r in llm.step_log if not (r.blocks_to_swap_in or r.blocks_to_swap_out or r.blocks_to_copy)]
+    return [{"scenario": scenario.name, "step": r.step, "num_prefill_tokens": r.num_prefill_tokens,
+             "num_decode_seqs": len(r.decodes), "num_context_tokens": r.num_context_tokens,
+             "num_prefill_pairs": r.num_prefill_pairs, "num_shared_context_tokens": r.num_shared_context_tokens,
+             "step_time_s": r.step_time_s}
+            for r in llm.step_log if not (r.blocks_to_swap_in or r.blocks_to_swap_out)]
 
 
-def measure(loaded, scenarios: list[Scenario], *, block_size: int = 16, seed: int = 0, progress: bool = True) -> list[dict]:
-    """Every scenario's steps, after an untimed warm-up (the first steps load compiled kernels)."""
+PASSES, QUICK_PASSES = 3, 2  # timings of every step (the fit takes their median)
+STEP_COLUMNS = ("scenario", "repeat", "pass", "step", *PIECEWISE_COLUMNS)
+SHAPE = PIECEWISE_COLUMNS[:-1]
+
+
+def measure(loaded, scenarios: list[Scenario], *, block_size: int = 16, seed: int = 0, passes: int = 3,
+            progress: bool = True) -> list[dict]:
+    """Every scenario's steps, timed `passes` times, after an untimed warm-up (the first steps load compiled kernels).
+
+    A pass serves every scenario once; passes run one after another (not a scenario three times in a row), so a
+    burst of noise on the machine hits one timing of many steps rather than every timing of a few. Each scenario
+    gets the same prompts in every pass, so its plans, and hence its steps' shapes, repeat exactly. One row per
+    step and pass (column `pass`)."""
     rng = np.random.default_rng([seed, 0xCA1])
     run_scenario(loaded, Scenario("warm-up", (Wave(16, 2, 4),)), block_size=block_size, rng=rng)
-    rows = []
-    for i, scenario in enumerate(scenarios):
-        started = time.perf_counter()
-        rows += run_scenario(loaded, scenario, block_size=block_size, rng=rng)
-        if progress:
-            print(f"  [{i + 1}/{len(scenarios)}] {scenario.name}: {sum(r['scenario'] == scenario.name for r in rows)} "
-                  f"steps in {time.perf_counter() - started:.1f} s", flush=True)  # fmt: skip
+    vocab = loaded[0].config.vocab_size
+    prompts = [_prompts(s, rng, vocab) for s in scenarios]
+    rows, total, started = [], passes * len(scenarios), time.perf_counter()
+    for p in range(passes):
+        for i, (scenario, ids) in enumerate(zip(scenarios, prompts)):
+            got = run_scenario(loaded, scenario, block_size=block_size, prompts=ids)
+            rows += [{**r, "pass": p} for r in got]
+            if progress:
+                done = p * len(scenarios) + i + 1
+                print(f"  [{done}/{total}] pass {p + 1}/{passes} {scenario.name}: {len(got)} steps "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
     return rows
+
+
+def median_steps(rows: list[dict]) -> list[dict]:
+    """One row per distinct step (scenario, step index, shape) with the median of its timings (`step_time_s`), how
+    many there were (`timings`) and their spread ((max - min) / median, `spread`)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["scenario"], r["step"], *(r[c] for c in SHAPE)), []).append(r)
+    out = []
+    for found in groups.values():
+        times = np.array([r["step_time_s"] for r in found])
+        median = float(np.median(times))
+        out.append({**{k: v for k, v in found[0].items() if k != "pass"}, "step_time_s": median,
+                    "timings": len(times), "spread": float((times.max() - times.min()) / median)})
+    return out
+
+
+def _predict(model: PiecewiseCostModel, rows: list[dict]) -> np.ndarray:
+    return np.array([model.step_time(*(r[c] for c in SHAPE)) for r in rows])
 
 
 def _errors(model: PiecewiseCostModel, rows: list[dict]) -> np.ndarray:
     """|predicted - measured| / measured per row."""
-    predicted = np.array([model.step_time(r["num_prefill_tokens"], r["num_decode_seqs"], r["num_context_tokens"])
-                          for r in rows])  # fmt: skip
     measured = np.array([r["step_time_s"] for r in rows])
-    return np.abs(predicted - measured) / measured
+    return np.abs(_predict(model, rows) - measured) / measured
 
 
 def _summary(errors: np.ndarray) -> dict:
@@ -141,16 +224,22 @@ def _summary(errors: np.ndarray) -> dict:
 
 
 def _as_tuples(rows: list[dict]) -> list[tuple]:
-    return [tuple(r[c] for c in CSV_COLUMNS) for r in rows]
+    return [tuple(r[c] for c in PIECEWISE_COLUMNS) for r in rows]
 
 
 def fit(rows: list[dict]) -> tuple[PiecewiseCostModel, dict]:
-    """The model fitted to every row, and how good it is: in-sample, per scenario, and per scenario held out."""
-    model = PiecewiseCostModel.fit(_as_tuples(rows))
-    quality = {"in_sample": _summary(_errors(model, rows)), "per_scenario": {}}
-    for name in dict.fromkeys(r["scenario"] for r in rows):
-        mine = [r for r in rows if r["scenario"] == name]
-        rest = [r for r in rows if r["scenario"] != name]
+    """The model fitted to the median timing of every step, and how good it is: in-sample, per scenario, and per
+    scenario held out (fitted without it), plus the spread of the repeated timings."""
+    steps = median_steps(rows)
+    model = PiecewiseCostModel.fit(_as_tuples(steps))
+    spread = np.array([r["spread"] for r in steps if r["timings"] > 1])
+    quality = {"in_sample": _summary(_errors(model, steps)), "per_scenario": {},
+               "repeats": {"timings_per_step": int(min(r["timings"] for r in steps)),
+                           "median_spread": float(np.median(spread)) if len(spread) else None,
+                           "p90_spread": float(np.percentile(spread, 90)) if len(spread) else None}}  # fmt: skip
+    for name in dict.fromkeys(r["scenario"] for r in steps):
+        mine = [r for r in steps if r["scenario"] == name]
+        rest = [r for r in steps if r["scenario"] != name]
         entry = {"in_sample": _summary(_errors(model, mine))}
         try:
             entry["held_out"] = _summary(_errors(PiecewiseCostModel.fit(_as_tuples(rest)), mine))
@@ -186,12 +275,18 @@ def versions() -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help=f"a few seconds of small shapes (a smoke run, not ~2 minutes; "
+    p.add_argument("--quick", action="store_true", help=f"a few seconds of small shapes (a smoke run, not ~7 minutes; "
                    f"its files go under {QUICK_DIR}/ unless named, so the committed model stays)")
     p.add_argument("--out", help=f"cost model JSON to write (default: {DEFAULT_OUT})")
     p.add_argument("--steps-csv", help=f"the measured steps, one row per step (default: {DEFAULT_STEPS})")
     p.add_argument("--block-size", type=int, default=16, help="the engine's KV block size (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids (default: 0)")
+    p.add_argument("--passes", type=int, default=None, help=f"timings of every step; the fit takes their median "
+                   f"(default: {PASSES} full, {QUICK_PASSES} with --quick)")
+    p.add_argument("--repeat", type=int, default=1, help="measure the whole design this many times over (each time "
+                   "--passes timings a step); every pass is fitted alone too, and the file's `stability` reports how far "
+                   "those fits' predictions differ, step by step and on the validation suite; the model written is "
+                   "the fit to every timing (default: 1)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -205,30 +300,68 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--block-size: got {args.block_size} (allowed: 1 to 256 tokens)")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed: got {args.seed} (allowed: an integer from 0 to {MAX_SEED})")
+    if args.passes is None:
+        args.passes = QUICK_PASSES if args.quick else PASSES
+    if not 1 <= args.passes <= 9:
+        raise ValueError(f"--passes: got {args.passes} (allowed: 1 to 9)")
+    if not 1 <= args.repeat <= 5:
+        raise ValueError(f"--repeat: got {args.repeat} (allowed: 1 to 5)")
     check_outputs({"--out": args.out, "--steps-csv": args.steps_csv}, make_parents=True)
 
 
-def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, command: str = "",
-              progress: bool = True) -> tuple[dict, list[dict]]:
-    """Measure, fit, and return the cost-model record (sim.cost_file) and the measured rows."""
+def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, command: str = "", passes: int | None = None,
+              repeat: int = 1, progress: bool = True) -> tuple[dict, list[dict]]:
+    """Measure, fit, and return the cost-model record (sim.cost_file) and the measured rows (one per step, pass and
+    repeat). `repeat` > 1: the whole measurement that many times; the record's `stability` compares the fits."""
     import torch
 
     from reference.executor import default_backend
     from sim.cost_file import cost_model_record
 
     scenarios = design(quick)
+    passes = passes if passes is not None else (QUICK_PASSES if quick else PASSES)
     started = time.perf_counter()
-    rows = measure(loaded, scenarios, block_size=block_size, seed=seed, progress=progress)
+    rows = []
+    for k in range(repeat):
+        if progress and repeat > 1:
+            print(f"repeat {k + 1}/{repeat}", flush=True)
+        rows += [{**r, "repeat": k} for r in measure(loaded, scenarios, block_size=block_size, seed=seed, passes=passes,
+                                                     progress=progress)]  # fmt: skip
     model, quality = fit(rows)
+    # every pass of every repeat is a whole, independent timing of the design: a fit to each says how stable the fit is
+    groups = sorted({(r["repeat"], r["pass"]) for r in rows})
+    fits = [PiecewiseCostModel.fit(_as_tuples([r for r in rows if (r["repeat"], r["pass"]) == g])) for g in groups]
+    extra = {"stability": stability(fits, median_steps(rows), quick=quick, seed=seed)} if len(fits) > 1 else {}
     engine = {"device": "cpu", "threads": torch.get_num_threads(), "dtype": str(loaded[0].dtype).removeprefix("torch."),
               "backend": default_backend(None, loaded[0].device, loaded[0].dtype), "block_size": block_size}
     record = cost_model_record(
         model, MODEL_SPEC, fit=quality, engine=engine, machine=machine(), versions=versions(),
         design=[{"name": s.name, "waves": [vars_of(w) for w in s.waves], "engine": s.engine} for s in scenarios],
         command=command, created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        measured_in_s=round(time.perf_counter() - started, 1),
+        measured_in_s=round(time.perf_counter() - started, 1), **extra,
     )  # fmt: skip
     return record, rows
+
+
+def stability(fits: list[PiecewiseCostModel], steps: list[dict], *, quick: bool, seed: int) -> dict:
+    """How far independent fits disagree (one per pass of every repeat, each fitted to that pass's timings alone): on
+    the design's steps (relative difference of each step's predicted time from the first fit's), and on the
+    validation suite (each trace simulated under every fit: the largest relative difference from the first fit's
+    median end-to-end latency, median TTFT and simulated span, the time to serve the whole trace)."""
+    from reference.validate_sim import SUITE, case_requests, simulate_case
+
+    first = _predict(fits[0], steps)
+    step_diff = np.concatenate([np.abs(_predict(f, steps) / first - 1) for f in fits[1:]])
+    traces = {}
+    for case in SUITE:
+        requests = case_requests(case, quick=quick, seed=seed)
+        runs = [simulate_case(case, requests, f).summary for f in fits]
+        traces[case.name] = {key: max(abs(r[key] / runs[0][key] - 1) for r in runs[1:])
+                             for key in ("p50_e2e_latency_s", "p50_ttft_s", "sim_time_s") if runs[0].get(key)}
+    return {"num_fits": len(fits), "steps": {"median_rel_diff": float(np.median(step_diff)),
+                                             "p90_rel_diff": float(np.percentile(step_diff, 90)),
+                                             "max_rel_diff": float(step_diff.max())},
+            "suite": traces}  # fmt: skip
 
 
 def vars_of(wave: Wave) -> dict:
@@ -240,29 +373,50 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.cost_file import write_cost_model
-    from sim.outfiles import write_csv
+    from sim.outfiles import atomic_files, write_csv
     import torch
 
     use_one_cpu_thread(torch.device("cpu"))
     print(f"calibrate: {'quick' if args.quick else 'full'} design at {torch.get_num_threads()} thread(s)", flush=True)
     loaded = load_model("smollm2")
     record, rows = calibrate(loaded, quick=args.quick, block_size=args.block_size, seed=args.seed,
-                             command=" ".join(argv))  # fmt: skip
-    write_csv(args.steps_csv, ("scenario", *CSV_COLUMNS), rows, comments=[f"command: {' '.join(argv)}"],
-              make_parents=True)  # fmt: skip
-    write_cost_model(args.out, record, make_parents=True)
+                             command=" ".join(argv), passes=args.passes, repeat=args.repeat)  # fmt: skip
+    with atomic_files(make_parents=True) as files:  # both files or neither
+        write_csv(args.steps_csv, STEP_COLUMNS, rows, comments=[f"command: {' '.join(argv)}"], files=files)
+        write_cost_model(args.out, record, files=files)
     c = record["coefficients"]
-    model = PiecewiseCostModel(tuple(c["knots"]), tuple(c["values"]), c["c"], c["d"])
-    g = ", ".join(f"{n:g}: {model.tokens_time(n) * 1e3:.0f}" for n in (1, 2, 4, 8, 64, 256, 1024))
-    print(f"step_time = g(tokens) + {c['c'] * 1e3:.3f} ms x decode seqs + {c['d'] * 1e6:.3f} us x context tokens; "
-          f"g in ms at {g}")
+    model = PiecewiseCostModel(tuple(c["knots"]), tuple(c["values"]), c["c"], c["d"], c["e"])
+    g = ", ".join(f"{n:g}: {model.tokens_time(n) * 1e3:.0f}" for n in (1, 2, 4, 8, 64, 256, 1024, 4096))
+    shared = "" if c["d_shared"] is None else f" ({c['d_shared'] * 1e6:.3f} us read from a shared block)"
+    print(f"step_time = g(tokens) + {c['c'] * 1e3:.3f} ms x decode seqs + {c['d'] * 1e6:.3f} us x context tokens{shared}"
+          f" + {c['e'] * 1e9:.1f} ns x prompt attention pairs; g in ms at {g}")
     print(f"fit: {fit_sentence(record)}")
+    spread = record["fit"]["repeats"]
+    if spread["median_spread"] is not None:
+        print(f"repeats: {spread['timings_per_step']} timings a step; (max - min) / median: median "
+              f"{spread['median_spread']:.1%}, p90 {spread['p90_spread']:.1%}")
+    if "stability" in record:
+        print(stability_sentence(record))
+        st = record["stability"]
+        print(f"stability over {st['num_fits']} fits: step predictions differ by {st['steps']['median_rel_diff']:.1%} "
+              f"(median), {st['steps']['p90_rel_diff']:.1%} (p90), {st['steps']['max_rel_diff']:.1%} (max)")
+        for name, diff in st["suite"].items():
+            print(f"  {name:16s} " + "   ".join(f"{key} {value:.1%}" for key, value in diff.items()))
     for name, entry in record["fit"]["per_scenario"].items():
         held = entry["held_out"]
         print(f"  {name:16s} median |error| {entry['in_sample']['median_abs_rel_error']:6.1%}"
               + ("" if held is None else f"   held out: {held['median_abs_rel_error']:6.1%}"))
     print(f"wrote {args.out} and {args.steps_csv}")
     return 0
+
+
+def stability_sentence(record: dict) -> str:
+    """How far fits to single passes disagree, in words (the README quotes this for the committed file; a test checks)."""
+    st = record["stability"]
+    suite = [v for diffs in st["suite"].values() for k, v in diffs.items() if k == "p50_e2e_latency_s"]
+    return (f"Fitted to each of its {st['num_fits']} passes alone, the model's step predictions differ from the first "
+            f"pass's fit by {st['steps']['median_rel_diff']:.1%} at the median step ({st['steps']['p90_rel_diff']:.1%} "
+            f"p90), and the validation traces' simulated median end-to-end latency by at most {max(suite):.1%}.")
 
 
 def fit_sentence(record: dict) -> str:

@@ -154,7 +154,7 @@ class EngineOutcomes:
         memory = self.kv_manager.breakdown(waiting=self.scheduler.num_waiting > 0)
         self.step_log.append(StepRecord.from_plan(self.stats.num_steps - 1, plan, finished,
                                                   self.kv_manager.num_free_blocks, memory, seconds, start_s,
-                                                  self.scheduler.num_waiting))
+                                                  self.scheduler.num_waiting, self.kv_manager.block_size))
 
 
 def find_stop_string(text: str, new_chars: int, stop: list[str], include: bool) -> tuple[str, int] | None:

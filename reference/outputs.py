@@ -90,14 +90,17 @@ class StepRecord:
     num_waiting: int = 0  # requests waiting for admission after the step
     sampled_request_ids: list[int] = field(default_factory=list)  # requests that got a token from this step
     # The simulator's cost-model inputs for this plan (sim.cost.CostModel.step_time), so that measured steps fit it:
-    # prompt tokens computed, decode entries, and K/V tokens the attention reads (StepPlan.num_context_tokens).
+    # prompt tokens computed, decode entries, K/V tokens the attention reads (StepPlan.num_context_tokens), and the
+    # query-key pairs of the prompt chunks' attention (StepPlan.num_prefill_pairs).
     num_prefill_tokens: int = 0
     num_context_tokens: int = 0
+    num_prefill_pairs: int = 0
+    num_shared_context_tokens: int = 0  # of num_context_tokens, reads of blocks another entry reads too (shared)
 
     @classmethod
     def from_plan(cls, step: int, plan: StepPlan, finished: list[int], num_free_blocks: int,
                   memory: MemoryBreakdown, step_time_s: float, start_s: float = 0.0,
-                  num_waiting: int = 0) -> StepRecord:
+                  num_waiting: int = 0, block_size: int | None = None) -> StepRecord:
         return cls(
             step=step,
             prefills=[(e.request_id, e.seq_id, e.num_computed_tokens, e.num_new_tokens) for e in plan.prefills],
@@ -107,7 +110,8 @@ class StepRecord:
             num_running_requests=len(plan.request_ids()), num_batched_tokens=plan.num_batched_tokens,
             num_free_blocks=num_free_blocks, memory=memory, step_time_s=step_time_s, start_s=start_s,
             num_waiting=num_waiting, num_prefill_tokens=plan.num_prefill_tokens,
-            num_context_tokens=plan.num_context_tokens,
+            num_context_tokens=plan.num_context_tokens, num_prefill_pairs=plan.num_prefill_pairs,
+            num_shared_context_tokens=plan.num_shared_context_tokens(block_size) if block_size else 0,
             sampled_request_ids=list(dict.fromkeys(e.request_id for e in plan.prefills + plan.decodes if e.sample)))
 
 

@@ -6,6 +6,7 @@ front: a bad one raises ValueError naming it and what is allowed, before any sim
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from .arguments import _check_given_requests, _check_pool, _require, check_arguments
 from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS, flatten, generate_sessions
 from .conversation_import import import_conversations
-from .cost import RooflineCostModel
+from .cost import PiecewiseCostModel, RooflineCostModel
 from .cost_file import cost_model_for
 from .kv import allocates_blocks_on_demand, make_kv_manager, pages_in_kib, simulator_block_size
 from .loop import Simulator
@@ -118,6 +119,8 @@ def run(
     cost_file = str(cost_model) if isinstance(cost_model, (str, Path)) else None
     if cost_file is not None:  # a file `python -m reference calibrate` wrote
         cost_model = cost_model_for(cost_file, model)
+    elif cost_model is not None:
+        _check_cost_object(cost_model)
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     num_slots = kv_slots if kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, num_gpus)
     synthetic = requests is None and trace is None
@@ -174,8 +177,12 @@ def run(
     cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus,
                                                                        block_size=sched.kv.gather_block_size)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
+    calibrated = cost if isinstance(cost, PiecewiseCostModel) else None  # a fitted model knows what it measured
     result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=seed, jump=jump,
-                       validate=validate, progress=progress, on_step=on_step, stop_at=stop_at).run()
+                       validate=validate, progress=progress, on_step=on_step, stop_at=stop_at,
+                       in_range=calibrated.in_range if calibrated is not None else None,
+                       shared_reads=calibrated is not None and calibrated.uses_shared_reads).run()  # fmt: skip
+    busy_time = float(result.steps.columns["duration"].sum()) if len(result.steps) else 0.0
     extras = {
         "model": model, "gpu": gpu, "num_gpus": num_gpus, "workload": source,
         "rate": rate if (synthetic or kind == "sharegpt") and arrival != "offline" else None, "arrival": arrival,
@@ -189,6 +196,10 @@ def run(
         **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * num_gpus * 1024)}
            if pages_in_kib(policy) else {}),
         **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
+        # a calibrated model: the steps it priced by extrapolation, outside the shapes it measured
+        **({"extrapolated_steps": result.extrapolated_steps,
+            "extrapolated_time_share": result.extrapolated_time / busy_time if busy_time > 0 else 0.0,
+            "calibrated_range": calibrated.describe_range()} if calibrated is not None else {}),
     }  # fmt: skip
     summary = summarize(
         policy=policy, requests=result.requests, steps=result.steps, integral=result.memory_integral,
@@ -196,6 +207,21 @@ def run(
         slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
     )  # fmt: skip
     return SimResult(summary, result.requests, result.steps)
+
+
+def _check_cost_object(cost) -> None:
+    """A cost object must price a step from its four numbers and a swap from its bytes (sim.cost.CostModel)."""
+    for name, args in (("step_time", (0, 1, 1, 0, 0)), ("swap_time", (0, 0))):
+        method = getattr(cost, name, None)
+        try:
+            inspect.signature(method).bind(*args)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"cost_model: {type(cost).__name__}.{name} must take {len(args)} positional numbers (allowed: a "
+                f"sim.cost.CostModel, with step_time(num_prefill_tokens, num_decode_seqs, num_context_tokens, "
+                f"num_prefill_pairs=0, num_shared_context_tokens=0) and swap_time(num_bytes, num_blocks=0), or the "
+                f"path of a calibrated model)"
+            ) from None
 
 
 def _import_sharegpt(trace, model_spec, rate: float | None, seed: int) -> tuple[list[Request], dict]:

@@ -6,6 +6,8 @@
     python -m sim figures [--only NAME ...] [--quick]   the paper-style figures into figures/ (sim.figures)
     python -m sim sweep --grid 'rate=1,2' [--set ...]   sim.run over a parameter grid, one CSV row each (sim.sweep)
     python -m sim animate [--out PATH.gif]              the pool, step by step, as an animated GIF (sim.viewer)
+    python -m sim paper-table [--write | --check]       the README's table of the paper's numbers beside the lab's
+    python -m sim paper-sensitivity [--out PATH]        the sweep behind that table's notes (sim.figures.paper*)
 
 Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
 dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_figures_parser(sub)
     add_sweep_parser(sub)
     add_animate_parser(sub)
+    add_paper_table_parser(sub)
+    add_paper_sensitivity_parser(sub)
     return parser
 
 
@@ -182,6 +186,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if "trace_import" in result.summary:  # a ShareGPT file was imported: say how
         print(f"note: {result.summary['trace_import']}", file=sys.stderr)
+    if result.summary.get("extrapolated_steps"):  # a calibrated cost model priced steps it never measured
+        print(f"note: {extrapolation_sentence(result.summary)}", file=sys.stderr)
     if args.requests_csv:
         result.requests.to_csv(args.requests_csv)
     if args.steps_csv:
@@ -193,6 +199,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_trace(args.chrome_trace, *simulator_rows(result.steps, result.requests), title=title)
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
     return 0
+
+
+def extrapolation_sentence(s: dict) -> str:
+    """One line on the steps a calibrated cost model priced outside its calibrated range (sim.api.run's summary)."""
+    return (f"{s['extrapolated_steps']} of {s['num_steps']} steps ({s['extrapolated_time_share']:.1%} of the simulated "
+            f"step time) were priced outside the cost model's calibrated range ({s['calibrated_range']}), by "
+            f"extrapolation")  # fmt: skip
 
 
 def _num(value, fmt: str) -> str:
@@ -222,6 +235,9 @@ def format_summary(s: dict) -> str:
         f"  simulated            {s['sim_time_s']:.1f} s in {s['num_steps']} steps (wall {s['wall_time_s']:.2f} s), "
         f"scheduler {s['scheduler']}",
     ]
+    if s.get("extrapolated_steps"):
+        lines.append(f"  cost model range     {s['extrapolated_steps']} steps ({s['extrapolated_time_share']:.1%} of step "
+                     f"time) priced outside {s['calibrated_range']}")  # fmt: skip
     if s.get("slo_ttft_s") is not None or s.get("slo_tbt_s") is not None:
         lines.append(f"  SLO attainment       {s['slo_attainment']:.1%} (goodput {s['goodput_req_per_s']:.3f} req/s)")
     if s.get("prefix_cache_hit_rate_tokens") is not None:
@@ -322,6 +338,64 @@ def cmd_animate(args: argparse.Namespace) -> int:
     size = animate(snapshots, args.out, fps=args.fps, dpi=args.dpi)
     print(args.out)
     print(f"{len(snapshots)} frames, {size / 1e6:.2f} MB in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def add_paper_table_parser(sub) -> None:
+    p = sub.add_parser("paper-table", help="the paper's numbers beside the lab's, from the committed CSVs (README)",
+                       description="Print the README section \"The paper, side by side\" (sim.figures.paper): the "
+                       "paper's numbers beside the lab's, read from figures/*.csv and figures/paper_sensitivity.csv.")  # fmt: skip
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the README's block between its markers")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the README's block is not what the CSVs give")
+    p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the figure CSVs (default: figures)")
+    p.add_argument("--sensitivity", metavar="CSV", help="the sweep's CSV (default: DIR/paper_sensitivity.csv)")
+    p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
+    p.set_defaults(func=cmd_paper_table)
+
+
+def cmd_paper_table(args: argparse.Namespace) -> int:
+    from .figures.paper import Data, current_block, readme_block, update_readme
+
+    if args.write or args.check:  # the README and its markers first, before reading the CSVs
+        with open(args.readme, encoding="utf-8") as f:
+            current = current_block(f.read())
+    data = Data(args.figures, args.sensitivity)
+    if args.write:
+        print(f"{'rewrote' if update_readme(args.readme, data) else 'unchanged:'} {args.readme}")
+    elif args.check:
+        if current != readme_block(data):
+            print(f"{args.readme}: its paper table is not what the CSVs give (run: python -m sim paper-table --write)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"{args.readme}: the paper table is the CSVs'")
+    else:
+        print(readme_block(data))
+    return 0
+
+
+def add_paper_sensitivity_parser(sub) -> None:
+    from .figures import paper_sensitivity
+
+    p = sub.add_parser("paper-sensitivity", help="what moves the lab's numbers away from the paper's (one core, ~3 min)",
+                       description=paper_sensitivity.__doc__.split("\n\n")[0])  # fmt: skip
+    p.add_argument("--out", default="figures/paper_sensitivity.csv", metavar="PATH",
+                   help="the CSV to write (default: figures/paper_sensitivity.csv)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_paper_sensitivity)
+
+
+def cmd_paper_sensitivity(args: argparse.Namespace) -> int:
+    import time
+
+    from .figures.paper_sensitivity import COMMAND, run_sensitivity
+
+    started = time.perf_counter()
+    command = COMMAND + ("" if args.out == "figures/paper_sensitivity.csv" else f" --out {args.out}")
+    rows = run_sensitivity(args.out, progress=not args.no_progress, command=command)
+    print(args.out)
+    print(f"{len(rows)} runs in {time.perf_counter() - started:.0f} s; the README's notes read them: "
+          "python -m sim paper-table --write", file=sys.stderr)  # fmt: skip
     return 0
 
 

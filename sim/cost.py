@@ -25,10 +25,16 @@ from sim.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
 
 class CostModel(Protocol):
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                  num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
         """Seconds for one iteration. num_prefill_tokens: prompt tokens computed this step; num_decode_seqs:
         sequences generating one token; num_context_tokens: tokens whose K/V the batch's attention reads
-        (a decoding sequence's whole context; a prefilling prompt counts its own tokens, cached prefix included)."""
+        (a decoding sequence's whole context; a prefilling prompt counts its own tokens, cached prefix included);
+        num_prefill_pairs: query-key pairs of the prompt chunks' attention (sim.plan.StepPlan.num_prefill_pairs:
+        quadratic in a prompt's length); num_shared_context_tokens: those of the context tokens read from blocks
+        another sequence of the step reads too (StepPlan.num_shared_context_tokens; counting them costs O(blocks) a
+        step, so sim.run counts them only for a fitted model that prices them, PiecewiseCostModel.uses_shared_reads,
+        and passes 0 otherwise). A model may ignore the last two, as the roofline does."""
         ...
 
     def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
@@ -136,7 +142,9 @@ class RooflineCostModel:
         # Each GPU copies its own slice of every block, K and V for every layer, in parallel with the others.
         self._block_copy_s = 2 * m.num_layers * efficiency.copy_overhead_s
 
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                  num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
+        """(The last two are not used: see the class docstring's note on a prompt's quadratic term.)"""
         if self._window is not None:
             return self._windowed_step_time(num_prefill_tokens, num_decode_seqs, num_context_tokens)
         new_tokens = num_prefill_tokens + num_decode_seqs
@@ -188,7 +196,9 @@ class CalibratedCostModel:
         if not self.floor_s >= 0:
             raise ValueError(f"floor_s must be >= 0 seconds, got {self.floor_s}")
 
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                  num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
+        """(The last two are not used: this model is linear in the prompt's tokens.)"""
         work = self.b * num_prefill_tokens + self.c * num_decode_seqs
         t = self.a + (work if work > self.floor_s else self.floor_s) + self.d * num_context_tokens
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
@@ -281,90 +291,222 @@ def _nonnegative_slopes(design: np.ndarray, target: np.ndarray, nonnegative: Seq
         free[min(negative, key=lambda i: coef[i])] = False
 
 
-# Where the piecewise model's line bends: every batch of 1 to 8 tokens (a CPU's matrix kernels change method between
-# such small sizes, and step times do not grow monotonically there), then about two per doubling up to a CPU
-# engine's largest default token budget (4,096).
-DEFAULT_KNOTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-                 3072, 4096)  # fmt: skip
+# The piecewise model's inputs, one measured step a row (what `python -m reference calibrate` writes).
+PIECEWISE_COLUMNS = ("num_prefill_tokens", "num_decode_seqs", "num_context_tokens", "num_prefill_pairs",
+                     "num_shared_context_tokens", "step_time_s")
 
 
 @dataclass(frozen=True, slots=True)
 class PiecewiseCostModel:
-    """step_time = g(prefill_tokens + decode_seqs) + c * decode_seqs + d * context_tokens, fitted to step times
-    measured on the reference engine (`python -m reference calibrate`).
+    """step_time = g(prefill_tokens + decode_seqs) + c * decode_seqs + d * (context_tokens - shared_context_tokens)
+    + d_shared * shared_context_tokens + e * prefill_pairs, fitted to step times measured on the reference engine
+    (`python -m reference calibrate`).
 
-    g is piecewise linear in the tokens the forward pass computes, through (knots[i], values[i]), and continues past
-    the last knot along its last segment: what the matrix multiplications cost, measured at each size instead of
-    derived, since on a CPU it is neither a roofline nor monotonic at small batches (a step of 2 tokens measured
-    slower than one of 4 with SmolLM2 on the project's 2-core machine). c prices what a decoding sequence costs
-    beyond its token (its logits and sampling: a prompt only samples at its end), d each K/V token the attention
-    reads. Swaps are priced at `swap_bandwidth` bytes/s, as CalibratedCostModel."""
+    g is piecewise linear in the tokens the forward pass computes, through (knots[i], values[i]): what the matrix
+    multiplications cost, measured at each size instead of derived. c prices what a decoding sequence costs beyond
+    its token (its logits and sampling: a prompt samples only at its end), d each K/V token the attention reads,
+    d_shared each read of a block another sequence of the step reads too (n samples or k beams of one prompt, a cached
+    system prompt: on the project's 2-core machine such a read costs about half, the block being in cache already),
+    e each query-key pair of a prompt's attention (a prompt of p tokens has p (p + 1) / 2: on that machine half of a
+    4,096-token prompt's time, which a model linear in tokens prices the same whether the 4,096 tokens are one
+    prompt or four).
+
+    It cannot be absurd: g is non-negative and non-decreasing (values[0] >= 0, each value >= the one before) and
+    c, d, d_shared, e >= 0, checked here, so every step costs at least g at its smallest and more work never costs less.
+    Below the first knot g is values[0]; past the last it goes on along its last segment (a slope >= 0).
+
+    The calibrated range: knots[0] .. knots[-1] tokens, and at most `max_decode_seqs`, `max_context_tokens` and
+    `max_prefill_pairs` (the largest the calibration measured; None: no bound, a model written by hand). A step
+    outside it is priced by extrapolation, which a run counts and reports (sim.api.run: `extrapolated_steps`).
+    Swaps are priced at `swap_bandwidth` bytes/s, as CalibratedCostModel."""
 
     knots: tuple[float, ...]
     values: tuple[float, ...]
     c: float
     d: float
+    e: float = 0.0
+    d_shared: float | None = None  # None: a shared read costs d, as any other (a model made by hand)
     swap_bandwidth: float = 25.6e9
+    max_decode_seqs: float | None = None
+    max_context_tokens: float | None = None
+    max_prefill_pairs: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.knots) < 2 or len(self.knots) != len(self.values):
             raise ValueError(f"need >= 2 knots and one value per knot, got {len(self.knots)} knots, {len(self.values)} values")
         if any(b <= a for a, b in zip(self.knots, self.knots[1:])) or self.knots[0] < 0:
             raise ValueError(f"knots must be >= 0 and strictly increasing, got {list(self.knots)}")
-        if not (self.c >= 0 and self.d >= 0):
-            raise ValueError(f"c and d must be >= 0, got {self.c}, {self.d}")
+        if self.values[0] < 0:
+            raise ValueError(f"values must be >= 0 seconds (a step cannot take negative time), got {self.values[0]} "
+                             f"at {self.knots[0]:g} tokens")  # fmt: skip
+        for k, a, b in zip(self.knots[1:], self.values, self.values[1:]):
+            if b < a:
+                raise ValueError(f"values must not decrease (more tokens never cost less), got {b} at {k:g} tokens "
+                                 f"after {a}")  # fmt: skip
+        if not (self.c >= 0 and self.d >= 0 and self.e >= 0 and (self.d_shared is None or self.d_shared >= 0)):
+            raise ValueError(f"c, d, d_shared and e must be >= 0, got {self.c}, {self.d}, {self.d_shared}, {self.e}")
         if not self.swap_bandwidth > 0:
             raise ValueError(f"swap_bandwidth must be > 0 bytes/s, got {self.swap_bandwidth}")
+        for name in ("max_decode_seqs", "max_context_tokens", "max_prefill_pairs"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0 (or None: no bound), got {value}")
 
     def tokens_time(self, num_tokens: float) -> float:
         """g: seconds of a forward pass over `num_tokens` tokens, before per-sequence and attention costs."""
         k, v = self.knots, self.values
-        i = bisect_left(k, num_tokens, 1, len(k) - 1)  # the segment [k[i-1], k[i]] (the first or last one outside)
+        if num_tokens <= k[0]:
+            return v[0]
+        i = bisect_left(k, num_tokens, 1, len(k) - 1)  # the segment [k[i-1], k[i]] (the last one past the end)
         return v[i - 1] + (v[i] - v[i - 1]) * (num_tokens - k[i - 1]) / (k[i] - k[i - 1])
 
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
-        t = self.tokens_time(num_prefill_tokens + num_decode_seqs) + self.c * num_decode_seqs + self.d * num_context_tokens
+    @property
+    def uses_shared_reads(self) -> bool:
+        """Does this model price a shared read apart (so the loop must count them, at O(blocks) a step)?"""
+        return self.d_shared is not None
+
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                  num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
+        shared = num_shared_context_tokens if self.d_shared is not None else 0
+        t = (self.tokens_time(num_prefill_tokens + num_decode_seqs) + self.c * num_decode_seqs
+             + self.d * (num_context_tokens - shared) + self.e * num_prefill_pairs)  # fmt: skip
+        if shared:
+            t += self.d_shared * shared
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
+
+    def in_range(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                 num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> bool:
+        """Is a step of this shape inside the calibrated range (the class docstring)?"""
+        tokens = num_prefill_tokens + num_decode_seqs
+        return (self.knots[0] <= tokens <= self.knots[-1]
+                and (self.max_decode_seqs is None or num_decode_seqs <= self.max_decode_seqs)
+                and (self.max_context_tokens is None or num_context_tokens <= self.max_context_tokens)
+                and (self.max_prefill_pairs is None or num_prefill_pairs <= self.max_prefill_pairs))  # fmt: skip
+
+    def describe_range(self) -> str:
+        bounds = [f"{self.knots[0]:g} to {self.knots[-1]:g} tokens a step"]
+        for name, what in (("max_decode_seqs", "decoding sequences"), ("max_context_tokens", "K/V tokens read"),
+                           ("max_prefill_pairs", "prompt attention pairs")):  # fmt: skip
+            if getattr(self, name) is not None:
+                bounds.append(f"<= {getattr(self, name):g} {what}")
+        return ", ".join(bounds)
 
     def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
         return num_bytes / self.swap_bandwidth  # NOTE: no per-copy cost: the engine's steps hold no swap measurements
 
     @classmethod
-    def fit(cls, rows: Iterable[tuple[float, float, float, float]], knots: Sequence[float] = DEFAULT_KNOTS,
-            swap_bandwidth: float = 25.6e9) -> "PiecewiseCostModel":
-        """rows as CalibratedCostModel.fit's. Weighted least squares of relative errors (each step weighs 1 / its
-        time) over hat functions at the knots (a knot no step lies next to is dropped: nothing measures it; with
-        too few steps for the knots left, every other one is dropped until the steps determine the fit) plus decode
-        sequences and context tokens, c and d kept >= 0."""
-        data = np.asarray(list(rows), dtype=np.float64)
-        if data.ndim != 2 or data.shape[1] != 4 or len(data) < 4:
-            raise ValueError(f"need >= 4 rows of 4 numbers {CSV_COLUMNS}, got an array of shape {data.shape}")
-        if not (data[:, 3] > 0).all():
+    def fit(cls, rows: Iterable[Sequence[float]], *, swap_bandwidth: float = 25.6e9, knot_ratio: float = 1.2,
+            robust: bool = True) -> "PiecewiseCostModel":
+        """Fit to measured steps: rows of (num_prefill_tokens, num_decode_seqs, num_context_tokens, num_prefill_pairs,
+        num_shared_context_tokens, step_time_s) (PIECEWISE_COLUMNS; a row of 4 numbers has neither pairs nor shared
+        reads, one of 5 no shared reads: 0). With no shared read in any row, d_shared is None (not measured).
+
+        Knots sit where the steps are: at the measured token counts, thinned so that each is at least `knot_ratio`
+        times the one before (always the smallest and the largest), so every knot is a measured size and nothing
+        is guessed between the measured ones but a straight line.
+
+        Why a constrained fit: an unconstrained spline over knots that few steps pin down takes any value there (a
+        committed fit once had g = -18.9 s at 1,536 tokens, between a 1,024- and a 2,048-token prompt). Here g is
+        written as values[0] + the sum of the increments up to each knot, and every increment, values[0], c, d and
+        e are fitted >= 0 (non-negative least squares, Lawson and Hanson's active set): monotone and non-negative by
+        construction, not by a check after the fact. The loss is relative (each step weighs 1 / its time, so a
+        50 ms decode counts as much as a 10 s prompt); `robust`: Huber weights on those relative residuals
+        (iteratively reweighted; residuals beyond 1.345 robust standard deviations count linearly), so a step
+        that a noisy machine slowed down pulls the fit less than a square would."""
+        padded = [(*r[:-1], *(0.0,) * (6 - len(r)), r[-1]) if 4 <= len(r) <= 6 else tuple(r) for r in rows]
+        data = np.asarray(padded, dtype=np.float64)
+        if data.ndim != 2 or data.shape[1] != 6 or len(data) < 4:
+            raise ValueError(f"need >= 4 rows of {', '.join(PIECEWISE_COLUMNS)}, got an array of shape {data.shape}")
+        if not np.isfinite(data).all() or (data[:, :5] < 0).any():
+            raise ValueError("every number must be finite and >= 0")
+        if (data[:, 4] > data[:, 2]).any():
+            raise ValueError("num_shared_context_tokens must be <= num_context_tokens")
+        if not (data[:, 5] > 0).all():
             raise ValueError("a fit of relative errors needs every step time > 0")
-        tokens = data[:, 0] + data[:, 1]
-        grid = np.asarray(sorted(set(knots)), dtype=np.float64)
-        used = [i for i in range(len(grid)) if ((tokens > (grid[i - 1] if i else -np.inf))
-                                                & (tokens < (grid[i + 1] if i + 1 < len(grid) else np.inf))).any()]
-        grid = grid[used]
-        while True:  # too few steps for so many knots: every other knot (the ends kept) until the rows determine it
-            if len(grid) < 2:
-                raise ValueError(f"the steps do not determine the model: vary the tokens per step, decode sequences "
-                                 f"and context tokens independently ({len(data)} rows)")  # fmt: skip
-            design = np.column_stack([_hats(grid, tokens), data[:, 1], data[:, 2]])
-            if np.linalg.matrix_rank(design) == design.shape[1]:
+        if not knot_ratio > 1:
+            raise ValueError(f"knot_ratio must be > 1, got {knot_ratio}")
+        prefill, decodes, context, pairs, shared, t = data.T
+        tokens = prefill + decodes
+        grid = place_knots(tokens, knot_ratio)
+        # g at each row = hats @ values = hats @ cumsum(theta) = (hats' reversed cumulative sums) @ theta
+        increments = np.cumsum(_hats(grid, tokens)[:, ::-1], axis=1)[:, ::-1]
+        design = np.column_stack([increments, decodes, context - shared, pairs, shared])
+        weight = 1.0 / t
+        huber = np.ones(len(t))
+        for _ in range(30 if robust else 1):
+            w = weight * np.sqrt(huber)
+            theta = nonnegative_least_squares(design * w[:, None], t * w)
+            residual = (design @ theta - t) / t
+            if not robust:
                 break
-            grid = grid[sorted({*range(0, len(grid), 2), len(grid) - 1})] if len(grid) > 2 else grid[:0]
-        weight = 1.0 / data[:, 3]
-        coef = _nonnegative_slopes(design * weight[:, None], data[:, 3] * weight, nonnegative=(len(grid), len(grid) + 1))
-        return cls(tuple(float(k) for k in grid), tuple(float(v) for v in coef[:len(grid)]), float(coef[-2]),
-                   float(coef[-1]), swap_bandwidth)  # fmt: skip
+            scale = max(1.4826 * float(np.median(np.abs(residual))), 1e-3)
+            new = np.minimum(1.0, 1.345 * scale / np.maximum(np.abs(residual), 1e-300))
+            if np.abs(new - huber).max() < 1e-4:
+                break
+            huber = new
+        values = np.cumsum(theta[:len(grid)])
+        c, d, e, d_shared = (float(x) for x in theta[len(grid):])
+        return cls(tuple(float(k) for k in grid), tuple(float(v) for v in values), c, d, e,
+                   d_shared if shared.any() else None, swap_bandwidth, float(decodes.max()), float(context.max()),
+                   float(pairs.max()))  # fmt: skip
+
+
+def place_knots(tokens: np.ndarray, ratio: float = 1.2) -> np.ndarray:
+    """Knots at measured token counts: the smallest, then each count at least `ratio` times the last knot taken,
+    and the largest (which replaces the last one taken if closer to it than `ratio`). ValueError with fewer than
+    two distinct counts (a line needs two sizes)."""
+    sizes = np.unique(tokens)
+    if len(sizes) < 2:
+        raise ValueError(f"the steps do not determine the model: every step computed {sizes[0] if len(sizes) else 0:g} "
+                         f"tokens (vary the tokens per step)")  # fmt: skip
+    knots = [float(sizes[0])]
+    for x in sizes[1:-1]:
+        if x >= knots[-1] * ratio:
+            knots.append(float(x))
+    last = float(sizes[-1])
+    if len(knots) > 1 and last < knots[-1] * ratio:
+        knots[-1] = last
+    else:
+        knots.append(last)
+    return np.asarray(knots)
+
+
+def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0: Lawson and Hanson's active-set method (Solving Least Squares Problems,
+    1974, ch. 23). Columns are scaled to unit norm first (the step shapes' columns differ by ten orders of
+    magnitude: pairs reach 10^7, a decode count 64), so the tolerance means the same for each."""
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    a = a / norms
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tolerance = 10 * np.finfo(float).eps * max(m, n) * max(1.0, float(np.abs(a).sum(axis=0).max()))
+    for _ in range(3 * n + 10):
+        gradient = a.T @ (b - a @ x)
+        candidates = np.where(~passive & (gradient > tolerance), gradient, -np.inf)
+        if not np.isfinite(candidates).any():
+            break
+        passive[int(np.argmax(candidates))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive], *_ = np.linalg.lstsq(a[:, passive], b, rcond=None)
+            if (z[passive] > tolerance).all():
+                x = z
+                break
+            blocked = passive & (z <= tolerance)
+            step = np.min(x[blocked] / np.maximum(x[blocked] - z[blocked], 1e-300))
+            x = x + step * (z - x)
+            passive &= x > tolerance
+            x[~passive] = 0.0
+    return np.maximum(x, 0.0) / norms
 
 
 def _hats(grid: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Linear-interpolation weights of each x on the grid (one row per x, summing to 1; outside the grid the end
-    segment's line continues, so weights may be negative there)."""
+    """Linear-interpolation weights of each x on the grid (one row per x, summing to 1; below the grid all on the first
+    knot, as PiecewiseCostModel.tokens_time; past it the last segment's line continues, so weights may be negative)."""
     i = np.clip(np.searchsorted(grid, x, side="left"), 1, len(grid) - 1)
-    w = (x - grid[i - 1]) / (grid[i] - grid[i - 1])
+    w = np.maximum((x - grid[i - 1]) / (grid[i] - grid[i - 1]), 0.0)
     out = np.zeros((len(x), len(grid)))
     rows = np.arange(len(x))
     out[rows, i - 1] = 1 - w

@@ -1,15 +1,19 @@
 """A calibrated cost model on disk: what `python -m reference calibrate` writes and `python -m sim run --cost-model`
 reads (JSON, one object).
 
-    {"format": "paged-attention-lab cost model", "version": 1,
+    {"format": "paged-attention-lab cost model", "version": 2,
      "model": "smollm2-135m",                      # the sim.specs model it was measured on
      "kind": "piecewise",                          # sim.cost.PiecewiseCostModel ("knee": CalibratedCostModel)
-     "coefficients": {"knots": [...], "values": [...], "c": ..., "d": ..., "swap_bandwidth": ...},
+     "coefficients": {"knots": [...], "values": [...], "c": ..., "d": ..., "e": ..., "d_shared": ..., "swap_bandwidth": ...,
+                      "max_decode_seqs": ..., "max_context_tokens": ..., "max_prefill_pairs": ...},
      "fit": {...}, "machine": {...}, "versions": {...}, "engine": {...}, "design": [...], "command": "..."}
 
 Only `format`, `version`, `model`, `kind` and `coefficients` are read back; the rest says where the numbers come from
 (machine, library versions, the engine's settings, the designed batch shapes, the fit's errors) for whoever reads
-the file. Every problem with a file is one line naming the file and the field.
+the file. Every problem with a file is one line naming the file and the field, and a model that could price a step
+at a negative time, or more work at less, is refused (values that decrease or go below 0, negative coefficients).
+Version 2 added the prompt-attention term `e`, the shared-read term `d_shared` and the calibrated range (`max_*`); a version-1 file is refused with
+a line saying to calibrate again (its fit had no constraints: the one committed then priced 1,536 tokens at -18.9 s).
 """
 from __future__ import annotations
 
@@ -18,15 +22,18 @@ import math
 from pathlib import Path
 
 from sim.cost import CalibratedCostModel, PiecewiseCostModel
-from sim.outfiles import write_text
+from sim.outfiles import AtomicFiles, write_text
 
-FORMAT, VERSION = "paged-attention-lab cost model", 1
+FORMAT, VERSION = "paged-attention-lab cost model", 2
 COEFFICIENTS = {  # kind -> its coefficients, each a number or (knots, values) a list of numbers
     "knee": ("a", "b", "c", "d", "floor_s", "swap_bandwidth"),  # CalibratedCostModel
-    "piecewise": ("knots", "values", "c", "d", "swap_bandwidth"),  # PiecewiseCostModel
+    "piecewise": ("knots", "values", "c", "d", "e", "d_shared", "swap_bandwidth", "max_decode_seqs",
+                  "max_context_tokens", "max_prefill_pairs"),  # PiecewiseCostModel  # fmt: skip
 }
 _CLASSES = {"knee": CalibratedCostModel, "piecewise": PiecewiseCostModel}
 _LISTS = ("knots", "values")
+# null: no bound (a model made by hand); d_shared null: a shared read costs d
+_OPTIONAL = ("d_shared", "max_decode_seqs", "max_context_tokens", "max_prefill_pairs")
 
 CostModelFit = CalibratedCostModel | PiecewiseCostModel
 
@@ -40,8 +47,14 @@ def cost_model_record(model: CostModelFit, model_name: str, **about) -> dict:
             **about}  # fmt: skip
 
 
-def write_cost_model(path: str | Path, record: dict, *, make_parents: bool = False) -> None:
-    write_text(path, json.dumps(record, indent=2) + "\n", encoding="utf-8", make_parents=make_parents)
+def write_cost_model(path: str | Path, record: dict, *, make_parents: bool = False, files: AtomicFiles | None = None) -> None:
+    """The record as JSON, written atomically; with `files`, as part of that group (sim.outfiles.atomic_files)."""
+    text = json.dumps(record, indent=2) + "\n"
+    if files is None:
+        write_text(path, text, encoding="utf-8", make_parents=make_parents)
+    else:
+        with files.open(path, "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def _number(value) -> bool:
@@ -51,6 +64,8 @@ def _number(value) -> bool:
 def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
     """The cost model in `path` and the whole record; ValueError (one line) for anything else."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a folder, a FIFO or a device would fail, block or never end
+        raise ValueError(f"cost model {path}: not a regular file (give the JSON file `python -m reference calibrate` wrote)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -61,15 +76,19 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
         record = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"cost model {path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"cost model {path}: JSON nested too deeply to be a cost model") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"cost model {path}: expected a JSON object with \"format\": \"{FORMAT}\" "
                          f"(as `python -m reference calibrate` writes)")  # fmt: skip
-    if record.get("version") != VERSION:
-        raise ValueError(f"cost model {path}: version {record.get('version')!r} (this code reads version {VERSION})")
+    version = record.get("version")
+    if version != VERSION or isinstance(version, bool) or not isinstance(version, int):
+        again = " written before the fit was constrained: run `python -m reference calibrate` again" if version == 1 else ""
+        raise ValueError(f"cost model {path}: version {version!r}{again} (this code reads version {VERSION})")
     if not isinstance(record.get("model"), str):
         raise ValueError(f"cost model {path}: \"model\" must name the model it was measured on, got {record.get('model')!r}")
     kind = record.get("kind", "knee")
-    if kind not in COEFFICIENTS:
+    if not isinstance(kind, str) or kind not in COEFFICIENTS:
         raise ValueError(f"cost model {path}: kind {kind!r} (allowed: {', '.join(COEFFICIENTS)})")
     names = COEFFICIENTS[kind]
     coefficients = record.get("coefficients")
@@ -78,7 +97,9 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
     values = {}
     for name in names:
         value = coefficients.get(name)
-        if name in _LISTS:
+        if name in _OPTIONAL and value is None:
+            values[name] = None
+        elif name in _LISTS:
             if not isinstance(value, list) or not value or not all(_number(v) for v in value):
                 raise ValueError(f"cost model {path}: coefficients.{name} must be a list of finite numbers, got {value!r}")
             values[name] = tuple(float(v) for v in value)
@@ -86,6 +107,11 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
             raise ValueError(f"cost model {path}: coefficients.{name} must be a finite number, got {value!r}")
         else:
             values[name] = float(value)
+    if kind == "knee" and not (values["b"] >= 0 and values["c"] >= 0 and values["d"] >= 0
+                               and values["a"] + values["floor_s"] >= 0):  # fmt: skip
+        raise ValueError(f"cost model {path}: a knee model needs b, c, d >= 0 and a + floor_s >= 0 (else a step can "
+                         f"take negative time or more work less), got a={values['a']}, b={values['b']}, "
+                         f"c={values['c']}, d={values['d']}, floor_s={values['floor_s']}")  # fmt: skip
     unknown = sorted(set(coefficients) - set(names))
     if unknown:
         raise ValueError(f"cost model {path}: unknown coefficient(s) {', '.join(unknown)} (allowed: {', '.join(names)})")

@@ -41,6 +41,7 @@ class DecodeRun:
     num_waiting: int  # waiting requests
     finished_request_ids: list[int]  # requests whose last sequence finished in the last step
     frees: bool  # some sequence finished in the last step: its memory was freed after it
+    shared_context_tokens: int = 0  # K/V reads of blocks another sequence of the step reads too (the same every step)
 
     @property
     def num_steps(self) -> int:
@@ -53,9 +54,12 @@ class DecodeRun:
     def seen_counts(self) -> list[tuple[int, ...]]:
         return [as_seen(c, self.waiting) for c in self.counts]
 
-def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | None:
+def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: bool = False) -> DecodeRun | None:
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
-    return it; None when the next step is not such a run (the loop then schedules it normally)."""
+    return it; None when the next step is not such a run (the loop then schedules it normally). `shared_reads`: price
+    each step with its shared K/V reads (sim.plan.StepPlan.num_shared_context_tokens), which a run cannot change:
+    a block that several sequences read is full (writing into a shared block copies it first, and a run has no
+    copy), and every block a run fills is its sequence's own."""
     seqs = scheduler.plain_decode_seqs()
     if not seqs:
         return None
@@ -67,8 +71,9 @@ def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | 
     starts: list[float] = []
     durations: list[float] = []
     t, context = now, sum(before) + num_seqs
+    shared = _shared_reads(scheduler.kv, seqs) if shared_reads else 0
     while len(durations) < steps_left and t < next_arrival:
-        d = cost.step_time(0, num_seqs, context)
+        d = cost.step_time(0, num_seqs, context, 0, shared)
         starts.append(t)
         durations.append(d)
         t += d
@@ -84,4 +89,18 @@ def decode_run(scheduler, cost, now: float, next_arrival: float) -> DecodeRun | 
     frees = k == steps_left
     request_ids = list(dict.fromkeys(s.request_id for s in seqs))
     return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting, finished,
-                     frees)
+                     frees, shared)
+
+
+def _shared_reads(kv, seqs) -> int:
+    """The first step's num_shared_context_tokens, as StepPlan counts it (each sequence reads its K/V and the token
+    it feeds, through its block table)."""
+    block_size, seen, shared = kv.block_size, set(), 0
+    for s in seqs:
+        read = s.num_computed_tokens + 1
+        for j, block in enumerate(kv.block_table(s.seq_id)[:-(-read // block_size)]):
+            if block in seen:
+                shared += min(block_size, read - j * block_size)
+            else:
+                seen.add(block)
+    return shared

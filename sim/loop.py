@@ -44,6 +44,8 @@ class LoopResult:
     start_time: float  # the first arrival
     end_time: float  # the end of the last step
     num_events: int  # events popped from the heap (an implementation counter: how much the jump saved)
+    extrapolated_steps: int = 0  # steps priced outside the cost model's calibrated range (`in_range`; 0 without one)
+    extrapolated_time: float = 0.0  # their simulated seconds
 
 
 class _RequestTimes:
@@ -85,12 +87,17 @@ class Simulator:
     `on_step(simulator, step)`: an observer called after every step ends, with its `StepPlan`, or after a
     fast-forwarded run with its `fastforward.DecodeRun`; it may read `simulator.now`, `.kv` and `.scheduler`
     (the figures' probes). `stop_at`: times the fast-forward never jumps across, like arrivals.
+    `in_range(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_prefill_pairs)`: the cost model's
+    calibrated range (sim.cost.PiecewiseCostModel.in_range); the steps priced outside it are counted.
+    `shared_reads`: give the cost model each step's num_shared_context_tokens (O(blocks) a step; else 0).
     """
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,
                  seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False,
-                 on_step=None, stop_at=()) -> None:  # fmt: skip
+                 on_step=None, stop_at=(), in_range=None, shared_reads: bool = False) -> None:  # fmt: skip
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
+        self.in_range, self.shared_reads = in_range, shared_reads
+        self.extrapolated_steps, self.extrapolated_time = 0, 0.0
         self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
         self.index = {r.request_id: i for i, r in enumerate(self.requests)}
         if len(self.index) != len(self.requests):
@@ -134,7 +141,8 @@ class Simulator:
             raise RuntimeError("expected every request served when events run out, found some unfinished")
         start = self.requests[0].arrival_time if self.requests else 0.0
         table = request_table(self.requests, self.times.arrays())
-        return LoopResult(table, self.log.to_table(), self.integral, start, max(self.last_step_end, start), num_events)
+        return LoopResult(table, self.log.to_table(), self.integral, start, max(self.last_step_end, start), num_events,
+                          self.extrapolated_steps, self.extrapolated_time)  # fmt: skip
 
     def _on_arrival(self, index: int) -> list:
         self.scheduler.add_request(self.requests[index])
@@ -158,7 +166,7 @@ class Simulator:
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
             horizon = min(self.next_arrival, self.stop_at[0]) if self.stop_at else self.next_arrival
-            run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon)
+            run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
             if run is not None:
                 self._book_run(run)
                 return [(run.end, STEP_END, run)]
@@ -218,7 +226,12 @@ class Simulator:
         cost ~microseconds, so they are not priced (a modelling approximation)."""
         duration = 0.0
         if plan.prefills or plan.decodes:
-            duration = self.cost.step_time(plan.num_prefill_tokens, len(plan.decodes), plan.num_context_tokens)
+            shared = plan.num_shared_context_tokens(self.kv.block_size) if self.shared_reads else 0
+            shape = (plan.num_prefill_tokens, len(plan.decodes), plan.num_context_tokens, plan.num_prefill_pairs, shared)
+            duration = self.cost.step_time(*shape)
+            if self.in_range is not None and not self.in_range(*shape):
+                self.extrapolated_steps += 1
+                self.extrapolated_time += duration
         swapped = len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)
         if swapped:
             duration += self.cost.swap_time(swapped * self.block_bytes, swapped)
@@ -263,6 +276,12 @@ class Simulator:
             self._check_pool(run.counts[-1])
         seen = run.seen_counts()
         durations = run.durations
+        if self.in_range is not None:  # step j of the run reads the K/V held before it plus j + 1 tokens a sequence
+            num_seqs, context = len(run.seq_ids), sum(run.num_tokens_before)
+            for j, duration in enumerate(durations):
+                if not self.in_range(0, num_seqs, context + num_seqs * (j + 1), 0, run.shared_context_tokens):
+                    self.extrapolated_steps += 1
+                    self.extrapolated_time += duration
         for kind, (name, column) in enumerate(zip(SHARE_NAMES, zip(*seen))):
             total = self.integral[name]
             for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping

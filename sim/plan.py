@@ -85,6 +85,31 @@ class StepPlan:
         return sum(s.num_computed_tokens + s.num_new_tokens for s in self.prefills + self.decodes if s.num_new_tokens)
 
     @property
+    def num_prefill_pairs(self) -> int:
+        """Query-key pairs of the prompt chunks' attention: a chunk of k tokens after c cached ones has its j-th token
+        (j = 1..k) attend to c + j keys, k * c + k * (k + 1) / 2 pairs in all. Decodes count none (their attention
+        is num_context_tokens, one query each). What makes a long prompt cost more than its tokens (sim.cost)."""
+        return sum(s.num_new_tokens * s.num_computed_tokens + s.num_new_tokens * (s.num_new_tokens + 1) // 2
+                   for s in self.prefills)
+
+    def num_shared_context_tokens(self, block_size: int) -> int:
+        """Of num_context_tokens, those read from a block that an earlier fed entry of this step also reads: a prompt
+        shared by n samples or k beams, a cached system prompt. On a CPU a block read twice in one pass is read the
+        second time from cache, at about half the cost (sim.cost.PiecewiseCostModel.d_shared). O(blocks read)."""
+        seen: set[int] = set()
+        shared = 0
+        for s in self.prefills + self.decodes:
+            read = s.num_computed_tokens + s.num_new_tokens
+            if not s.num_new_tokens:
+                continue
+            for j, block in enumerate(s.block_table[:-(-read // block_size)]):
+                if block in seen:
+                    shared += min(block_size, read - j * block_size)
+                else:
+                    seen.add(block)
+        return shared
+
+    @property
     def is_empty(self) -> bool:
         """Nothing to run and nothing to copy: an executor may skip the step."""
         work = (self.prefills, self.decodes, self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy)

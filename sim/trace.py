@@ -38,16 +38,23 @@ def _record(request: Request) -> dict:
     return {name: getattr(request, name) for name in JSON_FIELDS}
 
 
+def jsonl_text(requests: list[Request]) -> str:
+    """The requests as JSONL: one JSON object a line (no prompt_token_ids where a request has none)."""
+    lines = []
+    for request in requests:
+        record = _record(request)
+        if record["prompt_token_ids"] is None:
+            del record["prompt_token_ids"]
+        lines.append(json.dumps(record) + "\n")
+    return "".join(lines)
+
+
 def write_jsonl(requests: list[Request], path: str | Path) -> None:
     """One JSON object a line, written whole or not at all (sim.outfiles.atomic_write)."""
     from sim.outfiles import atomic_write
 
     with atomic_write(path) as f:
-        for request in requests:
-            record = _record(request)
-            if record["prompt_token_ids"] is None:
-                del record["prompt_token_ids"]
-            f.write(json.dumps(record) + "\n")
+        f.write(jsonl_text(requests))
 
 
 def write_csv(requests: list[Request], path: str | Path) -> None:

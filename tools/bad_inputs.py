@@ -197,8 +197,16 @@ def reference_cases() -> list[Case]:
     cases += _flag_cases("reference", "bench", subs["bench"], ["--quick"])
     cases += _flag_cases("reference", "calibrate", subs["calibrate"], ["--quick"])
     cases += _flag_cases("reference", "validate-sim", subs["validate-sim"], ["--trace", "t.jsonl"])
-    cost = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 1, "model": "opt-13b", '
+    cost = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "opt-13b", '
                       b'"coefficients": {"a": 0, "b": 0, "c": 0, "d": 0, "floor_s": 0, "swap_bandwidth": 1}}'}
+    # a piecewise model that prices 1,536 tokens at -18.9 s (what the unconstrained fit once committed)
+    absurd = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "smollm2-135m", '
+                        b'"kind": "piecewise", "coefficients": {"knots": [1, 1024, 1536, 2048], "values": [0.05, 3.6, '
+                        b'-18.9, 8.7], "c": 0, "d": 0, "e": 0, "swap_bandwidth": 1, "max_decode_seqs": null, '
+                        b'"max_context_tokens": null, "max_prefill_pairs": null}}'}
+    old = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 1, "model": "smollm2-135m", '
+                     b'"kind": "piecewise", "coefficients": {"knots": [1, 2], "values": [0.05, 0.06], "c": 0, "d": 0, '
+                     b'"swap_bandwidth": 1}}'}
     bad_config = {"ck/config.json": b'{"model_type": "llama"}'}
     combos = [
         (["generate", "", "--model", "random"], "empty prompt", {}),
@@ -231,6 +239,13 @@ def reference_cases() -> list[Case]:
         (["validate-sim", "--trace", "t.jsonl", "--cost-model", "absent.json"], "missing input", {"t.jsonl": GOOD_JSONL}),
         (["validate-sim", "--trace", "t.jsonl", "--figure", "t.jsonl"], "output path", {"t.jsonl": GOOD_JSONL}),
         (["validate-sim", "--num-gpu-blocks", "64"], "conflicting flags", {}),
+        (["validate-sim", "--cost-model", "c.json"], "absurd cost model", absurd),
+        (["validate-sim", "--cost-model", "c.json"], "cost model of an old version", old),
+        (["validate-sim", "--preemption", "swap"], "conflicting flags", {}),
+        (["validate-sim", "--trace", "t.jsonl", "--preemption", "swap"], "conflicting flags", {"t.jsonl": GOOD_JSONL}),
+        (["validate-sim", "--only", "nosuch"], "flag value", {}),
+        (["calibrate", "--quick", "--passes", "0"], "flag value", {}),
+        (["calibrate", "--quick", "--repeat", "100"], "flag value", {}),
     ]
     cases += [Case("reference", argv, kind, files) for argv, kind, files in combos]
     return cases

@@ -44,7 +44,8 @@ class FrozenRoofline:
     token_flop_s, attn_flop_s = 0.00013732343247863248, 4.376068376068376e-09  # per new token, per context token
     swap_bandwidth = 25600000000.0  # bytes/s
 
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
+    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
+                  num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
         new_tokens = num_prefill_tokens + num_decode_seqs
         memory = self.weights_s + self.kv_token_s * (num_context_tokens + new_tokens)
         compute = self.token_flop_s * new_tokens + self.attn_flop_s * num_context_tokens
