@@ -151,9 +151,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from reference import LLM
 
-    if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("bench-gpu: this benchmark needs a CUDA GPU (none found); --cpu-smoke checks the script on the CPU")
-        return 0
+    if not torch.cuda.is_available() and not args.cpu_smoke:  # asked for what cannot run here: a refusal, exit 2
+        print("error: bench-gpu needs a CUDA GPU (none found; --cpu-smoke checks the script on the CPU)", file=sys.stderr)
+        return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     smoke = args.cpu_smoke and device == "cpu"
     started = time.perf_counter()

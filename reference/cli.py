@@ -129,6 +129,8 @@ def _choice(allowed: tuple[str, ...]):
 
 def _check_generate_args(a: argparse.Namespace) -> None:
     """The flag rules, each with its allowed range (the engine checks again; this gives CLI wording)."""
+    from reference.sampling import REPETITION_PENALTY_RANGE  # (imports torch: not at the top, --help stays quick)
+
     rules = [
         (a.prompt.strip() != "", "the prompt is empty", "a non-empty string"),
         (a.max_tokens >= 1, f"--max-tokens {a.max_tokens}", "an integer >= 1"),
@@ -143,7 +145,9 @@ def _check_generate_args(a: argparse.Namespace) -> None:
         (a.seed >= 0, f"--seed {a.seed}", "an integer >= 0: the seed of the sampling generator"),
         (0 <= a.min_tokens <= a.max_tokens, f"--min-tokens {a.min_tokens}", "an integer from 0 to --max-tokens"),
         (0 <= a.min_p <= 1, f"--min-p {a.min_p}", "a number in [0, 1]"),
-        (0 < a.repetition_penalty <= 100, f"--repetition-penalty {a.repetition_penalty}", "a number in (0, 100]"),
+        (REPETITION_PENALTY_RANGE[0] <= a.repetition_penalty <= REPETITION_PENALTY_RANGE[1],
+         f"--repetition-penalty {a.repetition_penalty}",
+         f"a number in [{REPETITION_PENALTY_RANGE[0]:g}, {REPETITION_PENALTY_RANGE[1]:g}] (1 = off)"),
         (-2 <= a.presence_penalty <= 2, f"--presence-penalty {a.presence_penalty}", "a number in [-2, 2]"),
         (-2 <= a.frequency_penalty <= 2, f"--frequency-penalty {a.frequency_penalty}", "a number in [-2, 2]"),
         (a.logprobs is None or 0 <= a.logprobs <= 20, f"--logprobs {a.logprobs}", "an integer from 0 to 20"),
@@ -154,7 +158,9 @@ def _check_generate_args(a: argparse.Namespace) -> None:
                                    or a.prompt_logprobs is not None or a.repetition_penalty != 1
                                    or a.presence_penalty or a.frequency_penalty),
          f"--beam-width {a.beam_width} with sampling options", "beam search takes only --max-tokens, --ignore-eos"),
-        (a.block_size >= 1, f"--block-size {a.block_size}", "an integer >= 1"),
+        (a.json or (a.logprobs is None and a.prompt_logprobs is None),
+         "--logprobs / --prompt-logprobs without --json", "with --json only: the text output shows no log-probabilities"),
+        (1 <= a.block_size <= 256, f"--block-size {a.block_size}", "an integer from 1 to 256"),
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
         (a.model in ("smollm2", "gemma3", "random") or (Path(a.model) / "config.json").is_file(),
          f"--model {a.model!r} is not a checkpoint folder (no config.json)",
@@ -168,11 +174,12 @@ def _check_generate_args(a: argparse.Namespace) -> None:
 def _prompt_for(tokenizer, config, a: argparse.Namespace):
     """The prompt as the engine takes it: text (chat-templated with --chat), or token ids without a tokenizer."""
     if tokenizer is None:
-        try:
-            ids = [int(t) for t in a.prompt.split()]
-        except ValueError:
+        words = a.prompt.split()
+        # ASCII digits only: int() also reads other scripts' digits ('٣' is 3), which no one means as a token id
+        if not all(w.isascii() and w.lstrip("+-").isdigit() for w in words):
             raise UsageError(f"model {a.model!r} has no tokenizer: the prompt must be token ids "
-                             "(allowed: space-separated integers, e.g. '1 5 7')") from None
+                             "(allowed: space-separated integers, e.g. '1 5 7')")
+        ids = [int(w) for w in words]
         if any(not 0 <= i < config.vocab_size for i in ids):
             raise UsageError(f"a prompt token id is out of range (allowed: 0 .. {config.vocab_size - 1})")
         return ids
@@ -218,8 +225,14 @@ def _build_engine(a: argparse.Namespace):
         check_model(a.policy, spec)
         blocks = blocks_for_request(a.policy, max(prompt_len, 1), a.max_tokens, max(a.n, a.beam_width),
                                     a.block_size, config.max_position_embeddings, spec)  # fmt: skip
-    llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
-                          seed=a.seed)  # fmt: skip
+    try:
+        llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
+                              seed=a.seed)  # fmt: skip
+    except (MemoryError, RuntimeError) as exc:  # torch's allocator: the pool does not fit this machine
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise UsageError(f"a KV pool of {blocks} blocks of {a.block_size} tokens does not fit in this machine's "
+                         f"memory (allowed: fewer --kv-blocks, or a smaller --block-size)") from None
     return llm, prompt
 
 
@@ -250,12 +263,17 @@ def run_generate(a: argparse.Namespace) -> int:
         message = str(exc)
         if a.kv_blocks is not None and message.startswith("request "):  # the scheduler: it can never fit the pool
             message = f"--kv-blocks {a.kv_blocks} is too small: {message.split(': ', 1)[-1]}"
+        elif a.kv_blocks is not None and message.startswith("num_gpu_blocks "):  # the engine's bound, in this flag
+            message = "--kv-blocks " + message.removeprefix("num_gpu_blocks ")
         raise UsageError(message) from None
     final = _run_steps(llm, request_id, stream=not a.json, hold=max(map(len, a.stop or [""]), default=0))
     if a.chrome_trace:
         from reference.timeline import write_chrome_trace
 
-        write_chrome_trace(llm, a.chrome_trace, title=f"python -m reference generate: {a.model}, policy {a.policy}")
+        try:
+            write_chrome_trace(llm, a.chrome_trace, title=f"python -m reference generate: {a.model}, policy {a.policy}")
+        except OSError as exc:  # checked before the run, yet the disk can still be full (/dev/full): one line
+            raise UsageError(f"--chrome-trace {a.chrome_trace}: cannot write it ({exc.strerror or exc})") from None
     if a.json:
         print(json.dumps(_summary(llm, a, prompt, final)))
     return 0
@@ -340,27 +358,45 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_gpu.main(argv[1:])
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "generate":
-            return run_generate(args)
-        if args.command == "bench":
-            from reference import bench
+    from sim.cli import broken_pipe, interruptible
 
-            try:
-                bench.check_args(args)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-            return bench.run(args, argv=["python", "-m", "reference", *argv])
-        if args.command in ("bench-hybrid", "calibrate", "validate-sim"):
-            from reference import bench_hybrid, calibrate, validate_sim
+    def body() -> int:
+        try:
+            return _dispatch(args, argv)
+        except BrokenPipeError:  # the reader went away (`| head`): not bad input; stop quietly
+            return broken_pipe()
+        except UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
 
-            command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate}.get(args.command, validate_sim)
-            try:
-                command.check_args(args)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
+    return interruptible(body)
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the parsed command; UsageError for bad input (main prints it as one line)."""
+    if args.command == "generate":
+        return run_generate(args)
+    if args.command == "bench":
+        from reference import bench
+
+        try:
+            bench.check_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return bench.run(args, argv=["python", "-m", "reference", *argv])
+    if args.command in ("bench-hybrid", "calibrate", "validate-sim"):
+        from reference import bench_hybrid, calibrate, validate_sim
+
+        command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate}.get(args.command, validate_sim)
+        try:
+            command.check_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        try:
             return command.run(args, argv=["python", "-m", "reference", *argv])
-        raise AssertionError(f"expected a known command, found {args.command!r}")  # argparse allows no other
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        except OSError as exc:  # an output that passed its checks and still cannot be written (a full disk)
+            if isinstance(exc, BrokenPipeError):
+                raise
+            raise UsageError(f"cannot write the results: {exc.strerror or exc} ({exc.filename or 'an output'}); "
+                             f"every output was left as it was") from None
+    raise AssertionError(f"expected a known command, found {args.command!r}")  # argparse allows no other

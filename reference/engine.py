@@ -26,11 +26,15 @@ Bad input and failures:
 - a step that raises (an exception in the executor or the sampler, KeyboardInterrupt) aborts the requests it
   touched (`Scheduler.abandon_step`: their blocks return to the pool), counts itself in
   `stats.num_failed_steps` and re-raises; the engine stays usable and the other requests stay queued.
-  `generate()` / `beam_search()` interrupted or failing abort every request they queued before re-raising.
+  `generate()` / `beam_search()` interrupted or failing abort every request they queued before re-raising;
+- one thread at a time: a second thread calling in while one runs gets a RuntimeError at once (`_one_thread`).
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +53,7 @@ from reference.prompts import prompt_parts
 from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample_generator
 from reference.kv_groups import kv_layout, model_spec
-from sim.kv import check_model, make_kv_manager
+from sim.kv import check_model, has_swap_space, make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -96,7 +100,11 @@ class _Checked:
 
 
 class LLM(EngineOutcomes, OfflineAPI):
-    """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API."""
+    """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API.
+
+    One thread at a time: while a thread is inside generate(), chat(), beam_search(), step(), add_request() or
+    abort(), the same call from another thread raises RuntimeError at once (nothing changed, and the running call
+    completes as if alone); it never waits. Use one LLM per thread, or call it from one thread."""
 
     def __init__(self, model: str | LlamaForwardModel = "smollm2", *, policy: str = "paged", block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_budget_bytes: int | None = None, num_cpu_blocks: int = 0,
@@ -152,14 +160,7 @@ class LLM(EngineOutcomes, OfflineAPI):
             raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {max_model_len}")
         num_blocks = ex.num_gpu_blocks_for(self.config, block_size, self.dtype, self.device, num_gpu_blocks,
                                            kv_budget_bytes, gpu_memory_utilization)
-        if swap_space is not None:
-            if num_cpu_blocks:
-                raise ValueError("give num_cpu_blocks or swap_space (GiB of CPU swap), not both")
-            swap_bytes = int(check_real("swap_space", swap_space) * 2**30)
-            if swap_bytes < 0:
-                raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}")
-            num_cpu_blocks = swap_bytes // kv_bytes_per_block(self.config.num_layers, block_size,
-                                                              self.config.num_kv_heads, self.config.head_dim, self.dtype)
+        num_cpu_blocks = self._cpu_pool_blocks(block_size, num_cpu_blocks, swap_space)
         self.block_size = block_size
         # the model as the KV managers see it: hybrid groups its full and sliding-window layers (Gemma 3)
         spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model")
@@ -171,6 +172,12 @@ class LLM(EngineOutcomes, OfflineAPI):
             raise ValueError(f"policy {policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
         if num_cpu_blocks and not self.kv_manager.num_cpu_blocks:
             raise ValueError(f"policy {policy!r} has no swap space (allowed with num_cpu_blocks > 0: paged)")
+        if preemption == "swap" and not num_cpu_blocks:  # the scheduler would recompute every time, silently
+            if not has_swap_space(policy):
+                raise ValueError(f"preemption='swap' needs CPU swap space, and policy {policy!r} has none: it "
+                                 "preempts by recompute only (allowed: preemption='recompute', or policy 'paged')")
+            raise ValueError("preemption='swap' needs num_cpu_blocks > 0 (or swap_space of at least one block) to "
+                             "swap to (allowed without CPU blocks: preemption='recompute')")
         self.enable_prefix_caching = enable_prefix_caching
         chunked = scheduler == "v1" and enable_chunked_prefill is not False
         # vLLM's defaults for its offline LLM class: 4096 tokens per step on a CPU, 8192 on a GPU (16384 on one of
@@ -193,6 +200,31 @@ class LLM(EngineOutcomes, OfflineAPI):
         self._ids = RequestIds()  # public str id <-> scheduler int id, for every request ever queued
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
         self._start = time.perf_counter()
+        # one thread at a time (_one_thread): reentrant, so generate() may call step() and abort() in its thread
+        self._lock = threading.RLock()
+        self._running: str | None = None  # the outermost call holding the lock, for the refusal's message
+
+    def _cpu_pool_blocks(self, block_size: int, num_cpu_blocks: int, swap_space: float | None) -> int:
+        """The CPU swap pool in blocks: num_cpu_blocks, or what swap_space (GiB, vLLM's keyword) holds; ValueError
+        past what the host can hold (executor.max_pool_blocks)."""
+        if swap_space is None and num_cpu_blocks == 0:
+            return 0
+        per_block = kv_bytes_per_block(self.config.num_layers, block_size, self.config.num_kv_heads,
+                                       self.config.head_dim, self.dtype)
+        limit, most = ex.max_pool_blocks(per_block, "cpu")
+        if swap_space is None:
+            if num_cpu_blocks > limit:
+                raise ValueError(f"num_cpu_blocks {num_cpu_blocks:,} is more than {most} (allowed: 0 .. {limit:,})")
+            return num_cpu_blocks
+        if num_cpu_blocks:
+            raise ValueError("give num_cpu_blocks or swap_space (GiB of CPU swap), not both")
+        swap_space = check_real("swap_space", swap_space)
+        if swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}")
+        if swap_space > limit * per_block / 2**30:
+            raise ValueError(f"swap_space {swap_space:g} GiB is more than {most} (allowed: 0 .. "
+                             f"{limit * per_block / 2**30:.4g} GiB, {limit:,} blocks of {per_block:,} bytes)")
+        return int(swap_space * 2**30) // per_block
 
     @classmethod
     def from_loaded(cls, model: LlamaForwardModel, tokenizer=None, config=None, **kwargs) -> LLM:
@@ -212,7 +244,8 @@ class LLM(EngineOutcomes, OfflineAPI):
         counter that numbers generate()'s requests "0", "1", ... (one a caller already took is skipped).
         TypeError / ValueError (nothing changed) for a bad input, an id already given, or a request that can never
         be served. The scheduler knows the request by an int: `scheduler_request_id(request_id)`."""
-        return self._enqueue(self._check(prompt, params, request_id, "the prompt"))
+        with self._one_thread("add_request()"):
+            return self._enqueue(self._check(prompt, params, request_id, "the prompt"))
 
     def _check(self, prompt, params: Params | None, request_id, where: str) -> _Checked:
         """Every check add_request makes before the scheduler's own (budget, max_num_seqs, pool size). Changes
@@ -229,6 +262,11 @@ class LLM(EngineOutcomes, OfflineAPI):
                              f"(allowed: 0 .. {self.config.vocab_size - 1})")
         if not ids:
             raise ValueError(f"{where} is empty (allowed: at least one token)")
+        stop_ids = [] if isinstance(params, BeamSearchParams) else params.stop_token_ids
+        if any(t >= self.config.vocab_size for t in stop_ids):  # SamplingParams made them ints >= 0
+            bad = next(t for t in stop_ids if t >= self.config.vocab_size)
+            raise ValueError(f"{where}'s SamplingParams: stop_token_ids holds {bad}, outside the vocabulary "
+                             f"(allowed: token ids 0 .. {self.config.vocab_size - 1})")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"{where} has {len(ids)} tokens, too long for a context of {self.max_model_len} "
                              f"(allowed: at most {self.max_model_len - 1} prompt tokens)")
@@ -288,6 +326,10 @@ class LLM(EngineOutcomes, OfflineAPI):
         """Stop a request wherever it is; its blocks return to the pool at once. request_id: its public id (an int
         converted with str(), as add_request does), or a list of them (vLLM's LLMEngine.abort_request takes a list).
         An unknown or finished request is ignored (vLLM's abort is idempotent too); a bad type is a TypeError."""
+        with self._one_thread("abort()"):
+            self._abort(request_id)
+
+    def _abort(self, request_id: str | int | list | tuple) -> None:
         for public in request_id if isinstance(request_id, (list, tuple)) else [request_id]:
             rid = self._ids.scheduler_id(public)
             if rid is None or self._requests.pop(rid, None) is None:
@@ -317,6 +359,28 @@ class LLM(EngineOutcomes, OfflineAPI):
         queued and later steps serve them as if nothing had happened. With prefix caching, the blocks the failed
         plan was to write leave the prefix cache (Scheduler.abandon_step), so no later prompt reuses K/V that was
         never computed."""
+        with self._one_thread("step()"):
+            return self._step()
+
+    @contextmanager
+    def _one_thread(self, call: str) -> Iterator[None]:
+        """Run `call` (e.g. "generate()") as the only call into this engine. The thread already inside may enter
+        again (generate() steps and aborts); another thread gets a RuntimeError at once, nothing changed.
+        NOTE: a refusal, not a wait: waiting behind another thread's whole generate() would look like a hang, and
+        the engine's state (the scheduler's queues, the requests' tokens) is not safe to share between steps of
+        two callers anyway. The cost: about 1 us a call on one CPU core, against milliseconds a step."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"this LLM is already running {self._running or 'a call'} in another thread; "
+                               "use one LLM per thread or call it from one thread")
+        outer = self._running
+        self._running = outer or call
+        try:
+            yield
+        finally:
+            self._running = outer
+            self._lock.release()
+
+    def _step(self) -> list[RequestOutput]:
         plan = None
         try:
             with torch.inference_mode():

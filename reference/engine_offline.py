@@ -7,7 +7,7 @@ are numbered by the engine's counter: str ids "0", "1", ... across every call on
 from __future__ import annotations
 
 from reference.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
-from reference.prompts import prompt_list
+from reference.prompts import chat_messages, prompt_list
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool
 
 Params = SamplingParams | BeamSearchParams
@@ -44,23 +44,33 @@ class OfflineAPI:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params{f'[{i}]' if len(params) > 1 else ''} must be SamplingParams, "
                                 f"got {type(p).__name__}")
-        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm))
+        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm), "generate()")
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
              use_tqdm: bool = False, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a list of them,
         rendered with the tokenizer's chat template (the assistant's turn opened when add_generation_prompt),
-        then generated as generate() does. A RequestOutput's prompt is the rendered text."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        if not conversations or not all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c)
-                                        for c in conversations):  # fmt: skip
-            raise TypeError("messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) "
-                            "or a list of conversations")
+        then generated as generate() does. A RequestOutput's prompt is the rendered text. A message's content is
+        a str, or OpenAI's list of parts, of which this engine serves the text ones (`chat_messages`). A message the
+        template cannot take is a TypeError / ValueError naming it (messages[i], or messages[c][i] in a list of
+        conversations), before anything is queued."""
+        add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
+        conversations = chat_messages(messages)
         if self.tokenizer is None or getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError("this model has no chat template: use generate() with plain prompts")
-        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=check_bool(
-            "add_generation_prompt", add_generation_prompt), tokenize=False) for c in conversations]
-        return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
+        import jinja2  # transformers renders chat templates with it
+
+        with self._one_thread("chat()"):
+            texts = []
+            for c, conversation in enumerate(conversations):
+                try:
+                    texts.append(self.tokenizer.apply_chat_template(
+                        conversation, add_generation_prompt=add_generation_prompt, tokenize=False))
+                except jinja2.TemplateError as exc:  # the template's own rule (raise_exception): one line naming it
+                    where = "messages" if len(conversations) == 1 else f"messages[{c}]"
+                    raise ValueError(f"{where}: the chat template refuses the conversation: "
+                                     f"{' '.join(str(exc).split())}") from None
+            return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
 
     def get_tokenizer(self):
         """The model's tokenizer (a transformers tokenizer), or None for a model given without one."""
@@ -75,7 +85,7 @@ class OfflineAPI:
             raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
         eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)
         prompts, results = prompt_list(prompts), []
-        for out in self._run(prompts, [params] * len(prompts), False):
+        for out in self._run(prompts, [params] * len(prompts), False, "beam_search()"):
             seqs = []
             for c in out.outputs:
                 tokens = out.prompt_token_ids + c.token_ids
@@ -85,9 +95,14 @@ class OfflineAPI:
             results.append(BeamSearchOutput(seqs))
         return results
 
-    def _run(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
-        """Check every prompt, queue them all (all or none), step until they are done; on any exception or
+    def _run(self, prompts: list, params: list[Params], use_tqdm: bool, call: str) -> list[RequestOutput]:
+        """As the one caller of the engine (`call`, e.g. "generate()": another thread meanwhile gets a RuntimeError),
+        check every prompt, queue them all (all or none), step until they are done; on any exception or
         interruption while stepping, abort the ones still queued and re-raise."""
+        with self._one_thread(call):
+            return self._run_alone(prompts, params, use_tqdm)
+
+    def _run_alone(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
         where = "the prompt" if len(prompts) == 1 else "prompt {}"
         checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
         ids: list[str] = []

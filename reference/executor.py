@@ -30,8 +30,9 @@ from typing import Callable, NamedTuple
 import torch
 
 from reference.batch import ForwardBatch
-from reference.kv_cache import KVCache
+from reference.kv_cache import KVCache, kv_bytes_per_block, total_device_memory_bytes
 from reference.models.llama import LlamaForwardModel
+from sim.limits import MAX_POOL_BLOCKS
 from sim.plan import ScheduledSeq, StepPlan
 
 BACKENDS = ("torch", "torch_batched", "numba", "triton")
@@ -125,21 +126,48 @@ def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torc
                        gpu_memory_utilization: float | None = None) -> int:
     """The KV pool size in blocks: given, or from a byte budget, or the device's default: on a GPU,
     `gpu_memory_utilization` of its free memory (0.9 by default). As in vLLM, a block count or a byte budget
-    overrides gpu_memory_utilization, and vLLM's CPU build ignores that keyword: so does this engine on the CPU."""
+    overrides gpu_memory_utilization, and vLLM's CPU build ignores that keyword: so does this engine on the CPU.
+    A given count or budget past `max_pool_blocks` is a ValueError saying what is allowed."""
     if num_gpu_blocks is not None and kv_budget_bytes is not None:
         raise ValueError("give at most one of num_gpu_blocks and kv_budget_bytes (kv_cache_memory_bytes)")
+    per_block = kv_bytes_per_block(config.num_layers, block_size, config.num_kv_heads, config.head_dim, dtype)
+    limit, most = max_pool_blocks(per_block, device)
     if num_gpu_blocks is not None:
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {num_gpu_blocks}")
+        if num_gpu_blocks > limit:
+            raise ValueError(f"num_gpu_blocks {num_gpu_blocks:,} is more than {most} (allowed: 1 .. {limit:,})")
         return num_gpu_blocks
     shape = dict(num_layers=config.num_layers, block_size=block_size, num_kv_heads=config.num_kv_heads,
                  head_dim=config.head_dim, dtype=dtype)
     if kv_budget_bytes is not None:
+        if kv_budget_bytes > limit * per_block:
+            raise ValueError(f"kv_budget_bytes (kv_cache_memory_bytes) {kv_budget_bytes:,} is more than {most} "
+                             f"(allowed: at most {limit * per_block:,} bytes, {limit:,} blocks of {per_block:,})")
         return KVCache.num_blocks_for_budget(**shape, budget_bytes=kv_budget_bytes)
     if device.type == "cuda":
-        return KVCache.num_blocks_for_budget(**shape, device=device,
-                                             fraction_of_free_memory=gpu_memory_utilization or GPU_MEMORY_FRACTION)
+        # NOTE: a default is never refused: a small model on a large GPU is cut to the limit (free memory is under
+        # the device's total, so only MAX_POOL_BLOCKS can cut it)
+        return min(limit, KVCache.num_blocks_for_budget(**shape, device=device, fraction_of_free_memory=(
+            gpu_memory_utilization or GPU_MEMORY_FRACTION)))
     return -(-CPU_DEFAULT_TOKENS // block_size)
+
+
+def max_pool_blocks(per_block_bytes: int, device: torch.device | str) -> tuple[int, str]:
+    """The most blocks a KV pool on `device` may hold, and what that most is (for "N is more than ..."): the
+    simulator's limit on a paged pool (sim.limits.MAX_POOL_BLOCKS: the KV manager is the simulator's), and no more
+    bytes than the device's whole memory. ValueError if one block is larger than that memory.
+    NOTE: a sanity bound, not a promise that the pool fits: free memory is less than the total (and on a CPU the
+    GPU and CPU pools share it); a pool between the two fails in torch's allocator."""
+    device = torch.device(device)
+    total = total_device_memory_bytes(device)
+    memory = f"the {device.type} memory of {total / 2**30:.1f} GiB"
+    if per_block_bytes > total:
+        raise ValueError(f"one KV block takes {per_block_bytes:,} bytes, more than {memory} "
+                         "(allowed: a smaller block_size)")
+    if total // per_block_bytes < MAX_POOL_BLOCKS:
+        return total // per_block_bytes, f"{memory} holds at {per_block_bytes:,} bytes a block"
+    return MAX_POOL_BLOCKS, "the largest paged pool (sim.limits.MAX_POOL_BLOCKS)"
 
 
 class StepLogits(NamedTuple):

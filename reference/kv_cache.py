@@ -53,6 +53,14 @@ def free_device_memory_bytes(device: torch.device | str) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def total_device_memory_bytes(device: torch.device | str) -> int:
+    """All the memory of `device`, free or not: the most any KV pool there could ever take."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """Per model layer: the KV cache group whose block tables it reads, and the cache tensor it lives in."""

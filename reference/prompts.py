@@ -1,7 +1,8 @@
 """The prompts the engine takes, as vLLM's offline API takes them: a str, a list of token ids, a dict
 {"prompt": str} / {"prompt_token_ids": [...]}, or a list of these (and numpy integer arrays); anything else is a
 TypeError naming the allowed forms. Token ids are checked for being integers here, against the vocabulary by
-the engine.
+the engine. Also here: the conversations `LLM.chat` takes (`chat_messages`), checked before the chat template sees
+them.
 """
 from __future__ import annotations
 
@@ -69,3 +70,61 @@ def _token_ids(value, where: str) -> list[int]:
             raise TypeError(f"{where}: token ids must be integers, got {type(t).__name__} {t!r} at position {i}")
         ids.append(int(t))
     return ids
+
+
+_CHAT_FORMS = "a conversation (a list of {'role': ..., 'content': ...} dicts) or a list of conversations"
+_MESSAGE_FORM = "{'role': str, 'content': str or a list of {'type': 'text', 'text': str} parts}"
+
+
+def chat_messages(messages) -> list[list[dict]]:
+    """The conversations of one `LLM.chat` call as the chat template takes them: each message a dict with a str
+    'role' and a str 'content', OpenAI's list of content parts joined into one. TypeError / ValueError naming the
+    message (messages[i] in one conversation, messages[c][i] in a list of them) for anything else."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise TypeError(f"messages must be {_CHAT_FORMS}, got {_describe(messages)}")
+    single = isinstance(messages[0], dict)  # a list of messages, not of conversations
+    conversations = [messages] if single else messages
+    checked = []
+    for c, conversation in enumerate(conversations):
+        if not isinstance(conversation, (list, tuple)) or not conversation:
+            raise TypeError(f"messages must be {_CHAT_FORMS}: messages[{c}] is {_describe(conversation)}")
+        checked.append([_message(m, f"messages[{i}]" if single else f"messages[{c}][{i}]")
+                        for i, m in enumerate(conversation)])
+    return checked
+
+
+def _message(message, where: str) -> dict:
+    """One message with its content as one str. NOTE: as vLLM renders a text-only list of parts for a template that
+    takes a str: the texts joined with newlines. vLLM drops a message whose content is None (an assistant's tool
+    call); this engine calls no tools, so None is refused."""
+    if not isinstance(message, dict):
+        raise TypeError(f"{where}: a message must be a dict {_MESSAGE_FORM}, got {_describe(message)}")
+    for key in ("role", "content"):
+        if message.get(key) is None:
+            what = f"its {key!r} is None" if key in message else f"it has no {key!r}"
+            raise ValueError(f"{where}: {what} (allowed: a message {_MESSAGE_FORM})")
+    if not isinstance(message["role"], str):
+        raise TypeError(f"{where}: 'role' must be a str, got {_describe(message['role'])}")
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    if not isinstance(content, (list, tuple)):
+        raise TypeError(f"{where}: 'content' must be a str or a list of parts, got {_describe(content)}")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise TypeError(f"{where}: content part {j} must be a dict {{'type': 'text', 'text': str}}, "
+                            f"got {_describe(part)}")
+        if part.get("type") != "text":
+            raise ValueError(f"{where}: content part {j} has type {part.get('type')!r}: this engine serves text only "
+                             "(allowed: {'type': 'text', 'text': str})")
+        if not isinstance(part.get("text"), str):
+            raise TypeError(f"{where}: content part {j}: 'text' must be a str, got {_describe(part.get('text'))}")
+        texts.append(part["text"])
+    return {**message, "content": "\n".join(texts)}
+
+
+def _describe(value) -> str:
+    """A value's type, and the value when it is short: one line for an error message."""
+    text = repr(value)
+    return type(value).__name__ if len(text) > 40 or "\n" in text else f"{type(value).__name__} {text}"

@@ -39,6 +39,11 @@ import torch
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (vLLM's _SAMPLING_EPS)
 MAX_LENGTH_PENALTY = 10.0  # |length_penalty| at most: a score divides by generated_len ** length_penalty
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+# repetition_penalty scales a seen token's logit by up to 1 / penalty, and temperature (>= GREEDY_BELOW) by up to
+# 1e5 more: at 1e-4 a logit grows at most 1e9-fold, finite in float32 for any logit a model makes (below 3e29),
+# where 1e-300 made inf and then NaN probabilities inside a step. vLLM takes any value > 0; the CTRL paper's is 1.2.
+# 100 was this lab's bound before (dividing never overflows; it only has to mean something).
+REPETITION_PENALTY_RANGE = (1e-4, 100.0)
 
 
 def check_int(name: str, value, minimum: int | None = None) -> int:
@@ -79,7 +84,7 @@ class SamplingParams:
     n: int = 1  # parallel samples sharing the prompt's blocks (paper 4.4)
     presence_penalty: float = 0.0  # [-2, 2]: subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # [-2, 2]: subtracted per occurrence in the generated tokens
-    repetition_penalty: float = 1.0  # > 0: logits of tokens in the prompt or output: / if > 0, * if <= 0 (CTRL)
+    repetition_penalty: float = 1.0  # [1e-4, 100]: logits of the prompt's or output's tokens: / if > 0, * if <= 0
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
     top_k: int = 0  # keep the k most likely tokens; 0 (vLLM's default) or -1 = off
@@ -112,8 +117,9 @@ class SamplingParams:
             if not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
         repetition = check_real("repetition_penalty", self.repetition_penalty)
-        if not 0.0 < repetition <= 100.0:
-            raise ValueError(f"repetition_penalty must be in (0, 100] (1 = off), got {repetition}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= repetition <= high:
+            raise ValueError(f"repetition_penalty must be in [{low:g}, {high:g}] (1 = off), got {repetition:g}")
         min_p = check_real("min_p", self.min_p)
         if not 0.0 <= min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")

@@ -375,11 +375,20 @@ def check_args(args: argparse.Namespace) -> None:
     unknown = [name for name in args.only or () if name not in {case.name for case in SUITE}]
     if unknown:
         raise ValueError(f"--only: no suite trace {unknown[0]!r} (allowed: {', '.join(case.name for case in SUITE)})")
-    check_outputs({"--out": args.out, "--requests-csv": args.requests_csv, "--figure": args.figure},
+    names = [] if args.trace else [case.name for case in SUITE if not args.only or case.name in args.only]
+    traces = [(f"--traces-dir {args.traces_dir}", str(Path(args.traces_dir) / f"{name}.jsonl")) for name in names]
+    if Path(args.traces_dir).exists() and not Path(args.traces_dir).is_dir():
+        raise ValueError(f"--traces-dir {args.traces_dir}: not a folder (allowed: a folder, made if missing)")
+    check_outputs([("--out", args.out), ("--requests-csv", args.requests_csv), ("--figure", args.figure), *traces],
                   {"--cost-model": args.cost_model, **{f"--trace {t}": t for t in args.trace or ()}}, make_parents=True)
     cost_model_for(args.cost_model, "smollm2-135m")  # readable, and measured on the engine's model
     for trace in args.trace or ():
         for r in read_trace(trace):
+            blocks = -(-r.total_len // 16) * r.num_seqs  # the engine's admission rule, blocks of 16 tokens
+            if blocks > (args.num_gpu_blocks or DEFAULT_BLOCKS):
+                raise ValueError(f"--trace {trace}: request {r.request_id} needs {blocks} KV blocks of 16 tokens, more "
+                                 f"than the pool's {args.num_gpu_blocks or DEFAULT_BLOCKS} (allowed: a larger "
+                                 f"--num-gpu-blocks)")  # fmt: skip
             if r.total_len > 8192:
                 raise ValueError(f"--trace {trace}: request {r.request_id} has {r.total_len} tokens, prompt and output "
                                  f"(allowed: at most SmolLM2's context, 8192 tokens)")  # fmt: skip

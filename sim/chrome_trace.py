@@ -94,6 +94,12 @@ def simulator_rows(steps, requests) -> tuple[list[dict], list[dict]]:
     return step_rows, request_rows
 
 
-def write_trace(path: str | Path, steps: list[dict], requests: list[dict], *, title: str) -> None:
-    """Write the trace of trace_events to `path` (atomically: a failed write leaves no half file)."""
-    write_text(path, json.dumps(trace_events(steps, requests, title=title), separators=(",", ":")))
+def write_trace(path: str | Path, steps: list[dict], requests: list[dict], *, title: str, files=None) -> None:
+    """Write the trace of trace_events to `path` (atomically: a failed write leaves no half file; with `files`, an
+    sim.outfiles.atomic_files group, together with the group's other files or not at all)."""
+    text = json.dumps(trace_events(steps, requests, title=title), separators=(",", ":"))
+    if files is None:
+        write_text(path, text)
+    else:
+        with files.open(path) as f:
+            f.write(text)

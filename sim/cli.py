@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -188,17 +189,64 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"note: {result.summary['trace_import']}", file=sys.stderr)
     if result.summary.get("extrapolated_steps"):  # a calibrated cost model priced steps it never measured
         print(f"note: {extrapolation_sentence(result.summary)}", file=sys.stderr)
-    if args.requests_csv:
-        result.requests.to_csv(args.requests_csv)
-    if args.steps_csv:
-        result.steps.to_csv(args.steps_csv)
-    if args.chrome_trace:
-        from .chrome_trace import simulator_rows, write_trace
-
-        title = f"sim run: {args.policy}, {args.scheduler} scheduler, {args.model} on {args.gpu}"
-        write_trace(args.chrome_trace, *simulator_rows(result.steps, result.requests), title=title)
+    try:
+        _write_outputs(args, result)
+    except OSError as exc:  # checked before the run, and still unwritable (a full disk, /dev/full): one line
+        if isinstance(exc, BrokenPipeError):
+            raise
+        raise ValueError(f"cannot write the outputs ({exc.strerror or exc}); none was replaced") from None
     print(json.dumps(result.summary, indent=2) if args.json else format_summary(result.summary))
     return 0
+
+
+def _write_outputs(args: argparse.Namespace, result) -> None:
+    """--requests-csv, --steps-csv and --chrome-trace: every one or none (a failure at the last leaves the first as
+    it was)."""
+    from .outfiles import atomic_files
+
+    with atomic_files() as files:
+        if args.requests_csv:
+            result.requests.to_csv(args.requests_csv, files=files)
+        if args.steps_csv:
+            result.steps.to_csv(args.steps_csv, files=files)
+        if args.chrome_trace:
+            from .chrome_trace import simulator_rows, write_trace
+
+            title = f"sim run: {args.policy}, {args.scheduler} scheduler, {args.model} on {args.gpu}"
+            write_trace(args.chrome_trace, *simulator_rows(result.steps, result.requests), title=title, files=files)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that every `finally` and atomic output group cleans up."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def interruptible(body) -> int:
+    """Run a command's body so that Ctrl-C (SIGINT) and SIGTERM end it with one line and the shell's status (130,
+    143), no traceback: outputs are written in atomic groups (sim.outfiles), so an interruption leaves every old
+    output as it was and no temporary behind, and a sweep's workers are terminated (sim.sweep)."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print("error: interrupted; outputs not yet written were left as they were", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("error: terminated; outputs not yet written were left as they were", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def broken_pipe() -> int:
+    """After the reader of stdout closed it: point stdout at /dev/null (so Python's own flush at exit cannot fail
+    again) and exit as a tool killed by SIGPIPE would, 128 + 13, with nothing printed."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 def extrapolation_sentence(s: dict) -> str:
@@ -451,8 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     args.typed = _typed(argv) if args.command == "run" else set()
+    return interruptible(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (`| head`): not bad input; stop quietly, as a piped Unix tool does
+        return broken_pipe()
     except (ValueError, OSError) as err:  # bad input (sim.trace.TraceError is a ValueError): one line, exit 2
         message = " ".join(str(err).split())
         print(f"error: {message}", file=sys.stderr)

@@ -70,9 +70,10 @@ class Table:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
 
-    def to_csv(self, path: str | Path) -> None:
-        """The table as CSV, written whole or not at all (sim.outfiles.atomic_write)."""
-        with atomic_write(path, newline="") as f:
+    def to_csv(self, path: str | Path, files=None) -> None:
+        """The table as CSV, written whole or not at all (sim.outfiles.atomic_write); with `files` (an
+        sim.outfiles.atomic_files group), renamed into place with the rest of the group or not at all."""
+        with (atomic_write(path, newline="") if files is None else files.open(path, "w", newline="")) as f:
             writer = csv.writer(f)
             writer.writerow(self.columns)
             writer.writerows(zip(*(col.tolist() for col in self.columns.values())))

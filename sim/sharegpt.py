@@ -129,6 +129,16 @@ def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise TraceError(f"{path} line {line}: conversation {index} has no 'conversations' list of turns "
                              '(expected {"conversations": [{"from": "human", "value": "..."}, ...]})')  # fmt: skip
+        for k, turn in enumerate(turns):
+            for field in ("from", "value"):
+                value = turn.get(field)
+                try:
+                    if isinstance(value, str):
+                        value.encode("utf-8")
+                except UnicodeEncodeError:  # json.loads turns "\ud800" into a lone surrogate: not a character
+                    raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {field!r} holds a lone "
+                                     f"surrogate escape (allowed: Unicode text; a character past U+FFFF is a pair "
+                                     f"of escapes)") from None  # fmt: skip
         if index == MAX_NUM_REQUESTS:
             raise TraceError(f"{path} line {line}: more than {MAX_NUM_REQUESTS:,} conversations (the limit of one "
                              "trace)")  # fmt: skip

@@ -2,7 +2,7 @@
 
 The paper's evaluation (vLLM, Kwon et al., SOSP 2023, section 6) is a set of sweeps: latency against
 request rate per system (Fig. 12), block size (Fig. 18), preemption mode (Fig. 19). Every point is an
-independent simulation, so points run in separate processes: `concurrent.futures.ProcessPoolExecutor` on
+independent simulation, so points run in separate processes: `multiprocessing.Pool` on
 this machine (`backend="local"`), or tasks on a Ray cluster (`backend="ray"`, the optional `ray` extra).
 Results come back in the order of the points whatever order they finish in, so a sweep is deterministic.
 
@@ -18,10 +18,11 @@ from __future__ import annotations
 import csv
 import inspect
 import itertools
+import multiprocessing
 import os
+import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,6 +146,19 @@ def run_task(task: Task) -> PointResult:
     return PointResult(result.summary, probes, time.process_time() - cpu)
 
 
+def _run_indexed(item: tuple[int, Task]) -> tuple[int, PointResult]:
+    index, task = item
+    return index, run_task(task)
+
+
+def _ignore_interrupts() -> None:
+    """A worker ignores Ctrl-C (the terminal sends it to the whole process group): the parent decides, and
+    terminates every worker at once, with SIGTERM, whose default action a worker restores (the command line's
+    handler, inherited through fork, would print a traceback from each)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def cost_hint(params: dict) -> float:
     """A rough relative cost of a run (simulated sequences), to start the longest runs first.
     Modelling approximation for scheduling only: it never changes a result, only the order work starts in."""
@@ -185,15 +199,19 @@ def run_tasks(tasks: list[Task], *, jobs: int | None = None, backend: str = "loc
         for i in order:
             done(i, run_task(tasks[i]))
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = {pool.submit(run_task, tasks[i]): i for i in order}
-            try:
-                for future in as_completed(futures):
-                    done(futures[future], future.result())
-            except BaseException:  # a bad point (or Ctrl-C): don't start the rest
-                pool.shutdown(wait=False, cancel_futures=True)
-                bar.close()
-                raise
+        # NOTE: multiprocessing's Pool, not concurrent.futures': on a bad point, Ctrl-C or SIGTERM its terminate()
+        # stops the workers mid-run (an executor's shutdown can only wait for the runs under way to finish).
+        pool = multiprocessing.get_context().Pool(min(jobs, len(tasks)), initializer=_ignore_interrupts)
+        try:
+            for index, result in pool.imap_unordered(_run_indexed, [(i, tasks[i]) for i in order]):
+                done(index, result)
+            pool.close()
+        except BaseException:  # a bad point, Ctrl-C, SIGTERM: stop every worker now, start nothing more
+            pool.terminate()
+            bar.close()
+            raise
+        finally:
+            pool.join()
     bar.close()
     return results
 

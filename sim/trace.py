@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import csv
 import itertools
+import os
 import json
 import math
 import re
@@ -188,7 +189,14 @@ def _json_type(value) -> str:
 
 
 def _open(path: str | Path):
-    """The file, opened for reading bytes; TraceError (one line) if it cannot be."""
+    """The file, opened for reading bytes; TraceError (one line) if it cannot be, or if it is not a regular file (a
+    FIFO would block until a writer came, a device like /dev/zero never end)."""
+    try:
+        special = os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
+    except ValueError:  # a path holding a NUL byte: open() below says so
+        special = False
+    if special:
+        raise TraceError(f"{path}: not a regular file (a FIFO, a device or a socket; allowed: a trace file)")
     try:
         return open(path, "rb")
     except FileNotFoundError:

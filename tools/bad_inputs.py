@@ -125,6 +125,7 @@ def sim_cases() -> list[Case]:
     keep = {"t.jsonl": GOOD_JSONL, "A.csv": SENTINEL, "adir/x": SENTINEL}
     outputs = [
         [*run, "--requests-csv", "A.csv", "--steps-csv", "nodir/x.csv"],
+        [*run, "--requests-csv", "A.csv", "--steps-csv", "/dev/full"],  # fails only at the write: A.csv must stay
         [*run, "--requests-csv", "A.csv", "--steps-csv", "adir"],
         [*run, "--requests-csv", "A.csv", "--steps-csv", "A.csv"],
         [*run, "--requests-csv", "A.csv", "--steps-csv", "t.jsonl/x.csv"],
@@ -246,6 +247,15 @@ def reference_cases() -> list[Case]:
         (["validate-sim", "--only", "nosuch"], "flag value", {}),
         (["calibrate", "--quick", "--passes", "0"], "flag value", {}),
         (["calibrate", "--quick", "--repeat", "100"], "flag value", {}),
+        (["generate", "hi", "--model", "random", "--logprobs", "2"], "conflicting flags", {}),
+        (["generate", "5 \u0663", "--model", "random"], "non-ASCII digit as a token id", {}),
+        (["generate", "5 7", "--model", "random", "--block-size", "1000000000"], "flag value", {}),
+        (["generate", "5 7", "--model", "random", "--kv-blocks", "100000000"], "pool past the limits", {}),
+        (["validate-sim", "--traces-dir", "A.csv"], "output path", {"A.csv": SENTINEL}),
+        (["calibrate", "--quick", "--passes", "1", "--out", "A.csv", "--steps-csv", "/dev/full"], "full disk",
+         {"A.csv": SENTINEL}),
+        (["bench-gpu"], "needs a CUDA GPU", {}),
+        (["bench-kernels"], "needs a CUDA GPU", {}),
     ]
     cases += [Case("reference", argv, kind, files) for argv, kind, files in combos]
     return cases

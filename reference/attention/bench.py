@@ -310,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cpu_smoke:
         cfg, device = SMOKE_CONFIG, "cpu"  # timings meaningless: no CSV unless asked
         args.repeats = min(args.repeats, 1)
-    else:
-        print("bench_attention: this benchmark needs a CUDA GPU (none found); "
-              "--cpu-smoke checks the script through the Triton interpreter")
-        return 0
+    else:  # asked for what cannot run here: a refusal, exit 2
+        print("error: bench-kernels needs a CUDA GPU (none found; --cpu-smoke checks the script through the Triton "
+              "interpreter)", file=sys.stderr)  # fmt: skip
+        return 2
     bench = Bench(cfg, args.repeats, device)
     if args.sweep:
         rows = bench.sweep()

@@ -3,8 +3,10 @@
 One table per entry point (input -> exception type, a fragment of its message). After every refused call nothing
 of it is queued: a request queued before it is still the only one, and once that one finishes the pool is
 entirely free. Integers must be integers (not bools, not floats; numpy integers are converted), numbers finite,
-prompts a str, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts (never bytes).
-The engine is the tiny random Llama with a byte tokenizer (text = its UTF-8 bytes), so text prompts work too.
+prompts a str, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts (never bytes). Every
+refusal is one line (no newline in the message).
+The engine is the tiny random Llama with a byte tokenizer (text = its UTF-8 bytes), so text prompts work too; chat()
+pairs SmolLM2's tokenizer and chat template with a random model of its vocabulary.
 """
 from __future__ import annotations
 
@@ -90,6 +92,12 @@ GENERATE = {  # id: (prompts, params, exception, message fragment)
         "prompt 1: 4 sequence(s) of final length 59 need 60 blocks"),
     "more sequences than max_num_seqs": (["a", "b"], [GREEDY, SamplingParams(n=300)], ValueError,
                                          "prompt 1: 300 sequences (allowed: <= max_num_seqs, 256)"),
+    # a stop id the model can never sample: once failed inside a step (IndexError) when min_tokens masked it
+    "a stop token id over the vocabulary": ("a", SamplingParams(stop_token_ids=[10**6], min_tokens=1), ValueError,
+                                            "the prompt's SamplingParams: stop_token_ids holds 1000000, outside the "
+                                            "vocabulary (allowed: token ids 0 .. 255)"),
+    "a stop token id over the vocabulary, 2nd params": (["a", "b"], [GREEDY, SamplingParams(stop_token_ids=[3, 256])],
+                                                        ValueError, "prompt 1's SamplingParams: stop_token_ids holds 256"),
 }  # fmt: skip
 
 
@@ -99,7 +107,7 @@ def test_generate_refuses_bad_input_whole(llm, case):
     bystander = llm.add_request([9, 9, 9], GREEDY)
     with pytest.raises(exc) as info:
         llm.generate(prompts, params)
-    assert fragment in str(info.value)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
     assert_nothing_queued_but(llm, bystander)
     assert llm.stats.num_aborted_requests == 0
 
@@ -127,6 +135,8 @@ ADD_REQUEST = {  # id: (kwargs, exception, fragment)
     "request_id in use, as an int": (dict(request_id=0), ValueError, "request_id '0' was already given"),
     "params a dict": (dict(params={"n": 2}), TypeError, "params must be SamplingParams or BeamSearchParams"),
     "prompt bytes": (dict(prompt=b"x"), TypeError, "got bytes"),
+    "a stop token id over the vocabulary": (dict(params=SamplingParams(stop_token_ids=[2, 10**6], min_tokens=1)),
+                                            ValueError, "stop_token_ids holds 1000000, outside the vocabulary"),
 }  # fmt: skip
 
 
@@ -137,7 +147,7 @@ def test_add_request_refuses_bad_input(llm, case):
     kwargs = {"prompt": [1, 2], "params": GREEDY, **kwargs}
     with pytest.raises(exc) as info:
         llm.add_request(**kwargs)
-    assert fragment in str(info.value)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
     assert_nothing_queued_but(llm, bystander)
 
 
@@ -180,7 +190,13 @@ PARAMS = {  # id: (class, kwargs, exception, fragment)
     "ignore_eos int": (SamplingParams, dict(ignore_eos=1), TypeError, "ignore_eos must be True or False"),
     "presence_penalty 3": (SamplingParams, dict(presence_penalty=3), ValueError, "presence_penalty must be in [-2, 2]"),
     "frequency_penalty nan": (SamplingParams, dict(frequency_penalty=math.nan), ValueError, "finite number"),
-    "repetition_penalty 0": (SamplingParams, dict(repetition_penalty=0), ValueError, "repetition_penalty must be in (0,"),
+    "repetition_penalty 0": (SamplingParams, dict(repetition_penalty=0), ValueError,
+                             "repetition_penalty must be in [0.0001, 100] (1 = off), got 0"),
+    # once inf logits, then NaN probabilities inside a step (RuntimeError from torch.multinomial)
+    "repetition_penalty 1e-300": (SamplingParams, dict(repetition_penalty=1e-300), ValueError,
+                                  "repetition_penalty must be in [0.0001, 100] (1 = off), got 1e-300"),
+    "repetition_penalty 101": (SamplingParams, dict(repetition_penalty=101), ValueError,
+                               "repetition_penalty must be in [0.0001, 100]"),
     "min_p over 1": (SamplingParams, dict(min_p=1.5), ValueError, "min_p must be in [0, 1]"),
     "min_tokens over max": (SamplingParams, dict(min_tokens=20, max_tokens=4), ValueError,
                             "min_tokens must be <= max_tokens=4"),
@@ -224,7 +240,7 @@ def test_params_refuse_bad_values_when_built(case):
     cls, kwargs, exc, fragment = PARAMS[case]
     with pytest.raises(exc) as info:
         cls(**kwargs)
-    assert fragment in str(info.value)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
 ENGINE = {  # id: (kwargs, exception, fragment)
@@ -234,6 +250,33 @@ ENGINE = {  # id: (kwargs, exception, fragment)
     "seed negative": (dict(seed=-1), ValueError, "seed must be >= 0, got -1"),
     "max_model_len float": (dict(max_model_len=32.0), TypeError, "max_model_len must be an integer"),
     "watermark nan": (dict(watermark=math.nan), ValueError, "watermark must be a finite number"),
+    # pools past sim.limits.MAX_POOL_BLOCKS: once an OverflowError (or a Python list of 10**9 free blocks)
+    "num_gpu_blocks huge": (dict(num_gpu_blocks=10**30), ValueError, "num_gpu_blocks 1,000,000,000,000,000,000,000,"
+                            "000,000,000 is more than the largest paged pool (sim.limits.MAX_POOL_BLOCKS) "
+                            "(allowed: 1 .. 8,388,608)"),
+    "num_gpu_blocks one past": (dict(num_gpu_blocks=2**23 + 1), ValueError, "(allowed: 1 .. 8,388,608)"),
+    "kv_budget_bytes huge": (dict(num_gpu_blocks=None, kv_budget_bytes=10**30), ValueError,
+                             "kv_budget_bytes (kv_cache_memory_bytes) 1,000,000,000,000,000,000,000,000,000,000 is "
+                             "more than the largest paged pool (sim.limits.MAX_POOL_BLOCKS) (allowed: at most "
+                             "17,179,869,184 bytes, 8,388,608 blocks of 2,048)"),
+    "kv_cache_memory_bytes huge": (dict(num_gpu_blocks=None, kv_cache_memory_bytes=10**30), ValueError,
+                                   "(allowed: at most 17,179,869,184 bytes"),
+    "num_cpu_blocks huge": (dict(num_cpu_blocks=10**30), ValueError, "(allowed: 0 .. 8,388,608)"),
+    "swap_space huge": (dict(swap_space=1e300), ValueError, "swap_space 1e+300 GiB is more than the largest paged pool "
+                        "(sim.limits.MAX_POOL_BLOCKS) (allowed: 0 .. 16 GiB, 8,388,608 blocks of 2,048 bytes)"),
+    # 512 MiB a block of 2**20 tokens: 2**23 of them are 4 PiB, more than any machine's memory
+    "a pool past the memory": (dict(block_size=2**20, num_gpu_blocks=2**23), ValueError,
+                               "num_gpu_blocks 8,388,608 is more than the cpu memory of "),
+    "a block past the memory": (dict(block_size=2**40), ValueError, "one KV block takes 562,949,953,421,312 bytes, "
+                                                                    "more than the cpu memory of"),
+    # once accepted, and every preemption silently recomputed
+    "swap without CPU blocks": (dict(preemption="swap"), ValueError, "preemption='swap' needs num_cpu_blocks > 0 "
+                                "(or swap_space of at least one block) to swap to (allowed without CPU blocks: "
+                                "preemption='recompute')"),
+    "swap without a block of swap_space": (dict(preemption="swap", swap_space=1e-9), ValueError,
+                                           "preemption='swap' needs num_cpu_blocks > 0"),
+    "swap with a policy that has none": (dict(preemption="swap", policy="max"), ValueError,
+                                         "preemption='swap' needs CPU swap space, and policy 'max' has none"),
 }  # fmt: skip
 
 
@@ -243,7 +286,7 @@ def test_the_engine_refuses_bad_settings(tiny, case):
     kwargs = {"block_size": 4, "num_gpu_blocks": 24, **kwargs}
     with pytest.raises(exc) as info:
         LLM.from_loaded(tiny, **kwargs)
-    assert fragment in str(info.value)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
 def test_every_prompt_form_and_numpy_integers_give_the_same_tokens(llm):
@@ -272,6 +315,20 @@ def test_a_tiny_temperature_samples_greedily(llm):
     assert tiny_t.greedy and llm.generate([[5, 6, 7]], tiny_t)[0].outputs[0].token_ids == expected
 
 
+def test_the_extreme_repetition_penalties_sample_finite_logits(llm):
+    """The ends of [1e-4, 100] scale a logit 1e4-fold, and temperature 1e-5 (the least that samples) 1e5 more: still
+    finite in float32, so a step samples; sensible values (0.5 .. 2) are inside, and the same seed gives the same
+    tokens after a refused value."""
+    for penalty in (1e-4, 0.5, 2.0, 100.0):
+        params = SamplingParams(repetition_penalty=penalty, temperature=1e-5, max_tokens=4, ignore_eos=True, seed=0)
+        assert len(llm.generate([[5, 6, 7, 5]], params)[0].outputs[0].token_ids) == 4
+    params = SamplingParams(repetition_penalty=1.3, temperature=0.8, max_tokens=6, ignore_eos=True, seed=1)
+    expected = llm.generate([[5, 6, 7, 5]], params)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"repetition_penalty must be in \[0.0001, 100\]"):
+        SamplingParams(repetition_penalty=1e-5)
+    assert llm.generate([[5, 6, 7, 5]], params)[0].outputs[0].token_ids == expected
+
+
 def test_beam_search_of_width_1_is_greedy(llm):
     """One beam: each step keeps the best continuation. With no end token in the way it is greedy decoding."""
     prompts = [[5, 17, 99, 3, 42], [100, 101, 102]]
@@ -294,3 +351,81 @@ def test_a_refused_generate_draws_no_seeds(tiny, llm):
     with pytest.raises(ValueError, match="max_num_seqs"):  # the first prompt was queued, then withdrawn
         llm.generate([[5, 6, 7], [1]], [sampled, SamplingParams(n=300)])
     assert llm.generate([[5, 6, 7]], sampled)[0].outputs[0].token_ids == expected
+
+
+@pytest.fixture(scope="module")
+def chat_llm():
+    """SmolLM2's tokenizer and chat template over a tiny random model of its 49,152-token vocabulary: the template is
+    real, the model cheap (its tokens mean nothing)."""
+    from transformers import AutoTokenizer
+
+    from reference.models import smollm2_checkpoint_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint_dir(), local_files_only=True)
+    model = random_model(seed=5, vocab_size=len(tokenizer), tie_word_embeddings=False)
+    return LLM.from_loaded(model, tokenizer, block_size=4, num_gpu_blocks=64, max_model_len=128)
+
+
+def test_chat_serves_openai_text_parts_as_vllm_does(chat_llm):
+    """OpenAI's content as a list of parts: vLLM joins the text parts with newlines for a template that takes a str."""
+    as_str = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi\nthere"}]
+    as_parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]
+    expected = chat_llm.chat(as_str, GREEDY)[0]
+    [out] = chat_llm.chat(as_parts, GREEDY)
+    assert out.prompt == expected.prompt and "<|im_start|>user\nhi\nthere<|im_end|>" in out.prompt
+    assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+    assert as_parts[1]["content"][0] == {"type": "text", "text": "hi"}  # the caller's messages are left as they were
+
+
+USER = {"role": "user", "content": "hi"}
+_FORM = "{'role': str, 'content': str or a list of {'type': 'text', 'text': str} parts}"
+
+CHAT = {  # id: (messages, exception, message); each once raised from inside the Jinja template or later
+    "content None": ([USER, {"role": "assistant", "content": None}], ValueError,
+                     f"messages[1]: its 'content' is None (allowed: a message {_FORM})"),
+    "no role": ([{"content": "hi"}], ValueError, f"messages[0]: it has no 'role' (allowed: a message {_FORM})"),
+    "no content, 2nd conversation": ([[USER], [USER, {"role": "user"}]], ValueError,
+                                     "messages[1][1]: it has no 'content'"),
+    "a str message": ([USER, "hi"], TypeError, f"messages[1]: a message must be a dict {_FORM}, got str 'hi'"),
+    "a role not str": ([{"role": 1, "content": "hi"}], TypeError, "messages[0]: 'role' must be a str, got int 1"),
+    "content a number": ([{"role": "user", "content": 5}], TypeError,
+                         "messages[0]: 'content' must be a str or a list of parts, got int 5"),
+    "an image part": ([{"role": "user", "content": [{"type": "text", "text": "see"},
+                                                    {"type": "image_url", "image_url": {"url": "x.png"}}]}],
+                      ValueError, "messages[0]: content part 1 has type 'image_url': this engine serves text only "
+                                  "(allowed: {'type': 'text', 'text': str})"),
+    "a part without text": ([{"role": "user", "content": [{"type": "text"}]}], TypeError,
+                            "messages[0]: content part 0: 'text' must be a str, got NoneType"),
+    "a part as a str": ([{"role": "user", "content": ["hi"]}], TypeError, "messages[0]: content part 0 must be a dict"),
+    "a conversation of str": (["hi"], TypeError, "messages must be a conversation"),
+    "None": (None, TypeError, "messages must be a conversation"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CHAT)
+def test_chat_refuses_a_bad_message_by_its_index(chat_llm, case):
+    messages, exc, message = CHAT[case]
+    bystander = chat_llm.add_request([9, 9, 9], GREEDY)
+    with pytest.raises(exc) as info:
+        chat_llm.chat(messages, GREEDY)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert_nothing_queued_but(chat_llm, bystander)
+
+
+def test_a_template_that_refuses_is_one_line(tiny):
+    """A template's own rule (raise_exception, e.g. "roles must alternate") is one ValueError line naming it."""
+    import jinja2
+
+    class Refusing(ByteTokenizer):
+        chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+
+        def apply_chat_template(self, conversation, **kwargs):
+            raise jinja2.TemplateError("Conversation roles must alternate\nuser/assistant/user/assistant/...")
+
+    llm = LLM.from_loaded(tiny, Refusing(), block_size=4, num_gpu_blocks=24, max_model_len=64)
+    with pytest.raises(ValueError) as info:
+        llm.chat([[USER], [USER, USER]], GREEDY)
+    assert str(info.value) == ("messages[0]: the chat template refuses the conversation: Conversation roles must "
+                               "alternate user/assistant/user/assistant/...")
+    assert not llm.has_unfinished_requests()

@@ -271,11 +271,12 @@ def test_bad_arguments_raise_value_error_naming_the_problem():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")
-def test_bench_without_gpu_says_so_and_exits_0(capsys):
+def test_bench_without_gpu_refuses_in_one_line(capsys):
     from reference.attention import bench
 
-    assert bench.main([]) == 0
-    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert bench.main([]) == 2  # asked for what cannot run here: a refusal, not a silent success
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")

@@ -33,8 +33,13 @@ def test_smollm2_config_is_the_checkpoints():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")
 def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "x.csv"
-    assert bench_gpu.main(["--out", str(out)]) == 0
-    assert "needs a CUDA GPU" in capsys.readouterr().out and not out.exists()
+    assert bench_gpu.main(["--out", str(out)]) == 2  # asked for what cannot run here: one line, exit 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: bench-gpu needs a CUDA GPU") and len(err.strip().splitlines()) == 1
+    assert kernel_bench.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: bench-kernels needs a CUDA GPU") and len(err.strip().splitlines()) == 1
+    assert not out.exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")

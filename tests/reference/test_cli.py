@@ -58,6 +58,13 @@ BAD = {  # name -> (arguments, a word the error line must contain)
     "unknown_policy": (["generate", "hi", "--policy", "lru"], "--policy"),
     "bench_batch_size": (["bench", "--hf-batch-size", "0"], "--hf-batch-size"),
     "no_command": ([], "COMMAND"),
+    "logprobs_without_json": (["generate", "hi", "--logprobs", "2"], "--logprobs / --prompt-logprobs without --json"),
+    "prompt_logprobs_without_json": (["generate", "hi", "--prompt-logprobs", "1"], "without --json"),
+    "arabic_indic_digit": (["generate", "5 \u0663", "--model", "random"], "token ids"),
+    "block_size_huge": (["generate", IDS, "--model", "random", "--block-size", "1000000000"],
+                        "--block-size 1000000000 (allowed: an integer from 1 to 256)"),
+    "pool_past_memory": (["generate", IDS, "--model", "random", "--kv-blocks", "100000000"], "--kv-blocks"),
+    "traces_dir_a_file": (["validate-sim", "--traces-dir", "README.md"], "--traces-dir README.md: not a folder"),
 }
 GENERATE = ["generate", QUESTION, "--max-tokens", "8"]
 
@@ -158,8 +165,8 @@ def test_json_generation_matches_llm_generate():
 
 def test_a_stop_string_cuts_the_streamed_and_the_json_text():
     """--stop as vLLM's `stop`: the text ends before the string; streaming never prints what the cut removes."""
-    args = ["generate", QUESTION, "--max-tokens", "24", "--stop", "Paris", "--logprobs", "2"]
-    as_json, streaming = start([*args, "--json"]), start(args)
+    args = ["generate", QUESTION, "--max-tokens", "24", "--stop", "Paris"]
+    as_json, streaming = start([*args, "--logprobs", "2", "--json"]), start(args)  # (text shows no logprobs)
     code, out, err = finish(as_json)
     assert code == 0, err
     (output,) = json.loads(out)["outputs"]
@@ -215,3 +222,26 @@ def test_bench_quick_writes_its_table(tmp_path, capsys):
     assert all(int(r["output_tokens"]) == int(rows[0]["output_tokens"]) for r in rows), "one workload for all"
     conc = {r["system"]: int(r["max_concurrent_requests"]) for r in rows if r["section"] == "concurrency"}
     assert conc["paged"] >= conc["oracle"] >= 1 and conc["paged"] >= conc["max"] >= 1
+
+
+def test_a_closed_pipe_is_not_bad_input():
+    """`python -m reference generate ... | head`: the reader goes away; the command stops quietly, as a Unix tool
+    killed by SIGPIPE (141), instead of an error line."""
+    proc = subprocess.Popen([sys.executable, "-m", "reference", "generate", IDS, "--model", "random", "--max-tokens",
+                             "64", "--ignore-eos"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()  # before it prints anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+def test_an_output_that_fails_late_is_one_line_and_keeps_the_others(tmp_path):
+    """calibrate checks its outputs first, but a full disk (here /dev/full) fails only at the write: one line,
+    exit 2, and the other output is neither created nor replaced."""
+    out = tmp_path / "cost.json"
+    out.write_text("old")
+    proc = subprocess.run([sys.executable, "-m", "reference", "calibrate", "--quick", "--passes", "1", "--out",
+                           str(out), "--steps-csv", "/dev/full"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "No space left on device" in lines[0], proc.stderr
+    assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["cost.json"]

@@ -109,3 +109,25 @@ def test_bench_pieces_write_a_csv_with_the_machine(tmp_path):
     text = path.read_text()
     assert text.splitlines()[0] == ",".join(bench_sim.COLUMNS) and "heapq" in text
     assert "heapq" in bench_sim.format_table([row])
+
+
+def test_outputs_are_written_together_or_not_at_all(tmp_path):
+    """--requests-csv A.csv with --steps-csv /dev/full: the second fails at its write (a full disk), so A.csv keeps
+    its old content and nothing else appears."""
+    a = tmp_path / "A.csv"
+    a.write_text("old")
+    out = subprocess.run([sys.executable, "-m", "sim", "run", "--workload", "fixed", "--prompt-len", "8", "--output-len",
+                          "4", "--num-requests", "2", "--requests-csv", str(a), "--steps-csv", "/dev/full"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "none was replaced" in lines[0], out.stderr
+    assert a.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["A.csv"]
+
+
+def test_a_closed_pipe_is_not_bad_input():
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "run", "--workload", "fixed", "--prompt-len", "8",
+                             "--output-len", "4", "--num-requests", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err

@@ -1,5 +1,6 @@
 """Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/trace.py, sim/sharegpt.py, sim/tokenizer.py)."""
 import dataclasses
+import os
 import json
 
 import pytest
@@ -194,3 +195,21 @@ def test_tokenizer_match_is_validated():
 
     with pytest.raises(ValueError, match="allowed: transformers, llama.cpp"):
         load_smollm2_tokenizer("sentencepiece")
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".csv"])
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path, suffix):
+    """Opening a FIFO blocks until a writer comes (and a .json trace used to be opened twice): refused instead."""
+    fifo = tmp_path / f"t{suffix}"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceError, match="not a regular file"):
+        read_trace(fifo)
+
+
+def test_a_lone_surrogate_in_a_sharegpt_file_names_file_line_and_turn(tmp_path):
+    """json.loads turns the escape "\\ud800" into a string that no tokenizer can take: refused where it is."""
+    path = tmp_path / "chats.json"
+    path.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
+                    ' {"conversations": [{"from": "human", "value": "a \\ud800 b"}, {"from": "gpt", "value": "c"}]}]')
+    with pytest.raises(TraceError, match="chats.json line 2: conversation 1, turn 0: 'value' holds a lone surrogate"):
+        read_trace(path, count_tokens=len)

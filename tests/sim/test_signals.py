@@ -1,0 +1,73 @@
+"""Ctrl-C and SIGTERM on the commands that run long: one line, the shell's status (130, 143), no traceback, no
+temporary left, every earlier output as it was, and no worker process left computing (`sim sweep` runs points in
+worker processes)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads worker processes from /proc")
+@pytest.mark.parametrize("sig, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
+    out = tmp_path / "X.csv"
+    out.write_text("old")
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
+                             "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline:  # the workers have started their points
+        time.sleep(0.2)
+        workers = _children(proc.pid)
+    assert len(workers) >= 2, "the sweep never started its workers"
+    time.sleep(1.0)
+    sent = time.monotonic()
+    os.kill(proc.pid, sig)  # to the parent alone (a terminal's Ctrl-C reaches the whole group; workers ignore it)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10, "took more than 10 s to stop"
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "simulations" not in line]
+    assert proc.returncode == status and len(lines) == 1 and lines[0].startswith(f"error: {word}"), err
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["X.csv"]
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)], "a worker is still computing"
+
+
+@pytest.mark.parametrize("command", [
+    ["sim", "run", "--rate", "3", "--duration", "200000", "--requests-csv", "R.csv", "--steps-csv", "S.csv"],
+    ["reference", "calibrate", "--quick", "--passes", "9", "--out", "R.csv", "--steps-csv", "S.csv"],
+])  # fmt: skip
+def test_a_long_run_stops_with_one_line(tmp_path, command):
+    (tmp_path / "R.csv").write_text("old")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    time.sleep(8)  # past the imports and into the run
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("error: interrupted"), err
+    assert (tmp_path / "R.csv").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["R.csv"]
