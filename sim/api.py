@@ -7,6 +7,7 @@ front: a bad one raises ValueError naming it and what is allowed, before any sim
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from .request import Request
 from .scheduler import DEFAULT_BUDGET, Scheduler, SchedulerConfig
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
-from .trace import read_trace
+from .trace import read_trace, request_lines
 from .workload import generate_requests
 
 
@@ -171,7 +172,14 @@ def run(
                              watermark=watermark, model=model_spec)  # fmt: skip
         return Scheduler(kv, config)
 
-    _check_requests(requests, model_spec, make_scheduler())
+    try:
+        _check_requests(requests, model_spec, make_scheduler())
+    except ValueError as e:  # "request 7: ..." from a trace file: name the file and the line that holds it
+        found = re.match(r"request (\d+): ", str(e))
+        if found is None or trace is None or kind == "sharegpt":
+            raise
+        line = request_lines(trace).get(int(found.group(1)))
+        raise ValueError(f"{trace}{'' if line is None else f' line {line}'}: {e}") from None
     sched = make_scheduler()
     # The paged kernel gathers K/V block by block; the contiguous baselines read one run (no block overhead).
     cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus,

@@ -284,6 +284,13 @@ def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         yield line_no, record
 
 
+def request_lines(path: str | Path) -> dict[int, int]:
+    """request_id -> the line of a JSONL or CSV trace (already read without error) that holds it, to name the line
+    of a request that a later check refuses (sim.api.run: a request past the context or the pool)."""
+    records = _csv_records(path) if trace_format(path) == "csv" else _jsonl_records(path)
+    return {parse_record(record, trace_format(path) == "csv").request_id: line for line, record in records}
+
+
 def read_jsonl(path: str | Path) -> list[Request]:
     """Requests from a JSONL file: one JSON object a line (JSON_FIELDS; blank lines are skipped)."""
     return _collect(path, _jsonl_records(path))

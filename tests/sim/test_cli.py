@@ -81,7 +81,8 @@ def test_trace_longer_than_the_pool_names_the_request(tmp_path):
     trace = _trace(tmp_path, [Request(0, 0.0, 100, 10), Request(1, 0.5, 1000, 500)])
     out = sim("run", "--trace", trace, "--kv-slots", "1024")
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith("error: request 1") and "Traceback" not in out.stderr
+    # the file and the line that holds the request, then the request
+    assert out.stderr.startswith(f"error: {trace} line 2: request 1") and "Traceback" not in out.stderr
 
 
 def test_malformed_trace_names_the_line(tmp_path):

@@ -1,6 +1,7 @@
 """Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/trace.py, sim/sharegpt.py, sim/tokenizer.py)."""
 import dataclasses
 import os
+import re
 import json
 
 import pytest
@@ -213,3 +214,17 @@ def test_a_lone_surrogate_in_a_sharegpt_file_names_file_line_and_turn(tmp_path):
                     ' {"conversations": [{"from": "human", "value": "a \\ud800 b"}, {"from": "gpt", "value": "c"}]}]')
     with pytest.raises(TraceError, match="chats.json line 2: conversation 1, turn 0: 'value' holds a lone surrogate"):
         read_trace(path, count_tokens=len)
+
+
+@pytest.mark.parametrize("name, text, line", [
+    ("t.jsonl", '{"request_id": 0, "arrival_time": 0, "prompt_len": 10, "output_len": 5}\n\n'
+                '{"request_id": 7, "arrival_time": 1, "prompt_len": 3000, "output_len": 5}\n', 3),
+    ("t.csv", "request_id,arrival_time,prompt_len,output_len\n3,0,10,5\n4,0,5000,2\n", 3),
+])  # fmt: skip
+def test_a_request_the_run_refuses_is_named_by_file_and_line(tmp_path, name, text, line):
+    from sim.api import run
+
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} line {line}: request \d+: prompt_len \+ output_len"):
+        run(trace=str(path))  # opt-13b: a 2,048-token context

@@ -43,7 +43,8 @@ VALID_SHAREGPT = json.dumps([
 HOSTILE = ["1" + "0" * 400, "1" + "0" * 5000, "9223372036854775808", "-1", "0", "1e17", "1e400", "-1e400", "NaN",
            "Infinity", "-Infinity", "1.5", "8.0", "true", "false", "null", '"8"', '""', "[]", "{}", "[" * 2000,
            '{"a": {"a": {"a": 1}}}', '"\\ud800"', "[1, 2, 3, 4, 5, 6, 7, 8]", "[1, -2]", "[9223372036854775808]",
-           "1_000", "\u0665", "nan", "inf", " 8 ", "0x10", "'8'", "", "\ufeff", "\x00"]  # fmt: skip
+           "1_000", "\u0665", "nan", "inf", " 8 ", "0x10", "'8'", "", "\ufeff", "\x00",
+           "5000", "70000"]  # fmt: skip  (the last two: past a context, within the readers' limits)
 
 
 def _words(text: str) -> int:
@@ -162,3 +163,26 @@ def test_the_seeds_are_valid(folder, text, suffix):
     """The files the mutations start from are read whole (so a mutation is what breaks them)."""
     assert check(folder, text.encode(), suffix) == "read"
     assert len(read_trace(folder / f"trace{suffix}", count_tokens=_words)) in (2, 4)
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(data=st.one_of(mutated(VALID_JSONL).map(lambda d: (d, ".jsonl")), mutated(VALID_CSV).map(lambda d: (d, ".csv"))))
+def test_a_run_on_a_mutated_trace_names_the_file_and_line_of_what_it_refuses(folder, data):
+    """Past the reader, sim.run refuses a request that cannot be served (past the context, past the pool): its one
+    line still names the file and the line that holds the request, not only the request's id."""
+    from sim.api import run
+
+    raw, suffix = data
+    path = folder / f"run{suffix}"
+    path.write_bytes(raw)
+    try:
+        result = run(trace=str(path), model="smollm2-135m", kv_slots=4096)
+    except ValueError as e:  # TraceError is one
+        message = str(e)
+        assert "\n" not in message and message.startswith(f"{path}"), message
+        rest = message[len(str(path)):]
+        assert re.match(r" line [1-9][0-9]*: \S", rest) or re.match(r": \S", rest), message
+        event("refused: " + " ".join(re.sub(r"^ line [0-9]+: |^: ", "", rest).split()[:2]))
+        return
+    assert result.summary["num_finished"] == result.summary["num_requests"]
+    event("served")
