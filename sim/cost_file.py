@@ -57,6 +57,13 @@ def write_cost_model(path: str | Path, record: dict, *, make_parents: bool = Fal
             f.write(text)
 
 
+def _show(value, quote: bool = True) -> str:
+    """A value for a one-line message: its repr (or the string itself), cut to 60 characters (a file may hold a
+    megabyte in one key)."""
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
@@ -84,12 +91,12 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
     version = record.get("version")
     if version != VERSION or isinstance(version, bool) or not isinstance(version, int):
         again = " written before the fit was constrained: run `python -m reference calibrate` again" if version == 1 else ""
-        raise ValueError(f"cost model {path}: version {version!r}{again} (this code reads version {VERSION})")
+        raise ValueError(f"cost model {path}: version {_show(version)}{again} (this code reads version {VERSION})")
     if not isinstance(record.get("model"), str):
-        raise ValueError(f"cost model {path}: \"model\" must name the model it was measured on, got {record.get('model')!r}")
+        raise ValueError(f"cost model {path}: \"model\" must name the model it was measured on, got {_show(record.get('model'))}")
     kind = record.get("kind", "knee")
     if not isinstance(kind, str) or kind not in COEFFICIENTS:
-        raise ValueError(f"cost model {path}: kind {kind!r} (allowed: {', '.join(COEFFICIENTS)})")
+        raise ValueError(f"cost model {path}: kind {_show(kind)} (allowed: {', '.join(COEFFICIENTS)})")
     names = COEFFICIENTS[kind]
     coefficients = record.get("coefficients")
     if not isinstance(coefficients, dict):
@@ -101,10 +108,10 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
             values[name] = None
         elif name in _LISTS:
             if not isinstance(value, list) or not value or not all(_number(v) for v in value):
-                raise ValueError(f"cost model {path}: coefficients.{name} must be a list of finite numbers, got {value!r}")
+                raise ValueError(f"cost model {path}: coefficients.{name} must be a list of finite numbers, got {_show(value)}")
             values[name] = tuple(float(v) for v in value)
         elif not _number(value):
-            raise ValueError(f"cost model {path}: coefficients.{name} must be a finite number, got {value!r}")
+            raise ValueError(f"cost model {path}: coefficients.{name} must be a finite number, got {_show(value)}")
         else:
             values[name] = float(value)
     if kind == "knee" and not (values["b"] >= 0 and values["c"] >= 0 and values["d"] >= 0
@@ -114,7 +121,7 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
                          f"c={values['c']}, d={values['d']}, floor_s={values['floor_s']}")  # fmt: skip
     unknown = sorted(set(coefficients) - set(names))
     if unknown:
-        raise ValueError(f"cost model {path}: unknown coefficient(s) {', '.join(unknown)} (allowed: {', '.join(names)})")
+        raise ValueError(f"cost model {path}: unknown coefficient(s) {', '.join(_show(u, quote=False) for u in unknown)} (allowed: {', '.join(names)})")
     try:
         return _CLASSES[kind](**values), record
     except ValueError as e:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sim.api import run
@@ -347,3 +349,49 @@ def test_a_plan_counts_the_reads_of_blocks_another_entry_reads():
     plan = StepPlan(prefills=[ScheduledSeq(2, 1, 16, 8, [4, 5])], decodes=[ScheduledSeq(3, 2, 4, 1, [4])])
     assert plan.num_shared_context_tokens(16) == 5
     assert StepPlan(decodes=[ScheduledSeq(0, 0, 33, 1, [0, 1, 2])]).num_shared_context_tokens(16) == 0
+
+
+_HOSTILE_JSON = ["-1", "0", "1e400", "NaN", "Infinity", "true", "false", "null", '"x"', "[]", "{}", "[1, 0.5, -3]",
+                 "[" * 3000 + "]" * 3000, '{"a": 1}', "1.0", "2", "3", '"piecewise"', '"knee"', "[1, 1, 1]",
+                 '"\\ud800"', "1" + "0" * 500]  # fmt: skip
+
+
+@st.composite
+def _mutated_cost_file(draw) -> bytes:
+    """A valid version-2 file with 1-3 values replaced by hostile ones, keys dropped or bytes cut or flipped."""
+    record = cost_model_record(PiecewiseCostModel.fit([(*s, PIECES.step_time(*s)) for s in _design()]),
+                               "smollm2-135m", fit={"in_sample": {}})  # fmt: skip
+    text = json.dumps(record)
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["value"] * 5 + ["drop", "cut", "flip"]))
+        spans = [m.span() for m in re.finditer(r'-?[0-9][0-9.eE+-]*|"[^"]*"(?!\s*:)|true|false|null', text)]
+        if kind == "value" and spans:
+            start, end = draw(st.sampled_from(spans))
+            text = text[:start] + draw(st.sampled_from(_HOSTILE_JSON)) + text[end:]
+        elif kind == "drop":
+            keys = [m.group(1) for m in re.finditer(r'"([a-z_]+)":', text)]
+            key = draw(st.sampled_from(keys)) if keys else None
+            text = re.sub(rf'"{key}": ', '"dropped_' + (key or "") + '": ', text, count=1) if key else text
+        elif kind == "cut":
+            text = text[: draw(st.integers(0, len(text)))]
+        elif text:
+            i = draw(st.integers(0, len(text) - 1))
+            text = text[:i] + chr((ord(text[i]) + draw(st.integers(1, 60))) % 128) + text[i + 1:]
+    return text.encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=_mutated_cost_file())
+def test_a_mutated_cost_model_file_is_a_model_that_cannot_be_absurd_or_one_line(data):
+    path = Path(tempfile.gettempdir()) / f"cost_fuzz_{os.getpid()}.json"  # one file, rewritten by every example
+    path.write_bytes(data)
+    try:
+        model, _ = read_cost_model(path)
+    except ValueError as e:
+        message = str(e)
+        assert message.startswith(f"cost model {path}") and "\n" not in message and len(message) < 2000, message
+        return
+    # accepted: then it prices every step at a positive time, and more work never at less
+    for tokens in (0, 1, 100, 5000):
+        base = model.step_time(tokens, 2, 1000, 500, 200)
+        assert base > 0 and model.step_time(tokens + 10, 2, 1000, 500, 200) >= base * (1 - 1e-12)
