@@ -190,7 +190,6 @@ def run(
                        validate=validate, progress=progress, on_step=on_step, stop_at=stop_at,
                        in_range=calibrated.in_range if calibrated is not None else None,
                        shared_reads=calibrated is not None and calibrated.uses_shared_reads).run()  # fmt: skip
-    busy_time = float(result.steps.columns["duration"].sum()) if len(result.steps) else 0.0
     extras = {
         "model": model, "gpu": gpu, "num_gpus": num_gpus, "workload": source,
         "rate": rate if (synthetic or kind == "sharegpt") and arrival != "offline" else None, "arrival": arrival,
@@ -206,7 +205,7 @@ def run(
         **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
         # a calibrated model: the steps it priced by extrapolation, outside the shapes it measured
         **({"extrapolated_steps": result.extrapolated_steps,
-            "extrapolated_time_share": result.extrapolated_time / busy_time if busy_time > 0 else 0.0,
+            "extrapolated_time_share": _share(result.extrapolated_time, result.steps),
             "calibrated_range": calibrated.describe_range()} if calibrated is not None else {}),
     }  # fmt: skip
     summary = summarize(
@@ -215,6 +214,12 @@ def run(
         slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
     )  # fmt: skip
     return SimResult(summary, result.requests, result.steps)
+
+
+def _share(seconds: float, steps) -> float:
+    """`seconds` as a share of the run's simulated step time (0 for a run without steps)."""
+    busy = float(steps.columns["duration"].sum()) if len(steps) else 0.0
+    return seconds / busy if busy > 0 else 0.0
 
 
 def _check_cost_object(cost) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .kv.base import as_seen
+from .plan import shared_context_tokens
 
 
 @dataclass(slots=True)
@@ -71,7 +72,10 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     starts: list[float] = []
     durations: list[float] = []
     t, context = now, sum(before) + num_seqs
-    shared = _shared_reads(scheduler.kv, seqs) if shared_reads else 0
+    # the first step's shared reads, as StepPlan counts them: each sequence reads its K/V and the token it feeds
+    kv = scheduler.kv
+    shared = shared_context_tokens(((kv.block_table(s.seq_id), s.num_computed_tokens + 1) for s in seqs),
+                                   kv.block_size) if shared_reads else 0  # fmt: skip
     while len(durations) < steps_left and t < next_arrival:
         d = cost.step_time(0, num_seqs, context, 0, shared)
         starts.append(t)
@@ -90,17 +94,3 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     request_ids = list(dict.fromkeys(s.request_id for s in seqs))
     return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting, finished,
                      frees, shared)
-
-
-def _shared_reads(kv, seqs) -> int:
-    """The first step's num_shared_context_tokens, as StepPlan counts it (each sequence reads its K/V and the token
-    it feeds, through its block table)."""
-    block_size, seen, shared = kv.block_size, set(), 0
-    for s in seqs:
-        read = s.num_computed_tokens + 1
-        for j, block in enumerate(kv.block_table(s.seq_id)[:-(-read // block_size)]):
-            if block in seen:
-                shared += min(block_size, read - j * block_size)
-            else:
-                seen.add(block)
-    return shared

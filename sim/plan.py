@@ -96,18 +96,8 @@ class StepPlan:
         """Of num_context_tokens, those read from a block that an earlier fed entry of this step also reads: a prompt
         shared by n samples or k beams, a cached system prompt. On a CPU a block read twice in one pass is read the
         second time from cache, at about half the cost (sim.cost.PiecewiseCostModel.d_shared). O(blocks read)."""
-        seen: set[int] = set()
-        shared = 0
-        for s in self.prefills + self.decodes:
-            read = s.num_computed_tokens + s.num_new_tokens
-            if not s.num_new_tokens:
-                continue
-            for j, block in enumerate(s.block_table[:-(-read // block_size)]):
-                if block in seen:
-                    shared += min(block_size, read - j * block_size)
-                else:
-                    seen.add(block)
-        return shared
+        return shared_context_tokens(((s.block_table, s.num_computed_tokens + s.num_new_tokens)
+                                      for s in self.prefills + self.decodes if s.num_new_tokens), block_size)
 
     @property
     def is_empty(self) -> bool:
@@ -118,6 +108,20 @@ class StepPlan:
     def request_ids(self) -> list[int]:
         """The requests with a sequence in this step, in plan order, each once."""
         return list(dict.fromkeys(s.request_id for s in self.prefills + self.decodes))
+
+
+def shared_context_tokens(reads, block_size: int) -> int:
+    """For (block_table, tokens read) per sequence, in order: the tokens read from a block an earlier sequence read
+    (StepPlan.num_shared_context_tokens; the fast-forward counts a run's the same way)."""
+    seen: set[int] = set()
+    shared = 0
+    for table, read in reads:
+        for j, block in enumerate(table[:-(-read // block_size)]):
+            if block in seen:
+                shared += min(block_size, read - j * block_size)
+            else:
+                seen.add(block)
+    return shared
 
 
 @dataclass(slots=True)

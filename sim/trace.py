@@ -287,8 +287,9 @@ def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict]]:
 def request_lines(path: str | Path) -> dict[int, int]:
     """request_id -> the line of a JSONL or CSV trace (already read without error) that holds it, to name the line
     of a request that a later check refuses (sim.api.run: a request past the context or the pool)."""
-    records = _csv_records(path) if trace_format(path) == "csv" else _jsonl_records(path)
-    return {parse_record(record, trace_format(path) == "csv").request_id: line for line, record in records}
+    csv_file = trace_format(path) == "csv"
+    records = _csv_records(path) if csv_file else _jsonl_records(path)
+    return {parse_record(record, csv_file).request_id: line for line, record in records}
 
 
 def read_jsonl(path: str | Path) -> list[Request]:
