@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test figures bench calibrate bad-inputs peer install clean
+.PHONY: demo test figures bench calibrate bad-inputs kv-faults peer install clean
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ calibrate: $(STAMP)
 # A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
 bad-inputs: $(STAMP)
 	$(BIN)/python tools/bad_inputs.py
+
+# A fault (an exception or Ctrl-C) at every call into the KV manager, for every configuration the engine runs:
+# counts what survived, leaked, wedged or changed tokens. About 6 minutes; saves figures/kv_faults.csv.
+kv-faults: $(STAMP)
+	$(BIN)/python tools/kv_faults.py
 
 # This engine against vLLM itself (its CPU build, in its own venv): greedy equality, speed, the block pool, and
 # vLLM's offline API check by check. Minutes (vLLM starts slowly); prints and saves figures/peer_vllm.csv and

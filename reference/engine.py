@@ -31,6 +31,7 @@ Bad input and failures:
 """
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -98,6 +99,30 @@ class _Checked:
     max_tokens: int  # params.max_tokens, cut to what the model context leaves
     request_id: str | None  # None: the engine's next id
 
+
+
+@contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C back while the scheduler changes its queues and the KV manager (a few microseconds to
+    milliseconds): a SIGINT arriving then is delivered as the block ends, so a KeyboardInterrupt never lands
+    between a KV call's return and the scheduler recording it. The scheduler still undoes a step that raises
+    anywhere (Scheduler.abandon_step); this only keeps an interrupt out of the KV manager's own statements.
+    Only in the main thread (the only one Python delivers signals to) and over a Python-level SIGINT handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):  # SIG_IGN, SIG_DFL or a handler set outside Python: nothing to hold
+        yield
+        return
+    held: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if held:
+            handler(*held[0])  # the default handler raises KeyboardInterrupt here
 
 class LLM(EngineOutcomes, OfflineAPI):
     """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API.
@@ -385,7 +410,8 @@ class LLM(EngineOutcomes, OfflineAPI):
         try:
             with torch.inference_mode():
                 start = time.perf_counter()
-                plan = self.scheduler.schedule()
+                with held_interrupts():
+                    plan = self.scheduler.schedule()
                 if plan.is_empty:
                     self.scheduler.finish_step(plan, StepOutcome())
                     if self.scheduler.has_unfinished() and not self.scheduler.num_running + self.scheduler.num_swapped:
@@ -395,7 +421,8 @@ class LLM(EngineOutcomes, OfflineAPI):
                 logits, rows, all_rows = self.executor.execute(plan, self._tokens_to_feed, self._wants_all_rows)
                 self._collect_prompt_logprobs(plan, all_rows)
                 outcome, pending = self._sample(plan, logits, rows)
-                result = self.scheduler.finish_step(plan, outcome)
+                with held_interrupts():
+                    result = self.scheduler.finish_step(plan, outcome)
                 for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids
                     # NOTE: a search of width 1 reports no beam_parents (its one beam always goes on): same seq id
                     ids = result.new_beam_seq_ids.get(rid) or list(self._requests[rid].seqs)
@@ -405,18 +432,25 @@ class LLM(EngineOutcomes, OfflineAPI):
                 for rid in result.finished_request_ids:
                     del self._requests[rid]
                 self._record(plan, result.finished_request_ids, time.perf_counter() - start, start - self._start)
-        except BaseException:
-            self._abandon_step(plan)
+        except BaseException as exc:
+            with held_interrupts():
+                self._abandon_step(plan, exc)
             raise
         return outputs
 
-    def _abandon_step(self, plan: StepPlan | None) -> None:
-        """After a failed step: the scheduler aborts what the plan touched (plan None: what schedule() was building
-        when it raised); the engine forgets those requests. Must not raise: the step's own exception goes on."""
-        for rid in self.scheduler.abandon_step(plan):
+    def _abandon_step(self, plan: StepPlan | None, exc: BaseException) -> None:
+        """After a failed step: the scheduler aborts what the step touched (plan None: what schedule() was building
+        when it raised); the engine forgets those requests. The step's own exception `exc` goes on: should the
+        cleanup itself fail (a bug), that failure becomes a note on `exc`, never a replacement of it."""
+        self.stats.num_failed_steps += 1
+        try:
+            aborted = self.scheduler.abandon_step(plan)
+        except Exception as cleanup:  # noqa: BLE001 - reported on the original exception, which is re-raised
+            exc.add_note(f"and the cleanup after it failed: {type(cleanup).__name__}: {cleanup}")
+            return
+        for rid in aborted:
             if self._requests.pop(rid, None) is not None:
                 self.stats.num_aborted_requests += 1
-        self.stats.num_failed_steps += 1
 
     def _tokens_to_feed(self, entry: ScheduledSeq) -> list[int]:
         """prompt + generated, [num_computed : num_computed + num_new]; after recompute that includes generated

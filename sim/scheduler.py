@@ -58,6 +58,12 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         self._num_added = 0
         self._num_preemptions = 0
         self._outstanding: StepPlan | None = None  # the plan schedule() returned and finish_step() has not seen
+        # The step's KV calls as transactions (abandon_step): the requests whose memory a KV call of the step in flight
+        # began to change before the plan or the queues recorded it; the allocation in flight (its sequences, and
+        # the specs of an admission), whose blocks the prefix cache may hold before their K/V is written.
+        self._open: set[int] = set()
+        self._open_allocation: tuple[tuple[Sequence, ...], list[NewSequence] | None] | None = None
+        self._reported: StepPlan | None = None  # the plan finish_step() was given: its K/V was written
         # NOTE: the last plain_decode_seqs() answer, kept until the next call that changes the scheduler (each
         # of them clears it), so that advance_decodes right after it does not ask again: a speed-up only.
         self._plain: list[Sequence] | None = None
@@ -99,13 +105,31 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         if group.status is FINISHED:
             return
         self._plain = None
-        if group.status in (RUNNING, SWAPPED):
-            for seq in group.kv_seqs:
-                self.kv.free(seq.seq_id)
-        queue = {WAITING: self._waiting, RUNNING: self._running, SWAPPED: self._swapped}[group.status]
-        queue.remove(group)
-        group.set_status(FINISHED)
-        group.pending_copies.clear()
+        if group.status is WAITING:
+            self._waiting.remove(group)
+            group.set_status(FINISHED)
+            group.pending_copies.clear()
+        else:
+            self._drop([request_id])
+
+    def _drop(self, request_ids) -> None:
+        """Finish these requests whatever state a failed step left them in: out of every queue they are in, every
+        sequence of theirs the KV manager holds freed (a beam forked before its group listed it, one already freed
+        left alone). Asks the manager only for its live sequences and to free them."""
+        rids = set(request_ids)
+        for queue in (self._waiting, self._running, self._swapped):
+            kept = [g for g in queue if g.request_id not in rids]
+            if len(kept) != len(queue):
+                queue.clear()
+                queue.extend(kept)
+        for seq_id in self.kv.seq_ids:
+            seq = self._seqs.get(seq_id)
+            if seq is not None and seq.request_id in rids:
+                self.kv.free(seq_id)
+        for rid in rids:
+            group = self._groups[rid]
+            group.set_status(FINISHED)
+            group.pending_copies.clear()
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running or self._swapped)
@@ -123,7 +147,7 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         """
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
-        self._plain = None
+        self._plain, self._reported = None, None
         # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
         # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
         plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
@@ -162,18 +186,26 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
             if not any(counts):  # the budget is spent: it waits for the next step, keeping its memory
                 kept.append(group)
                 continue
-            ids = [s.seq_id for s in seqs]
-            while (allocation := allocate(ids, counts)) is None:
+            ids, rid = [s.seq_id for s in seqs], group.request_id
+            while True:  # NOTE: the transaction's brackets (see abandon_step), inline: this loop runs every step
+                self._open.add(rid)
+                self._open_allocation = (seqs, None)
+                if (allocation := allocate(ids, counts)) is not None:
+                    break
+                self._open.discard(rid)  # None: nothing changed
+                self._open_allocation = None
                 victim = self._choose_victim(group, remaining)
                 self._preempt(victim, plan)
                 if victim is group:
                     break
                 remaining.remove(victim)
-            else:
+            if allocation is not None:
                 self._add_entries(plan, group, seqs, counts, allocation.copies)
                 kept.append(group)
                 if budget is not None:
                     budget -= sum(counts)
+                self._open.discard(rid)
+                self._open_allocation = None
         self._running = kept
         return budget
 
@@ -189,17 +221,19 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         seqs = group.kv_seqs
         ids = [s.seq_id for s in seqs]
         self._num_preemptions += 1
+        self._open.add(group.request_id)
         plan.preempted.append(group.request_id)
         if self.config.preemption == "swap" and self.kv.can_swap_out(ids):
             plan.blocks_to_swap_out += self.kv.swap_out(ids)
             group.set_status(SWAPPED)
             bisect.insort(self._swapped, group, key=lambda g: g.arrival_order)
-            return
-        for seq in seqs:
-            self.kv.free(seq.seq_id)
-            seq.num_computed_tokens, seq.prefilling = 0, True
-        group.set_status(WAITING)
-        self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
+        else:
+            for seq in seqs:
+                self.kv.free(seq.seq_id)
+                seq.num_computed_tokens, seq.prefilling = 0, True
+            group.set_status(WAITING)
+            self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
+        self._open.discard(group.request_id)
 
     def _swap_in(self, plan: StepPlan, budget: int | None) -> int | None:
         num_seqs = self.num_running_seqs
@@ -212,7 +246,9 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
                 break
             if not self.kv.can_swap_in(ids, counts):
                 break
+            self._open.add(group.request_id)
             plan.blocks_to_swap_in += self.kv.swap_in(ids)
+            self._open_allocation = (seqs, None)
             allocation = self.kv.allocate_slots(ids, counts)
             if allocation is None:
                 raise RuntimeError(f"request {group.request_id}: expected room after swap-in (checked), found none")
@@ -220,6 +256,8 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
             group.set_status(RUNNING)
             bisect.insort(self._running, group, key=lambda g: g.arrival_order)
             self._add_entries(plan, group, seqs, counts, allocation.copies)
+            self._open.discard(group.request_id)
+            self._open_allocation = None
             num_seqs += group.num_seqs
             budget = None if budget is None else budget - sum(counts)
         return budget
@@ -260,8 +298,12 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
                 break
             new, counts = asked
             seqs = group.kv_seqs
+            self._open.add(group.request_id)
+            self._open_allocation = (seqs, new)
             allocation = self.kv.allocate_slots([s.seq_id for s in seqs], counts, new)
-            if allocation is None:
+            if allocation is None:  # nothing changed
+                self._open.discard(group.request_id)
+                self._open_allocation = None
                 break
             self._waiting.popleft()
             group.set_status(RUNNING)
@@ -269,6 +311,8 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
             for seq, spec in zip(seqs, new):
                 seq.num_computed_tokens = spec.num_cached_tokens
             self._add_entries(plan, group, seqs, counts, allocation.copies)
+            self._open.discard(group.request_id)
+            self._open_allocation = None
             num_seqs += group.num_seqs
             budget -= sum(counts)
             admitted = True
@@ -299,7 +343,7 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         """
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
-        self._outstanding = None
+        self._outstanding, self._reported = None, plan
         self._plain = None
         seqs, groups = self._seqs, self._groups
         touched: dict[int, SequenceGroup] = {}  # the groups that sampled: only they can finish
@@ -327,38 +371,71 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
                 raise ValueError(f"finished_seq_ids: expected running sequences, found {seq_id} ({seq and seq.status})")
             if seq.status is RUNNING:
                 touched.setdefault(seq.request_id, groups[seq.request_id])
+        self._open.update(touched)  # the requests this report frees or forks (those of the plan are touched anyway)
+        self._open.update(outcome.beam_parents)
         beams_done = {seqs[i].request_id for i in outcome.finished_seq_ids}
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
-        return StepResult(self._finish(touched.values(), outcome.finished_seq_ids, beams_done), new_beams)
+        result = StepResult(self._finish(touched.values(), outcome.finished_seq_ids, beams_done), new_beams)
+        self._open.clear()
+        return result
 
     def abandon_step(self, plan: StepPlan | None = None) -> list[int]:
-        """A step failed (the executor raised, an interrupt came): abort every request whose memory `plan` touched,
-        so their blocks return to the pool, and forget the plan, so that schedule() can run again. Other requests
-        stay as they were. Returns the touched requests (all FINISHED now), in plan order.
+        """A step failed (the executor raised, an interrupt came, a KV call raised): abort every request the step
+        touched, so their blocks return to the pool, and forget the plan, so that schedule() can run again. Other
+        requests stay as they were. Returns the touched requests (all FINISHED now), in plan order. Never raises
+        for a state a failed step left behind: the step's own exception is the one the caller must see.
 
         plan: the plan schedule() returned, reported to finish_step() or not; None: the plan schedule() was
         building when it raised. Touched: a request with a sequence in the plan (its K/V may be half written), one
-        the plan swapped out (the copy to CPU may not have happened), one owning a block the plan copies into.
-        The blocks the plan was to write are unregistered from the prefix cache (a full block is registered when
-        allocated, before the executor writes it), so no later prompt reuses K/V that was never computed.
+        the plan swapped out (the copy to CPU may not have happened), one owning a block the plan copies into, and
+        one whose memory a KV call was changing when the step failed (before, inside or just after the call: the
+        plan or the queues may not record it yet). A transaction, seen from the scheduler: each of its KV calls is
+        either recorded whole or its request is aborted whole.
+        Unless the plan reached finish_step() (its K/V was written), the blocks it was to write are unregistered from
+        the prefix cache (a full block is registered when allocated, before the executor writes it), so no later
+        prompt reuses K/V that was never computed.
         """
         if plan is None or plan is self._outstanding:
             plan, self._outstanding = self._outstanding, None
         self._plain = None
-        if plan is None:
+        opened, self._open = self._open, set()
+        allocation, self._open_allocation = self._open_allocation, None
+        reported = plan is not None and plan is self._reported
+        self._reported = None
+        # a step stopped midway may leave a group in a queue it was leaving: each queue keeps its own status only
+        # (a group caught between two queues is one of `opened`, dropped below)
+        self._running = [g for g in self._running if g.status is RUNNING]
+        self._swapped = [g for g in self._swapped if g.status is SWAPPED]
+        self._waiting = deque(g for g in self._waiting if g.status is WAITING)
+        if plan is None and not opened:
             return []
-        for e in plan.prefills + plan.decodes:  # positions before num_computed were written by earlier steps
-            if e.num_new_tokens:
-                self.kv.uncache(e.block_table[e.num_computed_tokens // self.kv.block_size:])
-        touched = dict.fromkeys(plan.request_ids())
-        touched.update(dict.fromkeys(r for r in plan.preempted if self._groups[r].status is SWAPPED))
-        written = {dst for _, dst in plan.blocks_to_copy}
-        for group in self._running if written else ():
-            if any(b in written for s in group.kv_seqs for b in self.kv.block_table(s.seq_id)):
-                touched[group.request_id] = None
-        for rid in touched:
-            self.abort(rid)
+        touched = dict.fromkeys(plan.request_ids() if plan is not None else ())
+        if plan is not None:
+            touched.update(dict.fromkeys(r for r in plan.preempted if self._groups[r].status is SWAPPED))
+            written = {dst for _, dst in plan.blocks_to_copy}
+            held = set(self.kv.seq_ids) if written else ()
+            for group in self._running if written else ():
+                if any(b in written for s in group.kv_seqs if s.seq_id in held for b in self.kv.block_table(s.seq_id)):
+                    touched[group.request_id] = None
+        touched.update(dict.fromkeys(sorted(opened)))
+        if not reported:
+            self._uncache_unwritten(plan, allocation)
+        self._drop(touched)
         return list(touched)
+
+    def _uncache_unwritten(self, plan: StepPlan | None, allocation) -> None:
+        """Unregister the blocks a failed plan (and the allocation in flight) were to write from the prefix cache:
+        from each sequence's first position the step computes (those before it were written by earlier steps)."""
+        bs, held = self.kv.block_size, set(self.kv.seq_ids)
+        starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.prefills + plan.decodes if plan else ())
+                  if e.num_new_tokens]  # fmt: skip
+        if allocation is not None:
+            seqs, new = allocation
+            starts += [(s.seq_id, s.num_computed_tokens if new is None else spec.num_cached_tokens)
+                       for s, spec in zip(seqs, new or seqs)]  # fmt: skip
+        for seq_id, start in starts:
+            if seq_id in held:  # on the GPU: the plan's entries and an allocation are never swapped out
+                self.kv.uncache(self.kv.block_table(seq_id)[start // bs:])
 
     def _finish(self, groups, done_ids: set[int] = frozenset(), beams_done: set[int] = frozenset()) -> list[int]:
         """Finish the sequences of `groups` that are done (named in done_ids, or output_len tokens sampled; all

@@ -167,12 +167,17 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         if not self.can_allocate_slots(seq_ids, num_new_tokens, new):
             return None
         if new is not None:
-            starts = [self.allocator.allocate(size) for size in self._sizes(new)]  # fits: checked just above
+            sizes = iter(self._sizes(new))  # every run fits: checked just above
+            # NOTE: each run joins its sequence as soon as it is taken (the sequence's own run registers it): should
+            # an allocation raise (it then changes nothing), free(seq_id) gives back every run taken before it.
             for seq_id, spec in zip(seq_ids, new):
-                runs = [_Run(starts.pop(0), spec.prompt_len, f, self.reserved_tokens(spec.prompt_len, f))
-                        for f in (spec.final_len, *spec.fork_final_lens)]  # fmt: skip
-                self._seqs[seq_id] = runs[0]
-                runs[0].forks = runs[1:]
+                for i, f in enumerate((spec.final_len, *spec.fork_final_lens)):
+                    run = _Run(self.allocator.allocate(next(sizes)), spec.prompt_len, f,
+                               self.reserved_tokens(spec.prompt_len, f))  # fmt: skip
+                    if i:
+                        self._seqs[seq_id].forks.append(run)
+                    else:
+                        self._seqs[seq_id] = run
         for seq_id, k in zip(seq_ids, num_new_tokens):
             self._seqs[seq_id].num_tokens += k
         return Allocation([])
@@ -199,9 +204,17 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         return [(parent.start + i, child.start + i) for i in range(self._num_blocks_for(parent.num_tokens))]
 
     def free(self, seq_id: int) -> None:
+        """Give back the sequence's run and those reserved for its siblings not forked yet.
+
+        NOTE: the siblings' runs first, each leaving the list as it is freed, then the sequence's own, and the entry
+        last: should the allocator raise (it then changes nothing), the sequence stays live holding exactly the runs
+        not yet given back, and a later free gives those back (the scheduler aborts the request). The order of frees
+        changes nothing else: both allocators coalesce to the same free runs whatever the order."""
         run = self._run(seq_id)
-        for r in (run, *run.forks):
-            self.allocator.free(r.start)
+        while run.forks:
+            self.allocator.free(run.forks[0].start)
+            del run.forks[0]
+        self.allocator.free(run.start)
         del self._seqs[seq_id]
 
     # --- runs of plain decode steps ------------------------------------------------------------------

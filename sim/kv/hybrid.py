@@ -209,6 +209,8 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, HybridAccounting):
         shared, partly filled last block is copied (copy-on-write) and new blocks are taken."""
         if self._need(seq_ids, num_new_tokens, new) is None:
             return None
+        # NOTE: new sequences are registered before any block is taken, and each table holds its blocks as they are
+        # taken: should the allocator raise, free(seq_id) gives back what was taken (the scheduler aborts the request).
         if new is not None:
             for seq_id, spec in zip(seq_ids, new):
                 self._seqs[seq_id] = _Seq([[] for _ in self.windows], [0] * len(self.windows), 0, 0, spec.final_len)
@@ -252,18 +254,24 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, HybridAccounting):
         if not parent.num_tokens <= final_len <= self.max_seq_len:
             raise ValueError(f"final_len must be from the parent's {parent.num_tokens} tokens to {self.max_seq_len}, "
                              f"got {final_len}")  # fmt: skip
-        for table in parent.tables:
+        # NOTE: the child is registered first and takes each group's blocks as they are shared: should a share raise
+        # (it then changes nothing), free(child_id) gives back what the child took (the scheduler aborts the request).
+        child = self._seqs[child_id] = _Seq([[] for _ in parent.tables], list(parent.starts), parent.num_tokens,
+                                            parent.first_query, final_len)  # fmt: skip
+        for table, shared in zip(parent.tables, child.tables):
             self.allocator.share(table)
-        self._seqs[child_id] = _Seq([list(t) for t in parent.tables], list(parent.starts), parent.num_tokens,
-                                    parent.first_query, final_len)  # fmt: skip
+            shared += table
         return []
 
     def free(self, seq_id: int) -> None:
-        seq = self._seqs.pop(seq_id, None)
-        if seq is None:
-            raise KeyError(f"sequence {seq_id} is not live")
+        seq = self._seq(seq_id)
+        # NOTE: each group's blocks first, emptying its table, and the entry last: should the allocator raise (it then
+        # changes nothing), the sequence stays live holding exactly the blocks not yet given back, and a later free
+        # gives those back (the scheduler aborts the request).
         for table in seq.tables:
             self.allocator.free(reversed(table))
+            table.clear()
+        del self._seqs[seq_id]
 
     # --- runs of plain decode steps (hybrid_runs.py) -----------------------------------------------
     def _run_seqs(self, seq_ids: Sequence[int]) -> list[_Seq]:

@@ -206,18 +206,20 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         if new is None:
             return Allocation([c for i, k in zip(seq_ids, num_new_tokens) for c in self._grow(self._seqs[i], k)])
         found = plan[0]
-        tables = []
-        for (hashes, hits), spec in zip(found, new):  # hits first: reviving must precede any eviction
-            tables.append([self.allocator.lookup(h) for h in hashes[:hits]])
+        # NOTE: each sequence is registered before it takes a block and holds each block as it is taken: should a
+        # call below raise, free(seq_id) gives back what it took (the scheduler aborts the request).
+        seqs = [_SeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids, hashes[:hits])
+                for spec, k, (hashes, hits) in zip(new, num_new_tokens, found)]  # fmt: skip
+        self._seqs.update(zip(seq_ids, seqs))
+        for seq, (hashes, hits) in zip(seqs, found):  # hits first: reviving must precede any eviction
+            for block_hash in hashes[:hits]:
+                seq.block_table.append(self.allocator.lookup(block_hash))
             if hits < len(hashes):
                 self.allocator.lookup(hashes[hits])  # the first miss, counted; it returns None
             self._stats.queried_blocks += len(hashes)
             self._stats.hit_blocks += hits
-        for seq_id, table, spec, k, (hashes, hits) in zip(seq_ids, tables, new, num_new_tokens, found):
-            total = spec.num_cached_tokens + k
-            table += self.allocator.allocate(_cdiv(total, self.block_size) - hits)
-            seq = _SeqState(table, total, spec.final_len, spec.token_ids, hashes[:hits])
-            self._seqs[seq_id] = seq
+        for seq, spec, (hashes, hits) in zip(seqs, new, found):
+            seq.block_table += self.allocator.allocate(_cdiv(seq.num_tokens, self.block_size) - hits)
             self._register(seq)
             if self.enable_prefix_caching and not spec.skip_reading_prefix_cache:  # vLLM counts lookups only
                 self._stats.queried_tokens += spec.prompt_len
@@ -287,11 +289,12 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
     def free(self, seq_id: int) -> None:
         """Drop the sequence's references. NOTE: tail blocks first, as vLLM does: they go to the front of the
         free queue and are evicted first, while the prompt's head blocks (the most shareable) stay cached longest."""
-        seq = self._seqs.pop(seq_id, None)
+        seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
         allocator = self.cpu_allocator if seq.swapped else self.allocator
-        allocator.free(reversed(seq.block_table))
+        allocator.free(reversed(seq.block_table))  # first: should it raise (it then changes nothing), the seq stays
+        del self._seqs[seq_id]
 
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (CPU block ids while it is swapped out)."""

@@ -58,7 +58,10 @@ class PagedSwapSpace:
         return self._move(seq_ids, swapped=True)
 
     def _move(self, seq_ids: Sequence[int], swapped: bool) -> list[BlockCopy] | None:
-        """Copy the group's distinct blocks from one pool to the other, keeping sharing inside the group."""
+        """Copy the group's distinct blocks from one pool to the other, keeping sharing inside the group.
+
+        NOTE: exception-safe (the scheduler aborts the group if a call raises): each sequence moves whole (its old
+        blocks freed, then its table switched), and the new blocks of the sequences not yet moved are given back."""
         src_pool, dst_pool = (self.cpu_allocator, self.allocator) if swapped else (self.allocator, self.cpu_allocator)
         blocks = self._distinct_blocks(seq_ids, swapped)
         if dst_pool is None:
@@ -67,16 +70,26 @@ class PagedSwapSpace:
         if fresh is None:
             return None
         mapping = dict(zip(blocks, fresh))
+        seqs = [self._seqs[i] for i in seq_ids]
+        tables = [[mapping[b] for b in seq.block_table] for seq in seqs]
         # Each dst block came with one reference; a block shared by k group members needs k - 1 more.
         extra_refs: list[int] = []
         seen: set[int] = set()
-        for seq_id in seq_ids:
-            seq = self._seqs[seq_id]
-            src_pool.free(reversed(seq.block_table))
-            seq.block_table = [mapping[b] for b in seq.block_table]
-            seq.swapped = not swapped
-            extra_refs += [b for b in seq.block_table if b in seen]
-            seen.update(seq.block_table)
-        dst_pool.share(extra_refs)
+        for table in tables:
+            extra_refs += [b for b in table if b in seen]
+            seen.update(table)
+        try:
+            dst_pool.share(extra_refs)
+        except BaseException:
+            dst_pool.free(fresh)
+            raise
+        moved = 0
+        try:
+            for seq, table in zip(seqs, tables):
+                src_pool.free(reversed(seq.block_table))
+                seq.block_table, seq.swapped = table, not swapped
+                moved += 1
+        except BaseException:
+            dst_pool.free([b for table in tables[moved:] for b in table])
+            raise
         return list(mapping.items())
-

@@ -41,7 +41,7 @@ since an allocation may evict them at once; a prefix-cache hit is counted in tok
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -108,18 +108,28 @@ class RadixPagePool:
         return pages
 
     def share(self, pages: Sequence[int]) -> None:
+        """One more reference to each page; raises (and changes nothing) if one is free."""
+        pages = list(pages)
         for page in pages:
             if self._refs[page] < 1:
                 raise RuntimeError(f"cannot share page {page}: expected ref count >= 1, found 0 (it is free)")
+        for page in pages:
             self._refs[page] += 1
 
     def free(self, pages: Sequence[int]) -> None:
         """One reference less to each page; pages left with none go to the front of the free queue, the first
         freed first (they hold no cached prefix)."""
+        self._release(pages)
+
+    def _release(self, pages: Sequence[int]) -> None:
+        """free's body, which forget_unwritten shares (inside its own call). Raises (and changes nothing) if a page
+        would be freed more times than it is held."""
+        pages = list(pages)
+        for page, times in Counter(pages).items():
+            if times > self._refs[page]:
+                raise RuntimeError(f"cannot free page {page}: expected ref count >= {times}, found {self._refs[page]}")
         released = []
         for page in pages:
-            if self._refs[page] < 1:
-                raise RuntimeError(f"cannot free page {page}: expected ref count >= 1, found 0")
             self._refs[page] -= 1
             if not self._refs[page]:
                 released.append(page)
@@ -137,8 +147,15 @@ class RadixPagePool:
         self._refs[page] -= 1
         return fresh[0]
 
-    def mark_unwritten(self, pages: Sequence[int]) -> None:
+    def forget_unwritten(self, pages: Sequence[int]) -> dict[RadixNode, RadixNode]:
+        """Pages a failed step was to write: never cached (until reused), and out of the tree with everything cached
+        below them, the tree's references dropped (pages still in tables stay held). Returns {every node removed: the
+        node left where it hung} (`RadixTree.forget`). NOTE: one call, so that the tree never lets go of pages
+        without their references: should the tree raise (it then changes nothing), nothing has changed."""
+        released, moved = self.tree.forget(pages)
         self._unwritten.update(pages)
+        self._release(released)
+        return moved
 
     def is_written(self, page: int) -> bool:
         return page not in self._unwritten
@@ -226,24 +243,30 @@ class RadixKVManager(PagedKVManager):
         plan = self._plan(seq_ids, num_new_tokens, new)
         if plan is None:
             return None
-        locked = []
-        for spec, (usable, hits) in zip(new, plan[0]):
-            locked.append(self.tree.lock_prefix(spec.token_ids, hits) if hits else (self.tree.root, []))
-            self.allocator.share(locked[-1][1])
+        # NOTE: each sequence is registered as soon as it holds its lock, and its table grows as it takes pages:
+        # should a call below raise (it then changes nothing), free(seq_id) gives back what it took (the scheduler
+        # aborts the request). free copes with a table shorter than its tokens.
+        seqs = []
+        for seq_id, spec, k, (usable, hits) in zip(seq_ids, new, num_new_tokens, plan[0]):
+            node, pages = self.tree.lock_prefix(spec.token_ids, hits) if hits else (self.tree.root, [])
+            seq = self._seqs[seq_id] = _RadixSeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids,
+                                                      node=node)  # fmt: skip
+            seqs.append(seq)
+            self.allocator.share(pages)
+            seq.block_table += pages
+            seq.num_tree_pages = len(pages)
             self._stats.queried_blocks += usable
             self._stats.hit_blocks += hits
             if not spec.skip_reading_prefix_cache:  # counted as vLLM counts lookups
                 self._stats.queried_tokens += spec.prompt_len
                 self._stats.hit_tokens += spec.num_cached_tokens
-        for seq_id, spec, k, (node, pages) in zip(seq_ids, new, num_new_tokens, locked):
-            total = spec.num_cached_tokens + k
-            fresh = self.allocator.allocate(_cdiv(total, self.block_size) - len(pages))
+        for seq_id, seq in zip(seq_ids, seqs):
+            need = _cdiv(seq.num_tokens, self.block_size) - len(seq.block_table)
+            fresh = self.allocator.allocate(need)
             if fresh is None:
-                raise RuntimeError(f"sequence {seq_id}: expected the planned {_cdiv(total, self.block_size) - len(pages)} "
-                                   f"free pages, found {self.allocator.num_free_blocks}")  # fmt: skip
-            table = pages + fresh
-            seq = self._seqs[seq_id] = _RadixSeqState(table, total, spec.final_len, spec.token_ids, node=node,
-                                                      num_tree_pages=len(pages))  # fmt: skip
+                raise RuntimeError(f"sequence {seq_id}: expected the planned {need} free pages, found "
+                                   f"{self.allocator.num_free_blocks}")  # fmt: skip
+            seq.block_table += fresh
             self._register(seq)
         return Allocation([])
 
@@ -268,9 +291,19 @@ class RadixKVManager(PagedKVManager):
             end += 1
         if end == start:
             return
-        node = self.tree.grow(seq.node, ids[start * bs : end * bs], table[start:end])
+        pages, grown = table[start:end], ids[start * bs : end * bs]
+        # NOTE: the tree's reference is taken before the tree takes the pages (a grow that happened cannot be undone)
+        # and given back should grow raise; none is taken where another copy is cached (grow then changes nothing).
+        takes = self.tree.can_grow(seq.node, grown)
+        if takes:
+            pool.share(pages)
+        try:
+            node = self.tree.grow(seq.node, grown, pages)
+        except BaseException:
+            if takes:
+                pool.free(pages)
+            raise
         if node is not None:
-            pool.share(table[start:end])  # the tree's reference
             seq.node, seq.num_tree_pages = node, end
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
@@ -281,11 +314,14 @@ class RadixKVManager(PagedKVManager):
             raise ValueError(f"sequence {child_id} is already live")
         if final_len < parent.num_tokens:
             raise ValueError(f"final_len must be >= the parent's {parent.num_tokens} tokens, got {final_len}")
-        self.allocator.share(parent.block_table)
         ids = None if parent.token_ids is None else parent.token_ids[: parent.num_tokens]
-        self._seqs[child_id] = _RadixSeqState(list(parent.block_table), parent.num_tokens, final_len, ids,
-                                              node=parent.node, num_tree_pages=parent.num_tree_pages)  # fmt: skip
+        # NOTE: the child is registered as soon as it holds its lock, then takes the parent's pages: should the share
+        # raise (it then changes nothing), free(child_id) releases the lock (the scheduler aborts the request).
         self.tree.lock(parent.node)
+        child = self._seqs[child_id] = _RadixSeqState([], parent.num_tokens, final_len, ids, node=parent.node)
+        self.allocator.share(parent.block_table)
+        child.block_table += parent.block_table
+        child.num_tree_pages = parent.num_tree_pages
         return []
 
     def free(self, seq_id: int) -> None:
@@ -303,32 +339,48 @@ class RadixKVManager(PagedKVManager):
         NOTE: caching stops before a page another live sequence still holds (a fork sibling that has not
         finished): a tree page is shared only through locks. The last sibling to finish caches the shared part.
         """
-        seq = self._seqs.pop(seq_id, None)
+        seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
-        self.tree.unlock(seq.node)
-        ids, table, pool = seq.token_ids, seq.block_table, self.allocator
-        whole = min(len(ids), seq.num_tokens) // self.block_size if ids else 0  # computed, known, whole pages
+        ids, table, pool, bs = seq.token_ids, seq.block_table, self.allocator, self.block_size
+        # computed, known, whole pages (of its table: one a failed allocation left short covers fewer)
+        whole = min(len(ids), seq.num_tokens, len(table) * bs) // bs if ids else 0
         # everything cached while it ran (the common case): no walk from the root
         cached = whole if seq.num_tree_pages == whole else self.tree.match(ids, whole)[0] if whole else 0
         end = cached
         while end < whole and pool.ref_count(table[end]) == 1 and pool.is_written(table[end]):
             end += 1
+        # NOTE: the questions above change nothing; the changes come in an order that leaves, should one raise (it
+        # then changes nothing itself), either the sequence live as it was (the lock taken back), or nothing of it
+        # held: the unlock, the pages it drops (tail first, as paged frees), and last the pages the tree takes
+        # (the tree and the pool are apart, so this order gives the same pool and tree as any other).
+        self.tree.unlock(seq.node)
+        try:
+            pool.free(list(reversed(table[end:])) + list(reversed(table[:cached])))
+        except BaseException:
+            self.tree.lock(seq.node)
+            raise
+        del self._seqs[seq_id]
         if end > cached:
-            self.tree.insert(ids[: end * self.block_size], table[:end])  # it takes table[cached:end]
-        pool.free(list(reversed(table[end:])) + list(reversed(table[:cached])))  # tail first, as paged frees
+            try:
+                self.tree.insert(ids[: end * bs], table[:end])  # it takes table[cached:end]
+            except BaseException:
+                pool.free(list(reversed(table[cached:end])))  # not cached after all: given back
+                raise
 
     def uncache(self, block_ids: Sequence[int]) -> None:
         """Pages a failed step was to write are never cached: those already in the tree (cached when the step was
         scheduled) leave it with everything below them, and a sequence whose lock was on a removed node now locks
         the node left where it hung. The scheduler calls this before it frees the sequences."""
-        self.allocator.mark_unwritten(block_ids)
-        released, moved = self.tree.forget(block_ids)
-        for seq in self._seqs.values():
-            if seq.node in moved:
-                seq.node = moved[seq.node]
-                seq.num_tree_pages = len(self.tree.path_pages(seq.node))
-        self.allocator.free(released)  # the tree's references; pages still in tables stay held
+        moved = self.allocator.forget_unwritten(block_ids)
+        moved_seqs = [seq for seq in self._seqs.values() if seq.node in moved]
+        # NOTE: every moved lock first, then the counts asked of the tree: should it raise, each lock is where the tree
+        # counts it, and a count left stale at most keeps free() from caching pages (these sequences are the failed
+        # step's, freed next).
+        for seq in moved_seqs:
+            seq.node = moved[seq.node]
+        for seq in moved_seqs:
+            seq.num_tree_pages = len(self.tree.path_pages(seq.node))
 
     # --- checks ------------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -169,6 +169,11 @@ class RadixTree:
         node.children[first] = child
         return child
 
+    def can_grow(self, node: RadixNode, token_ids: Sequence[int]) -> bool:
+        """Whether `grow(node, token_ids, ...)` would cache the pages: not if node already has a child starting with
+        the same page (another sequence's copy). A peek: changes nothing."""
+        return tuple(token_ids[: self.page_size]) not in node.children
+
     def forget(self, pages: Sequence[int]) -> tuple[list[int], dict[RadixNode, RadixNode]]:
         """Take pages whose K/V was never written (a failed step) out of the tree, and with each everything cached
         below it (computed after it, in the same failed step). Returns (the pages the tree lets go of, {every node

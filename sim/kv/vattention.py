@@ -212,6 +212,8 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
         is ever shared, so nothing is copied here."""
         if self._need(seq_ids, num_new_tokens, new) is None:
             return None
+        # NOTE: new sequences are registered before any page is mapped, and `_map` appends pages as it takes them:
+        # should the allocator raise, free(seq_id) gives back what was taken (the scheduler aborts the request).
         if new is not None:
             for seq_id, spec in zip(seq_ids, new):
                 siblings = [_Sibling(f) for f in spec.fork_final_lens]
@@ -252,10 +254,11 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
     def free(self, seq_id: int) -> None:
         """Unmap the sequence's pages (and those mapped for its siblings not forked yet); its virtual range is
         released for a later request."""
-        seq = self._seqs.pop(seq_id, None)
-        if seq is None:
-            raise KeyError(f"sequence {seq_id} is not live")
+        seq = self._seq(seq_id)
+        # NOTE: the pages first, the entry after: should the allocator raise (it then changes nothing), the sequence
+        # stays live with every page it held, and a later free gives them back (the scheduler aborts the request).
         self.allocator.free([*reversed(seq.pages), *(p for s in seq.siblings for p in reversed(s.pages))])
+        del self._seqs[seq_id]
         heapq.heappush(self._released_slots, seq.request_slot)
 
     def _take_slot(self) -> int:
