@@ -110,6 +110,16 @@ def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]
         raise bad(i, "extra data after the list")
 
 
+def _only_control(text: str) -> bool:
+    """Characters, none of them printable or white space: NULs, escapes, a binary file's bytes read as text."""
+    return bool(text) and not any(c.isprintable() or c.isspace() for c in text)
+
+
+def _codes(text: str) -> str:
+    shown = " ".join(f"U+{ord(c):04X}" for c in text[:4])
+    return shown + (f" and {len(text) - 4} more" if len(text) > 4 else "")
+
+
 def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]]:
     """(index, line, turns) of every conversation of a ShareGPT file, read and checked: UTF-8, a JSON list, each
     item {"conversations": [turn objects]}, at most MAX_NUM_REQUESTS of them. TraceError (one line) otherwise."""
@@ -139,6 +149,10 @@ def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]
                     raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {field!r} holds a lone "
                                      f"surrogate escape (allowed: Unicode text; a character past U+FFFF is a pair "
                                      f"of escapes)") from None  # fmt: skip
+                if isinstance(value, str) and _only_control(value):
+                    raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {field!r} holds only "
+                                     f"control characters, {_codes(value)} (allowed: text; an empty string or "
+                                     "whitespace for an empty turn)")  # fmt: skip
         if index == MAX_NUM_REQUESTS:
             raise TraceError(f"{path} line {line}: more than {MAX_NUM_REQUESTS:,} conversations (the limit of one "
                              "trace)")  # fmt: skip

@@ -154,9 +154,27 @@ def _run_indexed(item: tuple[int, Task]) -> tuple[int, PointResult]:
 def _ignore_interrupts() -> None:
     """A worker ignores Ctrl-C (the terminal sends it to the whole process group): the parent decides, and
     terminates every worker at once, with SIGTERM, whose default action a worker restores (the command line's
-    handler, inherited through fork, would print a traceback from each)."""
+    handler, inherited through fork, would print a traceback from each). A parent killed outright (SIGKILL, the
+    out-of-memory killer) runs no cleanup: on Linux the kernel then sends each worker SIGTERM (die_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(os.getppid())
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing.
+    `parent`: the parent's pid, read before the call: had it died already, this process exits now."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl (an unusual libc): the workers then stop at their next task
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(143)
 
 
 def cost_hint(params: dict) -> float:

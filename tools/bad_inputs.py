@@ -185,8 +185,15 @@ def hostile_traces() -> dict[str, bytes]:
         "trace.txt": GOOD_JSONL, "noext": GOOD_JSONL,
         "sharegpt_bad.json": b'[{"conversations": 5}]', "sharegpt_empty.json": b"[]",
         "sharegpt_notlist.json": b'{"conversations": []}',
+        "sharegpt_control.json": b'[{"conversations": [{"from": "human", "value": "\\u0000\\u0007"}, '
+                                 b'{"from": "gpt", "value": "ok"}]}]',
     }  # fmt: skip
     return traces
+
+
+def _llama_config(extra: bytes) -> bytes:
+    return (b'{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, '
+            b'"num_attention_heads": 4, "vocab_size": 256, ' + extra + b"}")
 
 
 def reference_cases() -> list[Case]:
@@ -215,6 +222,11 @@ def reference_cases() -> list[Case]:
         (["generate", "hi", "--model", "ck"], "bad checkpoint", bad_config),
         (["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": b"{not json"}),
         (["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": b"[]"}),
+        # a string or a number where config.json has a bool (bool("false") would be True), a bool for an int,
+        # JSON nested past Python's recursion limit
+        *[(["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": _llama_config(extra)})
+          for extra in (b'"tie_word_embeddings": "false"', b'"attention_bias": 1', b'"num_key_value_heads": true',
+                        b'"rope_scaling": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000)],
         (["generate", "1 2 99999999", "--model", "random"], "prompt token id", {}),
         (["generate", "1 2 x", "--model", "random"], "prompt token id", {}),
         (["generate", " ".join(["5"] * 5000), "--model", "random"], "prompt past the context", {}),

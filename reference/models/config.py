@@ -123,19 +123,19 @@ class ModelConfig:
             raise ValueError(f"missing field 'model_type' (allowed: {_SUPPORTED})")
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type {model_type!r} is not supported (allowed: {_SUPPORTED})")
+            raise ValueError(f"model_type {_show(model_type)} is not supported (allowed: {_SUPPORTED})")
         if model_type == "gemma3_text":
             return _gemma3_config(hf, generation or {})
         if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (allowed: silu)")
-        if hf.get("mlp_bias"):
+            raise ValueError(f"hidden_act {_show(hf['hidden_act'])} is not supported (allowed: silu)")
+        if _bool_field(hf, "mlp_bias", False):
             raise ValueError("mlp_bias=true is not supported (allowed: SwiGLU MLP without biases)")
         num_heads, hidden = _int_field(hf, "num_attention_heads"), _int_field(hf, "hidden_size")
         rope = _dict_field(hf, "rope_parameters")
         rope_theta = _real_field(rope, "rope_theta", _real_field(hf, "rope_theta", 10000.0), "rope_parameters.")
         scaling = rope if "rope_type" in rope else _dict_field(hf, "rope_scaling")
         sliding = _int_field(hf, "sliding_window", None)
-        if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+        if model_type == "qwen2" and not _bool_field(hf, "use_sliding_window", False):
             sliding = None  # Qwen2 configs name a window but switch it off
         return cls(
             model_type=model_type,
@@ -151,9 +151,9 @@ class ModelConfig:
             bos_token_id=_int_field(hf, "bos_token_id", None),
             rope_theta=rope_theta,
             rms_norm_eps=_real_field(hf, "rms_norm_eps", 1e-6),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_bool_field(hf, "tie_word_embeddings", False),
             # Qwen2's q/k/v projections always carry biases (its config does not say so).
-            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias")),
+            attention_bias=model_type == "qwen2" or _bool_field(hf, "attention_bias", False),
             rope_scaling=_rope_scaling(scaling),
             sliding_window=sliding,
         )
@@ -164,7 +164,7 @@ def _gemma3_config(hf: dict[str, Any], generation: dict[str, Any]) -> ModelConfi
     full attention unless `layer_types` lists them (transformers >= 4.53 writes it)."""
     act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
     if act != "gelu_pytorch_tanh":
-        raise ValueError(f"hidden_activation {act!r} is not supported (allowed: gelu_pytorch_tanh)")
+        raise ValueError(f"hidden_activation {_show(act)} is not supported (allowed: gelu_pytorch_tanh)")
     for name in ("final_logit_softcapping", "attn_logit_softcapping"):
         if hf.get(name) is not None:
             raise ValueError(f"{name}={hf[name]!r} is not supported (allowed: null, as Gemma 3 has it)")
@@ -178,8 +178,8 @@ def _gemma3_config(hf: dict[str, Any], generation: dict[str, Any]) -> ModelConfi
     if types is None:
         pattern = _int_field(hf, "sliding_window_pattern", 6)
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
-    if not isinstance(types, list):
-        raise ValueError(f"field 'layer_types' is {types!r} (allowed: a list of {', '.join(LAYER_TYPES)})")
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ValueError(f"field 'layer_types' is {_show(types)} (allowed: a list of {', '.join(LAYER_TYPES)})")
     return ModelConfig(
         model_type="gemma3_text", num_layers=num_layers, hidden_size=_int_field(hf, "hidden_size"),
         intermediate_size=_int_field(hf, "intermediate_size"), num_heads=num_heads,
@@ -187,7 +187,8 @@ def _gemma3_config(hf: dict[str, Any], generation: dict[str, Any]) -> ModelConfi
         vocab_size=_int_field(hf, "vocab_size"), max_position_embeddings=_int_field(hf, "max_position_embeddings", 32768),
         eos_token_ids=_eos_ids(hf, generation), bos_token_id=_int_field(hf, "bos_token_id", None),
         rope_theta=theta, rms_norm_eps=_real_field(hf, "rms_norm_eps", 1e-6),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)), attention_bias=bool(hf.get("attention_bias")),
+        tie_word_embeddings=_bool_field(hf, "tie_word_embeddings", True),
+        attention_bias=_bool_field(hf, "attention_bias", False),
         rope_scaling=_rope_scaling(full if "rope_type" in full else _dict_field(hf, "rope_scaling")),
         sliding_window=_int_field(hf, "sliding_window", 512), layer_types=tuple(types), rope_local_theta=local_theta,
         query_pre_attn_scalar=_real_field(hf, "query_pre_attn_scalar", None),
@@ -213,6 +214,8 @@ def read_checkpoint_config(folder: str | Path) -> ModelConfig:
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
+    if path.exists() and not path.is_file():  # a FIFO would block until a writer came, a device never end
+        raise ValueError(f"{path}: not a regular file (allowed: a checkpoint folder's JSON file)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -225,6 +228,9 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
                          "(allowed: a JSON object {...})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to be a model config (allowed: a JSON object {{...}})"
+                         ) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a JSON {type(data).__name__} (allowed: a JSON object {{...}})")
     return data
@@ -241,8 +247,25 @@ def _field(hf: dict[str, Any], name: str, default: Any, prefix: str, real: bool)
         return default
     ok = isinstance(value, (int, float) if real else int) and not isinstance(value, bool)
     if not ok or (real and not math.isfinite(value)):
-        raise ValueError(f"field '{prefix}{name}' is {value!r} (allowed: {'a finite number' if real else 'an integer'})")
+        raise ValueError(f"field '{prefix}{name}' is {_show(value)} (allowed: {'a finite number' if real else 'an integer'})")
     return float(value) if real else value
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, cut to 60 characters (a config field may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bool_field(hf: dict[str, Any], name: str, default: bool) -> bool:
+    """hf[name] as JSON true/false; `default` when absent or null. A string ("false") or a number is refused: bool()
+    of either would silently read "false" as True."""
+    value = hf.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"field '{name}' is {_show(value)} (allowed: true, false or null)")
+    return value
 
 
 def _int_field(hf: dict[str, Any], name: str, default: Any = _MISSING, prefix: str = "") -> Any:
@@ -258,7 +281,7 @@ def _dict_field(hf: dict[str, Any], name: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"field '{name}' is {value!r} (allowed: an object {{...}} or null)")
+        raise ValueError(f"field '{name}' is {_show(value)} (allowed: an object {{...}} or null)")
     return dict(value)
 
 
@@ -268,7 +291,7 @@ def _token_id_list(value: Any) -> tuple[int, ...]:
         return ()
     ids = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
-        raise ValueError(f"field 'eos_token_id' is {value!r} (allowed: an integer, a list of integers, or null)")
+        raise ValueError(f"field 'eos_token_id' is {_show(value)} (allowed: an integer, a list of integers, or null)")
     return ids
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,16 @@ BROKEN_CONFIGS = {  # name -> (config.json text, generation_config.json text or 
                            "config.json: missing field 'rope_scaling.low_freq_factor'"),
     "a bad generation config": (json.dumps(LLAMA_FIELDS), '{"eos_token_id": "x"}',
                                 "generation_config.json: field 'eos_token_id' is 'x'"),
+    # bool is not int and a string is not a bool: bool("false") would read as True
+    "a string for a bool": (json.dumps({**LLAMA_FIELDS, "tie_word_embeddings": "false"}), None,
+                            "config.json: field 'tie_word_embeddings' is 'false' (allowed: true, false or null)"),
+    "a number for a bool": (json.dumps({**LLAMA_FIELDS, "attention_bias": 1}), None,
+                            "config.json: field 'attention_bias' is 1 (allowed: true, false or null)"),
+    "a bool for an int": (json.dumps({**LLAMA_FIELDS, "num_key_value_heads": True}), None,
+                          "config.json: field 'num_key_value_heads' is True (allowed: an integer)"),
+    "layer types not strings": (json.dumps({**LLAMA_FIELDS, "model_type": "gemma3_text", "layer_types": [[1], [2]]}),
+                                None, "config.json: field 'layer_types' is [[1], [2]] (allowed: a list of"),
+    "nested too deeply": ('{"a": ' * 100_000 + "1" + "}" * 100_000, None, "config.json: JSON nested too deeply"),
 }  # fmt: skip
 
 
@@ -125,6 +136,14 @@ def test_a_broken_checkpoint_config_is_one_line_naming_file_and_field(tmp_path, 
     assert captured.out == "" and len(lines) == 1, captured.err
     assert lines[0].startswith(f"error: {tmp_path}{'/'}") and expected in lines[0], lines[0]
     assert "(allowed: " in lines[0], lines[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_as_checkpoint_config_is_refused_at_once(tmp_path, capsys):
+    os.mkfifo(tmp_path / "config.json")  # read_text() would wait for a writer forever
+    assert main(["generate", "1 2 3", "--model", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --model '{tmp_path}' is not a checkpoint folder"), lines
 
 
 def test_help_explains_every_flag():

@@ -56,6 +56,27 @@ def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
     assert not [w for w in workers if _alive(w)], "a worker is still computing"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="die_with_parent is Linux's PR_SET_PDEATHSIG")
+def test_a_sweep_killed_outright_leaves_no_worker(tmp_path):
+    """SIGKILL runs no cleanup in the parent: the kernel stops the workers (sim.sweep.die_with_parent)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
+                             "--jobs", "2", "--out", str(tmp_path / "X.csv")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = _children(proc.pid)
+    assert len(workers) >= 2, "the sweep never started its workers"
+    time.sleep(1.0)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)], "a worker outlived its killed parent"
+
+
 @pytest.mark.parametrize("command", [
     ["sim", "run", "--rate", "3", "--duration", "200000", "--requests-csv", "R.csv", "--steps-csv", "S.csv"],
     ["reference", "calibrate", "--quick", "--passes", "9", "--out", "R.csv", "--steps-csv", "S.csv"],

@@ -216,6 +216,22 @@ def test_a_lone_surrogate_in_a_sharegpt_file_names_file_line_and_turn(tmp_path):
         read_trace(path, count_tokens=len)
 
 
+@pytest.mark.parametrize("value, accepted", [("\\u0000\\u0001", False), ("\\u001b[0m", True), ("\\n\\t", True), ("", True),
+                                             ("\\u200b", False), ("ok\\u0000", True)])  # fmt: skip
+def test_a_turn_of_control_characters_only_is_refused_where_it_is(tmp_path, value, accepted):
+    """NULs or escapes alone are no text (a binary file read as one); white space or an empty turn is an empty turn,
+    and a control character inside text is the text's business."""
+    path = tmp_path / "chats.json"
+    path.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
+                    f' {{"conversations": [{{"from": "human", "value": "{value}"}}, {{"from": "gpt", "value": "c"}}]}}]')
+    if accepted:
+        read_trace(path, count_tokens=len)
+    else:
+        with pytest.raises(TraceError, match="chats.json line 2: conversation 1, turn 0: 'value' holds only control "
+                                             "characters, U\\+"):  # fmt: skip
+            read_trace(path, count_tokens=len)
+
+
 @pytest.mark.parametrize("name, text, line", [
     ("t.jsonl", '{"request_id": 0, "arrival_time": 0, "prompt_len": 10, "output_len": 5}\n\n'
                 '{"request_id": 7, "arrival_time": 1, "prompt_len": 3000, "output_len": 5}\n', 3),
