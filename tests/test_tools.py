@@ -35,3 +35,22 @@ def test_verdicts_on_known_outcomes():
     overwritten = probe.run_case(probe.Case("sim", ["run", "--num-requests", "3", "--requests-csv", "A.csv"], "valid",
                                             protect), timeout=60)  # fmt: skip
     assert overwritten["files_lost"] == "A.csv"  # a file that existed before and changed is counted as lost
+
+
+def test_core_report_sees_a_planted_mixin_private_import_and_circle(tmp_path):
+    """tools/core_report.py (the counts issue 26 reports): each detector fires on a small planted case and stays
+    quiet where state is the class's own or inherited."""
+    spec = importlib.util.spec_from_file_location("core_report", ROOT / "tools" / "core_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    (tmp_path / "a.py").write_text("from sim.b import _helper\n\nclass Host:\n    def __init__(self):\n"
+                                   "        self._state = 1\n\nclass Child(Host):\n    def f(self):\n"
+                                   "        return self._state\n\nclass Mixin:\n    def g(self):\n"
+                                   "        return self._state\n")  # fmt: skip
+    (tmp_path / "b.py").write_text("def _helper():\n    from sim.a import Host\n    return Host\n")
+    mods = {"sim.a": tmp_path / "a.py", "sim.b": tmp_path / "b.py"}
+    edges = report.imports(mods)
+    assert report.mixins(mods) == ["sim.a.Mixin reads _state"]
+    assert report.private_imports(mods, edges) == ["sim.a: from sim.b import _helper"]
+    assert report.circles(mods, edges) == [["sim.a", "sim.b"]]
+    assert report.code_lines('"""doc\nmore"""\n# comment\n\nx = 1\n') == 1
