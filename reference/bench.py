@@ -75,7 +75,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _run_engine(llm, requests: list[Request]) -> tuple[float, object]:
+def time_engine(llm, requests: list[Request]) -> tuple[float, object]:
     """Serve every request (all at once, greedy, exact output lengths); wall seconds and the engine's stats."""
     from reference import SamplingParams
 
@@ -96,10 +96,10 @@ def engine_throughput(requests: list[Request]) -> dict:
     # A pool that holds every request at once (no preemption): the throughput comparison is about batching.
     blocks = sum(-(-r.total_len // 16) for r in requests) + 16
     loaded = load_model("smollm2")
-    _run_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests[:2])  # warm-up, untimed
-    wall, stats = _run_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests)
-    return _row("throughput", "engine (continuous batching, paged KV)", requests, wall,
-                stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16 tokens")  # fmt: skip
+    time_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests[:2])  # warm-up, untimed
+    wall, stats = time_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests)
+    return result_row("throughput", "engine (continuous batching, paged KV)", requests, wall,
+                      stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16 tokens")  # fmt: skip
 
 
 def hf_throughput(requests: list[Request], batch_size: int) -> dict:
@@ -113,8 +113,8 @@ def hf_throughput(requests: list[Request], batch_size: int) -> dict:
                                                  local_files_only=True).eval()  # fmt: skip
     pad = model.generation_config.pad_token_id
     wall = time_hf_batches(model, requests, batch_size, pad if pad is not None else 0, warmup=2)
-    return _row("throughput", f"HF transformers generate (static batches of {batch_size})", requests, wall,
-                min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")  # fmt: skip
+    return result_row("throughput", f"HF transformers generate (static batches of {batch_size})", requests, wall,
+                      min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")  # fmt: skip
 
 
 def time_hf_batches(model, requests: list[Request], batch_size: int, pad: int, warmup: int) -> float:
@@ -162,15 +162,16 @@ def concurrency(requests: list[Request], num_blocks: int) -> list[dict]:
     for policy in CONCURRENCY_POLICIES:
         llm = LLM.from_loaded(model, policy=policy, block_size=16, num_gpu_blocks=num_blocks,
                               max_model_len=MAX_MODEL_LEN)  # fmt: skip
-        wall, stats = _run_engine(llm, folded)
+        wall, stats = time_engine(llm, folded)
         note = f"{num_blocks} blocks x 16 tokens; tiny random Llama, max_model_len {MAX_MODEL_LEN}"
-        rows.append(_row("concurrency", policy, requests, wall, stats.max_concurrent_requests,
-                         stats.num_preemptions, note))  # fmt: skip
+        rows.append(result_row("concurrency", policy, requests, wall, stats.max_concurrent_requests,
+                               stats.num_preemptions, note))  # fmt: skip
         print(f"  concurrency {policy}: {stats.max_concurrent_requests} requests at most", flush=True)
     return rows
 
 
-def _row(section, system, requests, wall, concurrent, preemptions, note) -> dict:
+def result_row(section, system, requests, wall, concurrent, preemptions, note) -> dict:
+    """One row of the results table (CSV_COLUMNS): `requests` served in `wall` seconds by `system`."""
     tokens = sum(r.output_len for r in requests)
     return {"section": section, "system": system, "num_requests": len(requests), "output_tokens": tokens,
             "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2), "max_concurrent_requests": concurrent,

@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from reference.bench import _row, _run_engine, bench_workload, time_hf_batches
+from reference.bench import bench_workload, result_row, time_engine, time_hf_batches
+from reference.cli_parser import Parser
 from sim.outfiles import check_outputs, write_csv
 
 DEFAULT_OUT = "figures/bench_engine_gpu.csv"
@@ -180,19 +181,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         # Warm-up: the whole workload once, untimed. Triton compiles a kernel again for each new specialization of
         # its integer arguments (a batch size divisible by 16, say): a shorter warm-up left compilations in the
         # timed run, which then measured the compiler, not the engine.
-        _run_engine(LLM(str(folder), **llm_args), requests)
-        wall, stats = _run_engine(LLM(str(folder), **llm_args), requests)
-        rows.append({**_row("throughput", "engine (continuous batching, paged KV, Triton)", requests, wall,
-                            stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16"),
+        time_engine(LLM(str(folder), **llm_args), requests)
+        wall, stats = time_engine(LLM(str(folder), **llm_args), requests)
+        rows.append({**result_row("throughput", "engine (continuous batching, paged KV, Triton)", requests, wall,
+                                  stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16"),
                      "dtype": name})  # fmt: skip
         engine_tps = rows[-1]["tokens_per_s"]
         print(f"  engine: {engine_tps:.1f} output tokens/s", flush=True)
         hf = load_hf(folder, dtype, device)
         for batch_size in sorted({args.hf_batch_size, len(requests)}):
             wall = time_hf_batches(hf, requests, batch_size, pad=0, warmup=batch_size)
-            rows.append({**_row("throughput", f"HF transformers generate (static batches of {batch_size})",
-                                requests, wall, min(batch_size, len(requests)), 0,
-                                "left padding; a batch runs to its longest output"), "dtype": name})  # fmt: skip
+            rows.append({**result_row("throughput", f"HF transformers generate (static batches of {batch_size})",
+                                      requests, wall, min(batch_size, len(requests)), 0,
+                                      "left padding; a batch runs to its longest output"), "dtype": name})  # fmt: skip
             print(f"  HF, batches of {batch_size}: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
     for r in rows:
         if r["system"].startswith("HF"):
@@ -213,9 +214,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reference.cli import _Parser
-
-    parser = _Parser(prog="python -m reference bench-gpu", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m reference bench-gpu", description=__doc__.split("\n")[0])
     add_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

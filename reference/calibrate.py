@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.validation_suite import SUITE, case_requests, simulate_case
 from sim.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
@@ -348,8 +349,6 @@ def stability(fits: list[PiecewiseCostModel], steps: list[dict], *, quick: bool,
     the design's steps (relative difference of each step's predicted time from the first fit's), and on the
     validation suite (each trace simulated under every fit: the largest relative difference from the first fit's
     median end-to-end latency, median TTFT and simulated span, the time to serve the whole trace)."""
-    from reference.validate_sim import SUITE, case_requests, simulate_case
-
     first = _predict(fits[0], steps)
     step_diff = np.concatenate([np.abs(_predict(f, steps) / first - 1) for f in fits[1:]])
     traces = {}

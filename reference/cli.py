@@ -20,16 +20,9 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import NoReturn
 
+from reference.cli_parser import Parser
 from sim.kv import POLICIES  # sim.kv imports no torch: --help stays quick
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2 (no usage dump)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}\n")
 
 
 class UsageError(ValueError):
@@ -37,10 +30,10 @@ class UsageError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m reference",
-                     description="The reference PagedAttention engine (vLLM's design, Kwon et al., SOSP 2023) on a "
-                     "real model: generate text, or benchmark the engine.")  # fmt: skip
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    parser = Parser(prog="python -m reference",
+                    description="The reference PagedAttention engine (vLLM's design, Kwon et al., SOSP 2023) on a "
+                    "real model: generate text, or benchmark the engine.")  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     _add_generate_parser(sub)
     from reference import bench  # light: heavy imports happen inside bench.run
 

@@ -12,6 +12,11 @@ the objects the simulator drives, and executes their plans on a real model (vLLM
 A v1 plan mixes prompt chunks and decodes: a chunk attends to the earlier chunks of its prompt through the
 block table, and only an entry that reaches the end of its sequence (`entry.sample`) samples a token.
 
+`LLM` reads top to bottom in the order a request meets it: construction; the offline API (`generate`, `chat`,
+`beam_search`: queue every prompt, then step until they finish); requests in (`add_request`: checks, then the
+scheduler's queue); one iteration (`step`); what the engine makes of a step's logits (prompt log-probs, sampling
+and stop rules, beam steps); and last the outputs and the step's record.
+
 Request ids are vLLM's strings at the engine's surface (add_request, abort, RequestOutput.request_id) and the
 simulator's ints below it (the scheduler, the KV manager's sequences, step_log): reference/request_ids.py maps one
 to the other, and `scheduler_request_id` tells a caller which int the scheduler knows a request by.
@@ -42,17 +47,17 @@ import numpy as np
 import torch
 
 from reference import executor as ex
-from reference.beam import BeamSearchState
+from reference.beam import Beam, BeamSearchState
 from reference.cpu_allocator import keep_freed_memory
-from reference.engine_offline import OfflineAPI
-from reference.engine_outcomes import EngineOutcomes
 from reference.kv_cache import KVCache, kv_bytes_per_block
 from reference.models.llama import LlamaForwardModel
-from reference.outputs import EngineStats, RequestOutput, StepRecord
+from reference.outputs import (BeamSearchOutput, BeamSearchSequence, CompletionOutput, EngineStats, Logprob,
+                               RequestOutput, StepRecord)
 from reference.prompt_logprobs import PromptLogprobs
-from reference.prompts import prompt_parts
+from reference.prompts import chat_messages, prompt_list, prompt_parts
 from reference.request_ids import RequestIds
-from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real, sample_generator
+from reference.sampling import (BeamSearchParams, RowContext, SamplingParams, check_bool, check_int, check_real, sample,
+                                sample_generator)
 from reference.kv_groups import kv_layout, model_spec
 from sim.kv import check_model, has_swap_space, make_kv_manager
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
@@ -100,7 +105,6 @@ class _Checked:
     request_id: str | None  # None: the engine's next id
 
 
-
 @contextmanager
 def held_interrupts() -> Iterator[None]:
     """Hold Ctrl-C back while the scheduler changes its queues and the KV manager (a few microseconds to
@@ -124,7 +128,8 @@ def held_interrupts() -> Iterator[None]:
         if held:
             handler(*held[0])  # the default handler raises KeyboardInterrupt here
 
-class LLM(EngineOutcomes, OfflineAPI):
+
+class LLM:
     """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API.
 
     One thread at a time: while a thread is inside generate(), chat(), beam_search(), step(), add_request() or
@@ -259,7 +264,135 @@ class LLM(EngineOutcomes, OfflineAPI):
             raise ValueError("config must be the model's own config (model.config)")
         return cls(model, tokenizer=tokenizer, **kwargs)
 
-    # --- requests in ------------------------------------------------------------------------------------
+    # --- the offline API: vLLM's generate / chat / beam_search over the streaming API below -----------------
+    # Each queues its requests with `_check` / `_enqueue` and drives `step()` until they finish, so it adds no state
+    # of its own. As vLLM's LLM.generate, the requests are numbered by the engine's counter: str ids "0", "1", ...
+    # across every call on one LLM.
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One finished RequestOutput per prompt, in prompt order.
+
+        prompts: str | list[int] (ONE prompt as token ids) | {"prompt": str} | {"prompt_token_ids": list[int]}, or
+        a list (tuple) of those; numpy integer arrays count as token ids (a 2-D array: one prompt per row).
+        params (or `sampling_params=`, vLLM's name): one SamplingParams for all prompts, or a list with one per
+        prompt. Each RequestOutput.request_id is the engine's next id, as vLLM numbers them: "0", "1", ... counted
+        across every call on this LLM (and add_request(request_id=None)).
+        All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
+        type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
+        every request it queued is aborted before the exception goes on; the engine stays usable."""
+        if sampling_params is not None:
+            if params is not None:
+                raise TypeError("give the SamplingParams once: as the second argument or as sampling_params=")
+            params = sampling_params
+        prompts = prompt_list(prompts)
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts (allowed: 1 or equal)")
+            params = list(params)
+        else:
+            params = [params if params is not None else SamplingParams()] * len(prompts)
+        for i, p in enumerate(params):
+            if isinstance(p, BeamSearchParams):
+                raise TypeError("generate() takes SamplingParams; use beam_search() for BeamSearchParams")
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params{f'[{i}]' if len(params) > 1 else ''} must be SamplingParams, "
+                                f"got {type(p).__name__}")
+        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm), "generate()")
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+             use_tqdm: bool = False, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a list of them,
+        rendered with the tokenizer's chat template (the assistant's turn opened when add_generation_prompt),
+        then generated as generate() does. A RequestOutput's prompt is the rendered text. A message's content is
+        a str, or OpenAI's list of parts, of which this engine serves the text ones (`chat_messages`). A message the
+        template cannot take is a TypeError / ValueError naming it (messages[i], or messages[c][i] in a list of
+        conversations), before anything is queued."""
+        add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
+        conversations = chat_messages(messages)
+        if self.tokenizer is None or getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError("this model has no chat template: use generate() with plain prompts")
+        import jinja2  # transformers renders chat templates with it
+
+        with self._one_thread("chat()"):
+            texts = []
+            for c, conversation in enumerate(conversations):
+                try:
+                    texts.append(self.tokenizer.apply_chat_template(
+                        conversation, add_generation_prompt=add_generation_prompt, tokenize=False))
+                except jinja2.TemplateError as exc:  # the template's own rule (raise_exception): one line naming it
+                    where = "messages" if len(conversations) == 1 else f"messages[{c}]"
+                    raise ValueError(f"{where}: the chat template refuses the conversation: "
+                                     f"{' '.join(str(exc).split())}") from None
+            return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
+
+    def get_tokenizer(self):
+        """The model's tokenizer (a transformers tokenizer), or None for a model given without one."""
+        return self.tokenizer
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """The best `beam_width` sequences of each prompt, by vLLM's beam search rules (see beam.py): each
+        sequence's `tokens` and `text` hold the prompt and the output, as vLLM's do; `score` is vLLM's (the length
+        penalty over prompt + output). prompts as for generate(); all or none, and an interruption aborts what it
+        queued, as for generate(). beam_width 1 keeps one beam and every sequence that ended with EOS."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"beam_search() takes BeamSearchParams, got {type(params).__name__}")
+        eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)
+        prompts, results = prompt_list(prompts), []
+        for out in self._run(prompts, [params] * len(prompts), False, "beam_search()"):
+            seqs = []
+            for c in out.outputs:
+                tokens = out.prompt_token_ids + c.token_ids
+                length = len(tokens) - (1 if c.token_ids and c.token_ids[-1] in eos else 0)
+                seqs.append(BeamSearchSequence(tokens, self._decode(tokens), c.cumulative_logprob, c.finish_reason,
+                                               c.cumulative_logprob / max(length, 1) ** params.length_penalty))
+            results.append(BeamSearchOutput(seqs))
+        return results
+
+    def _run(self, prompts: list, params: list[Params], use_tqdm: bool, call: str) -> list[RequestOutput]:
+        """As the one caller of the engine (`call`, e.g. "generate()": another thread meanwhile gets a RuntimeError),
+        check every prompt, queue them all (all or none), step until they are done; on any exception or
+        interruption while stepping, abort the ones still queued and re-raise."""
+        with self._one_thread(call):
+            return self._run_alone(prompts, params, use_tqdm)
+
+    def _run_alone(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
+        where = "the prompt" if len(prompts) == 1 else "prompt {}"
+        checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
+        ids: list[str] = []
+        rng_state = self._rng.bit_generator.state
+        try:
+            for i, c in enumerate(checked):
+                ids.append(self._enqueue(c, where.format(i)))  # a refusal names the prompt: the ids are the engine's
+        except BaseException:  # the scheduler refused one (it can never be served), or an interrupt: none stays
+            for rid in map(self.scheduler_request_id, ids):
+                self._requests.pop(rid, None)
+                self.scheduler.abort(rid)
+            self._rng.bit_generator.state = rng_state  # the seeds drawn for them are not used up either
+            raise
+        wanted, finals = set(ids), {}
+        bar = None
+        try:
+            if use_tqdm:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(ids), desc="requests", unit="req")
+            while len(finals) < len(wanted):
+                for out in self.step():
+                    if out.finished and out.request_id in wanted:
+                        finals[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.abort(rid)  # finished ones and those the failed step aborted are gone already: no-op
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finals[rid] for rid in ids]
+
+    # --- requests in ----------------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | dict, params: Params | None = None,
                     request_id: str | int | None = None) -> str:
         """Queue one request; returns its id, a str as in vLLM. prompt: text, token ids, or a dict {"prompt": text}
@@ -298,28 +431,25 @@ class LLM(EngineOutcomes, OfflineAPI):
         request_id = self._ids.check_new(request_id)
         return _Checked(text, ids, params, min(params.max_tokens, self.max_model_len - len(ids)), request_id)
 
-    def _enqueue(self, checked: _Checked) -> str:
-        """Queue a checked request; its public id. Only the scheduler's own checks can still refuse it (ValueError,
-        nothing changed; the message names the public id)."""
+    def _enqueue(self, checked: _Checked, name: str | None = None) -> str:
+        """Queue a checked request; its public id. Only the scheduler's own checks can still refuse it: a ValueError
+        (nothing changed) that names the request as `name` ("prompt 1", from generate()), else by its public id."""
         ids, params, max_tokens = checked.prompt_token_ids, checked.params, checked.max_tokens
         public = self._ids.next_public() if checked.request_id is None else checked.request_id
         rid = self._ids.next_scheduler_id
         beam = isinstance(params, BeamSearchParams)
         prompt_logprobs = None if beam else params.prompt_logprobs
-        try:
-            arrival = time.perf_counter() - self._start
-            self.scheduler.add_request(Request(
-                rid, arrival, len(ids), max_tokens,
-                n=1 if beam else params.n, beam_width=params.beam_width if beam else 1,
-                # ids only for a pool that caches prefixes: enable_prefix_caching, or a policy whose cache is the
-                # policy (radix), which must see them even when the flag is off
-                prompt_token_ids=ids if self.kv_manager.enable_prefix_caching else None,
-                skip_reading_prefix_cache=prompt_logprobs is not None))  # as vLLM: every prompt position computed
-        except ValueError as exc:  # "request 3: <why>": the scheduler's int, which the caller never saw
-            message = str(exc)
-            if message.startswith(f"request {rid}: "):
-                raise ValueError(f"request {public!r}: {message.split(': ', 1)[1]}") from None
-            raise
+        arrival = time.perf_counter() - self._start
+        request = Request(rid, arrival, len(ids), max_tokens, n=1 if beam else params.n,
+                          beam_width=params.beam_width if beam else 1,
+                          # ids only for a pool that caches prefixes: enable_prefix_caching, or a policy whose cache
+                          # is the policy (radix), which must see them even when the flag is off
+                          prompt_token_ids=ids if self.kv_manager.enable_prefix_caching else None,
+                          skip_reading_prefix_cache=prompt_logprobs is not None)  # as vLLM: every position computed
+        why = self.scheduler.check_request(request)  # worded here, in the caller's name for the request
+        if why is not None:
+            raise ValueError(f"{name or f'request {public!r}'}: {why}")
+        self.scheduler.add_request(request)
         self.arrivals[rid] = (arrival, len(ids), max_tokens)  # for the timeline (reference/timeline.py)
         try:
             self._ids.add(public, rid)
@@ -373,7 +503,7 @@ class LLM(EngineOutcomes, OfflineAPI):
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # --- one iteration ----------------------------------------------------------------------------------
+    # --- one iteration --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler plan; the outputs of the requests that advanced (finished ones are final).
 
@@ -467,3 +597,160 @@ class LLM(EngineOutcomes, OfflineAPI):
             state.num_cached_tokens = entry.num_computed_tokens  # the first admission's prefix-cache hits
             self.stats.num_cached_tokens += entry.num_computed_tokens
         return tokens[entry.num_computed_tokens:end]
+
+    # --- prompt log-probs (what the engine makes of a step's logits, first) ---------------------------------
+    def _wants_all_rows(self, entry: ScheduledSeq) -> bool:
+        """Whether the executor must hand back the logits of every token this fed entry computes: its request asks
+        for prompt log-probs and the entry reaches a prompt position not collected yet."""
+        collected = self._requests[entry.request_id].prompt_logprobs
+        return collected is not None and collected.wants(entry.num_computed_tokens, entry.num_new_tokens)
+
+    def _collect_prompt_logprobs(self, plan: StepPlan, all_rows: dict[int, torch.Tensor]) -> None:
+        """File each asked-for entry's rows under its request's prompt positions (reference/prompt_logprobs.py)."""
+        entries = plan.entries
+        decode = None if self.tokenizer is None else (lambda token: self._decode([token], False))
+        for i, logits in all_rows.items():
+            entry = entries[i]
+            self._requests[entry.request_id].prompt_logprobs.add(entry.num_computed_tokens, logits, decode)
+
+    # --- sampling -------------------------------------------------------------------------------------------
+    def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int]) -> tuple[StepOutcome, dict]:
+        """One token per sampling entry, one beam step per beam request: the outcome for the scheduler, and the
+        surviving beams (request_id -> list[Beam]) of every beam search that goes on."""
+        outcome, pending = StepOutcome(), {}
+        plain: list[tuple[ScheduledSeq, int]] = []
+        beam_rows: dict[int, dict[int, int]] = {}  # request_id -> seq_id -> logits row
+        for entry, row in zip(plan.entries, rows):
+            if not entry.sample:  # a prompt chunk that stops short of the end: its logits are not needed
+                continue
+            if self._requests[entry.request_id].beam is None:
+                plain.append((entry, row))
+            else:
+                beam_rows.setdefault(entry.request_id, {})[entry.seq_id] = row
+        if plain:
+            self._sample_plain(plain, logits, outcome)
+        for rid, row_of in beam_rows.items():
+            survivors = self._step_beams(rid, row_of, logits, outcome)
+            if survivors:
+                pending[rid] = survivors
+        return outcome, pending
+
+    def _sample_plain(self, plain: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, outcome: StepOutcome) -> None:
+        states = [self._requests[e.request_id] for e, _ in plain]
+        seqs = [state.seqs[e.seq_id] for state, (e, _) in zip(states, plain)]
+        params = [st.params for st in states]
+        contexts = None
+        if any(p.has_penalties or p.min_tokens for p in params):
+            contexts = [RowContext(st.prompt_token_ids, seq.token_ids, self._stop_ids(st.params))
+                        for st, seq in zip(states, seqs)]  # fmt: skip
+        tokens, logprobs, top = sample(logits[[r for _, r in plain]], params, [s.generator for s in seqs], contexts)
+        for (entry, _), state, seq, token, logprob, best in zip(plain, states, seqs, tokens, logprobs, top):
+            seq.token_ids.append(token)
+            if logprob is not None:
+                seq.cum_logprob += logprob
+            if best is not None:
+                seq.logprobs.append(best)
+            self._check_stop(state, seq, token)
+            if seq.finish_reason is not None:
+                outcome.finished_seq_ids.add(entry.seq_id)
+                self._count_finish(seq.finish_reason)
+
+    def _stop_ids(self, params) -> tuple[int, ...]:
+        eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)
+        return eos + tuple(params.stop_token_ids)
+
+    def _check_stop(self, state, seq, token: int) -> None:
+        """vLLM v1's stop rules: no stop before min_tokens; an end-of-sequence id (unless ignore_eos) or a stop id
+        stops ("stop", stop_reason = the id); a stop string in the new text stops and cuts the text (checked from
+        min_tokens + 1 tokens on, as vLLM's detokenizer); else max_tokens ends it ("length")."""
+        p, n = state.params, len(seq.token_ids)
+        if n >= p.min_tokens:
+            if not p.ignore_eos and token in self.config.eos_token_ids:
+                seq.finish_reason, seq.stop_token = "stop", True
+            elif token in p.stop_token_ids:
+                seq.finish_reason, seq.stop_token, seq.stop_reason = "stop", True, token
+        if p.stop and n > p.min_tokens and not seq.stop_token:
+            text = self._decode(seq.token_ids, p.skip_special_tokens)
+            hit = find_stop_string(text, len(text) - seq.text_len, p.stop, p.include_stop_str_in_output)
+            seq.text_len = len(text)
+            if hit is not None:
+                seq.finish_reason, (seq.stop_reason, seq.text_end) = "stop", hit
+        if seq.finish_reason is None and n >= state.max_tokens:
+            seq.finish_reason = "length"
+
+    def _step_beams(self, rid: int, row_of: dict[int, int], logits: torch.Tensor, outcome: StepOutcome) -> list[Beam]:
+        state = self._requests[rid]
+        if set(row_of) != set(state.seqs):
+            raise RuntimeError(f"request {rid}: expected all beams {sorted(state.seqs)} in the step, "
+                               f"found {sorted(row_of)}")
+        order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
+        beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
+        step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1).cpu())
+        if step.done:
+            outcome.finished_seq_ids.update(order)
+            self._count_finish(state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length")
+        elif state.beam.width > 1:  # the scheduler re-chooses beams; a single beam simply goes on (a plain group)
+            outcome.beam_parents[rid] = step.parents
+        return step.beams
+
+    def _count_finish(self, reason: str) -> None:
+        self.stats.finish_reasons[reason] = self.stats.finish_reasons.get(reason, 0) + 1
+
+    # --- outputs and records --------------------------------------------------------------------------------
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids,
+                                                                       skip_special_tokens=skip_special_tokens)
+
+    def _completion(self, seq, params) -> CompletionOutput:
+        """A sample's CompletionOutput, its text cut as vLLM cuts it (a stop token's or stop string's text is left
+        out unless include_stop_str_in_output)."""
+        ids = list(seq.token_ids)  # (beams in progress have BeamSearchParams: vLLM's defaults)
+        skip = getattr(params, "skip_special_tokens", True)
+        keep_stop = getattr(params, "include_stop_str_in_output", False)
+        text = self._decode(ids[:-1] if seq.stop_token and not keep_stop else ids, skip)
+        if seq.text_end is not None and seq.text_end >= 0:
+            text = text[:seq.text_end]
+        # decoded_token shows special tokens as they are (vLLM converts ids to tokens for logprobs)
+        logprobs = None if seq.logprobs is None else [
+            {t: Logprob(lp, rank, self._decode([t], False)) for t, (lp, rank) in step.items()} for step in seq.logprobs]
+        # vLLM: no cumulative_logprob for a sample that asked for no logprobs (beams always score theirs)
+        cumulative = seq.cum_logprob if getattr(params, "logprobs", 0) is not None else None
+        return CompletionOutput(seq.index, text, ids, cumulative, logprobs, seq.finish_reason, seq.stop_reason)
+
+    def _output(self, request_id: int) -> RequestOutput:
+        """The RequestOutput of the request the scheduler knows as `request_id`, under its public id."""
+        state = self._requests[request_id]
+        if state.beam is not None and state.beam.done:  # the finished hypotheses, best first
+            outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, None, h.finish_reason)
+                       for i, h in enumerate(state.beam.hypotheses)]
+        else:
+            seqs = sorted(state.seqs.values(), key=lambda s: s.index)
+            outputs = [self._completion(s, state.params) for s in seqs]
+        finished = self.scheduler.is_finished(request_id)
+        prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs.entries)
+        return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), prompt_logprobs, outputs,
+                             finished, state.num_cached_tokens or 0)
+
+    def _record(self, plan: StepPlan, finished: list[int], seconds: float, start_s: float = 0.0) -> None:
+        self.stats.add_step(plan, finished, seconds, self.scheduler.num_preemptions)
+        memory = self.kv_manager.breakdown(waiting=self.scheduler.num_waiting > 0)
+        self.step_log.append(StepRecord.from_plan(self.stats.num_steps - 1, plan, finished,
+                                                  self.kv_manager.num_free_blocks, memory, seconds, start_s,
+                                                  self.scheduler.num_waiting, self.kv_manager.block_size))
+
+
+def find_stop_string(text: str, new_chars: int, stop: list[str], include: bool) -> tuple[str, int] | None:
+    """vLLM's check_stop_strings: the first stop string (in the list's order) found in the text's newest
+    `new_chars` characters (or overlapping them); (the string, where the text ends: -1 for no cut)."""
+    if not new_chars:
+        return None
+    for s in stop:
+        index = text.find(s, 1 - new_chars - len(s))
+        if index == -1:
+            continue
+        if include:
+            index += len(s)
+            if index >= len(text):
+                return s, -1
+        return s, index
+    return None

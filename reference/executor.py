@@ -175,7 +175,7 @@ class StepLogits(NamedTuple):
 
     logits: torch.Tensor | None  # [num_fed, vocab] float32 on the model's device, one row per fed entry (its last
     # new token); None when nothing is fed
-    rows: list[int | None]  # per entry of plan.prefills + plan.decodes: the logits row it samples from, or None
+    rows: list[int | None]  # per entry of plan.entries: the logits row it samples from, or None
     all_rows: dict[int, torch.Tensor]  # entry index -> [num_new_tokens, vocab]: every fed row, for the entries asked
 
 
@@ -208,7 +208,7 @@ class ModelExecutor:
         cache.swap_in(plan.blocks_to_swap_in)
         cache.copy_blocks(plan.blocks_to_copy)
 
-        entries = plan.prefills + plan.decodes
+        entries = plan.entries
         fed = [i for i, e in enumerate(entries) if e.num_new_tokens > 0]
         if not fed:
             return StepLogits(None, [], {})
@@ -241,7 +241,7 @@ def _sample_rows(plan: StepPlan, row_of: dict[int, int]) -> list[int | None]:
     samples nothing."""
     rows: list[int | None] = []
     group_row: dict[int, int] = {}  # request_id -> row of its latest fed prefill entry
-    for i, entry in enumerate(plan.prefills + plan.decodes):
+    for i, entry in enumerate(plan.entries):
         if not entry.sample:
             rows.append(None)
         elif entry.num_new_tokens > 0:

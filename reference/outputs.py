@@ -112,7 +112,7 @@ class StepRecord:
             num_waiting=num_waiting, num_prefill_tokens=plan.num_prefill_tokens,
             num_context_tokens=plan.num_context_tokens, num_prefill_pairs=plan.num_prefill_pairs,
             num_shared_context_tokens=plan.num_shared_context_tokens(block_size) if block_size else 0,
-            sampled_request_ids=list(dict.fromkeys(e.request_id for e in plan.prefills + plan.decodes if e.sample)))
+            sampled_request_ids=list(dict.fromkeys(e.request_id for e in plan.entries if e.sample)))
 
 
 @dataclass(slots=True)
@@ -139,7 +139,7 @@ class EngineStats:
         self.num_preemptions = num_preemptions
         self.max_concurrent_requests = max(self.max_concurrent_requests, len(plan.request_ids()))
         self.max_concurrent_seqs = max(self.max_concurrent_seqs, plan.num_seqs)
-        self.num_generated_tokens += sum(e.sample for e in plan.prefills + plan.decodes)
+        self.num_generated_tokens += sum(e.sample for e in plan.entries)
         self.num_prefill_tokens += sum(e.num_new_tokens for e in plan.prefills)
         self.num_swapped_out_blocks += len(plan.blocks_to_swap_out)
         self.num_swapped_in_blocks += len(plan.blocks_to_swap_in)

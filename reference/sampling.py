@@ -10,7 +10,7 @@ row of logits:
 (min_tokens masks the end-of-sequence and stop ids until that many tokens are out; repetition_penalty divides
 positive and multiplies negative logits of every prompt or output token; frequency and presence penalties subtract
 per occurrence and once for each generated token.) Stop strings and ids are checked after the draw
-(engine_outcomes.py), as vLLM's stop checker and detokenizer do.
+(reference/engine.py), as vLLM's stop checker and detokenizer do.
 
 The reported log-probability of a token is the log-softmax of the RAW logits (before temperature and
 filters), as vLLM reports it by default; `cumulative_logprob` sums those, and is None, as in vLLM, for a request

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arguments import _check_given_requests, _check_pool, _require, check_arguments
+from .arguments import check_arguments, check_given_requests, check_pool, require
 from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS, flatten, generate_sessions
 from .conversation_import import import_conversations
 from .cost import PiecewiseCostModel, RooflineCostModel
@@ -116,7 +116,7 @@ def run(
     """
     params = dict(locals())  # every argument as given, for the checks
     started = time.perf_counter()
-    kind = check_arguments(params)  # every check that needs no simulation, first
+    kind = check_arguments(params, defaults=run_defaults())  # every check that needs no simulation, first
     cost_file = str(cost_model) if isinstance(cost_model, (str, Path)) else None
     if cost_file is not None:  # a file `python -m reference calibrate` wrote
         cost_model = cost_model_for(cost_file, model)
@@ -145,8 +145,8 @@ def run(
                 output_len_range=output_len_range,
             )  # fmt: skip
         if not requests:  # (the message formats `rate`, None with offline arrivals, which always bring requests)
-            _require(False, "duration", duration, f"long enough for a request to arrive at {rate:g} req/s "
-                     f"(none did; or give num_requests)")  # fmt: skip
+            require(False, "duration", duration, f"long enough for a request to arrive at {rate:g} req/s "
+                    f"(none did; or give num_requests)")  # fmt: skip
     elif kind == "sharegpt" and conversations:
         requests, notes = _import_conversations(trace, model_spec, None if arrival == "offline" else rate, seed,
                                                 think_time, history_limit)  # fmt: skip
@@ -155,7 +155,7 @@ def run(
     elif requests is None:
         requests = read_trace(trace)
     else:
-        _check_given_requests(requests)
+        check_given_requests(requests)
     # auto: on for a shared prefix in a paged pool (contiguous policies have no prefix cache)
     caching = (prefix_len > 0 and allocates_blocks_on_demand(policy)) if enable_prefix_caching is None else enable_prefix_caching
     kv_block_size = simulator_block_size(policy, block_size, model=model_spec, num_gpus=num_gpus, page_kib=page_kib)
@@ -163,7 +163,7 @@ def run(
     if budget is None:
         budget = DEFAULT_BUDGET["v1"] if scheduler == "v1" else max(DEFAULT_BUDGET[scheduler], model_spec.max_seq_len)
     num_cpu_blocks = int(num_gpus * swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
-    _check_pool(policy, num_slots, kv_block_size, num_cpu_blocks, kv_slots)
+    check_pool(policy, num_slots, kv_block_size, num_cpu_blocks, kv_slots)
     config = SchedulerConfig(max_num_seqs, budget, scheduler, preemption, enable_chunked_prefill, victim)
 
     def make_scheduler() -> Scheduler:
@@ -216,6 +216,11 @@ def run(
     return SimResult(summary, result.requests, result.steps)
 
 
+def run_defaults() -> dict:
+    """run()'s keywords and their defaults (sim.arguments tells a given argument from a default with them)."""
+    return {name: p.default for name, p in inspect.signature(run).parameters.items()}
+
+
 def _share(seconds: float, steps) -> float:
     """`seconds` as a share of the run's simulated step time (0 for a run without steps)."""
     busy = float(steps.columns["duration"].sum()) if len(steps) else 0.0
@@ -264,7 +269,7 @@ def _import_conversations(trace, model_spec, rate: float | None, seed: int, thin
 def _check_requests(requests: list[Request], model_spec, probe: Scheduler) -> None:
     """Every request must fit the model's context and, alone, the whole KV pool; checked before simulating,
     once per distinct shape, on a throwaway scheduler (its add_request is the rule the run will apply)."""
-    _require(len(requests) >= 1, "requests", len(requests), "at least one request")
+    require(len(requests) >= 1, "requests", len(requests), "at least one request")
     seen: set[tuple[int, int, int, int]] = set()
     for r in requests:
         if r.total_len > model_spec.max_seq_len:

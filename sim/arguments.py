@@ -5,8 +5,6 @@ The command line (sim.cli) and the sweep (sim.sweep) call the same checks, spell
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 import os
@@ -25,7 +23,8 @@ from .trace import JSON_FIELDS, parse_record, trace_format
 from .workload import ARRIVALS, DATASETS
 
 
-def _require(ok: bool, name: str, value, allowed: str) -> None:
+def require(ok: bool, name: str, value, allowed: str) -> None:
+    """ValueError "name: got value (allowed: ...)" unless `ok`: the one line every refused argument gets."""
     if not ok:
         raise ValueError(f"{name}: got {value!r} (allowed: {allowed})")
 
@@ -94,38 +93,39 @@ def _check_value(name: str, value) -> None:
         ok = is_real(value) and (low < value if name in _OPEN_BELOW else low <= value) and (
             value < high if name in _OPEN_ABOVE else value <= high)
     if not ok:
-        _require(ok, name, value, _allowed(kind, low, high, name))
+        require(ok, name, value, _allowed(kind, low, high, name))
 
 
 def _check_range(name: str, value) -> None:
     ok = value is None or (isinstance(value, (tuple, list)) and len(value) == 2 and all(
         is_int(v) and 1 <= v <= MAX_TOKENS for v in value))
-    _require(ok, name, value, f"None, or (low, high): two integers from 1 to {MAX_TOKENS:,}")
+    require(ok, name, value, f"None, or (low, high): two integers from 1 to {MAX_TOKENS:,}")
 
 
-def check_arguments(params: dict, given: set[str] | None = None, say=None) -> str | None:
+def check_arguments(params: dict, given: set[str] | None = None, say=None,
+                    defaults: dict | None = None) -> str | None:  # fmt: skip
     """Every check of run()'s arguments `params` that needs no simulation: types, ranges (sim.limits), choices,
-    combinations (`check_combinations`, with `given` and `say`), the workload's size. ValueError names the
-    argument and what is allowed. Returns the trace's format (sim.trace.trace_format) if there is one, else None."""
+    combinations (`check_combinations`, with `given`, `say` and `defaults`), the workload's size. ValueError names
+    the argument and what is allowed. Returns the trace's format (sim.trace.trace_format) if there is one, else None."""
     for name, allowed in _CHOICES.items():
         value = params[name]
-        _require(isinstance(value, str) and value in allowed, name, value, ", ".join(allowed))
+        require(isinstance(value, str) and value in allowed, name, value, ", ".join(allowed))
     for name in _ARGUMENTS:
         _check_value(name, params[name])
     for name in ("prompt_len_range", "output_len_range"):
         _check_range(name, params[name])
     trace, requests = params["trace"], params["requests"]
-    _require(trace is None or isinstance(trace, (str, os.PathLike)), "trace", trace, "a file path, or None")
-    _require(requests is None or (isinstance(requests, list) and all(isinstance(r, Request) for r in requests)),
-             "requests", type(requests).__name__, "a list of sim.request.Request, or None")  # fmt: skip
-    _require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
-    kind = check_combinations(params, given, say or _say)
+    require(trace is None or isinstance(trace, (str, os.PathLike)), "trace", trace, "a file path, or None")
+    require(requests is None or (isinstance(requests, list) and all(isinstance(r, Request) for r in requests)),
+            "requests", type(requests).__name__, "a list of sim.request.Request, or None")  # fmt: skip
+    require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
+    kind = check_combinations(params, given, say or _say, defaults)
     # a page that is not a whole number of the model's tokens (vattention): one line naming the allowed sizes
     simulator_block_size(params["policy"], params["block_size"], model=MODELS[params["model"]],
                          num_gpus=params["num_gpus"], page_kib=params["page_kib"])  # fmt: skip
     check_model(params["policy"], MODELS[params["model"]])  # hybrid on a model without sliding windows: one line
-    _require(params["n"] == 1 or params["beam_width"] == 1, "n and beam_width", (params["n"], params["beam_width"]),
-             "at most one of them > 1")  # fmt: skip
+    require(params["n"] == 1 or params["beam_width"] == 1, "n and beam_width", (params["n"], params["beam_width"]),
+            "at most one of them > 1")  # fmt: skip
     if trace is None and requests is None:
         _check_workload(params)
     return kind
@@ -210,28 +210,18 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
     return why
 
 
-@functools.lru_cache(maxsize=1)
-def _defaults() -> dict:
-    from .api import run  # api imports this module
-
-    return {name: p.default for name, p in inspect.signature(run).parameters.items()}
-
-
-def run_defaults() -> dict:
-    """run()'s keywords and their defaults."""
-    return dict(_defaults())
-
-
-def check_combinations(params: dict, given: set[str] | None = None, say=_say) -> str | None:
+def check_combinations(params: dict, given: set[str] | None = None, say=_say,
+                       defaults: dict | None = None) -> str | None:  # fmt: skip
     """Refuse an argument that means nothing with the others (a workload option with a trace, block_size with a
-    contiguous policy, ...): one of `given` (default: those not None that differ from run()'s defaults, as
-    nothing else can be told from a call). `say(name, value)` spells an argument in the message (the CLI spells flags).
-    Returns the trace's format (sim.trace.trace_format), or None without a trace."""
+    contiguous policy, ...): one of `given` (default: those not None that differ from `defaults`, run()'s own
+    (sim.api.run_defaults), as nothing else can be told from a call). `say(name, value)` spells an argument in the
+    message (the CLI spells flags). Returns the trace's format (sim.trace.trace_format), or None without a trace."""
     for name in ("policy", "scheduler", "arrival", "workload", "preemption"):
-        _require(params[name] in _CHOICES[name], name, params[name], ", ".join(_CHOICES[name]))
+        require(params[name] in _CHOICES[name], name, params[name], ", ".join(_CHOICES[name]))
     kind = None if params["trace"] is None or params["requests"] is not None else trace_format(params["trace"])
     if given is None:
-        defaults = _defaults()
+        if defaults is None:
+            raise TypeError("check_combinations: pass `given` (the arguments a caller gave) or `defaults` (run()'s)")
         given = {name for name in defaults if name in params and params[name] is not None  # None: not given
                  and params[name] is not defaults[name] and params[name] != defaults[name]}  # fmt: skip
     why = _why_not(params, kind, say)
@@ -246,10 +236,10 @@ def _check_workload(p: dict) -> None:
     last arriving by MAX_TIME_S (expected)."""
     rate, duration, num_requests, arrival = p["rate"], p["duration"], p["num_requests"], p["arrival"]
     if arrival != "offline":
-        _require(rate is not None, "rate", rate, "a finite number > 0 requests/s")
+        require(rate is not None, "rate", rate, "a finite number > 0 requests/s")
     if num_requests is None:
-        _require(arrival != "offline", "num_requests", None, "an integer >= 1; offline arrivals need a count")
-        _require(duration is not None, "duration", duration, "a finite number > 0 seconds, or num_requests")
+        require(arrival != "offline", "num_requests", None, "an integer >= 1; offline arrivals need a count")
+        require(duration is not None, "duration", duration, "a finite number > 0 seconds, or num_requests")
         turns = p["turns"] if p["workload"] == "conversation" else 1  # requests per session, a mean
         if rate * duration * turns > MAX_NUM_REQUESTS:
             times = f" x turns: {rate:g} x {duration:g} x {turns:g}" if turns != 1 else f": {rate:g} x {duration:g}"
@@ -260,7 +250,7 @@ def _check_workload(p: dict) -> None:
                          f"(allowed: at most {MAX_TIME_S:g} s of simulated time)")  # fmt: skip
 
 
-def _check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots) -> None:
+def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots) -> None:
     """The KV pools fit the simulator's limits (sim.limits): slots, and blocks of a paged GPU or CPU pool."""
     name = "kv_slots" if kv_slots is not None else "the KV pool (what model, gpu and num_gpus leave)"
     if num_slots > MAX_KV_SLOTS:
@@ -274,7 +264,7 @@ def _check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: in
                          f"{MAX_POOL_BLOCKS:,} blocks of swap space)")  # fmt: skip
 
 
-def _check_given_requests(requests: list[Request]) -> None:
+def check_given_requests(requests: list[Request]) -> None:
     """A list given to run(): every request as a trace line would have to be (sim.trace), ids unique."""
     seen: set[int] = set()
     for i, r in enumerate(requests):
@@ -290,5 +280,5 @@ def _check_given_requests(requests: list[Request]) -> None:
             parse_record(record)
         except ValueError as e:
             raise ValueError(f"requests[{i}]: {e}") from None
-        _require(r.request_id not in seen, f"requests[{i}]: request_id", r.request_id, "each request_id once")
+        require(r.request_id not in seen, f"requests[{i}]: request_id", r.request_id, "each request_id once")
         seen.add(r.request_id)

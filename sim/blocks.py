@@ -175,12 +175,13 @@ class BlockAllocator:
         return fresh[0]
 
     # --- prefix cache ---------------------------------------------------------------------------
-    def cache_block(self, block_id: int, block_hash: int) -> bool:
-        """Register a FULL block in use under `block_hash` so later prompts can find it.
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        """Register a FULL block in use under `block_hash` so later prompts can find it (`lookup`, `is_cached`).
 
-        Returns True. NOTE: if another block already holds `block_hash` (two requests computed the same prefix
-        at once), both stay cached under it, as in vLLM v1 (block tables never change); a lookup finds the one
-        cached first, and each is evicted on its own.
+        Re-registering a block under the hash it already has changes nothing; under another hash it raises.
+        NOTE: if another block already holds `block_hash` (two requests computed the same prefix at once), both
+        stay cached under it, as in vLLM v1 (block tables never change); a lookup finds the one cached first,
+        and each is evicted on its own.
         """
         self._require_caching("cache_block")
         if self.ref_count(block_id) == 0:
@@ -191,10 +192,9 @@ class BlockAllocator:
                 raise RuntimeError(
                     f"block {block_id} is already cached under hash {old_hash}, cannot re-cache it as {block_hash}"
                 )
-            return True
+            return
         self._hash_to_block.setdefault(block_hash, {})[block_id] = None
         self._block_to_hash[block_id] = block_hash
-        return True
 
     def uncache(self, block_ids: Iterable[int]) -> None:
         """Forget the prefix-cache entries of these blocks (their K/V was never written: a failed step), so no

@@ -482,7 +482,8 @@ def _check_typed_flags(args: argparse.Namespace) -> None:
     """sim.run's checks of the `run` flags, before it starts, where a typed flag that means nothing with the others
     is refused even at its default value (sim.arguments.check_combinations): --rate with --trace, --block-size with
     --policy max, --burstiness without --arrival gamma, ..."""
-    from .arguments import check_arguments, run_defaults
+    from .api import run_defaults
+    from .arguments import check_arguments
 
     params = {**run_defaults(), **{_KEYWORDS.get(dest, dest): value for dest, value in vars(args).items()}}
     params["enable_chunked_prefill"] = False if args.no_chunked_prefill else None

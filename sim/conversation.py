@@ -44,7 +44,7 @@ import numpy as np
 
 from .limits import MAX_NUM_REQUESTS, MAX_SEED, MAX_TIME_S, MAX_TURNS, is_int, is_real
 from .request import Request
-from .workload import LOGNORMAL_PARAMS, _check_args, _gaps, _lognormal_ints
+from .workload import LOGNORMAL_PARAMS, arrival_gaps, check_workload_args, lognormal_lengths
 
 DEFAULT_TURNS = 4.0  # mean turns (user messages) per session
 DEFAULT_THINK_TIME = 60.0  # mean seconds from one turn's arrival to the next
@@ -118,7 +118,7 @@ def _start_times(rng: np.random.Generator, arrival: str, rate: float | None, bur
         if arrival == "offline":
             yield 0.0
             continue
-        part = (clock + np.cumsum(_gaps(rng, arrival, rate, burstiness, _CHUNK))).tolist()
+        part = (clock + np.cumsum(arrival_gaps(rng, arrival, rate, burstiness, _CHUNK))).tolist()
         yield from part
         clock = part[-1]
 
@@ -142,7 +142,7 @@ def generate_sessions(
     `duration`). With `num_requests`: sessions one after the other until there are that many requests (the last
     session is cut after the turn that makes the count).
     """
-    _check_args("sharegpt", num_requests, rate, duration, arrival, burstiness, max_seq_len, 0, 1)
+    check_workload_args("sharegpt", num_requests, rate, duration, arrival, burstiness, max_seq_len, 0, 1)
     check_conversation_options(max_seq_len, turns=turns, think_time=think_time, history_limit=history_limit)
     if not (is_int(seed) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
@@ -162,8 +162,8 @@ def generate_sessions(
             break
         k = int(shape_rng.geometric(1.0 / turns))
         thinks.append(shape_rng.exponential(think_time, k - 1))
-        messages = _lognormal_ints(length_rng, *message_fit, k)
-        replies = _lognormal_ints(length_rng, *reply_fit, k)
+        messages = lognormal_lengths(length_rng, *message_fit, k)
+        replies = lognormal_lengths(length_rng, *reply_fit, k)
         # NOTE: ids are laid out only for the turns served (a geometric draw may ask for thousands, the context
         # ends a session after a few); the draws above are whole, so the streams do not depend on the cut.
         if history_limit is None:  # turn 1 is truncated as sim.workload truncates: every session has a request

@@ -32,8 +32,8 @@ import numpy as np
 from .conversation import DEFAULT_THINK_TIME, Turn, check_conversation_options, place_sessions, session_turns
 from .limits import MAX_NUM_REQUESTS, MAX_SEED, is_int
 from .request import Request
-from .sharegpt import _check_rate, default_encode, iter_conversations
-from .trace import TraceError, _show
+from .sharegpt import check_rate, default_encode, iter_conversations
+from .trace_files import TraceError, show
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ def _turn_text(path, line: int, index: int, j: int, turn: dict) -> tuple[str, st
     for name, value in (("from", role), ("value", text)):
         if not isinstance(value, str):
             raise TraceError(f"{path} line {line}: conversation {index}, turn {j}: {name!r} is "
-                             f"{'missing' if value is None else _show(value)} (expected a string, e.g. "
+                             f"{'missing' if value is None else show(value)} (expected a string, e.g. "
                              '{"from": "human", "value": "..."})')  # fmt: skip
     return role, text
 
@@ -114,7 +114,7 @@ def import_conversations(
     """The sessions of a ShareGPT file as requests (the conversations that gave at least one, in file order), and
     what the import kept and left out. `encode`: text -> token ids (default: SmolLM2's tokenizer). TraceError if
     the file gives no request."""
-    _check_rate(rate)
+    check_rate(rate)
     check_conversation_options(max_seq_len, think_time=think_time, history_limit=history_limit)
     if not (is_int(seed) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")

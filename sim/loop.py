@@ -202,7 +202,7 @@ class Simulator:
             return [(self.now, SCHEDULE, None)]
         plan, outcome, beam_scores = payload
         result = self.scheduler.finish_step(plan, outcome)
-        sampled = {entry.request_id for entry in plan.prefills + plan.decodes if entry.sample}
+        sampled = {entry.request_id for entry in plan.entries if entry.sample}
         for request_id in sampled:
             self.times.sampled(self.index[request_id], self.now)
         for request_id, seq_ids in result.new_beam_seq_ids.items():
@@ -243,7 +243,7 @@ class Simulator:
         per beam search (its current seq ids, the survivors' scores in beam_parents order)."""
         outcome, beam_scores = StepOutcome(), {}
         beams: dict[int, list[int]] = {}
-        for entry in plan.prefills + plan.decodes:
+        for entry in plan.entries:
             if not entry.sample:
                 continue
             request = self.scheduler.request(entry.request_id)

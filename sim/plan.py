@@ -44,11 +44,6 @@ class ScheduledSeq:
     block_table: list[int]  # the sequence's block table after this step's allocations ([] sample-only)
     sample: bool = True  # samples a token after this step (False: a chunk that does not reach the end)
 
-    @property
-    def is_sample_only(self) -> bool:
-        """A sibling of a shared prompt: samples from the logits its group's fed entry produced."""
-        return self.num_new_tokens == 0
-
 
 @dataclass(slots=True)
 class StepPlan:
@@ -82,7 +77,7 @@ class StepPlan:
     def num_context_tokens(self) -> int:
         """Sum over fed entries of num_computed + num_new: the K/V the attention reads. Sample-only entries
         read nothing of their own (their group's fed entry already did)."""
-        return sum(s.num_computed_tokens + s.num_new_tokens for s in self.prefills + self.decodes if s.num_new_tokens)
+        return sum(s.num_computed_tokens + s.num_new_tokens for s in self.entries if s.num_new_tokens)
 
     @property
     def num_prefill_pairs(self) -> int:
@@ -97,7 +92,7 @@ class StepPlan:
         shared by n samples or k beams, a cached system prompt. On a CPU a block read twice in one pass is read the
         second time from cache, at about half the cost (sim.cost.PiecewiseCostModel.d_shared). O(blocks read)."""
         return shared_context_tokens(((s.block_table, s.num_computed_tokens + s.num_new_tokens)
-                                      for s in self.prefills + self.decodes if s.num_new_tokens), block_size)
+                                      for s in self.entries if s.num_new_tokens), block_size)
 
     @property
     def is_empty(self) -> bool:
@@ -107,7 +102,7 @@ class StepPlan:
 
     def request_ids(self) -> list[int]:
         """The requests with a sequence in this step, in plan order, each once."""
-        return list(dict.fromkeys(s.request_id for s in self.prefills + self.decodes))
+        return list(dict.fromkeys(s.request_id for s in self.entries))
 
 
 def shared_context_tokens(reads, block_size: int) -> int:

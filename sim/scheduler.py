@@ -19,10 +19,15 @@ freed and it is computed again later, sampled tokens included).
 The same object serves the simulator and the reference engine: `schedule()` returns a `StepPlan` whose blocks
 are already allocated; the executor runs it and reports a `StepOutcome` to `finish_step()`. The scheduler
 touches memory only through the KV contract (sim/kv/base.py) and never knows the policy behind it.
+
+The class reads top to bottom: requests in and out; what executors and metrics may read; one iteration
+(`schedule`); the executor's report (`finish_step`, `abandon_step`); and last the runs of plain decode steps
+that the simulator's fast-forward (sim/fastforward.py) applies at once.
 """
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 
 from .kv.base import KVManager, NewSequence
@@ -30,20 +35,21 @@ from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .preemption import victim_policy
 from .scheduler_config import DEFAULT_BUDGET, MODES, PREEMPTION_MODES, SchedulerConfig
 from .request import Request
-from .scheduler_runs import SchedulerDecodeRuns
-from .scheduler_views import SchedulerViews
 from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
 
 __all__ = ["DEFAULT_BUDGET", "MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
 
-WAITING, RUNNING, SWAPPED, FINISHED = SequenceStatus
+WAITING = SequenceStatus.WAITING
+RUNNING = SequenceStatus.RUNNING
+SWAPPED = SequenceStatus.SWAPPED
+FINISHED = SequenceStatus.FINISHED
 
 
-class Scheduler(SchedulerViews, SchedulerDecodeRuns):
+class Scheduler:
     """FCFS iteration-level scheduler over one KV manager. Queues: waiting (deque), running and swapped
     (lists kept in arrival order). Sequence ids come from a counter inside the instance. What executors and
-    metrics may read (queue lengths, ids, a sequence's progress) is in sim/scheduler_views.py; the runs of plain
-    decode steps the simulator jumps over, in sim/scheduler_runs.py."""
+    metrics may read (queue lengths, ids, a sequence's progress) is in the views section; the runs of plain
+    decode steps the simulator jumps over, in the last section."""
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None) -> None:
         self.kv = kv
@@ -66,25 +72,16 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         self._reported: StepPlan | None = None  # the plan finish_step() was given: its K/V was written
         # NOTE: the last plain_decode_seqs() answer, kept until the next call that changes the scheduler (each
         # of them clears it), so that advance_decodes right after it does not ask again: a speed-up only.
-        self._plain: list[Sequence] | None = None
+        self._plain_decodes_cache: list[Sequence] | None = None
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a request; ValueError if it can never be served (a prompt over the token budget without
-        chunked prefill, more sequences than max_num_seqs, or a final length the whole pool cannot hold)."""
-        rid, cfg = request.request_id, self.config
-        self._plain = None
+        """Queue a request; ValueError "request <id>: <why>" if it can never be served (check_request)."""
+        rid = request.request_id
+        self._plain_decodes_cache = None
         if rid in self._groups:
             raise ValueError(f"request {rid} was already added (request ids must be unique)")
-        if not cfg.chunked and request.prompt_len > cfg.max_num_batched_tokens:
-            raise ValueError(f"request {rid}: prompt_len {request.prompt_len} is over max_num_batched_tokens "
-                             f"(allowed: <= {cfg.max_num_batched_tokens}, or any length with chunked prefill)")
-        if request.beam_width > cfg.max_num_batched_tokens:  # the k beams of a step are fed together
-            raise ValueError(f"request {rid}: beam_width {request.beam_width} is over max_num_batched_tokens "
-                             f"(allowed: <= {cfg.max_num_batched_tokens})")
-        if request.num_seqs > cfg.max_num_seqs:
-            raise ValueError(f"request {rid}: {request.num_seqs} sequences (allowed: <= max_num_seqs, {cfg.max_num_seqs})")
-        problem = self.kv.check_request(request.prompt_len, request.total_len - 1, request.num_seqs)
+        problem = self.check_request(request)
         if problem is not None:
             raise ValueError(f"request {rid}: {problem}")
         seqs = [self._new_seq(request, 0) for _ in range(request.num_seqs)]
@@ -92,6 +89,20 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         self._num_added += 1
         self._groups[rid] = group
         self._waiting.append(group)
+
+    def check_request(self, request: Request) -> str | None:
+        """Why `request` could never be served, in one line (a prompt over the token budget without chunked prefill,
+        more sequences than max_num_seqs, a final length the whole pool cannot hold), else None. Changes nothing:
+        a caller that knows the request by another name words the refusal itself."""
+        cfg = self.config
+        if not cfg.chunked and request.prompt_len > cfg.max_num_batched_tokens:
+            return (f"prompt_len {request.prompt_len} is over max_num_batched_tokens "
+                    f"(allowed: <= {cfg.max_num_batched_tokens}, or any length with chunked prefill)")  # fmt: skip
+        if request.beam_width > cfg.max_num_batched_tokens:  # the k beams of a step are fed together
+            return f"beam_width {request.beam_width} is over max_num_batched_tokens (allowed: <= {cfg.max_num_batched_tokens})"
+        if request.num_seqs > cfg.max_num_seqs:
+            return f"{request.num_seqs} sequences (allowed: <= max_num_seqs, {cfg.max_num_seqs})"
+        return self.kv.check_request(request.prompt_len, request.total_len - 1, request.num_seqs)
 
     def _new_seq(self, request: Request, num_generated: int) -> Sequence:
         seq = Sequence(self._next_seq_id, request.request_id, request.prompt_len, request.output_len, num_generated)
@@ -104,7 +115,7 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         group = self._group(request_id)
         if group.status is FINISHED:
             return
-        self._plain = None
+        self._plain_decodes_cache = None
         if group.status is WAITING:
             self._waiting.remove(group)
             group.set_status(FINISHED)
@@ -134,6 +145,60 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running or self._swapped)
 
+    # --- what executors, metrics and figures may read: queues, requests, sequences (never changed) ----
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self._swapped)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(len(g.live) for g in self._running)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._num_preemptions
+
+    def waiting_request_ids(self) -> list[int]:
+        return [g.request_id for g in self._waiting]
+
+    def running_request_ids(self) -> list[int]:
+        return [g.request_id for g in self._running]
+
+    def swapped_request_ids(self) -> list[int]:
+        return [g.request_id for g in self._swapped]
+
+    def seq_ids(self, request_id: int) -> list[int]:
+        """The request's current sequences (finished ones included, dropped beams not), in beam order."""
+        return [s.seq_id for s in self._group(request_id).seqs]
+
+    def num_generated(self, seq_id: int) -> int:
+        return self._seqs[seq_id].num_generated
+
+    def num_computed_tokens(self, seq_id: int) -> int:
+        return self._seqs[seq_id].num_computed_tokens
+
+    def group_status(self, request_id: int) -> SequenceStatus:
+        return self._group(request_id).status
+
+    def is_finished(self, request_id: int) -> bool:
+        return self._group(request_id).status is FINISHED
+
+    def request(self, request_id: int) -> Request:
+        return self._group(request_id).request
+
+    def _group(self, request_id: int) -> SequenceGroup:
+        if request_id not in self._groups:
+            raise KeyError(f"unknown request {request_id}")
+        return self._groups[request_id]
+
     # --- one iteration -------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Decide the next iteration.
@@ -147,7 +212,7 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         """
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
-        self._plain, self._reported = None, None
+        self._plain_decodes_cache, self._reported = None, None
         # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
         # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
         plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
@@ -344,10 +409,10 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         self._outstanding, self._reported = None, plan
-        self._plain = None
+        self._plain_decodes_cache = None
         seqs, groups = self._seqs, self._groups
         touched: dict[int, SequenceGroup] = {}  # the groups that sampled: only they can finish
-        for entry in plan.prefills + plan.decodes:
+        for entry in plan.entries:
             seq = seqs.get(entry.seq_id)
             if seq is None or seq.status is not RUNNING:  # an abort in between leaves it FINISHED
                 continue
@@ -397,7 +462,7 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         """
         if plan is None or plan is self._outstanding:
             plan, self._outstanding = self._outstanding, None
-        self._plain = None
+        self._plain_decodes_cache = None
         opened, self._open = self._open, set()
         allocation, self._open_allocation = self._open_allocation, None
         reported = plan is not None and plan is self._reported
@@ -427,7 +492,7 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         """Unregister the blocks a failed plan (and the allocation in flight) were to write from the prefix cache:
         from each sequence's first position the step computes (those before it were written by earlier steps)."""
         bs, held = self.kv.block_size, set(self.kv.seq_ids)
-        starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.prefills + plan.decodes if plan else ())
+        starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.entries if plan else ())
                   if e.num_new_tokens]  # fmt: skip
         if allocation is not None:
             seqs, new = allocation
@@ -462,3 +527,82 @@ class Scheduler(SchedulerViews, SchedulerDecodeRuns):
         for dropped in reselect_beams(self.kv, group, parents, lambda n: self._new_seq(group.request, n)):
             del self._seqs[dropped.seq_id]
         return [s.seq_id for s in group.seqs]
+
+    # --- runs of plain decode steps ------------------------------------------------------------------
+    # When the next steps are certain to decode exactly the running sequences, the simulator's fast-forward
+    # (sim/fastforward.py) applies many of them at once, with exactly the results of stepping.
+    def plain_decode_seqs(self) -> list[Sequence] | None:
+        """The running sequences, if the next schedule() is certain to be a plain decode of exactly them and
+        stays so while memory lasts and none finishes: every running group decodes all its sequences (no prompt
+        chunk, beam search or copy waiting), nothing is swapped out, the budget holds them all, and the first
+        waiting group could not be admitted now (advance_decodes stops a run before free memory grows). Else None."""
+        if self._outstanding is not None or not self._running or self._swapped:
+            return None
+        seqs: list[Sequence] = []
+        for group in self._running:
+            if group.is_beam_search or group.pending_copies or not group.forked:
+                return None
+            for seq in group.live:
+                if seq.prefilling or seq.num_computed_tokens != seq.num_tokens - 1:
+                    return None
+                seqs.append(seq)
+        budget = self.config.max_num_batched_tokens
+        if self.config.mode == "v1":
+            budget -= len(seqs)
+            if budget < 0:
+                return None
+        if self._waiting and self._may_admit() and self._head_may_be_admitted(budget, len(seqs)):
+            return None
+        self._plain_decodes_cache = seqs
+        return seqs
+
+    def can_admit_head(self) -> bool:
+        """Would the first waiting group be admitted if a step started now with the whole budget (max_num_seqs,
+        budget and memory, watermark included)? False when nothing waits or admission is closed."""
+        if not self._waiting or not self._may_admit():
+            return False
+        return self._head_may_be_admitted(self.config.max_num_batched_tokens, self.num_running_seqs, first=True)
+
+    def _head_may_be_admitted(self, budget: int, num_running_seqs: int, first: bool | None = None) -> bool:
+        group = self._waiting[0]
+        if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
+            return False
+        asked = self._admission(group, budget, first=self.config.mode != "v1" if first is None else first)
+        if asked is None:
+            return False
+        new, counts = asked
+        if first:  # an exact answer for observers
+            return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
+        # NOTE: with chunking, losing a prefix-cache hit to eviction can SHRINK the chunk's memory need, so a
+        # blocked group with hits might fit later in the run: treat it as admissible (no run; always safe).
+        if self.config.chunked and any(spec.num_cached_tokens for spec in new):
+            return True
+        return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
+
+    def advance_decodes(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
+        """Apply as many plain decode steps as memory allows, at most `max_steps`, at once: the state as many
+        rounds of schedule() and finish_step() with nothing reported would leave, with the same block ids. No
+        sequence may reach its output_len before step `max_steps`; those that reach it in the last step applied
+        finish then (the finish rule of finish_step). Returns the pool's five raw slot counts during each step
+        applied (the KV manager's advance_decodes; none if memory allows no step) and the requests finished."""
+        seqs = self._plain_decodes_cache if self._plain_decodes_cache is not None else self.plain_decode_seqs()
+        self._plain_decodes_cache = None
+        if seqs is None or not 1 <= max_steps <= min(s.output_len - s.num_generated for s in seqs):
+            raise ValueError(f"advance_decodes({max_steps}): expected a plain decode state and no sequence finishing "
+                             "before the last step")  # fmt: skip
+        ids = [s.seq_id for s in seqs]
+        # a step allocates request by request: the same calls, so that a pool freeing blocks mid-run (hybrid) finds
+        # the same room and hands out the block ids stepping would
+        batches = [len(list(run)) for _, run in itertools.groupby(seqs, key=lambda s: s.request_id)]
+        # a waiting group refused now stays refused while free memory does not grow (in a paged pool it only
+        # shrinks during a run; a hybrid pool's sliding groups give blocks back): the run stops before it grows
+        cap = self.kv.num_free_blocks if self._waiting and self._may_admit() else None
+        num_steps = self.kv.max_decode_steps(ids, max_steps, max_free=cap, batches=batches)
+        if num_steps < 1:
+            return [], []
+        counts = self.kv.advance_decodes(ids, num_steps, checked=True, batches=batches)
+        for seq in seqs:
+            seq.num_generated += num_steps
+            seq.num_computed_tokens += num_steps
+        ending = {s.request_id: self._groups[s.request_id] for s in seqs if s.num_generated >= s.output_len}
+        return counts, self._finish(ending.values())

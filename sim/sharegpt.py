@@ -18,7 +18,7 @@ import numpy as np
 
 from sim.limits import MAX_NUM_REQUESTS, MAX_TIME_S
 from sim.request import Request
-from .trace import TraceError, _json_int, _open
+from .trace_files import TraceError, open_trace, parse_int
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,7 +65,7 @@ class ShareGPTPairs:
 def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]]:
     """(line, item) of each item of the JSON list that is the whole of `text`, decoded one at a time, so that a
     problem with an item names its line."""
-    decoder, NEWLINE = json.JSONDecoder(parse_int=_json_int), "\n"  # ids of any length: see _json_int
+    decoder, NEWLINE = json.JSONDecoder(parse_int=parse_int), "\n"  # ids of any length: see parse_int
     line, pos = 1, 0  # the line number at text[pos]
 
     def skip(i: int) -> int:
@@ -123,7 +123,7 @@ def _codes(text: str) -> str:
 def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]]:
     """(index, line, turns) of every conversation of a ShareGPT file, read and checked: UTF-8, a JSON list, each
     item {"conversations": [turn objects]}, at most MAX_NUM_REQUESTS of them. TraceError (one line) otherwise."""
-    with _open(path) as f:
+    with open_trace(path) as f:
         try:
             data = f.read()
         except OSError as e:
@@ -182,7 +182,9 @@ def load_sharegpt_pairs(path: str | Path, count_tokens: Callable[[str], int], ma
     return pairs
 
 
-def _check_rate(rate: float | None) -> None:
+def check_rate(rate: float | None) -> None:
+    """The rate a file's requests (or sessions, sim.conversation_import) arrive at: None (all at t = 0), or a finite
+    number > 0 per second."""
     if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < math.inf):
         raise ValueError(f"rate must be a finite number > 0 requests/s, got {rate}")
 
@@ -192,7 +194,7 @@ def sharegpt_requests(path: str | Path, pairs: ShareGPTPairs, *, rate: float | N
     """The requests of `pairs` (from `load_sharegpt_pairs(path, ...)`), in file order: Poisson arrivals at `rate`
     req/s (seeded), or all at t = 0 when rate is None. TraceError if there is none, or the last arrives past
     MAX_TIME_S."""
-    _check_rate(rate)
+    check_rate(rate)
     count = len(pairs.prompt_lens)
     if count == 0:
         raise TraceError(f"{path}: no request in the whole file: {pairs.describe()}")
@@ -219,6 +221,6 @@ def import_sharegpt(
 ) -> list[Request]:
     """Requests from a ShareGPT conversation file, in file order; Poisson arrivals at `rate` req/s (seeded),
     or all at t = 0 when rate is None. Skip counts: see `load_sharegpt_pairs`."""
-    _check_rate(rate)
+    check_rate(rate)
     pairs = load_sharegpt_pairs(path, count_tokens, max_seq_len)
     return sharegpt_requests(path, pairs, rate=rate, seed=seed) if pairs.prompt_lens else []

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .api import run
-from .arguments import check_arguments, run_defaults
+from .api import run, run_defaults
+from .arguments import check_arguments
 from .kv import POLICIES
 from .limits import MAX_JOBS
 from .outfiles import atomic_write, check_outputs
@@ -274,7 +274,7 @@ def sweep(grid: dict[str, list], fixed: dict | None = None, *, jobs: int | None 
             raise SweepError(f"{name}: the grid gives no values")
     points = grid_points(grid, fixed)
     for point in points:  # every point checked before any runs (a bad one would fail only when its turn came)
-        check_arguments({**run_defaults(), **point})
+        check_arguments({**run_defaults(), **point}, defaults=run_defaults())
     results = run_tasks([Task.of(**p) for p in points], jobs=jobs, backend=backend, progress=progress)
     return [summary_row(p, r.summary) for p, r in zip(points, results)]
 

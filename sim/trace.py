@@ -1,5 +1,6 @@
 """Request traces on disk, one request a line (JSONL or CSV); `read_trace` also imports ShareGPT conversation
-files (sim/sharegpt.py).
+files (sim/sharegpt.py). What the two readers share (opening a file safely; TraceError, the one line any bad file
+gives) is in sim/trace_files.py.
 
 A trace pins a workload down exactly, so a run can be repeated, shared, or fed to the reference engine.
 """
@@ -8,7 +9,6 @@ from __future__ import annotations
 import codecs
 import csv
 import itertools
-import os
 import json
 import math
 import re
@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 from sim.limits import MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_TIME_S, MAX_TOKENS
 from sim.request import Request
+from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
+from .trace_files import LongInt, TraceError, open_trace, parse_int, show
 
 CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "beam_width", "prefix_id", "prefix_len")
 JSON_FIELDS = CSV_COLUMNS + ("prompt_token_ids",)
@@ -28,11 +30,6 @@ _INT_FIELDS = {"request_id": (0, MAX_ID, None), "prompt_len": (1, MAX_TOKENS, No
                "prefix_len": (0, MAX_TOKENS, 0)}  # fmt: skip
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")  # a CSV integer: ASCII digits (int() would also take '1_000' and '٣')
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, no inf
-_LONGEST_INT = 24  # digits: no field allows more than 19, and Python converts at most 4,300
-
-
-class TraceError(ValueError):
-    """A malformed trace: one line naming the file, the line (or "the whole file") and what is wrong."""
 
 
 def _record(request: Request) -> dict:
@@ -71,18 +68,8 @@ def write_csv(requests: list[Request], path: str | Path) -> None:
                              "" if r.prefix_id is None else r.prefix_id, r.prefix_len])
 
 
-def _show(value) -> str:
-    """A value for an error message: its repr, shortened (a message is one line, whatever the file holds)."""
-    if isinstance(value, _LongInt):
-        return f"an integer of {len(value.lstrip('+-'))} digits"
-    if type(value) is int and abs(value) >= 10**_LONGEST_INT:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:36] + "..." + text[-1]
-
-
 def _name(key: str) -> str:
-    return key if key.isidentifier() and len(key) <= 40 else _show(key)
+    return key if key.isidentifier() and len(key) <= 40 else show(key)
 
 
 def _names(keys: list[str]) -> str:
@@ -100,9 +87,9 @@ def _int(value, name: str, low: int, high: int, cell: bool = False) -> int:
     if cell:
         value = value.strip()
         if _INT_TEXT.fullmatch(value):
-            value = int(value) if len(value) <= _LONGEST_INT else _LongInt(value)
+            value = parse_int(value)
     if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"{name}: got {_show(value)} (allowed: an integer from {low} to {_upto(high)})")
+        raise ValueError(f"{name}: got {show(value)} (allowed: an integer from {low} to {_upto(high)})")
     return value
 
 
@@ -115,7 +102,7 @@ def _seconds(value, name: str, cell: bool = False) -> float:
     elif type(value) is int:  # float() of a huge integer would overflow
         number = float(value) if -MAX_TIME_S <= value <= MAX_TIME_S else math.inf
     if type(number) is not float or not 0 <= number <= MAX_TIME_S:  # NaN fails the comparison too
-        raise ValueError(f"{name}: got {_show(value)} (allowed: a number of seconds from 0 to {MAX_TIME_S:g})")
+        raise ValueError(f"{name}: got {show(value)} (allowed: a number of seconds from 0 to {MAX_TIME_S:g})")
     return number
 
 
@@ -123,7 +110,7 @@ def _token_ids(ids) -> list[int]:
     if type(ids) is list and (not ids or ({*map(type, ids)} == {int} and min(ids) >= 0 and max(ids) <= MAX_ID)):
         return ids
     bad = next((i for i in ids if type(i) is not int or not 0 <= i <= MAX_ID), None) if type(ids) is list else ids
-    raise ValueError(f"prompt_token_ids: got {'a list holding ' if type(ids) is list else ''}{_show(bad)} "
+    raise ValueError(f"prompt_token_ids: got {'a list holding ' if type(ids) is list else ''}{show(bad)} "
                      f"(allowed: a list of integers from 0 to {_upto(MAX_ID)}, one per prompt token)")
 
 
@@ -159,14 +146,6 @@ def parse_record(record: dict, cell: bool = False) -> Request:
     return Request(prefix_id=prefix_id, prompt_token_ids=None if ids is None else _token_ids(ids), **values)
 
 
-class _LongInt(str):
-    """A JSON integer with more digits than any field allows, kept as text (Python converts at most 4,300)."""
-
-
-def _json_int(text: str):
-    return int(text) if len(text) <= _LONGEST_INT else _LongInt(text)
-
-
 def _json_object(pairs: list) -> dict:
     record = dict(pairs)
     if len(record) < len(pairs):  # json keeps the last of duplicate keys: refuse them instead
@@ -177,42 +156,21 @@ def _json_object(pairs: list) -> dict:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_json_object)
-_DECODER_LONG = json.JSONDecoder(object_pairs_hook=_json_object, parse_int=_json_int)
+_DECODER_LONG = json.JSONDecoder(object_pairs_hook=_json_object, parse_int=parse_int)
 
 
 def _json_type(value) -> str:
-    for kind, words in ((dict, "an object"), (list, "a list"), (_LongInt, "a number"), (str, "a string"),
+    for kind, words in ((dict, "an object"), (list, "a list"), (LongInt, "a number"), (str, "a string"),
                         (bool, "true/false"), ((int, float), "a number")):  # fmt: skip
         if isinstance(value, kind):
             return words
     return "null"
 
 
-def _open(path: str | Path):
-    """The file, opened for reading bytes; TraceError (one line) if it cannot be, or if it is not a regular file (a
-    FIFO would block until a writer came, a device like /dev/zero never end)."""
-    try:
-        special = os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
-    except ValueError:  # a path holding a NUL byte: open() below says so
-        special = False
-    if special:
-        raise TraceError(f"{path}: not a regular file (a FIFO, a device or a socket; allowed: a trace file)")
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, not a trace file") from None
-    except PermissionError:
-        raise TraceError(f"{path}: cannot be read (permission denied)") from None
-    except (OSError, ValueError) as e:  # ValueError: a path holding a NUL byte
-        raise TraceError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
-
-
 def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """(line number, text) of every line: UTF-8 (a byte-order mark at the start is skipped), each at most
     MAX_LINE_BYTES, read one at a time; a line that breaks either rule is a TraceError naming it."""
-    with _open(path) as f:
+    with open_trace(path) as f:
         for line_no in itertools.count(1):
             try:
                 raw = f.readline(MAX_LINE_BYTES + 1)
@@ -333,7 +291,7 @@ def read_csv(path: str | Path) -> list[Request]:
 
 def _first_character(path: str | Path) -> str:
     """The first character of the file that is not JSON whitespace ('' if none), a byte-order mark skipped."""
-    with _open(path) as f:
+    with open_trace(path) as f:
         start = True
         while True:
             try:
@@ -379,8 +337,6 @@ def read_trace(
     naming the file and the line; a file with no request is one too."""
     kind = trace_format(path)
     if kind == "sharegpt":
-        from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests  # it imports this module
-
         pairs = load_sharegpt_pairs(path, count_tokens or default_count_tokens(), max_seq_len)
         return sharegpt_requests(path, pairs, rate=rate, seed=seed)
     return read_csv(path) if kind == "csv" else read_jsonl(path)

@@ -76,7 +76,8 @@ def generate_requests(
     *prepended* to each sampled prompt, so prompt_len = prefix_len + sampled length; request i uses prefix
     i % num_prefixes, and `prompt_token_ids` are synthetic (see `_prompt_token_ids`).
     """
-    _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len, num_prefixes)
+    check_workload_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len,
+                        num_prefixes)  # fmt: skip
     if not (is_int(seed) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
     # NOTE: lengths and arrivals use independent streams spawned from one seed, so sweeping the rate (as the
@@ -115,9 +116,11 @@ def generate_requests(
 
 
 
-def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len, num_prefixes):
+def check_workload_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len,
+                        num_prefixes) -> None:  # fmt: skip
     """Everything numpy would choke on, refused before it draws: types, the limits of sim.limits, and the size of
-    the workload (at most MAX_NUM_REQUESTS requests expected, arriving by MAX_TIME_S)."""
+    the workload (at most MAX_NUM_REQUESTS requests expected, arriving by MAX_TIME_S). sim.conversation checks its
+    sessions' arrivals with it too."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r} (allowed: {', '.join(DATASETS)})")
     if dataset == "conversation":
@@ -150,7 +153,8 @@ def _check_args(dataset, num_requests, rate, duration, arrival, burstiness, max_
         raise ValueError(f"num_prefixes must be an integer from 1 to {MAX_COUNT:,}, got {num_prefixes}")
 
 
-def _gaps(rng: np.random.Generator, arrival: str, rate: float, burstiness: float, size: int) -> np.ndarray:
+def arrival_gaps(rng: np.random.Generator, arrival: str, rate: float, burstiness: float, size: int) -> np.ndarray:
+    """`size` gaps between arrivals of the `poisson` or `gamma` process at `rate` (module docstring)."""
     if arrival == "poisson":
         return rng.exponential(1.0 / rate, size)
     # Gamma with shape k and scale 1/(rate k): mean 1/rate, CV 1/sqrt(k).
@@ -161,7 +165,7 @@ def _arrivals(rng, arrival, rate, burstiness, count) -> np.ndarray:
     if arrival == "offline":
         return np.zeros(count)
     # NOTE: the process starts at t = 0 and the first request arrives after one gap (a true renewal process).
-    return np.cumsum(_gaps(rng, arrival, rate, burstiness, count))
+    return np.cumsum(arrival_gaps(rng, arrival, rate, burstiness, count))
 
 
 def _arrivals_until(rng, arrival, rate, burstiness, duration) -> np.ndarray:
@@ -170,7 +174,7 @@ def _arrivals_until(rng, arrival, rate, burstiness, duration) -> np.ndarray:
     chunk = int(expected + 6 * np.sqrt(expected / min(burstiness, 1.0)) + 16)
     times, clock = [], 0.0
     while clock < duration:
-        part = clock + np.cumsum(_gaps(rng, arrival, rate, burstiness, chunk))
+        part = clock + np.cumsum(arrival_gaps(rng, arrival, rate, burstiness, chunk))
         times.append(part)
         clock = part[-1]
     all_times = np.concatenate(times)
@@ -181,8 +185,8 @@ def _lengths(rng, dataset, count, budget, prompt_len, output_len, prompt_range, 
     """(prompt, output) int64 arrays of the request's own tokens, prompt + output <= budget."""
     if dataset in LOGNORMAL_PARAMS:
         params = LOGNORMAL_PARAMS[dataset]
-        prompts = _lognormal_ints(rng, *params["prompt"], count)
-        outputs = _lognormal_ints(rng, *params["output"], count)
+        prompts = lognormal_lengths(rng, *params["prompt"], count)
+        outputs = lognormal_lengths(rng, *params["output"], count)
         # Modelling approximation: prompt and output lengths are drawn independently (the real traces show a
         # weak correlation that we ignore), and over-long pairs are truncated rather than re-drawn.
         prompts = np.minimum(prompts, budget - 1)
@@ -212,7 +216,8 @@ def _check_range(prompt_name, prompt_range, output_name, output_range, budget):
         )
 
 
-def _lognormal_ints(rng: np.random.Generator, mu: float, sigma: float, count: int) -> np.ndarray:
+def lognormal_lengths(rng: np.random.Generator, mu: float, sigma: float, count: int) -> np.ndarray:
+    """`count` lengths exp(mu + sigma * z), rounded to integers >= 1 (int64; not yet truncated to a context)."""
     return np.maximum(np.rint(rng.lognormal(mu, sigma, count)), 1).astype(np.int64)
 
 

@@ -44,6 +44,7 @@ import torch
 
 from reference.attention import paged_decode_attention
 from reference.attention.triton_decode import DEFAULT_TUNING, DecodeTuning, choose_num_splits
+from reference.cli_parser import Parser  # one-line usage errors, as in every command line here
 from sim.outfiles import OutputPathError, check_outputs, write_csv
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
@@ -278,9 +279,8 @@ def save(rows: list[dict], fields: list[str], path: Path, comments: list[str]) -
 
 def main(argv: list[str] | None = None) -> int:
     from reference.attention import bench_plot
-    from reference.cli import _Parser  # one-line usage errors, as in every command line here
 
-    parser = _Parser(prog="python -m reference.attention.bench", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m reference.attention.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny run through the Triton interpreter")
     parser.add_argument("--sweep", action="store_true", help="time a grid of the kernel's launch knobs instead")
     parser.add_argument("--plot", type=Path, metavar="CSV", help="only draw the figure from a saved table")

@@ -72,7 +72,9 @@ def exercise_call(exc: BaseException) -> str | None:
     return getattr(exc, "_exercise_call", None)
 
 
-def _tag(exc: BaseException, call: str) -> None:
+def tag_exercise_call(exc: BaseException, call: str) -> None:
+    """Remember on `exc` the call it left the student's code through (`exercise_call` reads it); an exception
+    already tagged keeps its call."""
     if exercise_call(exc) is None:
         try:
             exc._exercise_call = call  # type: ignore[attr-defined]
@@ -83,18 +85,25 @@ def _tag(exc: BaseException, call: str) -> None:
 class Referee:
     """Passes attribute reads and method calls through to `target`; see the module docstring."""
 
+    # NOTE: the referee's own state, named `_referee_*` so that no name of the student's class is hidden behind it.
+    # __init__ sets it with object.__setattr__, as this class's __setattr__ writes to the target.
+    _referee_target: Any  # the student's object
+    _referee_rules: Rules  # what a mutating call is, and what is snapshotted around it
+    _referee_placement: Any  # None, or an oracle beside the target and the rule it checks (placement.py)
+    referee_calls: list[str]  # the mutating calls so far, "allocate(2) -> [0, 1]"
+
     def __init__(self, target: Any, rules: Rules, placement: Any = None) -> None:
         object.__setattr__(self, "_referee_target", target)
         object.__setattr__(self, "_referee_rules", rules)
-        object.__setattr__(self, "_referee_placement", placement)  # an oracle beside it, and the rule (placement.py)
-        object.__setattr__(self, "referee_calls", [])  # the mutating calls so far, "allocate(2) -> [0, 1]"
+        object.__setattr__(self, "_referee_placement", placement)
+        object.__setattr__(self, "referee_calls", [])
 
     def __getattr__(self, name: str) -> Any:
         target = object.__getattribute__(self, "_referee_target")
         try:
             value = getattr(target, name)  # a property runs here
         except Exception as exc:  # noqa: BLE001  (tagged, then passed on unchanged)
-            _tag(exc, name)
+            tag_exercise_call(exc, name)
             raise
         if not callable(value) or name.startswith("_"):
             return value
@@ -113,7 +122,7 @@ class Referee:
             try:
                 return method(*args)
             except Exception as exc:  # noqa: BLE001
-                _tag(exc, call)
+                tag_exercise_call(exc, call)
                 raise
         before = self._referee_snapshot()
         placement = self._referee_placement if name in getattr(self._referee_placement, "methods", ()) else None
@@ -122,12 +131,12 @@ class Referee:
         try:
             result = method(*args)
         except NotImplementedError as exc:
-            _tag(exc, call)
+            tag_exercise_call(exc, call)
             raise
         except RuleBroken:
             raise
         except Exception as exc:  # noqa: BLE001
-            _tag(exc, call)
+            tag_exercise_call(exc, call)
             self.referee_calls[-1] = f"{call} raised {type(exc).__name__}"
             after = self._referee_snapshot()
             if before is not None and after is not None and after != before:

@@ -74,6 +74,11 @@ def as_seen(counts: tuple[int, ...], waiting: bool) -> tuple[int, ...]:
     return (tokens, reservation, internal, external + free, 0)
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the blocks of `b` slots that `a` tokens take (cdiv(6, 4) == 2, cdiv(0, 4) == 0)."""
+    return -(-a // b)
+
+
 BlockCopy = tuple[int, int]  # (src_block, dst_block): copy a block's K/V before the step writes into dst
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, as_seen,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, as_seen, cdiv,
                    check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
@@ -104,7 +104,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         return final_len
 
     def _num_blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return cdiv(tokens, self.block_size)
 
     # --- what the scheduler asks before admitting -----------------------------------------------------
     def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:

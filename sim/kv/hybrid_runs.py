@@ -25,6 +25,8 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
+from .base import cdiv
+
 
 def max_decode_steps(kv, seqs: Sequence, limit: int, max_free: int | None = None,
                      batches: Sequence[int] | None = None) -> int:
@@ -49,7 +51,7 @@ def max_decode_steps(kv, seqs: Sequence, limit: int, max_free: int | None = None
             return 0
         for j in range((-n) % bs + 1, limit + 1, bs):
             opened[j, b] = opened.get((j, b), 0) + groups
-        end = -(-(n + limit) // bs)  # logical blocks the sequence would hold at the end of the run
+        end = cdiv(n + limit, bs)  # logical blocks the sequence would hold at the end of the run
         for window, table, start in zip(kv.windows, seq.tables, seq.starts):
             if window is None:
                 continue

@@ -16,9 +16,9 @@ may be partly filled. For block_size 4 and 6 tokens:
 
 `allocate_slots` grows tables chunk by chunk (a whole prompt, a chunk of one, or one decode token) and is
 all-or-nothing over the sequences it is given; on out-of-memory it returns None and changes nothing.
-The manager is one class in four files: allocation here, swapping in `paged_swap.py`, the memory breakdown
-and invariants in `paged_accounting.py`, and the closed forms behind the simulator's fast-forward
-(`max_decode_steps`, `advance_decodes`) in `paged_runs.py`.
+The manager is one class, in the contract's order: admission and allocation, swapping, runs of decode steps, what
+the executor and the metrics read (the memory breakdown), then the invariants. Only the closed forms behind the
+simulator's fast-forward (`max_decode_steps`, `advance_decodes`) live apart, in `paged_runs.py`, with their own tests.
 """
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
-from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, check_request_args
-from .paged_accounting import PagedAccounting
-from .paged_swap import PagedSwapSpace
+from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_request_args
 
 
 @dataclass(slots=True)
-class _SeqState:
+class SeqState:
+    """What the manager keeps per sequence (public: the radix manager extends it with its tree lock)."""
+
     block_table: list[int]  # GPU block ids, or CPU block ids while swapped out
     num_tokens: int  # tokens whose K/V the sequence holds (or will hold after the current step)
     final_len: int  # the sequence's true final length (for the memory breakdown)
@@ -42,11 +42,7 @@ class _SeqState:
     swapped: bool = False
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class PagedKVManager(PagedSwapSpace, PagedAccounting):
+class PagedKVManager:
     """Block tables for sequences named by integer ids, over a GPU `BlockAllocator` (+ optional CPU swap space).
 
     `watermark`: the share of GPU blocks an admission must leave free, so that a sequence just admitted is not
@@ -69,7 +65,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
         self.gather_block_size = block_size  # the paged kernel gathers K/V block by block through the table
-        self._seqs: dict[int, _SeqState] = {}
+        self._seqs: dict[int, SeqState] = {}
         self._stats = PrefixCacheStats()
 
     @property
@@ -84,7 +80,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
     def check_request(self, prompt_len: int, final_len: int, num_seqs: int) -> str | None:
         """NOTE: several sequences are counted WITHOUT sharing, because after a preemption by recompute each
         is re-admitted alone; this over-rejects only groups within a factor num_seqs of the pool."""
-        need, usable = num_seqs * _cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
+        need, usable = num_seqs * cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
         if need > usable:
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} blocks "
                     f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
@@ -115,7 +111,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         return self._lookup_blocks(token_ids, num_tokens)[1] * self.block_size
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
-    def _gpu_seq(self, seq_id: int) -> _SeqState:
+    def _gpu_seq(self, seq_id: int) -> SeqState:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
@@ -134,7 +130,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         for (table, n), k in zip(tables, counts):
             if not k:
                 continue
-            need += _cdiv(n + k, bs) - len(table)
+            need += cdiv(n + k, bs) - len(table)
             if n % bs:
                 last = table[-1]
                 r = left.get(last)
@@ -161,8 +157,8 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
                 block = self.allocator.cached_block(block_hash)
                 if self.allocator.ref_count(block) == 0:
                     revived.add(block)  # a freed cached block leaves the free queue when it is hit
-            need += _cdiv(total, bs) - hits
-            watermark_need += _cdiv(total, bs)  # NOTE: before hits, as vLLM v0 counted (conservative)
+            need += cdiv(total, bs) - hits
+            watermark_need += cdiv(total, bs)  # NOTE: before hits, as vLLM v0 counted (conservative)
             found.append((hashes, hits))
         return found, need + len(revived), watermark_need
 
@@ -208,7 +204,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         found = plan[0]
         # NOTE: each sequence is registered before it takes a block and holds each block as it is taken: should a
         # call below raise, free(seq_id) gives back what it took (the scheduler aborts the request).
-        seqs = [_SeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids, hashes[:hits])
+        seqs = [SeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids, hashes[:hits])
                 for spec, k, (hashes, hits) in zip(new, num_new_tokens, found)]  # fmt: skip
         self._seqs.update(zip(seq_ids, seqs))
         for seq, (hashes, hits) in zip(seqs, found):  # hits first: reviving must precede any eviction
@@ -219,7 +215,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
             self._stats.queried_blocks += len(hashes)
             self._stats.hit_blocks += hits
         for seq, spec, (hashes, hits) in zip(seqs, new, found):
-            seq.block_table += self.allocator.allocate(_cdiv(seq.num_tokens, self.block_size) - hits)
+            seq.block_table += self.allocator.allocate(cdiv(seq.num_tokens, self.block_size) - hits)
             self._register(seq)
             if self.enable_prefix_caching and not spec.skip_reading_prefix_cache:  # vLLM counts lookups only
                 self._stats.queried_tokens += spec.prompt_len
@@ -242,7 +238,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
             return None
         return Allocation(self._grow(seq, k))
 
-    def _grow(self, seq: _SeqState, k: int) -> list[BlockCopy]:
+    def _grow(self, seq: SeqState, k: int) -> list[BlockCopy]:
         """Append k tokens to one sequence (room checked by the caller): copy-on-write, then new blocks."""
         copies: list[BlockCopy] = []
         if not k:
@@ -253,12 +249,12 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
             seq.block_table[-1] = dst
             copies.append((src, dst))
         seq.num_tokens += k
-        seq.block_table += self.allocator.allocate(_cdiv(seq.num_tokens, self.block_size) - len(seq.block_table))
+        seq.block_table += self.allocator.allocate(cdiv(seq.num_tokens, self.block_size) - len(seq.block_table))
         if seq.token_ids is not None:
             self._register(seq)
         return copies
 
-    def _register(self, seq: _SeqState) -> None:
+    def _register(self, seq: SeqState) -> None:
         """Register the sequence's newly full blocks of known token ids in the prefix cache."""
         if not self.enable_prefix_caching or seq.token_ids is None:
             return
@@ -279,7 +275,7 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         if final_len < parent.num_tokens:
             raise ValueError(f"final_len must be >= the parent's {parent.num_tokens} tokens, got {final_len}")
         self.allocator.share(parent.block_table)
-        self._seqs[child_id] = _SeqState(list(parent.block_table), parent.num_tokens, final_len, parent.token_ids,
+        self._seqs[child_id] = SeqState(list(parent.block_table), parent.num_tokens, final_len, parent.token_ids,
                                          list(parent.hashes))  # fmt: skip
         return []
 
@@ -296,25 +292,92 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
         allocator.free(reversed(seq.block_table))  # first: should it raise (it then changes nothing), the seq stays
         del self._seqs[seq_id]
 
-    def block_table(self, seq_id: int) -> list[int]:
-        """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
-        return list(self._seqs[seq_id].block_table)
+    # --- swapping (paper 4.5) -----------------------------------------------------------------------
+    # A preempted group's blocks move to CPU memory and come back when GPU memory allows, keeping the sharing
+    # inside the group. While a sequence is swapped out its block table holds CPU block ids.
+    def _distinct_blocks(self, seq_ids: Sequence[int], swapped: bool) -> list[int]:
+        """The distinct blocks the group's tables point at, in first-seen order; checks every id's location."""
+        seen: dict[int, None] = {}
+        for seq_id in seq_ids:
+            seq = self._seqs.get(seq_id)
+            if seq is None:
+                raise KeyError(f"sequence {seq_id} is not live")
+            if seq.swapped != swapped:
+                where = {True: "swapped out", False: "on the GPU"}
+                raise RuntimeError(f"sequence {seq_id} is {where[seq.swapped]}, expected it {where[swapped]}")
+            seen.update(dict.fromkeys(seq.block_table))
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+        return list(seen)
 
-    def num_tokens(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_tokens
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
+        blocks = self._distinct_blocks(seq_ids, swapped=False)
+        return self.cpu_allocator is not None and self.cpu_allocator.can_allocate(len(blocks))
 
-    def is_swapped(self, seq_id: int) -> bool:
-        return self._seqs[seq_id].swapped
+    def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
+        """Move the group's blocks to CPU memory: returns (gpu_block, cpu_block) copies, or None if CPU memory is short.
 
-    @property
-    def seq_ids(self) -> list[int]:
-        return list(self._seqs)
+        A block shared inside the group is copied once and stays shared on the CPU. A block also held by a
+        sequence outside the group (a cached prefix, a beam left running) is copied too, and stays on the GPU
+        for its other owners: the group only drops its references there.
+        """
+        return self._move(seq_ids, swapped=False)
 
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
+    def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
+        """Room for the group's blocks AND the growth that follows, leaving the watermark free (vLLM v0's
+        can_swap_in reserves one block per sequence; here the need is exact). Sharing inside the group
+        survives a swap, so the CPU tables and reference counts tell the growth."""
+        blocks = self._distinct_blocks(seq_ids, swapped=True)
+        seqs = [self._seqs[i] for i in seq_ids]
+        grow = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.cpu_allocator.ref_count)
+        return len(blocks) + grow + self.watermark_blocks <= self.allocator.num_free_blocks
+
+    def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
+        """Bring a swapped group back: returns (cpu_block, gpu_block) copies, or None if GPU memory is short.
+
+        NOTE: blocks come back as fresh GPU blocks, not re-registered in the prefix cache (a simplification).
+        """
+        return self._move(seq_ids, swapped=True)
+
+    def _move(self, seq_ids: Sequence[int], swapped: bool) -> list[BlockCopy] | None:
+        """Copy the group's distinct blocks from one pool to the other, keeping sharing inside the group.
+
+        NOTE: exception-safe (the scheduler aborts the group if a call raises): each sequence moves whole (its old
+        blocks freed, then its table switched), and the new blocks of the sequences not yet moved are given back."""
+        src_pool, dst_pool = (self.cpu_allocator, self.allocator) if swapped else (self.allocator, self.cpu_allocator)
+        blocks = self._distinct_blocks(seq_ids, swapped)
+        if dst_pool is None:
+            return None
+        fresh = dst_pool.allocate(len(blocks))
+        if fresh is None:
+            return None
+        mapping = dict(zip(blocks, fresh))
+        seqs = [self._seqs[i] for i in seq_ids]
+        tables = [[mapping[b] for b in seq.block_table] for seq in seqs]
+        # Each dst block came with one reference; a block shared by k group members needs k - 1 more.
+        extra_refs: list[int] = []
+        seen: set[int] = set()
+        for table in tables:
+            extra_refs += [b for b in table if b in seen]
+            seen.update(table)
+        try:
+            dst_pool.share(extra_refs)
+        except BaseException:
+            dst_pool.free(fresh)
+            raise
+        moved = 0
+        try:
+            for seq, table in zip(seqs, tables):
+                src_pool.free(reversed(seq.block_table))
+                seq.block_table, seq.swapped = table, not swapped
+                moved += 1
+        except BaseException:
+            dst_pool.free([b for table in tables[moved:] for b in table])
+            raise
+        return list(mapping.items())
 
     # --- runs of plain decode steps (closed forms in paged_runs.py) ---------------------------------
-    def _gpu_seqs(self, seq_ids: Sequence[int]) -> list[_SeqState]:
+    def _gpu_seqs(self, seq_ids: Sequence[int]) -> list[SeqState]:
         """The states of these live, on-GPU sequences (one pass; the fast-forward asks for many at once)."""
         try:
             seqs = [self._seqs[i] for i in seq_ids]
@@ -345,8 +408,144 @@ class PagedKVManager(PagedSwapSpace, PagedAccounting):
                 self._register(seq)
         return counts
 
+    # --- what the executor and the metrics read ------------------------------------------------------
+    def block_table(self, seq_id: int) -> list[int]:
+        """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
+        return list(self._seqs[seq_id].block_table)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seqs[seq_id].num_tokens
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return self._seqs[seq_id].swapped
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
+
+    # The memory breakdown (after the paper's Figure 2). Every block but a sequence's last is full, so only
+    # partly filled last blocks hold empty slots; each empty slot is reservation if some owner will still
+    # write it, else internal fragmentation.
+    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+        """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
+        block is listed once, under its first owner. The breakdown below, slot by slot."""
+        bs, segments, last = self.block_size, [], {}
+        seen: set[int] = set()
+        for seq_id, seq in self._seqs.items():
+            if seq.swapped:  # its blocks are in CPU memory
+                continue
+            for i, b in enumerate(seq.block_table):
+                filled = min(bs, seq.num_tokens - i * bs)
+                reach = max(filled, min(bs, seq.final_len - i * bs))
+                if b in seen:
+                    if b in last:
+                        last[b][2] = max(last[b][2], reach)
+                    continue
+                seen.add(b)
+                if filled == bs:
+                    segments.append((seq_id, b * bs, (b + 1) * bs, 0))
+                else:
+                    last[b] = [seq_id, filled, reach]
+        for b, (seq_id, filled, reach) in last.items():
+            for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
+                if hi > lo:
+                    segments.append((seq_id, b * bs + lo, b * bs + hi, kind))
+        return segments
+
+    def breakdown(self, waiting: bool = False) -> MemoryBreakdown:
+        """The pool in five kinds of slot, exact from each sequence's true final length; shared blocks count once.
+
+        Every block but a sequence's last is full, so only partly filled last blocks hold empty slots. Each
+        empty slot of such a block is `reservation` if some owner will still write it (its final length
+        reaches that far), else `internal_fragmentation`. Example, block_size 4, 6 tokens, final length 7:
+
+            last block   t4 t5 r  i        2 token_states, 1 reservation, 1 internal_fragmentation
+
+        Swapped-out sequences hold no GPU memory; freed cached blocks count as free. Cost: O(live sequences).
+        """
+        bs = self.block_size
+        partial: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach over its owners]
+        for seq in self._seqs.values():
+            filled = seq.num_tokens % bs  # NOTE: the loop is hot (the simulator asks every step): kept lean
+            if not filled or seq.swapped:
+                continue
+            reach = seq.final_len - seq.num_tokens + filled  # the final length, counted from the block's start
+            reach = filled if reach < filled else (bs if reach > bs else reach)
+            entry = partial.get(seq.block_table[-1])
+            if entry is None:
+                partial[seq.block_table[-1]] = [filled, reach]
+            elif reach > entry[1]:
+                entry[1] = reach
+        empty = sum(bs - filled for filled, _ in partial.values())
+        reservation = sum(reach - filled for filled, reach in partial.values())
+        result = MemoryBreakdown(
+            token_states=self.allocator.num_used_blocks * bs - empty,
+            reservation=reservation,
+            internal_fragmentation=empty - reservation,
+            external_fragmentation=0,  # blocks are all alike: any free block fits any request
+            free=self.allocator.num_free_blocks * bs,
+        )
+        return result.with_waiting() if waiting else result
+
+    # --- invariants ----------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens;
+        the breakdown equals a slow block-by-block recount."""
+        self.allocator.check_invariants()
+        if self.cpu_allocator is not None:
+            self.cpu_allocator.check_invariants()
+        bs = self.block_size
+        refs: dict[bool, dict[int, int]] = {False: {}, True: {}}
+        fill: dict[int, tuple[int, int]] = {}  # GPU block -> (filled slots, slots some owner will reach)
+        for seq_id, seq in self._seqs.items():
+            n = cdiv(seq.num_tokens, bs)
+            if len(seq.block_table) != n or len(set(seq.block_table)) != n:
+                raise RuntimeError(
+                    f"sequence {seq_id}: expected {n} distinct blocks for "
+                    f"{seq.num_tokens} tokens, found block table {seq.block_table}"
+                )
+            for i, b in enumerate(seq.block_table):
+                refs[seq.swapped][b] = refs[seq.swapped].get(b, 0) + 1
+                if seq.swapped:
+                    continue
+                note_fill(fill, b, seq, i, bs, "block")
+        for pool, held, name in ((self.allocator, refs[False], "GPU"), (self.cpu_allocator, refs[True], "CPU")):
+            size = 0 if pool is None else pool.num_blocks
+            for b in set(range(size)) | set(held):
+                found = pool.ref_count(b) if b < size else None
+                if found != held.get(b, 0):
+                    raise RuntimeError(f"{name} block {b}: expected ref count {held.get(b, 0)} (owners), found {found}")
+        expected = recounted_breakdown(fill, bs, self.allocator.num_free_blocks)
+        if self.breakdown() != expected:
+            raise RuntimeError(f"expected breakdown {expected} (block by block), found {self.breakdown()}")
+
     def __repr__(self) -> str:
         return (
             f"PagedKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
             f"seqs={len(self._seqs)}, free_blocks={self.num_free_blocks})"
         )
+
+
+def note_fill(fill: dict[int, tuple[int, int]], block: int, seq, i: int, bs: int, word: str) -> None:
+    """Record in `fill` (block -> (filled slots, slots some owner will reach)) what logical block `i` of `seq` (its
+    num_tokens, final_len) holds in physical `block`; every owner of a shared block must see the same fill."""
+    filled = min(bs, seq.num_tokens - i * bs)
+    reach = max(filled, min(bs, seq.final_len - i * bs))
+    if block in fill and fill[block][0] != filled:
+        raise RuntimeError(f"{word} {block}: owners disagree on its fill ({fill[block][0]} vs {filled} tokens)")
+    fill[block] = (filled, max(reach, fill.get(block, (0, 0))[1]))
+
+
+def recounted_breakdown(fill: dict[int, tuple[int, int]], bs: int, num_free_blocks: int) -> MemoryBreakdown:
+    """The breakdown a block-by-block recount gives (no external fragmentation: blocks fit anywhere)."""
+    return MemoryBreakdown(
+        token_states=sum(f for f, _ in fill.values()),
+        reservation=sum(r - f for f, r in fill.values()),
+        internal_fragmentation=sum(bs - r for _, r in fill.values()),
+        external_fragmentation=0,
+        free=num_free_blocks * bs,
+    )
+

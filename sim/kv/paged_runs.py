@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..blocks import BlockAllocator
+from .base import cdiv
 
 
 def run_capacity(tokens: Sequence[int], block_size: int, num_free_blocks: int) -> int:
@@ -69,7 +70,7 @@ def append_decode_steps(allocator: BlockAllocator, block_size: int, seqs: Sequen
         b opens at steps 1 and 5 -> +[5, 2];  a at step 3 -> +[9]
     """
     bs = block_size
-    new = [-(-(s.num_tokens + num_steps) // bs) - len(s.block_table) for s in seqs]
+    new = [cdiv(s.num_tokens + num_steps, bs) - len(s.block_table) for s in seqs]
     fresh = allocator.allocate(sum(new))
     if fresh is None:
         raise RuntimeError(f"expected {sum(new)} free blocks for {num_steps} decode steps, found fewer")

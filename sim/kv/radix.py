@@ -45,14 +45,13 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats
-from .paged import PagedKVManager, _cdiv, _SeqState
-from .paged_accounting import note_fill, recounted_breakdown
+from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv
+from .paged import PagedKVManager, SeqState, note_fill, recounted_breakdown
 from .radix_tree import RadixNode, RadixTree
 
 
 @dataclass(slots=True)
-class _RadixSeqState(_SeqState):
+class _RadixSeqState(SeqState):
     node: RadixNode | None = None  # the tree node its lock is on (the root: none), where its cached prefix ends
     num_tree_pages: int = 0  # its table's first pages that are the tree's (the path to `node`)
 
@@ -228,8 +227,8 @@ class RadixKVManager(PagedKVManager):
             for node, matched in path:
                 if not node.lock_ref:
                     revived[node] = max(revived.get(node, 0), matched)
-            need += _cdiv(total, bs) - hits
-            watermark_need += _cdiv(total, bs)  # NOTE: before hits, as the paged manager (vLLM v0) counts
+            need += cdiv(total, bs) - hits
+            watermark_need += cdiv(total, bs)  # NOTE: before hits, as the paged manager (vLLM v0) counts
             found.append((usable, hits))
         return found, need + sum(revived.values()), watermark_need
 
@@ -261,7 +260,7 @@ class RadixKVManager(PagedKVManager):
                 self._stats.queried_tokens += spec.prompt_len
                 self._stats.hit_tokens += spec.num_cached_tokens
         for seq_id, seq in zip(seq_ids, seqs):
-            need = _cdiv(seq.num_tokens, self.block_size) - len(seq.block_table)
+            need = cdiv(seq.num_tokens, self.block_size) - len(seq.block_table)
             fresh = self.allocator.allocate(need)
             if fresh is None:
                 raise RuntimeError(f"sequence {seq_id}: expected the planned {need} free pages, found "
@@ -389,7 +388,7 @@ class RadixKVManager(PagedKVManager):
         bs, holders, locks = self.block_size, {}, {}
         fill: dict[int, tuple[int, int]] = {}  # page -> (filled slots, slots some owner will reach)
         for seq_id, seq in self._seqs.items():
-            n = _cdiv(seq.num_tokens, bs)
+            n = cdiv(seq.num_tokens, bs)
             if len(seq.block_table) != n or len(set(seq.block_table)) != n:
                 raise RuntimeError(f"sequence {seq_id}: expected {n} distinct pages for {seq.num_tokens} tokens, "
                                    f"found block table {seq.block_table}")  # fmt: skip

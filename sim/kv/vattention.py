@@ -45,8 +45,9 @@ Page size. A page is given in bytes per layer per K/V buffer; tokens per page = 
 head_dim x dtype_bytes / num_gpus): tensor parallelism splits the heads, so each GPU maps pages of its share.
 A page must hold a whole number of tokens (`page_tokens`).
 
-The manager is one class in three files: mapping here, the breakdown and invariants in `vattention_accounting.py`,
-the closed forms behind runs of decode steps (the simulator's fast-forward) in `vattention_runs.py`.
+The manager is one class, in the contract's order: mapping, runs of decode steps, what the executor and the metrics
+read (the memory breakdown), then the invariants. Only the closed forms behind runs of decode steps (the simulator's
+fast-forward) live apart, in `vattention_runs.py`, with their own tests.
 """
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import Allocation, BlockCopy, NewSequence, NoPrefixCache, NoSwapSpace, check_request_args
-from .vattention_accounting import VAttentionAccounting
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, as_seen, cdiv,
+                   check_request_args)  # fmt: skip
 
 KiB = 1024
 # NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size
@@ -99,8 +100,9 @@ def page_tokens(model: ModelSpec, num_gpus: int = 1, page_kib: float | None = No
                      f"{allowed})")  # fmt: skip
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _split(final_len: int, start: int, size: int) -> int:
+    """Slots of a page of `size` slots starting at position `start` that lie below `final_len`."""
+    return min(size, max(0, final_len - start))
 
 
 @dataclass(slots=True)
@@ -120,7 +122,7 @@ class _Seq:
     siblings: list[_Sibling] = field(default_factory=list)
 
 
-class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
+class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
     """vAttention's KV memory for sequences named by integer ids (see the module docstring).
 
     `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
@@ -157,7 +159,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
         """Each sequence maps its own pages (nothing is shared), up to ceil(final_len / P) of them."""
         if final_len > self.max_seq_len:
             return f"final length {final_len} is past the virtual range of a sequence (allowed: <= {self.max_seq_len})"
-        need, usable = num_seqs * _cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
+        need, usable = num_seqs * cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
         if need > usable:
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages of {self.block_size} tokens "
                     f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
@@ -181,7 +183,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
                 if seq.num_tokens + k > self.max_seq_len:
                     raise ValueError(f"sequence {seq_id}: {seq.num_tokens + k} tokens overrun its virtual range of "
                                      f"{self.max_seq_len}")  # fmt: skip
-                need += (_cdiv(seq.num_tokens + k, bs) - len(seq.pages)) * (1 + len(seq.siblings))
+                need += (cdiv(seq.num_tokens + k, bs) - len(seq.pages)) * (1 + len(seq.siblings))
             return need if need <= free else None
         need = 0
         for seq_id, k, spec in zip(seq_ids, num_new_tokens, new):
@@ -194,7 +196,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
             if max((spec.final_len, *spec.fork_final_lens)) > self.max_seq_len:
                 raise ValueError(f"final lengths {spec.final_len}, {spec.fork_final_lens} overrun the virtual range "
                                  f"of {self.max_seq_len} tokens")  # fmt: skip
-            need += _cdiv(k, bs) * (1 + len(spec.fork_final_lens))
+            need += cdiv(k, bs) * (1 + len(spec.fork_final_lens))
         return need if need <= free and free - need >= self.watermark_blocks else None
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
@@ -225,7 +227,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
     def _map(self, seq: _Seq, k: int) -> None:
         """Append k tokens to one sequence (room checked by the caller): its new pages, then its siblings'."""
         seq.num_tokens += k
-        grow = _cdiv(seq.num_tokens, self.block_size) - len(seq.pages)
+        grow = cdiv(seq.num_tokens, self.block_size) - len(seq.pages)
         if grow:
             seq.pages += self.allocator.allocate(grow)
             for sibling in seq.siblings:
@@ -308,6 +310,78 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, VAttentionAccounting):
     @property
     def seq_ids(self) -> list[int]:
         return list(self._seqs)
+
+    # The memory breakdown (after the paper's Figure 2). Nothing is shared, so every mapped page has one owner and its
+    # slots split by that owner's final length alone.
+    def breakdown(self, waiting: bool = False) -> MemoryBreakdown:
+        """The pool in five kinds of slot, exact from true final lengths. A sequence's m mapped pages hold its n
+        tokens, then reservation up to its final length, then internal fragmentation to the end of page m;
+        the pages mapped for a sibling not forked yet are its reservation up to the sibling's final length."""
+        bs = self.block_size
+        tokens = reservation = internal = 0
+        for seq in self._seqs.values():
+            mapped = len(seq.pages) * bs
+            reach = max(seq.num_tokens, min(seq.final_len, mapped))  # NOTE: a caller may write past final_len
+            tokens += seq.num_tokens
+            reservation += reach - seq.num_tokens
+            internal += mapped - reach
+            for sibling in seq.siblings:
+                reserved = min(sibling.final_len, mapped)
+                reservation += reserved
+                internal += mapped - reserved
+        free = self.allocator.num_free_blocks * bs
+        return MemoryBreakdown(*as_seen((tokens, reservation, internal, 0, free), waiting))
+
+    def _pages_by_owner(self):
+        """(seq id, page index, physical page, tokens filled, slots below the final length) of every mapped page;
+        a sibling's pages belong to its leader."""
+        bs = self.block_size
+        for seq_id, seq in self._seqs.items():
+            for i, page in enumerate(seq.pages):
+                filled = _split(seq.num_tokens, i * bs, bs)
+                yield seq_id, i, page, filled, max(filled, _split(seq.final_len, i * bs, bs))
+            for sibling in seq.siblings:
+                for i, page in enumerate(sibling.pages):
+                    yield seq_id, i, page, 0, _split(sibling.final_len, i * bs, bs)
+
+    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+        """(seq id, first slot, end slot, kind) of every mapped slot, kinds as indices of SHARE_NAMES, page by page."""
+        bs, segments = self.block_size, []
+        for seq_id, _, page, filled, reach in self._pages_by_owner():
+            for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
+                if hi > lo:
+                    segments.append((seq_id, page * bs + lo, page * bs + hi, kind))
+        return segments
+
+    # --- invariants ----------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Every mapped page has exactly one owner and the allocator agrees; each sequence maps exactly the pages its
+        tokens need (its siblings as many); request slots are distinct; the breakdown equals a page-by-page recount."""
+        self.allocator.check_invariants()
+        owners: dict[int, int] = {}
+        for seq_id, _, page, _, _ in self._pages_by_owner():
+            if page in owners or self.allocator.ref_count(page) != 1:
+                raise RuntimeError(f"page {page}: expected one owner and ref count 1, found owners "
+                                   f"{owners.get(page)} and {seq_id}, ref count {self.allocator.ref_count(page)}")
+            owners[page] = seq_id
+        if len(owners) != self.allocator.num_used_blocks:
+            raise RuntimeError(f"expected {self.allocator.num_used_blocks} mapped pages (the allocator's), "
+                               f"found {len(owners)}")  # fmt: skip
+        for seq_id, seq in self._seqs.items():
+            need = cdiv(seq.num_tokens, self.block_size)
+            if len(seq.pages) != need or any(len(s.pages) != need for s in seq.siblings):
+                raise RuntimeError(f"sequence {seq_id}: expected {need} pages for {seq.num_tokens} tokens (and as many "
+                                   f"per sibling), found {len(seq.pages)} and {[len(s.pages) for s in seq.siblings]}")
+        slots = [seq.request_slot for seq in self._seqs.values()] + self._released_slots
+        if sorted(slots) != list(range(self._next_slot)):
+            raise RuntimeError(f"expected request slots 0..{self._next_slot - 1}, each live or released once, "
+                               f"found {slots}")  # fmt: skip
+        recount = [0] * 5
+        for _, lo, hi, kind in self.slot_segments():
+            recount[kind] += hi - lo
+        recount[4] = self.allocator.num_free_blocks * self.block_size
+        if list(self.breakdown().counts()) != recount:
+            raise RuntimeError(f"expected breakdown {recount} (page by page), found {self.breakdown()}")
 
     def __repr__(self) -> str:
         return (f"VAttentionKVManager(num_blocks={self.num_blocks}, page_tokens={self.block_size}, "

@@ -67,7 +67,7 @@ def test_cpu_smoke_run_writes_equality_and_throughput(tmp_path):
 def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
     try:
         status = bench_gpu.main(argv)
-    except SystemExit as exc:  # argparse's own refusals (a value that is no int) exit through _Parser.error
+    except SystemExit as exc:  # argparse's own refusals (a value that is no int) exit through Parser.error
         status = exc.code
     assert status == 2
     err = capsys.readouterr().err

@@ -132,7 +132,7 @@ def test_different_tokens_fail_the_run():
 def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
     try:
         status = main(["bench-hybrid", *argv])
-    except SystemExit as exc:  # argparse's own refusals exit through _Parser.error
+    except SystemExit as exc:  # argparse's own refusals exit through Parser.error
         status = exc.code
     assert status == 2
     err = capsys.readouterr().err

@@ -100,7 +100,7 @@ def test_quick_calibration_writes_a_model_that_explains_its_steps(quick_model):
 
 def test_quick_calibration_reports_how_stable_its_fit_is(quick_model):
     from reference.calibrate import QUICK_PASSES
-    from reference.validate_sim import SUITE
+    from reference.validation_suite import SUITE
 
     _, record, _ = quick_model
     stability = record["stability"]  # one fit per pass, each to that pass's timings alone
@@ -206,7 +206,7 @@ def test_readme_quotes_the_committed_calibration_and_validation():
 
 
 def test_committed_traces_are_the_suites():
-    from reference.validate_sim import SUITE, case_requests
+    from reference.validation_suite import SUITE, case_requests
     from sim.trace import read_trace
 
     assert [r["trace"] for r in _committed_rows()] == [case.name for case in SUITE]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reference import LLM, SamplingParams
-from reference.engine_outcomes import find_stop_string
+from reference.engine import find_stop_string
 from reference.sampling import RowContext, _filter_logits, _process_row
 
 QUESTION = "Name three colours, separated by commas."

@@ -12,7 +12,7 @@ from sim.scheduler import Scheduler
 
 # --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------
 def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | None = None) -> StepOutcome:
-    sampling = [e for e in plan.prefills + plan.decodes if e.sample]
+    sampling = [e for e in plan.entries if e.sample]
     finished = {e.seq_id for e in sampling
                 if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}  # fmt: skip
     beams = {}
@@ -33,7 +33,7 @@ def check_plan(sched: Scheduler, plan: StepPlan) -> None:
     v0 / static: a step runs prefills or decodes, never both; decode steps have no budget. Without chunking
     every fed entry samples (whole prompts only)."""
     bs, cfg = sched.kv.block_size, sched.config
-    entries = plan.prefills + plan.decodes
+    entries = plan.entries
     assert len({e.seq_id for e in entries}) == len(entries)
     for i, e in enumerate(plan.prefills):
         if e.num_new_tokens == 0:  # a sibling samples from the logits of its leader's entry, just before it

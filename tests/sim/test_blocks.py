@@ -102,9 +102,11 @@ def test_prefix_cache_keeps_freed_blocks_until_the_pool_needs_them():
 def test_a_hash_cached_twice_names_both_blocks_and_finds_the_first():
     a = BlockAllocator(2, 4, enable_prefix_caching=True)
     b0, b1 = a.allocate(2)
-    assert a.cache_block(b0, 42)
-    assert a.cache_block(b1, 42)  # the same prefix computed again: both stay cached (vLLM v1 does the same)
-    assert a.cache_block(b0, 42)  # re-registering the same pair is harmless
+    a.cache_block(b0, 42)
+    a.cache_block(b1, 42)  # the same prefix computed again: both stay cached (vLLM v1 does the same)
+    assert a.is_cached(b0) and a.is_cached(b1) and a.cached_block(42) == b0
+    a.cache_block(b0, 42)  # re-registering the same pair is harmless: nothing changes
+    assert a.is_cached(b0) and a.cached_block(42) == b0
     with pytest.raises(RuntimeError, match="already cached"):
         a.cache_block(b0, 43)
     assert a.lookup(42) == b0 and a.is_cached(b1)  # a lookup finds the one cached first
@@ -190,7 +192,9 @@ def test_bench_alloc_rejects_bad_flags_in_one_line(capsys):
 def test_uncache_forgets_a_blocks_prefix_entry_and_keeps_its_references():
     alloc = BlockAllocator(num_blocks=4, block_size=2, enable_prefix_caching=True)
     a, b = alloc.allocate(2)
-    assert alloc.cache_block(a, 111) and alloc.cache_block(b, 222)
+    alloc.cache_block(a, 111)
+    alloc.cache_block(b, 222)
+    assert alloc.cached_block(111) == a and alloc.cached_block(222) == b
     alloc.uncache([a, 3])  # block 3 was never cached: skipped
     assert alloc.cached_block(111) is None and alloc.cached_block(222) == b
     assert alloc.lookup(111) is None and alloc.ref_count(a) == 1

@@ -191,7 +191,7 @@ class _GroupContents(props.Contents):
 
     def execute(self, plan) -> None:
         super().execute(plan)  # copies (of any group's pages), then the full group's writes and reads
-        fed, kv, bs = [e for e in plan.prefills + plan.decodes if e.num_new_tokens], self.kv, self.bs
+        fed, kv, bs = [e for e in plan.entries if e.num_new_tokens], self.kv, self.bs
         for g, window in enumerate(kv.windows):
             if window is None:
                 continue

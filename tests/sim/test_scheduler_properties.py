@@ -79,7 +79,7 @@ def workloads(draw):
 
 def check_step(sched: Scheduler, plan, add_order: list[int]) -> None:
     cfg, kv = sched.config, sched.kv
-    fed = [e for e in plan.prefills + plan.decodes if e.num_new_tokens]
+    fed = [e for e in plan.entries if e.num_new_tokens]
     groups = {e.request_id for e in fed}
     budget_applies = cfg.mode == "v1" or plan.prefills
     alone_over_budget = not cfg.chunked and len(groups) == 1
@@ -88,7 +88,7 @@ def check_step(sched: Scheduler, plan, add_order: list[int]) -> None:
     assert plan.num_seqs <= cfg.max_num_seqs
     if cfg.mode != "v1":
         assert not (plan.prefills and plan.decodes), "v0/static steps are prefill-only or decode-only"
-    for e in plan.prefills + plan.decodes:
+    for e in plan.entries:
         if e.num_new_tokens == 0:  # a sibling sampling from its leader's logits: no table until forked
             assert e.block_table == [] and e.sample
             continue
@@ -121,7 +121,7 @@ class Contents:
         sources = {src: list(self.gpu.get(src, empty)) for src, _ in plan.blocks_to_copy}  # read all, then write
         for src, dst in plan.blocks_to_copy:
             self.gpu[dst] = list(sources[src])
-        fed = [e for e in plan.prefills + plan.decodes if e.num_new_tokens]
+        fed = [e for e in plan.entries if e.num_new_tokens]
         for e in fed:
             tokens = self.history[e.seq_id]
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_new_tokens):
@@ -132,7 +132,7 @@ class Contents:
             assert read == self.history[e.seq_id][:end], f"seq {e.seq_id} reads K/V that is not its own"
 
     def sampled(self, sched: Scheduler, plan) -> None:
-        for e in plan.prefills + plan.decodes:
+        for e in plan.entries:
             if e.sample:
                 self.history[e.seq_id].append(("g", e.seq_id, sched.num_generated(e.seq_id)))
 
@@ -189,11 +189,11 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
         plan = sched.schedule()
         check_step(sched, plan, added)
         memory.execute(plan)
-        finished = {e.seq_id for e in plan.prefills + plan.decodes
+        finished = {e.seq_id for e in plan.entries
                     if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
         beams = {}
         for rid in plan.request_ids():
-            sampled = [e.seq_id for e in plan.prefills + plan.decodes if e.request_id == rid and e.sample]
+            sampled = [e.seq_id for e in plan.entries if e.request_id == rid and e.sample]
             if sched.request(rid).beam_width > 1 and sampled and not set(sampled) & finished:
                 beams[rid] = [int(i) for i in rng.choice(sampled, size=len(sampled))]
         memory.sampled(sched, plan)

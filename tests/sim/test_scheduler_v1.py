@@ -15,7 +15,7 @@ from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, step
 
 def entries(plan) -> list[tuple[int, int, int, bool]]:
     """(request, num_computed_tokens, num_new_tokens, sample) of every entry, prefills then decodes."""
-    return [(e.request_id, e.num_computed_tokens, e.num_new_tokens, e.sample) for e in plan.prefills + plan.decodes]
+    return [(e.request_id, e.num_computed_tokens, e.num_new_tokens, e.sample) for e in plan.entries]
 
 
 @pytest.mark.parametrize("budget, chunks", [(16, (15, 15, 10)), (17, (16, 16, 8))])

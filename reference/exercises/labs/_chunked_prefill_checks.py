@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from reference.attention.torch_ref import paged_prefill_attention_ref, store_kv_ref
 
 from sim.testing.blocks import machine_settings
-from sim.exercises.referee import _tag
+from sim.exercises.referee import tag_exercise_call
 
 TOLERANCE = 1e-5
 # shape -> (prompt lengths, block sizes, heads, head_dim)
@@ -118,7 +118,7 @@ def _named(call: str, method: Callable[..., Any], *args: Any) -> Any:
     try:
         return method(*args)
     except Exception as exc:  # noqa: BLE001  (tagged, then passed on unchanged)
-        _tag(exc, call)
+        tag_exercise_call(exc, call)
         raise
 
 

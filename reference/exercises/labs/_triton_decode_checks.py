@@ -9,7 +9,8 @@ the given launch wrapper `forward`).
 Shapes: "model" (block sizes 1 to 4, a power of two or not, up to 2 sequences and 4 query heads), "rule" (scores
 in the thousands: exp() overflows unless the running max is subtracted), "long" (17 to 40 tokens: many blocks,
 so the running max is raised and the sums rescaled many times). Every batch is tiny: Triton's CPU interpreter
-is slow (triton_decode.CAPS).
+is slow. The lab (triton_decode.py) passes in how many batches a check may run (its CAPS) and where the tensors go
+(its `device`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from sim.testing.blocks import machine_settings
 from sim.exercises.referee import NO_RULES, Referee
 from ._paged_batches import PagedBatch, Shape, compare_output, oracle_caches, oracle_output, padded_tables
 from ._paged_batches import paged_batches, tell
-from .triton_decode import CAPS, device
 
 SHAPES = {
     "model": Shape((1, 2, 3, 4), (1, 2), (1, 2), (2, 4), (1, 2), (1, 6)),
@@ -58,13 +58,13 @@ def _vec(v: np.ndarray) -> str:
     return "[" + ", ".join(f"{x:.4g}" for x in v) + "]"
 
 
-def run_batch(student: Any, b: PagedBatch, shape: str) -> None:
+def run_batch(student: Any, b: PagedBatch, shape: str, on: str) -> None:
+    """The batch `b` through the student's host step and kernel, its tensors on device `on` ("cuda" or "cpu")."""
     import torch
 
     key_cache, value_cache = oracle_caches(b)
     expected = oracle_output(b, key_cache, value_cache)
     fold_on_host(student, b, expected, shape)
-    on = device()
     tables = padded_tables(b)
     call = (f"forward(query {list(b.query.shape)}, caches {list(key_cache.shape)}, block_tables "
             f"{tables.tolist()}, seq_lens {b.seq_lens}, scale {b.scale:.4g})")  # fmt: skip
@@ -73,13 +73,16 @@ def run_batch(student: Any, b: PagedBatch, shape: str) -> None:
     compare_output(call, b, out.cpu() if hasattr(out, "cpu") else out, expected, *TOL[shape])
 
 
-def batch_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
+def batch_check(shape: str, cap: int, device: Callable[[], str]) -> Callable[[Callable[..., Any], int, int], type]:
+    """A builder of the check `shape`: at most `cap` batches, whatever max_examples asks, on the device that
+    `device()` names."""
+
     def build(make: Callable[..., Any], max_examples: int, steps: int) -> type:
-        @settings(machine_settings(min(max_examples, CAPS[shape]), steps), report_multiple_bugs=False)
+        @settings(machine_settings(min(max_examples, cap), steps), report_multiple_bugs=False)
         @given(b=paged_batches(SHAPES[shape]))
         def run_test(self: unittest.TestCase, b: PagedBatch) -> None:
             tell(b)
-            run_batch(Referee(make(), NO_RULES), b, shape)
+            run_batch(Referee(make(), NO_RULES), b, shape, device())
 
         return type(f"TritonDecode_{shape}", (unittest.TestCase,), {"runTest": run_test})
 

@@ -188,7 +188,7 @@ def _lazy(shape: str):
     def build(make, max_examples: int, steps: int) -> type:
         from . import _triton_decode_checks
 
-        return _triton_decode_checks.batch_check(shape)(make, max_examples, steps)
+        return _triton_decode_checks.batch_check(shape, CAPS[shape], device)(make, max_examples, steps)
 
     return build
 

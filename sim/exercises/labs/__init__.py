@@ -5,7 +5,10 @@ methods raise NotImplementedError in the notebook's skeleton), the narrated exam
 (each a `MachineCheck` whose builder returns a unittest.TestCase class, a hypothesis test or state machine).
 Its notebook is notebooks/exercises/{EXERCISE.notebook}.ipynb, its solution notebooks/solutions/{EXERCISE.solution}.py
 and its planted bugs tests/notebooks/planted/{name}.py. The module name is the exercise's name
-(`check("victim_policy", MyVictimPolicy)`); every module here is a lab, in the order of their notebooks' numbers.
+(`check("victim_policy", MyVictimPolicy)`); every module here is a lab, in the order of their notebooks' numbers,
+except those whose names start with "_": a lab's property checks (`_{name}_checks.py` or `_{name}_machines.py`,
+imported only when a check runs, as they need hypothesis) and the oracle its examples and checks share, if it has
+one (`_{name}_oracle.py`). A lab imports them; they never import the lab.
 The labs whose checks run tensors (attention through a block table, chunked prefill, the Triton kernel) live in
 reference/exercises/labs/, which `reference.exercises` adds to these with the same `load_labs`: sim never imports
 torch or reference.

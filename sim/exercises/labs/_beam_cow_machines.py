@@ -1,10 +1,11 @@
 """The property checks of the beam copy-on-write lab: random programs of forks, appends and frees on small pools.
 
-Every step goes through `Beams` (beam_cow.py), which keeps each beam's true token list beside the student's class
-and checks after every call: each beam read back through its block table equals its true tokens, reference counts
-equal the tables holding each block, a full block is never copied, an append takes exactly the block it needs (or
-answers None and changes nothing), and no block leaks once every beam is freed (each program ends by freeing them
-all). Programs are lists of plain integer tuples, so hypothesis shrinks a failure into a short story (`note()`).
+Every step goes through `Beams` (_beam_cow_oracle.py), which keeps each beam's true token list beside the student's
+class and checks after every call: each beam read back through its block table equals its true tokens, reference
+counts equal the tables holding each block, a full block is never copied, an append takes exactly the block it
+needs (or answers None and changes nothing), and no block leaks once every beam is freed (each program ends by
+freeing them all). Programs are lists of plain integer tuples, so hypothesis shrinks a failure into a short story
+(`note()`).
 
 Imported only when a check runs (it needs hypothesis, a dev dependency); its name starts with "_", so the lab
 loader does not take it for a lab.
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
-from .beam_cow import Beams
+from ._beam_cow_oracle import Beams
 
 _OP = st.tuples(st.sampled_from(("new", "append", "append", "append", "fork", "fork", "free")), st.integers(0, 63),
                 st.integers(0, 63))  # fmt: skip

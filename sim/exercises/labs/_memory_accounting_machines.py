@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee, format_call
-from .memory_accounting import ContiguousPool, PagedPool, compare, expected
+from ._memory_accounting_oracle import ContiguousPool, PagedPool, compare, expected
 
 
 

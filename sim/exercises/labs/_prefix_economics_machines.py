@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
-from .prefix_economics import ProjectPrefixCache, Request, conversation_trace
+from ._prefix_economics_oracle import ProjectPrefixCache, Request, conversation_trace
 
 # One request: (which earlier request to start from, where to cut it, how many new tokens, their ids as the digits
 # of a number in base 3, how many tokens are the prompt). NOTE: plain integers, not a list of new tokens: five draws

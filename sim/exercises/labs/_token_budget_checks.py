@@ -3,8 +3,8 @@ checked against it at every step.
 
 Each check draws a small serving run (a pool of blocks, a budget, max_num_seqs, requests arriving over the first
 steps) and drives `sim.scheduler.Scheduler` (mode "v1", chunked prefill, recompute) through it. Before each step
-the student's `schedule` gets the scheduler's state as plain data (`token_budget.snapshot`); its plan must obey
-the rules below, in the order a student should fix them, and then equal the scheduler's own plan:
+the student's `schedule` gets the scheduler's state as plain data (`snapshot`, _token_budget_oracle.py); its plan
+must obey the rules below, in the order a student should fix them, and then equal the scheduler's own plan:
 
     a dict {request_id: tokens > 0}  ->  within the budget  ->  no more than a request misses
     ->  the blocks it opens are free  ->  max_num_seqs  ->  served in order (running first, then FCFS), only
@@ -28,7 +28,7 @@ from ...request import Request
 from ...scheduler import Scheduler, SchedulerConfig
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
-from .token_budget import RequestState, oracle_plan, snapshot
+from ._token_budget_oracle import RequestState, oracle_plan, snapshot
 
 # shape -> (block sizes, budget, max_num_seqs, num_blocks, num_requests, prompt_len, output_len) ranges
 SHAPES = {

@@ -26,7 +26,7 @@ from ...preemption import fewest_computed, latest_arrival
 from ...request import Request
 from ...scheduler import Scheduler, SchedulerConfig
 from ...testing.blocks import machine_settings
-from ..referee import _tag
+from ..referee import tag_exercise_call
 
 # shape -> (num_blocks, num_requests, prompt_len, output_len, max_preemptions, swap allowed): many requests that
 # arrive together and grow long outputs in a few blocks, so that decodes run out of memory often
@@ -70,7 +70,7 @@ class Watch:
         try:
             found = self.student.victim(list(candidates))
         except Exception as exc:  # noqa: BLE001  (named, then passed on)
-            _tag(exc, call)
+            tag_exercise_call(exc, call)
             raise
         named = next((g for g in candidates if g is found), None)
         if named is None:

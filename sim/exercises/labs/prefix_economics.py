@@ -8,60 +8,18 @@ LRU eviction of freed cached blocks, a request's tail freed first.
 
 The oracle is that pool itself (`ProjectPrefixCache`): each request is admitted, grown by its generated tokens and
 freed through `PagedKVManager`, exactly as the scheduler does for a lone sequence; its `get_computed_tokens`,
-`prefix_cache_stats` and the allocator's cached blocks are the expected answers.
+`prefix_cache_stats` and the allocator's cached blocks are the expected answers (_prefix_economics_oracle.py, shared
+with the random traces of _prefix_economics_machines.py; notebook 11 imports it, `conversation_trace` and `replay`
+from this module).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...conversation import generate_conversations
-from ...kv.base import NewSequence
-from ...kv.paged import PagedKVManager
 from ..referee import NO_RULES
 from ..registry import Exercise, MachineCheck
 from ..report import Story
-
-Request = tuple[list[int], int]  # (token_ids: the prompt, then the generated tokens that get K/V; num_prompt_tokens)
-
-
-class ProjectPrefixCache:
-    """The project's paged pool with prefix caching, serving one request at a time (the lab's oracle)."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.kv = PagedKVManager(num_blocks, block_size, enable_prefix_caching=True)
-        self.next_id = 0
-
-    def lookup(self, token_ids: list[int], num_prompt_tokens: int) -> int:
-        return self.kv.get_computed_tokens(token_ids, num_prompt_tokens)
-
-    def serve(self, token_ids: list[int], num_prompt_tokens: int) -> int:
-        """Admit the prompt (its hits first), compute the generated tokens, free the sequence; the hits, in tokens."""
-        seq_id, self.next_id = self.next_id, self.next_id + 1
-        hits = self.lookup(token_ids, num_prompt_tokens)
-        spec = NewSequence(num_prompt_tokens, len(token_ids), token_ids, hits)
-        if self.kv.allocate_slots([seq_id], [num_prompt_tokens - hits], [spec]) is None:
-            raise ValueError(f"a request of {len(token_ids)} tokens does not fit {self.kv.num_blocks} blocks")
-        if len(token_ids) > num_prompt_tokens:  # the generated tokens' K/V, whose full blocks are cached too
-            if self.kv.allocate_slots([seq_id], [len(token_ids) - num_prompt_tokens]) is None:
-                raise ValueError(f"a request of {len(token_ids)} tokens does not fit {self.kv.num_blocks} blocks")
-        self.kv.free(seq_id)
-        return hits
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return sum(self.kv.allocator.is_cached(b) for b in range(self.kv.num_blocks))
-
-    @property
-    def hit_rate(self) -> float:
-        stats = self.kv.prefix_cache_stats()
-        return stats.hit_tokens / stats.queried_tokens if stats.queried_tokens else 0.0
-
-
-def conversation_trace(num_requests: int, seed: int = 0, max_seq_len: int = 1024) -> list[Request]:
-    """Multi-turn chat requests in arrival order (sim.conversation): each turn's prompt repeats its session's history.
-    A request's tokens with K/V are its prompt and all its reply but the last token (never fed back)."""
-    requests = generate_conversations(num_requests, rate=1.0, max_seq_len=max_seq_len, seed=seed)
-    return [(r.prompt_token_ids + r.output_token_ids[: r.output_len - 1], r.prompt_len) for r in requests]
+from ._prefix_economics_oracle import ProjectPrefixCache, Request, conversation_trace  # noqa: F401  (notebook 11)
 
 
 def replay(cache: Any, trace: list[Request]) -> float:
