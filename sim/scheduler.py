@@ -68,7 +68,8 @@ class Scheduler:
         # began to change before the plan or the queues recorded it; the allocation in flight (its sequences, and
         # the specs of an admission), whose blocks the prefix cache may hold before their K/V is written.
         self._open: set[int] = set()
-        self._open_allocation: tuple[tuple[Sequence, ...], list[NewSequence] | None] | None = None
+        # (group, its sequences, the admission's specs or None): the allocation in flight, its group open too
+        self._open_allocation: tuple[SequenceGroup, tuple[Sequence, ...], list[NewSequence] | None] | None = None
         self._reported: StepPlan | None = None  # the plan finish_step() was given: its K/V was written
         # NOTE: the last plain_decode_seqs() answer, kept until the next call that changes the scheduler (each
         # of them clears it), so that advance_decodes right after it does not ask again: a speed-up only.
@@ -251,14 +252,12 @@ class Scheduler:
             if not any(counts):  # the budget is spent: it waits for the next step, keeping its memory
                 kept.append(group)
                 continue
-            ids, rid = [s.seq_id for s in seqs], group.request_id
+            ids = [s.seq_id for s in seqs]
             while True:  # NOTE: the transaction's brackets (see abandon_step), inline: this loop runs every step
-                self._open.add(rid)
-                self._open_allocation = (seqs, None)
+                self._open_allocation = (group, seqs, None)
                 if (allocation := allocate(ids, counts)) is not None:
                     break
-                self._open.discard(rid)  # None: nothing changed
-                self._open_allocation = None
+                self._open_allocation = None  # None: nothing changed
                 victim = self._choose_victim(group, remaining)
                 self._preempt(victim, plan)
                 if victim is group:
@@ -269,7 +268,6 @@ class Scheduler:
                 kept.append(group)
                 if budget is not None:
                     budget -= sum(counts)
-                self._open.discard(rid)
                 self._open_allocation = None
         self._running = kept
         return budget
@@ -313,7 +311,7 @@ class Scheduler:
                 break
             self._open.add(group.request_id)
             plan.blocks_to_swap_in += self.kv.swap_in(ids)
-            self._open_allocation = (seqs, None)
+            self._open_allocation = (group, seqs, None)
             allocation = self.kv.allocate_slots(ids, counts)
             if allocation is None:
                 raise RuntimeError(f"request {group.request_id}: expected room after swap-in (checked), found none")
@@ -363,11 +361,9 @@ class Scheduler:
                 break
             new, counts = asked
             seqs = group.kv_seqs
-            self._open.add(group.request_id)
-            self._open_allocation = (seqs, new)
+            self._open_allocation = (group, seqs, new)
             allocation = self.kv.allocate_slots([s.seq_id for s in seqs], counts, new)
             if allocation is None:  # nothing changed
-                self._open.discard(group.request_id)
                 self._open_allocation = None
                 break
             self._waiting.popleft()
@@ -376,7 +372,6 @@ class Scheduler:
             for seq, spec in zip(seqs, new):
                 seq.num_computed_tokens = spec.num_cached_tokens
             self._add_entries(plan, group, seqs, counts, allocation.copies)
-            self._open.discard(group.request_id)
             self._open_allocation = None
             num_seqs += group.num_seqs
             budget -= sum(counts)
@@ -465,6 +460,8 @@ class Scheduler:
         self._plain_decodes_cache = None
         opened, self._open = self._open, set()
         allocation, self._open_allocation = self._open_allocation, None
+        if allocation is not None:
+            opened.add(allocation[0].request_id)
         reported = plan is not None and plan is self._reported
         self._reported = None
         # a step stopped midway may leave a group in a queue it was leaving: each queue keeps its own status only
@@ -495,7 +492,7 @@ class Scheduler:
         starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.entries if plan else ())
                   if e.num_new_tokens]  # fmt: skip
         if allocation is not None:
-            seqs, new = allocation
+            _, seqs, new = allocation
             starts += [(s.seq_id, s.num_computed_tokens if new is None else spec.num_cached_tokens)
                        for s, spec in zip(seqs, new or seqs)]  # fmt: skip
         for seq_id, start in starts:
