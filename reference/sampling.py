@@ -205,7 +205,7 @@ class Sampled(NamedTuple):
     top: list[dict[int, tuple[float, int]] | None]  # rows that asked for logprobs: {token: (logprob, rank)}
 
 
-def _process_row(row: torch.Tensor, params: SamplingParams, ctx: RowContext) -> None:
+def process_row(row: torch.Tensor, params: SamplingParams, ctx: RowContext) -> None:
     """In place, before the choice (vLLM v1's order): min_tokens masks the stop ids, then the penalties."""
     if len(ctx.output_ids) < params.min_tokens and ctx.stop_ids:
         row[list(ctx.stop_ids)] = float("-inf")
@@ -218,7 +218,7 @@ def _process_row(row: torch.Tensor, params: SamplingParams, ctx: RowContext) -> 
         row[ids] -= params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
 
 
-def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then min-p, then top-k, then top-p on one row [vocab]; filtered-out tokens get -inf."""
     logits = logits / params.temperature
     if params.min_p > 0.0:
@@ -275,7 +275,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         if touched:
             work = logits.clone()
             for i in touched:
-                _process_row(work[i], params[i], contexts[i])
+                process_row(work[i], params[i], contexts[i])
     # the greedy answer for every row (sampled rows overwrite). NOTE: max's indices, the first maximum as argmax's, in
     # 1.7 ms instead of argmax's 5.7 for 64 rows of SmolLM2's vocabulary on one CPU core
     chosen = work.max(dim=-1).indices
@@ -283,7 +283,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     if sampled:
         rows = work[sampled].cpu()
         for j, i in enumerate(sampled):
-            probs = torch.softmax(_filter_logits(rows[j], params[i]), dim=-1)
+            probs = torch.softmax(filter_logits(rows[j], params[i]), dim=-1)
             chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
     tokens = chosen.tolist()
     logprobs: list[float | None] = [None] * len(params)

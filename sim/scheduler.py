@@ -471,24 +471,25 @@ class Scheduler:
         self._waiting = deque(g for g in self._waiting if g.status is WAITING)
         if plan is None and not opened:
             return []
+        held = set(self.kv.seq_ids)
         touched = dict.fromkeys(plan.request_ids() if plan is not None else ())
         if plan is not None:
             touched.update(dict.fromkeys(r for r in plan.preempted if self._groups[r].status is SWAPPED))
             written = {dst for _, dst in plan.blocks_to_copy}
-            held = set(self.kv.seq_ids) if written else ()
             for group in self._running if written else ():
                 if any(b in written for s in group.kv_seqs if s.seq_id in held for b in self.kv.block_table(s.seq_id)):
                     touched[group.request_id] = None
         touched.update(dict.fromkeys(sorted(opened)))
         if not reported:
-            self._uncache_unwritten(plan, allocation)
+            self._uncache_unwritten(plan, allocation, held)
         self._drop(touched)
         return list(touched)
 
-    def _uncache_unwritten(self, plan: StepPlan | None, allocation) -> None:
+    def _uncache_unwritten(self, plan: StepPlan | None, allocation, held: set[int]) -> None:
         """Unregister the blocks a failed plan (and the allocation in flight) were to write from the prefix cache:
-        from each sequence's first position the step computes (those before it were written by earlier steps)."""
-        bs, held = self.kv.block_size, set(self.kv.seq_ids)
+        from each sequence's first position the step computes (those before it were written by earlier steps).
+        `held`: the sequences the manager holds."""
+        bs = self.kv.block_size
         starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.entries if plan else ())
                   if e.num_new_tokens]  # fmt: skip
         if allocation is not None:

@@ -10,7 +10,7 @@ import torch
 
 from reference import LLM, SamplingParams
 from reference.engine import find_stop_string
-from reference.sampling import RowContext, _filter_logits, _process_row
+from reference.sampling import RowContext, filter_logits, process_row
 
 QUESTION = "Name three colours, separated by commas."
 
@@ -101,17 +101,17 @@ def test_penalties_follow_vllms_formulas():
     logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0])
     row = logits.clone()
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
-    _process_row(row, params, RowContext(prompt_ids=[0], output_ids=[1, 1, 3], stop_ids=(4,)))
+    process_row(row, params, RowContext(prompt_ids=[0], output_ids=[1, 1, 3], stop_ids=(4,)))
     # token 0 (prompt): 2/2; token 1 (out twice): -1*2 - 0.5*2 - 0.25; token 3 (out once): 3/2 - 0.5 - 0.25
     assert row.tolist() == [1.0, -3.25, 0.5, 0.75, -2.0]
     masked = logits.clone()
-    _process_row(masked, SamplingParams(min_tokens=5), RowContext([0], [1], stop_ids=(4, 2)))
+    process_row(masked, SamplingParams(min_tokens=5), RowContext([0], [1], stop_ids=(4, 2)))
     assert masked[4] == masked[2] == float("-inf") and masked[0] == 2.0  # stop ids masked before min_tokens
 
 
 def test_min_p_drops_tokens_below_the_fraction_of_the_most_likely():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    kept = _filter_logits(probs.log(), SamplingParams(temperature=1.0, min_p=0.2))  # threshold 0.1
+    kept = filter_logits(probs.log(), SamplingParams(temperature=1.0, min_p=0.2))  # threshold 0.1
     assert torch.isfinite(kept).tolist() == [True, True, True, False]
 
 
