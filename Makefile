@@ -36,6 +36,8 @@ demo: figures
 
 figures: $(STAMP)
 	$(BIN)/python -m sim figures
+	$(BIN)/python -m sim readme-numbers --write
+	$(BIN)/python -m reference readme-numbers --write
 
 # Benchmarks print and save numbers (figures/bench_*.csv); they are never part of the tests.
 bench: $(STAMP)
@@ -46,6 +48,8 @@ bench: $(STAMP)
 	# the GPU benchmarks need a CUDA GPU (without one they refuse, exit 2)
 	if command -v nvidia-smi >/dev/null; then $(BIN)/python -m reference bench-kernels && \
 		$(BIN)/python -m reference bench-gpu; else echo "bench-kernels, bench-gpu: skipped (no CUDA GPU)"; fi
+	$(BIN)/python -m sim readme-numbers --write
+	$(BIN)/python -m reference readme-numbers --write
 
 # Does the simulator predict the engine? Fit its cost model to the engine's measured steps (each timed 3 times; ~7
 # min), then replay 11 held-out traces through both (real time; ~9 min) and compare latencies request by request.
@@ -53,6 +57,7 @@ bench: $(STAMP)
 calibrate: $(STAMP)
 	$(BIN)/python -m reference calibrate
 	$(BIN)/python -m reference validate-sim
+	$(BIN)/python -m reference readme-numbers --write
 
 # A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
 bad-inputs: $(STAMP)

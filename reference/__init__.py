@@ -7,7 +7,7 @@ Imports are lazy so that `import reference.attention` or `reference.models` does
 from __future__ import annotations
 
 _EXPORTS = {
-    "LLM": "reference.engine",
+    "LLM": "reference.llm",
     "SamplingParams": "reference.sampling",
     "BeamSearchParams": "reference.sampling",
     "RequestOutput": "reference.outputs",

@@ -151,11 +151,10 @@ def make_prompts(tokenizer, config, count: int, prompt_len: tuple[int, int], see
 
 
 def pages_in_tables(kv) -> int:
-    """Distinct blocks in the live sequences' tables (every KV cache group's where the manager keeps several)."""
+    """Distinct blocks in the live sequences' tables, in every KV cache group."""
     held = set()
     for seq_id in kv.seq_ids:
-        tables = kv.group_tables(seq_id) if hasattr(kv, "group_tables") else [kv.block_table(seq_id)]
-        held.update(b for table in tables for b in table if b is not None)
+        held.update(b for table in kv.group_tables(seq_id) for b in table if b is not None)
     return len(held)
 
 

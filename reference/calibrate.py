@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from reference.validation_suite import SUITE, case_requests, simulate_case
+from sim.config import RUN_DEFAULTS
 from sim.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
@@ -280,7 +281,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"its files go under {QUICK_DIR}/ unless named, so the committed model stays)")
     p.add_argument("--out", help=f"cost model JSON to write (default: {DEFAULT_OUT})")
     p.add_argument("--steps-csv", help=f"the measured steps, one row per step (default: {DEFAULT_STEPS})")
-    p.add_argument("--block-size", type=int, default=16, help="the engine's KV block size (default: 16)")
+    p.add_argument("--block-size", type=int, default=RUN_DEFAULTS["block_size"],
+                   help="the engine's KV block size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids (default: 0)")
     p.add_argument("--passes", type=int, default=None, help=f"timings of every step; the fit takes their median "
                    f"(default: {PASSES} full, {QUICK_PASSES} with --quick)")
@@ -410,7 +412,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def stability_sentence(record: dict) -> str:
-    """How far fits to single passes disagree, in words (the README quotes this for the committed file; a test checks)."""
+    """How far fits to single passes disagree, in words (the README's `calibration` block, reference/readme_numbers)."""
     st = record["stability"]
     suite = [v for diffs in st["suite"].values() for k, v in diffs.items() if k == "p50_e2e_latency_s"]
     return (f"Fitted to each of its {st['num_fits']} passes alone, the model's step predictions differ from the first "
@@ -419,7 +421,7 @@ def stability_sentence(record: dict) -> str:
 
 
 def fit_sentence(record: dict) -> str:
-    """How well a cost-model record fits, in words (the README quotes this for the committed file; a test checks)."""
+    """How well a cost-model record fits, in words (the README's `calibration` block, reference/readme_numbers)."""
     fit = record["fit"]["in_sample"]
     held = [e["held_out"]["median_abs_rel_error"] for e in record["fit"]["per_scenario"].values() if e["held_out"]]
     return (f"median error {fit['median_abs_rel_error']:.1%} over its {fit['num_steps']} steps (p90 "

@@ -5,6 +5,7 @@
     python -m reference bench-hybrid [--quick]                                  Gemma 3: hybrid vs paged KV, same bytes
     python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
     python -m reference validate-sim [--trace FILE ...]                         the simulator's latency errors
+    python -m reference readme-numbers [--write | --check]                      the README's numbers of those two
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
     python -m reference bench-gpu [...]                                         the engine vs HF on a GPU
 
@@ -22,7 +23,8 @@ import sys
 from pathlib import Path
 
 from reference.cli_parser import Parser
-from sim.kv import POLICIES  # sim.kv imports no torch: --help stays quick
+from sim.config import RUN_DEFAULTS  # sim.config and sim.kv import no torch: --help stays quick
+from sim.kv import POLICIES
 
 
 class UsageError(ValueError):
@@ -53,12 +55,28 @@ def build_parser() -> argparse.ArgumentParser:
     validate_sim.add_arguments(sub.add_parser(
         "validate-sim", help="replay traces through the engine (real time) and the calibrated simulator; latency errors",
         description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
+    _add_readme_numbers_parser(sub)
     # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
                    "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
     sub.add_parser("bench-gpu", add_help=False, help="GPU benchmark: the engine vs HF transformers on SmolLM2's "
                    "shape (reference.bench_gpu; `bench-gpu --help` lists its flags)")  # fmt: skip
     return parser
+
+
+def _add_readme_numbers_parser(sub) -> None:
+    # the flags of reference/readme_numbers.py, kept here: that module imports sim.figures (matplotlib), and
+    # `python -m reference --help` stays quick
+    p = sub.add_parser("readme-numbers", help="the README's numbers of calibrate and validate-sim, from the committed "
+                       "files (README blocks)", description="Print the README's generated blocks of `make calibrate` "
+                       "(reference.readme_numbers): the committed cost model's fit (figures/cost_model_cpu.json) and "
+                       "the simulator's errors against the engine (figures/validate_sim.csv). `python -m sim "
+                       "readme-numbers` makes the README's other blocks.")  # fmt: skip
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the README's blocks between their markers")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
+    p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the results files (default: figures)")
+    p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
 
 
 def _add_generate_parser(sub) -> None:
@@ -97,10 +115,11 @@ def _add_generate_parser(sub) -> None:
                    help="with --json: each prompt token's log-probability and the top K there, 0..20 (vLLM's "
                    "prompt_logprobs)")
     g = p.add_argument_group("KV cache (the paper's memory manager)")
-    g.add_argument("--policy", default="paged", type=_choice(POLICIES), metavar="{" + ",".join(POLICIES) + "}",
+    g.add_argument("--policy", default=RUN_DEFAULTS["policy"], type=_choice(POLICIES), metavar="{" + ",".join(POLICIES) + "}",
                    help="paged (vLLM), or a contiguous Orca baseline reserving the max length / the prompt plus its "
-                   "output rounded up to a power of two / exactly prompt + output (default: paged)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+                   "output rounded up to a power of two / exactly prompt + output (default: %(default)s)")
+    g.add_argument("--block-size", type=int, default=RUN_DEFAULTS["block_size"],
+                   help="tokens per KV block (default: %(default)s)")
     g.add_argument("--kv-blocks", type=int, help="KV pool size in blocks (default: just enough for this request)")
     p.add_argument("--chrome-trace", metavar="PATH",
                    help="also write the engine's steps and the request's spans as a Chrome trace (JSON; open in "
@@ -377,6 +396,15 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         return bench.run(args, argv=["python", "-m", "reference", *argv])
+    if args.command == "readme-numbers":
+        from reference import readme_numbers
+
+        try:
+            return readme_numbers.run(args)
+        except (ValueError, OSError) as exc:  # no markers to --write into, a README or results file unreadable
+            if isinstance(exc, BrokenPipeError):
+                raise
+            raise UsageError(" ".join(str(exc).split())) from None
     if args.command in ("bench-hybrid", "calibrate", "validate-sim"):
         from reference import bench_hybrid, calibrate, validate_sim
 

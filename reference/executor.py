@@ -184,8 +184,9 @@ class ModelExecutor:
 
     def __init__(self, model: LlamaForwardModel, kv_cache: KVCache, backend: str,
                  group_tables: Callable[[int], list[list[int | None]]] | None = None) -> None:
-        """group_tables: seq_id -> the sequence's block table in every KV cache group (the hybrid KV manager's
-        `group_tables`), needed when the cache's layout has more than one group."""
+        """group_tables: seq_id -> the sequence's block table in every KV cache group (the KV contract's
+        `group_tables`, which every manager answers); read only when the cache's layout has more than one group (the
+        plan's block tables are group 0's)."""
         if kv_cache.layout.num_groups > 1 and group_tables is None:
             raise ValueError(f"a KV cache of {kv_cache.layout.num_groups} groups needs each sequence's group tables")
         self.model = model

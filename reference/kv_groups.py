@@ -1,11 +1,12 @@
 """What the shared KV manager needs to know about a real model, and how its KV cache groups map onto tensors.
 
 The engine drives `sim.kv.make_kv_manager`, which speaks of models as `sim.specs.ModelSpec`s (layers, heads,
-sliding windows): `model_spec` turns a checkpoint's `ModelConfig` into one. The `hybrid` policy groups layers by
-vLLM's rule (`sim.kv.hybrid.kv_cache_groups`: equally many layers per group, full-attention groups first) and hands
-each sequence one block table per group; `kv_layout` assigns the model's layers to those groups in order (the
-full layers 5, 11, 17 of Gemma 3 270M form group 0, sliding layers 0-2 group 1, 3, 4, 6 group 2, ...) and each
-layer to the tensor of its place in its group (reference/kv_cache.py, `KVLayout`).
+sliding windows): `model_spec` turns a checkpoint's `ModelConfig` into one. Every KV manager keeps KV cache groups
+(the KV contract's `windows` and `group_tables`): one full-attention group for most policies, several for `hybrid`
+(vLLM's rule: equally many layers per group, full-attention groups first). `kv_layout` assigns the model's layers to
+those groups from the windows alone (`sim.kv.layer_groups`: the full layers 5, 11, 17 of Gemma 3 270M form group 0,
+sliding layers 0-2 group 1, 3, 4, 6 group 2, ...) and each layer to the tensor of its place in its group
+(reference/kv_cache.py, `KVLayout`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from reference.kv_cache import KVLayout
 from reference.models.config import ModelConfig
+from sim.kv import layer_groups
 from sim.specs import ModelSpec
 
 
@@ -52,19 +54,7 @@ def model_spec(config: ModelConfig, dtype: torch.dtype, name: str = "engine mode
 
 
 def kv_layout(config: ModelConfig, kv_manager) -> KVLayout:
-    """One group (layer i in tensor i) unless the manager keeps a table per KV cache group (`group_tables`):
-    then the groups of `sim.kv.hybrid.kv_cache_groups`, layers in order, full-attention groups first."""
-    windows = getattr(kv_manager, "windows", None)
-    if not hasattr(kv_manager, "group_tables") or windows is None:
-        return KVLayout.one_group(config.num_layers)
-    full = [i for i in range(config.num_layers) if config.layer_window(i) is None]
-    sliding = [i for i in range(config.num_layers) if config.layer_window(i) is not None]
-    from sim.kv.hybrid import kv_cache_groups
-
-    size, _ = kv_cache_groups(model_spec(config, torch.float32))
-    num_full = sum(w is None for w in windows)
-    groups = [full[g * size:(g + 1) * size] for g in range(num_full)]
-    groups += [sliding[g * size:(g + 1) * size] for g in range(len(windows) - num_full)]
-    if any(not g for g in groups) or any(config.layer_window(i) != w for g, w in zip(groups, windows) for i in g):
-        raise ValueError(f"the KV manager's groups (windows {list(windows)}) do not match the model's layers")
-    return KVLayout.grouped(groups)
+    """The model's layers over the manager's KV cache groups (`kv_manager.windows`, by `sim.kv.layer_groups`), the
+    i-th layer of a group in tensor i: one group (layer i in tensor i) for a manager of one full-attention group."""
+    layer_windows = [config.layer_window(i) for i in range(config.num_layers)]
+    return KVLayout.grouped(layer_groups(layer_windows, kv_manager.windows))

@@ -375,8 +375,8 @@ TARGETS = (("median_e2e_latency_error", 0.10, "median E2E"), ("p90_e2e_latency_e
 
 
 def targets_sentence(summaries: list[dict]) -> str:
-    """Which traces meet the targets and, for each that misses, the breakdown that says why (the README quotes this
-    for the committed CSV; a test checks)."""
+    """Which traces meet the targets and, for each that misses, the breakdown that says why (the README's
+    `validation` block, made by reference/readme_numbers.py from the committed CSV, ends with this)."""
     bar = ", ".join(f"{label} error <= {limit:.0%}" for _, limit, label in TARGETS)
     missed = [(s, [label for key, limit, label in TARGETS if not float(s[key]) <= limit]) for s in summaries]
     missed = [(s, labels) for s, labels in missed if labels]
@@ -395,8 +395,8 @@ def targets_sentence(summaries: list[dict]) -> str:
 
 
 def readme_table(summaries: list[dict]) -> str:
-    """The README's table of a validation run, made from its summary rows (the committed CSV); a test checks that
-    the README quotes exactly this."""
+    """The README's table of a validation run, made from its summary rows (the committed CSV): the README's
+    `validation` block (reference/readme_numbers.py) carries it."""
     lines = ["| trace | requests | E2E error median / p90 | TTFT median / p90 | ITL median / p90 | throughput error "
              "| preemptions engine / sim | model on the engine's steps (median) | sim time outside the calibrated "
              "range |", "|---|---|---|---|---|---|---|---|---|"]

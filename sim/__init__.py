@@ -17,9 +17,10 @@ from .kv import POLICIES, Allocation, KVManager, MemoryBreakdown, NewSequence, m
 from .plan import ScheduledSeq, StepOutcome, StepPlan
 from .preemption import VICTIM_POLICIES
 from .request import Request
-from .scheduler import MODES, Scheduler, SchedulerConfig
+from .config import MODES, RunConfig, SchedulerConfig
+from .scheduler import Scheduler
 from .workload import generate_requests
 
 __all__ = ["Allocation", "BlockAllocator", "KVManager", "MODES", "MemoryBreakdown", "NewSequence", "POLICIES",
-           "Request", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SimResult", "StepOutcome", "StepPlan",
+           "Request", "RunConfig", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SimResult", "StepOutcome", "StepPlan",
            "VICTIM_POLICIES", "generate_requests", "make_kv_manager", "run"]  # fmt: skip

@@ -6,22 +6,24 @@ front: a bad one raises ValueError naming it and what is allowed, before any sim
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arguments import check_arguments, check_given_requests, check_pool, require
-from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS, flatten, generate_sessions
+from .arguments import check_arguments, check_given_requests, check_pool
+from .config import RUN_DEFAULTS, RunConfig, require
+from .conversation import flatten, generate_sessions
 from .conversation_import import import_conversations
 from .cost import PiecewiseCostModel, RooflineCostModel
 from .cost_file import cost_model_for
-from .kv import allocates_blocks_on_demand, make_kv_manager, pages_in_kib, simulator_block_size
+from .kv import has_prefix_cache, make_kv_manager, pages_in_kib, simulator_block_size
 from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
-from .scheduler import DEFAULT_BUDGET, Scheduler, SchedulerConfig
+from .scheduler import Scheduler
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
 from .trace import read_trace, request_lines
@@ -35,56 +37,13 @@ class SimResult:
     steps: Table  # per step: sim.metrics.STEP_COLUMNS
 
 
-def run(
-    *,
-    model: str = "opt-13b",
-    gpu: str = "a100-40gb",
-    num_gpus: int = 1,
-    workload: str = "sharegpt",
-    rate: float | None = 2.0,
-    duration: float | None = 3600.0,
-    num_requests: int | None = None,
-    policy: str = "paged",
-    block_size: int = 16,
-    page_kib: float | None = None,
-    seed: int = 0,
-    n: int = 1,
-    beam_width: int = 1,
-    prefix_len: int = 0,
-    num_prefixes: int = 1,
-    preemption: str = "recompute",
-    swap_space_gib: float = 4.0,
-    trace: str | Path | None = None,
-    scheduler: str = "v1",
-    arrival: str = "poisson",
-    burstiness: float = 1.0,
-    allocator: str = "buddy",
-    enable_prefix_caching: bool | None = None,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int | None = None,
-    jump: bool = True,
-    validate: bool = False,
-    kv_slots: int | None = None,
-    requests: list[Request] | None = None,
-    progress: bool = False,
-    prompt_len: int | None = None,
-    output_len: int | None = None,
-    prompt_len_range: tuple[int, int] | None = None,
-    output_len_range: tuple[int, int] | None = None,
-    cost_model=None,
-    watermark: float = 0.01,
-    on_step=None,
-    enable_chunked_prefill: bool | None = None,
-    victim: str = "latest_arrival",
-    slo_ttft: float | None = None,
-    slo_tbt: float | None = None,
-    stop_at=(),
-    turns: float = DEFAULT_TURNS,
-    think_time: float = DEFAULT_THINK_TIME,
-    history_limit: int | None = None,
-    conversations: bool = False,
-) -> SimResult:
+def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     """Simulate serving one workload and return its summary and per-request / per-step tables.
+
+    `config` (a sim.config.RunConfig) holds every setting and its default; `settings` are its fields by name, as
+    keyword shortcuts (`sim.run(policy="max", rate=1.0)`), or changes to `config`. Each field is checked when the
+    config is built, the combinations before the run starts: a bad one raises ValueError naming it and what is
+    allowed, before any simulation.
 
     Requests come from `requests` (a list), else `trace` (a .jsonl/.csv file, or a ShareGPT .json file: imported
     with Poisson arrivals at `rate`, or all at t = 0 with arrival="offline"), else the synthetic `workload`
@@ -94,15 +53,15 @@ def run(
     last tokens kept (None: a session ends where its history outgrows the context); `trace` with
     `conversations=True` imports a ShareGPT file's conversations as such sessions (sim.conversation_import). An argument
     that means nothing with the others (a workload's with a trace, block_size with a contiguous policy, ...)
-    is refused, not ignored (`check_combinations`); every size has a limit (sim.limits). The KV pool
+    is refused, not ignored (sim.arguments.check_combinations); every size has a limit (sim.limits). The KV pool
     holds `kv_slots` token slots (default: what vLLM would allocate for `model` on `num_gpus` x `gpu`).
     `policy` paged uses `block_size`; the contiguous baselines use block_size 1 (token-granular runs, as the
     paper's Orca reimplementation); vattention maps pages of `page_kib` KiB per layer per K/V buffer (default: the
-    smallest page of whole tokens >= 64 KiB; sim.kv.vattention). `swap_space_gib`: CPU swap space per GPU (vLLM's
-    default 4 GiB).
+    smallest page of whole tokens >= 64 KiB; sim.kv.vattention). `swap_space_gib`: CPU swap space per GPU.
     `scheduler`: "v1" (token budget, chunked prefill; `enable_chunked_prefill=False` turns chunking off), "v0"
-    (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults to 2048 in v1 and to
-    max(2560, the model's context) otherwise. `victim`: who is preempted (sim.preemption.VICTIM_POLICIES).
+    (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults by
+    sim.config.default_max_num_batched_tokens (2048 in v1; the context, at least 2560, without chunking).
+    `victim`: who is preempted (sim.preemption.VICTIM_POLICIES).
     `slo_ttft` / `slo_tbt`: latency targets in seconds for SLO attainment and goodput (see sim.metrics).
     `stop_at`: times the fast-forward never jumps across (an observer then sees the pool after the step that
     contains each, exactly as stepping would show it).
@@ -114,111 +73,116 @@ def run(
     admit-then-preempt thrashing). `on_step`: an observer `f(simulator, plan_or_None)` called after every step
     (see `sim.loop.Simulator`).
     """
-    params = dict(locals())  # every argument as given, for the checks
+    if config is None:
+        config = RunConfig(**settings)
+    elif not isinstance(config, RunConfig):
+        raise TypeError(f"run: config must be a sim.config.RunConfig, got {type(config).__name__}")
+    elif settings:
+        config = dataclasses.replace(config, **settings)
+    c = config
     started = time.perf_counter()
-    kind = check_arguments(params, defaults=run_defaults())  # every check that needs no simulation, first
+    kind = check_arguments(c)  # every check that needs no simulation, first
+    cost_model, requests = c.cost_model, c.requests
     cost_file = str(cost_model) if isinstance(cost_model, (str, Path)) else None
     if cost_file is not None:  # a file `python -m reference calibrate` wrote
-        cost_model = cost_model_for(cost_file, model)
+        cost_model = cost_model_for(cost_file, c.model)
     elif cost_model is not None:
         _check_cost_object(cost_model)
-    model_spec, gpu_spec = get_model(model), get_gpu(gpu)
-    num_slots = kv_slots if kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, num_gpus)
-    synthetic = requests is None and trace is None
-    source = workload if synthetic else ("requests" if requests is not None else str(trace))
+    model_spec, gpu_spec = get_model(c.model), get_gpu(c.gpu)
+    num_slots = c.kv_slots if c.kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, c.num_gpus)
+    synthetic = requests is None and c.trace is None
+    source = c.workload if synthetic else ("requests" if requests is not None else str(c.trace))
     notes = {}
     if synthetic:
-        if workload == "conversation":
+        if c.workload == "conversation":
             sessions = generate_sessions(
-                num_requests, rate=None if arrival == "offline" else rate,
-                duration=None if num_requests is not None else duration, arrival=arrival, burstiness=burstiness,
-                max_seq_len=model_spec.max_seq_len, turns=turns, think_time=think_time, history_limit=history_limit,
-                seed=seed,
+                c.num_requests, rate=None if c.arrival == "offline" else c.rate,
+                duration=None if c.num_requests is not None else c.duration, arrival=c.arrival, burstiness=c.burstiness,
+                max_seq_len=model_spec.max_seq_len, turns=c.turns, think_time=c.think_time, history_limit=c.history_limit,
+                seed=c.seed,
             )  # fmt: skip
             requests, notes = flatten(sessions), {"num_sessions": len(sessions)}
         else:
             requests = generate_requests(
-                workload, num_requests, rate=rate, duration=None if num_requests is not None else duration,
-                arrival=arrival, burstiness=burstiness, max_seq_len=model_spec.max_seq_len, n=n,
-                beam_width=beam_width, prefix_len=prefix_len, num_prefixes=num_prefixes, seed=seed,
-                prompt_len=prompt_len, output_len=output_len, prompt_len_range=prompt_len_range,
-                output_len_range=output_len_range,
+                c.workload, c.num_requests, rate=c.rate, duration=None if c.num_requests is not None else c.duration,
+                arrival=c.arrival, burstiness=c.burstiness, max_seq_len=model_spec.max_seq_len, n=c.n,
+                beam_width=c.beam_width, prefix_len=c.prefix_len, num_prefixes=c.num_prefixes, seed=c.seed,
+                prompt_len=c.prompt_len, output_len=c.output_len, prompt_len_range=c.prompt_len_range,
+                output_len_range=c.output_len_range,
             )  # fmt: skip
         if not requests:  # (the message formats `rate`, None with offline arrivals, which always bring requests)
-            require(False, "duration", duration, f"long enough for a request to arrive at {rate:g} req/s "
+            require(False, "duration", c.duration, f"long enough for a request to arrive at {c.rate:g} req/s "
                     f"(none did; or give num_requests)")  # fmt: skip
-    elif kind == "sharegpt" and conversations:
-        requests, notes = _import_conversations(trace, model_spec, None if arrival == "offline" else rate, seed,
-                                                think_time, history_limit)  # fmt: skip
+    elif kind == "sharegpt" and c.conversations:
+        requests, notes = _import_conversations(c.trace, model_spec, None if c.arrival == "offline" else c.rate, c.seed,
+                                                c.think_time, c.history_limit)  # fmt: skip
     elif kind == "sharegpt":
-        requests, notes = _import_sharegpt(trace, model_spec, None if arrival == "offline" else rate, seed)
+        requests, notes = _import_sharegpt(c.trace, model_spec, None if c.arrival == "offline" else c.rate, c.seed)
     elif requests is None:
-        requests = read_trace(trace)
+        requests = read_trace(c.trace)
     else:
         check_given_requests(requests)
     # auto: on for a shared prefix in a paged pool (contiguous policies have no prefix cache)
-    caching = (prefix_len > 0 and allocates_blocks_on_demand(policy)) if enable_prefix_caching is None else enable_prefix_caching
-    kv_block_size = simulator_block_size(policy, block_size, model=model_spec, num_gpus=num_gpus, page_kib=page_kib)
-    budget = max_num_batched_tokens
-    if budget is None:
-        budget = DEFAULT_BUDGET["v1"] if scheduler == "v1" else max(DEFAULT_BUDGET[scheduler], model_spec.max_seq_len)
-    num_cpu_blocks = int(num_gpus * swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
-    check_pool(policy, num_slots, kv_block_size, num_cpu_blocks, kv_slots)
-    config = SchedulerConfig(max_num_seqs, budget, scheduler, preemption, enable_chunked_prefill, victim)
+    caching = (c.prefix_len > 0 and has_prefix_cache(c.policy)) if c.enable_prefix_caching is None else c.enable_prefix_caching
+    kv_block_size = simulator_block_size(c.policy, c.block_size, model=model_spec, num_gpus=c.num_gpus, page_kib=c.page_kib)
+    num_cpu_blocks = int(c.num_gpus * c.swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
+    check_pool(c.policy, num_slots, kv_block_size, num_cpu_blocks, c.kv_slots)
+    sched_config = c.scheduler_config(model_spec.max_seq_len)
 
     def make_scheduler() -> Scheduler:
-        kv = make_kv_manager(policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
-                             allocator=allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
-                             watermark=watermark, model=model_spec)  # fmt: skip
-        return Scheduler(kv, config)
+        kv = make_kv_manager(c.policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
+                             allocator=c.allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
+                             watermark=c.watermark, model=model_spec)  # fmt: skip
+        return Scheduler(kv, sched_config)
 
     try:
         _check_requests(requests, model_spec, make_scheduler())
-    except ValueError as e:  # "request 7: ..." from a trace file: name the file and the line that holds it
+    except ValueError as e:  # "request 7: ..." from a c.trace file: name the file and the line that holds it
         found = re.match(r"request (\d+): ", str(e))
-        if found is None or trace is None or kind == "sharegpt":
+        if found is None or c.trace is None or kind == "sharegpt":
             raise
-        line = request_lines(trace).get(int(found.group(1)))
-        raise ValueError(f"{trace}{'' if line is None else f' line {line}'}: {e}") from None
+        line = request_lines(c.trace).get(int(found.group(1)))
+        raise ValueError(f"{c.trace}{'' if line is None else f' line {line}'}: {e}") from None
     sched = make_scheduler()
     # The paged kernel gathers K/V block by block; the contiguous baselines read one run (no block overhead).
-    cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, num_gpus,
+    cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, c.num_gpus,
                                                                        block_size=sched.kv.gather_block_size)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
-    calibrated = cost if isinstance(cost, PiecewiseCostModel) else None  # a fitted model knows what it measured
-    result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=seed, jump=jump,
-                       validate=validate, progress=progress, on_step=on_step, stop_at=stop_at,
+    calibrated = cost if isinstance(cost, PiecewiseCostModel) else None  # a fitted c.model knows what it measured
+    result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=c.seed, jump=c.jump,
+                       validate=c.validate, progress=c.progress, on_step=c.on_step, stop_at=c.stop_at,
                        in_range=calibrated.in_range if calibrated is not None else None,
                        shared_reads=calibrated is not None and calibrated.uses_shared_reads).run()  # fmt: skip
     extras = {
-        "model": model, "gpu": gpu, "num_gpus": num_gpus, "workload": source,
-        "rate": rate if (synthetic or kind == "sharegpt") and arrival != "offline" else None, "arrival": arrival,
-        "seed": seed,
-        "block_size": kv_block_size, "num_kv_slots": sched.kv.num_slots, "preemption": preemption,
-        "scheduler": scheduler, "n": n, "beam_width": beam_width, "prefix_len": prefix_len,
-        "enable_prefix_caching": sched.kv.enable_prefix_caching, "max_num_seqs": max_num_seqs,
-        "watermark": watermark, "max_num_batched_tokens": budget, "enable_chunked_prefill": config.chunked,
-        "victim": victim, "jump": jump, "num_events": result.num_events, **notes,
-        # a policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
-        **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * num_gpus * 1024)}
-           if pages_in_kib(policy) else {}),
+        "model": c.model, "gpu": c.gpu, "num_gpus": c.num_gpus, "workload": source,
+        "rate": c.rate if (synthetic or kind == "sharegpt") and c.arrival != "offline" else None, "arrival": c.arrival,
+        "seed": c.seed,
+        "block_size": kv_block_size, "num_kv_slots": sched.kv.num_slots, "preemption": c.preemption,
+        "scheduler": c.scheduler, "n": c.n, "beam_width": c.beam_width, "prefix_len": c.prefix_len,
+        "enable_prefix_caching": sched.kv.enable_prefix_caching, "max_num_seqs": c.max_num_seqs,
+        "watermark": c.watermark, "max_num_batched_tokens": sched_config.max_num_batched_tokens,
+        "enable_chunked_prefill": sched_config.chunked,
+        "victim": c.victim, "jump": c.jump, "num_events": result.num_events, **notes,
+        # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
+        **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * c.num_gpus * 1024)}
+           if pages_in_kib(c.policy) else {}),
         **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
-        # a calibrated model: the steps it priced by extrapolation, outside the shapes it measured
+        # a calibrated c.model: the steps it priced by extrapolation, outside the shapes it measured
         **({"extrapolated_steps": result.extrapolated_steps,
             "extrapolated_time_share": _share(result.extrapolated_time, result.steps),
             "calibrated_range": calibrated.describe_range()} if calibrated is not None else {}),
     }  # fmt: skip
     summary = summarize(
-        policy=policy, requests=result.requests, steps=result.steps, integral=result.memory_integral,
+        policy=c.policy, requests=result.requests, steps=result.steps, integral=result.memory_integral,
         span=result.end_time - result.start_time, wall_time_s=time.perf_counter() - started, extras=extras,
-        slo_ttft_s=slo_ttft, slo_tbt_s=slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
+        slo_ttft_s=c.slo_ttft, slo_tbt_s=c.slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
     )  # fmt: skip
     return SimResult(summary, result.requests, result.steps)
 
 
 def run_defaults() -> dict:
-    """run()'s keywords and their defaults (sim.arguments tells a given argument from a default with them)."""
-    return {name: p.default for name, p in inspect.signature(run).parameters.items()}
+    """run()'s keywords and their defaults: sim.config.RunConfig's fields."""
+    return dict(RUN_DEFAULTS)
 
 
 def _share(seconds: float, steps) -> float:

@@ -5,53 +5,16 @@ The command line (sim.cli) and the sweep (sim.sweep) call the same checks, spell
 """
 from __future__ import annotations
 
-import math
 import numbers
-import os
 
+from .config import RUN_DEFAULTS, RUN_FIELDS, RunConfig, choices, require
 from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, has_prefix_cache,
                  has_swap_space, pages_in_kib, simulator_block_size)  # fmt: skip
-from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS,
-                     MAX_SEED, MAX_SWAP_GIB, MAX_TIME_S, MAX_TOKENS, MAX_TURNS, MIN_BURSTINESS, is_int,
-                     is_real)  # fmt: skip
-from .preemption import VICTIM_POLICIES
+from .limits import MAX_KV_SLOTS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS, MAX_TIME_S, is_int
 from .request import Request
-from .scheduler import MODES, PREEMPTION_MODES
-from .slots import ALLOCATORS
-from .specs import GPUS, MODELS
+from .specs import MODELS
 from .trace import JSON_FIELDS, parse_record, trace_format
-from .workload import ARRIVALS, DATASETS
 
-
-def require(ok: bool, name: str, value, allowed: str) -> None:
-    """ValueError "name: got value (allowed: ...)" unless `ok`: the one line every refused argument gets."""
-    if not ok:
-        raise ValueError(f"{name}: got {value!r} (allowed: {allowed})")
-
-
-# run() keyword -> (kind, smallest, largest): what check_arguments accepts. Kinds: "int" (not a bool), "real" (a
-# finite number, not a bool), "bool"; a trailing "?" also takes None. Limits: sim.limits. Choices: _CHOICES.
-_ARGUMENTS = {
-    "num_gpus": ("int", 1, MAX_NUM_GPUS), "block_size": ("int", 1, MAX_TOKENS), "seed": ("int", 0, MAX_SEED),
-    "n": ("int", 1, MAX_COUNT), "beam_width": ("int", 1, MAX_COUNT), "prefix_len": ("int", 0, MAX_TOKENS),
-    "num_prefixes": ("int", 1, MAX_COUNT), "max_num_seqs": ("int", 1, MAX_COUNT),
-    "num_requests": ("int?", 1, MAX_NUM_REQUESTS), "kv_slots": ("int?", 1, MAX_KV_SLOTS),
-    "max_num_batched_tokens": ("int?", 1, MAX_TOKENS), "prompt_len": ("int?", 1, MAX_TOKENS),
-    "output_len": ("int?", 1, MAX_TOKENS), "swap_space_gib": ("real", 0, MAX_SWAP_GIB),
-    "burstiness": ("real", MIN_BURSTINESS, MAX_BURSTINESS), "watermark": ("real", 0, 1),
-    "rate": ("real?", 0, math.inf), "duration": ("real?", 0, MAX_TIME_S), "slo_ttft": ("real?", 0, MAX_TIME_S),
-    "slo_tbt": ("real?", 0, MAX_TIME_S), "jump": ("bool", None, None), "validate": ("bool", None, None),
-    "progress": ("bool", None, None), "enable_prefix_caching": ("bool?", None, None),
-    "enable_chunked_prefill": ("bool?", None, None), "turns": ("real", 1, MAX_TURNS),
-    "page_kib": ("real?", 0, MAX_TOKENS),  # KiB per layer per K/V buffer; a page is also at most MAX_TOKENS tokens
-    "think_time": ("real", 0, MAX_TIME_S), "history_limit": ("int?", 1, MAX_TOKENS),
-    "conversations": ("bool", None, None),
-}  # fmt: skip
-_OPEN_BELOW = ("rate", "duration", "slo_ttft", "slo_tbt", "page_kib")  # > 0, not >= 0
-_OPEN_ABOVE = ("watermark", "rate")  # < 1; rate: finite
-_CHOICES = {"model": tuple(MODELS), "gpu": tuple(GPUS), "policy": POLICIES, "workload": DATASETS,
-            "preemption": PREEMPTION_MODES, "scheduler": MODES, "arrival": ARRIVALS, "allocator": tuple(ALLOCATORS),
-            "victim": tuple(VICTIM_POLICIES)}  # fmt: skip
 # What a generated workload is made of: meaningless when the requests come from a trace or a list.
 WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival", "burstiness", "n", "beam_width",
                       "prefix_len", "num_prefixes", "prompt_len", "output_len", "prompt_len_range",
@@ -59,75 +22,23 @@ WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival",
 CONVERSATION_ARGUMENTS = ("turns", "think_time", "history_limit")  # sim/conversation.py's options
 
 
-
-
-def _num(x) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
-
-
-def _allowed(kind: str, low, high, name: str) -> str:
-    if kind.startswith("bool"):
-        text = "True or False"
-    elif kind.startswith("int"):
-        text = f"an integer from {low:,} to {high:,}"
-    else:
-        above = f"> {_num(low)}" if name in _OPEN_BELOW else f">= {_num(low)}"
-        below = "" if high == math.inf else (f" and < {_num(high)}" if name in _OPEN_ABOVE else f" and <= {_num(high)}")
-        unit = {"rate": " requests/s", "burstiness": "", "watermark": ", a share of the blocks",
-                "swap_space_gib": " GiB", "turns": " (the mean turns per session)",
-                "page_kib": " KiB per layer per K/V buffer"}.get(name, " seconds")  # fmt: skip
-        text = f"a finite number {above}{below}{unit}"
-    return text
-
-
-def _check_value(name: str, value) -> None:
-    kind, low, high = _ARGUMENTS[name]
-    if value is None and kind.endswith("?"):
-        return
-    base = kind.rstrip("?")
-    if base == "bool":
-        ok = isinstance(value, bool)
-    elif base == "int":
-        ok = is_int(value) and low <= value <= high
-    else:
-        ok = is_real(value) and (low < value if name in _OPEN_BELOW else low <= value) and (
-            value < high if name in _OPEN_ABOVE else value <= high)
-    if not ok:
-        require(ok, name, value, _allowed(kind, low, high, name))
-
-
-def _check_range(name: str, value) -> None:
-    ok = value is None or (isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        is_int(v) and 1 <= v <= MAX_TOKENS for v in value))
-    require(ok, name, value, f"None, or (low, high): two integers from 1 to {MAX_TOKENS:,}")
-
-
-def check_arguments(params: dict, given: set[str] | None = None, say=None,
-                    defaults: dict | None = None) -> str | None:  # fmt: skip
-    """Every check of run()'s arguments `params` that needs no simulation: types, ranges (sim.limits), choices,
-    combinations (`check_combinations`, with `given`, `say` and `defaults`), the workload's size. ValueError names
-    the argument and what is allowed. Returns the trace's format (sim.trace.trace_format) if there is one, else None."""
-    for name, allowed in _CHOICES.items():
-        value = params[name]
-        require(isinstance(value, str) and value in allowed, name, value, ", ".join(allowed))
-    for name in _ARGUMENTS:
-        _check_value(name, params[name])
-    for name in ("prompt_len_range", "output_len_range"):
-        _check_range(name, params[name])
-    trace, requests = params["trace"], params["requests"]
-    require(trace is None or isinstance(trace, (str, os.PathLike)), "trace", trace, "a file path, or None")
-    require(requests is None or (isinstance(requests, list) and all(isinstance(r, Request) for r in requests)),
-            "requests", type(requests).__name__, "a list of sim.request.Request, or None")  # fmt: skip
-    require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
-    kind = check_combinations(params, given, say or _say, defaults)
+def check_arguments(params: RunConfig | dict, given: set[str] | None = None, say=None) -> str | None:
+    """Every check of run()'s arguments that needs no simulation: each field's type, range (sim.limits) and choices
+    (building the RunConfig from a dict `params` checks them; keys that are not its fields are ignored), the
+    combinations (`check_combinations`, with `given` and `say`), the workload's size. ValueError names the argument
+    and what is allowed. Returns the trace's format (sim.trace.trace_format) if there is one, else None."""
+    config = params if isinstance(params, RunConfig) else RunConfig(**{k: v for k, v in params.items()
+                                                                       if k in RUN_FIELDS})  # fmt: skip
+    p = config.as_dict()
+    kind = check_combinations(p, given, say or _say)
     # a page that is not a whole number of the model's tokens (vattention): one line naming the allowed sizes
-    simulator_block_size(params["policy"], params["block_size"], model=MODELS[params["model"]],
-                         num_gpus=params["num_gpus"], page_kib=params["page_kib"])  # fmt: skip
-    check_model(params["policy"], MODELS[params["model"]])  # hybrid on a model without sliding windows: one line
-    require(params["n"] == 1 or params["beam_width"] == 1, "n and beam_width", (params["n"], params["beam_width"]),
+    simulator_block_size(p["policy"], p["block_size"], model=MODELS[p["model"]], num_gpus=p["num_gpus"],
+                         page_kib=p["page_kib"])  # fmt: skip
+    check_model(p["policy"], MODELS[p["model"]])  # hybrid on a model without sliding windows: one line
+    require(p["n"] == 1 or p["beam_width"] == 1, "n and beam_width", (p["n"], p["beam_width"]),
             "at most one of them > 1")  # fmt: skip
-    if trace is None and requests is None:
-        _check_workload(params)
+    if p["trace"] is None and p["requests"] is None:
+        _check_workload(p)
     return kind
 
 
@@ -210,20 +121,17 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
     return why
 
 
-def check_combinations(params: dict, given: set[str] | None = None, say=_say,
-                       defaults: dict | None = None) -> str | None:  # fmt: skip
+def check_combinations(params: dict, given: set[str] | None = None, say=_say) -> str | None:
     """Refuse an argument that means nothing with the others (a workload option with a trace, block_size with a
-    contiguous policy, ...): one of `given` (default: those not None that differ from `defaults`, run()'s own
-    (sim.api.run_defaults), as nothing else can be told from a call). `say(name, value)` spells an argument in the
-    message (the CLI spells flags). Returns the trace's format (sim.trace.trace_format), or None without a trace."""
+    contiguous policy, ...): one of `given` (default: those not None that differ from RunConfig's defaults, as nothing
+    else can be told from a call). `params`: every RunConfig field by name. `say(name, value)` spells an argument in
+    the message (the CLI spells flags). Returns the trace's format (sim.trace.trace_format), or None without a trace."""
     for name in ("policy", "scheduler", "arrival", "workload", "preemption"):
-        require(params[name] in _CHOICES[name], name, params[name], ", ".join(_CHOICES[name]))
+        require(params[name] in choices(name), name, params[name], ", ".join(choices(name)))
     kind = None if params["trace"] is None or params["requests"] is not None else trace_format(params["trace"])
     if given is None:
-        if defaults is None:
-            raise TypeError("check_combinations: pass `given` (the arguments a caller gave) or `defaults` (run()'s)")
-        given = {name for name in defaults if name in params and params[name] is not None  # None: not given
-                 and params[name] is not defaults[name] and params[name] != defaults[name]}  # fmt: skip
+        given = {name for name, default in RUN_DEFAULTS.items() if params[name] is not None  # None: not given
+                 and params[name] is not default and params[name] != default}  # fmt: skip
     why = _why_not(params, kind, say)
     for name in why:
         if name in given:

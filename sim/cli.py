@@ -8,6 +8,7 @@
     python -m sim animate [--out PATH.gif]              the pool, step by step, as an animated GIF (sim.viewer)
     python -m sim paper-table [--write | --check]       the README's table of the paper's numbers beside the lab's
     python -m sim paper-sensitivity [--out PATH]        the sweep behind that table's notes (sim.figures.paper*)
+    python -m sim readme-numbers [--write | --check]    the README's other numbers, from the committed results
 
 Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
 dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
@@ -25,10 +26,9 @@ from typing import NoReturn
 from .kv import POLICIES
 from .kv.base import SHARE_NAMES
 from .preemption import VICTIM_POLICIES
-from .scheduler import MODES, PREEMPTION_MODES
+from .config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, default_max_num_batched_tokens
 from .slots import ALLOCATORS
 from .specs import GPUS, MODELS
-from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
 from .workload import ARRIVALS, DATASETS
 
 BAR_WIDTH = 40  # characters of the memory bar chart for a share of 100%
@@ -72,35 +72,46 @@ def build_parser() -> argparse.ArgumentParser:
     add_animate_parser(sub)
     add_paper_table_parser(sub)
     add_paper_sensitivity_parser(sub)
+    add_readme_numbers_parser(sub)
     return parser
 
 
+def _budget_help() -> str:
+    """The default token budget as `sim.run` picks it (sim.config.default_max_num_batched_tokens), for every model."""
+    by_model = "; ".join(f"{name} {default_max_num_batched_tokens('v1', False, m.max_seq_len):,} / "
+                         f"{default_max_num_batched_tokens('v0', False, m.max_seq_len):,}" for name, m in MODELS.items())
+    return (f"{default_max_num_batched_tokens('v1', True):,} in v1 with chunked prefill; without it the model's context, "
+            f"at least {default_max_num_batched_tokens('v1', False):,} in v1 and "
+            f"{default_max_num_batched_tokens('v0', False):,} in v0/static; per model, v1 / v0: {by_model}")
+
+
 def add_run_parser(sub) -> None:
+    D = RUN_DEFAULTS
     p = sub.add_parser("run", help="simulate one serving run and print its summary",
                        description="Simulate one serving run (paper section 6) and print the summary: throughput, "
                        "normalized latency, batch size, preemptions and the time-weighted KV memory breakdown.")  # fmt: skip
     g = p.add_argument_group("hardware and model")
-    g.add_argument("--model", default="opt-13b", metavar=_choices(MODELS), help="model spec (default: opt-13b)")
-    g.add_argument("--gpu", default="a100-40gb", metavar=_choices(GPUS), help="GPU spec (default: a100-40gb)")
-    g.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default: 1)")
+    g.add_argument("--model", default=D["model"], metavar=_choices(MODELS), help="model spec (default: %(default)s)")
+    g.add_argument("--gpu", default=D["gpu"], metavar=_choices(GPUS), help="GPU spec (default: %(default)s)")
+    g.add_argument("--num-gpus", type=int, default=D["num_gpus"], help="GPUs, tensor parallel (default: %(default)s)")
     g.add_argument("--kv-slots", type=int, help="KV pool size in token slots (default: what vLLM's 90%% memory rule leaves)")
     g.add_argument("--cost-model", metavar="FILE", help="price steps with a calibrated model (JSON from `python -m "
                    "reference calibrate`, measured on --model) instead of --gpu's roofline; --gpu then only sizes the pool")
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="sharegpt", metavar=_choices(DATASETS),
+    g.add_argument("--workload", default=D["workload"], metavar=_choices(DATASETS),
                    help="request lengths: ShareGPT/Alpaca-shaped log-normals, fixed or uniform; conversation: "
-                   "multi-turn chat sessions, --rate in sessions/s (default: sharegpt)")
-    g.add_argument("--rate", type=float, default=2.0, help="mean arrival rate, requests/s (default: 2)")
-    g.add_argument("--duration", type=float, default=3600.0, help="seconds of arrivals (default: 3600)")
+                   "multi-turn chat sessions, --rate in sessions/s (default: %(default)s)")
+    g.add_argument("--rate", type=float, default=D["rate"], help="mean arrival rate, requests/s (default: %(default)s)")
+    g.add_argument("--duration", type=float, default=D["duration"], help="seconds of arrivals (default: %(default)s)")
     g.add_argument("--num-requests", type=int, help="exactly this many requests (instead of --duration)")
-    g.add_argument("--arrival", default="poisson", metavar=_choices(ARRIVALS),
-                   help="arrival process; offline = all at t=0, needs --num-requests (default: poisson)")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals' shape k: CV = 1/sqrt(k) (default: 1)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the workload and beam scores (default: 0)")
-    g.add_argument("--n", type=int, default=1, help="parallel samples per request (default: 1)")
-    g.add_argument("--beam-width", type=int, default=1, help="beam search width (default: 1, no beam search)")
-    g.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens prepended to each prompt (default: 0)")
-    g.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes (default: 1)")
+    g.add_argument("--arrival", default=D["arrival"], metavar=_choices(ARRIVALS),
+                   help="arrival process; offline = all at t=0, needs --num-requests (default: %(default)s)")
+    g.add_argument("--burstiness", type=float, default=D["burstiness"], help="gamma arrivals' shape k: CV = 1/sqrt(k) (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=D["seed"], help="seed of the workload and beam scores (default: %(default)s)")
+    g.add_argument("--n", type=int, default=D["n"], help="parallel samples per request (default: %(default)s)")
+    g.add_argument("--beam-width", type=int, default=D["beam_width"], help="beam search width (default: %(default)s, no beam search)")
+    g.add_argument("--prefix-len", type=int, default=D["prefix_len"], help="shared prefix tokens prepended to each prompt (default: %(default)s)")
+    g.add_argument("--num-prefixes", type=int, default=D["num_prefixes"], help="distinct shared prefixes (default: %(default)s)")
     g.add_argument("--prompt-len", type=int, help="--workload fixed: prompt tokens")
     g.add_argument("--output-len", type=int, help="--workload fixed: output tokens")
     g.add_argument("--prompt-len-range", type=_pair, metavar="LO,HI", help="--workload uniform: prompt tokens")
@@ -110,40 +121,39 @@ def add_run_parser(sub) -> None:
     g.add_argument("--conversations", action="store_true", help="--trace FILE.json: import every turn of the "
                    "ShareGPT conversations as multi-turn sessions (--rate: sessions/s), not only the first "
                    "(sim.conversation_import)")
-    g.add_argument("--turns", type=float, default=DEFAULT_TURNS,
-                   help=f"--workload conversation: mean turns per session, geometric (default: {DEFAULT_TURNS:g})")
-    g.add_argument("--think-time", type=float, default=DEFAULT_THINK_TIME, help="--workload conversation or "
-                   f"--conversations: mean seconds between a session's turns (default: {DEFAULT_THINK_TIME:g})")
+    g.add_argument("--turns", type=float, default=D["turns"],
+                   help="--workload conversation: mean turns per session, geometric (default: %(default)s)")
+    g.add_argument("--think-time", type=float, default=D["think_time"], help="--workload conversation or "
+                   "--conversations: mean seconds between a session's turns (default: %(default)s)")
     g.add_argument("--history-limit", type=int, metavar="TOKENS", help="--workload conversation or --conversations: "
                    "keep the prompt's last TOKENS tokens and cut replies to the context left (the paper's chatbot: "
                    "1024); default: a session ends where its history outgrows the context")
     g = p.add_argument_group("serving system")
-    g.add_argument("--policy", default="paged", metavar=_choices(POLICIES),
+    g.add_argument("--policy", default=D["policy"], metavar=_choices(POLICIES),
                    help="KV cache: paged (vLLM), contiguous Orca max/pow2/oracle reservations, or vattention "
-                   "(a virtual range per request, pages mapped on demand) (default: paged)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block, paged only (default: 16)")
+                   "(a virtual range per request, pages mapped on demand) (default: %(default)s)")
+    g.add_argument("--block-size", type=int, default=D["block_size"], help="tokens per KV block, paged only (default: %(default)s)")
     g.add_argument("--page-kib", type=float, metavar="KIB", help="--policy vattention: physical page in KiB per layer "
                    "per K/V buffer, a whole number of tokens (OPT-13B: multiples of 10; default: the smallest such "
                    "page >= 64 KiB)")
-    g.add_argument("--allocator", default="buddy", metavar=_choices(ALLOCATORS),
-                   help="contiguous policies' slot allocator (default: buddy)")
-    g.add_argument("--preemption", default="recompute", metavar=_choices(PREEMPTION_MODES),
-                   help="what a preempted request loses (default: recompute)")
-    g.add_argument("--swap-space", type=float, default=4.0, help="CPU swap space per GPU, GiB (default: 4)")
-    g.add_argument("--scheduler", default="v1", metavar=_choices(MODES),
+    g.add_argument("--allocator", default=D["allocator"], metavar=_choices(ALLOCATORS),
+                   help="contiguous policies' slot allocator (default: %(default)s)")
+    g.add_argument("--preemption", default=D["preemption"], metavar=_choices(PREEMPTION_MODES),
+                   help="what a preempted request loses (default: %(default)s)")
+    g.add_argument("--swap-space", type=float, default=D["swap_space_gib"], help="CPU swap space per GPU, GiB (default: %(default)s)")
+    g.add_argument("--scheduler", default=D["scheduler"], metavar=_choices(MODES),
                    help="v1: token budget and chunked prefill (today's vLLM); v0: the paper's prefill-only steps; "
-                   "static: request-level batching (default: v1)")
+                   "static: request-level batching (default: %(default)s)")
     g.add_argument("--no-chunked-prefill", action="store_true",
                    help="v1 without chunked prefill: a prompt must fit what is left of the token budget")
-    g.add_argument("--victim", default="latest_arrival", metavar=_choices(VICTIM_POLICIES),
-                   help="who is preempted when memory runs out (default: latest_arrival)")
+    g.add_argument("--victim", default=D["victim"], metavar=_choices(VICTIM_POLICIES),
+                   help="who is preempted when memory runs out (default: %(default)s)")
     g.add_argument("--prefix-caching", default="auto", metavar="{auto,on,off}",
-                   help="paged prefix caching; auto = on when --prefix-len > 0 (default: auto)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most (default: 256)")
-    g.add_argument("--watermark", type=float, default=0.01,
-                   help="fraction of KV blocks kept free when admitting (vLLM v0's default: 0.01)")
-    g.add_argument("--max-num-batched-tokens", type=int,
-                   help="token budget of a step (default: 2048 in v1, max(2560, context) in v0/static)")
+                   help="paged prefix caching; auto = on when --prefix-len > 0 (default: %(default)s)")
+    g.add_argument("--max-num-seqs", type=int, default=D["max_num_seqs"], help="running sequences at most (default: %(default)s)")
+    g.add_argument("--watermark", type=float, default=D["watermark"],
+                   help="fraction of KV blocks kept free when admitting (default: %(default)s, vLLM v0's)")
+    g.add_argument("--max-num-batched-tokens", type=int, help=f"token budget of a step (default: {_budget_help()})")
     g.add_argument("--slo-ttft", type=float, metavar="SECONDS", help="time-to-first-token target for SLO attainment")
     g.add_argument("--slo-tbt", type=float, metavar="SECONDS",
                    help="time-between-tokens target (a request's mean inter-token latency) for SLO attainment")
@@ -419,6 +429,46 @@ def cmd_paper_table(args: argparse.Namespace) -> int:
         print(f"{args.readme}: the paper table is the CSVs'")
     else:
         print(readme_block(data))
+    return 0
+
+
+def add_readme_numbers_parser(sub) -> None:
+    p = sub.add_parser("readme-numbers", help="the README's numbers from the committed results files (README blocks)",
+                       description="Print the README's generated blocks (sim.figures.readme_numbers): the numbers it "
+                       "quotes from the committed figures/*.csv, benchmark CSVs and GPU test log, as small tables.")  # fmt: skip
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the README's blocks between their markers")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
+    p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the results files (default: figures)")
+    p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
+    p.set_defaults(func=cmd_readme_numbers)
+
+
+def cmd_readme_numbers(args: argparse.Namespace) -> int:
+    from .figures.readme_numbers import Files, missing_blocks, missing_line, print_blocks, readme_blocks, stale_blocks
+    from .figures.readme_numbers import update_readme
+
+    if args.write or args.check:  # the README and its markers first, before reading the files
+        with open(args.readme, encoding="utf-8") as f:
+            text = f.read()
+        missing = missing_blocks(text)
+        if missing and args.check:  # the check fails: the README does not carry the block
+            print(missing_line(args.readme, missing), file=sys.stderr)
+            return 1
+        if missing:  # nowhere to write: bad input, one `error:` line and exit 2 (as paper-table)
+            raise ValueError(missing_line(args.readme, missing))
+    files = Files(args.figures)
+    if args.write:
+        print(f"{'rewrote' if update_readme(args.readme, files) else 'unchanged:'} {args.readme}")
+    elif args.check:
+        stale = stale_blocks(text, readme_blocks(files))
+        if stale:
+            print(f"{args.readme}: its blocks {', '.join(stale)} are not what the files give (run: python -m sim "
+                  "readme-numbers --write)", file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"{args.readme}: the README's numbers are the files'")
+    else:
+        print(print_blocks(readme_blocks(files)))
     return 0
 
 

@@ -27,17 +27,16 @@ that the simulator's fast-forward (sim/fastforward.py) applies at once.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import deque
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .preemption import victim_policy
-from .scheduler_config import DEFAULT_BUDGET, MODES, PREEMPTION_MODES, SchedulerConfig
+from .config import SchedulerConfig
 from .request import Request
 from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
 
-__all__ = ["DEFAULT_BUDGET", "MODES", "PREEMPTION_MODES", "Scheduler", "SchedulerConfig", "StepResult"]
+__all__ = ["Scheduler", "SchedulerConfig", "StepResult"]
 
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
@@ -588,17 +587,22 @@ class Scheduler:
         if seqs is None or not 1 <= max_steps <= min(s.output_len - s.num_generated for s in seqs):
             raise ValueError(f"advance_decodes({max_steps}): expected a plain decode state and no sequence finishing "
                              "before the last step")  # fmt: skip
-        ids = [s.seq_id for s in seqs]
         # a step allocates request by request: the same calls, so that a pool freeing blocks mid-run (hybrid) finds
-        # the same room and hands out the block ids stepping would
-        batches = [len(list(run)) for _, run in itertools.groupby(seqs, key=lambda s: s.request_id)]
+        # the same room and hands out the block ids stepping would (a plain loop: the fast-forward's hot path)
+        seq_groups: list[list[int]] = []
+        last = group = None
+        for seq in seqs:  # a request's sequences are consecutive
+            if seq.request_id != last:
+                last, group = seq.request_id, []
+                seq_groups.append(group)
+            group.append(seq.seq_id)
         # a waiting group refused now stays refused while free memory does not grow (in a paged pool it only
         # shrinks during a run; a hybrid pool's sliding groups give blocks back): the run stops before it grows
-        cap = self.kv.num_free_blocks if self._waiting and self._may_admit() else None
-        num_steps = self.kv.max_decode_steps(ids, max_steps, max_free=cap, batches=batches)
+        waiting = bool(self._waiting) and self._may_admit()
+        num_steps = self.kv.max_decode_steps(seq_groups, max_steps, waiting)
         if num_steps < 1:
             return [], []
-        counts = self.kv.advance_decodes(ids, num_steps, checked=True, batches=batches)
+        counts = self.kv.advance_decodes(seq_groups, num_steps, checked=True)
         for seq in seqs:
             seq.num_generated += num_steps
             seq.num_computed_tokens += num_steps

@@ -16,7 +16,6 @@ frozen dataclass with a `name` and `start()`, which returns a recorder with `on_
 from __future__ import annotations
 
 import csv
-import inspect
 import itertools
 import multiprocessing
 import os
@@ -28,22 +27,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .api import run, run_defaults
+from .api import run
 from .arguments import check_arguments
-from .kv import POLICIES
+from .config import RUN_FIELDS, choices
 from .limits import MAX_JOBS
 from .outfiles import atomic_write, check_outputs
-from .scheduler import MODES, PREEMPTION_MODES
-from .slots import ALLOCATORS
-from .specs import GPUS, MODELS
-from .workload import ARRIVALS, DATASETS
 
 BACKENDS = ("local", "ray")
 RAY_MISSING = "--backend ray needs the 'ray' extra: pip install 'paged-attention-lab[ray]'"
 # run() keywords a sweep cannot set from text: objects, callbacks, and the terminal progress bar.
 NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress", "stop_at")  # stop_at: the probes set it
-CHOICES = {"policy": POLICIES, "workload": DATASETS, "preemption": PREEMPTION_MODES, "scheduler": MODES,
-           "arrival": ARRIVALS, "allocator": tuple(ALLOCATORS), "model": tuple(MODELS), "gpu": tuple(GPUS)}  # fmt: skip
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 
@@ -52,9 +45,9 @@ class SweepError(ValueError):
 
 
 def sweepable_params() -> dict[str, str]:
-    """run() keyword -> its annotation text (`from __future__ import annotations` keeps annotations as text)."""
-    params = inspect.signature(run).parameters
-    return {name: str(p.annotation) for name, p in params.items() if name not in NOT_SWEEPABLE}
+    """run() keyword -> its annotation text in sim.config.RunConfig (`from __future__ import annotations` keeps
+    annotations as text)."""
+    return {name: str(f.type) for name, f in RUN_FIELDS.items() if name not in NOT_SWEEPABLE}
 
 
 def parse_value(name: str, text: str):
@@ -80,8 +73,8 @@ def parse_value(name: str, text: str):
             return float(text)
     except ValueError:
         raise SweepError(f"{name}: cannot read {text!r} as {kind} (e.g. {_example(kind)})") from None
-    if name in CHOICES and text not in CHOICES[name]:
-        raise SweepError(f"{name}: got {text!r} (allowed: {', '.join(CHOICES[name])})")
+    if RUN_FIELDS[name].metadata["kind"] == "choice" and text not in choices(name):
+        raise SweepError(f"{name}: got {text!r} (allowed: {', '.join(choices(name))})")
     return text
 
 
@@ -274,7 +267,7 @@ def sweep(grid: dict[str, list], fixed: dict | None = None, *, jobs: int | None 
             raise SweepError(f"{name}: the grid gives no values")
     points = grid_points(grid, fixed)
     for point in points:  # every point checked before any runs (a bad one would fail only when its turn came)
-        check_arguments({**run_defaults(), **point}, defaults=run_defaults())
+        check_arguments(point)
     results = run_tasks([Task.of(**p) for p in points], jobs=jobs, backend=backend, progress=progress)
     return [summary_row(p, r.summary) for p, r in zip(points, results)]
 

@@ -1,4 +1,4 @@
-"""`make peer` (tools/peer_vllm.py): its refusals, the README's vLLM numbers checked against its committed CSV, and
+"""`make peer` (tools/peer_vllm.py): its refusals, the README's vLLM numbers recomputed from its committed CSV, and
 the README's API table ("Moves to vLLM by changing the import") checked to be what tools/peer/api_table.py makes of
 figures/peer_api.csv. The run itself needs vLLM's CPU build and minutes, so it is not part of the tests."""
 import csv
@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import peer_vllm  # noqa: E402
+from sim.figures.readme_numbers import Files, make_block  # noqa: E402
 
 api_checks, api_table = peer_vllm.api_checks, peer_vllm.api_table  # tools/peer/, as make peer imports them
 
-README = " ".join((ROOT / "README.md").read_text().split())
 
 
 def rows() -> list[dict]:
@@ -37,24 +37,31 @@ def test_the_committed_run_covers_every_check():
     assert "# command: python tools/peer_vllm.py" in text and "vllm 0.32" in text
 
 
-def test_readme_quotes_the_committed_peer_run():
+def test_readme_numbers_are_the_committed_peer_run():
+    """The README's two tables of this run (sim/figures/readme_numbers.py; the README holds exactly those blocks:
+    tests/sim/test_readme_numbers.py) have the CSV's numbers."""
+    files = Files(ROOT / "figures")
+    speed, checks = make_block("peer", files), make_block("peer-checks", files)
+    columns = ("threads", "this engine (output tokens/s)", "vLLM 0.32 CPU", "engine / vLLM")
     table = {(r["section"], r["system"], r["threads"]): r for r in rows()}
     for threads in ("1", "2"):
         ours = float(table["throughput", "engine", threads]["value"])
         theirs = float(table["throughput", "vllm", threads]["value"])
         ratio = float(table["throughput_ratio", "engine / vLLM", threads]["value"])
-        assert f"| {threads} | {ours:.1f} | {theirs:.1f} | {ratio:.2f} |" in README
+        row = speed.row(f"throughput.{threads}")
+        assert tuple(row[c] for c in columns) == (threads, f"{ours:.1f}", f"{theirs:.1f}", f"{ratio:.2f}")
     ours, theirs = (float(table["throughput_one_core", s, "1"]["value"]) for s in ("engine", "vllm"))
     ratio = float(table["throughput_ratio_one_core", "engine / vLLM", "1"]["value"])
-    assert f"| 1, both on one core | {ours:.1f} | {theirs:.1f} | {ratio:.2f} |" in README
+    row = speed.row("throughput_one_core.1")
+    assert tuple(row[c] for c in columns) == ("1, both on one core", f"{ours:.1f}", f"{theirs:.1f}", f"{ratio:.2f}")
     equal = table["greedy_equality", "engine vs vLLM", "1"]
-    assert f"{equal['value']} of 16 prompts" in README
+    assert checks.row("greedy")["result"].startswith(f"{equal['value']} of 16 prompts")
     beams = table["beam_search_equality", "engine vs vLLM", "1"]
-    assert f"**Beam search**: {beams['value']} of 8 cases" in README
+    assert checks.row("beams")["result"].startswith(f"{beams['value']} of 8 cases")
     pool = table["block_pool", "sim.BlockAllocator vs vLLM BlockPool", ""]
-    assert f"{pool['value']} of {pool['rounds']} runs" in README
+    assert checks.row("block_pool")["result"].startswith(f"{pool['value']} of {pool['rounds']} runs")
     cold = {s: float(table["cold_start", s, "1"]["value"]) for s in ("engine", "vllm")}
-    assert f"{cold['engine']:.1f} s against {cold['vllm']:.1f} s" in README
+    assert checks.row("cold_start")["result"] == f"{cold['engine']:.1f} s against {cold['vllm']:.1f} s"
 
 
 def test_reusing_vllms_api_results_needs_api_only(tmp_path, capsys):

@@ -32,7 +32,6 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..api import run_defaults
 from ..arguments import check_arguments
 from ..kv.contiguous import ContiguousKVManager
 from ..outfiles import check_outputs, write_csv
@@ -241,7 +240,7 @@ def run_sensitivity(out: str | Path = CSV_PATH, *, progress: bool = True, comman
     check_outputs({"--out": out})  # before minutes of work
     todo = points()
     for point in todo:  # every point checked before any runs (a bad one would fail only when its turn came)
-        check_arguments({**run_defaults(), **point.task.params}, defaults=run_defaults())
+        check_arguments(point.task.params)
     results = run_tasks([p.task for p in todo], jobs=1, progress=progress, desc="paper sensitivity")
     rows = [row(p, r) for p, r in zip(todo, results)]
     write_csv(out, COLUMNS, rows, comments=[f"command: {command}", "one row per run; blank: the figure's setting "

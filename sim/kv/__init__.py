@@ -7,7 +7,9 @@
     hybrid                     vLLM's hybrid allocator: a table per layer group; sliding-window groups free blocks
 
 `make_kv_manager` builds any of them over a pool of `num_slots` token slots. A new policy is one file in this
-folder plus one entry in `_REGISTRY`: nothing outside `sim/kv/` knows which policy it is talking to.
+folder plus one entry in `_REGISTRY`, which states what it can do (`allocates_blocks_on_demand`, `has_swap_space`,
+`has_prefix_cache`, `always_caches_prefixes`, each reading one flag): nothing outside `sim/kv/` knows which policy it
+is talking to, and nothing asks a built manager what it can do.
 """
 from __future__ import annotations
 
@@ -16,23 +18,36 @@ from typing import Callable
 
 from .base import (SHARE_NAMES, Allocation, BlockCopy, KVManager, MemoryBreakdown, NewSequence, PrefixCacheStats,
                    as_seen)  # fmt: skip
+from .groups import layer_groups
+
+
+PREFIX_CACHE = ("none", "optional", "always")  # what `_Policy.prefix_cache` may say
 
 
 @dataclass(frozen=True, slots=True)
 class _Policy:
+    """What the registry knows of a policy: how to build it, and what it can do (each flag means one thing)."""
+
     build: Callable[..., KVManager]  # (num_blocks, block_size, options) -> manager
+    # Hands out blocks as sequences grow (paged, vattention, radix, hybrid), rather than reserving a run per sequence
+    # up front (the contiguous baselines): only such a pool has an admission watermark and preempts.
+    blocks_on_demand: bool
     # NOTE: the paper's Orca reimplementation reserved token-granular runs, so the simulator runs the contiguous
-    # baselines at block size 1; the engine keeps its cache's block size for every policy.
+    # baselines at block size 1; the engine keeps its cache's block size for every policy. Decides nothing else.
     token_granular_in_simulator: bool
+    can_swap: bool = False  # can swap a preempted group to CPU memory (num_cpu_blocks); False: recompute only
+    prefix_cache: str = "none"  # "none": shares nothing between requests; "optional": enable_prefix_caching turns it
+    # on (paged); "always": the prefix cache is the policy and cannot be turned off (radix)
     # A policy whose block is a page given in KiB per layer per K/V buffer (vattention's `page_kib`): (model spec,
     # num_gpus, page_kib or None for its default) -> tokens per page. None: the block size is given in tokens.
     page_tokens: Callable[..., int] | None = None
-    has_swap_space: bool = True  # False: preempts by recompute only (radix, as SGLang); preemption="swap" is refused
-    always_caches_prefixes: bool = False  # True: the prefix cache is the policy (radix); it cannot be turned off
-    has_prefix_cache: bool = True  # False: shares nothing (vattention); enable_prefix_caching=True is refused
     # A policy that needs the model's layers (hybrid: its sliding-window ones): (model spec) -> None, raising one line
     # for a model it cannot serve. None: any model.
     check_model: Callable[..., None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix_cache not in PREFIX_CACHE:
+            raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE)}, got {self.prefix_cache!r}")
 
 
 def _paged(num_blocks: int, block_size: int, o: dict) -> KVManager:
@@ -88,14 +103,15 @@ def _radix(num_blocks: int, block_size: int, o: dict) -> KVManager:
 
 
 _REGISTRY = {
-    "paged": _Policy(_paged, token_granular_in_simulator=False),
-    "max": _Policy(_contiguous("max"), token_granular_in_simulator=True),
-    "pow2": _Policy(_contiguous("pow2"), token_granular_in_simulator=True),
-    "oracle": _Policy(_contiguous("oracle"), token_granular_in_simulator=True),
-    "vattention": _Policy(_vattention, token_granular_in_simulator=False, page_tokens=_vattention_page_tokens,
-                          has_swap_space=False, has_prefix_cache=False),
-    "radix": _Policy(_radix, token_granular_in_simulator=False, has_swap_space=False, always_caches_prefixes=True),
-    "hybrid": _Policy(_hybrid, token_granular_in_simulator=False, has_swap_space=False, has_prefix_cache=False,
+    "paged": _Policy(_paged, blocks_on_demand=True, token_granular_in_simulator=False, can_swap=True,
+                     prefix_cache="optional"),
+    "max": _Policy(_contiguous("max"), blocks_on_demand=False, token_granular_in_simulator=True),
+    "pow2": _Policy(_contiguous("pow2"), blocks_on_demand=False, token_granular_in_simulator=True),
+    "oracle": _Policy(_contiguous("oracle"), blocks_on_demand=False, token_granular_in_simulator=True),
+    "vattention": _Policy(_vattention, blocks_on_demand=True, token_granular_in_simulator=False,
+                          page_tokens=_vattention_page_tokens),
+    "radix": _Policy(_radix, blocks_on_demand=True, token_granular_in_simulator=False, prefix_cache="always"),
+    "hybrid": _Policy(_hybrid, blocks_on_demand=True, token_granular_in_simulator=False,
                       check_model=_hybrid_check_model),
 }
 POLICIES = tuple(_REGISTRY)
@@ -108,24 +124,25 @@ def _policy(policy: str) -> _Policy:
 
 
 def allocates_blocks_on_demand(policy: str) -> bool:
-    """Whether `policy` hands out blocks as sequences grow (paged) rather than reserving runs up front: only such a
-    pool has a block size of its own, a prefix cache, swap space, an admission watermark and preemption."""
-    return not _policy(policy).token_granular_in_simulator
+    """Whether `policy` hands out blocks as sequences grow (paged, vattention, radix, hybrid) rather than reserving a
+    run per sequence up front (the contiguous baselines): only such a pool has an admission watermark and preempts."""
+    return _policy(policy).blocks_on_demand
 
 
 def has_swap_space(policy: str) -> bool:
     """Whether `policy` can swap a preempted group to CPU memory (else it preempts by recompute only)."""
-    return allocates_blocks_on_demand(policy) and _policy(policy).has_swap_space
+    return _policy(policy).can_swap
 
 
 def always_caches_prefixes(policy: str) -> bool:
     """Whether `policy`'s prefix cache is always on (`enable_prefix_caching` means nothing to it)."""
-    return _policy(policy).always_caches_prefixes
+    return _policy(policy).prefix_cache == "always"
 
 
 def has_prefix_cache(policy: str) -> bool:
-    """Whether `policy` can cache prefixes (`enable_prefix_caching`); the contiguous baselines and vattention cannot."""
-    return allocates_blocks_on_demand(policy) and _policy(policy).has_prefix_cache
+    """Whether `policy` can cache prefixes (`enable_prefix_caching`, or always); the contiguous baselines, vattention
+    and hybrid cannot."""
+    return _policy(policy).prefix_cache != "none"
 
 
 def pages_in_kib(policy: str) -> bool:
@@ -165,10 +182,11 @@ def make_kv_manager(
     """A KV manager for `policy` over `num_slots` token slots (the pool holds num_slots // block_size blocks).
 
     Options a policy has no use for are ignored, and the manager says what it does: `allocator` and
-    `max_seq_len` shape the contiguous reservations; prefix caching (`kv.enable_prefix_caching`), CPU swap
-    space (`kv.num_cpu_blocks`) and the admission `watermark` (a share of the blocks) exist only where blocks
-    are shared and allocated on demand. `model` (a sim.specs.ModelSpec) is for a policy that needs the model's layers:
-    hybrid groups them (sim.kv.hybrid), and turns the `num_slots` all-layer token slots into pages of the same bytes.
+    `max_seq_len` shape the contiguous reservations; prefix caching (`kv.enable_prefix_caching`) exists only where
+    `has_prefix_cache(policy)`, CPU swap space (`kv.num_cpu_blocks`) only where `has_swap_space(policy)`, and the
+    admission `watermark` (a share of the blocks) only where `allocates_blocks_on_demand(policy)`. `model` (a
+    sim.specs.ModelSpec) is for a policy that needs the model's layers: hybrid groups them (sim.kv.hybrid), and turns
+    the `num_slots` all-layer token slots into pages of the same bytes.
     """
     spec = _policy(policy)
     if block_size < 1:
@@ -199,5 +217,5 @@ def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int 
 
 
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
-           "PrefixCacheStats", "as_seen", "check_model", "make_kv_manager", "pool_blocks_for",
+           "PrefixCacheStats", "as_seen", "check_model", "layer_groups", "make_kv_manager", "pool_blocks_for",
            "simulator_block_size"]  # fmt: skip

@@ -8,6 +8,12 @@ count, and answers with the copies to make or `None`. Everything policy-specific
 copy-on-write, reservations, the watermark, swap space, prefix caching, how a run of decode steps moves
 memory) lives behind these methods, so a new policy is one file in `sim/kv/`.
 
+KV cache groups. Every manager keeps one or more KV cache groups (vLLM's `KVCacheGroupSpec`): `windows` gives each
+group's attention window (None: full attention), and `group_tables(seq_id)` a sequence's table in every group. A
+policy that treats every layer as full attention has one group, `(None,)`, and its table is `block_table`; the hybrid
+policy has one full group and several sliding ones. Which model layers a group serves follows from the windows alone
+(`sim.kv.groups.layer_groups`), so an engine lays out its cache tensors without knowing the policy.
+
 A sequence's tokens, as the scheduler sees them when it asks for slots:
 
     |<------ num_computed_tokens ------>|<-- num_new_tokens -->|
@@ -136,6 +142,10 @@ class KVManager(Protocol):
     block_size: int  # tokens per block (the contiguous policies in the simulator use 1: a block is a slot)
     num_blocks: int  # blocks in the GPU pool
     num_cpu_blocks: int  # CPU swap space in blocks; 0 = this manager cannot swap
+    enable_prefix_caching: bool  # whether this manager caches prefixes (the option, or always where it is the policy)
+    # KV cache groups: each group's attention window, None = full attention; (None,) for a policy that keeps every
+    # layer as full attention (one group, whose table is block_table)
+    windows: tuple[int | None, ...]
 
     @property
     def num_slots(self) -> int: ...  # num_blocks * block_size token slots
@@ -192,28 +202,29 @@ class KVManager(Protocol):
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None: ...
 
     # --- runs of plain decode steps (the simulator's fast-forward) ----------------------------------
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
-                         batches: Sequence[int] | None = None) -> int:
-        """The most decode steps (at most `limit`), each appending one token to every sequence in order, that
-        need no copy and find memory, as if allocate_slots(seq_ids, [1, ...]) were called that many times.
-        `max_free`: also stop before a step after whose allocations more blocks would be free than this (a scheduler
-        admits after a step's decodes: a request refused now might fit then); only a pool that frees blocks during a
-        run (hybrid) ever reaches it. `batches`: as for advance_decodes."""
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """The most decode steps (at most `limit`), each appending one token to every sequence, that need no copy and
+        find memory, as if every step called allocate_slots(group, [1, ...]) for each of `seq_groups` in order (the
+        sequences as a step allocates them: the scheduler's request groups). `waiting`: a request waits for memory, so
+        also end the run before any step after which more blocks would be free than at the run's start (it might fit
+        then). A policy whose free blocks never grow during a run meets `waiting` by construction; one that frees
+        blocks mid-run (hybrid) stops there, and follows the groups' order."""
         ...
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
-                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
-        """Apply `num_steps` such steps at once (the same end state and block ids as one step at a time) and
-        return the pool's five raw slot counts (SHARE_NAMES order) DURING each step, i.e. after its
-        allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked).
-        `batches`: how a step of the caller allocates, as the sizes of consecutive runs of `seq_ids` passed to one
-        allocate_slots call each (the scheduler's request groups); None: one call with all of them. A pool whose runs
-        free nothing hands out the same block ids either way; one that frees blocks during a run (hybrid) follows
-        the calls' order."""
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+        """Apply `num_steps` such steps at once (the same end state and block ids as stepping, one allocate_slots per
+        group per step) and return the pool's five raw slot counts (SHARE_NAMES order) DURING each step, i.e. after its
+        allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked)."""
         ...
 
     # --- what the executor and the metrics read ---------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]: ...
+
+    def group_tables(self, seq_id: int) -> list[list[int | None]]:
+        """The sequence's table in every KV cache group (`windows` order), position-indexed: entry i holds positions
+        i*block_size .. (i+1)*block_size - 1, None where a sliding group has freed it. One group: [block_table]."""
+        ...
 
     def num_tokens(self, seq_id: int) -> int: ...
 
@@ -246,6 +257,16 @@ def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
         raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
     if any(n < 0 for n in num_new_tokens):
         raise ValueError(f"num_new_tokens must be >= 0, got {list(num_new_tokens)}")
+
+
+class OneKVCacheGroup:
+    """The KV-cache-group half of the contract for a manager that keeps every layer as full attention: one group of
+    full attention, whose table is `block_table`. Mixed into such managers (paged, contiguous, vattention)."""
+
+    windows: tuple[int | None, ...] = (None,)
+
+    def group_tables(self, seq_id: int) -> list[list[int | None]]:
+        return [self.block_table(seq_id)]
 
 
 class NoSwapSpace:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, as_seen, cdiv,
-                   check_request_args)  # fmt: skip
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, OneKVCacheGroup,
+                   as_seen, cdiv, check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
@@ -52,12 +52,13 @@ def next_power_of_two(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
+class ContiguousKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
 
     # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more memory and
     # is never preempted; the baselines therefore have no CPU swap space (NoSwapSpace answers the swap questions).
     # no prefix cache (NoPrefixCache): Orca shares nothing
+    # every layer full attention in one run per sequence: one KV cache group (OneKVCacheGroup)
     gather_block_size = None  # attention reads each sequence's K/V as one run
 
     def __init__(
@@ -218,18 +219,21 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         del self._seqs[seq_id]
 
     # --- runs of plain decode steps ------------------------------------------------------------------
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
-                         batches: Sequence[int] | None = None) -> int:
-        """Each sequence grows inside its own reservation, which usually holds the whole run."""
-        room = min((self._run(i).reserved_tokens - self._run(i).num_tokens for i in seq_ids), default=limit)
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Each sequence grows inside its own reservation, which usually holds the whole run. Nothing is allocated or
+        freed during a run, so `waiting` holds by construction and the groups' order changes nothing."""
+        room = min((self._run(i).reserved_tokens - self._run(i).num_tokens for ids in seq_groups for i in ids),
+                   default=limit)  # fmt: skip
         return max(0, min(limit, room))
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
-                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
         """Nothing allocates: each step turns one reserved slot per sequence into a token. A slot is
         reservation up to the sequence's final length and internal fragmentation past it (an engine may
         write beyond a final length that is only max_tokens)."""
-        if (not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps) or len(set(seq_ids)) != len(seq_ids):
+        seq_ids = [i for ids in seq_groups for i in ids]
+        room = num_steps if checked else self.max_decode_steps(seq_groups, num_steps)
+        if room < num_steps or len(set(seq_ids)) != len(seq_ids):
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} steps of distinct sequences")
         tokens, reservation, internal, external, free = self.breakdown().counts()
         leaves_reservation = [0] * (num_steps + 1)  # at step j, this many sequences write past their final length

@@ -11,9 +11,11 @@ KV cache groups. Layers are split into groups of equally many layers (vLLM's `_g
 the group size is the smaller layer count of the two kinds, or the larger when they are within 25% of each other; the
 last group of a kind is padded with empty layers). Gemma-3-270m: 3 full + 15 sliding layers -> 6 groups of 3 layers,
 one full and five sliding. Gemma-3-27B: 10 full + 52 sliding -> groups of 10, one full and six sliding, the last of
-them 2 layers + 8 layers of padding (vLLM warns of the same waste). Every group takes its blocks from ONE shared pool
-of equal pages: a page holds `block_size` tokens of the K/V of one group's layers, so a page is a page whatever group
-holds it. Each sequence has one block table per group; a block covers the same token positions in every group.
+them 2 layers + 8 layers of padding (vLLM warns of the same waste). The rule lives in groups.py (`group_size`, and
+`layer_groups`: which layers each group serves, from the manager's `windows` alone). Every group takes its blocks from
+ONE shared pool of equal pages: a page holds `block_size` tokens of the K/V of one group's layers, so a page is a page
+whatever group holds it. Each sequence has one block table per group; a block covers the same token positions in every
+group.
 
 One sequence, block_size 4, window W = 6, final length 12, 11 tokens, the latest step fed position 10:
 
@@ -61,19 +63,19 @@ from ..blocks import BlockAllocator
 from . import hybrid_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, cdiv,
                    check_request_args)  # fmt: skip
+from .groups import group_size
 
 
 def kv_cache_groups(model) -> tuple[int, tuple[int | None, ...]]:
     """(layers per group, the window of each group: None = full attention, full groups first) for a sim.specs.ModelSpec,
-    by vLLM's rule (see the module docstring). One line of error for a model without sliding-window layers."""
+    by vLLM's rule (see the module docstring; `groups.group_size`). Which layers each group serves is `groups.layer_groups`
+    of these windows. One line of error for a model without sliding-window layers."""
     full, sliding = model.num_full_layers, model.num_sliding_layers
     if not sliding or not full:
         raise ValueError(f"policy 'hybrid' needs a model that interleaves full and sliding-window attention, and "
                          f"{model.name} has {full} full and {sliding} sliding layers (allowed: gemma3-270m, "
                          f"gemma3-27b or another model with sliding_window)")  # fmt: skip
-    size = min(full, sliding)
-    if max(full, sliding) < 1.25 * size:
-        size = max(full, sliding)
+    size = group_size([full, sliding])
     return size, (None,) * cdiv(full, size) + (model.sliding_window,) * cdiv(sliding, size)
 
 
@@ -271,25 +273,27 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         del self._seqs[seq_id]
 
     # --- runs of plain decode steps (hybrid_runs.py) -----------------------------------------------
-    def _run_seqs(self, seq_ids: Sequence[int]) -> list[_Seq]:
+    def _run_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[list[_Seq]]:
+        seq_ids = [i for ids in seq_groups for i in ids]
         if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
-        return [self._seq(i) for i in seq_ids]
+            raise ValueError(f"duplicate sequence ids {seq_ids}")
+        return [[self._seq(i) for i in ids] for ids in seq_groups]
 
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
-                         batches: Sequence[int] | None = None) -> int:
-        return hybrid_runs.max_decode_steps(self, self._run_seqs(seq_ids), limit, max_free, batches)
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Sliding groups free blocks during a run: each step is modelled as its allocate_slots calls, one per group of
+        `seq_groups` in order, and with `waiting` the run ends before a step that would leave more blocks free than
+        at its start (hybrid_runs.py)."""
+        return hybrid_runs.max_decode_steps(self, self._run_seqs(seq_groups), limit, waiting)
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
-                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
-        """Steps one token at a time, one allocate_slots per batch (the same end state and block ids as stepping, by
-        construction); `checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
-        self._run_seqs(seq_ids)  # every id live, none twice
-        if batches is not None and (sum(batches) != len(seq_ids) or min(batches, default=1) < 1):
-            raise ValueError(f"batches {list(batches)} must split the {len(seq_ids)} sequence ids into runs of >= 1")
-        if not checked and self.max_decode_steps(seq_ids, num_steps, batches=batches) < num_steps:
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+        """Steps one token at a time, one allocate_slots per group of `seq_groups` (the same end state and block ids as
+        stepping, by construction); `checked`: the caller has just asked max_decode_steps for these groups (skips
+        asking again)."""
+        self._run_seqs(seq_groups)  # every id live, none twice
+        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
-        return hybrid_runs.step_decodes(self, list(seq_ids), num_steps, batches or [len(seq_ids)])
+        return hybrid_runs.step_decodes(self, seq_groups, num_steps)
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:

@@ -9,16 +9,16 @@ position p = n + j - 1 of a sequence holding n tokens:
   j_i = (i + 1) * block_size + W - n (at step 1 at the latest: a sequence whose latest step fed a long chunk drops
   several blocks at once). A dropped block returns to the pool when its last owner drops it (forks share blocks).
 
-A step allocates request by request (the scheduler calls allocate_slots once per request group: `batches`), and each
-call makes its own drops before its openings, all or nothing: so the blocks a later request drops come back only
-after an earlier one opened its own, and step j fits iff no call of it finds the pool short. Only steps where
-something opens or is dropped can change the answer, so `max_decode_steps` walks those events, call by call, in
-order: O(sequences x groups x limit / block_size). The scheduler admits a waiting request after a step's decodes, so
-with `max_free` the run also ends before a step that would leave more blocks free than when it began.
+A step allocates request by request (the scheduler calls allocate_slots once per request group: the contract's
+`seq_groups`), and each call makes its own drops before its openings, all or nothing: so the blocks a later request
+drops come back only after an earlier one opened its own, and step j fits iff no call of it finds the pool short.
+Only steps where something opens or is dropped can change the answer, so `max_decode_steps` walks those events, call
+by call, in order: O(sequences x groups x limit / block_size). The scheduler admits a waiting request after a step's
+decodes, so with `waiting` the run also ends before a step that would leave more blocks free than when it began.
 
-`step_decodes` applies a run one allocate_slots per batch (request group) per step, recording the breakdown during each
-step: the same end state, block ids and counts as stepping, by construction. NOTE: O(steps x sequences x groups), slower than the paged
-manager's closed forms (paged_runs.py), which a hybrid pool's frees would complicate.
+`step_decodes` applies a run one allocate_slots per request group per step, recording the breakdown during each step:
+the same end state, block ids and counts as stepping, by construction. NOTE: O(steps x sequences x groups), slower
+than the paged manager's closed forms (paged_runs.py), which a hybrid pool's frees would complicate.
 """
 from __future__ import annotations
 
@@ -28,42 +28,41 @@ from typing import Sequence
 from .base import cdiv
 
 
-def max_decode_steps(kv, seqs: Sequence, limit: int, max_free: int | None = None,
-                     batches: Sequence[int] | None = None) -> int:
-    """The most plain decode steps (at most `limit`) that `seqs` (the manager's _Seq records) can take, each one token
-    per sequence, with no copy and the memory the pool has; 0 if a partly filled last block is shared (the next write
-    copies it, which a plain decode step may not). `batches`: the sizes of consecutive runs of `seqs` that a step
-    allocates with one call each (None: one call). `max_free`: stop before a step after whose allocations more blocks
-    would be free than that (the scheduler admits after a step's decodes: its waiting head, refused now, might be
-    admitted then)."""
+def max_decode_steps(kv, seq_groups: Sequence[Sequence], limit: int, waiting: bool = False) -> int:
+    """The most plain decode steps (at most `limit`) that the sequences of `seq_groups` (the manager's _Seq records, as
+    a step allocates them: one allocate_slots call per group, in order) can take, each one token per sequence, with no
+    copy and the memory the pool has; 0 if a partly filled last block is shared (the next write copies it, which a
+    plain decode step may not). `waiting`: stop before a step after whose allocations more blocks would be free than
+    at the start (the scheduler admits after a step's decodes: its waiting head, refused now, might fit then)."""
     if limit < 1:
         return 0
-    if not seqs:
+    if not any(seq_groups):
         return limit
     bs, refs, groups = kv.block_size, kv.allocator.ref_count, len(kv.windows)
-    batch_of = [b for b, size in enumerate(batches or [len(seqs)]) for _ in range(size)]
-    opened: dict[tuple[int, int], int] = {}  # (step, batch) -> blocks opened
-    dropped: dict[tuple[int, int], list[int]] = {}  # (step, batch) -> held blocks that lose a reference
-    returned: dict[tuple[int, int], int] = {}  # (step, batch) -> blocks opened during the run, dropped by their owner
-    for seq, b in zip(seqs, batch_of):
-        n = seq.num_tokens
-        if n % bs and any(refs(table[-1]) > 1 for table in seq.tables):
-            return 0
-        for j in range((-n) % bs + 1, limit + 1, bs):
-            opened[j, b] = opened.get((j, b), 0) + groups
-        end = cdiv(n + limit, bs)  # logical blocks the sequence would hold at the end of the run
-        for window, table, start in zip(kv.windows, seq.tables, seq.starts):
-            if window is None:
-                continue
-            for i in range(start, end):
-                j = max(1, (i + 1) * bs + window - n)
-                if j > limit:
-                    break
-                if i - start < len(table):
-                    dropped.setdefault((j, b), []).append(table[i - start])
-                else:
-                    returned[j, b] = returned.get((j, b), 0) + 1
+    opened: dict[tuple[int, int], int] = {}  # (step, call) -> blocks opened
+    dropped: dict[tuple[int, int], list[int]] = {}  # (step, call) -> held blocks that lose a reference
+    returned: dict[tuple[int, int], int] = {}  # (step, call) -> blocks opened during the run, dropped by their owner
+    for b, seqs in enumerate(seq_groups):
+        for seq in seqs:
+            n = seq.num_tokens
+            if n % bs and any(refs(table[-1]) > 1 for table in seq.tables):
+                return 0
+            for j in range((-n) % bs + 1, limit + 1, bs):
+                opened[j, b] = opened.get((j, b), 0) + groups
+            end = cdiv(n + limit, bs)  # logical blocks the sequence would hold at the end of the run
+            for window, table, start in zip(kv.windows, seq.tables, seq.starts):
+                if window is None:
+                    continue
+                for i in range(start, end):
+                    j = max(1, (i + 1) * bs + window - n)
+                    if j > limit:
+                        break
+                    if i - start < len(table):
+                        dropped.setdefault((j, b), []).append(table[i - start])
+                    else:
+                        returned[j, b] = returned.get((j, b), 0) + 1
     free, left = kv.allocator.num_free_blocks, {}
+    max_free = free if waiting else None
     events = sorted(opened.keys() | dropped.keys() | returned.keys())
     for step, calls in itertools.groupby(events, key=lambda event: event[0]):
         for event in calls:  # each call frees its own drops, then opens (allocate_slots' order), all or nothing
@@ -79,16 +78,13 @@ def max_decode_steps(kv, seqs: Sequence, limit: int, max_free: int | None = None
     return limit
 
 
-def step_decodes(kv, seq_ids: Sequence[int], num_steps: int, batches: Sequence[int]) -> list[tuple[int, ...]]:
-    """Apply `num_steps` decode steps one at a time, each one allocate_slots per batch of consecutive ids (sizes in
-    `batches`); the pool's five raw slot counts during each step (after its allocation). Room is checked by the
-    caller."""
-    counts, starts = [], [0]
-    for size in batches:
-        starts.append(starts[-1] + size)
+def step_decodes(kv, seq_groups: Sequence[Sequence[int]], num_steps: int) -> list[tuple[int, ...]]:
+    """Apply `num_steps` decode steps one at a time, each one allocate_slots per group of `seq_groups` in order; the
+    pool's five raw slot counts during each step (after its allocation). Room is checked by the caller."""
+    counts, calls = [], [(list(ids), [1] * len(ids)) for ids in seq_groups if ids]
     for _ in range(num_steps):
-        for lo, hi in zip(starts, starts[1:]):
-            if kv.allocate_slots(seq_ids[lo:hi], [1] * (hi - lo)) is None:
+        for ids, ones in calls:
+            if kv.allocate_slots(ids, ones) is None:
                 raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         counts.append(kv.breakdown().counts())
     return counts

@@ -27,7 +27,8 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
-from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_request_args
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, OneKVCacheGroup, PrefixCacheStats, cdiv,
+                   check_request_args)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -42,11 +43,12 @@ class SeqState:
     swapped: bool = False
 
 
-class PagedKVManager:
+class PagedKVManager(OneKVCacheGroup):
     """Block tables for sequences named by integer ids, over a GPU `BlockAllocator` (+ optional CPU swap space).
 
     `watermark`: the share of GPU blocks an admission must leave free, so that a sequence just admitted is not
     preempted at once by its elders' growth (vLLM v0's block-manager watermark, 0.01 there; 0 = off).
+    Every layer is kept as full attention: one KV cache group, whose table is `block_table` (OneKVCacheGroup).
     """
 
     policy = "paged"
@@ -377,27 +379,30 @@ class PagedKVManager:
         return list(mapping.items())
 
     # --- runs of plain decode steps (closed forms in paged_runs.py) ---------------------------------
-    def _gpu_seqs(self, seq_ids: Sequence[int]) -> list[SeqState]:
-        """The states of these live, on-GPU sequences (one pass; the fast-forward asks for many at once)."""
+    def _gpu_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[SeqState]:
+        """The states of these live, on-GPU sequences, the groups concatenated (one pass; the fast-forward asks for
+        many at once)."""
         try:
-            seqs = [self._seqs[i] for i in seq_ids]
+            seqs = [self._seqs[i] for ids in seq_groups for i in ids]
         except KeyError as err:
             raise KeyError(f"sequence {err.args[0]} is not live") from None
         if any(s.swapped for s in seqs):
-            raise RuntimeError(f"sequences {[i for i, s in zip(seq_ids, seqs) if s.swapped]} are swapped out")
+            raise RuntimeError(f"sequences {[i for ids in seq_groups for i in ids if self._seqs[i].swapped]} are "
+                               "swapped out")  # fmt: skip
         return seqs
 
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
-                         batches: Sequence[int] | None = None) -> int:
-        return paged_runs.max_decode_steps(self.allocator, self.block_size, self._gpu_seqs(seq_ids), limit)
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Free blocks only shrink during a run (nothing is freed), so `waiting` holds by construction, and the groups
+        allocate the same blocks as one call with all of them: they are just concatenated."""
+        return paged_runs.max_decode_steps(self.allocator, self.block_size, self._gpu_seqs(seq_groups), limit)
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
-                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
         """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
-        seqs = self._gpu_seqs(seq_ids)
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
-        if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:
+        seqs = self._gpu_seqs(seq_groups)
+        if len(set(map(id, seqs))) != len(seqs):
+            raise ValueError(f"duplicate sequence ids {[i for ids in seq_groups for i in ids]}")
+        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         start = self.breakdown().counts()
         counts = paged_runs.decode_run_counts(start, self.block_size, [(s.num_tokens, s.final_len) for s in seqs],

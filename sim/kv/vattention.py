@@ -60,8 +60,8 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, as_seen, cdiv,
-                   check_request_args)  # fmt: skip
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, OneKVCacheGroup,
+                   as_seen, cdiv, check_request_args)  # fmt: skip
 
 KiB = 1024
 # NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size
@@ -122,7 +122,7 @@ class _Seq:
     siblings: list[_Sibling] = field(default_factory=list)
 
 
-class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
+class VAttentionKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
     """vAttention's KV memory for sequences named by integer ids (see the module docstring).
 
     `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
@@ -130,6 +130,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
     policy = "vattention"
     # preemption by recompute only (see the module docstring): NoSwapSpace answers the swap questions
     # no prefix cache (NoPrefixCache): vAttention shares nothing
+    # every layer full attention: one KV cache group, whose table is the pages mapped (OneKVCacheGroup)
     gather_block_size = None  # attention reads each sequence's K/V as one virtually contiguous tensor
 
     def __init__(self, num_blocks: int, page_tokens: int, watermark: float = 0.0, max_seq_len: int = 2048) -> None:
@@ -276,24 +277,26 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         return range(start, start + self.max_seq_len)
 
     # --- runs of plain decode steps (closed forms in vattention_runs.py) ----------------------------
-    def _run_seqs(self, seq_ids: Sequence[int]) -> list[_Seq]:
+    def _run_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[_Seq]:
+        seq_ids = [i for ids in seq_groups for i in ids]
         if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
+            raise ValueError(f"duplicate sequence ids {seq_ids}")
         return [self._seq(i) for i in seq_ids]
 
-    def max_decode_steps(self, seq_ids: Sequence[int], limit: int, max_free: int | None = None,
-                         batches: Sequence[int] | None = None) -> int:
-        seqs = self._run_seqs(seq_ids)
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Pages are only mapped during a run, never unmapped, so `waiting` holds by construction, and the groups map
+        the same pages as one call with all of them: they are just concatenated."""
+        seqs = self._run_seqs(seq_groups)
         room = min((self.max_seq_len - s.num_tokens for s in seqs), default=limit)  # the end of a virtual range
         capacity = vattention_runs.run_capacity([(s.num_tokens, 1 + len(s.siblings)) for s in seqs], self.block_size,
                                                 self.allocator.num_free_blocks) if seqs else limit  # fmt: skip
         return max(0, min(limit, room, capacity))
 
-    def advance_decodes(self, seq_ids: Sequence[int], num_steps: int, checked: bool = False,
-                        batches: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
         """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
-        seqs = self._run_seqs(seq_ids)
-        if not checked and self.max_decode_steps(seq_ids, num_steps) < num_steps:
+        seqs = self._run_seqs(seq_groups)
+        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         counts = vattention_runs.decode_run_counts(self.breakdown().counts(), self.block_size, seqs, num_steps)
         vattention_runs.map_decode_steps(self.allocator, self.block_size, seqs, num_steps)

@@ -14,8 +14,11 @@ checks the paged manager and the contiguous baselines. After every step:
   (`token_bounds`: a slot per KV cache group, none for K/V that left a sliding window);
 - every refused action (`None`) left block tables, `num_free_blocks` and the breakdown unchanged;
 - check-first answers (`can_allocate_slots`, `can_swap_*`) agree with what the action then does;
-- a bulk decode run (`max_decode_steps`, `advance_decodes`) equals stepping one token at a time, and is as
-  long as stepping allows.
+- a bulk decode run (`max_decode_steps`, `advance_decodes`) equals stepping one token at a time, one allocate_slots
+  per group of sequences, and is as long as stepping allows; asked with `waiting=True`, no step of it leaves more
+  blocks free than at its start (and it is as long as that allows);
+- every sequence has a table in each KV cache group (`windows`, `group_tables`), covering its tokens; a full-attention
+  group's has no freed (None) entry, and a one-group manager's is its `block_table`.
 
     TestPaged = make_kv_manager_test(lambda: PagedKVManager(8, 4, enable_prefix_caching=True))
 """
@@ -29,7 +32,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ..kv.base import NewSequence
+from ..kv.base import NewSequence, cdiv
 from .blocks import machine_settings
 
 NUM_DOCUMENTS = 3  # prompts start with a prefix of one of these token streams, so prefix caches get hits
@@ -64,7 +67,8 @@ class KVManagerMachine(RuleBasedStateMachine):
         return self.next_id - 1
 
     def snapshot(self) -> tuple:
-        tables = tuple((s, tuple(self.kv.block_table(s)), self.kv.num_tokens(s)) for s in sorted(self.seqs))
+        kv = self.kv
+        tables = tuple((s, tuple(map(tuple, kv.group_tables(s))), kv.num_tokens(s)) for s in sorted(self.seqs))
         return tables, self.kv.num_free_blocks, self.kv.breakdown()
 
     def expect_unchanged(self, before: tuple, what: str) -> None:
@@ -151,31 +155,50 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.swapped.discard(seq_id)
 
     @precondition(lambda self: self.growable())
-    @rule(data=st.data())
-    def decode_run(self, data: st.DataObject) -> None:
-        """max_decode_steps + advance_decodes equal stepping allocate_slots(ids, [1, ...]) k times, and k is all
-        that stepping allows without a copy (or up to the limit)."""
+    @rule(data=st.data(), waiting=st.booleans())
+    def decode_run(self, data: st.DataObject, waiting: bool) -> None:
+        """max_decode_steps + advance_decodes equal stepping k times, each step one allocate_slots(group, [1, ...]) per
+        group of sequences in order, and k is all that stepping allows without a copy (or up to the limit); with
+        `waiting`, no step leaves more blocks free than at the start, and k is all that allows."""
         ids = data.draw(st.lists(st.sampled_from(self.growable()), min_size=1, max_size=4, unique=True), label="seqs")
+        cuts = data.draw(st.lists(st.booleans(), min_size=len(ids) - 1, max_size=len(ids) - 1), label="group cuts")
+        groups = [[ids[0]]]  # as a step allocates them: one allocate_slots per group (the scheduler's requests)
+        for seq_id, cut in zip(ids[1:], cuts):
+            if cut:
+                groups.append([])
+            groups[-1].append(seq_id)
         room = min(self.seqs[s][1] - self.seqs[s][0] for s in ids)
         limit = data.draw(st.integers(1, room), label="limit")
-        k = self.kv.max_decode_steps(ids, limit)
+        free = self.kv.num_free_blocks
+        k = self.kv.max_decode_steps(groups, limit, waiting)
         assert 0 <= k <= limit, f"max_decode_steps: expected 0..{limit}, found {k}"
         stepped = copy.deepcopy(self.kv)
+
+        def step(kv) -> bool:  # one step as the caller allocates it; False where it needs a copy or finds no memory
+            for group in groups:
+                allocation = kv.allocate_slots(group, [1] * len(group))
+                if allocation is None or allocation.copies:
+                    return False
+            return True
+
         expected = []
-        for _ in range(k):
-            allocation = stepped.allocate_slots(ids, [1] * len(ids))
-            assert allocation is not None and allocation.copies == [], f"step of a run: expected room, no copy"
+        for j in range(k):
+            assert step(stepped), f"step {j + 1} of a run of {k}: expected room and no copy"
+            assert not waiting or stepped.num_free_blocks <= free, (
+                f"max_decode_steps(waiting=True) allowed {k} steps, but step {j + 1} leaves "
+                f"{stepped.num_free_blocks} blocks free, more than the {free} at the start")
             expected.append(stepped.breakdown().counts())
-        if k < limit:  # the run stops where stepping needs a copy or finds no memory
-            one_more = stepped.allocate_slots(ids, [1] * len(ids))
-            assert one_more is None or one_more.copies, f"max_decode_steps said {k} < {limit}, but step {k + 1} fits"
+        if k < limit:  # the run stops where stepping needs a copy, finds no memory, or (waiting) frees more
+            one_more = copy.deepcopy(stepped)
+            fits = step(one_more) and not (waiting and one_more.num_free_blocks > free)
+            assert not fits, f"max_decode_steps said {k} < {limit}, but step {k + 1} fits"
         if k == 0:
             return
-        found = self.kv.advance_decodes(ids, k)
-        note(f"advance_decodes({ids}, {k})")
+        found = self.kv.advance_decodes(groups, k)
+        note(f"advance_decodes({groups}, {k}){' (waiting)' if waiting else ''}")
         assert found == expected, f"advance_decodes counts: expected {expected}, found {found}"
         for s in ids:
-            assert self.kv.block_table(s) == stepped.block_table(s), f"seq {s}: tables differ from stepping"
+            assert self.kv.group_tables(s) == stepped.group_tables(s), f"seq {s}: tables differ from stepping"
             self.seqs[s][0] += k
 
     @precondition(lambda self: self.can_swap and self.on_gpu())
@@ -259,9 +282,19 @@ class KVManagerMachine(RuleBasedStateMachine):
             by_kind[kind] += hi - lo
         by_kind[4] = kv.num_slots - sum(by_kind[:4])
         assert by_kind == counts, f"slot_segments count {by_kind}, the breakdown {counts}"
+        windows = kv.windows
+        assert len(windows) >= 1, f"windows: expected one per KV cache group, found {windows}"
         for seq_id, (num_tokens, _, _) in self.seqs.items():
             found = kv.num_tokens(seq_id)
             assert found == num_tokens, f"sequence {seq_id}: expected {num_tokens} tokens, found {found}"
+            tables = kv.group_tables(seq_id)
+            assert len(tables) == len(windows) and all(len(t) == cdiv(num_tokens, size) for t in tables), (
+                f"sequence {seq_id}: expected {len(windows)} group table(s) of {cdiv(num_tokens, size)} entries for "
+                f"{num_tokens} tokens, found {tables}")
+            assert all(None not in t for t, w in zip(tables, windows) if w is None), (
+                f"sequence {seq_id}: a full-attention group's table frees nothing, found {tables}")
+            assert len(windows) > 1 or tables == [kv.block_table(seq_id)], (
+                f"sequence {seq_id}: one group's table is the block table {kv.block_table(seq_id)}, found {tables}")
         bounds = [type(self).token_bounds(self.seqs[s][0]) for s in self.on_gpu()]
         low, high = max((lo for lo, _ in bounds), default=0), sum(hi for _, hi in bounds)
         assert low <= b.token_states <= high, (

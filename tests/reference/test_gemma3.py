@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reference.batch import ForwardBatch
-from reference.engine import LLM
+from reference.llm import LLM
 from reference.kv_cache import KVCache
 from reference.kv_groups import kv_layout, model_spec, sliding_pattern
 from reference.models.config import ModelConfig

@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 import torch
 
-from reference.engine import LLM
+from reference.llm import LLM
 from reference.models.loader import GEMMA3_PACKAGE
 from reference.sampling import SamplingParams
 

@@ -102,9 +102,9 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
         kv, tables = scheduler.kv, {}
         kv_advance = kv.advance_decodes
 
-        def capture(ids, k, checked=False, batches=None):  # the tables at the end of the run, before finishes free
-            counts = kv_advance(ids, k, checked, batches)
-            tables.update({i: kv.block_table(i) for i in ids})
+        def capture(seq_groups, k, checked=False):  # the tables at the end of the run, before finishes free
+            counts = kv_advance(seq_groups, k, checked)
+            tables.update({i: kv.block_table(i) for ids in seq_groups for i in ids})
             return counts
 
         kv.advance_decodes = capture

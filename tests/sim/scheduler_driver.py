@@ -83,9 +83,8 @@ def advance_run(sched: Scheduler) -> int:
     limit = min(s.output_len - s.num_generated for s in seqs)
     # asked as the scheduler's step allocates (one call per request) and, while a request waits, only for steps after
     # which no more blocks are free than now (the scheduler would admit it after such a step's decodes)
-    batches = [sum(1 for s in seqs if s.request_id == r) for r in dict.fromkeys(s.request_id for s in seqs)]
-    cap = sched.kv.num_free_blocks if sched.num_waiting else None
-    k = sched.kv.max_decode_steps([s.seq_id for s in seqs], limit, max_free=cap, batches=batches)
+    groups = [[s.seq_id for s in seqs if s.request_id == r] for r in dict.fromkeys(s.request_id for s in seqs)]
+    k = sched.kv.max_decode_steps(groups, limit, waiting=bool(sched.num_waiting))
     if k == 0:
         return 0
     counts, _ = sched.advance_decodes(k)

@@ -117,7 +117,7 @@ def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
     seqs = jumped.plain_decode_seqs()
     assert [s.request_id for s in seqs] == [0]
     until_finish = min(s.output_len - s.num_generated for s in seqs) - 1  # the simulator's finish rule
-    k = jumped.kv.max_decode_steps([s.seq_id for s in seqs], until_finish)
+    k = jumped.kv.max_decode_steps([[s.seq_id for s in seqs]], until_finish)
     assert k > 20
     counts, finished = jumped.advance_decodes(k)
     assert len(counts) == k and finished == []
@@ -137,7 +137,7 @@ def test_advance_decodes_stops_where_memory_does_and_refuses_what_is_not_a_plain
     until_finish = min(s.output_len - s.num_generated for s in seqs)
     with pytest.raises(ValueError, match="no sequence finishing before the last step"):
         sched.advance_decodes(until_finish + 1)
-    room = sched.kv.max_decode_steps([s.seq_id for s in seqs], until_finish)
+    room = sched.kv.max_decode_steps([[s.seq_id for s in seqs]], until_finish)
     counts, _ = sched.advance_decodes(until_finish)
     assert len(counts) == room  # as many steps as memory allows, no more
     plan = sched.schedule()  # a plan in flight: the next step is not the scheduler's to skip

@@ -14,7 +14,7 @@ from sim.figures import FIGURES, make_figures, merge_tasks
 from sim.figures.memory_map import draw_memory_map, slot_map
 from sim.figures.probes import Sharing, Timeline
 from sim.figures.style import new_figure
-from sim.kv import NewSequence, allocates_blocks_on_demand, make_kv_manager
+from sim.kv import NewSequence, make_kv_manager
 from sim.kv.base import SHARE_NAMES
 from sim.sweep import Task
 
@@ -97,53 +97,6 @@ def test_chunked_prefill_shortens_the_stalls_of_decodes(quick_figures):
     assert all(int(r["num_finished"]) == int(r["num_requests"]) for r in rows)
 
 
-def test_readme_quotes_the_committed_csvs():
-    """Numbers the README quotes come from the committed figures/*.csv."""
-    readme = " ".join((ROOT / "README.md").read_text().split())  # line breaks do not matter
-    chunked = read_rows(ROOT / "figures", "chunked_prefill")
-    stall = {(r["system"], float(r["rate"])): float(r["p99_itl_max_s"]) for r in chunked}
-    ttft = {(r["system"], float(r["rate"])): float(r["p99_ttft_s"]) for r in chunked}
-    for system in ("v0", "v1-512", "v1-2048"):
-        assert f"{1e3 * stall[system, 1.0]:.0f} ms" in readme, system
-    assert f"from {1e3 * ttft['v0', 1.0]:.0f} ms to {1e3 * ttft['v1-512', 1.0]:.0f} ms" in readme
-    memory_map = {r["policy"]: r for r in read_rows(ROOT / "figures", "memory_map")}
-    assert f"fits {memory_map['max']['num_requests_in_memory']} of them with {memory_map['max']['num_waiting']} waiting" in readme
-    paged = memory_map["paged"]
-    free = int(paged["free"]) / int(paged["num_slots"])
-    assert f"holds {paged['num_requests_in_memory']} requests" in readme and f"{free:.0%} still free" in readme
-    batch = {(r["workload"], r["system"]): float(r["mean_batch_size"]) for r in read_rows(ROOT / "figures", "batch_size")}
-    assert f"{batch['sharegpt', 'paged'] / batch['sharegpt', 'max']:.1f}x more than Max" in readme
-    used = {r["policy"]: float(r["token_states"]) for r in read_rows(ROOT / "figures", "memory_waste")
-            if r["view"] == "memory in use"}
-    reserving = [share for policy, share in used.items() if not allocates_blocks_on_demand(policy)]
-    paging = [share for policy, share in used.items() if allocates_blocks_on_demand(policy)]
-    assert len(paging) == 1 and len(reserving) == 3
-    assert (f"leaves {100 * min(reserving):.0f}-{100 * max(reserving):.0f}% of the used memory holding tokens; "
-            f"paged, {paging[0]:.0%}") in readme
-
-
-def test_readme_quotes_the_committed_benchmarks():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-
-    def rows(name):
-        with open(ROOT / "figures" / name) as f:
-            return list(csv.DictReader(line for line in f if not line.startswith("#")))
-
-    sim_bench = {r["run"]: float(r["wall_time_s"]) for r in rows("bench_sim.csv") if r["run"] != "heapq"}
-    for run, label in (("paper-scale paged", "paged"), ("paper-scale max", "max"), ("paper-scale pow2", "pow2"),
-                       ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1")):  # fmt: skip
-        assert f"{label} {sim_bench[run]:.2f} s" in readme, run
-    assert f"v0 {sim_bench['100k paged v0']:.1f} s, v1 {sim_bench['100k paged v1']:.1f} s" in readme
-    alloc = {(r["benchmark"], r["policy"], r["allocator"]): float(r["ops_per_s"]) / 1e6 for r in rows("bench_alloc.csv")}
-    contiguous = [v for (b, p, _), v in alloc.items() if b == "kv_cycle" and p != "paged"]
-    assert f"BlockAllocator allocate/free {alloc['blocks', '', 'block']:.2f} M/s" in readme
-    assert f"paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s" in readme
-    assert f"contiguous {min(contiguous):.2f}-{max(contiguous):.2f} M/s" in readme
-    engine = {r["system"].split(" ")[0]: r for r in rows("bench_engine_cpu.csv") if r["section"] == "throughput"}
-    tokens = {k: float(v["tokens_per_s"]) for k, v in engine.items()}
-    assert f"{tokens['engine']:.1f} vs {tokens['HF']:.1f} output tokens/s: {tokens['engine'] / tokens['HF']:.2f}x" in readme
-
-
 def test_equal_runs_merge_and_keep_every_probe():
     a = Task.of((Timeline(),), policy="paged", rate=2.0)
     b = Task.of((Sharing(),), rate=2.0, policy="paged")  # the same keywords in another order
@@ -206,47 +159,10 @@ def test_the_sustained_rate_is_read_off_as_on_the_papers_plots():
     assert knee([1, 2], [1.5, 0.1]) is None and knee([1, 2], [None, 0.1]) is None
 
 
-def test_readme_quotes_the_sustained_rates_of_fig_14():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    rows = read_rows(ROOT / "figures", "sampling_latency")
-    sustained = {(r["kind"], int(r["width"]), r["system"]): (">= " if r["sustained_is_lower_bound"] == "True" else "")
-                 + r["sustained_rate"] for r in rows}  # fmt: skip
-    assert (f"sustains {sustained['n', 6, 'paged']} req/s of parallel sampling against Oracle's "
-            f"{sustained['n', 6, 'oracle']} and {sustained['beam_width', 6, 'paged']} of beam search against "
-            f"{sustained['beam_width', 6, 'oracle']}") in readme
-
-
-def test_readme_quotes_the_sustained_rates_of_fig_17():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    sustained = {r["system"]: r["sustained_rate"] for r in read_rows(ROOT / "figures", "chatbot")}
-    ratio = float(sustained["paged"]) / max(float(sustained[s]) for s in ("max", "pow2", "oracle"))
-    assert (f"paged sustains {sustained['paged']} req/s against {sustained['max']}, {sustained['pow2']}, "
-            f"{sustained['oracle']} for Max, Pow2 and Oracle ({ratio:.2g}x the best Orca") in readme
-
-
-def test_readme_quotes_the_vattention_page_sweep():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    rows = {(r["system"], r["page_tokens"]): r for r in read_rows(ROOT / "figures", "vattention_pages")}
-    used = {t: float(rows["vattention", str(t)]["token_states_of_used"]) for t in (1, 64, 2048)}
-    max_used, max_batch = float(rows["max", ""]["token_states_of_used"]), float(rows["max", ""]["mean_batch_size"])
-    assert (f"token states are {used[1]:.1%} of the memory in use with 1-token pages, {used[64]:.1%} with 64, "
-            f"{used[2048]:.1%} with 2048 (Max: {max_used:.1%}), and the batch falls to Max's {max_batch:.1f}") in readme
-    assert float(rows["vattention", "2048"]["mean_batch_size"]) == pytest.approx(max_batch)
-
-
 def test_vattention_moves_from_paging_to_reservation(quick_figures):
     rows = [r for r in read_rows(quick_figures, "vattention_pages") if r["system"] == "vattention"]
     used = [float(r["token_states_of_used"]) for r in sorted(rows, key=lambda r: int(r["page_tokens"]))]
     assert used == sorted(used, reverse=True) and used[0] > 0.95 and used[-1] < 0.4
-
-
-def test_readme_quotes_the_hybrid_comparison():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    rows = {(r["system"], r["prompt_len"]): r for r in read_rows(ROOT / "figures", "hybrid_memory")}
-    hyb, full = rows["hybrid", "8192"], rows["paged", "8192"]
-    ratio = float(hyb["throughput_req_per_s"]) / float(full["throughput_req_per_s"])
-    assert (f"at 8K-token prompts it batches {float(hyb['mean_batch_size']):.1f} requests against "
-            f"{float(full['mean_batch_size']):.1f} and serves {ratio:.1f}x the throughput") in readme
 
 
 def test_hybrid_batches_more_as_prompts_outgrow_the_window(quick_figures):
@@ -255,21 +171,6 @@ def test_hybrid_batches_more_as_prompts_outgrow_the_window(quick_figures):
     assert float(rows["hybrid", longest]["mean_batch_size"]) > 2 * float(rows["paged", longest]["mean_batch_size"])
     for system, prompt in rows:  # never fewer: the same bytes, and the hybrid pool frees what paged keeps
         assert float(rows["hybrid", prompt]["mean_batch_size"]) >= float(rows["paged", prompt]["mean_batch_size"])
-
-
-def test_readme_quotes_the_memory_managers():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    rows = read_rows(ROOT / "figures", "memory_managers")
-    a = [r for r in rows if r["panel"] == "a" and not (r["policy"] == "vattention" and r["block_size_tokens"] != "64")]
-    names = ("Max", "Pow2", "Oracle", "vAttention, 64-token pages", "paged", "radix, 1-token pages")
-    assert [r["policy"] for r in a] == ["max", "pow2", "oracle", "vattention", "paged", "radix"]
-    shares = [f"{float(r['token_states']):.0%} ({name})" for r, name in zip(a, names)]
-    assert f"token states {', '.join(shares[:-1])} and {shares[-1]} of the pool" in readme
-    batches = [f"{float(r['mean_batch_size']):.1f}" for r in a]
-    assert f"batching {', '.join(batches[:-1])} and {batches[-1]} requests" in readme
-    hits = {(r["policy"], r["block_size_tokens"]): float(r["prefix_hit_rate_tokens"]) for r in rows if r["panel"] == "b"}
-    for policy, name in (("paged", "hashed blocks"), ("radix", "radix tree")):
-        assert f"{name} {', '.join(f'{hits[policy, b]:.1%}' for b in ('1', '16', '64'))}" in readme
 
 
 def test_readme_counts_the_figures():

@@ -261,7 +261,7 @@ def test_no_plain_decode_run_when_the_next_step_differs():
     sched = Scheduler(paged(32), V0)
     sched.add_request(req(0, 6, 8, n=2))  # siblings share a half-full last block: the next decode copies it
     step(sched)
-    assert sched.plain_decode_seqs() is not None and sched.kv.max_decode_steps(sched.seq_ids(0), 100) == 0
+    assert sched.plain_decode_seqs() is not None and sched.kv.max_decode_steps([sched.seq_ids(0)], 100) == 0
     assert sched.advance_decodes(7) == ([], [])  # nothing applied: memory allows no step without a copy
     step(sched)
     assert run_length(sched) == 8 - 2

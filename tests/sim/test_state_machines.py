@@ -58,11 +58,11 @@ class _OptimisticPagedKVManager(PagedKVManager):
 class _RunsIgnoreSharedBlocks(PagedKVManager):
     """Broken on purpose: a bulk decode run does not notice that a shared last block must be copied first."""
 
-    def max_decode_steps(self, seq_ids, limit):
+    def max_decode_steps(self, seq_groups, limit, waiting=False):
         from sim.kv.paged_runs import run_capacity
 
-        tokens = [self.num_tokens(i) for i in seq_ids]
-        return min(limit, run_capacity(tokens, self.block_size, self.num_free_blocks)) if seq_ids else limit
+        tokens = [self.num_tokens(i) for ids in seq_groups for i in ids]
+        return min(limit, run_capacity(tokens, self.block_size, self.num_free_blocks)) if tokens else limit
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,151 @@
+"""The README's numbers of `make calibrate`: the committed cost model's fit and the simulator-vs-engine validation,
+as generated blocks.
+
+The same markers and rules as sim/figures/readme_numbers.py (`python -m sim readme-numbers`), which makes every other
+block of the README but cannot make these: sim imports nothing of reference. The text is what the commands
+themselves print (reference.calibrate's fit_sentence and stability_sentence, reference.validate_sim's readme_table
+and targets_sentence), made here from the committed files; nothing is measured. A test checks that each block of
+README.md is exactly what this module makes of those files, so no number there is typed by hand.
+
+    python -m reference readme-numbers              # print both blocks, between their markers
+    python -m reference readme-numbers --write      # rewrite README.md's blocks
+    python -m reference readme-numbers --check      # exit 1 if a block of README.md is not what the files give
+
+The blocks, in README order (BLOCKS):
+    calibration   figures/cost_model_cpu.json   the machine it was measured on, how well it fits, how stable the fit is
+    validation    figures/validate_sim.csv      the simulator's errors against the engine, trace by trace; the targets
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from reference.calibrate import fit_sentence, stability_sentence
+from reference.validate_sim import readme_table, targets_sentence
+from sim.figures import readme_numbers as sim_numbers
+from sim.figures.readme_numbers import README, Row, Table, missing_line, print_blocks, stale_blocks
+
+COMMAND = "python -m reference readme-numbers"
+COST_MODEL = "cost_model_cpu.json"  # under figures/: written by `python -m reference calibrate`
+VALIDATION = "validate_sim"  # figures/validate_sim.csv: written by `python -m reference validate-sim`
+
+
+class Files(sim_numbers.Files):
+    """The committed results under one folder (figures/), as sim's readme-numbers reads them, and the cost model's
+    JSON record."""
+
+    def text(self, filename: str) -> str:
+        path = self.folder / filename
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (the README's numbers are read from the committed "
+                                    f"files; `{COMMAND} --figures DIR` reads another folder)")  # fmt: skip
+        return super().text(filename)
+
+    def record(self, filename: str = COST_MODEL) -> dict:
+        try:
+            return json.loads(self.text(filename))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.folder / filename}: not a JSON file ({exc})") from None
+
+
+def _threads(n: int | str) -> str:
+    return f"{n} thread{'' if str(n) == '1' else 's'}"
+
+
+def calibration(f: Files) -> str:
+    """The committed cost model: where it was measured, how well it fits, how far fits to single passes differ."""
+    record = f.record()
+    machine, engine = record["machine"], record["engine"]
+    table = Table(f"From `figures/{COST_MODEL}` (`python -m reference calibrate`, {record['created']}):",
+                  ("", "the committed cost model"),
+                  (Row("machine", ("measured on", f"{record['model']}, {_threads(engine['threads'])}, "
+                                   f"{engine['dtype']}, on a {machine['cpu_count']}-core {machine['cpu']}")),
+                   Row("fit", ("fit", fit_sentence(record))),
+                   Row("stability", ("stability", stability_sentence(record)))))  # fmt: skip
+    return table.text()
+
+
+def validation(f: Files) -> str:
+    """The validation run: each trace's errors (the table validate-sim prints) and which traces meet the targets."""
+    rows, comments = f.rows(VALIDATION), f.comments(VALIDATION)
+    priced = re.fullmatch(r"(\S+) \((.*)\)", comments.get("cost model", ""))
+    if not rows or "engine threads" not in comments or priced is None:
+        raise ValueError(f"{f.folder / VALIDATION}.csv: expected the summary rows and the `# engine threads:` and "
+                         f"`# cost model:` lines `python -m reference validate-sim` writes")  # fmt: skip
+    caption = (f"From `figures/{VALIDATION}.csv` (`python -m reference validate-sim`: the engine at "
+               f"{_threads(comments['engine threads'])}, the simulator priced by `{priced[1]}` of {priced[2]}), "
+               "one row per trace:")
+    return "\n\n".join([caption, readme_table(rows), targets_sentence(rows)])
+
+
+BLOCKS: dict[str, Callable[[Files], str]] = {
+    "calibration": calibration,
+    "validation": validation,
+}
+SOURCES = {"calibration": (COST_MODEL, "calibrate"), "validation": (f"{VALIDATION}.csv", "validate-sim")}
+
+
+def make_block(name: str, files: Files | None = None) -> str:
+    files = Files() if files is None else files
+    try:
+        return BLOCKS[name](files)
+    except KeyError as exc:  # a field the command writes is absent
+        filename, command = SOURCES[name]
+        raise ValueError(f"{files.folder / filename}: no {exc} (not what `python -m reference {command}` "
+                         "writes)") from None
+
+
+def readme_blocks(files: Files | None = None) -> dict[str, str]:
+    """{block name: the text between its markers}, both blocks, in README order."""
+    files = Files() if files is None else files
+    return {name: make_block(name, files) for name in BLOCKS}
+
+
+# --- the README (the markers' rules are sim's: sim.figures.readme_numbers) ---------------------------------------
+def missing_blocks(text: str) -> list[str]:
+    """The blocks whose two markers README `text` lacks (or has in the wrong order)."""
+    return sim_numbers.missing_blocks(text, BLOCKS)
+
+
+def update_readme(readme: str | Path = README, files: Files | None = None) -> bool:
+    """Rewrite README's blocks from the committed files (atomically); True if it changed."""
+    from sim.outfiles import write_text
+
+    readme = Path(readme)
+    text = readme.read_text(encoding="utf-8")
+    new = sim_numbers.replace_blocks(text, readme_blocks(files), readme)
+    if new != text:
+        write_text(readme, new, encoding="utf-8")
+    return new != text
+
+
+# --- the command -------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    """`python -m reference readme-numbers` (its flags: reference/cli.py), as `python -m sim readme-numbers`:
+    ValueError/OSError for bad input (no markers to --write into, a README or results file that cannot be read)."""
+    if args.write or args.check:  # the README and its markers first, before reading the files
+        with open(args.readme, encoding="utf-8") as f:
+            text = f.read()
+        missing = missing_blocks(text)
+        if missing and args.check:  # the check fails: the README does not carry the block
+            print(missing_line(args.readme, missing), file=sys.stderr)
+            return 1
+        if missing:  # nowhere to write: bad input, one `error:` line and exit 2
+            raise ValueError(missing_line(args.readme, missing))
+    files = Files(args.figures)
+    if args.write:
+        print(f"{'rewrote' if update_readme(args.readme, files) else 'unchanged:'} {args.readme}")
+    elif args.check:
+        stale = stale_blocks(text, readme_blocks(files))
+        if stale:
+            print(f"{args.readme}: its blocks {', '.join(stale)} are not what the files give (run: {COMMAND} --write)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"{args.readme}: the README's calibration numbers are the files'")
+    else:
+        print(print_blocks(readme_blocks(files)))
+    return 0

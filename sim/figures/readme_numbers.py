@@ -1,0 +1,508 @@
+"""The README's numbers: every number the README quotes from a committed results file, as small generated tables.
+
+The README's prose explains; the numbers stand beside it in blocks between marker comments
+(`<!-- readme-numbers:NAME:begin -->` ... `<!-- readme-numbers:NAME:end -->`), each block made here from the
+committed files under figures/ (figure CSVs, benchmark CSVs, the GPU test log), each table naming the files it
+reads. Nothing is simulated or measured here. A test checks that every block of README.md is exactly what this module
+makes of the committed files, so no number there is typed by hand (as sim/figures/paper.py does for "The paper,
+side by side" and tools/peer/api_table.py for the vLLM API table).
+
+    python -m sim readme-numbers              # print every block, between its markers
+    python -m sim readme-numbers --write      # rewrite README.md's blocks
+    python -m sim readme-numbers --check      # exit 1 if a block of README.md is not what the files give
+
+The blocks, in README order (BLOCKS):
+    memory-waste     figures/memory_waste.csv        Fig. 1: token states among the memory in use
+    memory-map       figures/memory_map.csv          Fig. 3: the pool at one moment
+    figures          figures/{batch_size,sampling_latency,chatbot,vattention_pages,hybrid_memory,memory_managers}.csv
+                                                     the numbers of the figure table's rows
+    chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
+    bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
+    peer             figures/peer_vllm.csv           this engine's speed against vLLM's
+    peer-checks      figures/peer_vllm.csv           the same run's checks: greedy, beams, cold start, block pool
+    gpu              figures/gpu_tests.txt, bench_attention_gpu.csv, bench_engine_gpu.csv   the H100 session
+    benchmarks       figures/bench_sim.csv, bench_alloc.csv, bench_engine_cpu.csv and the GPU files   `make bench`
+
+Each number keeps the rounding the README has always printed it with (and that the tests check).
+"""
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..kv import allocates_blocks_on_demand
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ROOT / "figures"
+README = ROOT / "README.md"
+COMMAND = "python -m sim readme-numbers"
+PREFIX = "readme-numbers"
+
+# What the README calls each system of the figure CSVs
+LABELS = {"max": "Max", "pow2": "Pow2", "oracle": "Oracle", "paged": "paged"}
+CHUNKED_RATE = 1.0  # req/s: the rate the README's chunked-prefill numbers are read at
+CHUNKED_SYSTEMS = ("v0", "v1-512", "v1-2048")
+SAMPLING_WIDTH = 6  # Fig. 14's numbers: parallel sampling and beam search at this width
+VATTENTION_PAGES = (1, 64, 2048)  # tokens per page
+HYBRID_PROMPT = 8192  # hybrid_memory's numbers: at this prompt length
+MANAGERS = (("max", "Max"), ("pow2", "Pow2"), ("oracle", "Oracle"), ("vattention", "vAttention, 64-token pages"),
+            ("paged", "paged"), ("radix", "radix, 1-token pages"))  # memory_managers' panel a, in the README's order
+MANAGERS_VATTENTION_PAGE = "64"  # tokens: the vAttention page size of memory_managers' row in the README
+PREFIX_SIZES = ("1", "16", "64")  # memory_managers' panel b: block/page sizes
+LONG_DECODE = 64 * 2048  # bench_attention_gpu: batch x context from which the decode kernel's bandwidth is quoted
+PAGING_FROM = 16  # bench_attention_gpu: paging's price quoted from this block size up
+SIM_BENCH_RUNS = (("paper-scale paged", "paged"), ("paper-scale max", "max"), ("paper-scale pow2", "pow2"),
+                  ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1"))  # fmt: skip
+ENGINE_TARGET = 4.0  # x: the engine bench's target over HF generate (a goal of the project; the CSV has no target)
+HF_BATCHES = "HF transformers generate (static batches of {})"
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {PREFIX}:{name}:begin -->", f"<!-- {PREFIX}:{name}:end -->"
+
+
+# --- the committed files -----------------------------------------------------------------------------------------
+class Files:
+    """The committed results under one folder (figures/), each read once: a CSV's rows and its `# key: value`
+    comment lines, or a text file."""
+
+    def __init__(self, folder: str | Path = FIGURES) -> None:
+        self.folder = Path(folder)
+        self._read: dict[str, tuple[list[dict], dict[str, str]]] = {}
+
+    def text(self, filename: str) -> str:
+        path = self.folder / filename
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (the README's numbers are read from the committed "
+                                    f"files; `{COMMAND} --figures DIR` reads another folder)")  # fmt: skip
+        return path.read_text(encoding="utf-8")
+
+    def _csv(self, name: str) -> tuple[list[dict], dict[str, str]]:
+        if name not in self._read:
+            lines = self.text(f"{name}.csv").splitlines(keepends=True)
+            comments = dict(line[2:].rstrip("\r\n").split(": ", 1) for line in lines
+                            if line.startswith("# ") and ": " in line)  # fmt: skip
+            self._read[name] = list(csv.DictReader(line for line in lines if not line.startswith("#"))), comments
+        return self._read[name]
+
+    def rows(self, name: str, **match) -> list[dict]:
+        """The rows of figures/NAME.csv whose columns equal `match` (as text)."""
+        return [r for r in self._csv(name)[0] if all(r[k] == str(v) for k, v in match.items())]
+
+    def one(self, name: str, **match) -> dict:
+        rows = self.rows(name, **match)
+        if len(rows) != 1:
+            raise ValueError(f"{self.folder / name}.csv: expected one row with {match}, found {len(rows)}")
+        return rows[0]
+
+    def comments(self, name: str) -> dict[str, str]:
+        return self._csv(name)[1]
+
+
+# --- tables and blocks -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Row:
+    key: str  # how code and tests name the row (never printed)
+    cells: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    caption: str  # names the files the numbers come from
+    header: tuple[str, ...]
+    rows: tuple[Row, ...]
+
+    def text(self) -> str:
+        lines = [self.caption, "", _line(self.header), "|" + "---|" * len(self.header)]
+        return "\n".join(lines + [_line(r.cells) for r in self.rows])
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    name: str
+    tables: tuple[Table, ...]
+
+    def text(self) -> str:
+        return "\n\n".join(t.text() for t in self.tables)
+
+    def row(self, key: str) -> dict[str, str]:
+        """{column header: cell} of the row named `key` (the tests compare numbers through this)."""
+        for table in self.tables:
+            for r in table.rows:
+                if r.key == key:
+                    return dict(zip(table.header, r.cells))
+        raise KeyError(f"block {self.name!r} has no row {key!r}")
+
+
+def _line(cells: tuple[str, ...]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+
+def _table(caption: str, header: tuple[str, ...], *rows: tuple[str, ...]) -> Table:
+    """A table from (key, cell, cell, ...) tuples."""
+    return Table(caption, header, tuple(Row(r[0], tuple(r[1:])) for r in rows))
+
+
+# --- the figures -------------------------------------------------------------------------------------------------
+def memory_waste(f: Files) -> tuple[Table, ...]:
+    used = {r["policy"]: r for r in f.rows("memory_waste", view="memory in use")}
+    reserving = [p for p in used if not allocates_blocks_on_demand(p)]
+    paging = [p for p in used if allocates_blocks_on_demand(p)]
+    shares = [float(used[p]["token_states"]) for p in reserving]
+    return (_table("Token states among the memory in use (`figures/memory_waste.csv`):", ("system", "token states"),
+                   ("reserving", f"contiguous reservation ({', '.join(LABELS[p] for p in reserving)})",
+                    f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"),
+                   *((p, LABELS[p], f"{float(used[p]['token_states']):.0%}") for p in paging)),)  # fmt: skip
+
+
+def memory_map(f: Files) -> tuple[Table, ...]:
+    rows = []
+    for policy in ("max", "paged"):
+        r = f.one("memory_map", policy=policy)
+        rows.append((policy, LABELS[policy], r["num_requests_in_memory"], r["num_waiting"],
+                     f"{int(r['free']) / int(r['num_slots']):.0%}"))  # fmt: skip
+    return (_table("The pool at the figure's moment (`figures/memory_map.csv`):",
+                   ("policy", "requests in memory", "waiting", "slots free"), *rows),)  # fmt: skip
+
+
+def _sustained(r: dict) -> str:
+    return (">= " if r["sustained_is_lower_bound"] == "True" else "") + r["sustained_rate"]
+
+
+def figure_rows(f: Files) -> tuple[Table, ...]:
+    """The numbers of the README's table of the other figures, each row naming its figure's CSV."""
+    rows = []
+
+    def add(key: str, figure: str, quantity: str, value: str) -> None:
+        rows.append((key, f"{figure.split('.')[0]}. `figures/{figure.split(' ')[1]}.csv`", quantity, value))
+
+    batch = {r["system"]: r for r in f.rows("batch_size", workload="sharegpt")}
+    add("batch_size.paged/max", "5. batch_size", f"ShareGPT, {batch['paged']['rate']} req/s: paged's mean batch over "
+        "Max's", f"{float(batch['paged']['mean_batch_size']) / float(batch['max']['mean_batch_size']):.1f}x")
+    w = SAMPLING_WIDTH
+    for kind, words in (("n", f"parallel sampling, n = {w}"), ("beam_width", f"beam search, width {w}")):
+        rate = {s: _sustained(f.rows("sampling_latency", kind=kind, width=w, system=s)[0])
+                for s in ("paged", "oracle")}  # fmt: skip
+        add(f"sampling_latency.{kind}", "11. sampling_latency", f"{words}: sustained rate (req/s)",
+            f"paged {rate['paged']}, Oracle {rate['oracle']}")
+    chat = {s: f.rows("chatbot", system=s)[0]["sustained_rate"] for s in ("paged", "max", "pow2", "oracle")}
+    add("chatbot.sustained", "12. chatbot", "sustained rate (req/s)",
+        f"paged {chat['paged']}; " + ", ".join(f"{LABELS[s]} {chat[s]}" for s in ("max", "pow2", "oracle")))
+    best = max(float(chat[s]) for s in ("max", "pow2", "oracle"))
+    add("chatbot.ratio", "12. chatbot", "paged's sustained rate over the best Orca's",
+        f"{float(chat['paged']) / best:.2g}x")
+    pages = {t: f.one("vattention_pages", system="vattention", page_tokens=t) for t in VATTENTION_PAGES}
+    most = f.one("vattention_pages", system="max", page_tokens="")
+    add("vattention_pages.used", "13. vattention_pages", "vAttention: token states among the memory in use, by page "
+        "size", ", ".join(f"{float(pages[t]['token_states_of_used']):.1%} ({t}-token pages)" for t in VATTENTION_PAGES))
+    add("vattention_pages.max", "13. vattention_pages", "Max: token states among the memory in use",
+        f"{float(most['token_states_of_used']):.1%}")
+    add("vattention_pages.batch", "13. vattention_pages", "mean batched requests",
+        f"vAttention, {VATTENTION_PAGES[-1]}-token pages {float(pages[VATTENTION_PAGES[-1]]['mean_batch_size']):.1f}; "
+        f"Max {float(most['mean_batch_size']):.1f}")
+    hyb, full = (f.one("hybrid_memory", system=s, prompt_len=HYBRID_PROMPT) for s in ("hybrid", "paged"))
+    k = f"{HYBRID_PROMPT // 1024}K-token prompts"
+    add("hybrid_memory.batch", "14. hybrid_memory", f"{k}: mean batched requests",
+        f"hybrid {float(hyb['mean_batch_size']):.1f}, every layer full attention {float(full['mean_batch_size']):.1f}")
+    add("hybrid_memory.throughput", "14. hybrid_memory", f"{k}: throughput, hybrid over every layer full attention",
+        f"{float(hyb['throughput_req_per_s']) / float(full['throughput_req_per_s']):.1f}x")
+    managers = {r["policy"]: r for r in f.rows("memory_managers", panel="a")
+                if r["policy"] != "vattention" or r["block_size_tokens"] == MANAGERS_VATTENTION_PAGE}  # fmt: skip
+    add("memory_managers.token_states", "15. memory_managers", "token states, share of the pool",
+        ", ".join(f"{float(managers[p]['token_states']):.0%} ({name})" for p, name in MANAGERS))
+    add("memory_managers.batch", "15. memory_managers", "mean batched requests",
+        ", ".join(f"{float(managers[p]['mean_batch_size']):.1f} ({name})" for p, name in MANAGERS))
+    for policy, name in (("paged", "hashed blocks"), ("radix", "radix tree")):
+        hits = {r["block_size_tokens"]: float(r["prefix_hit_rate_tokens"])
+                for r in f.rows("memory_managers", panel="b", policy=policy)}  # fmt: skip
+        add(f"memory_managers.hits.{policy}", "15. memory_managers", f"conversations, {name}: prompt tokens found in "
+            "the prefix cache, by block/page size", ", ".join(f"{hits[b]:.1%} ({b})" for b in PREFIX_SIZES))
+    return (_table("The numbers of these rows, read off each figure's CSV:", ("figure", "quantity", "lab"), *rows),)
+
+
+def chunked_prefill(f: Files) -> tuple[Table, ...]:
+    rows = []
+    for system in CHUNKED_SYSTEMS:
+        r = next(r for r in f.rows("chunked_prefill", system=system) if float(r["rate"]) == CHUNKED_RATE)
+        name = "v0, the paper's" if r["scheduler"] == "v0" else f"v1, {r['max_num_batched_tokens']}-token budget"
+        rows.append((system, name, *(f"{1e3 * float(r[column]):.0f} ms" for column in ("p99_itl_max_s", "p99_ttft_s"))))
+    return (_table(f"At {CHUNKED_RATE:g} req/s (`figures/chunked_prefill.csv`), p99 over the requests:",
+                   ("scheduler", "a request's largest gap between two tokens", "time to first token"), *rows),)
+
+
+# --- the reference engine's benchmarks ---------------------------------------------------------------------------
+def bench_hybrid(f: Files) -> tuple[Table, ...]:
+    """Gemma 3 270M on the CPU under paged and hybrid (python -m reference bench-hybrid)."""
+    summary = f.rows("bench_hybrid_cpu")
+    steps = f.rows("bench_hybrid_steps_cpu")
+    last = summary[-1]  # the hybrid policy (the CSV's rows: paged, then hybrid)
+    low, high = re.search(r"prompt (\d+)-(\d+)", f.comments("bench_hybrid_cpu")["workload"]).groups()
+    prompt_tokens = sum(int(s["num_prefill_tokens"]) for s in steps if s["policy"] == last["policy"])
+    prompt_tokens -= int(last["recomputed_tokens"])
+
+    def seconds(r: dict, prefill: bool) -> float:  # steps that compute prompt tokens, or only decodes
+        return sum(float(s["step_time_s"]) for s in steps
+                   if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill)  # fmt: skip
+
+    def each(key: str, label: str, cell: Callable[[dict], str]) -> tuple[str, ...]:
+        return (key, label, *(cell(r) for r in summary))
+
+    first = summary[0]
+    ratio = float(last["tokens_per_s"]) / float(first["tokens_per_s"])
+    caption = (f"`figures/bench_hybrid_cpu.csv`, each step in `figures/bench_hybrid_steps_cpu.csv`: "
+               f"{float(last['num_requests']):.0f} requests arriving at once (prompts of {int(low):,}-{int(high):,} "
+               f"random token ids, {float(last['output_tokens']) / float(last['num_requests']):.0f} greedy output "
+               f"tokens each; {prompt_tokens:,} prompt tokens) in the same {float(first['kv_budget_mib']):.1f} MiB of "
+               "K/V:")  # fmt: skip
+    ints = lambda column: lambda r: f"{float(r[column]):.0f}"  # noqa: E731
+    tenths = lambda column: lambda r: f"{float(r[column]):.1f}"  # noqa: E731
+    return (_table(caption, ("", *(f"`{r['policy']}`" for r in summary)),
+                   each("max_concurrent", "requests at once, at most", ints("max_concurrent_requests")),
+                   each("max_decoding", "requests decoding together, at most", ints("max_decoding_requests")),
+                   each("mean_concurrent", "requests per step, mean", tenths("mean_concurrent_requests")),
+                   each("preemptions", "preemptions", ints("num_preemptions")),
+                   each("kv_per_request", "K/V held per request, MiB (mean after each step)",
+                        tenths("mean_kv_mib_per_request")),
+                   each("tokens_per_s", "output tokens/s",
+                        lambda r: f"{float(r['tokens_per_s']):.2f}" + (f" ({ratio:.2f}x)" if r is last else "")),
+                   each("prefill_seconds", "seconds in steps that compute prompt tokens, of all steps' seconds",
+                        lambda r: f"{seconds(r, True):.0f} of {seconds(r, True) + seconds(r, False):.0f}"),
+                   each("decode_seconds", "seconds in steps that only decode", lambda r: f"{seconds(r, False):.1f}")),)
+
+
+def _peer(f: Files) -> dict[tuple[str, str, str], dict]:
+    return {(r["section"], r["system"], r["threads"]): r for r in f.rows("peer_vllm")}
+
+
+def peer(f: Files) -> tuple[Table, ...]:
+    """This engine's speed against vLLM's CPU build (tools/peer_vllm.py)."""
+    table = _peer(f)
+    version = re.search(r"vllm (\d+\.\d+)", table["throughput", "vllm", "1"]["note"]).group(1)
+    rounds = table["throughput", "engine", "1"]["rounds"]
+    rows = []
+    for threads, label, suffix in (("1", "1", ""), ("2", "2", ""), ("1", "1, both on one core", "_one_core")):
+        ours, theirs = (float(table[f"throughput{suffix}", s, threads]["value"]) for s in ("engine", "vllm"))
+        ratio = float(table[f"throughput_ratio{suffix}", "engine / vLLM", threads]["value"])
+        rows.append((f"throughput{suffix}.{threads}", label, f"{ours:.1f}", f"{theirs:.1f}", f"{ratio:.2f}"))
+    return (_table(f"`figures/peer_vllm.csv`, medians of {rounds} rounds:",
+                   ("threads", "this engine (output tokens/s)", f"vLLM {version} CPU", "engine / vLLM"), *rows),)
+
+
+def peer_checks(f: Files) -> tuple[Table, ...]:
+    """The same run's checks: greedy and beam-search equality, cold start, the block pool driven side by side."""
+    table = _peer(f)
+    greedy = table["greedy_equality", "engine vs vLLM", "1"]
+    beams = table["beam_search_equality", "engine vs vLLM", "1"]
+    pool = table["block_pool", "sim.BlockAllocator vs vLLM BlockPool", ""]
+    cold = {s: float(table["cold_start", s, "1"]["value"]) for s in ("engine", "vllm")}
+    return (_table("The checks of the same run (`figures/peer_vllm.csv`):", ("check", "result"),
+                    ("greedy", "greedy output", f"{greedy['value']} {greedy['unit']}"),
+                    ("beams", "beam search", f"{beams['value']} {beams['unit']}"),
+                    ("cold_start", "cold start, 1 thread: this engine, vLLM",
+                     f"{cold['engine']:.1f} s against {cold['vllm']:.1f} s"),
+                    ("block_pool", "block pool: sim.BlockAllocator against vLLM's BlockPool",
+                     f"{pool['value']} of {pool['rounds']} {pool['unit']}")),)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class GPUNumbers:
+    passed: str  # tests passed, from the test log
+    bandwidth: tuple[float, float]  # decode kernel: fraction of the copy's bytes/s, batch x context >= LONG_DECODE
+    paging: tuple[float, float]  # shuffled / identity block table, block sizes >= PAGING_FROM
+    paging_sizes: tuple[int, int]
+    equal: dict[str, str]  # dtype -> "16 of 16"
+    tokens_per_s: dict[str, float]  # "engine", "HF 16", "HF all"
+    num_requests: str
+    dtype: str
+
+
+def gpu_numbers(f: Files) -> GPUNumbers:
+    kernels = f.rows("bench_attention_gpu")
+    long = [float(r["fraction_of_copy"]) for r in kernels
+            if r["experiment"] == "decode" and int(r["batch"]) * int(r["context"]) >= LONG_DECODE]  # fmt: skip
+    times: dict[int, dict[str, float]] = {}
+    for r in kernels:
+        if r["experiment"] == "paging":
+            times.setdefault(int(r["block_size"]), {})[r["block_table"]] = float(r["time_us"])
+    paging = {bs: t["shuffled"] / t["identity"] for bs, t in times.items()
+              if bs >= PAGING_FROM and "shuffled" in t and "identity" in t}  # fmt: skip
+    engine = f.rows("bench_engine_gpu")
+    equal = {r["dtype"]: r["note"].split(" sequences")[0] for r in engine if r["section"] == "greedy_equality"}
+    tps = {r["system"]: r for r in engine if r["section"] == "throughput"}
+    ours = next(r for s, r in tps.items() if s.startswith("engine"))
+    everyone = ours["num_requests"]
+    return GPUNumbers(
+        passed=re.search(r"(\d+) passed", f.text("gpu_tests.txt")).group(1),
+        bandwidth=(min(long), max(long)), paging=(min(paging.values()), max(paging.values())),
+        paging_sizes=(min(paging), max(paging)), equal=equal,
+        tokens_per_s={"engine": float(ours["tokens_per_s"]),
+                      "HF 16": float(tps[HF_BATCHES.format(16)]["tokens_per_s"]),
+                      "HF all": float(tps[HF_BATCHES.format(everyone)]["tokens_per_s"])},
+        num_requests=everyone, dtype=ours["dtype"])  # fmt: skip
+
+
+def _decode_words() -> str:
+    return f"batch x context >= {LONG_DECODE // 2048} x 2048"
+
+
+def gpu(f: Files) -> tuple[Table, ...]:
+    """The H100 session: the GPU tests, the kernels' bandwidth and paging price, the engine against HF."""
+    g = gpu_numbers(f)
+    tps, n = g.tokens_per_s, g.num_requests
+    return (_table("Measured on the H100:", ("measurement", "result", "file"),
+                   ("tests", "attention and KV-cache tests", f"{g.passed} passed", "`figures/gpu_tests.txt`"),
+                   ("bandwidth", f"decode kernel, bytes per second over the copy's, at {_decode_words()}",
+                    f"{g.bandwidth[0]:.2f} to {g.bandwidth[1]:.2f}", "`figures/bench_attention_gpu.csv`"),
+                   ("paging", f"kernel time, shuffled / identity block table, block sizes "
+                    f"{g.paging_sizes[0]}-{g.paging_sizes[1]}", f"{g.paging[0]:.3f} to {g.paging[1]:.3f}",
+                    "`figures/bench_attention_gpu.csv`"),
+                   ("greedy", "greedy output equal to HF transformers', float32; bfloat16",
+                    f"{g.equal['float32']} prompts; {g.equal['bfloat16']}", "`figures/bench_engine_gpu.csv`"),
+                   ("engine", f"output tokens/s, {n} requests, {g.dtype}: the engine", f"{tps['engine']:,.0f}",
+                    "`figures/bench_engine_gpu.csv`"),
+                   ("hf16", "HF `generate` in static batches of 16 (the engine's speed-up)",
+                    f"{tps['HF 16']:,.0f} ({tps['engine'] / tps['HF 16']:.1f}x)", "`figures/bench_engine_gpu.csv`"),
+                   ("hf_all", f"HF `generate` in one padded batch of all {n} (the engine's speed-up)",
+                    f"{tps['HF all']:,.0f} ({tps['engine'] / tps['HF all']:.2f}x)",
+                    "`figures/bench_engine_gpu.csv`")),)  # fmt: skip
+
+
+def benchmarks(f: Files) -> tuple[Table, ...]:
+    """The table of `make bench`: what each command measures and what it measured."""
+    sim = {r["run"]: r for r in f.rows("bench_sim") if r["run"] != "heapq"}
+    wall = {run: float(r["wall_time_s"]) for run, r in sim.items()}
+    paper, big = sim["paper-scale paged"], sim["100k paged v0"]
+    target = lambda r: f"{float(r['target_wall_s']):g}"  # noqa: E731
+    paper_scale = "; ".join([f"paged {wall['paper-scale paged']:.2f} s (target < {target(paper)} s)",
+                             ", ".join(f"{label} {wall[run]:.2f} s" for run, label in SIM_BENCH_RUNS[1:4]),
+                             f"{SIM_BENCH_RUNS[4][1]} {wall[SIM_BENCH_RUNS[4][0]]:.2f} s"])  # fmt: skip
+    alloc = {(r["benchmark"], r["policy"], r["allocator"]): float(r["ops_per_s"]) / 1e6 for r in f.rows("bench_alloc")}
+    contiguous = [v for (b, p, _), v in alloc.items() if b == "kv_cycle" and p != "paged"]
+    engine = {r["system"].split(" ")[0]: r for r in f.rows("bench_engine_cpu", section="throughput")}
+    tokens = {k: float(v["tokens_per_s"]) for k, v in engine.items()}
+    workload = f.comments("bench_engine_cpu")["workload"]
+    prompts, outputs = (re.search(rf"{w} (\d+-\d+)", workload).group(1) for w in ("prompt", "output"))
+    concurrency = {r["system"]: r for r in f.rows("bench_engine_cpu", section="concurrency")}
+    blocks, block_size = re.search(r"(\d+) blocks x (\d+) tokens", next(iter(concurrency.values()))["note"]).groups()
+    held = ", ".join(f"{s} {r['max_concurrent_requests']}"
+                     + (" (the whole workload)" if r["max_concurrent_requests"] == r["num_requests"] else "")
+                     for s, r in concurrency.items())  # fmt: skip
+    g = gpu_numbers(f)
+    tps, n = g.tokens_per_s, g.num_requests
+    caption = ("From `figures/bench_sim.csv`, `figures/bench_alloc.csv`, `figures/bench_engine_cpu.csv`, "
+               "`figures/bench_attention_gpu.csv` and `figures/bench_engine_gpu.csv`:")
+    return (_table(caption, ("command", "what", "result"),
+                   ("sim", "`python -m sim bench`", "simulator wall time, paper-scale run (OPT-13B, A100-40GB, "
+                    f"ShareGPT, {float(paper['rate']):g} req/s, 1 h, {int(paper['num_requests']):,} requests), the "
+                    "paper's scheduler", paper_scale),
+                   ("sim_100k", "", f"{int(big['num_requests']):,} requests (paged, ShareGPT, {float(big['rate']):g} "
+                    "req/s)", f"v0 {wall['100k paged v0']:.1f} s, v1 {wall['100k paged v1']:.1f} s (target < "
+                    f"{target(big)} s)"),
+                   ("alloc", "`python -m sim bench-alloc`", "KV-manager operations per second (admission through the "
+                    "contract, one-token growth, free)", f"BlockAllocator allocate/free "
+                    f"{alloc['blocks', '', 'block']:.2f} M/s; paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s; "
+                    f"contiguous {min(contiguous):.2f}-{max(contiguous):.2f} M/s"),
+                   ("engine", "`python -m reference bench`", "engine vs HF `generate` (static padded batches of 16), "
+                    f"{engine['engine']['num_requests']} mixed-length requests (prompts {prompts}, outputs {outputs} "
+                    "tokens), SmolLM2, 1 torch thread each, same run", f"{tokens['engine']:.1f} vs {tokens['HF']:.1f} "
+                    f"output tokens/s: {tokens['engine'] / tokens['HF']:.2f}x (target >= {ENGINE_TARGET:g}x)"),
+                   ("concurrency", "", f"max concurrent requests at a fixed KV budget ({blocks} blocks of "
+                    f"{block_size})", held),
+                   ("kernels", "`python -m reference bench-kernels`", "GPU only: decode-kernel bandwidth vs a device "
+                    "copy, paged vs identity block table (H100, above)", f"{g.bandwidth[0]:.2f}-{g.bandwidth[1]:.2f} "
+                    f"of the copy at {_decode_words()}; shuffled / identity {g.paging[0]:.3f}-{g.paging[1]:.3f} at "
+                    f"block sizes {g.paging_sizes[0]}-{g.paging_sizes[1]}"),
+                   ("gpu", "`python -m reference bench-gpu`", "GPU only: the engine vs HF `generate` on SmolLM2's "
+                    f"shape, {n} requests, {g.dtype} (H100, above)", f"{tps['engine']:,.0f} vs {tps['HF 16']:,.0f} "
+                    f"output tokens/s ({tps['engine'] / tps['HF 16']:.1f}x); HF in one batch of {n}: "
+                    f"{tps['HF all']:,.0f}")),)  # fmt: skip
+
+
+BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
+    "memory-waste": memory_waste,
+    "memory-map": memory_map,
+    "figures": figure_rows,
+    "chunked-prefill": chunked_prefill,
+    "bench-hybrid": bench_hybrid,
+    "peer": peer,
+    "peer-checks": peer_checks,
+    "gpu": gpu,
+    "benchmarks": benchmarks,
+}
+
+
+def make_block(name: str, files: Files | None = None) -> Block:
+    return Block(name, BLOCKS[name](Files() if files is None else files))
+
+
+def readme_blocks(files: Files | None = None) -> dict[str, str]:
+    """{block name: the text between its markers}, every block, in README order."""
+    files = Files() if files is None else files
+    return {name: make_block(name, files).text() for name in BLOCKS}
+
+
+# --- the README --------------------------------------------------------------------------------------------------
+def block_span(text: str, name: str) -> tuple[int, int] | None:
+    """Where block `name`'s text lies in README `text`, between its markers; None without both markers in order."""
+    begin, end = markers(name)
+    start = text.find(begin)
+    stop = text.find(end, start + len(begin)) if start >= 0 else -1
+    return None if stop < 0 else (start + len(begin), stop)
+
+
+def missing_blocks(text: str, names=BLOCKS) -> list[str]:
+    """The blocks (of `names`: this module's by default) whose two markers README `text` lacks (or has in the wrong
+    order)."""
+    return [name for name in names if block_span(text, name) is None]
+
+
+def missing_line(readme: str | Path, missing: list[str]) -> str:
+    first = markers(missing[0])
+    others = f" (nor {', '.join(missing[1:])})" if missing[1:] else ""
+    return f"{readme}: no {first[0]} ... {first[1]} block{others} (the markers are written by hand: --write fills them)"
+
+
+def current_block(text: str, name: str) -> str:
+    span = block_span(text, name)
+    if span is None:
+        raise ValueError(missing_line("README.md", [name]))
+    return text[span[0]:span[1]].strip("\n")
+
+
+def replace_blocks(text: str, blocks: dict[str, str], readme: str | Path = "README.md") -> str:
+    """`text` with each block's markers holding its new text; ValueError (nothing replaced) naming `readme` if one
+    has no markers."""
+    absent = missing_blocks(text, blocks)
+    if absent:
+        raise ValueError(missing_line(readme, absent))
+    for name, block in blocks.items():
+        start, stop = block_span(text, name)
+        text = f"{text[:start]}\n{block}\n{text[stop:]}"
+    return text
+
+
+def stale_blocks(text: str, blocks: dict[str, str]) -> list[str]:
+    """The blocks of README `text` that are not `blocks` (those with no markers included)."""
+    return [name for name, block in blocks.items() if block_span(text, name) is None or current_block(text, name) != block]
+
+
+def update_readme(readme: str | Path = README, files: Files | None = None) -> bool:
+    """Rewrite README's blocks from the committed files (atomically); True if it changed."""
+    from ..outfiles import write_text
+
+    readme = Path(readme)
+    text = readme.read_text(encoding="utf-8")
+    absent = missing_blocks(text)
+    if absent:
+        raise ValueError(missing_line(readme, absent))
+    new = replace_blocks(text, readme_blocks(files))
+    if new != text:
+        write_text(readme, new, encoding="utf-8")
+    return new != text
+
+
+def print_blocks(blocks: dict[str, str]) -> str:
+    return "\n\n".join(f"{markers(name)[0]}\n{block}\n{markers(name)[1]}" for name, block in blocks.items())
