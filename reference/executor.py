@@ -95,19 +95,6 @@ def default_token_budget(device: torch.device) -> int:
     return 16384 if big else 8192
 
 
-def check_vllm_only_options(tensor_parallel_size, enforce_eager, trust_remote_code) -> None:
-    """vLLM's keywords that change nothing here, checked so that a script passing them runs unchanged:
-    tensor_parallel_size must be 1 (one device); enforce_eager (this engine never captures CUDA graphs: it always
-    runs eagerly) and trust_remote_code (only the Llama, Mistral and Qwen2 families load, with this project's
-    own code; nothing from a checkpoint folder is ever executed) take a bool."""
-    from reference.sampling import check_bool, check_int
-
-    if check_int("tensor_parallel_size", tensor_parallel_size, 1) != 1:
-        raise ValueError(f"tensor_parallel_size {tensor_parallel_size}: this engine runs on one device (allowed: 1)")
-    check_bool("enforce_eager", enforce_eager)
-    check_bool("trust_remote_code", trust_remote_code)
-
-
 def use_one_cpu_thread(device: torch.device) -> None:
     """One torch thread on a CPU unless OMP_NUM_THREADS / MKL_NUM_THREADS says otherwise. This is process-wide, as
     torch.set_num_threads is.

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from reference import executor as ex
+from reference.config import ENGINE_DEFAULTS as D
+from reference.config import EngineConfig
 from reference.cpu_allocator import keep_freed_memory
 from reference.engine import CheckedRequest, LLMEngine, Params
 from reference.kv_cache import KVCache, kv_bytes_per_block
@@ -23,8 +25,8 @@ from reference.kv_groups import kv_layout, model_spec
 from reference.models.llama import LlamaForwardModel
 from reference.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from reference.prompts import chat_messages, prompt_list, prompt_parts
-from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real
-from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS, SchedulerConfig, default_max_num_batched_tokens
+from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_real
+from sim.config import SchedulerConfig, default_max_num_batched_tokens
 from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
 from sim.scheduler import Scheduler
 
@@ -35,100 +37,89 @@ class LLM(LLMEngine):
     abort(), the same call from another thread raises RuntimeError at once (nothing changed, and the running call
     completes as if alone); it never waits. Use one LLM per thread, or call it from one thread."""
 
-    def __init__(self, model: str | LlamaForwardModel = "smollm2", *, policy: str = RUN_DEFAULTS["policy"],
-                 block_size: int = RUN_DEFAULTS["block_size"], num_gpu_blocks: int | None = None,
-                 kv_budget_bytes: int | None = None, num_cpu_blocks: int = 0,
-                 preemption: str = SCHEDULER_DEFAULTS.preemption, max_num_seqs: int = SCHEDULER_DEFAULTS.max_num_seqs,
-                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
-                 scheduler: str = SCHEDULER_DEFAULTS.mode, backend: str | None = None, device: str | None = None,
-                 dtype: torch.dtype | str | None = None, seed: int = 0, max_model_len: int | None = None,
-                 tokenizer=None, enable_chunked_prefill: bool | None = SCHEDULER_DEFAULTS.enable_chunked_prefill,
-                 watermark: float = 0.0, victim: str = SCHEDULER_DEFAULTS.victim,
-                 gpu_memory_utilization: float | None = None,
-                 kv_cache_memory_bytes: int | None = None, swap_space: float | None = None, enforce_eager: bool = False,
-                 tensor_parallel_size: int = 1, trust_remote_code: bool = False) -> None:
-        # The scheduler's and the KV pool's defaults are the simulator's (sim.config); the engine's own: no watermark
-        # (vLLM v1 keeps none; the simulator's 0.01 is the paper's v0), no prefix cache, no CPU swap space unless
-        # asked, the default budget of vLLM's offline LLM class (sim.config.default_max_num_batched_tokens).
-        # vLLM's keywords (the last line): kv_cache_memory_bytes is kv_budget_bytes, swap_space (GiB) sizes
-        # num_cpu_blocks, gpu_memory_utilization the GPU pool; the others change nothing (check_vllm_only_options).
-        ex.check_vllm_only_options(tensor_parallel_size, enforce_eager, trust_remote_code)
-        if kv_cache_memory_bytes is not None:
-            if kv_budget_bytes is not None:
-                raise ValueError("give kv_budget_bytes or kv_cache_memory_bytes (the same budget), not both")
-            kv_budget_bytes = kv_cache_memory_bytes
-        if gpu_memory_utilization is not None:
-            gpu_memory_utilization = check_real("gpu_memory_utilization", gpu_memory_utilization)
-            if not 0.0 < gpu_memory_utilization <= 1.0:
-                raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        block_size, max_num_seqs = check_int("block_size", block_size, 1), check_int("max_num_seqs", max_num_seqs, 1)
-        num_cpu_blocks, seed = check_int("num_cpu_blocks", num_cpu_blocks, 0), check_int("seed", seed, 0)
-        num_gpu_blocks, kv_budget_bytes, max_num_batched_tokens, max_model_len = (
-            None if v is None else check_int(name, v, 1) for name, v in (
-                ("num_gpu_blocks", num_gpu_blocks), ("kv_budget_bytes", kv_budget_bytes),
-                ("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)))
-        watermark = check_real("watermark", watermark)
-        enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
-        if enable_chunked_prefill is not None:
-            enable_chunked_prefill = check_bool("enable_chunked_prefill", enable_chunked_prefill)
+    def __init__(self, model: str | LlamaForwardModel = D.model, *, policy: str = D.policy,
+                 block_size: int = D.block_size, num_gpu_blocks: int | None = D.num_gpu_blocks,
+                 kv_budget_bytes: int | None = D.kv_budget_bytes, num_cpu_blocks: int = D.num_cpu_blocks,
+                 preemption: str = D.preemption, max_num_seqs: int = D.max_num_seqs,
+                 max_num_batched_tokens: int | None = D.max_num_batched_tokens,
+                 enable_prefix_caching: bool = D.enable_prefix_caching, scheduler: str = D.scheduler,
+                 backend: str | None = D.backend, device: str | None = D.device,
+                 dtype: torch.dtype | str | None = D.dtype, seed: int = D.seed, max_model_len: int | None = D.max_model_len,
+                 tokenizer=None, enable_chunked_prefill: bool | None = D.enable_chunked_prefill,
+                 watermark: float = D.watermark, victim: str = D.victim,
+                 gpu_memory_utilization: float | None = D.gpu_memory_utilization,
+                 kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
+                 enforce_eager: bool = D.enforce_eager, tensor_parallel_size: int = D.tensor_parallel_size,
+                 trust_remote_code: bool = D.trust_remote_code) -> None:
+        """vLLM's keywords, each with its default in one place (reference/config.py, EngineConfig: the scheduler's
+        and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded."""
+        c = self.engine_config = EngineConfig(
+            model=model, policy=policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+            kv_budget_bytes=kv_budget_bytes, gpu_memory_utilization=gpu_memory_utilization,
+            num_cpu_blocks=num_cpu_blocks, swap_space=swap_space, enable_prefix_caching=enable_prefix_caching,
+            watermark=watermark, scheduler=scheduler, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            preemption=preemption, victim=victim, max_model_len=max_model_len, device=device, dtype=dtype,
+            backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code)  # every value checked
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
-            if (device is not None and ex.default_device(device) != self.device) or (
-                    dtype not in (None, "auto") and ex.default_dtype(dtype, self.device) != self.dtype):
+            if (c.device is not None and ex.default_device(c.device) != self.device) or (
+                    c.dtype not in (None, "auto") and ex.default_dtype(c.dtype, self.device) != self.dtype):
                 raise ValueError(f"the loaded model lives on {self.device} in {self.dtype}; "
                                  "give device/dtype to load_model, not to LLM")
         else:
             from reference.models import load_model
 
-            self.device = ex.default_device(device)
-            self.dtype = ex.default_dtype(dtype, self.device)  # also vLLM's names: "float32", "bfloat16", "auto"
+            self.device = ex.default_device(c.device)
+            self.dtype = ex.default_dtype(c.dtype, self.device)  # also vLLM's names: "float32", "bfloat16", "auto"
             self.model, self.tokenizer, _ = load_model(model, dtype=self.dtype, device=self.device)
         ex.use_one_cpu_thread(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # glibc keeps the steps' freed tensors instead of page-faulting them back
         self.config = self.model.config
-        self.backend = ex.default_backend(backend, self.device, self.dtype)
+        self.backend = ex.default_backend(c.backend, self.device, self.dtype)
         context = self.config.max_position_embeddings
-        self.max_model_len = max_model_len or context
+        self.max_model_len = c.max_model_len or context
         if not 2 <= self.max_model_len <= context:
-            raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {max_model_len}")
-        num_blocks = ex.num_gpu_blocks_for(self.config, block_size, self.dtype, self.device, num_gpu_blocks,
-                                           kv_budget_bytes, gpu_memory_utilization)
-        num_cpu_blocks = self._cpu_pool_blocks(block_size, num_cpu_blocks, swap_space)
-        self.block_size = block_size
+            raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {c.max_model_len}")
+        num_blocks = ex.num_gpu_blocks_for(self.config, c.block_size, self.dtype, self.device, c.num_gpu_blocks,
+                                           c.kv_budget_bytes, c.gpu_memory_utilization)
+        num_cpu_blocks = self._cpu_pool_blocks(c.block_size, c.num_cpu_blocks, c.swap_space)
+        self.block_size = c.block_size
         # the model as the KV managers see it: hybrid groups its full and sliding-window layers (Gemma 3)
         spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model")
-        check_model(policy, spec)
-        self.kv_manager = make_kv_manager(policy, num_blocks * block_size, block_size=block_size,
-                                          max_seq_len=self.max_model_len, enable_prefix_caching=enable_prefix_caching,
-                                          num_cpu_blocks=num_cpu_blocks, watermark=watermark, model=spec)  # fmt: skip
-        if enable_prefix_caching and not has_prefix_cache(policy):
-            raise ValueError(f"policy {policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
-        if num_cpu_blocks and not has_swap_space(policy):
-            raise ValueError(f"policy {policy!r} has no swap space (allowed with num_cpu_blocks > 0: paged)")
-        if preemption == "swap" and not num_cpu_blocks:  # the scheduler would recompute every time, silently
-            if not has_swap_space(policy):
-                raise ValueError(f"preemption='swap' needs CPU swap space, and policy {policy!r} has none: it "
+        check_model(c.policy, spec)
+        self.kv_manager = make_kv_manager(c.policy, num_blocks * c.block_size, block_size=c.block_size,
+                                          max_seq_len=self.max_model_len, enable_prefix_caching=c.enable_prefix_caching,
+                                          num_cpu_blocks=num_cpu_blocks, watermark=c.watermark, model=spec)  # fmt: skip
+        if c.enable_prefix_caching and not has_prefix_cache(c.policy):
+            raise ValueError(f"policy {c.policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
+        if num_cpu_blocks and not has_swap_space(c.policy):
+            raise ValueError(f"policy {c.policy!r} has no swap space (allowed with num_cpu_blocks > 0: paged)")
+        if c.preemption == "swap" and not num_cpu_blocks:  # the scheduler would recompute every time, silently
+            if not has_swap_space(c.policy):
+                raise ValueError(f"preemption='swap' needs CPU swap space, and policy {c.policy!r} has none: it "
                                  "preempts by recompute only (allowed: preemption='recompute', or policy 'paged')")
             raise ValueError("preemption='swap' needs num_cpu_blocks > 0 (or swap_space of at least one block) to "
                              "swap to (allowed without CPU blocks: preemption='recompute')")
-        self.enable_prefix_caching = enable_prefix_caching
-        chunked = scheduler == "v1" and enable_chunked_prefill is not False
+        self.enable_prefix_caching = c.enable_prefix_caching
         # vLLM's default for its offline LLM class: 4096 tokens per step on a CPU, 8192 on a GPU (16384 on one of
         # 70 GiB or more), with chunked prefill; without it, room for a whole context
-        budget = max_num_batched_tokens or default_max_num_batched_tokens(
-            scheduler, chunked, self.max_model_len, offline_budget=ex.default_token_budget(self.device))
-        config = SchedulerConfig(mode=scheduler, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                 enable_chunked_prefill=enable_chunked_prefill, preemption=preemption, victim=victim)
+        budget = c.max_num_batched_tokens or default_max_num_batched_tokens(
+            c.scheduler, c.chunked, self.max_model_len, offline_budget=ex.default_token_budget(self.device))
+        config = SchedulerConfig(mode=c.scheduler, max_num_seqs=c.max_num_seqs, max_num_batched_tokens=budget,
+                                 enable_chunked_prefill=c.enable_chunked_prefill, preemption=c.preemption,
+                                 victim=c.victim)
         self.scheduler = Scheduler(self.kv_manager, config)
         # one tensor per layer, or (hybrid) one per place in a KV cache group, of the manager's pages: the same bytes
         layout = kv_layout(self.config, self.kv_manager)
-        self.kv_cache = KVCache(layout.num_tensors, self.kv_manager.num_blocks, block_size, self.config.num_kv_heads,
+        self.kv_cache = KVCache(layout.num_tensors, self.kv_manager.num_blocks, c.block_size, self.config.num_kv_heads,
                                 self.config.head_dim, self.dtype, self.device, num_cpu_blocks=num_cpu_blocks,
                                 layout=layout)
         self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend, self.kv_manager.group_tables)
-        super().__init__(self.scheduler, self.executor, self.config, self.tokenizer, seed=seed)
+        super().__init__(self.scheduler, self.executor, self.config, self.tokenizer, seed=c.seed)
 
     def _cpu_pool_blocks(self, block_size: int, num_cpu_blocks: int, swap_space: float | None) -> int:
         """The CPU swap pool in blocks: num_cpu_blocks, or what swap_space (GiB, vLLM's keyword) holds; ValueError

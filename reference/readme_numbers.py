@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Callable
 
 from reference.calibrate import fit_sentence, stability_sentence
 from reference.validate_sim import readme_table, targets_sentence
 from sim.figures import readme_numbers as sim_numbers
-from sim.figures.readme_numbers import README, Row, Table, missing_line, print_blocks, stale_blocks
+from sim.figures.readme_numbers import README, Row, Table
 
 COMMAND = "python -m reference readme-numbers"
 COST_MODEL = "cost_model_cpu.json"  # under figures/: written by `python -m reference calibrate`
@@ -127,25 +126,6 @@ def update_readme(readme: str | Path = README, files: Files | None = None) -> bo
 def run(args: argparse.Namespace) -> int:
     """`python -m reference readme-numbers` (its flags: reference/cli.py), as `python -m sim readme-numbers`:
     ValueError/OSError for bad input (no markers to --write into, a README or results file that cannot be read)."""
-    if args.write or args.check:  # the README and its markers first, before reading the files
-        with open(args.readme, encoding="utf-8") as f:
-            text = f.read()
-        missing = missing_blocks(text)
-        if missing and args.check:  # the check fails: the README does not carry the block
-            print(missing_line(args.readme, missing), file=sys.stderr)
-            return 1
-        if missing:  # nowhere to write: bad input, one `error:` line and exit 2
-            raise ValueError(missing_line(args.readme, missing))
-    files = Files(args.figures)
-    if args.write:
-        print(f"{'rewrote' if update_readme(args.readme, files) else 'unchanged:'} {args.readme}")
-    elif args.check:
-        stale = stale_blocks(text, readme_blocks(files))
-        if stale:
-            print(f"{args.readme}: its blocks {', '.join(stale)} are not what the files give (run: {COMMAND} --write)",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        print(f"{args.readme}: the README's calibration numbers are the files'")
-    else:
-        print(print_blocks(readme_blocks(files)))
-    return 0
+    return sim_numbers.readme_command(args.readme, args.write, args.check, BLOCKS,
+                                      lambda: readme_blocks(Files(args.figures)), COMMAND,
+                                      "the README's calibration numbers are the files'")

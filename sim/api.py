@@ -98,7 +98,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
             sessions = generate_sessions(
                 c.num_requests, rate=None if c.arrival == "offline" else c.rate,
                 duration=None if c.num_requests is not None else c.duration, arrival=c.arrival, burstiness=c.burstiness,
-                max_seq_len=model_spec.max_seq_len, turns=c.turns, think_time=c.think_time, history_limit=c.history_limit,
+                max_seq_len=model_spec.max_seq_len, turns=c.turns, think_time=c.think_time,
+                history_limit=c.history_limit,
                 seed=c.seed,
             )  # fmt: skip
             requests, notes = flatten(sessions), {"num_sessions": len(sessions)}
@@ -123,8 +124,11 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     else:
         check_given_requests(requests)
     # auto: on for a shared prefix in a paged pool (contiguous policies have no prefix cache)
-    caching = (c.prefix_len > 0 and has_prefix_cache(c.policy)) if c.enable_prefix_caching is None else c.enable_prefix_caching
-    kv_block_size = simulator_block_size(c.policy, c.block_size, model=model_spec, num_gpus=c.num_gpus, page_kib=c.page_kib)
+    caching = c.enable_prefix_caching
+    if caching is None:
+        caching = c.prefix_len > 0 and has_prefix_cache(c.policy)
+    kv_block_size = simulator_block_size(c.policy, c.block_size, model=model_spec, num_gpus=c.num_gpus,
+                                         page_kib=c.page_kib)
     num_cpu_blocks = int(c.num_gpus * c.swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
     check_pool(c.policy, num_slots, kv_block_size, num_cpu_blocks, c.kv_slots)
     sched_config = c.scheduler_config(model_spec.max_seq_len)

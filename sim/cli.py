@@ -78,11 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _budget_help() -> str:
     """The default token budget as `sim.run` picks it (sim.config.default_max_num_batched_tokens), for every model."""
-    by_model = "; ".join(f"{name} {default_max_num_batched_tokens('v1', False, m.max_seq_len):,} / "
-                         f"{default_max_num_batched_tokens('v0', False, m.max_seq_len):,}" for name, m in MODELS.items())
-    return (f"{default_max_num_batched_tokens('v1', True):,} in v1 with chunked prefill; without it the model's context, "
-            f"at least {default_max_num_batched_tokens('v1', False):,} in v1 and "
-            f"{default_max_num_batched_tokens('v0', False):,} in v0/static; per model, v1 / v0: {by_model}")
+    budget = default_max_num_batched_tokens
+    by_model = "; ".join(f"{name} {budget('v1', False, m.max_seq_len):,} / {budget('v0', False, m.max_seq_len):,}"
+                         for name, m in MODELS.items())
+    return (f"{budget('v1', True):,} in v1 with chunked prefill; without it the model's context, "
+            f"at least {budget('v1', False):,} in v1 and "
+            f"{budget('v0', False):,} in v0/static; per model, v1 / v0: {by_model}")
 
 
 def add_run_parser(sub) -> None:
@@ -445,31 +446,10 @@ def add_readme_numbers_parser(sub) -> None:
 
 
 def cmd_readme_numbers(args: argparse.Namespace) -> int:
-    from .figures.readme_numbers import Files, missing_blocks, missing_line, print_blocks, readme_blocks, stale_blocks
-    from .figures.readme_numbers import update_readme
+    from .figures.readme_numbers import BLOCKS, COMMAND, Files, readme_blocks, readme_command
 
-    if args.write or args.check:  # the README and its markers first, before reading the files
-        with open(args.readme, encoding="utf-8") as f:
-            text = f.read()
-        missing = missing_blocks(text)
-        if missing and args.check:  # the check fails: the README does not carry the block
-            print(missing_line(args.readme, missing), file=sys.stderr)
-            return 1
-        if missing:  # nowhere to write: bad input, one `error:` line and exit 2 (as paper-table)
-            raise ValueError(missing_line(args.readme, missing))
-    files = Files(args.figures)
-    if args.write:
-        print(f"{'rewrote' if update_readme(args.readme, files) else 'unchanged:'} {args.readme}")
-    elif args.check:
-        stale = stale_blocks(text, readme_blocks(files))
-        if stale:
-            print(f"{args.readme}: its blocks {', '.join(stale)} are not what the files give (run: python -m sim "
-                  "readme-numbers --write)", file=sys.stderr)  # fmt: skip
-            return 1
-        print(f"{args.readme}: the README's numbers are the files'")
-    else:
-        print(print_blocks(readme_blocks(files)))
-    return 0
+    return readme_command(args.readme, args.write, args.check, BLOCKS, lambda: readme_blocks(Files(args.figures)),
+                          COMMAND, "the README's numbers are the files'")
 
 
 def add_paper_sensitivity_parser(sub) -> None:

@@ -8,7 +8,8 @@
     default_max_num_batched_tokens  the token budget when none is given (vLLM's rule, for a server or an offline LLM)
 
 A default is written once, here (or, for a workload's own knobs, where the workload is defined, and imported here);
-`reference.engine.LLM` takes the scheduler and KV defaults it shares with the simulator from these classes. Each
+the engine's settings (`reference.config.EngineConfig`, the keywords of `LLM`) take the scheduler and KV defaults they
+share with the simulator from these classes. Each
 class checks its fields when it is built: a bad value raises ValueError naming the field and what is allowed, the
 same one line whichever caller gave it. Checks across fields (an option that means nothing with the others, the
 size of a workload) are sim.arguments'.
@@ -63,7 +64,8 @@ class SchedulerConfig:
     max_model_len: int = 0  # the longest sequence (the context); only the default budget reads it
     enable_chunked_prefill: bool | None = None  # None: on in v1; v0 and static never chunk
     preemption: str = "recompute"  # "recompute" | "swap" (swap falls back to recompute when CPU memory is short)
-    victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES or a function
+    victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES, or a
+    # function
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, "mode", self.mode, ", ".join(MODES))

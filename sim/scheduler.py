@@ -548,7 +548,8 @@ class Scheduler:
             budget -= len(seqs)
             if budget < 0:
                 return None
-        if self._waiting and self._may_admit() and self._head_may_be_admitted(budget, len(seqs)):
+        if self._waiting and self._may_admit() and self._head_may_be_admitted(
+                budget, len(seqs), nothing_fed=self.config.mode != "v1"):
             return None
         self._plain_decodes_cache = seqs
         return seqs
@@ -558,21 +559,22 @@ class Scheduler:
         budget and memory, watermark included)? False when nothing waits or admission is closed."""
         if not self._waiting or not self._may_admit():
             return False
-        return self._head_may_be_admitted(self.config.max_num_batched_tokens, self.num_running_seqs, first=True)
+        return self._head_may_be_admitted(self.config.max_num_batched_tokens, self.num_running_seqs, nothing_fed=True)
 
-    def _head_may_be_admitted(self, budget: int, num_running_seqs: int, first: bool | None = None) -> bool:
+    def _head_may_be_admitted(self, budget: int, num_running_seqs: int, nothing_fed: bool) -> bool:
+        """Would the first waiting group be admitted with `budget` tokens left and `num_running_seqs` running?
+        `nothing_fed`: the step admits before it feeds anything (v0's prefill-only steps, or an observer asking of a
+        fresh step), so the answer is exact; else (v1, after the decodes) a guess that errs towards yes."""
         group = self._waiting[0]
         if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
             return False
-        asked = self._admission(group, budget, first=self.config.mode != "v1" if first is None else first)
+        asked = self._admission(group, budget, first=nothing_fed)
         if asked is None:
             return False
         new, counts = asked
-        if first:  # an exact answer for observers
-            return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
         # NOTE: with chunking, losing a prefix-cache hit to eviction can SHRINK the chunk's memory need, so a
         # blocked group with hits might fit later in the run: treat it as admissible (no run; always safe).
-        if self.config.chunked and any(spec.num_cached_tokens for spec in new):
+        if not nothing_fed and self.config.chunked and any(spec.num_cached_tokens for spec in new):
             return True
         return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
 

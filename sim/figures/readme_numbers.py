@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -506,3 +507,38 @@ def update_readme(readme: str | Path = README, files: Files | None = None) -> bo
 
 def print_blocks(blocks: dict[str, str]) -> str:
     return "\n\n".join(f"{markers(name)[0]}\n{block}\n{markers(name)[1]}" for name, block in blocks.items())
+
+
+def readme_command(readme: str | Path, write: bool, check: bool, names, make_blocks: Callable[[], dict[str, str]],
+                   command: str, done: str) -> int:
+    """The `readme-numbers` command, for the blocks `names` that `make_blocks()` makes (this module's, or the engine's
+    calibration blocks in reference/readme_numbers.py): print them; or `write` them into README `readme` between
+    their markers (atomically); or `check` it (exit status 1, one line, when a block is stale or has no markers;
+    `done` is the line printed when none is). Bad input (no markers to write into, a file that cannot be read) is a
+    ValueError / OSError for the caller's one `error:` line."""
+    from ..outfiles import write_text
+
+    if write or check:  # the README and its markers first, before reading the files
+        text = Path(readme).read_text(encoding="utf-8")
+        missing = missing_blocks(text, names)
+        if missing and check:  # the check fails: the README does not carry the block
+            print(missing_line(readme, missing), file=sys.stderr)
+            return 1
+        if missing:  # nowhere to write: bad input, one `error:` line and exit 2 (as paper-table)
+            raise ValueError(missing_line(readme, missing))
+    blocks = make_blocks()
+    if write:
+        new = replace_blocks(text, blocks, readme)
+        if new != text:
+            write_text(Path(readme), new, encoding="utf-8")
+        print(f"{'rewrote' if new != text else 'unchanged:'} {readme}")
+    elif check:
+        stale = stale_blocks(text, blocks)
+        if stale:
+            print(f"{readme}: its blocks {', '.join(stale)} are not what the files give (run: {command} --write)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"{readme}: {done}")
+    else:
+        print(print_blocks(blocks))
+    return 0

@@ -50,26 +50,28 @@ class _Policy:
             raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE)}, got {self.prefix_cache!r}")
 
 
-def _paged(num_blocks: int, block_size: int, o: dict) -> KVManager:
+def _paged(num_blocks: int, block_size: int, options: dict) -> KVManager:
     from .paged import PagedKVManager
 
-    return PagedKVManager(num_blocks, block_size, o["enable_prefix_caching"], o["num_cpu_blocks"], o["watermark"])
+    return PagedKVManager(num_blocks, block_size, options["enable_prefix_caching"], options["num_cpu_blocks"],
+                          options["watermark"])
 
 
 def _contiguous(rule: str) -> Callable[..., KVManager]:
-    def build(num_blocks: int, block_size: int, o: dict) -> KVManager:
+    def build(num_blocks: int, block_size: int, options: dict) -> KVManager:
         from .contiguous import ContiguousKVManager
 
-        return ContiguousKVManager(num_blocks, block_size, reserve=rule, allocator=o["allocator"],
-                                   max_seq_len=o["max_seq_len"])  # fmt: skip
+        return ContiguousKVManager(num_blocks, block_size, reserve=rule, allocator=options["allocator"],
+                                   max_seq_len=options["max_seq_len"])  # fmt: skip
 
     return build
 
 
-def _vattention(num_blocks: int, block_size: int, o: dict) -> KVManager:
+def _vattention(num_blocks: int, block_size: int, options: dict) -> KVManager:
     from .vattention import VAttentionKVManager
 
-    return VAttentionKVManager(num_blocks, block_size, watermark=o["watermark"], max_seq_len=o["max_seq_len"])
+    return VAttentionKVManager(num_blocks, block_size, watermark=options["watermark"],
+                               max_seq_len=options["max_seq_len"])
 
 
 def _vattention_page_tokens(model, num_gpus: int, page_kib: float | None) -> int:
@@ -78,16 +80,16 @@ def _vattention_page_tokens(model, num_gpus: int, page_kib: float | None) -> int
     return page_tokens(model, num_gpus, page_kib)
 
 
-def _hybrid(num_blocks: int, block_size: int, o: dict) -> KVManager:
+def _hybrid(num_blocks: int, block_size: int, options: dict) -> KVManager:
     from .hybrid import HybridKVManager, kv_cache_groups, pool_blocks
 
-    if o["model"] is None:
+    if options["model"] is None:
         raise ValueError("policy 'hybrid' needs the model whose sliding-window layers it serves (make_kv_manager(..., "
                          "model=a sim.specs.ModelSpec))")  # fmt: skip
-    _, windows = kv_cache_groups(o["model"])
+    _, windows = kv_cache_groups(options["model"])
     # num_slots counts all-layer token slots (a paged pool's): the same bytes hold more pages of one group each
-    return HybridKVManager(pool_blocks(o["model"], o["num_slots"], block_size), block_size, windows,
-                           watermark=o["watermark"], max_seq_len=o["max_seq_len"])  # fmt: skip
+    return HybridKVManager(pool_blocks(options["model"], options["num_slots"], block_size), block_size, windows,
+                           watermark=options["watermark"], max_seq_len=options["max_seq_len"])  # fmt: skip
 
 
 def _hybrid_check_model(model) -> None:
@@ -96,10 +98,10 @@ def _hybrid_check_model(model) -> None:
     kv_cache_groups(model)
 
 
-def _radix(num_blocks: int, block_size: int, o: dict) -> KVManager:
+def _radix(num_blocks: int, block_size: int, options: dict) -> KVManager:
     from .radix import RadixKVManager
 
-    return RadixKVManager(num_blocks, block_size, watermark=o["watermark"])
+    return RadixKVManager(num_blocks, block_size, watermark=options["watermark"])
 
 
 _REGISTRY = {
