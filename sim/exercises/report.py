@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .referee import RuleBroken, exercise_call
+from .source import explain_name_error
 
 INDENT = "      "
 
@@ -47,6 +48,7 @@ class CheckReport:
     not_implemented: list[str] = field(default_factory=list)  # method names that raised NotImplementedError
     missing: list[str] = field(default_factory=list)  # methods the grader calls that the class does not define
     num_hidden: int = 0  # checks left for the autograder (not run here)
+    notes: list[str] = field(default_factory=list)  # what reading the submission skipped, one line each (source.py)
 
     @property
     def passed(self) -> bool:
@@ -66,6 +68,7 @@ class CheckReport:
 
     def text(self, title: str = "") -> str:
         lines = [f"Checking {self.implementation} for the exercise {self.exercise!r}{': ' + title if title else ''}"]
+        lines += [f"Note: {note}" for note in self.notes]
         for r in self.results:
             mark = "-" if r.skipped else ("✓" if r.passed else "✗")
             hidden = ", hidden" if r.visibility == "hidden" else ""
@@ -143,6 +146,12 @@ class Story:
             getattr(obj, method)(*args)
         except (NotImplementedError, RuleBroken):
             raise
+        except NameError as exc:  # a missing name is a bug to report (describe_error says which), not a refusal
+            if error is not NameError:
+                self.steps.append(f"{call} raised NameError")
+                raise
+            self.steps.append(f"{call} raised {type(exc).__name__}: {exc}")
+            return exc
         except error as exc:
             self.steps.append(f"{call} raised {type(exc).__name__}: {exc}")
             return exc
@@ -166,6 +175,9 @@ def _points(x: float) -> str:
 def describe_error(exc: BaseException) -> str:
     """One line: an expectation's own message, or what the student's code raised, during which call, and where."""
     if isinstance(exc, AssertionError) and str(exc):
+        cause = exc.__cause__
+        if isinstance(exc, RuleBroken) and isinstance(cause, NameError):  # never a bare NameError
+            return f"broken: {exc} ({explain_name_error(cause)})"
         return f"broken: {exc}"
     call = exercise_call(exc)
     during = f" during the call {call}" if call else ""
@@ -175,6 +187,9 @@ def describe_error(exc: BaseException) -> str:
         return (f"{type(exc).__name__}: {exc}{during} (calling your class; check the method's signature "
                 f"and what it returns)")
     where = f" in {frame.name} (line {frame.lineno})" if frame else ""
+    if isinstance(exc, NameError):  # never a bare NameError: which name, and where it went
+        why = explain_name_error(exc).removeprefix("NameError: ")
+        return f"your code raised NameError{during}{where}: {why}"
     return f"your code raised {type(exc).__name__}: {exc}{during}{where}"
 
 

@@ -15,17 +15,18 @@ from .report import Story
 def first_fit_lowest_hole(make, t: Story) -> None:
     """allocations go to the lowest-addressed hole that is long enough"""
     a = make(16)
-    t.expect("allocate(4) on an empty space", t.do(a, "allocate", 4), 0)
-    t.expect("the next allocate(4)", t.do(a, "allocate", 4), 4)
-    t.expect("the next allocate(4)", t.do(a, "allocate", 4), 8)
-    t.do(a, "free", 4)
-    t.say("hole [4, 8) is free again; [12, 16) is free too")
-    t.expect("allocate(2): the lowest hole that fits", t.do(a, "allocate", 2), 4)
-    t.expect("allocate(4): [6, 8) is too short, so", t.do(a, "allocate", 4), 12)
-    t.expect("free_runs()", a.free_runs(), [(6, 2)])
-    t.expect("num_free_slots", a.num_free_slots, 2)
+    starts = [t.do(a, "allocate", n) for n in (4, 2, 2, 2)]
+    t.expect("four runs of 4, 2, 2, 2 slots start at", starts, [0, 4, 6, 8])
+    t.do(a, "free", 0)
+    t.do(a, "free", 6)
+    t.say("holes of different sizes: [0, 4) of 4 slots, [6, 8) of 2, [10, 16) of 6")
+    t.expect("allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest "
+             "([10, 16), worst fit)", t.do(a, "allocate", 2), 0)
+    t.expect("allocate(4): [2, 4) and [6, 8) are too short, so", t.do(a, "allocate", 4), 10)
+    t.expect("free_runs()", a.free_runs(), [(2, 2), (6, 2), (14, 2)])
+    t.expect("num_free_slots", a.num_free_slots, 6)
     t.expect("largest_free_run", a.largest_free_run, 2)
-    t.expect("allocated_size(4)", a.allocated_size(4), 2)
+    t.expect("allocated_size(0)", a.allocated_size(0), 2)
 
 
 def first_fit_out_of_memory(make, t: Story) -> None:
@@ -56,9 +57,11 @@ def bad_input_raises(make, t: Story) -> None:
     """allocate(0) raises ValueError; freeing an offset that starts no allocation raises RuntimeError"""
     a = make(8)
     t.raises(ValueError, a, "allocate", 0)
-    t.do(a, "allocate", 2)
-    err = t.raises(RuntimeError, a, "free", 1)
-    t.ensure("1" in str(err), f"the error should name the offset 1, found {str(err)!r}")
+    start = t.do(a, "allocate", 2)
+    t.ensure(isinstance(start, int), f"allocate(2) on an empty space: expected a start offset, found {start!r}")
+    inside = start + 1  # inside the allocation, but not its start (whichever offset allocate chose)
+    err = t.raises(RuntimeError, a, "free", inside)
+    t.ensure(str(inside) in str(err), f"the error should name the offset {inside}, found {str(err)!r}")
     t.expect("num_free_slots after the refused free", a.num_free_slots, 6)
 
 

@@ -147,6 +147,19 @@ def _table(caption: str, header: tuple[str, ...], *rows: tuple[str, ...]) -> Tab
     return Table(caption, header, tuple(Row(r[0], tuple(r[1:])) for r in rows))
 
 
+# --- the installs ------------------------------------------------------------------------------------------------
+def install(f: Files) -> tuple[Table, ...]:
+    """The light and the full install, each built from scratch in a fresh venv (python tools/install_report.py)."""
+    rows = {r["install"]: r for r in f.rows("install")}
+    first = next(iter(rows.values()))
+    caption = (f"Each install built from scratch in a fresh venv by `python tools/install_report.py` "
+               f"(`figures/install.csv`), packages from {first['source']}, on {first['platform']}, {first['cpu']}, "
+               f"Python {first['python']}:")
+    return (_table(caption, ("install", "venv", "time", "torch in it"),
+                   *((name, name, f"{int(r['venv_mib']):,} MiB", f"{int(r['seconds']):,} s",
+                      "yes" if r["has_torch"] == "True" else "no") for name, r in rows.items())),)  # fmt: skip
+
+
 # --- the figures -------------------------------------------------------------------------------------------------
 def memory_waste(f: Files) -> tuple[Table, ...]:
     used = {r["policy"]: r for r in f.rows("memory_waste", view="memory in use")}
@@ -423,6 +436,7 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
 
 
 BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
+    "install": install,
     "memory-waste": memory_waste,
     "memory-map": memory_map,
     "figures": figure_rows,

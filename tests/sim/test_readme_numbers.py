@@ -176,7 +176,8 @@ def test_a_stale_block_is_found_and_write_rewrites_a_copy(tmp_path, capsys):
     assert main(["readme-numbers", "--check", "--readme", str(readme)]) == 0
     assert capsys.readouterr().out.strip() == f"{readme}: the README's numbers are the files'"
     text = readme.read_text()
-    assert text.startswith(f"before\n\n{markers('memory-waste')[0]}\nToken states") and text.endswith("\n\nafter\n")
+    assert text.startswith(f"before\n\n{markers('install')[0]}\nEach install") and text.endswith("\n\nafter\n")
+    assert f"{markers('memory-waste')[0]}\nToken states" in text
     assert "stale" not in text
     assert main(["readme-numbers", "--write", "--readme", str(readme)]) == 0
     assert capsys.readouterr().out.strip() == f"unchanged: {readme}"
@@ -192,11 +193,11 @@ def test_a_readme_without_markers_is_one_line(tmp_path, capsys):
     plain.write_text("no markers here\n")
     assert main(["readme-numbers", "--check", "--readme", str(plain)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"{plain}: no {markers('memory-waste')[0]}"), err
+    assert len(err) == 1 and err[0].startswith(f"{plain}: no {markers('install')[0]}"), err
     # --write has nowhere to write: bad input, one `error:` line, exit 2, nothing written (as paper-table)
     assert main(["readme-numbers", "--write", "--readme", str(plain)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "readme-numbers:memory-waste:begin" in err[0], err
+    assert len(err) == 1 and err[0].startswith("error: ") and "readme-numbers:install:begin" in err[0], err
     assert plain.read_text() == "no markers here\n"
     # one block missing, or its markers in the wrong order: that block is named
     some = tmp_path / "some.md"

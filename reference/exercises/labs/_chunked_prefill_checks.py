@@ -26,6 +26,8 @@ from reference.attention.torch_ref import paged_prefill_attention_ref, store_kv_
 from sim.testing.blocks import machine_settings
 from sim.exercises.referee import tag_exercise_call
 
+from ._paged_batches import single_threaded
+
 TOLERANCE = 1e-5
 # shape -> (prompt lengths, block sizes, heads, head_dim)
 SHAPES = {"model": ((1, 24), (1, 2, 4, 8), (1, 2), (1, 4)), "rule": ((1, 16), (1, 2, 4), (1, 2), (1, 4)),
@@ -194,6 +196,6 @@ def chunk_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
         def run_test(self: unittest.TestCase, case: dict) -> None:
             (two_prompts if count == 2 else one_prompt)(make, case)
 
-        return type(f"ChunkedPrefill_{shape}", (unittest.TestCase,), {"runTest": run_test})
+        return single_threaded(f"ChunkedPrefill_{shape}", run_test)
 
     return build

@@ -15,12 +15,42 @@ imported here, lazily (this module is imported only when a check runs).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from hypothesis import note
 from hypothesis import strategies as st
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread while a check runs, then as it was (the student's kernel keeps its setting).
+
+    Every tensor of these checks is tiny, so a second thread only costs: on 2 busy cores torch's threads wait for
+    each other, and a softmax over [2, 24, 24] took 6 ms with 2 threads against 0.03 ms with 1 (chunked_prefill's
+    grade spent ~50 of its ~90 s there)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def single_threaded(name: str, run_test: Callable[[Any], None]) -> type:
+    """A TestCase whose runTest runs the hypothesis test `run_test` under `one_thread()` (the test's own source, and
+    so its derandomized examples, unchanged)."""
+    import unittest
+
+    def runTest(self: unittest.TestCase) -> None:  # noqa: N802  (unittest's name)
+        with one_thread():
+            run_test(self)
+
+    return type(name, (unittest.TestCase,), {"runTest": runTest})
 
 
 @dataclass(frozen=True, slots=True)

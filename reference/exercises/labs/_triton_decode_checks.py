@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from sim.testing.blocks import machine_settings
 from sim.exercises.referee import NO_RULES, Referee
 from ._paged_batches import PagedBatch, Shape, compare_output, oracle_caches, oracle_output, padded_tables
-from ._paged_batches import paged_batches, tell
+from ._paged_batches import paged_batches, single_threaded, tell
 
 SHAPES = {
     "model": Shape((1, 2, 3, 4), (1, 2), (1, 2), (2, 4), (1, 2), (1, 6)),
@@ -84,6 +84,6 @@ def batch_check(shape: str, cap: int, device: Callable[[], str]) -> Callable[[Ca
             tell(b)
             run_batch(Referee(make(), NO_RULES), b, shape, device())
 
-        return type(f"TritonDecode_{shape}", (unittest.TestCase,), {"runTest": run_test})
+        return single_threaded(f"TritonDecode_{shape}", run_test)
 
     return build

@@ -78,19 +78,28 @@ def slots_follow_the_table(make, t: Story) -> None:
 def store_writes_its_slots(make, t: Story) -> None:
     """store_kv writes each token's K and V into its slot, in place, and touches no other slot"""
     att = make(2)
-    key_cache, value_cache = _caches(3, 2, 1, 2)
     key = _f32([[[1, 2]], [[3, 4]], [[5, 6]]])
     t.say("a pool of 3 blocks of 2 slots (1 KV head, head_dim 2), all NaN; three tokens go to slots [5, 0, 2]")
-    t.say("store_kv(key_cache, value_cache, key [[1, 2]], [[3, 4]], [[5, 6]], value = -key, [5, 0, 2])")
-    att.store_kv(key_cache, value_cache, key, -key, [5, 0, 2])
-    for token, (block, offset) in enumerate(((2, 1), (0, 0), (1, 0))):
-        slot = block * 2 + offset
-        t.expect(f"key_cache[{block}, {offset}] (slot {slot}: token {token})", key_cache[block, offset].tolist(),
-                 key[token].tolist())  # fmt: skip
-        t.expect(f"value_cache[{block}, {offset}] (slot {slot}: token {token})", value_cache[block, offset].tolist(),
-                 (-key[token]).tolist())  # fmt: skip
-    untouched = [b * 2 + o for b in range(3) for o in range(2) if np.isnan(key_cache[b, o]).all()]
-    t.expect("the key_cache slots still NaN (no token was stored there)", untouched, [1, 3, 4])
+    for interleaved in (False, True):
+        if interleaved:
+            kv = np.full((3, 2, 2, 1, 2), np.nan, np.float32)
+            key_cache, value_cache = kv[:, 0], kv[:, 1]
+            t.say("again, into caches that are views of ONE array kv [3 blocks, 2 (K, V), 2 slots, 1, 2] (FlashInfer's "
+                  "layout): key_cache = kv[:, 0], value_cache = kv[:, 1], NOT contiguous in memory, so reshape() "
+                  "of them returns a copy")  # fmt: skip
+        else:
+            key_cache, value_cache = _caches(3, 2, 1, 2)
+        t.say("store_kv(key_cache, value_cache, key [[1, 2]], [[3, 4]], [[5, 6]], value = -key, [5, 0, 2])")
+        att.store_kv(key_cache, value_cache, key, -key, [5, 0, 2])
+        layout = " (the views of one array: write through them in place)" if interleaved else ""
+        for token, (block, offset) in enumerate(((2, 1), (0, 0), (1, 0))):
+            slot = block * 2 + offset
+            t.expect(f"key_cache[{block}, {offset}] (slot {slot}: token {token}){layout}",
+                     key_cache[block, offset].tolist(), key[token].tolist())  # fmt: skip
+            t.expect(f"value_cache[{block}, {offset}] (slot {slot}: token {token}){layout}",
+                     value_cache[block, offset].tolist(), (-key[token]).tolist())  # fmt: skip
+        untouched = [b * 2 + o for b in range(3) for o in range(2) if np.isnan(key_cache[b, o]).all()]
+        t.expect(f"the key_cache slots still NaN (no token was stored there){layout}", untouched, [1, 3, 4])
 
 
 def one_token_gqa(make, t: Story) -> None:

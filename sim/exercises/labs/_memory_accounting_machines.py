@@ -31,7 +31,9 @@ def _paged_pool(data: st.DataObject, big: bool) -> PagedPool:
 
 
 def _contiguous_pool(data: st.DataObject, rule: str, big: bool) -> ContiguousPool:
-    max_seq_len = data.draw(st.sampled_from((8, 16, 32, 64) if big else (4, 8, 16)), label="max_seq_len")
+    # NOTE: powers of two and not (6, 12, 48, ...): a buddy run rounds a reservation of 48 up to 64 under every rule
+    lengths = (8, 16, 24, 32, 48, 64) if big else (4, 6, 8, 12, 16)
+    max_seq_len = data.draw(st.sampled_from(lengths), label="max_seq_len")
     num_slots = data.draw(st.integers(max_seq_len, 4 * max_seq_len + 3), label="num_slots")
     note(f"contiguous pool, rule {rule!r}: {num_slots} slots (buddy allocator), max_seq_len {max_seq_len}")
     return ContiguousPool(num_slots, rule, max_seq_len)

@@ -22,12 +22,13 @@ from ._memory_accounting_oracle import ContiguousPool, PagedPool, compare, expec
 RULES = ("max", "pow2", "oracle")
 
 
-def ask(t: Story, student: Any, method: str, pool: PagedPool | ContiguousPool, waiting: bool = False) -> None:
-    """Ask the student for the pool's breakdown and compare it with the manager's."""
+def ask(t: Story, student: Any, method: str, pool: PagedPool | ContiguousPool, waiting: bool = False,
+        hint: str = "") -> None:
+    """Ask the student for the pool's breakdown and compare it with the manager's; `hint` follows a mismatch."""
     found = t.do(student, method, *pool.args(waiting))
     problem = compare(f"{method}() {'while a request waits' if waiting else 'with nothing waiting'}", found,
                       expected(pool, waiting))  # fmt: skip
-    t.ensure(problem is None, problem or "")
+    t.ensure(problem is None, f"{problem}{' (' + hint + ')' if hint else ''}")
 
 
 # --- narrated examples ------------------------------------------------------------------------------
@@ -72,11 +73,13 @@ def contiguous_oracle_buddy(make, t: Story) -> None:
 
 
 def contiguous_max_and_pow2(make, t: Story) -> None:
-    """contiguous: max reserves max_seq_len for everyone; pow2 rounds only the output up (25 -> 32)"""
-    pool = ContiguousPool(128, "max", 32)
+    """contiguous: max reserves max_seq_len (in a buddy run: 48 -> 64); pow2 rounds only the output up (25 -> 32)"""
+    pool = ContiguousPool(128, "max", 48)
     pool.admit(5, 9)
-    t.say("max, max_seq_len 32: prompt 5, final length 9 reserves 32 -> reservation 4, internal_fragmentation 23")
-    ask(t, make(), "contiguous", pool)
+    t.say("max, max_seq_len 48: prompt 5, final length 9 reserves 48 -> reservation 4, internal_fragmentation 39")
+    t.say("48 is no power of two: the buddy allocator rounds the run up to 64 -> external_fragmentation 16, free 64")
+    ask(t, make(), "contiguous", pool, hint="under max too, the buddy allocator rounds the reserved run of "
+        "max_seq_len slots up to a power of two: 48 -> 64")
     pool = ContiguousPool(128, "pow2", 64)
     pool.admit(7, 32)
     t.say("pow2: prompt 7 + output 25 rounded to 32 reserves 39; the buddy run is 64 -> internal 7, external 25")

@@ -12,6 +12,27 @@ def slot_from_block_index(base):
     return SlotFromBlockIndex
 
 
+def stores_through_a_reshape(base):
+    class StoresThroughAReshape(base):
+        def store_kv(self, key_cache, value_cache, key, value, slot_mapping):
+            # one fancy-indexed write into the caches flattened to [slots, heads, dim]: in place only while the cache
+            # is contiguous in memory; reshape() of a view such as kv[:, 0] returns a copy and the write is lost
+            key_cache.reshape(-1, *key_cache.shape[2:])[list(slot_mapping)] = key
+            value_cache.reshape(-1, *value_cache.shape[2:])[list(slot_mapping)] = value
+
+    return StoresThroughAReshape
+
+
+def stores_one_run_of_slots(base):
+    class StoresOneRunOfSlots(base):
+        def store_kv(self, key_cache, value_cache, key, value, slot_mapping):
+            # the tokens go to consecutive slots from the first one: right only while the blocks are contiguous
+            first = slot_mapping[0]
+            super().store_kv(key_cache, value_cache, key, value, list(range(first, first + len(slot_mapping))))
+
+    return StoresOneRunOfSlots
+
+
 def reads_whole_last_block(base):
     class ReadsWholeLastBlock(base):
         def decode_attention(self, query, key_cache, value_cache, block_tables, seq_lens, scale):
@@ -71,4 +92,12 @@ PLANTED = [
       "found [[[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [3.0, 4.0]]]"]),
     ("no-max-subtraction", no_max_subtraction, ("model", "rule"),
      ["✓ random batches", "✗ large scores", "decode_attention(query", "exp() overflows"]),
+    ("stores-through-a-reshape", stores_through_a_reshape, ("model",),
+     ["✗ store_kv writes each token's K and V into its slot",
+      "key_cache[2, 1] (slot 5: token 0) (the views of one array: write through them in place): expected [[1.0, 2.0]], "
+      "found [[nan, nan]]",
+      "✗ random batches", "(not contiguous in memory)", "FlashInfer's layout", "a write into the copy is lost"]),
+    ("stores-one-run-of-slots", stores_one_run_of_slots, ("model",),
+     ["✗ store_kv writes each token's K and V into its slot", "during the call store_kv(", "✗ random batches",
+      "after store_kv of every sequence: key_cache["]),
 ]  # fmt: skip

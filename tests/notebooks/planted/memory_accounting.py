@@ -76,6 +76,21 @@ def pow2_empty_output_reserves_two(base):
     return Pow2EmptyOutputReservesTwo
 
 
+def max_forgets_the_buddy_rounding(base):
+    class MaxForgetsTheBuddyRounding(base):
+        def contiguous(self, num_slots, reserve, max_seq_len, seqs, waiting=False):
+            if reserve != "max":
+                return base.contiguous(self, num_slots, reserve, max_seq_len, seqs, waiting)
+            # the run IS max_seq_len slots: right only while max_seq_len is a power of two (48 takes a run of 64)
+            tokens = sum(n for _, n, _ in seqs)
+            reservation = sum(f - n for _, n, f in seqs)
+            internal = sum(max_seq_len - f for _, _, f in seqs)
+            free = num_slots - len(seqs) * max_seq_len
+            return dict(zip(NAMES, (tokens, reservation, internal, free * waiting, free * (not waiting))))
+
+    return MaxForgetsTheBuddyRounding
+
+
 PLANTED = [
     ("counts-shared-blocks-per-owner", counts_shared_blocks_per_owner, (),
      ["a block shared by a fork counts once", "token_states: expected 6, found 12"]),
@@ -88,4 +103,9 @@ PLANTED = [
      ["pow2 rounds only the output up", "internal_fragmentation: expected 7, found 0"]),
     ("pow2-empty-output-reserves-two", pow2_empty_output_reserves_two, ("model",),
      ["random pool states", "rule 'pow2'", "internal_fragmentation: expected"]),
+    ("max-forgets-the-buddy-rounding", max_forgets_the_buddy_rounding, (),
+     ["external_fragmentation: expected 16, found 0; free: expected 64, found 80",
+      "under max too, the buddy allocator rounds the reserved run of max_seq_len slots up to a power of two"]),
+    ("max-forgets-the-buddy-rounding-in-programs", max_forgets_the_buddy_rounding, ("model",),
+     ["random pool states", "rule 'max'", "max_seq_len", "external_fragmentation: expected"]),
 ]  # fmt: skip
