@@ -54,3 +54,29 @@ def test_core_report_sees_a_planted_mixin_private_import_and_circle(tmp_path):
     assert report.private_imports(mods, edges) == ["sim.a: from sim.b import _helper"]
     assert report.circles(mods, edges) == [["sim.a", "sim.b"]]
     assert report.code_lines('"""doc\nmore"""\n# comment\n\nx = 1\n') == 1
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_install_report_installs_what_the_makefile_installs():
+    """tools/install_report.py times the Makefile's own pip lines: its pins are read from the Makefile, and the light
+    install names no engine package (tests/test_install.py checks the extras themselves)."""
+    report = _tool("install_report")
+    makefile = (ROOT / "Makefile").read_text()
+    full = [" ".join(step) for step in report.steps("full")]
+    for name in ("TORCH_SPEC", "MODEL_SPEC", "GEMMA3_SPEC"):
+        pin = report.makefile_value(name)
+        assert pin in makefile and any(pin in step for step in full), name
+    assert any(step.endswith("[dev]") for step in full)
+    light = " ".join(" ".join(step) for step in report.steps("light"))
+    assert "[course,test]" in light and "torch" not in light and "GEMMA3" not in light
+    import csv
+
+    rows = list(csv.DictReader((ROOT / "figures" / "install.csv").open()))
+    assert [r["install"] for r in rows] == ["light", "full"] and list(rows[0]) == report.COLUMNS
+    assert [r["has_torch"] for r in rows] == ["False", "True"]  # what the light install promises, measured
