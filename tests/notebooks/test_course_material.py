@@ -219,3 +219,11 @@ def test_the_guide_lists_every_lab_in_course_order():
     table = INSTRUCTORS.read_text().split("## The twelve labs")[1]
     rows = re.findall(r"^\| `(\d\d_\w+)` \|", table, flags=re.M)
     assert rows == [exercise.notebook for exercise in EXERCISES.values()] and len(rows) == 12
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_lab_opens_with_its_objectives(path):
+    """INSTRUCTORS.md: "Each lab is a notebook in `exercises/` with 'You will learn' objectives"."""
+    first = markdown(nbformat.read(path, as_version=4).cells[0])
+    assert first.startswith("# Exercise") and LEARN in first, f"{path.name}: no '{LEARN}' in its first cell"
+    assert len(bullets(first.split(LEARN, 1)[1].split("**The idea.**", 1)[0])) >= 2
