@@ -10,7 +10,8 @@ pool runs dry (section 4.5) and admitted again later, the five shares of the mem
     draw(snapshot, fig)    one frame: memory map, block tables, queues, a bar of the five shares
     scrubber(snapshots)    an ipywidgets slider (+ Play) over the steps, redrawing the frame
     animate(snaps, path)   an animated GIF through Pillow (matplotlib's PillowWriter; no ffmpeg)
-    to_jshtml(snapshots)   the same animation as HTML with its own player, for a notebook
+    to_jshtml(snapshots)   the same animation as HTML with its own player, for a notebook (at most
+                           HTML_MAX_FRAMES frames sampled over the run, as 64-colour PNGs: ~0.4 MB, seconds)
 
 A `Snapshot` is plain data (ints, floats, lists, dicts), taken through the KV contract (`slot_segments`,
 `block_table`, `breakdown`) and the scheduler's views (its queues), so any policy can be recorded and a list of
@@ -38,6 +39,11 @@ DEMO_RUN = MappingProxyType(dict(
 ))  # fmt: skip
 FPS_RANGE, DPI_RANGE = (0.5, 50.0), (20.0, 200.0)  # what animate() and to_jshtml() accept
 MAX_FRAMES = 2000  # record()'s default cap; `python -m sim animate --max-frames` at most
+# to_jshtml()'s default cap on frames: a longer run is sampled (first, last, every preemption and finish, the rest
+# evenly). With 64-colour PNG frames (~8 KB each at dpi 60) that is ~0.4 MB of HTML and a few seconds of drawing;
+# every step embedded as a full-colour PNG was 4.35 MB and 25-67 s for the 102 steps of DEMO_RUN.
+HTML_MAX_FRAMES = 32
+HTML_COLORS = 64  # palette size of to_jshtml's PNG frames (a frame has ~20 flat colours plus anti-aliasing)
 
 
 @dataclass(slots=True)
@@ -243,19 +249,80 @@ def animate(snapshots, path: str | os.PathLike, *, fps: float = 8, dpi: float = 
     return os.path.getsize(path)
 
 
-def to_jshtml(snapshots, *, fps: float = 8, dpi: float = 60) -> str:
-    """The steps as HTML with matplotlib's JavaScript player (`IPython.display.HTML(to_jshtml(snaps))`):
-    frames embedded as PNG, nothing to install, plays in any notebook viewer."""
-    from matplotlib.animation import FuncAnimation
+def sample_steps(snapshots, max_frames: int = HTML_MAX_FRAMES) -> list[int]:
+    """Indices into `snapshots` of at most `max_frames` frames, in order: all of them if they fit; otherwise the
+    first and the last, then steps that preempt or finish a request (evenly among them if too many), then evenly
+    spaced steps to fill the cap."""
+    n = len(snapshots)
+    if n <= max_frames:
+        return list(range(n))
+
+    def evenly(pool: list[int], k: int) -> list[int]:  # k of `pool`, spread from its first to its last
+        if k >= len(pool):
+            return pool
+        return [pool[round(i * (len(pool) - 1) / (k - 1))] for i in range(k)] if k > 1 else pool[:k]
+
+    chosen = {0, n - 1} if max_frames > 1 else {0}
+    events = [i for i, s in enumerate(snapshots) if (s.preempted or s.finished) and i not in chosen]
+    chosen |= set(evenly(events, max_frames - len(chosen)))
+    while len(chosen) < max_frames:  # fill the largest gaps first, so the slider moves through the run evenly
+        ordered = sorted(chosen)
+        gap, lo = max((b - a, -a) for a, b in zip(ordered, ordered[1:]))  # ties: the earlier gap
+        if gap < 2:
+            break
+        chosen.add(-lo + gap // 2)
+    return sorted(chosen)
+
+
+def palette_png(fig, colors: int = HTML_COLORS) -> bytes:
+    """The figure as it is drawn now, as a PNG of an adaptive palette of `colors` colours (no dithering: flat
+    tiles stay flat); a frame is ~4x smaller than matplotlib's RGBA PNG and encodes faster."""
+    import numpy as np
+    from PIL import Image
+
+    fig.canvas.draw()
+    rgb = Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3])
+    buf = io.BytesIO()
+    frame = rgb.quantize(colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+    frame.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def to_jshtml(snapshots, *, fps: float = 8, dpi: float = 60, max_frames: int = HTML_MAX_FRAMES) -> str:
+    """The steps as HTML with matplotlib's JavaScript player (`IPython.display.HTML(to_jshtml(snaps))`): frames
+    embedded as palette PNGs (`palette_png`), nothing to install, plays in any notebook viewer, also a static one.
+    At most `max_frames` frames (`sample_steps`: the first, the last, preemptions and finishes, the rest evenly);
+    every frame's title says its step. Pass max_frames=len(snapshots) for every step (~11 KB of HTML a frame)."""
+    import base64
+    import tempfile
+    from pathlib import Path
+
+    from matplotlib.animation import HTMLWriter
 
     snapshots = _check_snapshots(snapshots)
     check_range("fps", fps, FPS_RANGE)
     check_range("dpi", dpi, DPI_RANGE)
+    if isinstance(max_frames, bool) or not isinstance(max_frames, int) or not 1 <= max_frames <= MAX_FRAMES:
+        raise ValueError(f"max_frames: got {max_frames!r} (allowed: an integer from 1 to {MAX_FRAMES})")
+
+    class PaletteHTMLWriter(HTMLWriter):
+        # NOTE: HTMLWriter.grab_frame saves a full-colour PNG through savefig (a second render of the frame);
+        # this one appends the palette PNG to the base64 frames that HTMLWriter.finish() writes into its player.
+        def grab_frame(self, **savefig_kwargs) -> None:
+            self._saved_frames.append(base64.encodebytes(palette_png(self.fig)).decode("ascii"))
+
     fig = new_frame_figure(dpi)
-    anim = FuncAnimation(fig, lambda i: draw(snapshots[i], fig), frames=len(snapshots), interval=1000 / fps,
-                         repeat=False)  # fmt: skip
-    return anim.to_jshtml(fps=fps, default_mode="once")
+    writer = PaletteHTMLWriter(fps=fps, embed_frames=True, default_mode="once")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "frames.html")
+        writer.setup(fig, path, dpi=dpi)
+        for i in sample_steps(snapshots, max_frames):
+            draw(snapshots[i], fig)
+            writer.grab_frame()
+        writer.finish()
+        return path.read_text()
 
 
-__all__ = ["DEMO_RUN", "Snapshot", "animate", "check_gif_path", "check_range", "draw", "record", "record_engine",
-           "render_png", "scrubber", "snapshot", "to_jshtml"]  # fmt: skip
+__all__ = ["DEMO_RUN", "HTML_MAX_FRAMES", "Snapshot", "animate", "check_gif_path", "check_range", "draw",
+           "palette_png", "record", "record_engine", "render_png", "sample_steps", "scrubber", "snapshot",
+           "to_jshtml"]  # fmt: skip

@@ -8,7 +8,7 @@
     | memory map (sim/figures/memory_map.py)          | queues                    |
     |                                                 |  running / waiting / swap |
     +------------------------------------------------+---------------------------+
-    | the five shares of the pool, one stacked bar (colours of sim/figures/style.py)              |
+    | the five shares of the pool, one stacked bar in the map's colours (memory_map.kind_colors)   |
     +----------------------------------------------------------------------------------------------+
 
 A request keeps its colour in every frame (the memory map's golden-ratio hues by request id), in the pool, in
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .figures.memory_map import SlotMap, draw_slot_map, legend_handles, owner_colors
-from .figures.memory_map import EXTERNAL, FREE
-from .figures.style import SHARE_COLORS, SHARE_LABELS
+from .figures.memory_map import HATCH, KIND_HATCHES, SlotMap, draw_slot_map, kind_colors, legend_handles, owner_colors
+from .figures.memory_map import EXTERNAL, FREE, INTERNAL
+from .figures.style import SHARE_LABELS
 from .kv.base import SHARE_NAMES
 
 MAX_TABLE_LINES = 14  # block tables listed; more running sequences end in "... and N more"
@@ -119,13 +119,39 @@ def _id_line(ax, y: float, label: str, ids: list[int], preempted: list[int]) -> 
         ax.annotate(f" ... +{len(ids) - 20}", xycoords=text, xy=(1, 1), va="top", fontsize=7.5)
 
 
+def bar_segments(snap) -> list[tuple[str, int, int]]:
+    """The share bar's segments, left to right: (kind, owner, slots). The five kinds in SHARE_NAMES order; within
+    token states, reservation and internal fragmentation one segment per request (by id, as the map colours
+    them); external fragmentation and free one segment each (owner -1). Slots sum to the pool's."""
+    smap = slot_map_of(snap)
+    segments = []
+    for code, name in enumerate(SHARE_NAMES):
+        mine = smap.kind == code
+        if code > INTERNAL:
+            segments.append((name, -1, int(mine.sum())))
+            continue
+        owners, counts = np.unique(smap.owner[mine], return_counts=True)
+        segments += [(name, int(o), int(c)) for o, c in zip(owners.tolist(), counts.tolist())]
+    return segments
+
+
 def _shares_bar(snap, ax) -> None:
-    """The five shares of the pool as one stacked horizontal bar, each segment labelled when wide enough."""
+    """The five shares of the pool as one stacked horizontal bar in the memory map's colours and hatches (one
+    palette, sim/figures/memory_map.py `kind_colors`): a request's token states in its colour, its reservation and
+    internal fragmentation pale; each kind labelled with its share when wide enough."""
+    segments = bar_segments(snap)
+    codes = np.array([SHARE_NAMES.index(name) for name, _, _ in segments])
+    colours = kind_colors(codes, owner_colors(np.array([max(o, 0) for _, o, _ in segments], dtype=np.int64)))
+    left = 0.0
+    for (name, _, slots), colour in zip(segments, colours):
+        width = slots / snap.num_slots
+        ax.barh(0, width, left=left, color=colour, hatch=KIND_HATCHES[name] or None, edgecolor=HATCH, linewidth=0)
+        left += width
     left = 0.0
     for name, share in snap.shares.items():
-        ax.barh(0, share, left=left, color=SHARE_COLORS[name], edgecolor="white", linewidth=0.5)
         if share >= 0.07:
-            ax.text(left + share / 2, 0, f"{SHORT_LABELS[name]}\n{share:.0%}", ha="center", va="center", fontsize=7)
+            ax.text(left + share / 2, 0, f"{SHORT_LABELS[name]}\n{share:.0%}", ha="center", va="center", fontsize=7,
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))  # fmt: skip
         left += share
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.5, 0.5)

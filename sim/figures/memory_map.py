@@ -83,6 +83,26 @@ def owner_colors(owner_ids: np.ndarray) -> np.ndarray:
     return rgb
 
 
+def pale(rgb: np.ndarray) -> np.ndarray:
+    """An owner's colour, pale: its reservations and its internal fragmentation (hatched too)."""
+    return 0.45 * rgb + 0.55 * WHITE
+
+
+def kind_colors(kind: np.ndarray, owner_rgb: np.ndarray) -> np.ndarray:
+    """THE palette of the five kinds, defined here once: the RGB of slots of kind codes `kind` [n] whose owners
+    have colours `owner_rgb` [n, 3] (`owner_colors`). Token states solid in the owner's colour, a reservation and
+    internal fragmentation pale, external fragmentation grey, free near-white; hatches in KIND_HATCHES. The map,
+    its legend and the pool viewer's share bar (sim/viewer_draw.py) all colour through this."""
+    kind = np.asarray(kind)
+    colour = np.where((kind == TOKEN)[:, None], owner_rgb, pale(np.asarray(owner_rgb, dtype=float)))
+    colour[kind == EXTERNAL] = EXTERNAL_RGB
+    colour[kind == FREE] = FREE_RGB
+    return colour
+
+
+KIND_HATCHES = {name: HATCHES.get(code, "") for code, name in enumerate(SHARE_NAMES)}
+
+
 def auto_row_slots(num_slots: int, block_size: int) -> int:
     """A row width giving a pool about 4x wider than tall, a power of two and a whole number of blocks."""
     width = 2 ** max(0, round(math.log2(math.sqrt(4 * num_slots))))
@@ -134,9 +154,7 @@ def draw_slot_map(smap: SlotMap, ax, *, row_slots: int | None = None, title: str
     rows, cols, pixel, (h, w) = layout(smap, row_slots or auto_row_slots(len(smap.kind), smap.block_size), tiles)
     ids, inverse = np.unique(np.maximum(smap.owner, 0), return_inverse=True)
     base = owner_colors(ids)[inverse]
-    colour = np.where((smap.kind == TOKEN)[:, None], base, 0.45 * base + 0.55 * WHITE)
-    colour[smap.kind == EXTERNAL] = EXTERNAL_RGB
-    colour[smap.kind == FREE] = FREE_RGB
+    colour = kind_colors(smap.kind, base)
     rgba = np.zeros((rows * cols, 4))  # pixels that are no slot (past the pool's end) stay transparent
     rgba[pixel, :3], rgba[pixel, 3] = colour, 1.0
     kind = np.full(rows * cols, -1, dtype=np.int8)
@@ -165,14 +183,18 @@ def draw_slot_map(smap: SlotMap, ax, *, row_slots: int | None = None, title: str
 
 
 def legend_handles() -> list:
+    """The five kinds as legend patches, in the palette (`kind_colors`, KIND_HATCHES), owned ones in the colour of
+    an example request (request 1)."""
     from matplotlib.patches import Patch
 
-    token = owner_colors(np.arange(3))[1]
-    pale = 0.45 * token + 0.55 * WHITE
-    handles = [Patch(facecolor=token, label=LABELS[TOKEN]), Patch(facecolor=pale, label=LABELS[RESERVATION])]
-    handles += [Patch(facecolor=pale if c == INTERNAL else EXTERNAL_RGB, edgecolor=HATCH, hatch=HATCHES[c],
-                      linewidth=0, label=LABELS[c]) for c in (INTERNAL, EXTERNAL)]  # fmt: skip
-    return handles + [Patch(facecolor=FREE_RGB, edgecolor="#999999", linewidth=0.5, label=LABELS[FREE])]
+    codes = np.arange(len(SHARE_NAMES))
+    colours = kind_colors(codes, owner_colors(np.ones(len(codes), dtype=np.int64)))
+    handles = []
+    for code, name in enumerate(SHARE_NAMES):
+        hatched = dict(edgecolor=HATCH, hatch=KIND_HATCHES[name], linewidth=0) if KIND_HATCHES[name] else {}
+        outline = dict(edgecolor="#999999", linewidth=0.5) if code == FREE else {}
+        handles.append(Patch(facecolor=colours[code], label=LABELS[code], **hatched, **outline))
+    return handles
 
 
 def _row_runs(mask: np.ndarray) -> list[tuple[int, int, int]]:

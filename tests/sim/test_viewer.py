@@ -10,7 +10,9 @@ from PIL import Image
 from sim import viewer
 from sim.api import run
 from sim.cli import main
-from sim.viewer_draw import slot_map_of
+from sim.figures.memory_map import HATCHES, KIND_HATCHES, legend_handles
+from sim.kv.base import SHARE_NAMES
+from sim.viewer_draw import bar_segments, slot_map_of
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +120,10 @@ def test_draw_renders_a_frame(demo):
     assert all(f"req {r}:" in text for r in snap.running)  # a block table line per running request
     image = fig.axes[0].images[0].get_array()
     assert image.shape[0] * image.shape[1] >= snap.num_slots  # one pixel per slot
-    bar = fig.axes[2].patches
-    assert [p.get_width() for p in bar] == pytest.approx(list(snap.shares.values()))
+    bar, widths = fig.axes[2].patches, dict.fromkeys(SHARE_NAMES, 0.0)
+    for (kind, _, _), patch in zip(bar_segments(snap), bar, strict=True):
+        widths[kind] += patch.get_width()
+    assert widths == pytest.approx(snap.shares)  # the five shares, each split by request where the map colours so
     png = viewer.render_png(snap, fig)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and png != viewer.render_png(demo[0], fig)
 
@@ -145,9 +149,60 @@ def test_animate_writes_one_gif_frame_per_step(demo, tmp_path):
     assert size == path.stat().st_size and [p.name for p in tmp_path.iterdir()] == ["pool.gif"]  # no temporary left
 
 
-def test_to_jshtml_embeds_every_frame(demo):
+def _colours(rgb) -> set[tuple[float, ...]]:
+    return {tuple(round(float(c), 6) for c in x[:3]) for x in rgb}
+
+
+@pytest.mark.parametrize("pick", ["preempted", "short", "last"])
+def test_the_share_bar_has_the_memory_maps_colours(demo, pick):
+    """One palette (memory_map.kind_colors): the bar's segments are coloured and hatched as the map's slots of the
+    same kind and request, so the set of colours in the bar is the set of colours in the map, and the legend's
+    five patches are the palette's too."""
+    snap = {"preempted": next(s for s in demo if s.preempted), "short": next(s for s in demo if s.short and
+            not s.preempted), "last": demo[-1]}[pick]  # fmt: skip
+    fig = viewer.new_frame_figure()
+    viewer.draw(snap, fig)
+    image = fig.axes[0].images[0].get_array().reshape(-1, 4)
+    in_map = _colours(image[image[:, 3] > 0])  # the slots' pixels (not the transparent ones past the pool's end)
+    bar = [p for p in fig.axes[2].patches if p.get_width() > 0]
+    assert _colours(p.get_facecolor() for p in bar) == in_map
+    for (kind, _, slots), patch in zip(bar_segments(snap), fig.axes[2].patches, strict=True):
+        assert (patch.get_hatch() or "") == KIND_HATCHES[kind]
+        assert patch.get_width() == pytest.approx(slots / snap.num_slots)
+    assert KIND_HATCHES == {name: HATCHES.get(code, "") for code, name in enumerate(SHARE_NAMES)}
+    legend = legend_handles()
+    assert [(h.get_hatch() or "") for h in legend] == list(KIND_HATCHES.values())
+    kinds = {name: _colours(p.get_facecolor() for (k, _, _), p in zip(bar_segments(snap), fig.axes[2].patches)
+                            if k == name and p.get_width() > 0) for name in SHARE_NAMES}  # fmt: skip
+    for name, handle in zip(SHARE_NAMES, legend):  # the legend's grey and white are the map's
+        if name in ("external_fragmentation", "free") and kinds[name]:
+            assert kinds[name] == _colours([handle.get_facecolor()])
+
+
+def test_to_jshtml_embeds_every_step_of_a_short_run(demo):
     html = viewer.to_jshtml(demo[:3])
     assert "<script" in html and html.count("data:image/png;base64") == 3
+
+
+def test_sample_steps_keeps_the_events_and_the_cap(demo):
+    assert viewer.sample_steps(demo[:20], 32) == list(range(20))  # a short run: every step
+    picked = viewer.sample_steps(demo)
+    assert len(picked) == viewer.HTML_MAX_FRAMES < len(demo) and picked == sorted(set(picked))
+    assert picked[0] == 0 and picked[-1] == len(demo) - 1
+    assert {s.step for s in demo if s.preempted or s.finished} <= set(picked)  # every preemption and finish
+    assert max(b - a for a, b in zip(picked, picked[1:])) <= 4  # the rest spread over the run
+    assert viewer.sample_steps(demo, 1) == [0] and viewer.sample_steps(demo, 2) == [0, len(demo) - 1]
+
+
+def test_to_jshtml_is_small(demo):
+    """The issue: every step of DEMO_RUN as a full-colour PNG was 4.35 MB of HTML (and 25-67 s). Now at most
+    HTML_MAX_FRAMES frames as 64-colour PNGs; a frame is ~8 KB (11 KB as base64 in the HTML): 8 frames are drawn
+    here and the bytes per frame bound the default's whole (HTML_MAX_FRAMES frames) well under 0.6 MB."""
+    base = len(viewer.to_jshtml(demo[:1]))
+    html = viewer.to_jshtml(demo, max_frames=9)
+    assert html.count("data:image/png;base64") == 9
+    per_frame = (len(html) - base) / 8
+    assert per_frame < 16_000 and base + viewer.HTML_MAX_FRAMES * per_frame < 600_000
 
 
 def test_the_animate_command(tmp_path, capsys):
@@ -161,6 +216,7 @@ def test_the_animate_command(tmp_path, capsys):
     (lambda tmp: viewer.animate([], tmp / "a.gif"), "snapshots: got none"),
     (lambda tmp: viewer.scrubber([]), "snapshots: got none"),
     (lambda tmp: viewer.to_jshtml(["step 1"]), "snapshots: expected Snapshot objects"),
+    (lambda tmp: viewer.to_jshtml(viewer.record(max_steps=1), max_frames=0), "max_frames: got 0"),
     (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "missing" / "a.gif"), "does not exist"),
     (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.png"), "allowed: a .gif file"),
     (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.gif", fps=0), "fps: got 0"),
