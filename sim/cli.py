@@ -242,14 +242,30 @@ def interruptible(body) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return body()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated, Exception) as exc:
+        caught = interruption(exc)
+        if caught is None:
+            raise
+        if isinstance(caught, Terminated):
+            print("error: terminated; outputs not yet written were left as they were", file=sys.stderr)
+            return 143
         print("error: interrupted; outputs not yet written were left as they were", file=sys.stderr)
         return 130
-    except Terminated:
-        print("error: terminated; outputs not yet written were left as they were", file=sys.stderr)
-        return 143
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def interruption(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or Terminated that `exc` is, or that its chain of causes holds: a C extension that a
+    signal interrupts can turn it into another exception (numba, loading a compiled function from its cache, raises
+    a SystemError whose cause is the KeyboardInterrupt). None for any other failure."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def broken_pipe() -> int:

@@ -94,3 +94,27 @@ def test_a_long_run_stops_with_one_line(tmp_path, command):
     lines = err.strip().splitlines()
     assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("error: interrupted"), err
     assert (tmp_path / "R.csv").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["R.csv"]
+
+
+def test_an_interrupt_a_c_extension_wrapped_is_still_one_line(capsys):
+    """numba, interrupted while loading a compiled function from its cache (a cold cache: a fresh machine), turns
+    the KeyboardInterrupt into a SystemError caused by it: still one line and status 130, not a traceback. Any other
+    failure goes on as it was."""
+    from sim.cli import Terminated, interruptible
+
+    def wrapped(inner: BaseException):
+        def body():
+            try:
+                raise inner
+            except BaseException as exc:
+                raise SystemError("<function _numba_unpickle> returned a result with an exception set") from exc
+        return body
+
+    assert interruptible(wrapped(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted; outputs not yet written were left as they were"
+    assert interruptible(wrapped(Terminated())) == 143
+    assert capsys.readouterr().err.strip().startswith("error: terminated")
+    with pytest.raises(SystemError):
+        interruptible(wrapped(ValueError("not an interrupt")))
+    with pytest.raises(RuntimeError):
+        interruptible(lambda: (_ for _ in ()).throw(RuntimeError("plain failure")))
