@@ -494,9 +494,9 @@ def cmd_paper_sensitivity(args: argparse.Namespace) -> int:
 
 
 # `python -m sim run` flags (argparse dests) whose run() keyword has another name
-_KEYWORDS = {"swap_space": "swap_space_gib", "no_chunked_prefill": "enable_chunked_prefill",
+FLAG_KEYWORDS = {"swap_space": "swap_space_gib", "no_chunked_prefill": "enable_chunked_prefill",
              "prefix_caching": "enable_prefix_caching"}  # fmt: skip
-_FLAGS = {keyword: dest for dest, keyword in _KEYWORDS.items()}
+_FLAGS = {keyword: dest for dest, keyword in FLAG_KEYWORDS.items()}
 
 
 def _typed(argv: list[str] | None) -> set[str]:
@@ -531,12 +531,12 @@ def _check_typed_flags(args: argparse.Namespace) -> None:
     from .api import run_defaults
     from .arguments import check_arguments
 
-    params = {**run_defaults(), **{_KEYWORDS.get(dest, dest): value for dest, value in vars(args).items()}}
+    params = {**run_defaults(), **{FLAG_KEYWORDS.get(dest, dest): value for dest, value in vars(args).items()}}
     params["enable_chunked_prefill"] = False if args.no_chunked_prefill else None
     params["enable_prefix_caching"] = {"auto": None, "on": True, "off": False}[args.prefix_caching]
     params["jump"] = not args.no_jump
     typed = getattr(args, "typed", set())  # set by main()
-    check_arguments(params, given={_KEYWORDS.get(dest, dest) for dest in typed}, say=_say_flag)
+    check_arguments(params, given={FLAG_KEYWORDS.get(dest, dest) for dest in typed}, say=_say_flag)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -259,16 +259,6 @@ def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
         raise ValueError(f"num_new_tokens must be >= 0, got {list(num_new_tokens)}")
 
 
-class OneKVCacheGroup:
-    """The KV-cache-group half of the contract for a manager that keeps every layer as full attention: one group of
-    full attention, whose table is `block_table`. Mixed into such managers (paged, contiguous, vattention)."""
-
-    windows: tuple[int | None, ...] = (None,)
-
-    def group_tables(self, seq_id: int) -> list[list[int | None]]:
-        return [self.block_table(seq_id)]
-
-
 class NoSwapSpace:
     """The swap half of the contract for a manager with no CPU swap space (num_cpu_blocks = 0): every question is
     answered no, so the scheduler preempts its groups by recompute. Mixed into such managers (contiguous,

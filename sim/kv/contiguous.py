@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, OneKVCacheGroup,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
                    as_seen, cdiv, check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
@@ -52,13 +52,13 @@ def next_power_of_two(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
+class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
 
     # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more memory and
     # is never preempted; the baselines therefore have no CPU swap space (NoSwapSpace answers the swap questions).
     # no prefix cache (NoPrefixCache): Orca shares nothing
-    # every layer full attention in one run per sequence: one KV cache group (OneKVCacheGroup)
+    windows: tuple[int | None, ...] = (None,)  # every layer full attention in one run per sequence: one KV cache group
     gather_block_size = None  # attention reads each sequence's K/V as one run
 
     def __init__(
@@ -255,6 +255,10 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
         """The blocks that hold tokens: the used prefix of the run, like a paged table ([40, 41, 42])."""
         run = self._run(seq_id)
         return list(range(run.start, run.start + self._num_blocks_for(run.num_tokens)))
+
+    def group_tables(self, seq_id: int) -> list[list[int | None]]:
+        """One KV cache group (`windows`): its table is the block table."""
+        return [self.block_table(seq_id)]
 
     def num_tokens(self, seq_id: int) -> int:
         return self._run(seq_id).num_tokens

@@ -27,8 +27,7 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, OneKVCacheGroup, PrefixCacheStats, cdiv,
-                   check_request_args)  # fmt: skip
+from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_request_args
 
 
 @dataclass(slots=True)
@@ -43,15 +42,16 @@ class SeqState:
     swapped: bool = False
 
 
-class PagedKVManager(OneKVCacheGroup):
+class PagedKVManager:
     """Block tables for sequences named by integer ids, over a GPU `BlockAllocator` (+ optional CPU swap space).
 
     `watermark`: the share of GPU blocks an admission must leave free, so that a sequence just admitted is not
     preempted at once by its elders' growth (vLLM v0's block-manager watermark, 0.01 there; 0 = off).
-    Every layer is kept as full attention: one KV cache group, whose table is `block_table` (OneKVCacheGroup).
+    Every layer is kept as full attention: one KV cache group, whose table is `block_table`.
     """
 
     policy = "paged"
+    windows: tuple[int | None, ...] = (None,)  # one KV cache group, full attention
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_cpu_blocks: int = 0, watermark: float = 0.0) -> None:  # fmt: skip
@@ -417,6 +417,10 @@ class PagedKVManager(OneKVCacheGroup):
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
         return list(self._seqs[seq_id].block_table)
+
+    def group_tables(self, seq_id: int) -> list[list[int | None]]:
+        """One KV cache group (`windows`): its table is the block table."""
+        return [self.block_table(seq_id)]
 
     def num_tokens(self, seq_id: int) -> int:
         return self._seqs[seq_id].num_tokens

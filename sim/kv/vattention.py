@@ -60,7 +60,7 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, OneKVCacheGroup,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
                    as_seen, cdiv, check_request_args)  # fmt: skip
 
 KiB = 1024
@@ -122,7 +122,7 @@ class _Seq:
     siblings: list[_Sibling] = field(default_factory=list)
 
 
-class VAttentionKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
+class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
     """vAttention's KV memory for sequences named by integer ids (see the module docstring).
 
     `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
@@ -130,7 +130,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
     policy = "vattention"
     # preemption by recompute only (see the module docstring): NoSwapSpace answers the swap questions
     # no prefix cache (NoPrefixCache): vAttention shares nothing
-    # every layer full attention: one KV cache group, whose table is the pages mapped (OneKVCacheGroup)
+    windows: tuple[int | None, ...] = (None,)  # every layer full attention: one KV cache group, the pages mapped
     gather_block_size = None  # attention reads each sequence's K/V as one virtually contiguous tensor
 
     def __init__(self, num_blocks: int, page_tokens: int, watermark: float = 0.0, max_seq_len: int = 2048) -> None:
@@ -306,6 +306,10 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, OneKVCacheGroup):
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the pages mapped to the sequence's virtual range, in order."""
         return list(self._seq(seq_id).pages)
+
+    def group_tables(self, seq_id: int) -> list[list[int | None]]:
+        """One KV cache group (`windows`): its table is the block table."""
+        return [self.block_table(seq_id)]
 
     def num_tokens(self, seq_id: int) -> int:
         return self._seq(seq_id).num_tokens

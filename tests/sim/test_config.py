@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.cli import _KEYWORDS, build_parser
+from sim.cli import FLAG_KEYWORDS, build_parser
 from sim.config import (RUN_DEFAULTS, RUN_FIELDS, SCHEDULER_DEFAULTS, RunConfig, SchedulerConfig, allowed,
                         check_field, default_max_num_batched_tokens)  # fmt: skip
 from sim.specs import MODELS
@@ -20,8 +20,8 @@ def _run_flags() -> dict[str, argparse.Action]:
     """`python -m sim run`'s flags that set a RunConfig field, by field name."""
     parser = build_parser()
     sub = next(a for a in parser._subparsers._group_actions)
-    return {_KEYWORDS.get(a.dest, a.dest): a for a in sub.choices["run"]._actions
-            if _KEYWORDS.get(a.dest, a.dest) in RUN_FIELDS}  # fmt: skip
+    return {FLAG_KEYWORDS.get(a.dest, a.dest): a for a in sub.choices["run"]._actions
+            if FLAG_KEYWORDS.get(a.dest, a.dest) in RUN_FIELDS}  # fmt: skip
 
 
 def test_every_run_flag_defaults_to_the_config_and_its_help_says_so():

@@ -168,9 +168,9 @@ _PROBE_CACHE, _PROBE_ROWS = _probe(1, 1, 1, 1), _probe(1, 1, 1)
 
 def _lazy(shape: str):
     def build(make, max_examples: int, steps: int) -> type:
-        from . import _block_table_attention_checks
+        from ._block_table_attention_checks import batch_check
 
-        return _block_table_attention_checks.batch_check(shape)(make, max_examples, steps)
+        return batch_check(shape)(make, max_examples, steps)
 
     return build
 

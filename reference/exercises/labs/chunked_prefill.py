@@ -149,9 +149,9 @@ EXAMPLES = (write_through_table, one_token_sees_itself, causal_within_chunk, lat
 
 def _lazy(shape: str):
     def build(make, max_examples: int, steps: int) -> type:
-        from . import _chunked_prefill_checks
+        from ._chunked_prefill_checks import chunk_check
 
-        return _chunked_prefill_checks.chunk_check(shape)(make, max_examples, steps)
+        return chunk_check(shape)(make, max_examples, steps)
 
     return build
 

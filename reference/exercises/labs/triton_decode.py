@@ -186,9 +186,9 @@ _PROBE_ROW, _PROBE_TILE = _probe(1), _probe(1, 1)
 
 def _lazy(shape: str):
     def build(make, max_examples: int, steps: int) -> type:
-        from . import _triton_decode_checks
+        from ._triton_decode_checks import batch_check
 
-        return _triton_decode_checks.batch_check(shape, CAPS[shape], device)(make, max_examples, steps)
+        return batch_check(shape, CAPS[shape], device)(make, max_examples, steps)
 
     return build
 

@@ -101,9 +101,9 @@ EXAMPLES = (blocks_opened, decodes_then_chunk, chunk_continues, no_overtaking, m
 
 def _lazy(shape: str):
     def build(make, max_examples: int, steps: int) -> type:
-        from . import _token_budget_checks
+        from ._token_budget_checks import step_check
 
-        return _token_budget_checks.step_check(shape)(make, max_examples, steps)
+        return step_check(shape)(make, max_examples, steps)
 
     return build
 

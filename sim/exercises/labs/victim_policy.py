@@ -112,9 +112,9 @@ EXAMPLES = (fewest_computed_first, ties_to_latest_arrival, the_cap_protects, alo
 
 def _lazy(shape: str):
     def build(make, max_examples: int, steps: int) -> type:
-        from . import _victim_policy_checks
+        from ._victim_policy_checks import run_check
 
-        return _victim_policy_checks.run_check(shape)(make, max_examples, steps)
+        return run_check(shape)(make, max_examples, steps)
 
     return build
 
