@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from reference.sampling import check_bool, check_int, check_real
 from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS
+from sim.kv import POLICIES, takes_block_allocator
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,13 +39,15 @@ class EngineConfig:
     swap_space: float | None = None  # CPU swap space in GiB (vLLM's keyword), instead of num_cpu_blocks
     enable_prefix_caching: bool = False
     watermark: float = 0.0
+    block_allocator: object = None  # paged: a class or function (num_blocks, block_size) -> the GPU pool's allocator
+    # (a student's own, lab 03; sim.kv.paged.plugged_allocator checks it); None: sim.blocks.BlockAllocator
     # the scheduler
     scheduler: str = SCHEDULER_DEFAULTS.mode
     max_num_seqs: int = SCHEDULER_DEFAULTS.max_num_seqs
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = SCHEDULER_DEFAULTS.enable_chunked_prefill
     preemption: str = SCHEDULER_DEFAULTS.preemption
-    victim: str = SCHEDULER_DEFAULTS.victim
+    victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.preemption.VICTIM_POLICIES, or a function
     # the model and the machine
     max_model_len: int | None = None
     device: str | None = None
@@ -79,6 +82,14 @@ class EngineConfig:
             value = checked.get(name, getattr(self, name))
             checked[name] = None if value is None else check_int(name, value, 1)
         checked["watermark"] = check_real("watermark", self.watermark)
+        if self.block_allocator is not None:
+            if not callable(self.block_allocator):
+                raise TypeError(f"block_allocator must be a class or function (num_blocks, block_size) -> a block "
+                                f"allocator, got {type(self.block_allocator).__name__}")  # fmt: skip
+            if self.policy in POLICIES and not takes_block_allocator(self.policy):
+                takes = ", ".join(p for p in POLICIES if takes_block_allocator(p))
+                raise ValueError(f"block_allocator: policy {self.policy!r} runs its own allocator (allowed with "
+                                 f"block_allocator: {takes})")  # fmt: skip
         checked["enable_prefix_caching"] = check_bool("enable_prefix_caching", self.enable_prefix_caching)
         if self.enable_chunked_prefill is not None:
             checked["enable_chunked_prefill"] = check_bool("enable_chunked_prefill", self.enable_chunked_prefill)

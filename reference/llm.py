@@ -13,6 +13,8 @@ ValueError for a wrong value, with what is allowed.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from reference import executor as ex
@@ -46,7 +48,8 @@ class LLM(LLMEngine):
                  backend: str | None = D.backend, device: str | None = D.device,
                  dtype: torch.dtype | str | None = D.dtype, seed: int = D.seed, max_model_len: int | None = D.max_model_len,
                  tokenizer=None, enable_chunked_prefill: bool | None = D.enable_chunked_prefill,
-                 watermark: float = D.watermark, victim: str = D.victim,
+                 watermark: float = D.watermark, victim: str | Callable = D.victim,
+                 block_allocator: Callable | None = D.block_allocator,
                  gpu_memory_utilization: float | None = D.gpu_memory_utilization,
                  kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
                  enforce_eager: bool = D.enforce_eager, tensor_parallel_size: int = D.tensor_parallel_size,
@@ -61,7 +64,8 @@ class LLM(LLMEngine):
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             preemption=preemption, victim=victim, max_model_len=max_model_len, device=device, dtype=dtype,
             backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
-            tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code)  # every value checked
+            tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
+            block_allocator=block_allocator)  # every value checked
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
@@ -93,7 +97,8 @@ class LLM(LLMEngine):
         check_model(c.policy, spec)
         self.kv_manager = make_kv_manager(c.policy, num_blocks * c.block_size, block_size=c.block_size,
                                           max_seq_len=self.max_model_len, enable_prefix_caching=c.enable_prefix_caching,
-                                          num_cpu_blocks=num_cpu_blocks, watermark=c.watermark, model=spec)  # fmt: skip
+                                          num_cpu_blocks=num_cpu_blocks, watermark=c.watermark, model=spec,
+                                          block_allocator=c.block_allocator)  # fmt: skip
         if c.enable_prefix_caching and not has_prefix_cache(c.policy):
             raise ValueError(f"policy {c.policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
         if num_cpu_blocks and not has_swap_space(c.policy):

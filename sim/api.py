@@ -37,6 +37,11 @@ class SimResult:
     steps: Table  # per step: sim.metrics.STEP_COLUMNS
 
 
+def function_name(value) -> str:
+    """A setting as the summary names it: a string as it is, a class or function by its qualified name."""
+    return value if isinstance(value, str) else getattr(value, "__qualname__", type(value).__name__)
+
+
 def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     """Simulate serving one workload and return its summary and per-request / per-step tables.
 
@@ -61,7 +66,10 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     `scheduler`: "v1" (token budget, chunked prefill; `enable_chunked_prefill=False` turns chunking off), "v0"
     (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults by
     sim.config.default_max_num_batched_tokens (2048 in v1; the context, at least 2560, without chunking).
-    `victim`: who is preempted (sim.preemption.VICTIM_POLICIES).
+    `victim`: who is preempted (a name of sim.preemption.VICTIM_POLICIES, or a function victim(candidates)).
+    `block_allocator` (paged): the GPU pool's allocator is block_allocator(num_blocks, block_size), a class or
+    function, instead of sim.blocks.BlockAllocator (a student's own, lab 03; the capstone lab runs the paper's traces
+    on it).
     `slo_ttft` / `slo_tbt`: latency targets in seconds for SLO attainment and goodput (see sim.metrics).
     `stop_at`: times the fast-forward never jumps across (an observer then sees the pool after the step that
     contains each, exactly as stepping would show it).
@@ -136,7 +144,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     def make_scheduler() -> Scheduler:
         kv = make_kv_manager(c.policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
                              allocator=c.allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
-                             watermark=c.watermark, model=model_spec)  # fmt: skip
+                             watermark=c.watermark, model=model_spec, block_allocator=c.block_allocator)  # fmt: skip
         return Scheduler(kv, sched_config)
 
     try:
@@ -166,10 +174,11 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         "enable_prefix_caching": sched.kv.enable_prefix_caching, "max_num_seqs": c.max_num_seqs,
         "watermark": c.watermark, "max_num_batched_tokens": sched_config.max_num_batched_tokens,
         "enable_chunked_prefill": sched_config.chunked,
-        "victim": c.victim, "jump": c.jump, "num_events": result.num_events, **notes,
+        "victim": function_name(c.victim), "jump": c.jump, "num_events": result.num_events, **notes,
         # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
         **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * c.num_gpus * 1024)}
            if pages_in_kib(c.policy) else {}),
+        **({"block_allocator": function_name(c.block_allocator)} if c.block_allocator is not None else {}),
         **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
         # a calibrated c.model: the steps it priced by extrapolation, outside the shapes it measured
         **({"extrapolated_steps": result.extrapolated_steps,

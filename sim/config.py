@@ -88,11 +88,13 @@ class SchedulerConfig:
 SCHEDULER_DEFAULTS = SchedulerConfig()
 
 
-def _arg(default, kind: str, low=None, high=None, *, choices: tuple = ()):
+def _arg(default, kind: str, low=None, high=None, *, choices: tuple = (), function: str = ""):
     """A RunConfig field: its default and what it accepts. Kinds: "int" (not a bool), "real" (a finite number, not a
-    bool), "bool", "choice" (one of `choices`), "range" ((low, high) token counts), "any" (checked elsewhere); a
+    bool), "bool", "choice" (one of `choices`; with `function`, which says what it is, also any callable), "range"
+    ((low, high) token counts), "callable" (a class or function, as `function` says), "any" (checked elsewhere); a
     trailing "?" also takes None. Limits: sim.limits."""
-    return field(default=default, metadata={"kind": kind, "low": low, "high": high, "choices": choices})
+    meta = {"kind": kind, "low": low, "high": high, "choices": choices, "function": function}
+    return field(default=default, metadata=meta)
 
 
 _S = SCHEDULER_DEFAULTS
@@ -135,6 +137,9 @@ class RunConfig:
     block_size: int = _arg(16, "int", 1, MAX_TOKENS)  # tokens per block (paged, radix, hybrid)
     page_kib: float | None = _arg(None, "real?", 0, MAX_TOKENS)  # vattention: KiB per layer per K/V buffer
     allocator: str = _arg("buddy", "choice", choices=tuple(ALLOCATORS))  # the contiguous baselines' run allocator
+    # paged: the GPU pool's block allocator is block_allocator(num_blocks, block_size) (a student's, lab 03)
+    block_allocator: Callable | None = _arg(None, "callable?", function="a class or function (num_blocks, "
+                                            "block_size) -> a block allocator (lab 03's methods)")
     enable_prefix_caching: bool | None = _arg(None, "bool?")  # None: on for a shared prefix in a paged pool
     swap_space_gib: float = _arg(4.0, "real", 0, MAX_SWAP_GIB)  # CPU swap space per GPU (vLLM's default)
     watermark: float = _arg(0.01, "real", 0, 1)  # blocks kept free at admission (vLLM v0's block manager)
@@ -144,7 +149,8 @@ class RunConfig:
     max_num_batched_tokens: int | None = _arg(None, "int?", 1, MAX_TOKENS)  # None: default_max_num_batched_tokens
     enable_chunked_prefill: bool | None = _arg(_S.enable_chunked_prefill, "bool?")
     preemption: str = _arg(_S.preemption, "choice", choices=PREEMPTION_MODES)
-    victim: str = _arg(_S.victim, "choice", choices=tuple(VICTIM_POLICIES))
+    victim: str | Callable = _arg(_S.victim, "choice", choices=tuple(VICTIM_POLICIES),
+                                  function="a function victim(candidates) -> one of them")
     # the run
     jump: bool = _arg(True, "bool")  # jump over runs of identical decode steps (same results, faster)
     validate: bool = _arg(False, "bool")  # check each jump's bookkeeping against the KV manager (slower)
@@ -197,7 +203,9 @@ def allowed(name: str) -> str:
     meta = RUN_FIELDS[name].metadata
     kind, low, high = meta["kind"].rstrip("?"), meta["low"], meta["high"]
     if kind == "choice":
-        return ", ".join(meta["choices"])
+        return ", ".join(meta["choices"]) + (f", or {meta['function']}" if meta["function"] else "")
+    if kind == "callable":
+        return ("None, or " if meta["kind"].endswith("?") else "") + meta["function"]
     if kind == "bool":
         return "True or False"
     if kind == "range":
@@ -217,7 +225,9 @@ def check_field(name: str, value) -> None:
         return
     base = kind.rstrip("?")
     if base == "choice":
-        ok = isinstance(value, str) and value in meta["choices"]
+        ok = (isinstance(value, str) and value in meta["choices"]) or (bool(meta["function"]) and callable(value))
+    elif base == "callable":
+        ok = callable(value)
     elif base == "bool":
         ok = isinstance(value, bool)
     elif base == "int":

@@ -36,7 +36,8 @@ from .outfiles import atomic_write, check_outputs
 BACKENDS = ("local", "ray")
 RAY_MISSING = "--backend ray needs the 'ray' extra: pip install 'paged-attention-lab[ray]'"
 # run() keywords a sweep cannot set from text: objects, callbacks, and the terminal progress bar.
-NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress", "stop_at")  # stop_at: the probes set it
+NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress", "stop_at",  # stop_at: the probes set it
+                 "block_allocator")  # fmt: skip
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 

@@ -8,8 +8,8 @@
 
 `make_kv_manager` builds any of them over a pool of `num_slots` token slots. A new policy is one file in this
 folder plus one entry in `_REGISTRY`, which states what it can do (`allocates_blocks_on_demand`, `has_swap_space`,
-`has_prefix_cache`, `always_caches_prefixes`, each reading one flag): nothing outside `sim/kv/` knows which policy it
-is talking to, and nothing asks a built manager what it can do.
+`has_prefix_cache`, `always_caches_prefixes`, `takes_block_allocator`, each reading one flag): nothing outside
+`sim/kv/` knows which policy it is talking to, and nothing asks a built manager what it can do.
 """
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ class _Policy:
     # A policy that needs the model's layers (hybrid: its sliding-window ones): (model spec) -> None, raising one line
     # for a model it cannot serve. None: any model.
     check_model: Callable[..., None] | None = None
+    # Runs over a block allocator given from outside (`block_allocator`: a class or function (num_blocks, block_size)
+    # -> an allocator with BlockAllocator's methods, a student's from lab 03): paged, whose pool is one such allocator.
+    plugs_block_allocator: bool = False
 
     def __post_init__(self) -> None:
         if self.prefix_cache not in PREFIX_CACHE:
@@ -54,7 +57,7 @@ def _paged(num_blocks: int, block_size: int, options: dict) -> KVManager:
     from .paged import PagedKVManager
 
     return PagedKVManager(num_blocks, block_size, options["enable_prefix_caching"], options["num_cpu_blocks"],
-                          options["watermark"])
+                          options["watermark"], block_allocator=options["block_allocator"])
 
 
 def _contiguous(rule: str) -> Callable[..., KVManager]:
@@ -106,7 +109,7 @@ def _radix(num_blocks: int, block_size: int, options: dict) -> KVManager:
 
 _REGISTRY = {
     "paged": _Policy(_paged, blocks_on_demand=True, token_granular_in_simulator=False, can_swap=True,
-                     prefix_cache="optional"),
+                     prefix_cache="optional", plugs_block_allocator=True),
     "max": _Policy(_contiguous("max"), blocks_on_demand=False, token_granular_in_simulator=True),
     "pow2": _Policy(_contiguous("pow2"), blocks_on_demand=False, token_granular_in_simulator=True),
     "oracle": _Policy(_contiguous("oracle"), blocks_on_demand=False, token_granular_in_simulator=True),
@@ -139,6 +142,11 @@ def has_swap_space(policy: str) -> bool:
 def always_caches_prefixes(policy: str) -> bool:
     """Whether `policy`'s prefix cache is always on (`enable_prefix_caching` means nothing to it)."""
     return _policy(policy).prefix_cache == "always"
+
+
+def takes_block_allocator(policy: str) -> bool:
+    """Whether `policy` runs over a block allocator given from outside (make_kv_manager's `block_allocator`)."""
+    return _policy(policy).plugs_block_allocator
 
 
 def has_prefix_cache(policy: str) -> bool:
@@ -180,6 +188,7 @@ def make_kv_manager(
     num_cpu_blocks: int = 0,
     watermark: float = 0.0,
     model=None,
+    block_allocator: Callable | None = None,
 ) -> KVManager:
     """A KV manager for `policy` over `num_slots` token slots (the pool holds num_slots // block_size blocks).
 
@@ -188,7 +197,9 @@ def make_kv_manager(
     `has_prefix_cache(policy)`, CPU swap space (`kv.num_cpu_blocks`) only where `has_swap_space(policy)`, and the
     admission `watermark` (a share of the blocks) only where `allocates_blocks_on_demand(policy)`. `model` (a
     sim.specs.ModelSpec) is for a policy that needs the model's layers: hybrid groups them (sim.kv.hybrid), and turns
-    the `num_slots` all-layer token slots into pages of the same bytes.
+    the `num_slots` all-layer token slots into pages of the same bytes. `block_allocator`: a class or function
+    (num_blocks, block_size) -> the GPU pool's allocator, with sim.blocks.BlockAllocator's methods (a student's own,
+    lab 03), only where `takes_block_allocator(policy)` (else ValueError).
     """
     spec = _policy(policy)
     if block_size < 1:
@@ -196,8 +207,12 @@ def make_kv_manager(
     num_blocks = num_slots // block_size
     if num_blocks < 1:
         raise ValueError(f"a pool of {num_slots} slots holds no block of {block_size} tokens")
+    if block_allocator is not None and not spec.plugs_block_allocator:
+        takes = ", ".join(p for p, s in _REGISTRY.items() if s.plugs_block_allocator)
+        raise ValueError(f"policy {policy!r} runs its own allocator (allowed with block_allocator: {takes})")
     options = dict(max_seq_len=max_seq_len, allocator=allocator, enable_prefix_caching=enable_prefix_caching,
-                   num_cpu_blocks=num_cpu_blocks, watermark=watermark, num_slots=num_slots, model=model)  # fmt: skip
+                   num_cpu_blocks=num_cpu_blocks, watermark=watermark, num_slots=num_slots, model=model,
+                   block_allocator=block_allocator)  # fmt: skip
     return spec.build(num_blocks, block_size, options)
 
 
@@ -220,4 +235,4 @@ def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int 
 
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
            "PrefixCacheStats", "as_seen", "check_model", "layer_groups", "make_kv_manager", "pool_blocks_for",
-           "simulator_block_size"]  # fmt: skip
+           "simulator_block_size", "takes_block_allocator"]  # fmt: skip

@@ -23,11 +23,42 @@ simulator's fast-forward (`max_decode_steps`, `advance_decodes`) live apart, in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_request_args
+
+
+# What the manager calls on its GPU allocator without prefix caching: lab 03's block allocator, exactly.
+ALLOCATOR_METHODS = ("num_blocks", "block_size", "num_free_blocks", "num_used_blocks", "can_allocate", "ref_count",
+                     "allocate", "share", "free", "copy_on_write", "check_invariants")  # fmt: skip
+# ... and with it: lab 04's cache_block and lookup, and two more (cached_block: a lookup that counts nothing and
+# revives nothing; uncache: forget blocks whose K/V will be overwritten, after an abort mid-prompt)
+PREFIX_ALLOCATOR_METHODS = ALLOCATOR_METHODS + ("cached_block", "cache_block", "lookup", "uncache")
+
+
+def plugged_allocator(block_allocator: Callable[[int, int], Any], num_blocks: int, block_size: int,
+                      enable_prefix_caching: bool) -> Any:  # fmt: skip
+    """`block_allocator(num_blocks, block_size)`, checked once: its sizes, and every method the manager will call
+    (a missing one is one line of TypeError now, not an AttributeError in the middle of a run). Every list it is
+    handed is a fresh list (never an iterator), so an allocator may read its argument twice."""
+    if not callable(block_allocator):
+        raise TypeError(f"block_allocator must be a class or function (num_blocks, block_size) -> an allocator, "
+                        f"got {type(block_allocator).__name__}")  # fmt: skip
+    allocator = block_allocator(num_blocks, block_size)
+    name = getattr(block_allocator, "__name__", type(allocator).__name__)
+    needed = PREFIX_ALLOCATOR_METHODS if enable_prefix_caching else ALLOCATOR_METHODS
+    missing = [m for m in needed if not hasattr(allocator, m)]
+    if missing:
+        why = " (prefix caching is on)" if enable_prefix_caching else ""
+        raise TypeError(f"block_allocator {name}: its allocator has no {', '.join(missing)}{why}")
+    if (allocator.num_blocks, allocator.block_size) != (num_blocks, block_size):
+        raise ValueError(f"block_allocator {name}({num_blocks}, {block_size}) says num_blocks "
+                         f"{allocator.num_blocks}, block_size {allocator.block_size}")  # fmt: skip
+    if enable_prefix_caching and not getattr(allocator, "enable_prefix_caching", False):
+        raise ValueError(f"block_allocator {name}: prefix caching is on, and its enable_prefix_caching is not True")
+    return allocator
 
 
 @dataclass(slots=True)
@@ -48,18 +79,25 @@ class PagedKVManager:
     `watermark`: the share of GPU blocks an admission must leave free, so that a sequence just admitted is not
     preempted at once by its elders' growth (vLLM v0's block-manager watermark, 0.01 there; 0 = off).
     Every layer is kept as full attention: one KV cache group, whose table is `block_table`.
+    `block_allocator`: the GPU pool's allocator is `block_allocator(num_blocks, block_size)` instead of a
+    `BlockAllocator` (a student's, lab 03: the manager calls only the methods that lab specifies; see
+    `plugged_allocator`). The CPU swap pool is always a `BlockAllocator`.
     """
 
     policy = "paged"
     windows: tuple[int | None, ...] = (None,)  # one KV cache group, full attention
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 num_cpu_blocks: int = 0, watermark: float = 0.0) -> None:  # fmt: skip
+                 num_cpu_blocks: int = 0, watermark: float = 0.0, *,
+                 block_allocator: Callable[[int, int], Any] | None = None) -> None:  # fmt: skip
         if num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        if block_allocator is None:
+            self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        else:
+            self.allocator = plugged_allocator(block_allocator, num_blocks, block_size, enable_prefix_caching)
         self.cpu_allocator = BlockAllocator(num_cpu_blocks, block_size) if num_cpu_blocks else None
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -291,7 +329,7 @@ class PagedKVManager:
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
         allocator = self.cpu_allocator if seq.swapped else self.allocator
-        allocator.free(reversed(seq.block_table))  # first: should it raise (it then changes nothing), the seq stays
+        allocator.free(seq.block_table[::-1])  # first: should it raise (it then changes nothing), the seq stays
         del self._seqs[seq_id]
 
     # --- swapping (paper 4.5) -----------------------------------------------------------------------
@@ -370,7 +408,7 @@ class PagedKVManager:
         moved = 0
         try:
             for seq, table in zip(seqs, tables):
-                src_pool.free(reversed(seq.block_table))
+                src_pool.free(seq.block_table[::-1])
                 seq.block_table, seq.swapped = table, not swapped
                 moved += 1
         except BaseException:

@@ -38,6 +38,8 @@ def test_the_settings_shared_with_the_simulator_take_its_defaults():
     ({"kv_budget_bytes": 10, "kv_cache_memory_bytes": 10}, ValueError, "not both"),
     ({"tensor_parallel_size": 2}, ValueError, "one device (allowed: 1)"),
     ({"enable_chunked_prefill": "yes"}, TypeError, "enable_chunked_prefill must be True or False"),
+    ({"block_allocator": 3}, TypeError, "block_allocator must be a class or function (num_blocks, block_size)"),
+    ({"policy": "max", "block_allocator": dict}, ValueError, "block_allocator: policy 'max' runs its own allocator"),
 ])  # fmt: skip
 def test_a_bad_setting_is_one_line_naming_it(settings, error, message):
     with pytest.raises(error) as info:
