@@ -43,14 +43,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from reference import executor as ex
 from reference.beam import Beam, BeamSearchState
-from reference.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput, StepRecord
+from reference.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput, StepRecord
 from reference.prompt_logprobs import PromptLogprobs
 from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, RowContext, SamplingParams, sample, sample_generator
@@ -86,6 +86,7 @@ class _RequestState:
     beam: BeamSearchState | None = None
     num_cached_tokens: int | None = None  # set at the first admission
     prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs set: collected as computed
+    metrics: RequestMetrics | None = None  # set when queued; updated after every step it is in
 
 
 @dataclass(slots=True)
@@ -139,6 +140,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.step_log: list[StepRecord] = []
         self.arrivals: dict[int, tuple[float, int, int]] = {}  # scheduler id -> (arrival s, prompt len, max tokens)
+        self.finished_metrics: list[RequestMetrics] = []  # every finished request's, in finishing order
         self._requests: dict[int, _RequestState] = {}  # by scheduler id: the requests not finished
         self._ids = RequestIds()  # public str id <-> scheduler int id, for every request ever queued
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
@@ -171,7 +173,8 @@ class LLMEngine:
         try:
             self._ids.add(public, rid)
             eos = () if params.ignore_eos else self.config.eos_token_ids
-            state = _RequestState(public, checked.prompt, ids, params, max_tokens, {})
+            state = _RequestState(public, checked.prompt, ids, params, max_tokens, {},
+                                  metrics=RequestMetrics(arrival))
             if prompt_logprobs is not None:
                 state.prompt_logprobs = PromptLogprobs(ids, prompt_logprobs)
             if beam:
@@ -270,6 +273,8 @@ class LLMEngine:
                     ids = result.new_beam_seq_ids.get(rid) or list(self._requests[rid].seqs)
                     self._requests[rid].seqs = {i: _Seq(n, b.token_ids, b.cum_logprob) for n, (i, b) in
                                                 enumerate(zip(ids, beams))}
+                self._time_step(plan, result.finished_request_ids, start - self._start,
+                                time.perf_counter() - self._start)
                 outputs = [self._output(rid) for rid in plan.request_ids()]
                 for rid in result.finished_request_ids:
                     del self._requests[rid]
@@ -441,7 +446,24 @@ class LLMEngine:
         finished = self.scheduler.is_finished(request_id)
         prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs.entries)
         return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), prompt_logprobs, outputs,
-                             finished, state.num_cached_tokens or 0)
+                             finished, state.num_cached_tokens or 0, replace(state.metrics))
+
+    def _time_step(self, plan: StepPlan, finished: list[int], start_s: float, end_s: float) -> None:
+        """The step's times in its requests' metrics: scheduled at its start (the first time), a token step at its end
+        for those that sampled, a preemption for those it preempted, finished at its end."""
+        requests = self._requests
+        for rid in plan.request_ids():
+            metrics = requests[rid].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = start_s
+        for rid in dict.fromkeys(e.request_id for e in plan.entries if e.sample):
+            requests[rid].metrics.token_step(end_s)
+        for rid in plan.preempted:
+            if rid in requests:
+                requests[rid].metrics.num_preemptions += 1
+        for rid in finished:
+            requests[rid].metrics.finished_time = end_s
+            self.finished_metrics.append(requests[rid].metrics)
 
     def _record(self, plan: StepPlan, finished: list[int], seconds: float, start_s: float = 0.0) -> None:
         self.stats.add_step(plan, finished, seconds, self.scheduler.num_preemptions)

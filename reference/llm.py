@@ -156,6 +156,25 @@ class LLM(LLMEngine):
             raise ValueError("config must be the model's own config (model.config)")
         return cls(model, tokenizer=tokenizer, **kwargs)
 
+    def latency_summary(self, outputs: list[RequestOutput] | None = None) -> dict[str, float | None]:
+        """mean / p50 / p90 / p99 of each request latency (TTFT, queueing delay, mean and max inter-token latency,
+        end to end), in seconds, under the simulator's summary names (`p99_ttft_s`, ...: sim.metrics.latency_summary,
+        the same definitions): over the finished requests of `outputs`, or over every request this engine finished.
+        None where no request has the latency (an inter-token latency needs two token steps)."""
+        import numpy as np
+
+        from sim.metrics import LATENCY_METRICS, Table, latency_summary
+
+        if outputs is None:
+            metrics = self.finished_metrics
+        else:
+            metrics = [o.metrics for o in outputs if o.finished and o.metrics is not None]
+
+        def column(name: str) -> np.ndarray:
+            return np.array([np.nan if getattr(m, name) is None else getattr(m, name) for m in metrics], dtype=float)
+
+        return latency_summary(Table({name: column(name) for name in LATENCY_METRICS}))
+
     # --- the offline API: vLLM's generate / chat / beam_search over the streaming API below -----------------
     # Each queues its requests with `_check` / `_enqueue` and drives `step()` until they finish, so it adds no state
     # of its own. As vLLM's LLM.generate, the requests are numbered by the engine's counter: str ids "0", "1", ...

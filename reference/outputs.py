@@ -42,6 +42,60 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class RequestMetrics:
+    """When things happened to one request, vLLM's RequestMetrics (vllm/sequence.py) in seconds since the engine was
+    built (its own clock, not the epoch), and the latencies the simulator reports per request (sim/metrics.py's
+    LATENCY_METRICS, the same definitions). A token step is a step that gave the request its next token(s) (all of
+    its samples or beams at once); the gaps between token steps are its inter-token latencies. None: not yet."""
+
+    arrival_time: float  # add_request (or generate()) queued it
+    first_scheduled_time: float | None = None  # the start of the first step that computed any of its tokens
+    first_token_time: float | None = None  # the end of the step that gave its first token
+    last_token_time: float | None = None  # the end of its latest token step
+    finished_time: float | None = None  # the end of the step it finished in
+    num_token_steps: int = 0
+    max_token_gap: float | None = None  # the longest time between two consecutive token steps
+    num_preemptions: int = 0
+
+    @property
+    def time_in_queue(self) -> float | None:  # vLLM's name for the queueing delay
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def queueing_delay(self) -> float | None:
+        return self.time_in_queue
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def itl_mean(self) -> float | None:
+        """(finish - first token) / (token steps - 1), once finished with two token steps or more."""
+        if self.finished_time is None or self.num_token_steps < 2:
+            return None
+        return (self.finished_time - self.first_token_time) / (self.num_token_steps - 1)
+
+    @property
+    def itl_max(self) -> float | None:
+        return None if self.finished_time is None or self.num_token_steps < 2 else self.max_token_gap
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    def token_step(self, end: float) -> None:
+        """A step ending at `end` gave the request its next token(s)."""
+        if self.last_token_time is None:
+            self.first_token_time = end
+        else:
+            gap = end - self.last_token_time
+            self.max_token_gap = gap if self.max_token_gap is None else max(self.max_token_gap, gap)
+        self.last_token_time = end
+        self.num_token_steps += 1
+
+
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str  # as given to add_request, or the engine's "0", "1", ... (vLLM's ids are str)
     prompt: str | None  # None when the prompt was given as token ids
@@ -53,6 +107,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache at admission
+    metrics: RequestMetrics | None = None  # when it arrived, was scheduled, got tokens, finished (a copy, as of now)
 
 
 @dataclass(slots=True)
