@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "validate-sim", help="replay traces through the engine (real time) and the calibrated simulator; latency errors",
         description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
     _add_readme_numbers_parser(sub)
+    _add_serve_parser(sub)
     # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
                    "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
@@ -77,6 +78,55 @@ def _add_readme_numbers_parser(sub) -> None:
     mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
     p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the results files (default: figures)")
     p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
+
+
+def _add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (/v1/completions, "
+                       "/v1/chat/completions, /v1/models, /health, /metrics)",
+                       description="Serve the model over HTTP as vLLM's `vllm serve` does (reference.server): "
+                       "OpenAI's completions and chat completions, streamed or not, batched continuously by the "
+                       "engine's scheduler; Prometheus metrics at /metrics. Ctrl-C or SIGTERM stops it, aborting "
+                       "open requests.")  # fmt: skip
+    p.add_argument("--model", default="smollm2", help="'smollm2' (default), 'gemma3', or a local HF checkpoint folder")
+    p.add_argument("--served-model-name", help="the name clients give as `model` (default: --model)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
+    g = p.add_argument_group("the engine (LLM's keywords)")
+    g.add_argument("--policy", default=RUN_DEFAULTS["policy"], type=_choice(POLICIES),
+                   metavar="{" + ",".join(POLICIES) + "}", help="the KV manager (default: %(default)s)")
+    g.add_argument("--block-size", type=int, default=RUN_DEFAULTS["block_size"], help="tokens per KV block")
+    g.add_argument("--num-gpu-blocks", type=int, help="the KV pool in blocks (default: from the device's memory)")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="running sequences at most (default: 256)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="tokens per step at most (default: vLLM's rule)")
+    g.add_argument("--max-model-len", type=int, help="the context (default: the model's)")
+    g.add_argument("--enable-prefix-caching", action="store_true", help="cache full prompt blocks across requests")
+    g.add_argument("--preemption", default="recompute", type=_choice(("recompute", "swap")),
+                   metavar="{recompute,swap}", help="how a request is preempted (default: recompute)")
+    g.add_argument("--swap-space", type=float, help="CPU swap space in GiB (with --preemption swap)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the requests that bring none (default: 0)")
+
+
+def run_serve(a: argparse.Namespace) -> int:
+    """Load the model, build the LLM (every setting checked first: UsageError), serve until interrupted."""
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise UsageError("serve needs FastAPI and uvicorn (allowed: pip install -e '.[serve]', or make install)")
+    if not 0 <= a.port <= 65535:
+        raise UsageError(f"--port {a.port} (allowed: an integer from 0 to 65535)")
+    from reference import LLM
+    from reference.server import run_server
+
+    settings = dict(policy=a.policy, block_size=a.block_size, num_gpu_blocks=a.num_gpu_blocks,
+                    max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                    max_model_len=a.max_model_len, enable_prefix_caching=a.enable_prefix_caching,
+                    preemption=a.preemption, swap_space=a.swap_space, seed=a.seed)  # fmt: skip
+    try:
+        llm = LLM(a.model, **settings)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(" ".join(str(exc).split())) from None
+    run_server(llm, a.served_model_name or a.model, a.host, a.port)
+    return 0
 
 
 def _add_generate_parser(sub) -> None:
@@ -388,6 +438,8 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the parsed command; UsageError for bad input (main prints it as one line)."""
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "serve":
+        return run_serve(args)
     if args.command == "bench":
         from reference import bench
 

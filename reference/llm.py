@@ -219,23 +219,29 @@ class LLM(LLMEngine):
         a str, or OpenAI's list of parts, of which this engine serves the text ones (`chat_messages`). A message the
         template cannot take is a TypeError / ValueError naming it (messages[i], or messages[c][i] in a list of
         conversations), before anything is queued."""
+        with self._one_thread("chat()"):
+            return self.generate(self.render_chat(messages, add_generation_prompt), sampling_params, use_tqdm=use_tqdm)
+
+    def render_chat(self, messages, add_generation_prompt: bool = True) -> list[str]:
+        """The prompt text of each conversation (one, or a list of them), rendered with the tokenizer's chat
+        template as chat() renders it; TypeError / ValueError naming a message the template cannot take. Reads
+        only the tokenizer: any thread may call it (the server renders in its request handlers)."""
         add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
         conversations = chat_messages(messages)
         if self.tokenizer is None or getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError("this model has no chat template: use generate() with plain prompts")
         import jinja2  # transformers renders chat templates with it
 
-        with self._one_thread("chat()"):
-            texts = []
-            for c, conversation in enumerate(conversations):
-                try:
-                    texts.append(self.tokenizer.apply_chat_template(
-                        conversation, add_generation_prompt=add_generation_prompt, tokenize=False))
-                except jinja2.TemplateError as exc:  # the template's own rule (raise_exception): one line naming it
-                    where = "messages" if len(conversations) == 1 else f"messages[{c}]"
-                    raise ValueError(f"{where}: the chat template refuses the conversation: "
-                                     f"{' '.join(str(exc).split())}") from None
-            return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
+        texts = []
+        for c, conversation in enumerate(conversations):
+            try:
+                texts.append(self.tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=add_generation_prompt, tokenize=False))
+            except jinja2.TemplateError as exc:  # the template's own rule (raise_exception): one line naming it
+                where = "messages" if len(conversations) == 1 else f"messages[{c}]"
+                raise ValueError(f"{where}: the chat template refuses the conversation: "
+                                 f"{' '.join(str(exc).split())}") from None
+        return texts
 
     def get_tokenizer(self):
         """The model's tokenizer (a transformers tokenizer), or None for a model given without one."""

@@ -1,0 +1,241 @@
+"""`python -m reference serve` (reference/server.py), driven by real clients on the loopback address: the `openai`
+package (completions, chat, streaming, n > 1, stop, logprobs), raw HTTP for what a client library would never send,
+and a few hundred concurrent requests from an asyncio client.
+
+What must hold: the server's greedy text is the engine's own (`LLM.generate` on the same settings); a stream's pieces
+add up to the whole response and end with [DONE]; every bad request is an OpenAI error object with status 400 (404
+for an unknown model) naming the field, never a 500; under load no request is lost, every stream is well-formed, and
+the pool is entirely free afterwards; a client that disconnects mid-stream is aborted and its blocks freed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from reference import LLM, SamplingParams  # noqa: E402
+
+SETTINGS = {"num_gpu_blocks": 192, "block_size": 16, "max_num_seqs": 32}
+
+
+@pytest.fixture(scope="module")
+def server(smol):
+    import uvicorn
+
+    from reference.server import make_app
+
+    llm = LLM.from_loaded(*smol[:2], **SETTINGS)
+    config = uvicorn.Config(make_app(llm, "smollm2"), host="127.0.0.1", port=0, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not srv.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", llm
+    srv.should_exit = True
+    thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def metrics(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics").text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def settle(base: str, timeout: float = 20.0) -> dict[str, float]:
+    """/metrics once nothing runs or waits (the engine loop may still be finishing a step)."""
+    deadline = time.time() + timeout
+    while True:
+        m = metrics(base)
+        if m["lab:num_requests_running"] == m["lab:num_requests_waiting"] == 0 or time.time() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_greedy_completion_is_the_engines_own_text(server, client, smol):
+    prompt = "The capital of France is"
+    got = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0)
+    own = LLM.from_loaded(*smol[:2], **SETTINGS).generate([prompt], SamplingParams(max_tokens=12, temperature=0))
+    assert got.choices[0].text == own[0].outputs[0].text and got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens == 12 and got.usage.prompt_tokens == len(own[0].prompt_token_ids)
+    assert got.model == "smollm2" and got.object == "text_completion"
+
+
+def test_chat_streamed_adds_up_to_the_whole_response(client):
+    messages = [{"role": "user", "content": "Name three colours."}]
+    whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0)
+    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and whole.choices[0].message.role == "assistant"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_n_samples_stop_strings_and_logprobs(client):
+    out = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=10, temperature=1.0, n=3,
+                                    seed=7)  # fmt: skip
+    assert sorted(c.index for c in out.choices) == [0, 1, 2] and out.usage.completion_tokens <= 30
+    stopped = client.completions.create(model="smollm2", prompt="def fibonacci(n):", max_tokens=40, temperature=0,
+                                        stop=["\n"])  # fmt: skip
+    assert "\n" not in stopped.choices[0].text[1:] and stopped.choices[0].finish_reason == "stop"
+    lp = client.completions.create(model="smollm2", prompt="Water boils at", max_tokens=5, temperature=0, logprobs=2)
+    lp = lp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 5 and all(len(t) >= 2 for t in lp.top_logprobs)
+    chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    assert httpx.get(server[0] + "/health").status_code == 200
+    text = httpx.get(server[0] + "/metrics").text
+    for name in ("num_requests_running", "num_requests_waiting", "num_requests_swapped", "kv_cache_blocks_used",
+                 "kv_cache_blocks_free", "prefix_cache_hit_rate", "num_preemptions_total",
+                 "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",
+                 "e2e_request_latency_seconds_sum"):  # fmt: skip
+        assert f"lab:{name}" in text, name
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/completions", {"model": "smollm2", "prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "smollm2", "prompt": "x", "n": 0}, 400, "n"),
+    ("/v1/completions", {"model": "smollm2", "prompt": "x", "logprobs": 50}, 400, "logprobs"),
+    ("/v1/completions", {"model": "smollm2"}, 400, "prompt"),
+    ("/v1/completions", {"model": "smollm2", "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": "smollm2", "prompt": [1, "a"]}, 400, "prompt"),
+    ("/v1/completions", {"model": "smollm2", "prompt": "x " * 9000}, 400, "prompt"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+    ("/v1/chat/completions", {"model": "smollm2", "messages": "hello"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "smollm2", "messages": [{"content": "no role"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "smollm2", "messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 99, "logprobs": True}, 400, "top_logprobs"),
+    ("/v1/completions", [1, 2], 400, None),
+])  # fmt: skip
+def test_a_bad_request_is_an_openai_error_naming_the_field(server, path, body, status, param):
+    response = httpx.post(server[0] + path, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and "Traceback" not in error["message"]
+
+
+def test_a_body_that_is_not_json_is_a_400(server):
+    response = httpx.post(server[0] + "/v1/completions", content=b"not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server):
+    base = server[0]
+    before = metrics(base)["lab:request_success_total"]
+
+    async def one(http: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> str:
+        body = {"model": "smollm2", "prompt": f"Request {i}: the number {i} is", "max_tokens": 1 + i % 6,
+                "temperature": 0, "stream": i % 2 == 0}  # fmt: skip
+        async with gate:
+            await asyncio.sleep((i % 20) * 0.01)  # arrivals spread over 0.2 s
+            if not body["stream"]:
+                r = await http.post(base + "/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["finish_reason"]
+            lines = []
+            async with http.stream("POST", base + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    if line:
+                        lines.append(line)
+            assert lines[-1] == "data: [DONE]" and all(x.startswith("data: ") for x in lines)
+            chunks = [json.loads(x[6:]) for x in lines[:-1]]
+            return chunks[-1]["choices"][0]["finish_reason"]
+
+    async def main() -> list[str]:
+        gate = asyncio.Semaphore(96)
+        async with httpx.AsyncClient(timeout=120) as http:
+            return await asyncio.gather(*(one(http, i, gate) for i in range(240)))
+
+    reasons = asyncio.run(main())
+    assert len(reasons) == 240 and set(reasons) <= {"length", "stop"}
+    after = settle(base)
+    assert after["lab:request_success_total"] - before == 240
+    assert after["lab:kv_cache_blocks_used"] == 0 and after["lab:num_requests_running"] == 0
+
+
+def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
+    base = server[0]
+    before = metrics(base)["lab:request_success_total"]
+    body = {"model": "smollm2", "prompt": "Tell me a long story about a dragon.", "max_tokens": 2000,
+            "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 6:
+                break  # leave mid-stream
+    after = settle(base)
+    assert after["lab:num_requests_running"] == 0 and after["lab:kv_cache_blocks_used"] == 0
+    assert after["lab:request_success_total"] == before  # aborted, not finished
+
+
+def test_the_command_line_serves_and_stops_cleanly_on_sigterm(tmp_path):
+    """`python -m reference serve --port 0`: up, answering, then SIGTERM with a stream open: the stream ends (its
+    request aborted) rather than hanging, and the process shuts down without a traceback."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "reference", "serve", "--port", "0", "--num-gpu-blocks", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        port, deadline, seen = None, time.time() + 120, []
+        while port is None:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(seen)
+            seen.append(line)
+            found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            port = int(found.group(1)) if found else None
+            assert time.time() < deadline, "".join(seen)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(base + "/health").status_code == 200
+        body = {"model": "smollm2", "prompt": "Count slowly:", "max_tokens": 4000, "temperature": 0, "stream": True,
+                "ignore_eos": True}  # fmt: skip
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            proc.send_signal(signal.SIGTERM)
+            rest = list(lines)  # ends: the server aborts the request while shutting down
+        assert "data: [DONE]" not in rest
+        # uvicorn shuts down gracefully, then re-raises the signal it caught: the conventional status, 128 + 15
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        output = "".join(seen) + proc.stdout.read()
+        assert "Traceback" not in output and "Shutting down" in output and "Finished server process" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_bad_flag_is_one_line_and_exit_2():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "reference", "serve", "--port", "70000"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == "error: --port 70000 (allowed: an integer from 0 to 65535)"
