@@ -8,6 +8,10 @@
     GET  /health                 200 while the engine loop runs
     GET  /metrics                Prometheus text: requests running / waiting / swapped, KV blocks used / free,
                                  prefix-cache hit rate, preemptions, finished requests, TTFT / ITL / E2E histograms
+    GET  /pool                   a live page of the block pool (reference/pool_page.py): the blocks coloured by
+                                 request, shared ones with their reference counts, block tables, queues, the
+                                 memory shares over time, preemptions; a slider over the last POOL_STEPS steps
+    GET  /pool/history           those steps' snapshots (sim.viewer's, as JSON); /pool/events: each new one (SSE)
 
 The ASGI stack is FastAPI on uvicorn: the stack vLLM's own server uses, kept by a large community, with request
 models (pydantic) whose errors name the field. The engine is one-thread-only (`LLMEngine._one_thread`), so ONE
@@ -25,6 +29,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,12 +39,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from reference.outputs import RequestMetrics, RequestOutput
+from reference.pool_page import pool_html, snapshot_json
 
 # vLLM's histogram buckets (vllm/engine/metrics.py), seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0)  # fmt: skip
+POOL_STEPS = 300  # the steps the pool page can scrub back through
+KEEP_RECORDS = 1000  # the engine's step log and finished metrics are cut to their last KEEP_RECORDS (a server runs long)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                960.0, 1920.0, 7680.0)  # fmt: skip
 
@@ -91,6 +99,10 @@ class EngineLoop:
                            "e2e": Histogram(E2E_BUCKETS)}  # fmt: skip
         self.num_finished = 0
         self.snapshot: dict[str, float] = {}
+        self.pool_history: deque[dict] = deque(maxlen=POOL_STEPS)  # the pool page's steps (snapshot_json)
+        self._watchers: list[Callable[[dict], None]] = []  # the pool page's open event streams
+        self._watch_lock = threading.Lock()
+        self._num_recorded = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._take_snapshot()
@@ -117,6 +129,18 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id))
 
+    def watch(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+        """Call `callback(snapshot)` (on the engine thread) after every step from now on; returns the unwatch."""
+        with self._watch_lock:
+            self._watchers.append(callback)
+
+        def unwatch() -> None:
+            with self._watch_lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+
+        return unwatch
+
     # --- the thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
         llm = self.llm
@@ -139,6 +163,7 @@ class EngineLoop:
                     llm.abort(request_id)
                     self.sinks.pop(request_id)(exc)
                 continue
+            self._record_pool()
             for out in outputs:
                 sink = self.sinks.get(out.request_id)
                 if out.finished:
@@ -174,6 +199,30 @@ class EngineLoop:
         for name, value in (("ttft", metrics.ttft), ("itl", metrics.itl_mean), ("e2e", metrics.e2e_latency)):
             if value is not None:
                 self.histograms[name].observe(value)
+
+    def _record_pool(self) -> None:
+        """The pool after the step just executed (if one was: an empty plan executes nothing), for the pool page; and
+        the engine's own records cut to their last KEEP_RECORDS."""
+        from sim.viewer import snapshot
+
+        llm = self.llm
+        if not llm.step_log or llm.step_log[-1].step < self._num_recorded:
+            return
+        rec = llm.step_log[-1]
+        self._num_recorded = rec.step + 1
+        snap = snapshot_json(snapshot(llm.scheduler, step=rec.step, time=rec.start_s + rec.step_time_s,
+                                      num_prefills=len(rec.prefills), num_decodes=len(rec.decodes),
+                                      preempted=rec.preempted, finished=rec.finished_request_ids,
+                                      short=llm.scheduler.num_waiting > 0))  # fmt: skip
+        snap["used_blocks"] = llm.kv_manager.num_blocks - llm.kv_manager.num_free_blocks
+        self.pool_history.append(snap)
+        with self._watch_lock:
+            watchers = list(self._watchers)
+        for callback in watchers:
+            callback(snap)
+        for records in (llm.step_log, llm.finished_metrics):
+            if len(records) > 2 * KEEP_RECORDS:
+                del records[:-KEEP_RECORDS]
 
     def _take_snapshot(self) -> None:
         llm = self.llm
@@ -324,6 +373,48 @@ def make_app(llm, model_name: str):
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(loop_holder["engine"].prometheus(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/pool")
+    async def pool_page():
+        from fastapi.responses import HTMLResponse
+
+        return HTMLResponse(pool_html(model_name, POOL_STEPS, list(loop_holder["engine"].pool_history)))
+
+    @app.get("/pool/history")
+    async def pool_history():
+        return JSONResponse(list(loop_holder["engine"].pool_history))
+
+    @app.get("/pool/events")
+    async def pool_events(request: Request):
+        import json
+
+        engine: EngineLoop = loop_holder["engine"]
+        aio = asyncio.get_running_loop()
+        steps: asyncio.Queue = asyncio.Queue(maxsize=POOL_STEPS)
+
+        def push(snap: dict) -> None:  # on the engine thread; a reader that falls behind loses the oldest
+            def put() -> None:
+                if steps.full():
+                    steps.get_nowait()
+                steps.put_nowait(snap)
+
+            aio.call_soon_threadsafe(put)
+
+        async def events():
+            unwatch = engine.watch(push)
+            try:
+                yield ": the pool, step by step\n\n"
+                while True:
+                    try:
+                        snap = await asyncio.wait_for(steps.get(), timeout=15)
+                    except asyncio.TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    yield f"data: {json.dumps(snap)}\n\n"
+            finally:
+                unwatch()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -524,4 +615,5 @@ def run_server(llm, model_name: str, host: str, port: int) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn's handlers): open requests are aborted, their blocks freed."""
     import uvicorn
 
-    uvicorn.run(make_app(llm, model_name), host=host, port=port, log_level="info")
+    # NOTE: open streams (a completion, the pool page's events) get 10 s to end after Ctrl-C / SIGTERM, then close
+    uvicorn.run(make_app(llm, model_name), host=host, port=port, log_level="info", timeout_graceful_shutdown=10)

@@ -239,3 +239,93 @@ def test_a_bad_flag_is_one_line_and_exit_2():
     done = subprocess.run([sys.executable, "-m", "reference", "serve", "--port", "70000"], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip() == "error: --port 70000 (allowed: an integer from 0 to 65535)"
+
+
+# --- the live page of the pool -------------------------------------------------------------------------------------
+def _busy(base: str, prompts: list[str], max_tokens: int, n: int = 1) -> list[threading.Thread]:
+    """Streams running in the background (each read to its end), so that the engine steps while a test looks."""
+    def read(prompt: str) -> None:
+        body = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "n": n,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+            for _ in r.iter_lines():
+                pass
+
+    threads = [threading.Thread(target=read, args=(p,), daemon=True) for p in prompts]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_every_kept_step_holds_the_engines_used_blocks(server):
+    """The pool page draws a block for every block a running table holds; in a paged pool those are exactly the
+    engine's used blocks (swapped sequences hold CPU blocks; freed cached ones are free). Shared prompt blocks
+    (n = 3) appear in several tables."""
+    base = server[0]
+    for t in _busy(base, ["Once upon a time", "The sea is"], 24, n=3):
+        t.join(120)
+    history = httpx.get(base + "/pool/history").json()
+    assert history and [s["step"] for s in history] == sorted({s["step"] for s in history})
+    for snap in history:
+        held = [b for table in snap["block_tables"].values() for b in table]
+        assert len(set(held)) == snap["used_blocks"], snap["step"]
+        assert sum(snap["counts"]) == snap["num_slots"]
+    assert any(len(held) > len(set(held)) for held in
+               ([b for t in s["block_tables"].values() for b in t] for s in history))  # some block was shared
+    assert "<canvas" in httpx.get(base + "/pool").text
+
+
+def test_the_page_follows_the_engine_step_by_step(server):
+    base = server[0]
+    seen: list[int] = []
+    with httpx.stream("GET", base + "/pool/events", timeout=60) as r:
+        threads = _busy(base, ["A list of fruits:"], 12)
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:])["step"])
+                if len(seen) >= 5:
+                    break
+    for t in threads:
+        t.join(120)
+    assert seen == sorted(seen) and len(set(seen)) == 5
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's chromium, installed by the test's setup where it is missing and this user may (root, apt-get)."""
+    import os
+    import shutil
+    import subprocess
+
+    from reference.pool_page import find_chromium
+
+    if find_chromium() is None and shutil.which("apt-get") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900)
+    if find_chromium() is None:
+        pytest.skip("no Chromium, and apt-get could not install Debian's chromium package here")
+    return find_chromium()
+
+
+def test_the_page_in_a_headless_browser_draws_the_engines_blocks(server, chromium, tmp_path):
+    from reference.pool_page import page_dom, screenshot
+
+    base = server[0]
+    threads = _busy(base, ["Tell me a story about a ship.", "Write a poem about rain."], 200, n=2)
+    deadline = time.time() + 60
+    while not any(s["used_blocks"] for s in httpx.get(base + "/pool/history").json()[-1:]):
+        assert time.time() < deadline
+        time.sleep(0.1)
+    import re
+
+    dom = page_dom(base + "/pool")
+    body = re.search(r'<body data-step="(-?\d+)" data-used="(\d+)"', dom)
+    assert body, dom[:500]
+    step, used = int(body.group(1)), int(body.group(2))
+    drawn = len(re.findall(r'class="block used', dom))
+    history = {s["step"]: s for s in httpx.get(base + "/pool/history").json()}
+    assert step in history and drawn == used == history[step]["used_blocks"] > 0
+    path = tmp_path / "pool.png"
+    screenshot(base + "/pool", str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    for t in threads:
+        t.join(120)

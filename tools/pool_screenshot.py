@@ -1,0 +1,71 @@
+"""figures/pool_live.png: the live pool page (`python -m reference serve`, GET /pool) in headless Chromium, mid-run.
+
+    python tools/pool_screenshot.py [--out figures/pool_live.png]
+
+Serves SmolLM2 on a small pool (96 blocks of 4 tokens) in this process, sends six streamed requests (two with n = 2,
+whose samples share their prompt's blocks), waits until the pool is mostly used, and saves the page as Chromium
+draws it. Needs Debian's chromium package (reference.pool_page.find_chromium).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = [("Tell me a story about a lighthouse.", 2), ("List some rivers:", 1), ("Write a poem about snow.", 2),
+           ("Explain paging in one sentence.", 1), ("The history of bread", 1), ("Name colours:", 1)]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "figures" / "pool_live.png"))
+    args = parser.parse_args()
+    import httpx
+    import uvicorn
+
+    from reference import LLM
+    from reference.pool_page import find_chromium, screenshot
+    from reference.server import make_app
+
+    if find_chromium() is None:
+        print("error: no Chromium (allowed: apt-get install chromium)", file=sys.stderr)
+        return 2
+    llm = LLM("smollm2", num_gpu_blocks=96, block_size=4)
+    server = uvicorn.Server(uvicorn.Config(make_app(llm, "smollm2"), host="127.0.0.1", port=0, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+    def read(prompt: str, n: int) -> None:
+        body = {"model": "smollm2", "prompt": prompt, "max_tokens": 60, "temperature": 0.8, "n": n, "seed": 1,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=300) as r:
+            for _ in r.iter_lines():
+                pass
+
+    for prompt, n in PROMPTS:
+        threading.Thread(target=read, args=(prompt, n), daemon=True).start()
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        history = httpx.get(base + "/pool/history").json()
+        if history and history[-1]["used_blocks"] >= 60 and len(history) >= 40:
+            break
+        time.sleep(0.05)
+    screenshot(base + "/pool", args.out)
+    print(f"wrote {args.out} (step {history[-1]['step']}, {history[-1]['used_blocks']} of 96 blocks used)")
+    server.should_exit = True
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # NOTE: the streams still running hold torch's worker threads; leave without unwinding them (no C++ abort message)
+    os._exit(code)
