@@ -15,6 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _interruptible() -> None:
+    """A child's SIGINT as a terminal's, however the suite was started: a job a non-interactive shell sends to the
+    background (`make test &`, nohup) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children(pid: int) -> set[int]:
     found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -37,7 +43,7 @@ def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
     out.write_text("old")
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
                              "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)  # fmt: skip
     deadline = time.monotonic() + 60
     workers: set[int] = set()
     while len(workers) < 2 and time.monotonic() < deadline:  # the workers have started their points
@@ -87,7 +93,7 @@ def test_a_long_run_stops_with_one_line(tmp_path, command):
     (tmp_path / "R.csv").write_text("old")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_interruptible)  # fmt: skip
     time.sleep(8)  # past the imports and into the run
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
