@@ -6,6 +6,8 @@
     python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
     python -m reference validate-sim [--trace FILE ...]                         the simulator's latency errors
     python -m reference readme-numbers [--write | --check]                      the README's numbers of those two
+    python -m reference serve [--port 8000] [--model smollm2] [...]             an OpenAI-compatible HTTP server
+    python -m reference loadtest --trace FILE [--url URL] [--out CSV]           the server at a trace's arrivals
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
     python -m reference bench-gpu [...]                                         the engine vs HF on a GPU
 
@@ -57,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
     _add_readme_numbers_parser(sub)
     _add_serve_parser(sub)
+    from reference import loadtest
+
+    loadtest.add_arguments(sub.add_parser(
+        "loadtest", help="drive the server with an HTTP client at a trace's arrival times; latencies at the client",
+        description=loadtest.__doc__.split("\n\n")[0]))  # fmt: skip
     # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
                    "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
@@ -457,10 +464,11 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             if isinstance(exc, BrokenPipeError):
                 raise
             raise UsageError(" ".join(str(exc).split())) from None
-    if args.command in ("bench-hybrid", "calibrate", "validate-sim"):
-        from reference import bench_hybrid, calibrate, validate_sim
+    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest"):
+        from reference import bench_hybrid, calibrate, loadtest, validate_sim
 
-        command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate}.get(args.command, validate_sim)
+        command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest}.get(args.command,
+                                                                                                    validate_sim)
         try:
             command.check_args(args)
         except ValueError as exc:
