@@ -489,13 +489,17 @@ def make_app(llm, model_name: str):
 
             return StreamingResponse(events(), media_type="text/event-stream")
         waiter = asyncio.ensure_future(outputs.get())
+        checked = time.monotonic()
         try:
             while True:
                 done, _ = await asyncio.wait({waiter}, timeout=0.25)
-                if not done:
+                # NOTE: every 0.25 s, outputs or not: a running request gets one every step, and a client that gave
+                # up must still be noticed
+                if time.monotonic() - checked >= 0.25:
+                    checked = time.monotonic()
                     if await request.is_disconnected():
-                        engine.abort(request_id)
                         raise APIError(499, "the client closed the request", kind="client_closed_request")
+                if not done:
                     continue
                 item = waiter.result()
                 if isinstance(item, BaseException):
@@ -507,6 +511,7 @@ def make_app(llm, model_name: str):
         finally:
             if not waiter.done():
                 waiter.cancel()
+            engine.abort(request_id)  # a no-op once finished; else the handler was cancelled: free its blocks
 
     return app
 

@@ -194,6 +194,19 @@ def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
     assert after["lab:request_success_total"] == before  # aborted, not finished
 
 
+def test_a_client_that_gives_up_on_a_whole_response_is_aborted_too(server):
+    """Not streamed: the client times out and closes the connection; the server notices, aborts, frees the blocks."""
+    base = server[0]
+    before = metrics(base)["lab:request_success_total"]
+    body = {"model": "smollm2", "prompt": "Write a very long essay.", "max_tokens": 2000, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/completions", json=body, timeout=1.0)
+    after = settle(base)
+    assert after["lab:num_requests_running"] == 0 and after["lab:kv_cache_blocks_used"] == 0
+    assert after["lab:request_success_total"] == before
+
+
 def test_the_command_line_serves_and_stops_cleanly_on_sigterm(tmp_path):
     """`python -m reference serve --port 0`: up, answering, then SIGTERM with a stream open: the stream ends (its
     request aborted) rather than hanging, and the process shuts down without a traceback."""
