@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from reference import executor as ex
@@ -30,6 +31,7 @@ from reference.prompts import chat_messages, prompt_list, prompt_parts
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_real
 from sim.config import SchedulerConfig, default_max_num_batched_tokens
 from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
+from sim.metrics import LATENCY_METRICS, Table, latency_summary
 from sim.scheduler import Scheduler
 
 class LLM(LLMEngine):
@@ -161,10 +163,6 @@ class LLM(LLMEngine):
         end to end), in seconds, under the simulator's summary names (`p99_ttft_s`, ...: sim.metrics.latency_summary,
         the same definitions): over the finished requests of `outputs`, or over every request this engine finished.
         None where no request has the latency (an inter-token latency needs two token steps)."""
-        import numpy as np
-
-        from sim.metrics import LATENCY_METRICS, Table, latency_summary
-
         if outputs is None:
             metrics = self.finished_metrics
         else:

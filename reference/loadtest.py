@@ -22,7 +22,6 @@ import asyncio
 import json
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,20 +127,10 @@ async def _drive(base: str, requests: list, a: argparse.Namespace) -> tuple[list
 
 
 def _start_server(a: argparse.Namespace):
-    import uvicorn
-
     from reference import LLM
-    from reference.server import make_app
+    from reference.server import serve_in_thread
 
-    llm = LLM(a.model, num_gpu_blocks=a.num_gpu_blocks, block_size=a.block_size)
-    server = uvicorn.Server(uvicorn.Config(make_app(llm, a.model), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    return serve_in_thread(LLM(a.model, num_gpu_blocks=a.num_gpu_blocks, block_size=a.block_size), a.model)
 
 
 def _blocks_used(base: str) -> float | None:

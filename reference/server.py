@@ -24,6 +24,7 @@ the field, `param`), an unknown model 404; never a 500 with a traceback.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import queue
 import threading
@@ -36,7 +37,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
 from reference.outputs import RequestMetrics, RequestOutput
 from reference.pool_page import pool_html, snapshot_json
@@ -376,8 +377,6 @@ def make_app(llm, model_name: str):
 
     @app.get("/pool")
     async def pool_page():
-        from fastapi.responses import HTMLResponse
-
         return HTMLResponse(pool_html(model_name, POOL_STEPS, list(loop_holder["engine"].pool_history)))
 
     @app.get("/pool/history")
@@ -386,8 +385,6 @@ def make_app(llm, model_name: str):
 
     @app.get("/pool/events")
     async def pool_events(request: Request):
-        import json
-
         engine: EngineLoop = loop_holder["engine"]
         aio = asyncio.get_running_loop()
         steps: asyncio.Queue = asyncio.Queue(maxsize=POOL_STEPS)
@@ -529,8 +526,6 @@ class ChunkRenderer:
         self.top_logprobs = body.get("top_logprobs") or 0
 
     def _frame(self, payload: dict) -> str:
-        import json
-
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     def _head(self, chunk: bool) -> dict:
@@ -614,6 +609,21 @@ class ChunkRenderer:
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def serve_in_thread(llm, model_name: str, host: str = "127.0.0.1", port: int = 0):
+    """The server on a thread of this process (a free port by default), started: (the uvicorn.Server, its base URL).
+    `server.should_exit = True` stops it. For tests, notebooks and tools that drive the server from where they are."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(make_app(llm, model_name), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="server", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    return server, f"http://{host}:{server.servers[0].sockets[0].getsockname()[1]}"
 
 
 def run_server(llm, model_name: str, host: str, port: int) -> None:

@@ -27,21 +27,15 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "figures" / "pool_live.png"))
     args = parser.parse_args()
     import httpx
-    import uvicorn
 
     from reference import LLM
     from reference.pool_page import find_chromium, screenshot
-    from reference.server import make_app
+    from reference.server import serve_in_thread
 
     if find_chromium() is None:
         print("error: no Chromium (allowed: apt-get install chromium)", file=sys.stderr)
         return 2
-    llm = LLM("smollm2", num_gpu_blocks=96, block_size=4)
-    server = uvicorn.Server(uvicorn.Config(make_app(llm, "smollm2"), host="127.0.0.1", port=0, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    server, base = serve_in_thread(LLM("smollm2", num_gpu_blocks=96, block_size=4), "smollm2")
 
     def read(prompt: str, n: int) -> None:
         body = {"model": "smollm2", "prompt": prompt, "max_tokens": 60, "temperature": 0.8, "n": n, "seed": 1,

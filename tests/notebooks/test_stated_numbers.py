@@ -14,7 +14,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from .stated_numbers import CLAIMS, Claim, check_claim, check_stated_numbers, missing_phrases
+from .stated_numbers import check_claim, check_stated_numbers, missing_phrases
+from .walkthrough_claims import CLAIMS, Claim
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 WALKTHROUGHS = sorted(NOTEBOOKS.glob("0*.ipynb"))

@@ -7,8 +7,8 @@ written to a temporary JUPYTER_PATH, which Jupyter searches before any user or s
 to prove it). The kernel's working directory is the notebook's folder, as when a reader opens it there.
 
 Each executed walkthrough is also checked against its own text: the numbers its markdown states about its output
-(tests/notebooks/stated_numbers.py) must be what it printed, so a change that moves an output fails here until the
-text (and the claim) follows.
+(tests/notebooks/walkthrough_claims.py, checked by stated_numbers.py) must be what it printed, so a change that
+moves an output fails here until the text (and the claim) follows.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def execute(path: Path) -> nbformat.NotebookNode:
 @pytest.mark.parametrize("path", WALKTHROUGHS, ids=lambda p: p.stem)
 def test_walkthrough_runs_top_to_bottom(path, kernel_env):
     """It runs without an error and draws a picture, in this project's python; and every number its text states
-    about its own output is what the output shows (the claims of stated_numbers.py, checked on this one run)."""
+    about its own output is what the output shows (walkthrough_claims.py's claims, checked on this one run)."""
     nb = execute(path)
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

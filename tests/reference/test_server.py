@@ -28,23 +28,12 @@ SETTINGS = {"num_gpu_blocks": 192, "block_size": 16, "max_num_seqs": 32}
 
 @pytest.fixture(scope="module")
 def server(smol):
-    import uvicorn
-
-    from reference.server import make_app
+    from reference.server import serve_in_thread
 
     llm = LLM.from_loaded(*smol[:2], **SETTINGS)
-    config = uvicorn.Config(make_app(llm, "smollm2"), host="127.0.0.1", port=0, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", llm
+    srv, base = serve_in_thread(llm, "smollm2")
+    yield base, llm
     srv.should_exit = True
-    thread.join(30)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import unittest
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -265,6 +265,18 @@ def compare_runs(t: Story, what: str, mine, ref, *, victims: tuple[list, list] |
     t.say(f"{what}: {len(ref.steps)} steps, {len(ref.requests)} requests, every column equal")
 
 
+def simulator_story(stack, t: Story, what: str, settings: dict, max_preemptions: int, *,
+                    label: str = "the simulator on your pieces", ref=None):
+    """The simulator on the student's `stack` against the reference run (the project's allocator, lab 08's rule
+    capped at `max_preemptions`; `ref` if already run): every table column and the victims equal (compare_runs).
+    Returns the reference run."""
+    mine = in_their_words(label, lambda: simulate(settings, stack.block_allocator,
+                                                  stack.victim_policy(max_preemptions).victim))
+    ref = ref if ref is not None else simulate(settings, None, LabRule(max_preemptions).victim)
+    compare_runs(t, what, mine[0], ref[0], victims=(mine[1], ref[1]))
+    return ref
+
+
 def pool_gib(model: str, num_blocks: int, block_size: int) -> float:
     """The swap space (GiB) that holds `num_blocks` blocks of `model`'s K/V."""
     from sim.specs import MODELS
@@ -273,7 +285,6 @@ def pool_gib(model: str, num_blocks: int, block_size: int) -> float:
 
 
 # --- the property checks ---------------------------------------------------------------------------------------
-CAPS = {"model": 40, "rule": 3, "long": 1}  # programs at most: the engine's runs take about a second each
 
 
 def _workloads():
@@ -305,9 +316,9 @@ def _workloads():
     return workload()
 
 
-def sim_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
+def sim_check(shape: str, most: int) -> Callable[[Callable[..., Any], int, int], type]:
     """The simulator on random small workloads ("model"), or the engine on random batches ("rule"), or Figure 12a's
-    trace for ten minutes on a pool a quarter of the A100's ("long")."""
+    trace for ten minutes on a pool a quarter of the A100's ("long"): at most `most` programs."""
 
     def build(make: Callable[..., Any], max_examples: int, steps: int) -> type:
         from hypothesis import given, note, settings
@@ -315,7 +326,7 @@ def sim_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
 
         from sim.testing.blocks import machine_settings
 
-        cap = min(max_examples, CAPS[shape])
+        cap = min(max_examples, most)
 
         if shape == "model":
             @settings(machine_settings(cap, steps), report_multiple_bugs=False)
@@ -329,11 +340,7 @@ def sim_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
                 for r in s["requests"]:
                     note(f"  r{r.request_id}: arrives {r.arrival_time} s, prompt {r.prompt_len}, output "
                          f"{r.output_len}, n {r.n}, beam_width {r.beam_width}")
-                t = Story()
-                mine = in_their_words("the simulator on your pieces", lambda: simulate(
-                    s, stack.block_allocator, stack.victim_policy(run["cap"]).victim))
-                ref = simulate(s, None, LabRule(run["cap"]).victim)
-                compare_runs(t, "the run", mine[0], ref[0], victims=(mine[1], ref[1]))
+                simulator_story(stack, Story(), "the run", s, run["cap"])
         elif shape == "rule":
             @settings(machine_settings(cap, steps), report_multiple_bugs=False)
             @given(batch=st.builds(Batch, prompts=st.lists(st.integers(0, len(PROMPTS) - 1), min_size=1, max_size=4,
@@ -344,20 +351,14 @@ def sim_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
                                    swap=st.booleans(), beam=st.booleans()))  # fmt: skip
             def run_test(self: unittest.TestCase, batch: Batch) -> None:
                 need = math.ceil((12 + batch.max_tokens) / batch.block_size) * batch.n  # SmolLM2: prompts <= 8 tokens
-                batch = Batch(**{**{f: getattr(batch, f) for f in Batch.__slots__},
-                                 "num_blocks": max(batch.num_blocks, need)})  # fmt: skip
+                batch = replace(batch, num_blocks=max(batch.num_blocks, need))
                 note(batch.describe())
                 engine_story(make, Story(), batch)
         else:
             def run_test(self: unittest.TestCase) -> None:
-                stack = make()
                 s = {**PAPER_TRACE, "duration": 600.0, "kv_slots": 12_000, "preemption": "swap",
                      "swap_space_gib": pool_gib("opt-13b", 12_000 // 16, 16) / 4}  # fmt: skip
-                mine = in_their_words("the simulator on your pieces", lambda: simulate(
-                    s, stack.block_allocator, stack.victim_policy(2).victim))
-                ref = simulate(s, None, LabRule(2).victim)
-                compare_runs(Story(), "Figure 12a's trace, 10 minutes, 12,000 slots, swap", mine[0], ref[0],
-                             victims=(mine[1], ref[1]))
+                simulator_story(make(), Story(), "Figure 12a's trace, 10 minutes, 12,000 slots, swap", s, 2)
 
         return type(f"Capstone_{shape}", (unittest.TestCase,), {"runTest": run_test})
 
