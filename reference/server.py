@@ -8,7 +8,7 @@
     GET  /health                 200 while the engine loop runs
     GET  /metrics                Prometheus text: requests running / waiting / swapped, KV blocks used / free,
                                  prefix-cache hit rate, preemptions, finished requests, TTFT / ITL / E2E histograms
-    GET  /pool                   a live page of the block pool (reference/pool_page.py): the blocks coloured by
+    GET  /pool                   a live page of the block pool (sim/pool_page.py): the blocks coloured by
                                  request, shared ones with their reference counts, block tables, queues, the
                                  memory shares over time, preemptions; a slider over the last POOL_STEPS steps
     GET  /pool/history           those steps' snapshots (sim.viewer's, as JSON); /pool/events: each new one (SSE)
@@ -40,7 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
 from reference.outputs import RequestMetrics, RequestOutput
-from reference.pool_page import pool_html, snapshot_json
+from sim.pool_page import pool_html, snapshot_json
 
 # vLLM's histogram buckets (vllm/engine/metrics.py), seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -215,7 +215,7 @@ class EngineLoop:
                                       num_prefills=len(rec.prefills), num_decodes=len(rec.decodes),
                                       preempted=rec.preempted, finished=rec.finished_request_ids,
                                       short=llm.scheduler.num_waiting > 0))  # fmt: skip
-        snap["used_blocks"] = llm.kv_manager.num_blocks - llm.kv_manager.num_free_blocks
+        snap["kv_used_blocks"] = llm.kv_manager.num_blocks - llm.kv_manager.num_free_blocks  # the engine's own count
         self.pool_history.append(snap)
         with self._watch_lock:
             watchers = list(self._watchers)

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from .kv import POLICIES
 from .kv.base import SHARE_NAMES
+from .pool_page import MAX_STEPS as POOL_PAGE_STEPS, STEPS_RANGE as POOL_PAGE_STEPS_RANGE
 from .preemption import VICTIM_POLICIES
 from .config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, default_max_num_batched_tokens
 from .slots import ALLOCATORS
@@ -164,6 +165,12 @@ def add_run_parser(sub) -> None:
     g.add_argument("--steps-csv", metavar="PATH", help="also write the per-step table")
     g.add_argument("--chrome-trace", metavar="PATH", help="also write the step and request timeline as a Chrome trace "
                    "(JSON; open in ui.perfetto.dev or chrome://tracing)")
+    g.add_argument("--pool-page", metavar="PATH", help="also write the run as a page of the KV pool that replays it step "
+                   "by step in a browser (HTML, no server; the page `python -m reference serve` shows live at /pool); "
+                   "steps token by token")
+    g.add_argument("--pool-page-steps", type=int, default=POOL_PAGE_STEPS, metavar="N",
+                   help="--pool-page: steps the page keeps, evenly spread over a longer run (default: %(default)s, "
+                   f"{POOL_PAGE_STEPS_RANGE[0]} to {POOL_PAGE_STEPS_RANGE[1]:,})")
     g.add_argument("--no-jump", action="store_true", help="step token by token (same results, slower)")
     g.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.set_defaults(func=cmd_run)
@@ -175,7 +182,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Outputs first, before the run: writable, not a folder, not the trace, not each other (sim.outfiles).
     check_outputs({"--requests-csv": args.requests_csv, "--steps-csv": args.steps_csv,
-                   "--chrome-trace": args.chrome_trace}, {"--trace": args.trace, "--cost-model": args.cost_model})
+                   "--chrome-trace": args.chrome_trace, "--pool-page": args.pool_page},
+                  {"--trace": args.trace, "--cost-model": args.cost_model})
+    low, high = POOL_PAGE_STEPS_RANGE
+    if not low <= args.pool_page_steps <= high:
+        raise ValueError(f"--pool-page-steps: got {args.pool_page_steps} (allowed: an integer from {low} to {high:,})")
+    recorder = None
+    if args.pool_page:
+        from .pool_page import ReplayRecorder
+
+        recorder = ReplayRecorder(args.pool_page_steps)
 
     caching = {"auto": None, "on": True, "off": False}
     if args.prefix_caching not in caching:
@@ -189,19 +205,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         num_prefixes=args.num_prefixes, preemption=args.preemption, swap_space_gib=args.swap_space, trace=args.trace,
         scheduler=args.scheduler, arrival=args.arrival, burstiness=args.burstiness, allocator=args.allocator,
         enable_prefix_caching=caching[args.prefix_caching], max_num_seqs=args.max_num_seqs, watermark=args.watermark,
-        max_num_batched_tokens=args.max_num_batched_tokens, jump=not args.no_jump, kv_slots=args.kv_slots,
+        max_num_batched_tokens=args.max_num_batched_tokens, jump=not (args.no_jump or recorder), kv_slots=args.kv_slots,
         progress=args.progress, prompt_len=args.prompt_len, output_len=args.output_len,
         prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,
         enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
         slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt, cost_model=args.cost_model, turns=args.turns,
         think_time=args.think_time, history_limit=args.history_limit, conversations=args.conversations,
+        on_step=recorder,
     )  # fmt: skip
     if "trace_import" in result.summary:  # a ShareGPT file was imported: say how
         print(f"note: {result.summary['trace_import']}", file=sys.stderr)
     if result.summary.get("extrapolated_steps"):  # a calibrated cost model priced steps it never measured
         print(f"note: {extrapolation_sentence(result.summary)}", file=sys.stderr)
     try:
-        _write_outputs(args, result)
+        _write_outputs(args, result, recorder)
     except OSError as exc:  # checked before the run, and still unwritable (a full disk, /dev/full): one line
         if isinstance(exc, BrokenPipeError):
             raise
@@ -210,9 +227,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_outputs(args: argparse.Namespace, result) -> None:
-    """--requests-csv, --steps-csv and --chrome-trace: every one or none (a failure at the last leaves the first as
-    it was)."""
+def _write_outputs(args: argparse.Namespace, result, recorder=None) -> None:
+    """--requests-csv, --steps-csv, --chrome-trace and --pool-page: every one or none (a failure at the last leaves
+    the first as it was)."""
     from .outfiles import atomic_files
 
     with atomic_files() as files:
@@ -225,6 +242,9 @@ def _write_outputs(args: argparse.Namespace, result) -> None:
 
             title = f"sim run: {args.policy}, {args.scheduler} scheduler, {args.model} on {args.gpu}"
             write_trace(args.chrome_trace, *simulator_rows(result.steps, result.requests), title=title, files=files)
+        if recorder is not None:
+            recorder.write(args.pool_page, f"sim run: {args.policy}, {args.scheduler} scheduler, {args.model}",
+                           files=files)
 
 
 class Terminated(BaseException):

@@ -126,8 +126,11 @@ def record(*, max_steps: int = MAX_FRAMES, **run_kwargs) -> list[Snapshot]:
         if len(snapshots) >= max_steps:
             raise _Enough
 
+    base = dict(DEMO_RUN)
+    if run_kwargs.get("policy", "paged") != "paged":
+        base.pop("block_size")  # DEMO_RUN's blocks are the paged pool's; another policy takes its own default
     try:
-        run(**{**DEMO_RUN, **run_kwargs, "jump": False, "on_step": observe})
+        run(**{**base, **run_kwargs, "jump": False, "on_step": observe})
     except _Enough:
         pass
     return snapshots

@@ -135,6 +135,9 @@ def sim_cases() -> list[Case]:
         [*run, "--requests-csv", "A.csv", "--chrome-trace", "adir"],
         [*run, "--requests-csv", "A.csv", "--chrome-trace", "A.csv"],
         ["run", "--trace", "t.jsonl", "--chrome-trace", "t.jsonl"],
+        [*run, "--requests-csv", "A.csv", "--pool-page", "A.csv"],
+        [*run, "--requests-csv", "A.csv", "--pool-page", "/dev/full"],  # fails only at the write: A.csv must stay
+        ["run", "--trace", "t.jsonl", "--pool-page", "t.jsonl"],
         ["sweep", "--grid", "rate=1", "--set", "duration=5", "--out", "nodir/x.csv"],
         ["sweep", "--grid", "rate=1", "--set", "duration=5", "--out", "adir"],
         ["figures", "--only", "memory_waste", "--quick", "--out", "A.csv"],

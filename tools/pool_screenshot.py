@@ -4,7 +4,7 @@
 
 Serves SmolLM2 on a small pool (96 blocks of 4 tokens) in this process, sends six streamed requests (two with n = 2,
 whose samples share their prompt's blocks), waits until the pool is mostly used, and saves the page as Chromium
-draws it. Needs Debian's chromium package (reference.pool_page.find_chromium).
+draws it. Needs Debian's chromium package (sim.pool_page.find_chromium).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def main() -> int:
     import httpx
 
     from reference import LLM
-    from reference.pool_page import find_chromium, screenshot
+    from sim.pool_page import find_chromium, screenshot
     from reference.server import serve_in_thread
 
     if find_chromium() is None:

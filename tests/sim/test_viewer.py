@@ -249,3 +249,10 @@ def test_the_animate_command_refuses_bad_flags_with_one_line(tmp_path, capsys, a
     err = capsys.readouterr().err
     assert err.startswith(message.format(tmp=tmp_path)) and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_another_policy_is_recorded_on_its_own_block_size():
+    """DEMO_RUN's block size is the paged pool's: a contiguous policy recorded with the other DEMO_RUN settings takes
+    its own (one slot), rather than being refused for a flag that does not apply to it."""
+    snaps = viewer.record(policy="max", kv_slots=4 * 2048, max_steps=5)
+    assert len(snaps) == 5 and {s.policy for s in snaps} == {"max"} and snaps[0].block_size == 1

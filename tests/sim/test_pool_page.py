@@ -1,0 +1,132 @@
+"""The pool page (sim/pool_page.py): what it draws of a step is what the KV manager holds, under every policy (the
+contiguous baselines' reservations included); a replay of a long run keeps evenly spread steps and loses no event;
+`python -m sim run --pool-page` writes it whole or not at all; a browser draws it."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.api import run
+from sim.cli import main
+from sim.pool_page import MAX_CELLS, ReplayRecorder, snapshot_json
+from sim.viewer import snapshot
+
+SMALL = dict(workload="uniform", arrival="offline", prompt_len_range=(8, 80), output_len_range=(4, 60),
+             max_num_batched_tokens=128, max_num_seqs=8)  # fmt: skip
+# Each policy on a pool that runs short (the paged ones preempt), on a model it accepts.
+POLICIES = {"paged": dict(kv_slots=512, block_size=8), "max": dict(kv_slots=3 * 2048), "pow2": dict(kv_slots=4096),
+            "oracle": dict(kv_slots=600), "vattention": dict(kv_slots=512), "radix": dict(kv_slots=512, prefix_len=24),
+            "hybrid": dict(kv_slots=1024, model="gemma3-270m")}  # fmt: skip
+
+
+def _checked_run(policy: str, seed: int, n: int, **extra) -> int:
+    """Run the policy's small workload; after every step the page's picture is checked against the KV manager."""
+    steps = []
+
+    def observe(sim, plan) -> None:
+        kv = sim.kv
+        page = snapshot_json(snapshot(sim.scheduler, step=len(steps), time=sim.now, num_prefills=len(plan.prefills),
+                                      num_decodes=len(plan.decodes)))  # fmt: skip
+        assert page["used_blocks"] == kv.num_blocks - kv.num_free_blocks, (policy, len(steps))
+        assert sum(blocks * (end - first) for first, end, _, _, blocks in page["runs"]) == page["used_blocks"]
+        assert page["num_cells"] <= MAX_CELLS and all(0 <= r[0] < r[1] <= page["num_cells"] for r in page["runs"])
+        owners = set(sim.scheduler.running_request_ids() + sim.scheduler.swapped_request_ids())
+        assert {r[2] for r in page["runs"]} <= owners | {-1}
+        for block, refs in page["refs"].items():  # a shared block is in that many running tables
+            assert refs == sum(int(block) in kv.block_table(s) for r in sim.scheduler.running_request_ids()
+                               for s in sim.scheduler.seq_ids(r) if s in set(kv.seq_ids))  # fmt: skip
+        steps.append(page)
+
+    settings_ = {**SMALL, "model": "opt-13b", **POLICIES[policy], **extra}
+    run(**settings_, policy=policy, num_requests=6, seed=seed, n=n, jump=False, on_step=observe)
+    return len(steps)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_what_is_drawn_is_what_the_kv_manager_holds(policy):
+    assert _checked_run(policy, seed=3, n=2) > 10
+
+
+@settings(max_examples=15, deadline=None)
+@given(policy=st.sampled_from(sorted(POLICIES)), seed=st.integers(0, 10_000), n=st.integers(1, 3),
+       preemption=st.sampled_from(["recompute", "swap"]))
+def test_what_is_drawn_is_what_the_kv_manager_holds_on_random_runs(policy, seed, n, preemption):
+    if preemption == "swap" and policy != "paged":
+        preemption = "recompute"  # only the paged pool has swap space
+    _checked_run(policy, seed=seed, n=n, preemption=preemption)
+
+
+def _events(frames: list[dict]) -> tuple[list[int], list[int]]:
+    return [r for f in frames for r in f["preempted"]], [r for f in frames for r in f["finished"]]
+
+
+def test_a_long_run_keeps_evenly_spread_steps_and_every_event():
+    every, few = ReplayRecorder(2000), ReplayRecorder(6)
+
+    def both(sim, plan) -> None:
+        every(sim, plan)
+        few(sim, plan)
+
+    run(**SMALL, model="opt-13b", kv_slots=256, block_size=8, num_requests=10, seed=1, jump=False, on_step=both)
+    assert every.stride == 1 and len(every.frames) == every.num_steps > 40
+    steps = [f["step"] for f in few.frames]
+    assert few.stride >= 8 and 3 <= len(steps) < 6 and steps == list(range(0, every.num_steps, few.stride))
+    kept = {f["step"]: f for f in every.frames}
+    for frame in few.frames:  # a kept step is the step itself, but for the events folded into it
+        assert {k: v for k, v in frame.items() if k not in ("preempted", "finished")} == \
+            {k: v for k, v in kept[frame["step"]].items() if k not in ("preempted", "finished")}
+    preempted, finished = _events(every.frames)
+    assert preempted  # the small pool preempts
+    kept_preempted, kept_finished = _events(few.frames)
+    pending = few._preempted, few._finished  # events after the last kept step
+    assert sorted(kept_preempted + pending[0]) == sorted(preempted)
+    assert sorted(kept_finished + pending[1]) == sorted(finished) == list(range(10))
+
+
+def test_the_command_writes_the_page_with_the_other_outputs(tmp_path, capsys):
+    page, steps = tmp_path / "run.html", tmp_path / "steps.csv"
+    args = ["run", "--policy", "max", "--workload", "uniform", "--prompt-len-range", "8,40", "--output-len-range",
+            "4,30", "--num-requests", "5", "--arrival", "offline", "--kv-slots", "6144", "--pool-page", str(page),
+            "--pool-page-steps", "20", "--steps-csv", str(steps)]  # fmt: skip
+    assert main(args) == 0
+    html = page.read_text()
+    assert "LIVE = false" in html  # a replay: no event stream, the slider and Play over the steps embedded
+    frames = json.loads(re.search(r"^(\[.*\])\.forEach\(s => history", html, re.M).group(1))
+    num_steps = sum(1 for line in steps.read_text().splitlines()[1:] if line and not line.startswith("#"))
+    assert num_steps > 20 and 10 <= len(frames) < 20 and frames[0]["step"] == 0
+    assert f"of {num_steps} steps" in html and {f["policy"] for f in frames} == {"max"}
+    assert all(f["used_blocks"] > 0 for f in frames[:-1]) and frames[0]["cell_blocks"] == 3  # 6,144 one-slot blocks
+
+
+@pytest.mark.parametrize("flags, says", [(["--pool-page-steps", "1"], "--pool-page-steps: got 1 (allowed: an integer "
+                                          "from 2 to 2,000)"), (["--pool-page", "."], "--pool-page")])  # fmt: skip
+def test_bad_page_flags_are_one_line_and_nothing_runs(tmp_path, capsys, flags, says):
+    steps = tmp_path / "steps.csv"
+    code = main(["run", "--num-requests", "3", "--steps-csv", str(steps), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0] and not steps.exists()
+
+
+def test_a_browser_draws_the_replayed_steps_blocks(tmp_path):
+    from tests.browser import need_chromium
+
+    need_chromium()
+    from sim.pool_page import page_dom, screenshot
+
+    page = tmp_path / "run.html"
+    assert main(["run", "--workload", "uniform", "--prompt-len-range", "40,80", "--output-len-range", "8,20",
+                 "--num-requests", "4", "--arrival", "offline", "--kv-slots", "512", "--block-size", "8",
+                 "--n", "2", "--pool-page", str(page)]) == 0  # fmt: skip
+    dom = page_dom(page.as_uri())
+    body = re.search(r'<body data-step="(-?\d+)" data-used="(\d+)"', dom)
+    assert body and body.group(1) == "0", dom[:500]
+    drawn = sum(int(n) for n in re.findall(r'class="block used[^"]*"[^>]*data-blocks="(\d+)"', dom))
+    assert drawn == int(body.group(2)) > 0
+    assert re.search(r'class="block used[^"]*shared', dom)  # the two samples' prompt blocks, with their count
+    png = tmp_path / "run.png"
+    screenshot(page.as_uri(), str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
