@@ -52,11 +52,13 @@ bench: $(STAMP)
 	$(BIN)/python -m reference readme-numbers --write
 
 # Does the simulator predict the engine? Fit its cost model to the engine's measured steps (each timed 3 times; ~7
-# min), then replay 11 held-out traces through both (real time; ~9 min) and compare latencies request by request.
+# min), then replay 11 held-out traces through both (real time; ~9 min) and compare latencies request by request,
+# then serve a ShareGPT-shaped trace over HTTP to a client in its own process (~6 min) and compare again.
 # Run on a quiet machine: anything else on the cores slows the engine's steps and not the simulator's.
 calibrate: $(STAMP)
 	$(BIN)/python -m reference calibrate
 	$(BIN)/python -m reference validate-sim
+	$(BIN)/python -m reference validate-sim --online
 	$(BIN)/python -m reference readme-numbers --write
 
 # How big and how slow each install is, built from scratch in fresh venvs (~2 min with a local wheel mirror; longer

@@ -4,7 +4,7 @@
     python -m reference bench [--quick] [--out figures/bench_engine_cpu.csv]     engine vs HF, paged vs contiguous
     python -m reference bench-hybrid [--quick]                                  Gemma 3: hybrid vs paged KV, same bytes
     python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
-    python -m reference validate-sim [--trace FILE ...]                         the simulator's latency errors
+    python -m reference validate-sim [--trace FILE ...] [--online]              the simulator's latency errors
     python -m reference readme-numbers [--write | --check]                      the README's numbers of those two
     python -m reference serve [--port 8000] [--model smollm2] [...]             an OpenAI-compatible HTTP server
     python -m reference loadtest --trace FILE [--url URL] [--out CSV]           the server at a trace's arrivals
@@ -465,7 +465,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
                 raise
             raise UsageError(" ".join(str(exc).split())) from None
     if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest"):
-        from reference import bench_hybrid, calibrate, loadtest, validate_sim
+        from reference import bench_hybrid, calibrate, loadtest, validate_online, validate_sim
 
         command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest}.get(args.command,
                                                                                                     validate_sim)
@@ -473,6 +473,8 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             command.check_args(args)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        if command is validate_sim and args.online:  # the same flags, checked by validate_sim; served over HTTP
+            command = validate_online
         try:
             return command.run(args, argv=["python", "-m", "reference", *argv])
         except OSError as exc:  # an output that passed its checks and still cannot be written (a full disk)

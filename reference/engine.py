@@ -145,6 +145,7 @@ class LLMEngine:
         self._ids = RequestIds()  # public str id <-> scheduler int id, for every request ever queued
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
         self._start = time.perf_counter()
+        self.started_at = time.time()  # the wall clock (epoch seconds) when the engine's clock (metrics, logs) read 0
         # one thread at a time (_one_thread): reentrant, so generate() may call step() and abort() in its thread
         self._lock = threading.RLock()
         self._running: str | None = None  # the outermost call holding the lock, for the refusal's message

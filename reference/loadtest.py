@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "status", "ttft", "itl_mean", "itl_max",
-           "e2e_latency", "num_chunks")  # fmt: skip
+COLUMNS = ("request_id", "arrival_time", "sent", "prompt_len", "output_len", "n", "status", "ttft", "itl_mean",
+           "itl_max", "last_token", "e2e_latency", "num_chunks", "response_id", "sent_epoch")  # fmt: skip
 TOKEN_IDS = (1000, 20000)  # prompt token ids are drawn from this range: ordinary tokens of SmolLM2's and Gemma 3's
 
 
@@ -67,27 +67,50 @@ def check_args(a: argparse.Namespace) -> None:
         raise ValueError(" ".join(str(exc).split())) from None
     if not a.requests:
         raise ValueError(f"--trace {a.trace}: no requests in it")
+    check_requests(a.requests, f"--trace {a.trace}")
+
+
+def check_requests(requests: list, where: str) -> None:
+    """ValueError, one line, for a request the completions API cannot send."""
+    for r in requests:
+        if r.beam_width > 1:
+            raise ValueError(f"{where}: request {r.request_id} asks for beam search (beam_width {r.beam_width}), which "
+                             "the completions API does not offer (allowed: beam_width 1; n > 1 samples are fine)")
 
 
 @dataclass(slots=True)
 class Measured:
+    """One request at the client. Times in seconds: `sent` since the run's start, the others since it was sent."""
+
     status: str = "ok"  # "ok", or what went wrong ("HTTP 400: ...", "timeout", an exception's name)
+    sent: float = math.nan
     ttft: float = math.nan
     itl_mean: float = math.nan
     itl_max: float = math.nan
+    last_token: float = math.nan  # the last chunk with text
     e2e_latency: float = math.nan
     num_chunks: int = 0
+    response_id: str = ""  # the server's id of the response ("cmpl-...")
+    sent_epoch: float = math.nan  # the wall clock when it was sent (epoch seconds: comparable across processes)
+
+
+def prompt_ids(request, seed: int) -> list[int]:
+    """The prompt sent for `request`: its own token ids if the trace has them, else prompt_len ids drawn per request
+    from a seeded generator (a rerun sends the same)."""
+    if request.prompt_token_ids is not None:
+        return list(request.prompt_token_ids)
+    return np.random.default_rng([seed, request.request_id]).integers(*TOKEN_IDS, request.prompt_len).tolist()
 
 
 async def _one(http, base: str, request, seed: int, start: float, gate: asyncio.Semaphore, busy: list[int]) -> Measured:
-    ids = np.random.default_rng([seed, request.request_id]).integers(*TOKEN_IDS, request.prompt_len).tolist()
+    ids = prompt_ids(request, seed)
     body = {"prompt": ids, "max_tokens": request.output_len, "n": request.n, "temperature": 0, "ignore_eos": True,
             "stream": True}  # fmt: skip
     await asyncio.sleep(max(0.0, start + request.arrival_time - time.perf_counter()))
     async with gate:
         busy[0] += 1
         busy[1] = max(busy[1], busy[0])
-        sent, chunks = time.perf_counter(), []
+        sent, sent_epoch, chunks, response_id = time.perf_counter(), time.time(), [], ""
         try:
             async with http.stream("POST", base + "/v1/completions", json=body) as response:
                 if response.status_code != 200:
@@ -96,23 +119,29 @@ async def _one(http, base: str, request, seed: int, start: float, gate: asyncio.
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    choice = json.loads(line[6:]).get("choices", [{}])
+                    chunk = json.loads(line[6:])
+                    response_id = response_id or chunk.get("id", "")
+                    choice = chunk.get("choices", [{}])
                     if choice and choice[0].get("index", 0) == 0 and choice[0].get("text"):
                         chunks.append(time.perf_counter())
             end = time.perf_counter()
         except Exception as exc:  # noqa: BLE001  (a failed request is a row of the result, not a crash)
-            return Measured(status=f"{type(exc).__name__}: {exc}"[:200])
+            return Measured(status=f"{type(exc).__name__}: {exc}"[:200], sent=sent - start, sent_epoch=sent_epoch)
         finally:
             busy[0] -= 1
     if not chunks:
-        return Measured(status="no text streamed", e2e_latency=end - sent)
+        return Measured(status="no text streamed", sent=sent - start, e2e_latency=end - sent, response_id=response_id,
+                        sent_epoch=sent_epoch)  # fmt: skip
     gaps = np.diff(chunks)
-    return Measured(ttft=chunks[0] - sent, itl_mean=float(gaps.mean()) if len(gaps) else math.nan,
-                    itl_max=float(gaps.max()) if len(gaps) else math.nan, e2e_latency=end - sent,
-                    num_chunks=len(chunks))  # fmt: skip
+    return Measured(sent=sent - start, ttft=chunks[0] - sent, itl_mean=float(gaps.mean()) if len(gaps) else math.nan,
+                    itl_max=float(gaps.max()) if len(gaps) else math.nan, last_token=chunks[-1] - sent,
+                    e2e_latency=end - sent, num_chunks=len(chunks), response_id=response_id,
+                    sent_epoch=sent_epoch)  # fmt: skip
 
 
-async def _drive(base: str, requests: list, a: argparse.Namespace) -> tuple[list[Measured], int]:
+async def drive(base: str, requests: list, a: argparse.Namespace) -> tuple[list[Measured], int]:
+    """Send every request at its arrival time (a.seed, a.max_concurrency, a.time_limit); (what each measured, the
+    most in flight at once)."""
     import httpx
 
     gate, busy = asyncio.Semaphore(a.max_concurrency), [0, 0]
@@ -133,7 +162,7 @@ def _start_server(a: argparse.Namespace):
     return serve_in_thread(LLM(a.model, num_gpu_blocks=a.num_gpu_blocks, block_size=a.block_size), a.model)
 
 
-def _blocks_used(base: str) -> float | None:
+def blocks_used(base: str) -> float | None:
     import httpx
 
     for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
@@ -148,20 +177,16 @@ def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
     requests = a.requests if getattr(a, "requests", None) is not None else []
     server, base = (None, a.url.rstrip("/")) if a.url else _start_server(a)
     try:
-        results, peak = asyncio.run(_drive(base, requests, a))
+        results, peak = asyncio.run(drive(base, requests, a))
         time.sleep(0.2)  # the engine loop's last step after the last response
-        used = _blocks_used(base)
+        used = blocks_used(base)
     finally:
         if server is not None:
             server.should_exit = True
     rows = [{"request_id": r.request_id, "arrival_time": r.arrival_time, "prompt_len": r.prompt_len,
-             "output_len": r.output_len, "n": r.n, "status": m.status, "ttft": m.ttft, "itl_mean": m.itl_mean,
-             "itl_max": m.itl_max, "e2e_latency": m.e2e_latency, "num_chunks": m.num_chunks}
+             "output_len": r.output_len, "n": r.n, **{name: getattr(m, name) for name in Measured.__slots__}}
             for r, m in zip(requests, results)]  # fmt: skip
-    from sim.bench_sim import machine
-
-    m = machine()
-    comments = [f"machine: {m['platform']}, {m['cpu']}, {os.cpu_count()} cores, python {m['python']}",
+    comments = [machine_line(),
                 f"command: {' '.join(argv or ['python -m reference loadtest'])}",
                 f"server: {a.url or f'in-process {a.model}, {a.num_gpu_blocks} blocks of {a.block_size}'}"]
     write_csv(a.out, COLUMNS, rows, comments=comments, make_parents=True)
@@ -169,6 +194,14 @@ def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
     print(summary_line(len(results), len(results) - len(ok), peak, ok, used))
     print(f"wrote {a.out}")
     return 0 if len(ok) == len(results) and not used else 1
+
+
+def machine_line() -> str:
+    """The machine, for a results file's `# ` lines."""
+    from sim.bench_sim import machine
+
+    m = machine()
+    return f"machine: {m['platform']}, {m['cpu']}, {os.cpu_count()} cores, python {m['python']}"
 
 
 def summary_line(num: int, errors: int, peak: int, ok: list[Measured], used: float | None) -> str:

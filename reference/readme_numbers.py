@@ -7,11 +7,13 @@ themselves print (reference.calibrate's fit_sentence and stability_sentence, ref
 and targets_sentence), made here from the committed files; nothing is measured. A test checks that each block of
 README.md is exactly what this module makes of those files, so no number there is typed by hand.
 
-    python -m reference readme-numbers              # print both blocks, between their markers
+    python -m reference readme-numbers              # print every block, between its markers
     python -m reference readme-numbers --write      # rewrite README.md's blocks
     python -m reference readme-numbers --check      # exit 1 if a block of README.md is not what the files give
 
 The blocks, in README order (BLOCKS):
+    serving       figures/validate_online*.csv  the server under a trace over HTTP: latencies at the client, the HTTP
+                                                overhead, the simulator's error against the client and the engine
     calibration   figures/cost_model_cpu.json   the machine it was measured on, how well it fits, how stable the fit is
     validation    figures/validate_sim.csv      the simulator's errors against the engine, trace by trace; the targets
 """
@@ -31,6 +33,7 @@ from sim.figures.readme_numbers import README, Row, Table
 COMMAND = "python -m reference readme-numbers"
 COST_MODEL = "cost_model_cpu.json"  # under figures/: written by `python -m reference calibrate`
 VALIDATION = "validate_sim"  # figures/validate_sim.csv: written by `python -m reference validate-sim`
+SERVING = "validate_online"  # figures/validate_online.csv (+ _requests.csv): `python -m reference validate-sim --online`
 
 
 class Files(sim_numbers.Files):
@@ -81,11 +84,63 @@ def validation(f: Files) -> str:
     return "\n\n".join([caption, readme_table(rows), targets_sentence(rows)])
 
 
+def serving(f: Files) -> str:
+    """The online validation run: the load it served, the latencies its client saw, what HTTP added, the simulator's
+    error (validate_online.csv, one row; the client's percentiles from validate_online_requests.csv)."""
+    import numpy as np
+
+    (s,), comments = f.rows(SERVING), f.comments(SERVING)
+    requests = f.rows(f"{SERVING}_requests")
+    ms = 1000
+
+    def pct(column: str, q: int) -> str:
+        values = np.array([float(r[column]) for r in requests], dtype=float)
+        values = values[np.isfinite(values)]
+        return f"{np.percentile(values, q) * ms:,.0f} ms"
+
+    def share(key: str) -> str:
+        return f"{float(s[key]):.1%}"
+
+    machine = comments.get("machine", "?").split(", ")
+    table = Table(f"From `figures/{SERVING}.csv` and `{SERVING}_requests.csv` (`{comments.get('command', '?')}`; the "
+                  f"engine at {_threads(comments.get('engine threads', '?'))} on {', '.join(machine[1:3])}; the "
+                  f"simulator priced by `{comments.get('cost model', '?').split(' ')[0]}`):",
+                  ("", "over HTTP"),
+                  (Row("load", ("the load", f"{s['num_requests']} requests (`{s['trace']}`), {s['errors']} errors, at "
+                                f"most {s['max_in_flight']} in flight, KV blocks still used afterwards: "
+                                f"{s['kv_blocks_used_after']}")),
+                   Row("client", ("at the client", f"TTFT p50 {pct('client_ttft', 50)}, p99 {pct('client_ttft', 99)}; "
+                                  f"inter-token p50 {pct('client_itl_mean', 50)}, p99 {pct('client_itl_mean', 99)}")),
+                   Row("overhead", ("HTTP overhead (client minus engine)",
+                                    f"TTFT median {float(s['http_overhead_ttft_median']) * ms:.0f} ms, p90 "
+                                    f"{float(s['http_overhead_ttft_p90']) * ms:.0f} ms (the hand-over to the engine, "
+                                    f"the wait for the step in progress included, median "
+                                    f"{float(s['http_handover_median']) * ms:.0f} ms; the first token's way back "
+                                    f"{float(s['http_delivery_median']) * ms:.0f} ms); end to end median "
+                                    f"{float(s['http_overhead_e2e_latency_median']) * ms:.0f} ms")),
+                   Row("predicted", ("the simulator against the client (median / p90 error)",
+                                     f"TTFT {share('median_ttft_error')} / {share('p90_ttft_error')}, ITL "
+                                     f"{share('median_itl_mean_error')} / {share('p90_itl_mean_error')}, end to end "
+                                     f"{share('median_e2e_latency_error')} / {share('p90_e2e_latency_error')}")),
+                   Row("engine", ("... against the engine's own latencies",
+                                  f"TTFT {share('median_ttft_engine_error')} / {share('p90_ttft_engine_error')}, "
+                                  f"ITL {share('median_itl_mean_engine_error')} / "
+                                  f"{share('p90_itl_mean_engine_error')}, end to end "
+                                  f"{share('median_e2e_latency_engine_error')} / "
+                                  f"{share('p90_e2e_latency_engine_error')}")),
+                   Row("steps", ("the cost model on the engine's own steps", f"median error "
+                                 f"{share('all_step_error_median')}, bias {float(s['decode_step_bias']):+.1%} (decode "
+                                 f"steps; negative: the steps took longer than priced)"))))  # fmt: skip
+    return table.text()
+
+
 BLOCKS: dict[str, Callable[[Files], str]] = {
+    "serving": serving,
     "calibration": calibration,
     "validation": validation,
 }
-SOURCES = {"calibration": (COST_MODEL, "calibrate"), "validation": (f"{VALIDATION}.csv", "validate-sim")}
+SOURCES = {"calibration": (COST_MODEL, "calibrate"), "validation": (f"{VALIDATION}.csv", "validate-sim"),
+           "serving": (f"{SERVING}.csv", "validate-sim --online")}
 
 
 def make_block(name: str, files: Files | None = None) -> str:
@@ -99,7 +154,7 @@ def make_block(name: str, files: Files | None = None) -> str:
 
 
 def readme_blocks(files: Files | None = None) -> dict[str, str]:
-    """{block name: the text between its markers}, both blocks, in README order."""
+    """{block name: the text between its markers}, every block, in README order."""
     files = Files() if files is None else files
     return {name: make_block(name, files) for name in BLOCKS}
 

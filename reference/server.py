@@ -92,8 +92,9 @@ class EngineLoop:
     RequestOutput out to its request's sink (a callable, called on this thread). `snapshot` is a dict of the pool
     and the queues after the latest step, replaced whole (readers on other threads never see half an update)."""
 
-    def __init__(self, llm) -> None:
+    def __init__(self, llm, on_finished: Callable[[RequestOutput], None] | None = None) -> None:
         self.llm = llm
+        self.on_finished = on_finished  # called with each finished request's output, on this thread
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
         self.histograms = {"ttft": Histogram(TTFT_BUCKETS), "itl": Histogram(ITL_BUCKETS),
@@ -170,6 +171,8 @@ class EngineLoop:
                 if out.finished:
                     self.sinks.pop(out.request_id, None)
                     self._observe(out.metrics)
+                    if self.on_finished is not None:
+                        self.on_finished(out)
                 if sink is not None:
                     sink(out)
             self._take_snapshot()
@@ -313,15 +316,17 @@ _COMMON_TYPES = {"model": (str,), "stream": (bool,), "n": (int,), "max_tokens": 
 
 
 # --- the app ----------------------------------------------------------------------------------------------------
-def make_app(llm, model_name: str):
-    """The FastAPI app serving `llm` under `model_name`; its EngineLoop starts and stops with the app (lifespan)."""
+def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] | None = None):
+    """The FastAPI app serving `llm` under `model_name`; its EngineLoop starts and stops with the app (lifespan).
+    `on_finished(output)`: called on the engine's thread with every finished request's output (its `metrics`: the
+    engine's own latencies; validate-sim's online mode sets it)."""
     from contextlib import asynccontextmanager
 
     loop_holder: dict[str, EngineLoop] = {}
 
     @asynccontextmanager
     async def lifespan(app):
-        engine = EngineLoop(llm)
+        engine = EngineLoop(llm, on_finished)
         engine.start()
         loop_holder["engine"] = app.state.engine = engine
         try:
@@ -611,12 +616,13 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def serve_in_thread(llm, model_name: str, host: str = "127.0.0.1", port: int = 0):
+def serve_in_thread(llm, model_name: str, host: str = "127.0.0.1", port: int = 0, on_finished=None):
     """The server on a thread of this process (a free port by default), started: (the uvicorn.Server, its base URL).
-    `server.should_exit = True` stops it. For tests, notebooks and tools that drive the server from where they are."""
+    `server.should_exit = True` stops it. For tests, notebooks and tools that drive the server from where they are;
+    `on_finished` as make_app's."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(make_app(llm, model_name), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(make_app(llm, model_name, on_finished), host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="server", daemon=True)
     thread.start()
     while not server.started:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.validation_suite import DEFAULT_BLOCKS, FIRST_ID, SUITE, VOCAB_SIZE, case_requests, simulate
+from reference.validation_suite import (DEFAULT_BLOCKS, FIRST_ID, SERVED_ENGINE, SERVED_NAME, SUITE, VOCAB_SIZE,
+                                        case_requests, served_requests, simulate)
 from sim.limits import MAX_SEED, MAX_TOKENS
 from sim.request import Request
 
@@ -39,6 +40,8 @@ DEFAULT_OUT = "figures/validate_sim.csv"
 DEFAULT_REQUESTS = "figures/validate_sim_requests.csv"
 DEFAULT_FIGURE = "figures/validate_sim.png"
 DEFAULT_TRACES = "figures/validation"
+ONLINE_DEFAULTS = {"out": "figures/validate_online.csv", "requests_csv": "figures/validate_online_requests.csv",
+                   "figure": "figures/validate_online.png"}  # --online's outputs
 QUICK_DIR = "figures/quick"  # --quick's outputs (ignored by git): a smoke run never overwrites the committed results
 MAX_BLOCKS = 8192  # 6 GiB of SmolLM2 K/V in float32 (720 KiB a block of 16): more than a CPU run needs
 METRICS = ("ttft", "itl_mean", "e2e_latency")
@@ -107,7 +110,7 @@ def measured_latencies(requests: list[Request], times: dict[int, list[float]]) -
     return out
 
 
-def _errors(measured: np.ndarray, simulated: np.ndarray) -> np.ndarray:
+def relative_errors(measured: np.ndarray, simulated: np.ndarray) -> np.ndarray:
     ok = np.isfinite(measured) & np.isfinite(simulated) & (measured > 0)
     return np.abs(simulated[ok] - measured[ok]) / measured[ok]
 
@@ -145,7 +148,8 @@ def validate(loaded, name: str, requests: list[Request], cost_model, *, engine: 
                "sim_extrapolated_time_share": sim.summary.get("extrapolated_time_share", 0.0),
                **step_errors(cost_model, llm.step_log)}  # fmt: skip
     for m in METRICS:
-        err = _errors(np.array([x[f"measured_{m}"] for x in rows]), np.array([x[f"simulated_{m}"] for x in rows]))
+        err = relative_errors(np.array([x[f"measured_{m}"] for x in rows]),
+                              np.array([x[f"simulated_{m}"] for x in rows]))
         summary[f"median_{m}_error"] = float(np.median(err)) if len(err) else float("nan")
         summary[f"p90_{m}_error"] = float(np.percentile(err, 90)) if len(err) else float("nan")
     tokens, first = sum(r.output_len for r in requests), min(r.arrival_time for r in requests)
@@ -180,7 +184,8 @@ def step_errors(cost_model, step_log) -> dict:
     return out
 
 
-def figure(rows: list[dict], path: str, files=None) -> None:
+def figure(rows: list[dict], path: str, files=None, *, xlabel: str = "measured on the engine (s)",
+           title: str = "The simulator vs the engine, request by request (dashed: +-20%)") -> None:
     """Simulated vs measured TTFT, ITL and E2E per request, one colour per trace; the diagonal and +-20%."""
     import matplotlib
 
@@ -208,12 +213,12 @@ def figure(rows: list[dict], path: str, files=None) -> None:
         for f in (0.8, 1.2):
             ax.plot(line, line * f, color="gray", lw=0.8, ls="--")
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), title=titles[m],
-               xlabel="measured on the engine (s)", ylabel="simulated, calibrated cost model (s)")
+               xlabel=xlabel, ylabel="simulated, calibrated cost model (s)")
         for axis in (ax.xaxis, ax.yaxis):  # label the decades only: minor labels on a short log axis collide
             axis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.25)
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle("The simulator vs the engine, request by request (dashed: +-20%)")
+    fig.suptitle(title)
     fig.tight_layout()
     save_figure(fig, path, files=files)
     plt.close(fig)
@@ -241,12 +246,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests-csv", help=f"per-request CSV (default: {DEFAULT_REQUESTS})")
     p.add_argument("--figure", help=f"PNG of simulated vs measured (default: {DEFAULT_FIGURE})")
     p.add_argument("--seed", type=int, default=0, help="seed of the suite's traces and of prompt ids (default: 0)")
+    p.add_argument("--online", action="store_true", help="serve the --trace through `python -m reference serve` (in "
+                   "this process) to an HTTP client at its arrival times, and compare the latencies the client saw, "
+                   "and the engine's own, with the simulator's (reference/validate_online.py; default outputs: "
+                   f"{', '.join(ONLINE_DEFAULTS.values())})")
 
 
 def _default_paths(args: argparse.Namespace) -> None:
-    """Unnamed outputs: the committed files, or with --quick the same names under QUICK_DIR."""
-    for name, default in (("traces_dir", DEFAULT_TRACES), ("out", DEFAULT_OUT), ("requests_csv", DEFAULT_REQUESTS),
-                          ("figure", DEFAULT_FIGURE)):  # fmt: skip
+    """Unnamed outputs: the committed files, or with --quick the same names under QUICK_DIR; --online's own."""
+    defaults = {"traces_dir": DEFAULT_TRACES, "out": DEFAULT_OUT, "requests_csv": DEFAULT_REQUESTS,
+                "figure": DEFAULT_FIGURE, **(ONLINE_DEFAULTS if getattr(args, "online", False) else {})}  # fmt: skip
+    for name, default in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, str(Path(QUICK_DIR) / Path(default).name) if args.quick else default)
 
@@ -274,6 +284,9 @@ def check_args(args: argparse.Namespace) -> None:
                          "settings)")  # fmt: skip
     if args.preemption == "swap" and not args.num_cpu_blocks:
         raise ValueError("--preemption swap needs --num-cpu-blocks N (N > 0): CPU blocks to swap to")
+    if args.online and (len(args.trace or ()) > 1 or args.quick or args.only):
+        raise ValueError("--online serves one trace (allowed: --online alone, its ShareGPT-shaped trace, or --online "
+                         "--trace FILE, once; --quick and --only pick traces of the offline suite)")
     if args.trace is not None and args.quick:
         raise ValueError("--quick applies to the suite only, not to --trace")
     if args.trace is not None and args.only:
@@ -282,6 +295,8 @@ def check_args(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"--only: no suite trace {unknown[0]!r} (allowed: {', '.join(case.name for case in SUITE)})")
     names = [] if args.trace else [case.name for case in SUITE if not args.only or case.name in args.only]
+    if args.online:
+        names = [] if args.trace else [SERVED_NAME]
     traces = [(f"--traces-dir {args.traces_dir}", str(Path(args.traces_dir) / f"{name}.jsonl")) for name in names]
     if Path(args.traces_dir).exists() and not Path(args.traces_dir).is_dir():
         raise ValueError(f"--traces-dir {args.traces_dir}: not a folder (allowed: a folder, made if missing)")
@@ -301,12 +316,19 @@ def check_args(args: argparse.Namespace) -> None:
             if r.prompt_token_ids is not None and not all(0 <= t < VOCAB_SIZE for t in r.prompt_token_ids):
                 raise ValueError(f"--trace {trace}: request {r.request_id} has a prompt token id outside SmolLM2's "
                                  f"vocabulary (allowed: 0 to {VOCAB_SIZE - 1})")  # fmt: skip
+        if args.online:
+            from reference.loadtest import check_requests
+
+            check_requests(read_trace(trace), f"--trace {trace}")
 
 
-def _cases(args: argparse.Namespace) -> list[tuple[str, list[Request], dict]]:
-    """(name, requests, engine settings) per trace: the --trace files, or the suite's (written with the results)."""
+def trace_cases(args: argparse.Namespace) -> list[tuple[str, list[Request], dict]]:
+    """(name, requests, engine settings) per trace: the --trace files, or the suite's (written with the results); with
+    --online and no --trace, its ShareGPT-shaped trace."""
     from sim.trace import read_trace
 
+    if args.online and not args.trace:
+        return [(SERVED_NAME, served_requests(args.seed), dict(SERVED_ENGINE))]
     if args.trace:
         engine = {k: v for k, v in (("num_gpu_blocks", args.num_gpu_blocks), ("num_cpu_blocks", args.num_cpu_blocks),
                                     ("max_num_batched_tokens", args.max_num_batched_tokens),
@@ -320,19 +342,17 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, list[Request], dict]]:
             for case in SUITE if not args.only or case.name in args.only]
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    """The `python -m reference validate-sim` command (flags checked by check_args first)."""
+def prepare(cost_model_path: str):
+    """(cost model, its JSON record, the engine's threads, SmolLM2 loaded and warmed up): the engine on one thread where
+    the machine has several, as calibrate measured it (a mismatch with the cost model's record is a warning)."""
     import torch
 
     from reference.calibrate import measure
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.cost_file import read_cost_model
-    from sim.outfiles import atomic_files, write_csv
-    from sim.trace import jsonl_text
 
-    cost_model, record = read_cost_model(args.cost_model)  # check_args has checked it is SmolLM2's
-    cases = _cases(args)
+    cost_model, record = read_cost_model(cost_model_path)  # check_args has checked it is SmolLM2's
     use_one_cpu_thread(torch.device("cpu"))
     threads, calibrated = torch.get_num_threads(), record.get("engine", {}).get("threads")
     if calibrated is not None and calibrated != threads:
@@ -340,6 +360,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               f"set OMP_NUM_THREADS={calibrated}", file=sys.stderr)
     loaded = load_model("smollm2")
     measure(loaded, [], progress=False)  # the warm-up only: the first steps load compiled kernels
+    return cost_model, record, threads, loaded
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """The `python -m reference validate-sim` command (flags checked by check_args first)."""
+    from sim.outfiles import atomic_files, write_csv
+    from sim.trace import jsonl_text
+
+    cases = trace_cases(args)
+    cost_model, record, threads, loaded = prepare(args.cost_model)
     summaries, all_rows = [], []
     for i, (name, requests, engine) in enumerate(cases):
         summary, rows = validate(loaded, name, requests, cost_model, engine=engine, seed=args.seed)

@@ -4,7 +4,7 @@ them), and the simulator run that stands for the engine on a trace.
 One trace per shape (`SUITE`): long prompts near the token budget, decode-heavy with ~25 sequences at once, mixed
 lengths, bursty (gamma) arrivals, chunked prefill under a 256-token budget, parallel sampling (n = 2 and 4), beam
 search (width 4), a shared system prompt with prefix caching, and a small pool that preempts by recompute and by
-swap. `simulate` runs sim.run with an engine's own pool and scheduler settings; `simulate_case` with the settings
+swap; and the ShareGPT-shaped trace the online mode serves over HTTP (`served_requests`). `simulate` runs sim.run with an engine's own pool and scheduler settings; `simulate_case` with the settings
 the engine would take for a suite case, without building one. reference/validate_sim.py compares the simulator with
 the engine on these traces; reference/calibrate.py's stability check simulates them under several fits.
 """
@@ -108,3 +108,18 @@ def _simulate(requests: list[Request], cost_model, *, block_size: int, num_gpu_b
         settings["swap_space_gib"] = (num_cpu_blocks + 0.5) * block_bytes / 2**30
     return run(requests=requests, model=MODEL, kv_slots=num_gpu_blocks * block_size, block_size=block_size,
                scheduler="v1", cost_model=cost_model, **settings)  # fmt: skip
+
+
+# --online without --trace: ShareGPT-shaped lengths (sim.workload's log-normals, the paper's shape) cut to 1,024 tokens,
+# Poisson arrivals at 0.4 req/s for ~5 minutes: near the capacity of the engine at one thread on a 2-core machine (the
+# committed run says how many were in flight at once)
+SERVED_NAME = "served-sharegpt"
+SERVED_WORKLOAD = {"dataset": "sharegpt", "num_requests": 120, "rate": 0.4, "max_seq_len": 1024}
+SERVED_ENGINE = {"num_gpu_blocks": 1024}
+
+
+def served_requests(seed: int) -> list[Request]:
+    """The default trace of validate-sim's online mode (written under --traces-dir with the results)."""
+    from sim.workload import generate_requests
+
+    return generate_requests(seed=seed, **SERVED_WORKLOAD)

@@ -106,8 +106,9 @@ def _check_max(max_steps: int) -> None:
 
 
 def record(*, max_steps: int = MAX_FRAMES, **run_kwargs) -> list[Snapshot]:
-    """Simulate with `sim.run(**run_kwargs)` (DEMO_RUN where not given), stepping token by token, and return a
-    snapshot after each of the first `max_steps` steps."""
+    """Simulate with `sim.run(**run_kwargs)` (DEMO_RUN where not given: its pool and scheduler settings, and its
+    workload unless `requests`, `trace` or `workload` is given), stepping token by token, and return a snapshot after
+    each of the first `max_steps` steps."""
     from .api import run
 
     _check_max(max_steps)
@@ -129,6 +130,9 @@ def record(*, max_steps: int = MAX_FRAMES, **run_kwargs) -> list[Snapshot]:
     base = dict(DEMO_RUN)
     if run_kwargs.get("policy", "paged") != "paged":
         base.pop("block_size")  # DEMO_RUN's blocks are the paged pool's; another policy takes its own default
+    if {"requests", "trace", "workload"} & set(run_kwargs):  # the caller's own workload: none of DEMO_RUN's
+        for key in ("workload", "num_requests", "arrival", "prompt_len_range", "output_len_range"):
+            base.pop(key)
     try:
         run(**{**base, **run_kwargs, "jump": False, "on_step": observe})
     except _Enough:

@@ -114,3 +114,24 @@ def test_the_table_escapes_pipes_and_keeps_the_markers(tmp_path):
     assert readme.read_text() == f"before\n{api_table.BEGIN}\n{block}\n{api_table.END}\nafter\n"
     with pytest.raises(ValueError, match="no <!-- peer-api-table:begin -->"):
         api_table.replace_block("no markers", block)
+
+
+def test_the_cpu_is_named_with_the_flags_that_pick_kernels():
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16\n" \
+           "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n"  # fmt: skip
+    assert peer_vllm.cpu_description(text) == "AMD EPYC 9R14; avx2 fma avx512f avx512_bf16"
+    assert peer_vllm.cpu_description("model name\t: Old\nflags\t: sse\n").startswith("Old; none of avx2 fma")
+
+
+@pytest.mark.parametrize("engine, vllm, flagged", [
+    ([127.9, 128.5], [129.8, 120.0], True),  # 0.99x at the median with vLLM's rounds 8% apart: noise
+    ([205.2, 204.0], [182.4, 183.0], False),  # 1.12x, each side within 0.6%: a difference
+    ([100.0, 100.0, 100.0], [100.0, 100.0, 100.0], True),  # equal, no spread: margin 0 is not a difference
+])  # fmt: skip
+def test_a_margin_inside_the_rounds_spread_is_flagged(engine, vllm, flagged):
+    row = peer_vllm.ratio_row(engine, vllm)
+    assert row["rounds"] == len(engine) and len(row["per_round"].split()) == len(engine)
+    assert ("not a measured difference" in row["note"]) == flagged
+    import statistics
+
+    assert row["value"] == round(statistics.median(engine) / statistics.median(vllm), 2)

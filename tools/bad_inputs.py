@@ -208,6 +208,12 @@ def reference_cases() -> list[Case]:
     cases += _flag_cases("reference", "bench", subs["bench"], ["--quick"])
     cases += _flag_cases("reference", "calibrate", subs["calibrate"], ["--quick"])
     cases += _flag_cases("reference", "validate-sim", subs["validate-sim"], ["--trace", "t.jsonl"])
+    # the server and its load test: a bad value must be refused before a model loads or a port opens (a value taken
+    # for good starts a server, which shows here as `hung`)
+    cases += _flag_cases("reference", "serve", subs["serve"], ["--model", "random"])
+    trace = {"t.jsonl": GOOD_JSONL}
+    cases += [Case(c.command, c.argv, c.kind, trace) for c in _flag_cases("reference", "loadtest", subs["loadtest"],
+                                                                          ["--trace", "t.jsonl"])]  # fmt: skip
     cost = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "opt-13b", '
                       b'"coefficients": {"a": 0, "b": 0, "c": 0, "d": 0, "floor_s": 0, "swap_bandwidth": 1}}'}
     # a piecewise model that prices 1,536 tokens at -18.9 s (what the unconstrained fit once committed)
@@ -269,6 +275,14 @@ def reference_cases() -> list[Case]:
         (["validate-sim", "--traces-dir", "A.csv"], "output path", {"A.csv": SENTINEL}),
         (["calibrate", "--quick", "--passes", "1", "--out", "A.csv", "--steps-csv", "/dev/full"], "full disk",
          {"A.csv": SENTINEL}),
+        (["loadtest", "--trace", "t.jsonl", "--out", "t.jsonl"], "output path", {"t.jsonl": GOOD_JSONL}),
+        (["loadtest", "--trace", "t.jsonl", "--url", "ftp://x"], "flag value", {"t.jsonl": GOOD_JSONL}),
+        (["loadtest", "--trace", "beam.jsonl"], "bad trace", {"beam.jsonl": GOOD_JSONL.replace(b"}", b', "beam_width": 2}')}),
+        (["validate-sim", "--online", "--trace", "t.jsonl", "--trace", "t.jsonl"], "conflicting flags",
+         {"t.jsonl": GOOD_JSONL}),
+        (["validate-sim", "--online", "--quick"], "conflicting flags", {}),
+        (["serve", "--model", "nosuch"], "flag value", {}),
+        (["serve", "--model", "random", "--port", "70000"], "flag value", {}),
         (["bench-gpu"], "needs a CUDA GPU", {}),
         (["bench-kernels"], "needs a CUDA GPU", {}),
     ]

@@ -8,7 +8,10 @@ Three checks, printed as a table and saved to figures/peer_vllm.csv with the mac
 2. Speed: the workload of `python -m reference bench` (64 ShareGPT-shaped requests at once: prompts 8-128, outputs
    4-64 tokens, greedy, ignore EOS), output tokens/s at 1 and 2 threads, and the cold start (process spawn to the
    first token of one request). Each (system, threads) runs in a fresh process; the systems alternate, and the
-   order flips every round. Medians over --rounds.
+   order flips every round. Medians over --rounds; the ratio's row also holds each round's ratio and the rounds'
+   spread, and a margin no larger than that spread is flagged as not a measured difference. The CSV names the CPU
+   and the instruction-set extensions that pick each build's kernels (AVX2, AVX-512, its BF16/VNNI, AMX): a ratio
+   holds on the CPU it was measured on.
    "1 thread" is OpenMP's thread count, not the cores a system uses: vLLM runs its engine in a second process, so
    its front end (requests in, detokenized outputs out) works on another core meanwhile, while this engine does
    everything in one thread. So a third setting (`--one-core`, on by default) pins both systems' processes to
@@ -184,23 +187,61 @@ def compare_speed(args, argv: list[str] | None) -> None:
             rows.append({"section": section + suffix, "system": system, "threads": threads, "rounds": len(values),
                          "value": round(statistics.median(values), 2), "unit": unit,
                          "per_round": " ".join(f"{v:.2f}" for v in values), "note": runs[0]["version"] + note})  # fmt: skip
-    for threads, one_core in settings:
-        ratio = median_tps["engine", threads, one_core] / median_tps["vllm", threads, one_core]
+    for threads, one_core in dict.fromkeys(settings):
+        ratio = ratio_row([x["output_tokens"] / x["wall_s"] for x in results["engine", threads, one_core]],
+                          [x["output_tokens"] / x["wall_s"] for x in results["vllm", threads, one_core]])
         rows.append({"section": "throughput_ratio" + "_one_core" * one_core, "system": "engine / vLLM",
-                     "threads": threads, "rounds": "", "value": round(ratio, 2), "unit": "x", "per_round": "",
-                     "note": "medians"})  # fmt: skip
+                     "threads": threads, **ratio})  # fmt: skip
     rows.append({"section": "block_pool", "system": "sim.BlockAllocator vs vLLM BlockPool", "threads": "",
                  "rounds": diff["runs"], "value": diff["diverged"], "unit": f"runs of {diff['ops']} ops diverging",
                  "per_round": "", "note": "; ".join(diff["first"])[:500]})  # fmt: skip
     comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
                 f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
-                f"{platform.python_version()}", f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
+                f"{platform.python_version()}", f"cpu: {cpu_description()}", f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
                 "workload: reference/bench.py's 64 requests (seed 0), greedy, ignore EOS; SmolLM2-135M float32",
                 f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
     write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=True)
     for r in rows:
-        print(f"{r['section']:16} {str(r['system']):38} {str(r['threads']):>3} {r['value']!s:>8} {r['unit']}")
+        flag = f"   ({r['note']})" if r["section"].startswith("throughput_ratio") else ""
+        print(f"{r['section']:16} {str(r['system']):38} {str(r['threads']):>3} {r['value']!s:>8} {r['unit']}{flag}")
     print(f"wrote {args.out}")
+
+
+# The instruction-set extensions that decide which kernels each system's CPU build can use (torch's and oneDNN's
+# dispatch, vLLM's CPU attention): a ratio measured on one is not a ratio on another.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_bf16", "amx_int8")  # fmt: skip
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo, or `cpuinfo`'s text)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return f"{platform.processor() or platform.machine()} (no /proc/cpuinfo: flags unknown)"
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    have = [f for f in CPU_FLAGS if f in flags]
+    return f"{fields.get('model name', platform.machine())}; {' '.join(have) if have else 'none of ' + ' '.join(CPU_FLAGS)}"
+
+
+def ratio_row(engine_tps: list[float], vllm_tps: list[float]) -> dict:
+    """The engine / vLLM throughput ratio of medians, each round's own ratio, and whether the margin stands out of
+    the noise: the spread is the largest relative range of either system's rounds ((max - min) / median); a margin
+    |ratio - 1| no larger than it is flagged as not a measured difference."""
+    ratio = statistics.median(engine_tps) / statistics.median(vllm_tps)
+    per_round = [e / v for e, v in zip(engine_tps, vllm_tps)]
+    spread = max((max(x) - min(x)) / statistics.median(x) for x in (engine_tps, vllm_tps))
+    margin = abs(ratio - 1)
+    verdict = ("margin within the spread: not a measured difference" if margin <= spread
+               else "margin larger than the spread")  # fmt: skip
+    return {"rounds": len(per_round), "value": round(ratio, 2), "unit": "x",
+            "per_round": " ".join(f"{r:.3f}" for r in per_round),
+            "note": f"medians; per-round spread {spread:.1%}, margin {margin:.1%}: {verdict}"}
 
 
 def run_api(system: str, model_dir: str, tmp: Path, python: str) -> dict:

@@ -36,7 +36,8 @@ def test_every_request_comes_back_measured(tmp_path):
     for r, (_, _, output_len, _) in zip(rows, ROWS):
         assert r["status"] == "ok" and int(r["num_chunks"]) == output_len
         ttft, e2e = float(r["ttft"]), float(r["e2e_latency"])
-        assert 0 < ttft <= e2e
+        assert 0 < ttft <= float(r["last_token"]) <= e2e and r["response_id"].startswith("cmpl-")
+        assert float(r["sent"]) >= float(r["arrival_time"])  # never early
         if output_len > 1:
             assert 0 < float(r["itl_mean"]) <= float(r["itl_max"]) <= e2e - ttft + 1e-6
 
@@ -46,12 +47,16 @@ def test_every_request_comes_back_measured(tmp_path):
     (["--trace", "TRACE", "--max-concurrency", "0"], "error: --max-concurrency 0 (allowed: an integer >= 1)"),
     (["--trace", "TRACE", "--url", "localhost:8000"], "error: --url 'localhost:8000' (allowed: http://host:port)"),
     (["--trace", "BAD"], "line 1: request_id: missing"),
+    (["--trace", "BEAM"], "request 0 asks for beam search (beam_width 2), which the completions API does not offer"),
 ])  # fmt: skip
 def test_a_bad_flag_is_one_line_before_anything_starts(tmp_path, flags, message):
     good, bad = tmp_path / "t.jsonl", tmp_path / "bad.jsonl"
     good.write_text(json.dumps({"request_id": 0, "arrival_time": 0, "prompt_len": 4, "output_len": 2}) + "\n")
     bad.write_text(json.dumps({"arrival_time": 0, "prompt_len": 4, "output_len": 2}) + "\n")
-    flags = [str(good) if f == "TRACE" else str(bad) if f == "BAD" else f for f in flags]
+    beam = tmp_path / "beam.jsonl"
+    beam.write_text(json.dumps({"request_id": 0, "arrival_time": 0, "prompt_len": 4, "output_len": 2, "beam_width": 2})
+                    + "\n")
+    flags = [{"TRACE": str(good), "BAD": str(bad), "BEAM": str(beam)}.get(f, f) for f in flags]
     done = subprocess.run([sys.executable, "-m", "reference", "loadtest", *flags, "--out", str(tmp_path / "o.csv")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr

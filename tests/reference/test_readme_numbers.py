@@ -5,6 +5,7 @@ one line what is wrong with a README without markers, as `python -m sim readme-n
 commands' own text: tests/reference/test_calibrate.py."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,8 @@ def test_the_blocks_follow_the_files(tmp_path, capsys):
     # a validation run in which one trace misses a target: the table and the sentence say so, nothing else moves
     figures = tmp_path / "figures"
     figures.mkdir()
-    shutil.copy(FIGURES / "cost_model_cpu.json", figures)
+    for name in ("cost_model_cpu.json", "validate_online.csv", "validate_online_requests.csv"):
+        shutil.copy(FIGURES / name, figures)
     lines = (FIGURES / "validate_sim.csv").read_text().splitlines(keepends=True)
     first = next(i for i, line in enumerate(lines) if not line.startswith("#")) + 1  # the first trace's row
     column = lines[first - 1].rstrip("\n").split(",").index("median_e2e_latency_error")
@@ -56,10 +58,12 @@ def test_the_blocks_follow_the_files(tmp_path, capsys):
     lines[first] = ",".join(cells)
     (figures / "validate_sim.csv").write_text("".join(lines))
     committed, changed = readme_blocks(), readme_blocks(Files(figures))
-    assert changed["calibration"] == committed["calibration"]
+    assert changed["calibration"] == committed["calibration"] and changed["serving"] == committed["serving"]
     assert f"| {cells[0]} | {cells[1]} | 50.0% / " in changed["validation"]
     total = len(lines) - first
-    assert f"{total - 1} of {total} traces meet the targets" in changed["validation"]
+    met = int(re.search(rf"(\d+) of {total} traces meet the targets", committed["validation"]).group(1))
+    assert f"{cells[0]} misses" not in committed["validation"]  # the committed run's first trace met them
+    assert f"{met - 1} of {total} traces meet the targets" in changed["validation"]
     assert f"{cells[0]} misses median E2E" in changed["validation"]
 
     # --check of the committed README against those files names the stale block, and only it; --write rewrites a copy
@@ -84,19 +88,20 @@ def test_a_stale_block_is_found_and_write_rewrites_a_copy(tmp_path, capsys):
     readme.write_text("before\n\n" + empty_blocks(inside="stale\n") + "\n\nafter\n")
     assert main(["readme-numbers", "--check", "--readme", str(readme)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "calibration, validation" in err[0] and "reference readme-numbers --write" in err[0], err
+    assert len(err) == 1 and "serving, calibration, validation" in err[0] and "reference readme-numbers --write" in err[0], err
     assert main(["readme-numbers", "--write", "--readme", str(readme)]) == 0
     assert capsys.readouterr().out.strip() == f"rewrote {readme}"
     assert main(["readme-numbers", "--check", "--readme", str(readme)]) == 0
     assert capsys.readouterr().out.strip() == f"{readme}: {OK}"
     text = readme.read_text()
-    assert text.startswith(f"before\n\n{markers('calibration')[0]}\nFrom `figures/cost_model_cpu.json`")
+    assert text.startswith(f"before\n\n{markers('serving')[0]}\nFrom `figures/validate_online.csv`")
+    assert f"{markers('calibration')[0]}\nFrom `figures/cost_model_cpu.json`" in text
     assert text.endswith("\n\nafter\n") and "stale" not in text
     assert main(["readme-numbers", "--write", "--readme", str(readme)]) == 0
     assert capsys.readouterr().out.strip() == f"unchanged: {readme}"
 
     # one number edited by hand: --check names its block, and only it
-    readme.write_text(text.replace("11 of 11 traces", "12 of 11 traces"))
+    readme.write_text(text.replace(" of 11 traces", " of 12 traces"))
     assert main(["readme-numbers", "--check", "--readme", str(readme)]) == 1
     assert "its blocks validation are not" in capsys.readouterr().err
 
@@ -106,17 +111,17 @@ def test_a_readme_without_markers_is_one_line(tmp_path, capsys):
     plain.write_text("no markers here\n")
     assert main(["readme-numbers", "--check", "--readme", str(plain)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"{plain}: no {markers('calibration')[0]}"), err
-    assert "(nor validation)" in err[0]
+    assert len(err) == 1 and err[0].startswith(f"{plain}: no {markers('serving')[0]}"), err
+    assert "(nor calibration, validation)" in err[0]
     # --write has nowhere to write: bad input, one `error:` line, exit 2, nothing written
     assert main(["readme-numbers", "--write", "--readme", str(plain)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "readme-numbers:calibration:begin" in err[0], err
+    assert len(err) == 1 and err[0].startswith("error: ") and "readme-numbers:serving:begin" in err[0], err
     assert plain.read_text() == "no markers here\n"
     # one block missing, or its markers in the wrong order: that block is named
     some = tmp_path / "some.md"
     begin, end = markers("validation")
-    some.write_text(empty_blocks(["calibration"], inside="stale\n") + f"\n{end}\n{begin}\n")
+    some.write_text(empty_blocks(["serving", "calibration"], inside="stale\n") + f"\n{end}\n{begin}\n")
     assert main(["readme-numbers", "--check", "--readme", str(some)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"no {begin} ... {end} block" in err[0], err

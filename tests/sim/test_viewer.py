@@ -256,3 +256,10 @@ def test_another_policy_is_recorded_on_its_own_block_size():
     its own (one slot), rather than being refused for a flag that does not apply to it."""
     snaps = viewer.record(policy="max", kv_slots=4 * 2048, max_steps=5)
     assert len(snaps) == 5 and {s.policy for s in snaps} == {"max"} and snaps[0].block_size == 1
+
+
+def test_the_callers_own_requests_replace_the_demo_workload():
+    from sim.request import Request
+
+    snaps = viewer.record(requests=[Request(0, 0.0, 5, 12), Request(1, 0.0, 3, 12)])
+    assert len(snaps) == 12 and snaps[0].running == [0, 1] and snaps[-1].finished == [0, 1]
