@@ -107,7 +107,8 @@ def serving(f: Files) -> str:
                   f"simulator priced by `{comments.get('cost model', '?').split(' ')[0]}`):",
                   ("", "over HTTP"),
                   (Row("load", ("the load", f"{s['num_requests']} requests (`{s['trace']}`), {s['errors']} errors, at "
-                                f"most {s['max_in_flight']} in flight, KV blocks still used afterwards: "
+                                f"most {s['max_in_flight']} in flight, preemptions {s['measured_preemptions']} on the "
+                                f"engine ({s['simulated_preemptions']} simulated), KV blocks still used afterwards: "
                                 f"{s['kv_blocks_used_after']}")),
                    Row("client", ("at the client", f"TTFT p50 {pct('client_ttft', 50)}, p99 {pct('client_ttft', 99)}; "
                                   f"inter-token p50 {pct('client_itl_mean', 50)}, p99 {pct('client_itl_mean', 99)}")),
