@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from reference.sampling import check_bool, check_int, check_real
 from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS
 from sim.kv import POLICIES, takes_block_allocator
+from sim.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,11 +77,15 @@ class EngineConfig:
             share = checked["gpu_memory_utilization"] = check_real("gpu_memory_utilization", self.gpu_memory_utilization)
             if not 0.0 < share <= 1.0:
                 raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {share}")
-        for name, minimum in (("block_size", 1), ("max_num_seqs", 1), ("num_cpu_blocks", 0), ("seed", 0)):
-            checked[name] = check_int(name, getattr(self, name), minimum)
-        for name in ("num_gpu_blocks", "kv_budget_bytes", "max_num_batched_tokens", "max_model_len"):
+        # NOTE: block sizes and pool sizes get their limits where the pool is sized (reference/executor.py: the
+        # largest pool, the machine's memory); the others here
+        for name, minimum, maximum in (("block_size", 1, None), ("max_num_seqs", 1, MAX_COUNT),
+                                       ("num_cpu_blocks", 0, None), ("seed", 0, MAX_SEED)):  # fmt: skip
+            checked[name] = check_int(name, getattr(self, name), minimum, maximum)
+        for name, maximum in (("num_gpu_blocks", None), ("kv_budget_bytes", None),
+                              ("max_num_batched_tokens", MAX_TOKENS), ("max_model_len", MAX_TOKENS)):  # fmt: skip
             value = checked.get(name, getattr(self, name))
-            checked[name] = None if value is None else check_int(name, value, 1)
+            checked[name] = None if value is None else check_int(name, value, 1, maximum)
         checked["watermark"] = check_real("watermark", self.watermark)
         if self.block_allocator is not None:
             if not callable(self.block_allocator):

@@ -51,9 +51,13 @@ def check_args(a: argparse.Namespace) -> None:
 
     if not Path(a.trace).is_file():
         raise ValueError(f"--trace {a.trace}: no such file (allowed: a .jsonl or .csv trace)")
-    for name, low in (("num_gpu_blocks", 1), ("block_size", 1), ("max_concurrency", 1), ("seed", 0)):
-        if getattr(a, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(a, name)} (allowed: an integer >= {low})")
+    from sim.limits import MAX_COUNT, MAX_POOL_BLOCKS, MAX_SEED, MAX_TOKENS
+
+    for name, low, high in (("num_gpu_blocks", 1, MAX_POOL_BLOCKS), ("block_size", 1, MAX_TOKENS),
+                            ("max_concurrency", 1, MAX_COUNT), ("seed", 0, MAX_SEED)):  # fmt: skip
+        if not low <= getattr(a, name) <= high:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(a, name)} (allowed: an integer from {low} to "
+                             f"{high:,})")
     if not (math.isfinite(a.time_limit) and a.time_limit > 0):
         raise ValueError(f"--time-limit {a.time_limit} (allowed: a number of seconds > 0)")
     if a.url is not None and not a.url.startswith(("http://", "https://")):
@@ -68,6 +72,14 @@ def check_args(a: argparse.Namespace) -> None:
     if not a.requests:
         raise ValueError(f"--trace {a.trace}: no requests in it")
     check_requests(a.requests, f"--trace {a.trace}")
+    a.llm = None
+    if a.url is None:  # the server's engine, built here: a pool this machine cannot hold is one line, not a traceback
+        from reference import LLM
+
+        try:
+            a.llm = LLM(a.model, num_gpu_blocks=a.num_gpu_blocks, block_size=a.block_size)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(" ".join(str(exc).split())) from None
 
 
 def check_requests(requests: list, where: str) -> None:
@@ -156,10 +168,9 @@ async def drive(base: str, requests: list, a: argparse.Namespace) -> tuple[list[
 
 
 def _start_server(a: argparse.Namespace):
-    from reference import LLM
     from reference.server import serve_in_thread
 
-    return serve_in_thread(LLM(a.model, num_gpu_blocks=a.num_gpu_blocks, block_size=a.block_size), a.model)
+    return serve_in_thread(a.llm, a.model)
 
 
 def blocks_used(base: str) -> float | None:

@@ -46,13 +46,17 @@ MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 REPETITION_PENALTY_RANGE = (1e-4, 100.0)
 
 
-def check_int(name: str, value, minimum: int | None = None) -> int:
-    """`value` as an int: an int or a numpy integer, not a bool (TypeError otherwise); ValueError below `minimum`."""
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` as an int: an int or a numpy integer, not a bool (TypeError otherwise); ValueError below `minimum` or
+    above `maximum`."""
     if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        low = "" if minimum is None else f"{minimum:,} "
+        raise ValueError(f"{name} must be <= {maximum:,}, got {value:,} (allowed: {low}.. {maximum:,})")
     return value
 
 

@@ -255,6 +255,12 @@ ENGINE = {  # id: (kwargs, exception, fragment)
                             "000,000,000 is more than the largest paged pool (sim.limits.MAX_POOL_BLOCKS) "
                             "(allowed: 1 .. 8,388,608)"),
     "num_gpu_blocks one past": (dict(num_gpu_blocks=2**23 + 1), ValueError, "(allowed: 1 .. 8,388,608)"),
+    # once accepted: a server started on 10**29 sequences, and one on a 10**29-token budget died at start-up
+    "max_num_seqs huge": (dict(max_num_seqs=10**29), ValueError, "max_num_seqs must be <= 10,000,000, got "
+                          "100,000,000,000,000,000,000,000,000,000 (allowed: 1 .. 10,000,000)"),
+    "max_num_batched_tokens huge": (dict(max_num_batched_tokens=2**20 + 1), ValueError,
+                                    "(allowed: 1 .. 1,048,576)"),
+    "max_model_len huge": (dict(max_model_len=10**29), ValueError, "max_model_len must be <= 1,048,576"),
     "kv_budget_bytes huge": (dict(num_gpu_blocks=None, kv_budget_bytes=10**30), ValueError,
                              "kv_budget_bytes (kv_cache_memory_bytes) 1,000,000,000,000,000,000,000,000,000,000 is "
                              "more than the largest paged pool (sim.limits.MAX_POOL_BLOCKS) (allowed: at most "

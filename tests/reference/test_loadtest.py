@@ -44,7 +44,9 @@ def test_every_request_comes_back_measured(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--trace", "nope.jsonl"], "error: --trace nope.jsonl: no such file (allowed: a .jsonl or .csv trace)"),
-    (["--trace", "TRACE", "--max-concurrency", "0"], "error: --max-concurrency 0 (allowed: an integer >= 1)"),
+    (["--trace", "TRACE", "--max-concurrency", "0"], "error: --max-concurrency 0 (allowed: an integer from 1 to 10,000,000)"),
+    (["--trace", "TRACE", "--num-gpu-blocks", "9" * 29], "error: --num-gpu-blocks 99999999999999999999999999999 (allowed"),
+    (["--trace", "TRACE", "--num-gpu-blocks", "2000000"], "is more than the cpu memory"),
     (["--trace", "TRACE", "--url", "localhost:8000"], "error: --url 'localhost:8000' (allowed: http://host:port)"),
     (["--trace", "BAD"], "line 1: request_id: missing"),
     (["--trace", "BEAM"], "request 0 asks for beam search (beam_width 2), which the completions API does not offer"),
