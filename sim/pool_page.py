@@ -202,16 +202,18 @@ class ReplayRecorder:
     """An `on_step` observer for sim.run (stepped token by token, jump=False) that keeps the page's snapshots of at
     most `max_steps` steps spread evenly over the whole run: every step until `max_steps` are kept, then every other
     one is dropped and the stride doubles, as often as needed. A kept step also lists the preemptions and finishes of
-    the steps dropped before it, so no event is lost. `write(path, title)` writes the replay page."""
+    the steps dropped before it, and the page ends on the last step with an event (the run's last finish), so no
+    event is lost. `write(path, title)` writes the replay page."""
 
     def __init__(self, max_steps: int = MAX_STEPS) -> None:
         low, high = STEPS_RANGE
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not low <= max_steps <= high:
             raise ValueError(f"max_steps: got {max_steps!r} (allowed: an integer from {low} to {high:,})")
         self.max_steps, self.stride, self.num_steps = max_steps, 1, 0
-        self.frames: list[dict] = []
-        self._preempted: list[int] = []
+        self.frames: list[dict] = []  # the evenly spread steps kept
+        self._preempted: list[int] = []  # events since the last step kept
         self._finished: list[int] = []
+        self._tail: dict | None = None  # the latest step with an event since the last step kept
 
     def __call__(self, sim, plan) -> None:
         from .viewer import snapshot
@@ -220,31 +222,45 @@ class ReplayRecorder:
         self.num_steps += 1
         if plan is None or not hasattr(plan, "prefills"):
             return  # an idle wake-up, or a fast-forwarded run (the caller steps token by token)
+        finished = [r for r in plan.request_ids() if sim.scheduler.is_finished(r)]
         self._preempted += plan.preempted
-        self._finished += [r for r in plan.request_ids() if sim.scheduler.is_finished(r)]
-        if step % self.stride:
+        self._finished += finished
+        kept = step % self.stride == 0
+        if not kept and not (plan.preempted or finished):
             return
-        snap = snapshot(sim.scheduler, step=step, time=sim.now, num_prefills=len(plan.prefills),
-                        num_decodes=len(plan.decodes), preempted=self._preempted, finished=self._finished)
-        self._preempted, self._finished = [], []
-        self.frames.append(snapshot_json(snap))
+        frame = snapshot_json(snapshot(sim.scheduler, step=step, time=sim.now, num_prefills=len(plan.prefills),
+                                       num_decodes=len(plan.decodes)))  # fmt: skip
+        if not kept:
+            self._tail = frame  # its events stay pending: the next step kept, or the page's end, lists them
+            return
+        frame["preempted"], frame["finished"] = self._preempted, self._finished
+        self._preempted, self._finished, self._tail = [], [], None
+        self.frames.append(frame)
         if len(self.frames) >= self.max_steps:
-            kept = self.frames[::2]
             for i in range(1, len(self.frames), 2):  # a dropped step's events go to the kept step after it
                 if i + 1 < len(self.frames):
                     later = self.frames[i + 1]
                     later["preempted"] = self.frames[i]["preempted"] + later["preempted"]
                     later["finished"] = self.frames[i]["finished"] + later["finished"]
-                else:
+                else:  # the last step kept is dropped: its events are pending again, and it is the tail
                     self._preempted = self.frames[i]["preempted"] + self._preempted
                     self._finished = self.frames[i]["finished"] + self._finished
-            self.frames, self.stride = kept, self.stride * 2
+                    self._tail = self._tail or self.frames[i]
+            self.frames, self.stride = self.frames[::2], self.stride * 2
+
+    def page_frames(self) -> list[dict]:
+        """The steps the page shows: those kept, then the latest step with an event since, listing the events that
+        no step kept lists."""
+        if not (self._preempted or self._finished):
+            return list(self.frames)
+        return [*self.frames, {**self._tail, "preempted": self._preempted, "finished": self._finished}]
 
     def write(self, path: str, title: str, *, files=None) -> int:
         """The replay page of the steps kept, at `path`; its size in bytes (see write_replay)."""
+        frames = self.page_frames()
         if self.stride > 1:
             title += f", every {self.stride}th of {self.num_steps} steps"
-        return _write_page(path, pool_html(title, len(self.frames), self.frames, live=False), files)
+        return _write_page(path, pool_html(title, len(frames), frames, live=False), files)
 
 
 def _escape(text: str) -> str:

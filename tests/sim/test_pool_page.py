@@ -81,10 +81,13 @@ def test_a_long_run_keeps_evenly_spread_steps_and_every_event():
             {k: v for k, v in kept[frame["step"]].items() if k not in ("preempted", "finished")}
     preempted, finished = _events(every.frames)
     assert preempted  # the small pool preempts
-    kept_preempted, kept_finished = _events(few.frames)
-    pending = few._preempted, few._finished  # events after the last kept step
-    assert sorted(kept_preempted + pending[0]) == sorted(preempted)
-    assert sorted(kept_finished + pending[1]) == sorted(finished) == list(range(10))
+    shown = few.page_frames()  # the steps kept, then the run's last step with an event (its last finish)
+    assert shown[:-1] == few.frames and shown[-1]["step"] == every.num_steps - 1 == every.frames[-1]["step"]
+    assert {k: v for k, v in shown[-1].items() if k not in ("preempted", "finished")} == \
+        {k: v for k, v in every.frames[-1].items() if k not in ("preempted", "finished")}
+    kept_preempted, kept_finished = _events(shown)
+    assert sorted(kept_preempted) == sorted(preempted)
+    assert sorted(kept_finished) == sorted(finished) == list(range(10))
 
 
 def test_the_command_writes_the_page_with_the_other_outputs(tmp_path, capsys):
