@@ -3,4 +3,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned process (python -m sim bench's runs) imports it
+    sys.exit(main())

@@ -34,7 +34,7 @@ from .workload import generate_requests
 class SimResult:
     summary: dict  # the `python -m sim run --json` object plus extras
     requests: Table  # per request: sim.metrics.REQUEST_COLUMNS
-    steps: Table  # per step: sim.metrics.STEP_COLUMNS
+    steps: Table | None  # per step: sim.metrics.STEP_COLUMNS; None with step_table=False
 
 
 def function_name(value) -> str:
@@ -79,7 +79,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     `model`) (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged).
     `watermark`: fraction of KV blocks kept free at admission (vLLM v0's default 0.01; it curbs
     admit-then-preempt thrashing). `on_step`: an observer `f(simulator, plan_or_None)` called after every step
-    (see `sim.loop.Simulator`).
+    (see `sim.loop.Simulator`). `step_table=False`: keep no per-step table (the result's steps are None; the summary
+    is the same), for runs of millions of steps.
     """
     if config is None:
         config = RunConfig(**settings)
@@ -164,7 +165,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=c.seed, jump=c.jump,
                        validate=c.validate, progress=c.progress, on_step=c.on_step, stop_at=c.stop_at,
                        in_range=calibrated.in_range if calibrated is not None else None,
-                       shared_reads=calibrated is not None and calibrated.uses_shared_reads).run()  # fmt: skip
+                       shared_reads=calibrated is not None and calibrated.uses_shared_reads,
+                       step_table=c.step_table).run()  # fmt: skip
     extras = {
         "model": c.model, "gpu": c.gpu, "num_gpus": c.num_gpus, "workload": source,
         "rate": c.rate if (synthetic or kind == "sharegpt") and c.arrival != "offline" else None, "arrival": c.arrival,
@@ -182,11 +184,11 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
         # a calibrated c.model: the steps it priced by extrapolation, outside the shapes it measured
         **({"extrapolated_steps": result.extrapolated_steps,
-            "extrapolated_time_share": _share(result.extrapolated_time, result.steps),
+            "extrapolated_time_share": _share(result.extrapolated_time, result.steps, result.step_totals),
             "calibrated_range": calibrated.describe_range()} if calibrated is not None else {}),
     }  # fmt: skip
     summary = summarize(
-        policy=c.policy, requests=result.requests, steps=result.steps, integral=result.memory_integral,
+        policy=c.policy, requests=result.requests, step_totals=result.step_totals, integral=result.memory_integral,
         span=result.end_time - result.start_time, wall_time_s=time.perf_counter() - started, extras=extras,
         slo_ttft_s=c.slo_ttft, slo_tbt_s=c.slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
     )  # fmt: skip
@@ -198,9 +200,10 @@ def run_defaults() -> dict:
     return dict(RUN_DEFAULTS)
 
 
-def _share(seconds: float, steps) -> float:
-    """`seconds` as a share of the run's simulated step time (0 for a run without steps)."""
-    busy = float(steps.columns["duration"].sum()) if len(steps) else 0.0
+def _share(seconds: float, steps, totals: tuple[int, int, float | None]) -> float:
+    """`seconds` as a share of the run's simulated step time (0 for a run without steps), from the step table when
+    the run kept one, else from the loop's running total of step seconds."""
+    busy = (float(steps.columns["duration"].sum()) if len(steps) else 0.0) if steps is not None else totals[2]
     return seconds / busy if busy > 0 else 0.0
 
 

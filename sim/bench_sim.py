@@ -6,18 +6,26 @@ Runs (vLLM paper section 6.1 setting: OPT-13B on one A100-40GB, ShareGPT-shaped 
                   paper's scheduler (v0); and paged under vLLM v1's (token budget, chunked prefill)
     100k          paged (v0 and v1), 100,000 requests at RATE_100K req/s (busy: tens of running requests, with
                   some preemption; stable: latency does not grow with time)
+    1M            paged (v0), 1,000,000 requests at the same rate, without the per-step table (step_table=False:
+                  its tens of millions of rows would take gigabytes; the summary is the same)
     heapq         a bare heapq loop popping and pushing as many events as the paged paper-scale run handled:
                   the floor any heap-based event loop pays in this Python, timed in the same process
 
-Targets (benchmark only, never asserted in tests): paged paper-scale < 1 s, 100k requests < 60 s, one core.
-`--quick` shrinks every run (600 s of arrivals, 10k requests) to check the command itself.
-Writes figures/bench_sim.csv (or --csv PATH) with a description of the machine, and prints a table.
+Each run is a fresh process (so that its peak resident memory, `peak_rss_mib`, is its own: the simulator's
+imports included, about 100 MiB). Targets (benchmark only, never asserted in tests): paged paper-scale < 1 s (v0
+and v1), 100k requests < 10 s, 1M requests < 60 s and < 2 GiB peak, one core. `--quick` shrinks every run (600 s of
+arrivals, 10k and 20k requests) to check the command itself. Writes figures/bench_sim.csv (or --csv PATH) with a
+description of the machine, and prints each row as it ends, then a table.
 """
 from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import platform
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,9 +35,11 @@ from .outfiles import check_outputs, write_csv as write_csv_file
 DEFAULT_CSV = "figures/bench_sim.csv"
 RATE_100K = 1.5  # req/s: paged OPT-13B/A100-40GB serves ShareGPT-shaped requests at ~2 req/s before latency climbs
 POLICY_ORDER = ("max", "pow2", "oracle", "paged")
-TARGETS_S = {"paper-scale paged": 1.0, "100k paged v0": 60.0}
+TARGETS_S = {"paper-scale paged": 1.0, "paper-scale paged v1": 1.0, "100k paged v0": 10.0, "1M paged v0": 60.0}
+TARGET_RSS_MIB = {"1M paged v0": 2048}
 COLUMNS = ("run", "policy", "scheduler", "rate", "num_requests", "sim_time_s", "num_steps", "num_events", "wall_time_s",
-           "cpu_time_s", "sim_requests_per_wall_s", "target_wall_s", "platform", "python", "cpu")  # fmt: skip
+           "cpu_time_s", "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib", "platform",
+           "python", "cpu")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +70,24 @@ def _timed_run(name: str, **kwargs) -> dict:
         "num_events": summary["num_events"], "wall_time_s": round(wall, 3), "cpu_time_s": round(cpu, 3),
         "sim_requests_per_wall_s": round(summary["num_requests"] / wall, 1),
         "target_wall_s": TARGETS_S.get(name, ""),
+        # ru_maxrss: KiB on Linux, bytes on macOS
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 ** 2 if platform.system()
+                                                                                   == "Darwin" else 1024), 1),
+        "target_peak_rss_mib": TARGET_RSS_MIB.get(name, ""),
     }  # fmt: skip
+
+
+def _run_apart(name: str, **kwargs) -> dict:
+    """_timed_run in a fresh Python process: its peak memory is the run's alone, not an earlier run's."""
+    code = ("import json, sys; from sim.bench_sim import _timed_run; "
+            "name, kwargs = json.load(sys.stdin); print(json.dumps(_timed_run(name, **kwargs)))")
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps([name, kwargs]), capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"bench run {name!r} failed (exit {done.returncode}):\n{done.stderr.strip()}")
+    row = json.loads(done.stdout.splitlines()[-1])
+    print(f"  {name}: {row['wall_time_s']} s wall, peak {row['peak_rss_mib']} MiB", flush=True)
+    return row
 
 
 def heapq_yardstick(num_events: int) -> dict:
@@ -76,13 +103,15 @@ def heapq_yardstick(num_events: int) -> dict:
 
 
 def bench(quick: bool = False) -> list[dict]:
-    duration, count = (600.0, 10_000) if quick else (3600.0, 100_000)
-    rows = [_timed_run(f"paper-scale {p}", policy=p, scheduler="v0", rate=2.0, duration=duration)
+    duration, count, million = (600.0, 10_000, 20_000) if quick else (3600.0, 100_000, 1_000_000)
+    rows = [_run_apart(f"paper-scale {p}", policy=p, scheduler="v0", rate=2.0, duration=duration)
             for p in POLICY_ORDER]  # fmt: skip
-    rows.append(_timed_run("paper-scale paged v1", policy="paged", scheduler="v1", rate=2.0, duration=duration))
+    rows.append(_run_apart("paper-scale paged v1", policy="paged", scheduler="v1", rate=2.0, duration=duration))
     for scheduler in ("v0", "v1"):
-        rows.append(_timed_run(f"100k paged {scheduler}", policy="paged", scheduler=scheduler, rate=RATE_100K,
+        rows.append(_run_apart(f"100k paged {scheduler}", policy="paged", scheduler=scheduler, rate=RATE_100K,
                                num_requests=count, duration=None))  # fmt: skip
+    rows.append(_run_apart("1M paged v0", policy="paged", scheduler="v0", rate=RATE_100K, num_requests=million,
+                           duration=None, step_table=False))  # fmt: skip
     rows.append(heapq_yardstick(rows[POLICY_ORDER.index("paged")]["num_events"]))
     info = machine()
     return [{name: {**row, **info}.get(name, "") for name in COLUMNS} for row in rows]
@@ -95,7 +124,7 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
 
 def format_table(rows: list[dict]) -> str:
     shown = ("run", "num_requests", "num_steps", "num_events", "wall_time_s", "cpu_time_s",
-             "sim_requests_per_wall_s", "target_wall_s")  # fmt: skip
+             "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib")  # fmt: skip
     widths = [max(len(name), *(len(str(r[name])) for r in rows)) for name in shown]
     lines = ["  ".join(name.ljust(w) for name, w in zip(shown, widths))]
     lines += ["  ".join(str(r[name]).ljust(w) for name, w in zip(shown, widths)) for r in rows]

@@ -211,7 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
         slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt, cost_model=args.cost_model, turns=args.turns,
         think_time=args.think_time, history_limit=args.history_limit, conversations=args.conversations,
-        on_step=recorder,
+        on_step=recorder, step_table=bool(args.steps_csv or args.chrome_trace),  # only these read the table
     )  # fmt: skip
     if "trace_import" in result.summary:  # a ShareGPT file was imported: say how
         print(f"note: {result.summary['trace_import']}", file=sys.stderr)

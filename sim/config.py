@@ -155,6 +155,9 @@ class RunConfig:
     jump: bool = _arg(True, "bool")  # jump over runs of identical decode steps (same results, faster)
     validate: bool = _arg(False, "bool")  # check each jump's bookkeeping against the KV manager (slower)
     progress: bool = _arg(False, "bool")  # a progress bar on stderr
+    # keep the per-step table (SimResult.steps); False: None there, the summary from the steps' totals (a run of
+    # a million requests steps tens of millions of times: its table would take gigabytes)
+    step_table: bool = _arg(True, "bool")
     slo_ttft: float | None = _arg(None, "real?", 0, MAX_TIME_S)  # latency targets (s) for SLO attainment, goodput
     slo_tbt: float | None = _arg(None, "real?", 0, MAX_TIME_S)
     stop_at: tuple = _arg((), "any")  # times the fast-forward never jumps across

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from . import fastforward
 from .kv.base import SHARE_NAMES, as_seen
-from .metrics import StepLog, Table, request_table
+from .metrics import StepLog, StepTotals, Table, request_table
 from .plan import StepOutcome, StepPlan
 from .request import Request
 from .scheduler import Scheduler
@@ -39,7 +39,8 @@ ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lowe
 @dataclass(slots=True)
 class LoopResult:
     requests: Table  # per request (sim.metrics.REQUEST_COLUMNS)
-    steps: Table  # per step (sim.metrics.STEP_COLUMNS)
+    steps: Table | None  # per step (sim.metrics.STEP_COLUMNS); None when the loop kept only its totals
+    step_totals: tuple[int, int, float | None]  # (steps, sum of their running requests, their seconds or None)
     memory_integral: dict[str, float]  # slot-seconds of each kind over [start_time, end_time]
     start_time: float  # the first arrival
     end_time: float  # the end of the last step
@@ -90,11 +91,14 @@ class Simulator:
     `in_range(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_prefill_pairs)`: the cost model's
     calibrated range (sim.cost.PiecewiseCostModel.in_range); the steps priced outside it are counted.
     `shared_reads`: give the cost model each step's num_shared_context_tokens (O(blocks) a step; else 0).
+    `step_table`: keep the per-step table (else only its totals: steps, mean batch; a million-request run's table
+    would take gigabytes).
     """
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,
                  seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False,
-                 on_step=None, stop_at=(), in_range=None, shared_reads: bool = False) -> None:  # fmt: skip
+                 on_step=None, stop_at=(), in_range=None, shared_reads: bool = False,
+                 step_table: bool = True) -> None:  # fmt: skip
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
         self.in_range, self.shared_reads = in_range, shared_reads
         self.extrapolated_steps, self.extrapolated_time = 0, 0.0
@@ -109,7 +113,7 @@ class Simulator:
         self.progress = tqdm(total=len(requests), unit="req", disable=not progress)
         self.times = _RequestTimes(len(self.requests))
         self.beam_scores: dict[int, float] = {}  # seq id -> cumulative log-prob of a beam
-        self.log = StepLog()
+        self.log = StepLog() if step_table else StepTotals()
         self.integral = dict.fromkeys(SHARE_NAMES, 0.0)
         self.now = 0.0
         self.busy = False  # a step is in flight or about to start
@@ -141,8 +145,9 @@ class Simulator:
             raise RuntimeError("expected every request served when events run out, found some unfinished")
         start = self.requests[0].arrival_time if self.requests else 0.0
         table = request_table(self.requests, self.times.arrays())
-        return LoopResult(table, self.log.to_table(), self.integral, start, max(self.last_step_end, start), num_events,
-                          self.extrapolated_steps, self.extrapolated_time)  # fmt: skip
+        return LoopResult(table, self.log.to_table(), self.log.totals(), self.integral, start,
+                          max(self.last_step_end, start), num_events, self.extrapolated_steps,
+                          self.extrapolated_time)  # fmt: skip
 
     def _on_arrival(self, index: int) -> list:
         self.scheduler.add_request(self.requests[index])
@@ -282,20 +287,17 @@ class Simulator:
                 if not self.in_range(0, num_seqs, context + num_seqs * (j + 1), 0, run.shared_context_tokens):
                     self.extrapolated_steps += 1
                     self.extrapolated_time += duration
-        for kind, (name, column) in enumerate(zip(SHARE_NAMES, zip(*seen))):
+        for name, column in zip(SHARE_NAMES, zip(*seen)):
             total = self.integral[name]
             for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
                 total += duration * count
             self.integral[name] = total
-            self.log.rows[name] += column
-        log, k, num_seqs = self.log.rows, run.num_steps, len(run.seq_ids)
-        log["time"] += run.starts
-        log["duration"] += durations
-        for name, value in (("num_prefill_seqs", 0), ("num_decode_seqs", num_seqs), ("num_running", run.num_running),
-                            ("num_batched_tokens", num_seqs), ("num_prefill_tokens", 0),
-                            ("num_waiting", run.num_waiting), ("num_preempted", 0), ("num_swapped_out_blocks", 0),
-                            ("num_swapped_in_blocks", 0), ("num_copied_blocks", 0)):  # a run has none  # fmt: skip
-            log[name] += [value] * k
+        num_seqs = len(run.seq_ids)
+        self.log.extend_run(run.starts, durations, seen, {
+            "num_prefill_seqs": 0, "num_decode_seqs": num_seqs, "num_running": run.num_running,
+            "num_batched_tokens": num_seqs, "num_prefill_tokens": 0, "num_waiting": run.num_waiting,
+            "num_preempted": 0, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
+            "num_copied_blocks": 0})  # a run has none  # fmt: skip
         # Token times: each step ends with a token for every running request, so the gaps are the first step's
         # end minus the last token before, then the differences of consecutive step ends (the same float
         # subtractions stepping makes).
@@ -309,7 +311,7 @@ class Simulator:
             if gap > times.max_gap[i]:
                 times.max_gap[i] = gap
             times.last_token[i] = run.end
-            times.token_steps[i] += k
+            times.token_steps[i] += run.num_steps
 
     def _check_pool(self, expected: tuple[int, ...]) -> None:
         found = self.kv.breakdown(False).counts()
@@ -327,18 +329,8 @@ class Simulator:
 
     def _record(self, duration: float, plan: StepPlan, counts: tuple[int, ...]) -> None:
         self._integrate(duration, counts)
-        log = self.log.rows
-        log["time"].append(self.now)
-        log["duration"].append(duration)
-        log["num_prefill_seqs"].append(len(plan.prefills))
-        log["num_decode_seqs"].append(len(plan.decodes))
-        log["num_running"].append(self.scheduler.num_running)
-        log["num_batched_tokens"].append(plan.num_batched_tokens)
-        log["num_prefill_tokens"].append(plan.num_prefill_tokens)
-        for name, count in zip(SHARE_NAMES, counts):
-            log[name].append(count)
-        log["num_waiting"].append(self.scheduler.num_waiting)
-        log["num_preempted"].append(len(plan.preempted))
-        log["num_swapped_out_blocks"].append(len(plan.blocks_to_swap_out))
-        log["num_swapped_in_blocks"].append(len(plan.blocks_to_swap_in))
-        log["num_copied_blocks"].append(len(plan.blocks_to_copy))  # copy-on-write and beam forks
+        scheduler = self.scheduler
+        self.log.append((self.now, duration, len(plan.prefills), len(plan.decodes), scheduler.num_running,
+                         plan.num_batched_tokens, plan.num_prefill_tokens, *counts, scheduler.num_waiting,
+                         len(plan.preempted), len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in),
+                         len(plan.blocks_to_copy)))  # copies: copy-on-write and beam forks  # fmt: skip

@@ -16,8 +16,9 @@ attainment (the share of requests with ttft <= slo_ttft_s and itl_mean <= slo_tb
 and goodput (such requests per second). NOTE: the TBT target applies to the mean inter-token latency, as
 vLLM's benchmark `--goodput tpot:` does; itl_max is reported to show stalls.
 
-Tables are columns of numpy arrays, so a 100k-request run stays light; the event loop fills them
-through `StepLog` (append-only Python lists, turned into arrays once at the end).
+Tables are columns of numpy arrays, so a 100k-request run stays light; the event loop fills the step table
+through `StepLog` (append-only compact arrays, turned into numpy arrays once at the end), or, for a run of
+millions of steps whose table nobody reads (`run(step_table=False)`), keeps only its totals (`StepTotals`).
 
 Definitions used in the summary (`python -m sim run --json`):
 
@@ -32,7 +33,8 @@ Definitions used in the summary (`python -m sim run --json`):
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,7 @@ STEP_COLUMNS = (
     "num_prefill_tokens", *SHARE_NAMES, "num_waiting", "num_preempted", "num_swapped_out_blocks",
     "num_swapped_in_blocks", "num_copied_blocks",
 )  # fmt: skip
+FLOAT_STEP_COLUMNS = ("time", "duration")
 
 
 @dataclass(slots=True)
@@ -79,15 +82,68 @@ class Table:
             writer.writerows(zip(*(col.tolist() for col in self.columns.values())))
 
 
-@dataclass(slots=True)
 class StepLog:
-    """Per-step rows, appended by the event loop; one list per column of `STEP_COLUMNS`."""
+    """Per-step rows, appended by the event loop: one compact array per column of `STEP_COLUMNS` (8 bytes a value,
+    not a Python object's 32), turned into numpy arrays once at the end. `totals()`: what the summary needs."""
 
-    rows: dict[str, list] = field(default_factory=lambda: {name: [] for name in STEP_COLUMNS})
+    kept = True  # the loop's result holds the table
+
+    def __init__(self) -> None:
+        self.rows: dict[str, array] = {name: array("d" if name in FLOAT_STEP_COLUMNS else "q") for name in STEP_COLUMNS}
+
+    def append(self, row: tuple) -> None:
+        """One step: its values in STEP_COLUMNS order."""
+        for column, value in zip(self.rows.values(), row):
+            column.append(value)
+
+    def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]],
+                   constants: dict[str, int]) -> None:  # fmt: skip
+        """k steps of a fast-forwarded run: their starts, durations and slot counts (SHARE_NAMES order), and the
+        columns that are the same in every step of it."""
+        rows, k = self.rows, len(durations)
+        rows["time"].extend(starts)
+        rows["duration"].extend(durations)
+        for name, column in zip(SHARE_NAMES, zip(*seen)):
+            rows[name].extend(column)
+        for name, value in constants.items():
+            rows[name].extend(array("q", (value,)) * k)
+
+    def totals(self) -> tuple[int, int, float | None]:
+        """(steps, the sum of num_running over them, their simulated seconds; None: sum the table's column)."""
+        return len(self.rows["time"]), sum(self.rows["num_running"]), None
 
     def to_table(self) -> Table:
-        floats = ("time", "duration")
-        return Table({k: np.asarray(v, dtype=float if k in floats else np.int64) for k, v in self.rows.items()})
+        return Table({k: np.array(v, dtype=float if k in FLOAT_STEP_COLUMNS else np.int64) for k, v in self.rows.items()})
+
+
+class StepTotals:
+    """The same calls as StepLog, keeping only the totals the summary needs: for runs of millions of steps, whose
+    table would take gigabytes (`run(step_table=False)`)."""
+
+    kept = False
+
+    def __init__(self) -> None:
+        self.num_steps, self.running, self.busy = 0, 0, 0.0
+        self._running_at = STEP_COLUMNS.index("num_running")
+
+    def append(self, row: tuple) -> None:
+        self.num_steps += 1
+        self.running += row[self._running_at]
+        self.busy += row[1]
+
+    def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]],
+                   constants: dict[str, int]) -> None:  # fmt: skip
+        k = len(durations)
+        self.num_steps += k
+        self.running += constants["num_running"] * k
+        for duration in durations:
+            self.busy += duration
+
+    def totals(self) -> tuple[int, int, float | None]:
+        return self.num_steps, self.running, self.busy
+
+    def to_table(self) -> None:
+        return None
 
 
 def request_table(requests: list, times: dict[str, np.ndarray]) -> Table:
@@ -156,10 +212,12 @@ def memory_shares(integral: dict[str, float]) -> tuple[dict[str, float], dict[st
 
 
 def summarize(
-    *, policy: str, requests: Table, steps: Table, integral: dict[str, float], span: float, wall_time_s: float,
+    *, policy: str, requests: Table, step_totals: tuple[int, int, float | None], integral: dict[str, float], span: float, wall_time_s: float,
     extras: dict, slo_ttft_s: float | None = None, slo_tbt_s: float | None = None, prefix_cache=None,
 ) -> dict:
-    """The summary dict of the `python -m sim run --json` contract (docs/ARCHITECTURE.md, "Metrics"), plus `extras` and derived stats."""
+    """The summary dict of the `python -m sim run --json` contract (docs/ARCHITECTURE.md, "Metrics"), plus `extras` and
+    derived stats. `step_totals`: (steps, the sum of their running requests, ...) from StepLog/StepTotals.totals()."""
+    num_steps, running = step_totals[:2]
     finished = ~np.isnan(requests["finish_time"])
     num_finished = int(finished.sum())
     norm = requests["normalized_latency"][finished]
@@ -170,7 +228,7 @@ def summarize(
         "num_finished": num_finished,
         "throughput_req_per_s": num_finished / span if span > 0 else 0.0,
         "normalized_latency_s_per_token": float(norm.mean()) if num_finished else None,
-        "mean_batch_size": float(steps["num_running"].mean()) if len(steps) else 0.0,
+        "mean_batch_size": running / num_steps if num_steps else 0.0,  # (exact integers: as numpy's mean of the column)
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "wall_time_s": wall_time_s,
         "memory": shares,
@@ -179,7 +237,7 @@ def summarize(
     summary.update(
         {
             "sim_time_s": span,
-            "num_steps": len(steps),
+            "num_steps": num_steps,
             "p50_normalized_latency_s_per_token": float(np.percentile(norm, 50)) if num_finished else None,
             "p90_normalized_latency_s_per_token": float(np.percentile(norm, 90)) if num_finished else None,
             "memory_busy": busy,

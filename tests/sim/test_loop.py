@@ -5,6 +5,7 @@ Short runs (a minute or two of simulated arrivals) of the paper's setting: OPT-1
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import numpy as np
@@ -174,3 +175,36 @@ def test_request_longer_than_the_pool_is_named():
         run(requests=[Request(3, 0.0, 100, 10), Request(7, 1.0, 1000, 500)], kv_slots=1024)
     with pytest.raises(ValueError, match="request 9.*context"):
         run(requests=[Request(9, 0.0, 1500, 600)])
+
+
+@pytest.mark.parametrize("settings", [
+    {"scheduler": "v0", "rate": 3.0, "duration": 60.0},  # preemptions
+    {"scheduler": "v1", "rate": 2.0, "duration": 40.0, "n": 2},
+    {"policy": "max", "rate": 1.0, "duration": 30.0, "jump": False},
+    {"scheduler": "static", "rate": 1.0, "duration": 30.0, "preemption": "swap", "beam_width": 2},
+])  # fmt: skip
+def test_a_run_without_its_step_table_has_the_same_summary_and_requests(settings):
+    """step_table=False keeps only the steps' totals: the summary (num_steps, mean batch size included) and the
+    per-request table are those of the run that kept the table, bit for bit."""
+    kept, totals = run(**settings), run(**settings, step_table=False)
+    assert totals.steps is None and len(kept.steps) == kept.summary["num_steps"] > 0
+    assert kept.summary["mean_batch_size"] == float(kept.steps["num_running"].mean())  # numpy's mean of the column
+    drop = ("wall_time_s",)
+    assert {k: v for k, v in kept.summary.items() if k not in drop} == \
+           {k: v for k, v in totals.summary.items() if k not in drop}  # fmt: skip
+    for name in kept.requests.columns:
+        np.testing.assert_array_equal(kept.requests[name], totals.requests[name])
+
+
+def test_the_cli_keeps_the_step_table_only_for_the_outputs_that_read_it(tmp_path, capsys):
+    from sim.cli import main
+
+    args = ["run", "--rate", "2", "--duration", "20", "--json"]
+    assert main(args) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert main([*args, "--steps-csv", str(tmp_path / "steps.csv")]) == 0
+    with_table = json.loads(capsys.readouterr().out)
+    rows = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    assert len(rows) == with_table["num_steps"] == without["num_steps"] > 0
+    without.pop("wall_time_s"), with_table.pop("wall_time_s")
+    assert without == with_table
