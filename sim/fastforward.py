@@ -94,3 +94,43 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     request_ids = list(dict.fromkeys(s.request_id for s in seqs))
     return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting, finished,
                      frees, shared)
+
+
+@dataclass(slots=True)
+class EpochRun:
+    """A run of an open decode epoch (Scheduler.open_decode_epoch): the same steps as a DecodeRun, without the
+    per-sequence lists (the epoch keeps them lazily)."""
+
+    starts: list[float]  # start time of each step
+    durations: list[float]  # duration of each step
+    counts: list[tuple[int, ...]]  # the pool's five raw slot counts during each step
+    num_seqs: int  # the decoding sequences
+    finished_request_ids: list[int]  # requests whose last sequence finished in the last step
+
+    @property
+    def end(self) -> float:
+        return self.starts[-1] + self.durations[-1]
+
+
+def epoch_run(scheduler, cost, now: float, next_arrival: float) -> EpochRun | None:
+    """decode_run for the scheduler's open decode epoch: the same steps, priced the same way, in O(steps + blocks
+    opened). None when the next step is not such a run (no epoch open, an admission, no memory)."""
+    shape = scheduler.decode_epoch_run()
+    if shape is None:
+        return None
+    num_seqs, context, steps_left = shape
+    starts: list[float] = []
+    durations: list[float] = []
+    t, context = now, context + num_seqs
+    while len(durations) < steps_left and t < next_arrival:
+        d = cost.step_time(0, num_seqs, context, 0, 0)
+        starts.append(t)
+        durations.append(d)
+        t += d
+        context += num_seqs
+    counts, finished = scheduler.advance_decode_epoch(len(durations))
+    k = len(counts)
+    if k < 1:
+        return None
+    del starts[k:], durations[k:]
+    return EpochRun(starts, durations, counts, num_seqs, finished)

@@ -124,6 +124,14 @@ class Simulator:
         # NOTE: a hint only: skipping a fast-forward attempt never changes results (the step is then scheduled
         # normally); it saves the attempt's O(seqs) cost where a run is known or likely to be impossible.
         self.may_run = True
+        # Decode epochs (Scheduler.open_decode_epoch): runs whose cost does not grow with the batch, where nothing
+        # watches every step (no observer, no check, no range, no shared reads). The token times of the epoch's
+        # requests are then booked when each finishes or the epoch closes, from the end of every step in it.
+        self.epochs = jump and not validate and on_step is None and in_range is None and not shared_reads
+        self.epoch_members: dict[int, None] = {}  # the open epoch's unfinished requests (indices)
+        self.epoch_ends: list[float] = []  # the end of each of its steps
+        self.epoch_gaps: list[float] = []  # [j]: the largest difference of consecutive step ends up to step j
+        self.epoch_running = False  # inside a run of the epoch
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopResult:
@@ -167,16 +175,20 @@ class Simulator:
         if self.idle_since is not None:  # close the idle period: the pool sat as it was
             self._integrate(self.now - self.idle_since, self.idle_counts)
             self.idle_since = None
-        if self.jump and self.may_run:
+        if self.jump and (self.may_run or self.scheduler.decode_epoch_open):
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
             horizon = min(self.next_arrival, self.stop_at[0]) if self.stop_at else self.next_arrival
-            run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
+            if self.epochs:
+                run = self._epoch_run(horizon)
+            else:
+                run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
+                if run is not None:
+                    self._book_run(run)
             if run is not None:
-                self._book_run(run)
                 return [(run.end, STEP_END, run)]
         self.may_run = True
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule()  # (it closes an open epoch: _settle_epoch books its token times)
         for request_id in plan.preempted:
             self.times.preemptions[self.index[request_id]] += 1
         if plan.is_empty:
@@ -198,7 +210,7 @@ class Simulator:
 
     def _on_step_end(self, payload) -> list:
         self.last_step_end = self.now
-        if isinstance(payload, fastforward.DecodeRun):  # applied and booked already, but for its finishes
+        if isinstance(payload, (fastforward.DecodeRun, fastforward.EpochRun)):  # applied and booked, but its finishes
             for request_id in payload.finished_request_ids:
                 self.times.finish[self.index[request_id]] = self.now
             self.progress.update(len(payload.finished_request_ids))
@@ -312,6 +324,69 @@ class Simulator:
                 times.max_gap[i] = gap
             times.last_token[i] = run.end
             times.token_steps[i] += run.num_steps
+
+    def _epoch_run(self, horizon: float) -> fastforward.EpochRun | None:
+        """The next run of the open decode epoch (opened here if the hint allows and the scheduler can), applied and
+        booked, or None (the step is then scheduled normally, which closes the epoch)."""
+        scheduler = self.scheduler
+        if not scheduler.decode_epoch_open:
+            if not self.may_run or not scheduler.open_decode_epoch(self._settle_epoch):
+                return None
+            self.epoch_members = {self.index[rid]: None for rid in scheduler.running_request_ids()}
+        num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
+        waiting = num_waiting + scheduler.num_swapped > 0
+        self.epoch_running = True  # an epoch closing inside (its last members left) is settled below, once booked
+        try:
+            run = fastforward.epoch_run(scheduler, self.cost, self.now, horizon)
+        finally:
+            self.epoch_running = False
+        if run is None:
+            return None
+        self.may_run = True
+        seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
+        durations = run.durations
+        for name, column in zip(SHARE_NAMES, zip(*seen)):
+            total = self.integral[name]
+            for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
+                total += duration * count
+            self.integral[name] = total
+        self.log.extend_run(run.starts, durations, seen, {
+            "num_prefill_seqs": 0, "num_decode_seqs": run.num_seqs, "num_running": num_running,
+            "num_batched_tokens": run.num_seqs, "num_prefill_tokens": 0, "num_waiting": num_waiting,
+            "num_preempted": 0, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
+            "num_copied_blocks": 0})  # a run has none  # fmt: skip
+        ends, gaps = self.epoch_ends, self.epoch_gaps
+        for start, duration in zip(run.starts, durations):
+            end = start + duration
+            gaps.append(max(gaps[-1], end - ends[-1]) if ends else 0.0)
+            ends.append(end)
+        members = self.epoch_members
+        for request_id in run.finished_request_ids:
+            i = self.index[request_id]
+            del members[i]
+            self._settle(i, len(ends))
+        if not scheduler.decode_epoch_open:  # the last members left: it closed
+            self._settle_epoch(len(ends))
+        return run
+
+    def _settle(self, i: int, num_steps: int) -> None:
+        """Request i's token times after the epoch's first `num_steps` steps, each of which sampled a token for it:
+        the gaps are the first step's end minus its last token before, then the differences of consecutive step ends
+        (the same float subtractions stepping makes, and the same largest)."""
+        times, ends = self.times, self.epoch_ends
+        gap = max(ends[0] - times.last_token[i], self.epoch_gaps[num_steps - 1])
+        if gap > times.max_gap[i]:
+            times.max_gap[i] = gap
+        times.last_token[i] = ends[num_steps - 1]
+        times.token_steps[i] += num_steps
+
+    def _settle_epoch(self, num_steps: int) -> None:
+        """The epoch closed after `num_steps` steps: book the token times of the requests still in it."""
+        if self.epoch_running:
+            return
+        for i in self.epoch_members if num_steps else ():
+            self._settle(i, num_steps)
+        self.epoch_members, self.epoch_ends, self.epoch_gaps = {}, [], []
 
     def _check_pool(self, expected: tuple[int, ...]) -> None:
         found = self.kv.breakdown(False).counts()

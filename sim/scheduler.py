@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from dataclasses import dataclass
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
@@ -70,9 +71,11 @@ class Scheduler:
         # (group, its sequences, the admission's specs or None): the allocation in flight, its group open too
         self._open_allocation: tuple[SequenceGroup, tuple[Sequence, ...], list[NewSequence] | None] | None = None
         self._reported: StepPlan | None = None  # the plan finish_step() was given: its K/V was written
-        # NOTE: the last plain_decode_seqs() answer, kept until the next call that changes the scheduler (each
-        # of them clears it), so that advance_decodes right after it does not ask again: a speed-up only.
-        self._plain_decodes_cache: list[Sequence] | None = None
+        # NOTE: the last plain_decode_seqs() answer (its sequences, their ids by request, the fewest steps any has
+        # left), kept until the next call that changes the scheduler (each of them clears it), so that
+        # advance_decodes right after it does not ask again: a speed-up only.
+        self._plain_decodes_cache: tuple[list[Sequence], list[list[int]], int] | None = None
+        self._epoch: _DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -112,6 +115,7 @@ class Scheduler:
 
     def abort(self, request_id: int) -> None:
         """Drop a request wherever it is and free its memory (GPU or CPU). Aborting a finished request does nothing."""
+        self._close_epoch()
         group = self._group(request_id)
         if group.status is FINISHED:
             return
@@ -180,9 +184,11 @@ class Scheduler:
         return [s.seq_id for s in self._group(request_id).seqs]
 
     def num_generated(self, seq_id: int) -> int:
+        self._close_epoch()
         return self._seqs[seq_id].num_generated
 
     def num_computed_tokens(self, seq_id: int) -> int:
+        self._close_epoch()
         return self._seqs[seq_id].num_computed_tokens
 
     def group_status(self, request_id: int) -> SequenceStatus:
@@ -210,6 +216,7 @@ class Scheduler:
         v0 / static: (3) first, with whole prompts; if anything was admitted the step is prefill-only;
         otherwise (1) without a budget, then (2).
         """
+        self._close_epoch()
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
         self._plain_decodes_cache, self._reported = None, None
@@ -400,6 +407,7 @@ class Scheduler:
         NOTE: a sequence also finishes when it has generated output_len tokens (the simulator's rule, the engine's
         max_tokens), and for beam search all k beams end together: one finished beam finishes the group.
         """
+        self._close_epoch()
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         self._outstanding, self._reported = None, plan
@@ -454,6 +462,7 @@ class Scheduler:
         the prefix cache (a full block is registered when allocated, before the executor writes it), so no later
         prompt reuses K/V that was never computed.
         """
+        self._close_epoch()
         if plan is None or plan is self._outstanding:
             plan, self._outstanding = self._outstanding, None
         self._plain_decodes_cache = None
@@ -533,16 +542,25 @@ class Scheduler:
         stays so while memory lasts and none finishes: every running group decodes all its sequences (no prompt
         chunk, beam search or copy waiting), nothing is swapped out, the budget holds them all, and the first
         waiting group could not be admitted now (advance_decodes stops a run before free memory grows). Else None."""
+        self._close_epoch()
         if self._outstanding is not None or not self._running or self._swapped:
             return None
         seqs: list[Sequence] = []
+        seq_groups: list[list[int]] = []  # the sequence ids of each request, as a step allocates them
+        steps_left = None  # the fewest tokens a sequence has still to sample
         for group in self._running:
             if group.is_beam_search or group.pending_copies or not group.forked:
                 return None
+            ids = []
             for seq in group.live:
                 if seq.prefilling or seq.num_computed_tokens != seq.num_tokens - 1:
                     return None
                 seqs.append(seq)
+                ids.append(seq.seq_id)
+                left = seq.output_len - seq.num_generated
+                if steps_left is None or left < steps_left:
+                    steps_left = left
+            seq_groups.append(ids)
         budget = self.config.max_num_batched_tokens
         if self.config.mode == "v1":
             budget -= len(seqs)
@@ -551,7 +569,7 @@ class Scheduler:
         if self._waiting and self._may_admit() and self._head_may_be_admitted(
                 budget, len(seqs), nothing_fed=self.config.mode != "v1"):
             return None
-        self._plain_decodes_cache = seqs
+        self._plain_decodes_cache = (seqs, seq_groups, steps_left)
         return seqs
 
     def can_admit_head(self) -> bool:
@@ -584,20 +602,16 @@ class Scheduler:
         sequence may reach its output_len before step `max_steps`; those that reach it in the last step applied
         finish then (the finish rule of finish_step). Returns the pool's five raw slot counts during each step
         applied (the KV manager's advance_decodes; none if memory allows no step) and the requests finished."""
-        seqs = self._plain_decodes_cache if self._plain_decodes_cache is not None else self.plain_decode_seqs()
-        self._plain_decodes_cache = None
-        if seqs is None or not 1 <= max_steps <= min(s.output_len - s.num_generated for s in seqs):
+        self._close_epoch()
+        if self._plain_decodes_cache is None:
+            self.plain_decode_seqs()
+        cached, self._plain_decodes_cache = self._plain_decodes_cache, None
+        if cached is None or not 1 <= max_steps <= cached[2]:
             raise ValueError(f"advance_decodes({max_steps}): expected a plain decode state and no sequence finishing "
                              "before the last step")  # fmt: skip
         # a step allocates request by request: the same calls, so that a pool freeing blocks mid-run (hybrid) finds
-        # the same room and hands out the block ids stepping would (a plain loop: the fast-forward's hot path)
-        seq_groups: list[list[int]] = []
-        last = group = None
-        for seq in seqs:  # a request's sequences are consecutive
-            if seq.request_id != last:
-                last, group = seq.request_id, []
-                seq_groups.append(group)
-            group.append(seq.seq_id)
+        # the same room and hands out the block ids stepping would (the groups: built by plain_decode_seqs)
+        seqs, seq_groups, _ = cached
         # a waiting group refused now stays refused while free memory does not grow (in a paged pool it only
         # shrinks during a run; a hybrid pool's sliding groups give blocks back): the run stops before it grows
         waiting = bool(self._waiting) and self._may_admit()
@@ -608,5 +622,105 @@ class Scheduler:
         for seq in seqs:
             seq.num_generated += num_steps
             seq.num_computed_tokens += num_steps
+        if num_steps < cached[2]:  # none reached its output_len
+            return counts, []
         ending = {s.request_id: self._groups[s.request_id] for s in seqs if s.num_generated >= s.output_len}
         return counts, self._finish(ending.values())
+
+    # --- decode epochs: the same runs, lazily ----------------------------------------------------------
+    # Where the KV manager can (the paged one without prefix caching), the simulator keeps the running sequences in a
+    # decode epoch: run after run of plain decode steps applied without touching every sequence each run (their
+    # counts are brought up to date when one finishes, or when anything else happens: the epoch then closes). An
+    # arrival does not close it (it only queues the request; whether it may be admitted is asked before each run).
+    def open_decode_epoch(self, on_close=None) -> bool:
+        """Open a decode epoch if the next steps are plain decodes of the running sequences (plain_decode_seqs) and
+        the KV manager has the lazy form; True if one is open. `on_close(steps)`: called when it closes, with the
+        steps it applied (the loop then books what it kept lazy too). Every other call closes it first, except
+        add_request, the read-only queue views and the epoch's own calls below."""
+        if self._epoch is not None:
+            return True
+        seqs = self.plain_decode_seqs()
+        if seqs is None:
+            return False
+        _, seq_groups, _ = self._plain_decodes_cache
+        lasts = [s.output_len - s.num_generated - 1 for s in seqs]  # the epoch step that samples its last token
+        kv_epoch = self.kv.open_decode_epoch(seq_groups, lasts)
+        if kv_epoch is None:
+            return False
+        self._plain_decodes_cache = None
+        by_last: dict[int, list[Sequence]] = {}
+        for seq, last in zip(seqs, lasts):
+            by_last.setdefault(last, []).append(seq)
+        self._epoch = _DecodeEpoch(kv_epoch, by_last, sorted(by_last), sum(s.num_computed_tokens for s in seqs),
+                                   len(seqs), on_close)  # fmt: skip
+        return True
+
+    @property
+    def decode_epoch_open(self) -> bool:
+        return self._epoch is not None
+
+    def decode_epoch_run(self) -> tuple[int, int, int] | None:
+        """The open epoch's next run: (sequences, the K/V tokens they hold, steps until the first of them samples its
+        last token), or None when no epoch is open or the next step would admit the first waiting request
+        (plain_decode_seqs' question, for the members now)."""
+        epoch = self._epoch
+        if epoch is None:
+            return None
+        budget = self.config.max_num_batched_tokens - (epoch.num_seqs if self.config.mode == "v1" else 0)
+        if self._waiting and self._may_admit() and self._head_may_be_admitted(
+                budget, epoch.num_seqs, nothing_fed=self.config.mode != "v1"):
+            return None
+        return epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1
+
+    def advance_decode_epoch(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
+        """advance_decodes for the open epoch (at most `max_steps`, never past the first member's last token): the
+        pool's counts during each step applied (none if memory allows no step) and the requests finished."""
+        epoch = self._epoch
+        if epoch is None or max_steps < 1:
+            raise ValueError(f"advance_decode_epoch({max_steps}): expected an open epoch and max_steps >= 1")
+        last = epoch.lasts[epoch.next_last]
+        num_steps = epoch.kv.max_steps(min(max_steps, last - epoch.steps + 1))
+        if num_steps < 1:
+            return [], []
+        counts = epoch.kv.advance(num_steps)
+        epoch.context += epoch.num_seqs * num_steps
+        epoch.steps += num_steps
+        if epoch.steps <= last:
+            return counts, []
+        epoch.next_last += 1
+        leaving = epoch.by_last.pop(last)
+        for seq in leaving:  # made current, then finished (all of a group's sequences leave together)
+            seq.num_generated += epoch.steps
+            seq.num_computed_tokens += epoch.steps
+            epoch.context -= seq.num_computed_tokens
+        epoch.num_seqs -= len(leaving)
+        finished = self._finish({s.request_id: self._groups[s.request_id] for s in leaving}.values())
+        if not epoch.num_seqs:
+            self._close_epoch()
+        return counts, finished
+
+    def _close_epoch(self) -> None:
+        epoch, self._epoch = self._epoch, None
+        if epoch is None:
+            return
+        for seqs in epoch.by_last.values():
+            for seq in seqs:
+                seq.num_generated += epoch.steps
+                seq.num_computed_tokens += epoch.steps
+        self.kv.close_decode_epoch()
+        if epoch.on_close is not None:
+            epoch.on_close(epoch.steps)
+
+
+@dataclass(slots=True)
+class _DecodeEpoch:
+    """The scheduler's side of an open decode epoch: its members' counts are those at its start until they leave."""
+
+    kv: object  # the KV manager's side (max_steps, advance)
+    by_last: dict[int, list[Sequence]]  # the members still in, by the epoch step that samples their last token
+    lasts: list[int]  # those steps, ascending
+    context: int  # the K/V tokens the members hold now
+    num_seqs: int  # members
+    on_close: object  # the caller's on_close(steps), or None
+    steps: int = 0  # steps applied
+    next_last: int = 0  # index in lasts of the next members to leave

@@ -218,6 +218,19 @@ class KVManager(Protocol):
         allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked)."""
         ...
 
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]):
+        """Runs of such steps over these sequences, one after another, at a cost that does not grow with their number
+        (the paged manager: sim/kv/paged_runs.DecodeEpoch, with max_steps(limit) and advance(num_steps) as above),
+        or None: this manager has no such form (the scheduler then calls max_decode_steps / advance_decodes run by
+        run). `lasts[i]`: the epoch step (from 0) in which sequence i samples its last token; the scheduler frees it
+        after that step. Until close_decode_epoch, the scheduler only frees members and asks questions that read no
+        sequence's state (the admission of new sequences)."""
+        ...
+
+    def close_decode_epoch(self) -> None:
+        """Close the open epoch, if any: every sequence's state as stepping would have left it."""
+        ...
+
     # --- what the executor and the metrics read ---------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]: ...
 

@@ -250,6 +250,12 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             counts.append((tokens, reservation, internal, external, free))
         return counts
 
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]) -> None:
+        return None  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+
+    def close_decode_epoch(self) -> None:
+        pass  # none is ever open
+
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """The blocks that hold tokens: the used prefix of the run, like a paged table ([40, 41, 42])."""

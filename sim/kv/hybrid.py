@@ -295,6 +295,12 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         return hybrid_runs.step_decodes(self, seq_groups, num_steps)
 
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]) -> None:
+        return None  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+
+    def close_decode_epoch(self) -> None:
+        pass  # none is ever open
+
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the first (full-attention) group's table: block i holds positions i*bs .. (i+1)*bs - 1."""

@@ -86,6 +86,7 @@ class PagedKVManager:
 
     policy = "paged"
     windows: tuple[int | None, ...] = (None,)  # one KV cache group, full attention
+    _epoch: paged_runs.DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_cpu_blocks: int = 0, watermark: float = 0.0, *,
@@ -152,6 +153,7 @@ class PagedKVManager:
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _gpu_seq(self, seq_id: int) -> SeqState:
+        self._no_epoch()
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
@@ -234,6 +236,7 @@ class PagedKVManager:
         before any allocation could evict one), then fresh blocks. Full blocks of known token ids are
         registered in the prefix cache as soon as they are allocated: this step computes their K/V.
         """
+        self._no_epoch()
         if new is None and len(seq_ids) == 1:  # the hot path: one sequence grows (a decode, a chunk)
             return self._grow_one(seq_ids[0], num_new_tokens[0])
         plan = self._plan(seq_ids, num_new_tokens, new)
@@ -328,15 +331,19 @@ class PagedKVManager:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
+        member = self._epoch.leave(seq_id) if self._epoch is not None else None  # its num_tokens made current
         allocator = self.cpu_allocator if seq.swapped else self.allocator
         allocator.free(seq.block_table[::-1])  # first: should it raise (it then changes nothing), the seq stays
         del self._seqs[seq_id]
+        if member is not None:
+            self._epoch.freed(member)
 
     # --- swapping (paper 4.5) -----------------------------------------------------------------------
     # A preempted group's blocks move to CPU memory and come back when GPU memory allows, keeping the sharing
     # inside the group. While a sequence is swapped out its block table holds CPU block ids.
     def _distinct_blocks(self, seq_ids: Sequence[int], swapped: bool) -> list[int]:
         """The distinct blocks the group's tables point at, in first-seen order; checks every id's location."""
+        self._no_epoch()
         seen: dict[int, None] = {}
         for seq_id in seq_ids:
             seq = self._seqs.get(seq_id)
@@ -420,6 +427,7 @@ class PagedKVManager:
     def _gpu_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[SeqState]:
         """The states of these live, on-GPU sequences, the groups concatenated (one pass; the fast-forward asks for
         many at once)."""
+        self._no_epoch()
         try:
             seqs = [self._seqs[i] for ids in seq_groups for i in ids]
         except KeyError as err:
@@ -442,18 +450,47 @@ class PagedKVManager:
             raise ValueError(f"duplicate sequence ids {[i for ids in seq_groups for i in ids]}")
         if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
-        start = self.breakdown().counts()
-        counts = paged_runs.decode_run_counts(start, self.block_size, [(s.num_tokens, s.final_len) for s in seqs],
-                                              num_steps)  # fmt: skip
-        paged_runs.append_decode_steps(self.allocator, self.block_size, seqs, num_steps)
+        counts = paged_runs.advance(self.allocator, self.block_size, seqs, num_steps, self.breakdown().counts())
         for seq in seqs:
             if seq.token_ids is not None:
                 self._register(seq)
         return counts
 
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]):
+        """Open a decode epoch over these sequences (paged_runs.DecodeEpoch: runs in O(steps + blocks opened)), or
+        None where this manager cannot: with prefix caching (every full block would be registered), a student's
+        allocator, or a sequence whose partly filled last block is shared (its next write copies). Until
+        close_decode_epoch, only free (of members) and questions that read no sequence's state (admission of new
+        sequences, free blocks) may be asked; everything else raises."""
+        if self._epoch is not None:
+            raise RuntimeError("a decode epoch is open already")
+        if self.enable_prefix_caching or type(self.allocator) is not BlockAllocator:
+            return None
+        seqs = self._gpu_seqs(seq_groups)
+        bs, ref_count = self.block_size, self.allocator.ref_count
+        if any(s.num_tokens % bs and ref_count(s.block_table[-1]) > 1 for s in seqs):
+            return None
+        ids = [i for ids in seq_groups for i in ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate sequence ids {ids}")
+        start = self.breakdown().counts()
+        self._epoch = paged_runs.DecodeEpoch(self.allocator, bs, dict(zip(ids, seqs)), lasts, start)
+        return self._epoch
+
+    def close_decode_epoch(self) -> None:
+        """Close the open decode epoch (if any): every member's state current again."""
+        if self._epoch is not None:
+            epoch, self._epoch = self._epoch, None
+            epoch.close()
+
+    def _no_epoch(self) -> None:
+        if self._epoch is not None:
+            raise RuntimeError("a decode epoch is open: close_decode_epoch() first (sequences' token counts are lazy)")
+
     # --- what the executor and the metrics read ------------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
+        self._no_epoch()
         return list(self._seqs[seq_id].block_table)
 
     def group_tables(self, seq_id: int) -> list[list[int | None]]:
@@ -461,6 +498,7 @@ class PagedKVManager:
         return [self.block_table(seq_id)]
 
     def num_tokens(self, seq_id: int) -> int:
+        self._no_epoch()
         return self._seqs[seq_id].num_tokens
 
     def is_swapped(self, seq_id: int) -> bool:
@@ -479,6 +517,7 @@ class PagedKVManager:
     def slot_segments(self) -> list[tuple[int, int, int, int]]:
         """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
         block is listed once, under its first owner. The breakdown below, slot by slot."""
+        self._no_epoch()
         bs, segments, last = self.block_size, [], {}
         seen: set[int] = set()
         for seq_id, seq in self._seqs.items():
@@ -513,6 +552,7 @@ class PagedKVManager:
 
         Swapped-out sequences hold no GPU memory; freed cached blocks count as free. Cost: O(live sequences).
         """
+        self._no_epoch()
         bs = self.block_size
         partial: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach over its owners]
         for seq in self._seqs.values():
@@ -541,6 +581,7 @@ class PagedKVManager:
     def check_invariants(self) -> None:
         """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens;
         the breakdown equals a slow block-by-block recount."""
+        self._no_epoch()
         self.allocator.check_invariants()
         if self.cpu_allocator is not None:
             self.cpu_allocator.check_invariants()

@@ -1,4 +1,5 @@
 """Runs of plain decode steps in a paged pool, in closed form: how long one can last, and what it does to memory.
+Also the lazy form of the same runs (`DecodeEpoch`), whose cost does not grow with the number of sequences.
 
 The simulator's fast-forward (sim/fastforward.py) jumps over runs of identical decode steps: every running
 sequence appends one token per step, nothing is admitted, copied or finished. It asks the KV manager two
@@ -58,44 +59,47 @@ def max_decode_steps(allocator: BlockAllocator, block_size: int, seqs: Sequence,
     return min(limit, run_capacity([s.num_tokens for s in seqs], block_size, allocator.num_free_blocks))
 
 
-def append_decode_steps(allocator: BlockAllocator, block_size: int, seqs: Sequence, num_steps: int) -> None:
-    """`num_steps` decode steps at once, each appending one token to every sequence in order: the same end state
-    and block ids as that many rounds of one-token appends. Room is checked by the caller.
+def advance(allocator: BlockAllocator, block_size: int, seqs: Sequence, num_steps: int,
+            start: tuple[int, ...]) -> list[tuple[int, ...]]:  # fmt: skip
+    """`num_steps` decode steps at once, each appending one token to every sequence in order: the same end state and
+    block ids as that many rounds of one-token appends (room checked by the caller). Returns the pool's five raw slot
+    counts during each step, from the counts `start` before the run. `seqs`: objects with `.num_tokens`,
+    `.final_len` and `.block_table`. O(seqs + num_steps), one pass over the sequences.
 
-    A sequence whose last block has r empty slots opens blocks at steps r + 1, r + 1 + B, ... Ordered by
-    (step, position), the openings go round after round through the sequences sorted by (r, position), so
-    with the fresh blocks taken from the free queue at once, the p-th of that order gets blocks p, p + S, ...
+    Block ids. A sequence whose last block has r empty slots opens blocks at steps r + 1, r + 1 + B, ... Ordered
+    by (step, position), the openings go round after round through the sequences sorted by (r, position), so with
+    the fresh blocks taken from the free queue at once, the p-th of that order gets blocks p, p + S, ...
 
         B = 4, 6 steps, a (r = 2) then b (r = 0):  order b, a;  fresh [5, 9, 2]
         b opens at steps 1 and 5 -> +[5, 2];  a at step 3 -> +[9]
+
+    Counts. Every step writes one token per sequence into a slot set aside for it; a step whose index j has
+    j % B == r for a sequence opens a block for it (see the module docstring for where its slots go).
     """
-    bs = block_size
-    new = [cdiv(s.num_tokens + num_steps, bs) - len(s.block_table) for s in seqs]
-    fresh = allocator.allocate(sum(new))
-    if fresh is None:
-        raise RuntimeError(f"expected {sum(new)} free blocks for {num_steps} decode steps, found fewer")
-    order = sorted(range(len(seqs)), key=lambda j: -seqs[j].num_tokens % bs)  # stable: ties keep position
-    for p, j in enumerate(order):
-        seqs[j].block_table += fresh[p :: len(seqs)]
-        seqs[j].num_tokens += num_steps
-
-
-def decode_run_counts(start: tuple[int, ...], block_size: int, seqs: Sequence[tuple[int, int]],
-                      num_steps: int) -> list[tuple[int, ...]]:  # fmt: skip
-    """The pool's five raw slot counts during each step of a run, from the counts `start` before it.
-    `seqs`: (num_tokens, final_len) per sequence. O(seqs + num_steps)."""
-    tokens, reservation, internal, external, free = start
-    num_seqs, bs = len(seqs), block_size
-    opening = [0] * bs  # opening[m]: sequences that open a block at every step j with j % B == m
+    bs, num_seqs = block_size, len(seqs)
+    by_empty: list[list] = [[] for _ in range(bs)]  # the sequences by r, each list in position order
     to_internal: dict[int, int] = {}  # step -> slots of newly opened final blocks that are internal frag.
-    for n, final in seqs:
-        opening[(-n) % bs] += 1
+    num_new = 0
+    for seq in seqs:
+        n, final = seq.num_tokens, seq.final_len
+        by_empty[-n % bs].append(seq)
         last_open = (final - 1) // bs * bs  # first position of the final block
         if 0 <= last_open - n < num_steps:
             to_internal[last_open - n] = to_internal.get(last_open - n, 0) + bs - (final - last_open)
+        num_new += cdiv(n + num_steps, bs) - len(seq.block_table)
+    fresh = allocator.allocate(num_new)
+    if fresh is None:
+        raise RuntimeError(f"expected {num_new} free blocks for {num_steps} decode steps, found fewer")
+    p = 0
+    for same in by_empty:
+        for seq in same:
+            seq.block_table += fresh[p::num_seqs]
+            seq.num_tokens += num_steps
+            p += 1
+    tokens, reservation, internal, external, free = start
     counts = []
     for j in range(num_steps):
-        opened = opening[j % bs] * bs
+        opened = len(by_empty[j % bs]) * bs
         moved = to_internal.get(j, 0)
         tokens += num_seqs
         reservation += opened - num_seqs - moved
@@ -103,3 +107,110 @@ def decode_run_counts(start: tuple[int, ...], block_size: int, seqs: Sequence[tu
         free -= opened
         counts.append((tokens, reservation, internal, external, free))
     return counts
+
+
+class DecodeEpoch:
+    """Runs of plain decode steps of the same sequences, one run after another, in O(steps + blocks opened) a run
+    instead of O(sequences): the paged manager's side of the simulator's decode epochs (PagedKVManager.
+    open_decode_epoch; the scheduler opens one, sim/scheduler.py). The same block ids, end state and counts as
+    `advance` run after run (tests/sim/test_fastforward.py compares every number with stepping).
+
+    While it is open, a sequence's `num_tokens` is stale (its tokens at the epoch's start; the true count adds the
+    epoch's steps): only the block tables are kept current, one block per opening, so that a sequence that ends is
+    freed with exactly its blocks. A sequence opens blocks at the epoch's steps j with j % B == c, c = the empty
+    slots of its last block at the start (its class); each step, one class opens, in plan order. The pool's counts
+    are carried from run to run, and corrected when a sequence leaves (its partly filled last block's empty slots
+    leave the breakdown; its blocks go back to the pool). Sequences only leave; none joins (an admission, a swap or
+    anything else closes the epoch first: the scheduler's rule).
+    """
+
+    def __init__(self, allocator: BlockAllocator, block_size: int, seqs: dict, lasts: Sequence[int],
+                 start: tuple[int, ...]) -> None:  # fmt: skip
+        """`seqs`: seq id -> state (`.num_tokens`, `.final_len`, `.block_table`), in plan order; `lasts`: the epoch
+        step (from 0) in which each samples its last token and after which it leaves; `start`: the pool's raw counts."""
+        bs = block_size
+        self.allocator, self.block_size, self.steps = allocator, bs, 0
+        self.by_class: list[list] = [[] for _ in range(bs)]  # each class's sequences, in plan order
+        self.members: dict[int, tuple] = {}  # seq id -> (state, tokens at the start, class)
+        self.to_internal: dict[int, int] = {}  # epoch step -> slots of final blocks opened then that stay unused
+        for (seq_id, seq), last in zip(seqs.items(), lasts):
+            n, final = seq.num_tokens, seq.final_len
+            c = -n % bs
+            self.by_class[c].append(seq)
+            self.members[seq_id] = (seq, n, c)
+            last_open = (final - 1) // bs * bs  # first position of the final block: written at epoch step d
+            d = last_open - n
+            if 0 <= d <= last:
+                self.to_internal[d] = self.to_internal.get(d, 0) + bs - (final - last_open)
+        self.counts = start
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.members)
+
+    def max_steps(self, limit: int) -> int:
+        """run_capacity over the members as they stand now, from the classes' sizes: O(block_size)."""
+        num_seqs = len(self.members)
+        if limit < 1 or not num_seqs:
+            return max(limit, 0)
+        rounds, left = divmod(self.allocator.num_free_blocks, num_seqs)
+        bs, by_class, steps = self.block_size, self.by_class, self.steps
+        for r in range(bs):  # r: empty slots in a last block now, ascending; the class opening after r steps
+            left -= len(by_class[(steps + r) % bs])
+            if left < 0:
+                return min(limit, rounds * bs + r)
+        raise AssertionError("unreachable: left < num_seqs")
+
+    def advance(self, num_steps: int) -> list[tuple[int, ...]]:
+        """Apply `num_steps` steps (room checked by max_steps); the pool's raw counts during each."""
+        bs, by_class, steps, num_seqs = self.block_size, self.by_class, self.steps, len(self.members)
+        fresh = self.allocator.allocate(sum(len(by_class[(steps + j) % bs]) for j in range(num_steps)))
+        if fresh is None:
+            raise RuntimeError(f"expected free blocks for {num_steps} decode steps, found fewer")
+        tokens, reservation, internal, external, free = self.counts
+        to_internal, counts, i = self.to_internal, [], 0
+        for j in range(steps, steps + num_steps):
+            opening = by_class[j % bs]
+            for seq in opening:  # stepping's order: step by step, each in plan order
+                seq.block_table.append(fresh[i])
+                i += 1
+            opened = len(opening) * bs
+            moved = to_internal.get(j, 0)
+            tokens += num_seqs
+            reservation += opened - num_seqs - moved
+            internal += moved
+            free -= opened
+            counts.append((tokens, reservation, internal, external, free))
+        self.counts = counts[-1]
+        self.steps = steps + num_steps
+        return counts
+
+    def leave(self, seq_id: int):
+        """The member's state, made current and out of the epoch (to be freed next); None if it is no member."""
+        member = self.members.pop(seq_id, None)
+        if member is None:
+            return None
+        seq, start, c = member
+        seq.num_tokens = start + self.steps
+        same = self.by_class[c]
+        del same[next(i for i, s in enumerate(same) if s is seq)]  # by identity: two siblings' states may be equal
+        return seq
+
+    def freed(self, seq) -> None:
+        """Correct the counts after `seq` (made current by leave) was freed: its last block's empty slots leave
+        the breakdown (its last block is its own: the epoch opens only without shared partly filled last blocks)."""
+        bs, n = self.block_size, seq.num_tokens
+        tokens, reservation, internal, external, free = self.counts
+        filled = n % bs
+        if filled:
+            reach = min(max(seq.final_len - n + filled, filled), bs)  # as breakdown() clamps it
+            reservation -= reach - filled
+            internal -= bs - reach
+        self.counts = (self.allocator.num_used_blocks * bs - reservation - internal, reservation, internal, external,
+                       self.allocator.num_free_blocks * bs)  # fmt: skip
+
+    def close(self) -> None:
+        """Make every member's num_tokens current."""
+        for seq, start, _ in self.members.values():
+            seq.num_tokens = start + self.steps
+        self.members.clear()

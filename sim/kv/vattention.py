@@ -302,6 +302,12 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         vattention_runs.map_decode_steps(self.allocator, self.block_size, seqs, num_steps)
         return counts
 
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]) -> None:
+        return None  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+
+    def close_decode_epoch(self) -> None:
+        pass  # none is ever open
+
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the pages mapped to the sequence's virtual range, in order."""
