@@ -1,7 +1,9 @@
 """The fast-forward (sim/fastforward.py) gives the same run as stepping token by token.
 
-Each case simulates one workload twice, `jump=False` (one schedule()/finish_step() per token) and `jump=True`
-(with `validate=True`: after every run the loop checks its booked memory against the KV manager). Everything
+Each case simulates one workload three times: `jump=False` (one schedule()/finish_step() per token), `jump=True`
+with `validate=True` (run by run: after every run the loop checks its booked memory against the KV manager), and
+`jump=True` alone (where the KV manager can, decode epochs: the same runs applied lazily, sim/kv/paged_runs.py's
+DecodeEpoch, with each request's token times booked when it finishes or the epoch closes). Everything
 per request and per step must be identical: times are the same float sums in the same order, and the memory
 counts are integers. The time-weighted memory shares may differ only by summation order: rel 1e-9. Every case
 runs under the paper's scheduler (v0) and under v1 with a small token budget, so prompt chunks, mixed steps
@@ -20,7 +22,7 @@ from sim.kv.paged_runs import run_capacity
 from sim.plan import StepOutcome
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
-from sim.kv.base import SHARE_NAMES
+from sim.kv.base import SHARE_NAMES, NewSequence
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
 # (policy, extra arguments). Small pools (kv_slots) make memory run out: preemption for paged, long waits
@@ -50,15 +52,16 @@ CASES["static"] = ("paged", {"scheduler": "static", "kv_slots": 4096})
 CASES["v1-unchunked"] = ("paged", {"scheduler": "v1", "enable_chunked_prefill": False, "kv_slots": 4096})
 
 
-def _simulate(policy: str, jump: bool, **extra):
+def _simulate(policy: str, jump: bool, epochs: bool = False, **extra):
     args = {"workload": "sharegpt", "rate": 4.0, "num_requests": 40, "seed": 3, **extra}
-    return run(policy=policy, jump=jump, validate=jump, **args)
+    return run(policy=policy, jump=jump, validate=jump and not epochs, **args)  # validate: run by run
 
 
+@pytest.mark.parametrize("how", ["runs", "epochs"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_jump_equals_stepping(case):
+def test_jump_equals_stepping(case, how):
     policy, extra = CASES[case]
-    stepped, jumped = _simulate(policy, False, **extra), _simulate(policy, True, **extra)
+    stepped, jumped = _simulate(policy, False, **extra), _simulate(policy, True, how == "epochs", **extra)
     assert jumped.summary["num_finished"] == stepped.summary["num_finished"] == stepped.summary["num_requests"]
     for name in REQUEST_COLUMNS:  # arrival, first token, finish, preemptions, normalized latency: bit-identical
         np.testing.assert_array_equal(jumped.requests[name], stepped.requests[name], err_msg=name)
@@ -76,6 +79,30 @@ def test_jumps_happen_and_matter():
     stepped = _simulate("paged", False)
     assert jumped.summary["num_events"] < stepped.summary["num_events"] / 2
     assert jumped.summary["num_steps"] == stepped.summary["num_steps"]
+
+
+def test_decode_epochs_are_taken_where_the_manager_can(monkeypatch):
+    """Without validate, the paged runs go through decode epochs (opened, and holding several runs each); with a
+    prefix cache or under validate they do not (the run-by-run path)."""
+    opened, runs = [], []
+    real_open, real_advance = Scheduler.open_decode_epoch, Scheduler.advance_decode_epoch
+
+    def spy_open(self, on_close=None):
+        opened.append(real_open(self, on_close))
+        return opened[-1]
+
+    def spy_advance(self, max_steps):
+        runs.append(real_advance(self, max_steps))
+        return runs[-1]
+
+    monkeypatch.setattr(Scheduler, "open_decode_epoch", spy_open)
+    monkeypatch.setattr(Scheduler, "advance_decode_epoch", spy_advance)
+    _simulate("paged", True, epochs=True)
+    assert sum(opened) > 0 and len(runs) > 1.5 * sum(opened)  # several runs an epoch
+    opened.clear()
+    _simulate("paged", True, epochs=True, prefix_len=40, num_prefixes=2)  # prefix caching: every full block registers
+    _simulate("paged", True)  # validate checks the pool after every run
+    assert not any(opened)
 
 
 def test_cases_exercise_what_they_claim():
@@ -160,3 +187,52 @@ def test_figure_probes_see_what_stepping_shows(mode):
     assert jumped["snapshot"].time == stepped["snapshot"].time
     np.testing.assert_array_equal(jumped["snapshot"].kind, stepped["snapshot"].kind)
     np.testing.assert_array_equal(jumped["snapshot"].owner, stepped["snapshot"].owner)
+
+
+# --- a decode epoch in a paged pool (sim/kv/paged_runs.DecodeEpoch) against the run-by-run path ---------------------
+@given(st.data())
+def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
+    """Sequences of random lengths decode in an epoch, leaving (freed) at random steps; a twin manager applies the same
+    runs one by one (advance_decodes, checked against stepping above) and frees the same sequences: every run's counts,
+    every run's length limit, and at the end every block table and the breakdown are the same."""
+    bs = data.draw(st.sampled_from([1, 2, 4, 16]), "block_size")
+    num_blocks = data.draw(st.integers(4, 60), "num_blocks")
+    shapes = data.draw(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 3)), min_size=1,
+                                max_size=6), "tokens, last step, slack")  # fmt: skip
+    managers = [PagedKVManager(num_blocks, bs) for _ in range(2)]
+    ids, lasts = [], []
+    for i, (tokens, last, slack) in enumerate(shapes):
+        final = tokens + last + 1 + slack  # the most tokens it will hold, at least those of its last step
+        spec = [NewSequence(tokens, final, None, 0)]
+        if not managers[0].can_allocate_slots([i], [tokens], spec):
+            break
+        for kv in managers:
+            kv.allocate_slots([i], [tokens], spec)
+        ids.append(i)
+        lasts.append(last)
+    if not ids:
+        return
+    lazy, twin = managers
+    epoch = lazy.open_decode_epoch([[i] for i in ids], lasts)
+    with pytest.raises(RuntimeError, match="epoch is open"):
+        lazy.breakdown()
+    alive, steps = dict(zip(ids, lasts)), 0
+    while alive:
+        until = min(alive.values()) - steps + 1
+        limit = data.draw(st.integers(1, until), "steps asked")
+        k = epoch.max_steps(limit)
+        assert k == twin.max_decode_steps([[i] for i in alive], limit)
+        if k < 1:
+            break
+        assert epoch.advance(k) == twin.advance_decodes([[i] for i in alive], k)
+        steps += k
+        for i in [i for i, last in alive.items() if last == steps - 1]:
+            del alive[i]
+            lazy.free(i)
+            twin.free(i)
+            assert epoch.counts == twin.breakdown().counts()
+    lazy.close_decode_epoch()
+    for i in alive:
+        assert lazy.block_table(i) == twin.block_table(i) and lazy.num_tokens(i) == twin.num_tokens(i)
+    assert lazy.breakdown() == twin.breakdown() and lazy.num_free_blocks == twin.num_free_blocks
+    lazy.check_invariants()
