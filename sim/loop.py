@@ -127,7 +127,8 @@ class Simulator:
         # Decode epochs (Scheduler.open_decode_epoch): runs whose cost does not grow with the batch, where nothing
         # watches every step (no observer, no check, no range, no shared reads). The token times of the epoch's
         # requests are then booked when each finishes or the epoch closes, from the end of every step in it.
-        self.epochs = jump and not validate and on_step is None and in_range is None and not shared_reads
+        self.epochs = (jump and not validate and on_step is None and in_range is None and not shared_reads
+                       and self.kv.has_decode_epochs)  # fmt: skip
         self.epoch_members: dict[int, None] = {}  # the open epoch's unfinished requests (indices)
         self.epoch_ends: list[float] = []  # the end of each of its steps
         self.epoch_gaps: list[float] = []  # [j]: the largest difference of consecutive step ends up to step j
@@ -179,9 +180,8 @@ class Simulator:
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
             horizon = min(self.next_arrival, self.stop_at[0]) if self.stop_at else self.next_arrival
-            if self.epochs:
-                run = self._epoch_run(horizon)
-            else:
+            run = self._epoch_run(horizon) if self.epochs else False
+            if run is False:  # run by run: no epoch here, or none for these sequences now
                 run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
                 if run is not None:
                     self._book_run(run)
@@ -325,13 +325,17 @@ class Simulator:
             times.last_token[i] = run.end
             times.token_steps[i] += run.num_steps
 
-    def _epoch_run(self, horizon: float) -> fastforward.EpochRun | None:
+    def _epoch_run(self, horizon: float) -> fastforward.EpochRun | bool | None:
         """The next run of the open decode epoch (opened here if the hint allows and the scheduler can), applied and
-        booked, or None (the step is then scheduled normally, which closes the epoch)."""
+        booked; None: the step is scheduled normally (which closes the epoch); False: a plain decode run the epoch
+        cannot take (the KV manager has none for these sequences now): run by run."""
         scheduler = self.scheduler
         if not scheduler.decode_epoch_open:
-            if not self.may_run or not scheduler.open_decode_epoch(self._settle_epoch):
+            if not self.may_run:
                 return None
+            opened = scheduler.open_decode_epoch(self._settle_epoch)
+            if not opened:
+                return opened
             self.epoch_members = {self.index[rid]: None for rid in scheduler.running_request_ids()}
         num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
         waiting = num_waiting + scheduler.num_swapped > 0

@@ -632,16 +632,17 @@ class Scheduler:
     # decode epoch: run after run of plain decode steps applied without touching every sequence each run (their
     # counts are brought up to date when one finishes, or when anything else happens: the epoch then closes). An
     # arrival does not close it (it only queues the request; whether it may be admitted is asked before each run).
-    def open_decode_epoch(self, on_close=None) -> bool:
+    def open_decode_epoch(self, on_close=None) -> bool | None:
         """Open a decode epoch if the next steps are plain decodes of the running sequences (plain_decode_seqs) and
-        the KV manager has the lazy form; True if one is open. `on_close(steps)`: called when it closes, with the
-        steps it applied (the loop then books what it kept lazy too). Every other call closes it first, except
-        add_request, the read-only queue views and the epoch's own calls below."""
+        the KV manager has the lazy form: True if one is open; False if they are plain decodes but the manager has
+        no epoch for them now (run them with advance_decodes); None if they are not. `on_close(steps)`: called when
+        it closes, with the steps it applied (the loop then books what it kept lazy too). Every other call closes it
+        first, except add_request, the read-only queue views and the epoch's own calls below."""
         if self._epoch is not None:
             return True
         seqs = self.plain_decode_seqs()
         if seqs is None:
-            return False
+            return None
         _, seq_groups, _ = self._plain_decodes_cache
         lasts = [s.output_len - s.num_generated - 1 for s in seqs]  # the epoch step that samples its last token
         kv_epoch = self.kv.open_decode_epoch(seq_groups, lasts)

@@ -218,6 +218,11 @@ class KVManager(Protocol):
         allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked)."""
         ...
 
+    @property
+    def has_decode_epochs(self) -> bool:
+        """Whether open_decode_epoch can ever open one (else it always answers None)."""
+        ...
+
     def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]):
         """Runs of such steps over these sequences, one after another, at a cost that does not grow with their number
         (the paged manager: sim/kv/paged_runs.DecodeEpoch, with max_steps(limit) and advance(num_steps) as above),

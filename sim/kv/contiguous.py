@@ -250,8 +250,10 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             counts.append((tokens, reservation, internal, external, free))
         return counts
 
+    has_decode_epochs = False  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+
     def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]) -> None:
-        return None  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+        return None
 
     def close_decode_epoch(self) -> None:
         pass  # none is ever open

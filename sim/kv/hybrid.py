@@ -295,8 +295,10 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         return hybrid_runs.step_decodes(self, seq_groups, num_steps)
 
+    has_decode_epochs = False  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+
     def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]) -> None:
-        return None  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
+        return None
 
     def close_decode_epoch(self) -> None:
         pass  # none is ever open

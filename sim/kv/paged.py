@@ -456,6 +456,10 @@ class PagedKVManager:
                 self._register(seq)
         return counts
 
+    @property
+    def has_decode_epochs(self) -> bool:
+        return not self.enable_prefix_caching and type(self.allocator) is BlockAllocator
+
     def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]):
         """Open a decode epoch over these sequences (paged_runs.DecodeEpoch: runs in O(steps + blocks opened)), or
         None where this manager cannot: with prefix caching (every full block would be registered), a student's
@@ -464,7 +468,7 @@ class PagedKVManager:
         sequences, free blocks) may be asked; everything else raises."""
         if self._epoch is not None:
             raise RuntimeError("a decode epoch is open already")
-        if self.enable_prefix_caching or type(self.allocator) is not BlockAllocator:
+        if not self.has_decode_epochs:
             return None
         seqs = self._gpu_seqs(seq_groups)
         bs, ref_count = self.block_size, self.allocator.ref_count

@@ -60,11 +60,12 @@ def test_prefill_and_store_run_the_batched_torch_code():
 
 
 def test_other_dtypes_raise_one_clear_line():
-    """(The block-table value checks: test_attention_batched.test_bad_values_raise_like_the_oracle[numba].)"""
+    """float16 (bfloat16 runs: tests/reference/test_bf16_cpu.py). (The block-table value checks:
+    test_attention_batched.test_bad_values_raise_like_the_oracle[numba].)"""
     query = torch.zeros(1, NUM_KV_HEADS, 8)
-    half = torch.zeros(4, 2, NUM_KV_HEADS, 8, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="backend 'numba' runs float32 CPU tensors"):
-        paged_decode_attention(query.to(torch.bfloat16), half, half.clone(), torch.tensor([[0]], dtype=torch.int32),
+    half = torch.zeros(4, 2, NUM_KV_HEADS, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="backend 'numba' runs float32 or bfloat16 CPU tensors of one dtype"):
+        paged_decode_attention(query.to(torch.float16), half, half.clone(), torch.tensor([[0]], dtype=torch.int32),
                                torch.tensor([1], dtype=torch.int32), 1.0, backend="numba")
 
 
@@ -92,7 +93,9 @@ def test_engine_greedy_tokens_equal_the_oracle_backend_and_numba_is_the_cpu_defa
     if not torch.cuda.is_available():
         assert LLM.from_loaded(*loaded, num_gpu_blocks=4).backend == "numba"  # float32 on a CPU
         bf16 = load_model("random", dtype=torch.bfloat16)
-        assert LLM.from_loaded(*bf16, num_gpu_blocks=4).backend == "torch_batched"  # numba has no bfloat16
+        assert LLM.from_loaded(*bf16, num_gpu_blocks=4).backend == "numba"  # its bfloat16 reads: test_bf16_cpu.py
+        fp16 = load_model("random", dtype=torch.float16)
+        assert LLM.from_loaded(*fp16, num_gpu_blocks=4).backend == "torch_batched"  # the kernel has no float16
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 8])

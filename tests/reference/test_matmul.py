@@ -42,7 +42,8 @@ def test_default_matmul_choices_and_bad_values():
     cpu = torch.device("cpu")
     expected = "onednn" if torch.backends.mkldnn.is_available() else "torch"
     assert default_matmul(None, cpu, torch.float32) == expected
-    assert default_matmul(None, cpu, torch.bfloat16) == "torch"  # only float32 is prepacked by default
+    assert default_matmul(None, cpu, torch.bfloat16) == expected  # prepacked too (tests/reference/test_bf16_cpu.py)
+    assert default_matmul(None, cpu, torch.float16) == "torch"  # not measured: not prepacked
     assert default_matmul("torch", cpu, torch.float32) == "torch"
     with pytest.raises(ValueError, match=r"unknown matmul 'mkl' \(allowed: torch, onednn\)"):
         default_matmul("mkl", cpu, torch.float32)
