@@ -19,6 +19,7 @@ token (the largest gap) and its last: the latency metrics of sim/metrics.py.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass
@@ -129,9 +130,11 @@ class Simulator:
         # requests are then booked when each finishes or the epoch closes, from the end of every step in it.
         self.epochs = (jump and not validate and on_step is None and in_range is None and not shared_reads
                        and self.kv.has_decode_epochs)  # fmt: skip
-        self.epoch_members: dict[int, None] = {}  # the open epoch's unfinished requests (indices)
+        self.epoch_members: dict[int, int] = {}  # the open epoch's unfinished requests (index -> the step they joined)
         self.epoch_ends: list[float] = []  # the end of each of its steps
-        self.epoch_gaps: list[float] = []  # [j]: the largest difference of consecutive step ends up to step j
+        # the differences of consecutive step ends (step j's end minus step j - 1's) that no later one reaches or
+        # passes, as (j, difference), differences decreasing: the largest from any step on is the first with j beyond
+        self.epoch_gaps: list[tuple[int, float]] = []
         self.epoch_running = False  # inside a run of the epoch
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -336,15 +339,20 @@ class Simulator:
             opened = scheduler.open_decode_epoch(self._settle_epoch)
             if not opened:
                 return opened
-            self.epoch_members = {self.index[rid]: None for rid in scheduler.running_request_ids()}
+            self.epoch_members = {self.index[rid]: 0 for rid in scheduler.running_request_ids()}
         num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
         waiting = num_waiting + scheduler.num_swapped > 0
         self.epoch_running = True  # an epoch closing inside (its last members left) is settled below, once booked
+        joined_at = len(self.epoch_ends)
         try:
             run = fastforward.epoch_run(scheduler, self.cost, self.now, horizon)
         finally:
             self.epoch_running = False
+        for request_id in scheduler.joined_requests():  # admitted while it was open, joined before this run
+            self.epoch_members[self.index[request_id]] = joined_at
         if run is None:
+            if not scheduler.decode_epoch_open:  # it closed (a group that could not join)
+                self._settle_epoch(len(self.epoch_ends))
             return None
         self.may_run = True
         seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
@@ -362,34 +370,40 @@ class Simulator:
         ends, gaps = self.epoch_ends, self.epoch_gaps
         for start, duration in zip(run.starts, durations):
             end = start + duration
-            gaps.append(max(gaps[-1], end - ends[-1]) if ends else 0.0)
+            if ends:
+                diff = end - ends[-1]
+                while gaps and gaps[-1][1] <= diff:
+                    gaps.pop()
+                gaps.append((len(ends), diff))
             ends.append(end)
         members = self.epoch_members
         for request_id in run.finished_request_ids:
             i = self.index[request_id]
-            del members[i]
-            self._settle(i, len(ends))
+            self._settle(i, members.pop(i), len(ends))
         if not scheduler.decode_epoch_open:  # the last members left: it closed
             self._settle_epoch(len(ends))
         return run
 
-    def _settle(self, i: int, num_steps: int) -> None:
-        """Request i's token times after the epoch's first `num_steps` steps, each of which sampled a token for it:
-        the gaps are the first step's end minus its last token before, then the differences of consecutive step ends
-        (the same float subtractions stepping makes, and the same largest)."""
-        times, ends = self.times, self.epoch_ends
-        gap = max(ends[0] - times.last_token[i], self.epoch_gaps[num_steps - 1])
+    def _settle(self, i: int, first: int, end: int) -> None:
+        """Request i's token times after the epoch's steps first .. end - 1 (end: all so far), each of which sampled
+        a token for it: the gaps are the first one's end minus its last token before, then the differences of
+        consecutive step ends (the same float subtractions stepping makes, and the same largest)."""
+        if first >= end:
+            return
+        times, ends, gaps = self.times, self.epoch_ends, self.epoch_gaps
+        later = bisect.bisect_right(gaps, (first, math.inf))  # the first difference after step `first`
+        gap = max(ends[first] - times.last_token[i], gaps[later][1] if later < len(gaps) else 0.0)
         if gap > times.max_gap[i]:
             times.max_gap[i] = gap
-        times.last_token[i] = ends[num_steps - 1]
-        times.token_steps[i] += num_steps
+        times.last_token[i] = ends[end - 1]
+        times.token_steps[i] += end - first
 
     def _settle_epoch(self, num_steps: int) -> None:
         """The epoch closed after `num_steps` steps: book the token times of the requests still in it."""
         if self.epoch_running:
             return
-        for i in self.epoch_members if num_steps else ():
-            self._settle(i, num_steps)
+        for i, first in self.epoch_members.items():
+            self._settle(i, first, num_steps)
         self.epoch_members, self.epoch_ends, self.epoch_gaps = {}, [], []
 
     def _check_pool(self, expected: tuple[int, ...]) -> None:

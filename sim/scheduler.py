@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
@@ -76,6 +76,7 @@ class Scheduler:
         # advance_decodes right after it does not ask again: a speed-up only.
         self._plain_decodes_cache: tuple[list[Sequence], list[list[int]], int] | None = None
         self._epoch: _DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
+        self._joined: list[int] = []  # requests that joined an epoch since joined_requests() last asked
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -184,12 +185,15 @@ class Scheduler:
         return [s.seq_id for s in self._group(request_id).seqs]
 
     def num_generated(self, seq_id: int) -> int:
-        self._close_epoch()
-        return self._seqs[seq_id].num_generated
+        return self._seqs[seq_id].num_generated + self._lag(seq_id)
 
     def num_computed_tokens(self, seq_id: int) -> int:
-        self._close_epoch()
-        return self._seqs[seq_id].num_computed_tokens
+        return self._seqs[seq_id].num_computed_tokens + self._lag(seq_id)
+
+    def _lag(self, seq_id: int) -> int:
+        """What an open decode epoch has not yet added to a member's counts (0 for anyone else)."""
+        epoch = self._epoch
+        return epoch.steps if epoch is not None and seq_id in epoch.kv.members else 0
 
     def group_status(self, request_id: int) -> SequenceStatus:
         return self._group(request_id).status
@@ -215,8 +219,11 @@ class Scheduler:
         (3) waiting groups are admitted FCFS while they fit in memory, max_num_seqs and the budget.
         v0 / static: (3) first, with whole prompts; if anything was admitted the step is prefill-only;
         otherwise (1) without a budget, then (2).
+        An open decode epoch stays open through a v0 step that admits (the running groups are not touched; the
+        admitted ones join it after their prompts, decode_epoch_run); any other step closes it first.
         """
-        self._close_epoch()
+        if self.config.mode == "v1" or not self._may_admit():
+            self._close_epoch()
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
         self._plain_decodes_cache, self._reported = None, None
@@ -234,6 +241,7 @@ class Scheduler:
                 if self._may_admit():
                     self._admit_waiting(plan, budget)
         elif not (self._may_admit() and self._admit_waiting(plan, budget)):
+            self._close_epoch()  # nothing admitted: this step decodes every running group
             self._schedule_running(plan, None)
             if not plan.preempted:
                 self._swap_in(plan, None)
@@ -375,6 +383,8 @@ class Scheduler:
             self._waiting.popleft()
             group.set_status(RUNNING)
             bisect.insort(self._running, group, key=lambda g: g.arrival_order)
+            if self._epoch is not None:
+                self._epoch.joining.append(group)
             for seq, spec in zip(seqs, new):
                 seq.num_computed_tokens = spec.num_cached_tokens
             self._add_entries(plan, group, seqs, counts, allocation.copies)
@@ -407,7 +417,8 @@ class Scheduler:
         NOTE: a sequence also finishes when it has generated output_len tokens (the simulator's rule, the engine's
         max_tokens), and for beam search all k beams end together: one finished beam finishes the group.
         """
-        self._close_epoch()
+        if self._epoch is not None and (outcome.beam_parents or any(not e.num_new_tokens for e in plan.entries)):
+            self._close_epoch()  # a fork or beams change sharing; an open epoch's step is otherwise an admission
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         self._outstanding, self._reported = None, plan
@@ -645,7 +656,8 @@ class Scheduler:
             return None
         _, seq_groups, _ = self._plain_decodes_cache
         lasts = [s.output_len - s.num_generated - 1 for s in seqs]  # the epoch step that samples its last token
-        kv_epoch = self.kv.open_decode_epoch(seq_groups, lasts)
+        keys = [(g.arrival_order, j) for g in self._running for j in range(len(g.live))]  # plan order
+        kv_epoch = self.kv.open_decode_epoch(seq_groups, lasts, keys)
         if kv_epoch is None:
             return False
         self._plain_decodes_cache = None
@@ -660,6 +672,12 @@ class Scheduler:
     def decode_epoch_open(self) -> bool:
         return self._epoch is not None
 
+    def joined_requests(self) -> list[int]:
+        """The requests whose sequences joined a decode epoch since the last call (their counts lazy from then; the
+        epoch may have closed since, when they left it in the same run)."""
+        joined, self._joined = self._joined, []
+        return joined
+
     def decode_epoch_run(self) -> tuple[int, int, int] | None:
         """The open epoch's next run: (sequences, the K/V tokens they hold, steps until the first of them samples its
         last token), or None when no epoch is open or the next step would admit the first waiting request
@@ -667,11 +685,42 @@ class Scheduler:
         epoch = self._epoch
         if epoch is None:
             return None
+        if epoch.joining and not self._join_epoch(epoch):
+            self._close_epoch()
+            return None
         budget = self.config.max_num_batched_tokens - (epoch.num_seqs if self.config.mode == "v1" else 0)
         if self._waiting and self._may_admit() and self._head_may_be_admitted(
                 budget, epoch.num_seqs, nothing_fed=self.config.mode != "v1"):
             return None
         return epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1
+
+    def _join_epoch(self, epoch: _DecodeEpoch) -> bool:
+        """The groups admitted while the epoch was open join it, if each now decodes plainly (as plain_decode_seqs
+        asks) and the KV manager takes its sequences; False (the caller closes the epoch) otherwise."""
+        joining, epoch.joining = epoch.joining, []
+        steps = epoch.steps
+        for group in joining:
+            if group.status is not RUNNING:  # finished with its prompt (a one-token output)
+                continue
+            if group.is_beam_search or group.pending_copies or not group.forked:
+                return False
+            seqs = group.live
+            if any(s.prefilling or s.num_computed_tokens != s.num_tokens - 1 for s in seqs):
+                return False
+            lasts = [steps + s.output_len - s.num_generated - 1 for s in seqs]
+            keys = [(group.arrival_order, j) for j in range(len(seqs))]
+            if not self.kv.join_decode_epoch([s.seq_id for s in seqs], lasts, keys):
+                return False
+            for seq, last in zip(seqs, lasts):
+                if last not in epoch.by_last:
+                    bisect.insort(epoch.lasts, last)  # after every last already passed: last >= steps
+                epoch.by_last.setdefault(last, []).append(seq)
+                epoch.context += seq.num_computed_tokens
+                seq.num_generated -= steps  # lazy from now on: the epoch adds its steps when the sequence leaves
+                seq.num_computed_tokens -= steps
+            epoch.num_seqs += len(seqs)
+            self._joined.append(group.request_id)
+        return True
 
     def advance_decode_epoch(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
         """advance_decodes for the open epoch (at most `max_steps`, never past the first member's last token): the
@@ -725,3 +774,4 @@ class _DecodeEpoch:
     on_close: object  # the caller's on_close(steps), or None
     steps: int = 0  # steps applied
     next_last: int = 0  # index in lasts of the next members to leave
+    joining: list = field(default_factory=list)  # groups admitted while it is open, to join before the next run

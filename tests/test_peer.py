@@ -37,6 +37,30 @@ def test_the_committed_run_covers_every_check():
     assert "# command: python tools/peer_vllm.py" in text and "vllm 0.32" in text
 
 
+def test_the_committed_bfloat16_run_reports_speed_and_agreement():
+    """`tools/peer_vllm.py --dtype bfloat16` (figures/peer_vllm_bf16.csv, when committed): the speed part in
+    bfloat16, and the greedy comparison as agreement rows (counts, never a pass or fail)."""
+    path = ROOT / "figures" / peer_vllm.BF16_OUT.removeprefix("figures/")
+    if not path.exists():
+        pytest.skip("no bfloat16 run committed")
+    with open(path) as f:
+        table = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    assert {r["section"] for r in table} == {"greedy_agreement_bf16", "throughput_bf16", "cold_start_bf16",
+                                             "throughput_ratio_bf16", "throughput_one_core_bf16",
+                                             "cold_start_one_core_bf16", "throughput_ratio_one_core_bf16"}
+    agreement = [r for r in table if r["section"] == "greedy_agreement_bf16"]
+    assert [r["system"] for r in agreement] == ["engine vs vLLM", "engine vs HF transformers", "vLLM vs HF transformers"]
+    assert all(0 <= int(r["value"]) <= 16 and "bfloat16" in r["unit"] for r in agreement)
+    assert all(r["note"].endswith("; bfloat16") for r in table if r["section"].startswith("throughput"))
+    assert "--dtype bfloat16" in path.read_text()
+
+
+def test_an_unknown_dtype_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        peer_vllm.main(["--dtype", "float8", "--out", str(tmp_path / "x.csv")])
+    assert info.value.code == 2 and "--dtype float8 (allowed: float32, bfloat16, both)" in capsys.readouterr().err
+
+
 def test_readme_numbers_are_the_committed_peer_run():
     """The README's two tables of this run (sim/figures/readme_numbers.py; the README holds exactly those blocks:
     tests/sim/test_readme_numbers.py) have the CSV's numbers."""

@@ -153,7 +153,7 @@ class PagedKVManager:
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _gpu_seq(self, seq_id: int) -> SeqState:
-        self._no_epoch()
+        self._no_epoch((seq_id,))
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
@@ -236,7 +236,8 @@ class PagedKVManager:
         before any allocation could evict one), then fresh blocks. Full blocks of known token ids are
         registered in the prefix cache as soon as they are allocated: this step computes their K/V.
         """
-        self._no_epoch()
+        if new is None:  # while a decode epoch is open, sequences grow only in its runs (admissions may happen)
+            self._no_epoch()
         if new is None and len(seq_ids) == 1:  # the hot path: one sequence grows (a decode, a chunk)
             return self._grow_one(seq_ids[0], num_new_tokens[0])
         plan = self._plan(seq_ids, num_new_tokens, new)
@@ -263,6 +264,9 @@ class PagedKVManager:
             if self.enable_prefix_caching and not spec.skip_reading_prefix_cache:  # vLLM counts lookups only
                 self._stats.queried_tokens += spec.prompt_len
                 self._stats.hit_tokens += spec.num_cached_tokens
+        if self._epoch is not None:  # the epoch carries the pool's counts: the new blocks join them
+            for seq in seqs:
+                self._epoch.changed(seq, +1)
         return Allocation([])
 
     def _grow_one(self, seq_id: int, k: int) -> Allocation | None:
@@ -312,6 +316,7 @@ class PagedKVManager:
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
         """The child points at every block of the parent (one more reference each); nothing is copied yet."""
+        self._no_epoch()
         parent = self._gpu_seq(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already live")
@@ -331,12 +336,16 @@ class PagedKVManager:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
-        member = self._epoch.leave(seq_id) if self._epoch is not None else None  # its num_tokens made current
+        epoch = self._epoch
+        if epoch is not None:  # a member's num_tokens made current; a non-member's partly filled block may be shared
+            if epoch.leave(seq_id) is None and (seq.swapped or (seq.num_tokens % self.block_size and
+                                                                self.allocator.ref_count(seq.block_table[-1]) > 1)):
+                raise RuntimeError(f"free({seq_id}): a decode epoch is open (close it first)")
         allocator = self.cpu_allocator if seq.swapped else self.allocator
         allocator.free(seq.block_table[::-1])  # first: should it raise (it then changes nothing), the seq stays
         del self._seqs[seq_id]
-        if member is not None:
-            self._epoch.freed(member)
+        if epoch is not None:
+            epoch.changed(seq, -1)
 
     # --- swapping (paper 4.5) -----------------------------------------------------------------------
     # A preempted group's blocks move to CPU memory and come back when GPU memory allows, keeping the sharing
@@ -427,7 +436,7 @@ class PagedKVManager:
     def _gpu_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[SeqState]:
         """The states of these live, on-GPU sequences, the groups concatenated (one pass; the fast-forward asks for
         many at once)."""
-        self._no_epoch()
+        self._no_epoch([i for ids in seq_groups for i in ids])
         try:
             seqs = [self._seqs[i] for ids in seq_groups for i in ids]
         except KeyError as err:
@@ -460,12 +469,12 @@ class PagedKVManager:
     def has_decode_epochs(self) -> bool:
         return not self.enable_prefix_caching and type(self.allocator) is BlockAllocator
 
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]):
-        """Open a decode epoch over these sequences (paged_runs.DecodeEpoch: runs in O(steps + blocks opened)), or
-        None where this manager cannot: with prefix caching (every full block would be registered), a student's
-        allocator, or a sequence whose partly filled last block is shared (its next write copies). Until
-        close_decode_epoch, only free (of members) and questions that read no sequence's state (admission of new
-        sequences, free blocks) may be asked; everything else raises."""
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys: Sequence = None):
+        """Open a decode epoch over these sequences (paged_runs.DecodeEpoch: runs in O(steps + blocks opened); `keys`:
+        their order in a step, default the order given), or None where this manager cannot: with prefix caching
+        (every full block would be registered), a student's allocator, or a sequence whose partly filled last block
+        is shared (its next write copies). Until close_decode_epoch, members may only be freed or read through the
+        epoch; other sequences may be admitted (allocate_slots of new ones) and joined to it (join_decode_epoch)."""
         if self._epoch is not None:
             raise RuntimeError("a decode epoch is open already")
         if not self.has_decode_epochs:
@@ -477,9 +486,25 @@ class PagedKVManager:
         ids = [i for ids in seq_groups for i in ids]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate sequence ids {ids}")
-        start = self.breakdown().counts()
-        self._epoch = paged_runs.DecodeEpoch(self.allocator, bs, dict(zip(ids, seqs)), lasts, start)
-        return self._epoch
+        epoch = paged_runs.DecodeEpoch(self.allocator, bs, self.breakdown().counts())
+        for i, (seq_id, seq, last) in enumerate(zip(ids, seqs, lasts)):
+            epoch.join(seq_id, seq, last, i if keys is None else keys[i])
+        self._epoch = epoch
+        return epoch
+
+    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
+        """Add these live, current sequences (not yet members) to the open epoch; False, with none added, if one's
+        partly filled last block is shared."""
+        epoch = self._epoch
+        seqs = [self._seqs[i] for i in seq_ids]
+        if epoch is None or any(i in epoch.members for i in seq_ids) or any(s.swapped for s in seqs):
+            raise ValueError(f"join_decode_epoch({list(seq_ids)}): expected an open epoch and live non-members")
+        bs, ref_count = self.block_size, self.allocator.ref_count
+        if any(s.num_tokens % bs and ref_count(s.block_table[-1]) > 1 for s in seqs):
+            return False
+        for seq_id, seq, last, key in zip(seq_ids, seqs, lasts, keys):
+            epoch.join(seq_id, seq, last, key)
+        return True
 
     def close_decode_epoch(self) -> None:
         """Close the open decode epoch (if any): every member's state current again."""
@@ -487,14 +512,16 @@ class PagedKVManager:
             epoch, self._epoch = self._epoch, None
             epoch.close()
 
-    def _no_epoch(self) -> None:
-        if self._epoch is not None:
+    def _no_epoch(self, seq_ids=None) -> None:
+        """Raise if a decode epoch is open (with `seq_ids`: and holds one of them, whose token count is lazy)."""
+        epoch = self._epoch
+        if epoch is not None and (seq_ids is None or any(i in epoch.members for i in seq_ids)):
             raise RuntimeError("a decode epoch is open: close_decode_epoch() first (sequences' token counts are lazy)")
 
     # --- what the executor and the metrics read ------------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
-        self._no_epoch()
+        self._no_epoch((seq_id,))
         return list(self._seqs[seq_id].block_table)
 
     def group_tables(self, seq_id: int) -> list[list[int | None]]:
@@ -502,7 +529,7 @@ class PagedKVManager:
         return [self.block_table(seq_id)]
 
     def num_tokens(self, seq_id: int) -> int:
-        self._no_epoch()
+        self._no_epoch((seq_id,))
         return self._seqs[seq_id].num_tokens
 
     def is_swapped(self, seq_id: int) -> bool:
@@ -556,7 +583,9 @@ class PagedKVManager:
 
         Swapped-out sequences hold no GPU memory; freed cached blocks count as free. Cost: O(live sequences).
         """
-        self._no_epoch()
+        if self._epoch is not None:  # the epoch carries the counts (its members' token counts are lazy)
+            result = MemoryBreakdown(*self._epoch.counts)
+            return result.with_waiting() if waiting else result
         bs = self.block_size
         partial: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach over its owners]
         for seq in self._seqs.values():

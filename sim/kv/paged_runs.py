@@ -30,6 +30,7 @@ are reservation and the rest internal fragmentation:
 """
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
 from ..blocks import BlockAllocator
@@ -115,38 +116,47 @@ class DecodeEpoch:
     open_decode_epoch; the scheduler opens one, sim/scheduler.py). The same block ids, end state and counts as
     `advance` run after run (tests/sim/test_fastforward.py compares every number with stepping).
 
-    While it is open, a sequence's `num_tokens` is stale (its tokens at the epoch's start; the true count adds the
-    epoch's steps): only the block tables are kept current, one block per opening, so that a sequence that ends is
-    freed with exactly its blocks. A sequence opens blocks at the epoch's steps j with j % B == c, c = the empty
-    slots of its last block at the start (its class); each step, one class opens, in plan order. The pool's counts
-    are carried from run to run, and corrected when a sequence leaves (its partly filled last block's empty slots
-    leave the breakdown; its blocks go back to the pool). Sequences only leave; none joins (an admission, a swap or
-    anything else closes the epoch first: the scheduler's rule).
+    While it is open, a member's `num_tokens` is stale (its tokens at the epoch's start, or at its joining, minus the
+    epoch's steps then: the true count adds the epoch's steps now): only the block tables are kept current, one
+    block per opening, so that a sequence that ends is freed with exactly its blocks. A member opens blocks at the
+    epoch's steps j with j % B == c (its class: c = the epoch's step plus the empty slots of its last block when it
+    joined); each step, one class opens, in plan order (members keyed by the scheduler's order). The pool's counts
+    are carried from run to run, and corrected when memory changes otherwise: a member leaving (its partly filled
+    last block's empty slots leave the breakdown; its blocks go back to the pool), new sequences allocated (an
+    admission: their partly filled last blocks join it). Members join between runs (`join`).
     """
 
-    def __init__(self, allocator: BlockAllocator, block_size: int, seqs: dict, lasts: Sequence[int],
-                 start: tuple[int, ...]) -> None:  # fmt: skip
-        """`seqs`: seq id -> state (`.num_tokens`, `.final_len`, `.block_table`), in plan order; `lasts`: the epoch
-        step (from 0) in which each samples its last token and after which it leaves; `start`: the pool's raw counts."""
-        bs = block_size
-        self.allocator, self.block_size, self.steps = allocator, bs, 0
-        self.by_class: list[list] = [[] for _ in range(bs)]  # each class's sequences, in plan order
-        self.members: dict[int, tuple] = {}  # seq id -> (state, tokens at the start, class)
+    def __init__(self, allocator: BlockAllocator, block_size: int, start: tuple[int, ...]) -> None:
+        """`start`: the pool's raw counts (SHARE_NAMES order)."""
+        self.allocator, self.block_size, self.steps = allocator, block_size, 0
+        self.by_class: list[list] = [[] for _ in range(block_size)]  # each class's members, in plan order
+        self.keys: list[list] = [[] for _ in range(block_size)]  # their plan-order keys
+        self.members: dict[int, tuple] = {}  # seq id -> (state, its tokens minus the steps when it joined, class)
         self.to_internal: dict[int, int] = {}  # epoch step -> slots of final blocks opened then that stay unused
-        for (seq_id, seq), last in zip(seqs.items(), lasts):
-            n, final = seq.num_tokens, seq.final_len
-            c = -n % bs
-            self.by_class[c].append(seq)
-            self.members[seq_id] = (seq, n, c)
-            last_open = (final - 1) // bs * bs  # first position of the final block: written at epoch step d
-            d = last_open - n
-            if 0 <= d <= last:
-                self.to_internal[d] = self.to_internal.get(d, 0) + bs - (final - last_open)
         self.counts = start
 
     @property
     def num_seqs(self) -> int:
         return len(self.members)
+
+    def join(self, seq_id: int, seq, last: int, key) -> bool:
+        """Make `seq` (current, on the GPU, its partly filled last block its own) a member, leaving after epoch step
+        `last` (>= the steps applied); `key` orders it among the members as the scheduler's plan does. False (and
+        nothing changed) if its partly filled last block is shared: its next write would copy."""
+        bs, n, steps = self.block_size, seq.num_tokens, self.steps
+        if n % bs and self.allocator.ref_count(seq.block_table[-1]) > 1:
+            return False
+        c = (steps - n) % bs  # it opens a block at the steps j >= steps with j - steps == its empty slots (mod B)
+        at = bisect.bisect(self.keys[c], key)
+        self.keys[c].insert(at, key)
+        self.by_class[c].insert(at, seq)
+        self.members[seq_id] = (seq, n - steps, c)
+        final = seq.final_len
+        last_open = (final - 1) // bs * bs  # first position of the final block: written at epoch step d
+        d = steps + last_open - n
+        if steps <= d <= last:
+            self.to_internal[d] = self.to_internal.get(d, 0) + bs - (final - last_open)
+        return True
 
     def max_steps(self, limit: int) -> int:
         """run_capacity over the members as they stand now, from the classes' sizes: O(block_size)."""
@@ -193,19 +203,20 @@ class DecodeEpoch:
         seq, start, c = member
         seq.num_tokens = start + self.steps
         same = self.by_class[c]
-        del same[next(i for i, s in enumerate(same) if s is seq)]  # by identity: two siblings' states may be equal
+        at = next(i for i, s in enumerate(same) if s is seq)  # by identity: two siblings' states may be equal
+        del same[at], self.keys[c][at]
         return seq
 
-    def freed(self, seq) -> None:
-        """Correct the counts after `seq` (made current by leave) was freed: its last block's empty slots leave
-        the breakdown (its last block is its own: the epoch opens only without shared partly filled last blocks)."""
+    def changed(self, seq, sign: int) -> None:
+        """Correct the counts after `seq` (current; its partly filled last block its own) was freed (sign -1) or
+        allocated (+1): its last block's empty slots leave or join the breakdown; the blocks are the pool's."""
         bs, n = self.block_size, seq.num_tokens
         tokens, reservation, internal, external, free = self.counts
         filled = n % bs
         if filled:
             reach = min(max(seq.final_len - n + filled, filled), bs)  # as breakdown() clamps it
-            reservation -= reach - filled
-            internal -= bs - reach
+            reservation += sign * (reach - filled)
+            internal += sign * (bs - reach)
         self.counts = (self.allocator.num_used_blocks * bs - reservation - internal, reservation, internal, external,
                        self.allocator.num_free_blocks * bs)  # fmt: skip
 

@@ -50,6 +50,10 @@ CASES = {f"{mode}-{name}": (policy, {**MODES[mode], **extra}) for mode in MODES
          for name, (policy, extra) in BASE_CASES.items()}  # fmt: skip
 CASES["static"] = ("paged", {"scheduler": "static", "kv_slots": 4096})
 CASES["v1-unchunked"] = ("paged", {"scheduler": "v1", "enable_chunked_prefill": False, "kv_slots": 4096})
+# short requests admitted into a running batch: they join an open decode epoch and some finish in their first run
+CASES["v0-paged-short-joiners"] = ("paged", {"scheduler": "v0", "workload": "uniform", "rate": 30.0,
+                                             "prompt_len_range": (1, 40), "output_len_range": (1, 12),
+                                             "num_requests": 120, "kv_slots": 2048})
 
 
 def _simulate(policy: str, jump: bool, epochs: bool = False, **extra):
@@ -193,34 +197,42 @@ def test_figure_probes_see_what_stepping_shows(mode):
 # --- a decode epoch in a paged pool (sim/kv/paged_runs.DecodeEpoch) against the run-by-run path ---------------------
 @given(st.data())
 def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
-    """Sequences of random lengths decode in an epoch, leaving (freed) at random steps; a twin manager applies the same
-    runs one by one (advance_decodes, checked against stepping above) and frees the same sequences: every run's counts,
-    every run's length limit, and at the end every block table and the breakdown are the same."""
+    """Sequences of random lengths decode in an epoch, leaving (freed) at random steps, and new ones are admitted and
+    join between runs; a twin manager applies the same runs one by one (advance_decodes, checked against stepping
+    above) to the same sequences: every run's counts and length limit, the breakdown after every change, and at
+    the end every block table are the same."""
     bs = data.draw(st.sampled_from([1, 2, 4, 16]), "block_size")
     num_blocks = data.draw(st.integers(4, 60), "num_blocks")
-    shapes = data.draw(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 3)), min_size=1,
-                                max_size=6), "tokens, last step, slack")  # fmt: skip
     managers = [PagedKVManager(num_blocks, bs) for _ in range(2)]
-    ids, lasts = [], []
-    for i, (tokens, last, slack) in enumerate(shapes):
-        final = tokens + last + 1 + slack  # the most tokens it will hold, at least those of its last step
-        spec = [NewSequence(tokens, final, None, 0)]
-        if not managers[0].can_allocate_slots([i], [tokens], spec):
-            break
-        for kv in managers:
-            kv.allocate_slots([i], [tokens], spec)
-        ids.append(i)
-        lasts.append(last)
-    if not ids:
-        return
     lazy, twin = managers
-    epoch = lazy.open_decode_epoch([[i] for i in ids], lasts)
-    with pytest.raises(RuntimeError, match="epoch is open"):
-        lazy.breakdown()
-    alive, steps = dict(zip(ids, lasts)), 0
+    alive: dict[int, int] = {}  # seq id -> the epoch step after which it leaves
+    steps, epoch = 0, None
+
+    def admit(count: int) -> list[int]:
+        """Up to `count` new sequences in both managers (as an admission would), leaving at random steps."""
+        added = []
+        for _ in range(count):
+            tokens, left, slack = data.draw(st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 3)))
+            seq_id = len(lazy._seqs) + 1000 * steps + len(added)  # fresh
+            spec = [NewSequence(tokens, tokens + left + 1 + slack, None, 0)]  # holds its last step's tokens
+            if not lazy.can_allocate_slots([seq_id], [tokens], spec):
+                break
+            for kv in managers:
+                kv.allocate_slots([seq_id], [tokens], spec)
+            alive[seq_id] = steps + left
+            added.append(seq_id)
+        return added
+
+    admit(data.draw(st.integers(1, 6), "first"))
+    if not alive:
+        return
+    epoch = lazy.open_decode_epoch([[i] for i in alive], list(alive.values()))
+    key = len(alive)
+    assert lazy.breakdown() == twin.breakdown()
     while alive:
-        until = min(alive.values()) - steps + 1
-        limit = data.draw(st.integers(1, until), "steps asked")
+        with pytest.raises(RuntimeError, match="epoch is open"):
+            lazy.block_table(next(iter(alive)))
+        limit = data.draw(st.integers(1, min(alive.values()) - steps + 1), "steps asked")
         k = epoch.max_steps(limit)
         assert k == twin.max_decode_steps([[i] for i in alive], limit)
         if k < 1:
@@ -231,7 +243,12 @@ def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
             del alive[i]
             lazy.free(i)
             twin.free(i)
-            assert epoch.counts == twin.breakdown().counts()
+            assert lazy.breakdown() == twin.breakdown()
+        joining = admit(data.draw(st.integers(0, 2), "joining"))
+        assert lazy.breakdown() == twin.breakdown()
+        if joining:
+            assert lazy.join_decode_epoch(joining, [alive[i] for i in joining], list(range(key, key + len(joining))))
+            key += len(joining)
     lazy.close_decode_epoch()
     for i in alive:
         assert lazy.block_table(i) == twin.block_table(i) and lazy.num_tokens(i) == twin.num_tokens(i)
