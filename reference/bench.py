@@ -14,6 +14,21 @@ compare), printed as a table and saved as CSV with the machine and the exact com
 
 NOTE: both systems run with torch.set_num_threads(1), so that the two runs are comparable on a 2-core machine
 shared with other processes (make peer measures this engine at 1 and 2 threads against vLLM).
+
+``--dtype bfloat16`` (vLLM's CPU default where the CPU has bfloat16 instructions) runs the throughput comparison with
+both systems in bfloat16, the engine in float32 beside them (the same run: the bfloat16 / float32 ratio), and
+reports how far the two bfloat16 programs agree instead of the concurrency runs (which depend on lengths only):
+
+3. Greedy agreement, engine vs HF in bfloat16: on the timed workload (every request's tokens from both timed runs)
+   and on the 16 prompts of `make peer` (PEER_RAW, PEER_QUESTIONS; 32 new tokens, ignore EOS, HF at batch 1): how
+   many token sequences are identical, and the mean share of each sequence's tokens before its first difference.
+   In float32 the two agree token for token (tests/reference/test_engine.py); in bfloat16 each program rounds every
+   product and sum to 8 bits of mantissa at its own places (HF's SDPA and RMSNorm, the engine's paged kernels), so
+   a near-tie between two tokens can flip and the sequences part from there: the numbers are reported, not
+   asserted. Both systems are asked to ignore EOS the same way: HF runs with no EOS token at all (neither a stop
+   nor suppressed), the engine with ignore_eos.
+
+It writes figures/bench_engine_cpu_bf16.csv (BF16_COLUMNS), with the same commented header.
 """
 from __future__ import annotations
 
@@ -21,8 +36,10 @@ import argparse
 import os
 import platform
 import shlex
+import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,17 +48,32 @@ from sim.request import Request
 from sim.workload import generate_requests
 
 DEFAULT_OUT = "figures/bench_engine_cpu.csv"
+DTYPES = ("float32", "bfloat16")  # --dtype: the engine's and HF's
+DEFAULT_OUTS = {"float32": DEFAULT_OUT, "bfloat16": "figures/bench_engine_cpu_bf16.csv"}
 CONCURRENCY_POLICIES = ("paged", "max", "pow2", "oracle")
 MAX_MODEL_LEN = 2048  # what the `max` baseline reserves in the concurrency run: OPT's context, as in the paper
 CSV_COLUMNS = ("section", "system", "num_requests", "output_tokens", "wall_s", "tokens_per_s",
                "max_concurrent_requests", "num_preemptions", "note")  # fmt: skip
 FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 17)
+BF16_COLUMNS = ("section", "system", "dtype", "num_requests", "output_tokens", "wall_s", "tokens_per_s",
+                "max_concurrent_requests", "num_preemptions", "identical_sequences", "matched_prefix_share",
+                "note")  # fmt: skip
+# The greedy prompts of `make peer` (tools/peer_vllm.py): raw texts, and questions in SmolLM2's chat template.
+PEER_RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
+            "The three primary colours are", "import numpy as np\n", "Water boils at", "The paged attention algorithm",
+            "In 1969, the first"]  # fmt: skip
+PEER_QUESTIONS = ["What is 2+2?", "Name a planet.", "Write a haiku about rain.", "What is a KV cache?",
+                  "Translate 'hello' to French.", "Give one tip for sleep.", "What is Python?", "Count to five."]
+PEER_NEW_TOKENS = 32
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="16 short requests (a smoke run, ~1 min), not 64")
     p.add_argument("--num-requests", type=int, help="requests in the workload (default: 64; 16 with --quick)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"CSV to write (default: {DEFAULT_OUT})")
+    p.add_argument("--out", help=f"CSV to write (default: {DEFAULT_OUT}; {DEFAULT_OUTS['bfloat16']} with --dtype "
+                   "bfloat16)")
+    p.add_argument("--dtype", default="float32", help="the engine's and HF's dtype: float32 (default) or bfloat16 "
+                   "(also their greedy agreement; no concurrency runs)")
     p.add_argument("--hf-batch-size", type=int, default=16,
                    help="static batch size of the HF transformers baseline (default: 16)")
     p.add_argument("--kv-blocks", type=int,
@@ -75,72 +107,216 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_engine(llm, requests: list[Request]) -> tuple[float, object]:
-    """Serve every request (all at once, greedy, exact output lengths); wall seconds and the engine's stats."""
+def time_engine(llm, requests: list[Request], outputs: dict[str, list[int]] | None = None) -> tuple[float, object]:
+    """Serve every request (all at once, greedy, exact output lengths); wall seconds and the engine's stats.
+    `outputs`, when given, receives each request's output token ids by its request_id (the workload's own ids)."""
     from reference import SamplingParams
 
     _sync()
     started = time.perf_counter()
     for r in requests:
-        llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
+        llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
+                        request_id=None if outputs is None else str(r.request_id))  # fmt: skip
     while llm.has_unfinished_requests():
-        llm.step()
+        finished = [o for o in llm.step() if o.finished]
+        if outputs is not None:
+            outputs.update((o.request_id, list(o.outputs[0].token_ids)) for o in finished)
     _sync()
     return time.perf_counter() - started, llm.stats
 
 
-def engine_throughput(requests: list[Request]) -> dict:
+def engine_throughput(requests: list[Request], dtype: str = "float32",
+                      outputs: dict[str, list[int]] | None = None) -> dict:
+    """The engine's row, SmolLM2 in `dtype` (see time_engine for `outputs`); a 16-bit run's note also names the
+    attention backend and the projection path the engine picked."""
     from reference import LLM
     from reference.models import load_model
 
     # A pool that holds every request at once (no preemption): the throughput comparison is about batching.
     blocks = sum(-(-r.total_len // 16) for r in requests) + 16
-    loaded = load_model("smollm2")
+    loaded = load_model("smollm2", dtype=_torch_dtype(dtype))
     time_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests[:2])  # warm-up, untimed
-    wall, stats = time_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests)
+    llm = LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks)
+    wall, stats = time_engine(llm, requests, outputs)
+    note = f"{blocks} blocks of 16 tokens" + (f"; backend {llm.backend}, matmul {llm.model.matmul}" if dtype !=
+                                              "float32" else "")  # fmt: skip
     return result_row("throughput", "engine (continuous batching, paged KV)", requests, wall,
-                      stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16 tokens")  # fmt: skip
+                      stats.max_concurrent_requests, stats.num_preemptions, note)  # fmt: skip
 
 
-def hf_throughput(requests: list[Request], batch_size: int) -> dict:
+def _torch_dtype(name: str):
     import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_hf(dtype: str = "float32"):
+    """HF transformers' own model of the embedded SmolLM2 checkpoint (the folder the engine loads), in `dtype`."""
     from transformers import AutoModelForCausalLM
 
     from reference.models import smollm2_checkpoint_dir
 
     os.environ["HF_HUB_OFFLINE"] = "1"
-    model = AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32,
-                                                 local_files_only=True).eval()  # fmt: skip
+    return AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=_torch_dtype(dtype),
+                                                local_files_only=True).eval()  # fmt: skip
+
+
+def hf_throughput(requests: list[Request], batch_size: int, dtype: str = "float32",
+                  outputs: dict[str, list[int]] | None = None) -> dict:
+    """HF's row. With `outputs` (the bfloat16 run), each request's output token ids by request_id, and HF runs
+    without EOS (as the engine's ignore_eos) instead of with min_new_tokens (which suppresses EOS)."""
+    model = load_hf(dtype)
     pad = model.generation_config.pad_token_id
-    wall = time_hf_batches(model, requests, batch_size, pad if pad is not None else 0, warmup=2)
+    wall = time_hf_batches(model, requests, batch_size, pad if pad is not None else 0, warmup=2, outputs=outputs)
     return result_row("throughput", f"HF transformers generate (static batches of {batch_size})", requests, wall,
                       min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")  # fmt: skip
 
 
-def time_hf_batches(model, requests: list[Request], batch_size: int, pad: int, warmup: int) -> float:
+def no_eos_config(model, **settings):
+    """A copy of the model's generation config with `settings` and without EOS: `generate` neither stops at EOS nor
+    suppresses it, as the engine's ignore_eos (min_new_tokens would instead forbid EOS until then: another greedy
+    choice). NOTE: an empty list, not None: transformers takes None as "not set" and falls back to the model's EOS."""
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(eos_token_id=[], **settings)
+    return config
+
+
+def time_hf_batches(model, requests: list[Request], batch_size: int, pad: int, warmup: int,
+                    outputs: dict[str, list[int]] | None = None) -> float:
     """Wall seconds of HF `generate` over the requests in static batches, in arrival order (FCFS), after an untimed
     warm-up batch of the first `warmup` requests. A batch is left-padded (every prompt ends at the last column)
-    and runs until its longest output (min_new_tokens = max_new_tokens)."""
+    and runs until its longest output (min_new_tokens = max_new_tokens). With `outputs`: each request's first
+    output_len new tokens by request_id, and no EOS instead of min_new_tokens (no_eos_config)."""
     import torch
 
-    def run_batch(batch: list[Request]) -> None:
+    def run_batch(batch: list[Request], keep: dict | None = None) -> None:
         width, steps = max(r.prompt_len for r in batch), max(r.output_len for r in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, r in enumerate(batch):
             ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
             mask[i, width - r.prompt_len:] = 1
+        settings = dict(do_sample=False, max_new_tokens=steps, pad_token_id=pad)
+        until = dict(min_new_tokens=steps, **settings) if outputs is None else dict(
+            generation_config=no_eos_config(model, **settings))
         with torch.inference_mode():
-            model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                           max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad)  # fmt: skip
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), **until)
+        if keep is not None:
+            keep.update((str(r.request_id), out[i, width:width + r.output_len].tolist()) for i, r in enumerate(batch))
 
     run_batch(requests[:warmup])
     _sync()
     started = time.perf_counter()
     for i in range(0, len(requests), batch_size):
-        run_batch(requests[i:i + batch_size])
+        run_batch(requests[i:i + batch_size], outputs)
     _sync()
     return time.perf_counter() - started
+
+
+class Agreement(NamedTuple):
+    """How far two systems' greedy token sequences for the same prompts agree."""
+
+    identical: int  # sequences equal token for token
+    total: int
+    mean_prefix_share: float  # mean over sequences of (tokens before the first difference) / length; 1.0 if equal
+    first_difference: list[int | None]  # per sequence: the first differing position, None where equal
+
+    def describe(self) -> str:
+        return (f"{self.identical} of {self.total} sequences identical; mean share of tokens before the first "
+                f"difference {self.mean_prefix_share:.3f}")
+
+
+def greedy_agreement(ours: list[list[int]], theirs: list[list[int]]) -> Agreement:
+    """Compare two systems' outputs for the same prompts, sequence by sequence. A sequence that is a prefix of the
+    other (one stopped early) differs at the shorter one's end."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"expected the same number (>= 1) of sequences from both, got {len(ours)} and {len(theirs)}")
+    first = []
+    for a, b in zip(ours, theirs):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        first.append(None if a == b else same)
+    shares = [1.0 if f is None else f / max(len(a), len(b)) for f, a, b in zip(first, ours, theirs)]
+    return Agreement(first.count(None), len(first), statistics.fmean(shares), first)
+
+
+def peer_prompt_ids(tokenizer) -> list[list[int]]:
+    """The 16 greedy prompts of `make peer` as token ids: PEER_RAW tokenized, PEER_QUESTIONS in the chat template."""
+    ids = [list(tokenizer(text).input_ids) for text in PEER_RAW]
+    return ids + [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=True)["input_ids"])
+                  for q in PEER_QUESTIONS]  # fmt: skip
+
+
+def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """HF `generate`, one prompt at a time (no padding), greedy, exactly `max_tokens` new tokens with EOS ignored
+    (no_eos_config): the output token ids."""
+    import torch
+
+    config, out = no_eos_config(model, do_sample=False, max_new_tokens=max_tokens, pad_token_id=0), []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids], device=model.device)
+            y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
+            out.append(y[0, len(ids):].tolist())
+    return out
+
+
+def engine_greedy(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The engine's greedy output token ids for each prompt (ignore_eos, exactly `max_tokens` new tokens)."""
+    from reference import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+
+
+def peer_prompts_agreement(dtype: str = "bfloat16") -> Agreement:
+    """Engine vs HF transformers, both in `dtype`, on the 16 prompts of `make peer` (PEER_NEW_TOKENS new tokens,
+    ignore EOS, HF at batch 1, the engine all at once with its defaults)."""
+    from reference import LLM
+
+    llm = LLM("smollm2", dtype=dtype, max_model_len=2048, seed=0)
+    prompts = peer_prompt_ids(llm.tokenizer)
+    ours = engine_greedy(llm, prompts, PEER_NEW_TOKENS)
+    del llm
+    return greedy_agreement(ours, hf_greedy(load_hf(dtype), prompts, PEER_NEW_TOKENS))
+
+
+def agreement_row(section: str, system: str, dtype: str, agreement: Agreement, output_tokens: int, note: str
+                  ) -> dict:
+    """A row of the bfloat16 table (BF16_COLUMNS) for a greedy comparison."""
+    return {"section": section, "system": system, "dtype": dtype, "num_requests": agreement.total,
+            "output_tokens": output_tokens, "wall_s": "", "tokens_per_s": "", "max_concurrent_requests": "",
+            "num_preemptions": "", "identical_sequences": agreement.identical,
+            "matched_prefix_share": round(agreement.mean_prefix_share, 4),
+            "note": f"{agreement.describe()}; {note}; first difference per sequence: {agreement.first_difference}"}
+
+
+def dtype_run(requests: list[Request], args: argparse.Namespace) -> list[dict]:
+    """The rows of a --dtype run other than float32 (module docstring): throughput of the engine in float32 and in
+    `args.dtype` and of HF in `args.dtype`, then the two greedy agreements."""
+    dtype = args.dtype
+    rows = [{**engine_throughput(requests), "dtype": "float32"}]
+    print(f"  engine, float32: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
+    ours: dict[str, list[int]] = {}
+    rows.append({**engine_throughput(requests, dtype, outputs=ours), "dtype": dtype})
+    print(f"  engine, {dtype}: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
+    theirs: dict[str, list[int]] = {}
+    rows.append({**hf_throughput(requests, args.hf_batch_size, dtype, outputs=theirs), "dtype": dtype})
+    print(f"  HF static batches, {dtype}: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
+    names = [str(r.request_id) for r in requests]
+    timed = greedy_agreement([ours[n] for n in names], [theirs[n] for n in names])
+    print(f"  greedy, the timed workload: {timed.describe()}", flush=True)
+    rows.append(agreement_row("greedy_agreement", f"engine vs HF generate (static batches of {args.hf_batch_size})",
+                              dtype, timed, sum(r.output_len for r in requests),
+                              "the timed runs' outputs; HF without EOS, the engine with ignore_eos"))  # fmt: skip
+    peer = peer_prompts_agreement(dtype)
+    print(f"  greedy, the 16 prompts of make peer: {peer.describe()}", flush=True)
+    rows.append(agreement_row("greedy_agreement_peer_prompts", "engine vs HF generate (batch 1)", dtype, peer,
+                              peer.total * PEER_NEW_TOKENS, f"tools/peer_vllm.py's 8 raw and 8 chat prompts, "
+                              f"{PEER_NEW_TOKENS} new tokens, ignore EOS"))  # fmt: skip
+    return rows
 
 
 def concurrency(requests: list[Request], num_blocks: int) -> list[dict]:
@@ -192,19 +368,30 @@ def machine_description() -> str:
             f"transformers {transformers.__version__}")
 
 
-def _print_table(rows: list[dict]) -> None:
-    print(f"{'section':<12} {'system':<48} {'reqs':>5} {'out tok':>8} {'wall s':>8} {'tok/s':>8} "
+def _print_table(rows: list[dict], dtype: bool = False) -> None:
+    """The rows as a table; with `dtype`, a dtype column after the system."""
+    kind = f" {'dtype':<9}" if dtype else ""
+    print(f"{'section':<12} {'system':<48}{kind} {'reqs':>5} {'out tok':>8} {'wall s':>8} {'tok/s':>8} "
           f"{'max conc':>8} {'preempt':>8}")
     for r in rows:
-        print(f"{r['section']:<12} {r['system']:<48} {r['num_requests']:>5} {r['output_tokens']:>8} "
+        kind = f" {r['dtype']:<9}" if dtype else ""
+        print(f"{r['section']:<12} {r['system']:<48}{kind} {r['num_requests']:>5} {r['output_tokens']:>8} "
               f"{r['wall_s']:>8.2f} {r['tokens_per_s']:>8.1f} {r['max_concurrent_requests']:>8} "
               f"{r['num_preemptions']:>8}")
+
+
+def out_path(args: argparse.Namespace) -> str:
+    """--out, or the default CSV of --dtype."""
+    return args.out or DEFAULT_OUTS.get(args.dtype, DEFAULT_OUT)
 
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line, with the allowed range) for a bad flag or an --out that could not be written, before
     any work starts (sim.outfiles.check_outputs; a missing folder is created only for the default path)."""
     from sim.limits import MAX_POOL_BLOCKS, MAX_SEED
+
+    if args.dtype not in DTYPES:
+        raise ValueError(f"--dtype {args.dtype} (allowed: {', '.join(DTYPES)})")
 
     # A benchmark's workload must fit in memory and in a run someone waits for: 100,000 requests is already hours
     # on a CPU; a batch or a pool past these sizes would not fit in this machine's memory as float32 K/V anyway.
@@ -215,7 +402,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} {value} (allowed: an integer from 1 to {high:,})")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed {args.seed} (allowed: an integer from 0 to {MAX_SEED:,})")
-    check_outputs({"--out": args.out}, make_parents=args.out == DEFAULT_OUT)
+    check_outputs({"--out": out_path(args)}, make_parents=out_path(args) in DEFAULT_OUTS.values())
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -229,14 +416,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     vocab = read_config(smollm2_checkpoint_dir()).vocab_size
     count = args.num_requests or (16 if args.quick else 64)
     requests = bench_workload(count, quick=args.quick, seed=args.seed, vocab_size=vocab)
-    engine = engine_throughput(requests)
-    print(f"  engine: {engine['tokens_per_s']:.1f} output tokens/s", flush=True)
-    hf = hf_throughput(requests, args.hf_batch_size)
-    print(f"  HF static batches: {hf['tokens_per_s']:.1f} output tokens/s", flush=True)
-    rows = [engine, hf] + concurrency(requests, args.kv_blocks or (128 if args.quick else 256))
+    if args.dtype == "float32":
+        engine = engine_throughput(requests)
+        print(f"  engine: {engine['tokens_per_s']:.1f} output tokens/s", flush=True)
+        hf = hf_throughput(requests, args.hf_batch_size)
+        print(f"  HF static batches: {hf['tokens_per_s']:.1f} output tokens/s", flush=True)
+        rows = [engine, hf] + concurrency(requests, args.kv_blocks or (128 if args.quick else 256))
+    else:
+        rows = dtype_run(requests, args)
     prompts, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
     header = {
         "machine": machine_description(),
+        **({} if args.dtype == "float32" else {"cpu": cpu_description()}),
         "command": shlex.join(argv),
         "threads": "torch.set_num_threads(1) for both systems",
         "workload": f"{len(requests)} ShareGPT-shaped requests at t=0 (scaled down, see reference/bench.py): "
@@ -246,8 +437,55 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                         "share these cores)",
         "total_s": f"{time.perf_counter() - started:.1f}",
     }  # fmt: skip
-    _report(rows, header, Path(args.out))
+    if args.dtype == "float32":
+        _report(rows, header, Path(out_path(args)))
+    else:
+        _report_dtype(rows, header, Path(out_path(args)))
     return 0
+
+
+def _report_dtype(rows: list[dict], header: dict[str, str], out: Path) -> None:
+    """Print and save a --dtype run's table (BF16_COLUMNS): throughput rows, then the agreement rows."""
+    _print_table([r for r in rows if r["section"] == "throughput"], dtype=True)
+    engine = {r["dtype"]: r["tokens_per_s"] for r in rows if r["system"].startswith("engine (")}
+    hf = next(r for r in rows if r["system"].startswith("HF"))
+    dtype = hf["dtype"]
+    print(f"throughput: engine {dtype} / engine float32 = {engine[dtype] / engine['float32']:.2f}x, "
+          f"engine {dtype} / HF static {dtype} = {engine[dtype] / hf['tokens_per_s']:.2f}x")
+    for r in rows:
+        if r["section"].startswith("greedy_agreement"):
+            print(f"{r['section']} ({r['system']}, {r['dtype']}): {r['note'].split('; first difference')[0]}")
+    write_csv_with_header(out, BF16_COLUMNS, rows, header)
+    print(f"wrote {out} (the whole bench took {header['total_s']} s)")
+
+
+def write_csv_with_header(out: Path, columns: tuple[str, ...], rows: list[dict], header: dict[str, str]) -> None:
+    """Print the header lines and write the CSV under them as `# key: value` comments (whole or not at all)."""
+    for key, value in header.items():
+        print(f"{key}: {value}")
+    write_csv(out, columns, rows, comments=[f"{key}: {value}" for key, value in header.items()], make_parents=True)
+
+
+# The instruction-set extensions that decide which kernels torch's oneDNN picks (and vLLM's CPU build): AVX-512's
+# BF16 instructions and AMX make bfloat16 matrix products several times faster than float32 ones.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_bf16", "amx_int8")  # fmt: skip
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo, or `cpuinfo`'s text)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return f"{platform.processor() or platform.machine()} (no /proc/cpuinfo: flags unknown)"
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    have = [f for f in CPU_FLAGS if f in flags]
+    return f"{fields.get('model name', platform.machine())}; {' '.join(have) if have else 'none of ' + ' '.join(CPU_FLAGS)}"
 
 
 def _report(rows: list[dict], header: dict[str, str], out: Path) -> None:

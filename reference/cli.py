@@ -2,6 +2,7 @@
 
     python -m reference generate "What is paged attention?" [--max-tokens 64] [--n 2 --temperature 0.8] [--json]
     python -m reference bench [--quick] [--out figures/bench_engine_cpu.csv]     engine vs HF, paged vs contiguous
+    python -m reference bench --dtype bfloat16                                  both in bfloat16, + greedy agreement
     python -m reference bench-hybrid [--quick]                                  Gemma 3: hybrid vs paged KV, same bytes
     python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
     python -m reference validate-sim [--trace FILE ...] [--online]              the simulator's latency errors

@@ -53,7 +53,7 @@ def default_device(device: str | None) -> torch.device:
 
 def default_backend(backend: str | None, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
     """The attention backend: given, or "triton" on CUDA; on a CPU "numba" (the compiled decode kernel,
-    reference.attention.cpu_numba) for float32 when numba is installed, else "torch_batched".
+    reference.attention.cpu_numba) for float32 and bfloat16 when numba is installed, else "torch_batched".
 
     NOTE: "torch" (the per-sequence oracle in reference.attention.torch_ref) stays selectable for tests and
     for reading, but on CPU its Python loops were ~41% of a decode step; Triton on CPU only interprets."""
@@ -63,7 +63,7 @@ def default_backend(backend: str | None, device: torch.device, dtype: torch.dtyp
         if device.type == "cuda":
             backend = "triton"
         else:
-            backend = "numba" if dtype == torch.float32 and cpu_numba.available() else "torch_batched"
+            backend = "numba" if dtype in cpu_numba.CACHE_DTYPES and cpu_numba.available() else "torch_batched"
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r} (allowed: {', '.join(BACKENDS)})")
     return backend

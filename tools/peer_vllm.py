@@ -26,6 +26,15 @@ Three checks, printed as a table and saved to figures/peer_vllm.csv with the mac
    import" generated from it (tools/peer/api_table.py). `--api-only` runs just this part; `--reuse-vllm-api` also
    skips vLLM's start, comparing against the vLLM results the CSV already holds (seconds instead of minutes).
 
+`--dtype bfloat16` (vLLM's CPU default on a CPU with bfloat16 instructions) runs the speed part (2) with both systems
+in bfloat16 instead: rows throughput_bf16, cold_start_bf16, throughput_ratio_bf16 (and _one_core), and in place of
+the equality check greedy_agreement_bf16 rows, engine vs vLLM and each against HF transformers in bfloat16 (HF at
+batch 1 in this process, reference.bench.hf_greedy): identical sequences and the mean share of tokens before the
+first difference, reported and never a failure (two programs rounding to bfloat16 at different places part after a
+near-tie). No beams, block pool or API checks (they do not depend on the dtype): its default --out is
+figures/peer_vllm_bf16.csv, so the float32 run's figures/peer_vllm.csv stays as it was. `--dtype both` runs the
+float32 part and then the bfloat16 speed part, all rows in one --out, then the API checks.
+
 vLLM runs in .venv-vllm (the Makefile builds it), this engine in .venv; tools/peer/side.py is the one script both
 run. Not part of `make test`: vLLM takes minutes to start.
 """
@@ -48,17 +57,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "peer"))
 
-from reference.bench import bench_workload  # noqa: E402
+from reference.bench import PEER_NEW_TOKENS, PEER_RAW as RAW  # noqa: E402
+from reference.bench import bench_workload, greedy_agreement, peer_prompt_ids  # noqa: E402
+from reference.bench import cpu_description  # noqa: E402  (the CSV's `cpu:` line; tests/test_peer.py checks it here)
 from sim.outfiles import check_outputs, write_csv  # noqa: E402
 import api_checks  # noqa: E402
 import api_table  # noqa: E402
 
-RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
-       "The three primary colours are", "import numpy as np\n", "Water boils at", "The paged attention algorithm",
-       "In 1969, the first"]  # fmt: skip
-QUESTIONS = ["What is 2+2?", "Name a planet.", "Write a haiku about rain.", "What is a KV cache?",
-             "Translate 'hello' to French.", "Give one tip for sleep.", "What is Python?", "Count to five."]
 API_OUT = "figures/peer_api.csv"
+DEFAULT_OUT = "figures/peer_vllm.csv"
+BF16_OUT = "figures/peer_vllm_bf16.csv"  # --dtype bfloat16 alone
+DTYPE_CHOICES = ("float32", "bfloat16", "both")
+SUFFIX = {"float32": "", "bfloat16": "_bf16"}  # a bfloat16 row's section ends in _bf16
 REUSED = " (reused: vLLM not started)"
 COLUMNS = ("section", "system", "threads", "rounds", "value", "unit", "per_round", "note")
 
@@ -70,19 +80,18 @@ def task(args) -> dict:
 
     model_dir = smollm2_checkpoint_dir()
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    greedy = [tok(t).input_ids for t in RAW]
-    greedy += [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                            tokenize=True)["input_ids"]) for q in QUESTIONS]  # fmt: skip
+    greedy = peer_prompt_ids(tok)  # RAW tokenized, then QUESTIONS in the chat template
     workload = bench_workload(64, quick=False, seed=0, vocab_size=tok.vocab_size)
     beam_cases = [[tok(t).input_ids, 3, 16] for t in RAW[:4]] + [[ids, 4, 12] for ids in greedy[8:12]]
-    return {"model_dir": str(model_dir), "max_model_len": 2048, "greedy_prompts": greedy, "greedy_max_tokens": 32,
+    return {"model_dir": str(model_dir), "max_model_len": 2048, "greedy_prompts": greedy,
+            "greedy_max_tokens": PEER_NEW_TOKENS,
             "ttft_prompt": greedy[0], "workload": [[r.prompt_token_ids, r.output_len] for r in workload],
             "beam_cases": beam_cases}
 
 
-def side_env(system: str, threads: int, beam: bool = False, one_core: bool = False) -> dict:
+def side_env(system: str, threads: int, beam: bool = False, one_core: bool = False, dtype: str = "float32") -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PEER_BEAM="1" if beam else "0")
+               PEER_BEAM="1" if beam else "0", PEER_DTYPE=dtype)
     if system == "vllm":  # vLLM's CPU build pins its OpenMP threads to these cores; a 2 GiB KV pool
         env.update(VLLM_CPU_OMP_THREADS_BIND="0" if threads == 1 else f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2")
         if one_core:  # the engine in this process: see the module docstring
@@ -95,18 +104,18 @@ def setting(threads: int, one_core: bool) -> str:
 
 
 def run_side(system: str, threads: int, task_path: Path, tmp: Path, python: str, beam: bool,
-             one_core: bool = False) -> dict:
+             one_core: bool = False, dtype: str = "float32") -> dict:
     out = tmp / f"{system}-{threads}-{time.time_ns()}.json"
-    env = side_env(system, threads, beam, one_core)
+    env = side_env(system, threads, beam, one_core, dtype)
     command = [python, str(ROOT / "tools" / "peer" / "side.py"), system, str(task_path), str(out), str(time.time())]
     pin = (lambda: os.sched_setaffinity(0, {0})) if one_core else None  # inherited by every process it starts
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800, preexec_fn=pin)
     if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"{system} ({setting(threads, one_core)}) failed with exit {done.returncode}:\n"
+        raise RuntimeError(f"{system} ({setting(threads, one_core)}, {dtype}) failed with exit {done.returncode}:\n"
                            f"{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
     tps = result["output_tokens"] / result["wall_s"]
-    print(f"  {system:6} {setting(threads, one_core)}: {tps:7.1f} output tokens/s, cold start "
+    print(f"  {system:6} {setting(threads, one_core)}, {dtype}: {tps:7.1f} output tokens/s, cold start "
           f"{result['cold_start_s']:.1f} s", flush=True)  # fmt: skip
     return result
 
@@ -118,13 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-core", action=argparse.BooleanOptionalAction, default=hasattr(os, "sched_setaffinity"),
                    help="also both systems pinned to one core, 1 thread (default: on where the OS can pin)")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
-    p.add_argument("--out", default="figures/peer_vllm.csv")
+    p.add_argument("--dtype", default="float32", help="both systems' dtype: float32 (default), bfloat16 (the speed "
+                   f"part only, as agreement; default --out {BF16_OUT}) or both")
+    p.add_argument("--out", help=f"the CSV (default {DEFAULT_OUT}; {BF16_OUT} with --dtype bfloat16)")
     p.add_argument("--api-out", default=API_OUT, help=f"the API checks' CSV (default {API_OUT}: also README.md's "
                    "table)")  # fmt: skip
     p.add_argument("--api-only", action="store_true", help="only the API checks (no speed, greedy, block pool)")
     p.add_argument("--reuse-vllm-api", action="store_true",
                    help="with --api-only: vLLM's API results from --api-out's earlier run; vLLM is not started")
     args = p.parse_args(argv)
+    if args.dtype not in DTYPE_CHOICES:
+        p.error(f"--dtype {args.dtype} (allowed: {', '.join(DTYPE_CHOICES)})")
+    args.out = args.out or (BF16_OUT if args.dtype == "bfloat16" else DEFAULT_OUT)
+    if args.dtype == "bfloat16" and args.api_only:
+        p.error("--api-only runs the float32 API checks (allowed with --api-only: --dtype float32)")
     if args.rounds < 1 or any(not 1 <= t <= (os.cpu_count() or 1) for t in args.threads):
         p.error(f"--rounds >= 1 and --threads in 1..{os.cpu_count()}")
     if args.one_core and not hasattr(os, "sched_setaffinity"):
@@ -134,71 +150,55 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse_vllm_api and not Path(args.vllm_python).exists():
         p.error(f"no vLLM at {args.vllm_python} (`make peer` builds .venv-vllm)")
     outputs = {"--api-out": args.api_out} if args.api_only else {"--out": args.out, "--api-out": args.api_out}
-    check_outputs(outputs, make_parents=args.out == "figures/peer_vllm.csv" and args.api_out == API_OUT)
+    if args.dtype == "bfloat16":  # no API checks: see the module docstring
+        outputs.pop("--api-out")
+    check_outputs(outputs, make_parents=args.out in (DEFAULT_OUT, BF16_OUT) and args.api_out == API_OUT)
     if not args.api_only:
         compare_speed(args, argv)
-    compare_api(args, argv)
+    if args.dtype != "bfloat16":
+        compare_api(args, argv)
     return 0
 
 
 def compare_speed(args, argv: list[str] | None) -> None:
     started = time.perf_counter()
-    results: dict[tuple[str, int], list[dict]] = {}
+    dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]
+    results: dict[tuple[str, str, int, bool], list[dict]] = {}  # (dtype, system, threads, one_core) -> runs
     with tempfile.TemporaryDirectory(prefix="peer-") as tmp:
         tmp = Path(tmp)
         task_path = tmp / "task.json"
-        task_path.write_text(json.dumps(task(args)))
+        the_task = task(args)
+        task_path.write_text(json.dumps(the_task))
         settings = [(t, False) for t in args.threads] + [(1, True)] * args.one_core
-        for r in range(args.rounds):
-            for i, (threads, one_core) in enumerate(settings):
-                order = ("engine", "vllm") if (r + i) % 2 == 1 else ("vllm", "engine")
-                for system in order:
-                    python = args.vllm_python if system == "vllm" else sys.executable
-                    beam = r == 0 and i == 0
-                    results.setdefault((system, threads, one_core), []).append(
-                        run_side(system, threads, task_path, tmp, python, beam, one_core))
-        diff_out = tmp / "diff.json"
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        subprocess.run([args.vllm_python, str(ROOT / "tools" / "peer" / "block_pool_diff.py"), "300", "80",
-                        str(diff_out)], env=env, cwd=ROOT, check=True, capture_output=True, timeout=1800)  # fmt: skip
-        diff = json.loads(diff_out.read_text())
+        for dtype in dtypes:
+            for r in range(args.rounds):
+                for i, (threads, one_core) in enumerate(settings):
+                    order = ("engine", "vllm") if (r + i) % 2 == 1 else ("vllm", "engine")
+                    for system in order:
+                        python = args.vllm_python if system == "vllm" else sys.executable
+                        beam = dtype == "float32" and r == 0 and i == 0
+                        results.setdefault((dtype, system, threads, one_core), []).append(
+                            run_side(system, threads, task_path, tmp, python, beam, one_core, dtype))
+        diff = None
+        if "float32" in dtypes:  # the block pool does not depend on the dtype
+            diff_out = tmp / "diff.json"
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            subprocess.run([args.vllm_python, str(ROOT / "tools" / "peer" / "block_pool_diff.py"), "300", "80",
+                            str(diff_out)], env=env, cwd=ROOT, check=True, capture_output=True, timeout=1800)  # fmt: skip
+            diff = json.loads(diff_out.read_text())
     rows = []
-    first = (args.threads[0], False)
-    ours, theirs = results[("engine", *first)][0]["greedy"], results[("vllm", *first)][0]["greedy"]
-    equal = sum(a == b for a, b in zip(ours, theirs))
-    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(ours, theirs)]
-    rows.append({"section": "greedy_equality", "system": "engine vs vLLM", "threads": args.threads[0], "rounds": 1,
-                 "value": equal, "unit": f"of {len(ours)} prompts identical (32 tokens, float32)",
-                 "per_round": "", "note": f"first differing position per prompt: {first_diff}"})  # fmt: skip
-    ours_beams, their_beams = (results[(s, *first)][0]["beams"] for s in ("engine", "vllm"))
-    same = [a == b for a, b in zip(ours_beams, their_beams)]
-    rows.append({"section": "beam_search_equality", "system": "engine vs vLLM", "threads": args.threads[0],
-                 "rounds": 1, "value": sum(same), "unit": f"of {len(same)} cases with every sequence identical",
-                 "per_round": "", "note": "width 3 x 16 tokens on 4 raw prompts, width 4 x 12 on 4 chat prompts; "
-                 f"equal per case: {same}"})  # fmt: skip
-    median_tps = {}
-    for (system, threads, one_core), runs in sorted(results.items()):
-        tps = [x["output_tokens"] / x["wall_s"] for x in runs]
-        cold = [x["cold_start_s"] for x in runs]
-        median_tps[system, threads, one_core] = round(statistics.median(tps), 2)
-        suffix, note = ("_one_core", "; both pinned to CPU 0" + ", vLLM in-process" * (system == "vllm")) \
-            if one_core else ("", "")
-        for section, values, unit in (("throughput", tps, "output tokens/s"), ("cold_start", cold, "s")):
-            rows.append({"section": section + suffix, "system": system, "threads": threads, "rounds": len(values),
-                         "value": round(statistics.median(values), 2), "unit": unit,
-                         "per_round": " ".join(f"{v:.2f}" for v in values), "note": runs[0]["version"] + note})  # fmt: skip
-    for threads, one_core in dict.fromkeys(settings):
-        ratio = ratio_row([x["output_tokens"] / x["wall_s"] for x in results["engine", threads, one_core]],
-                          [x["output_tokens"] / x["wall_s"] for x in results["vllm", threads, one_core]])
-        rows.append({"section": "throughput_ratio" + "_one_core" * one_core, "system": "engine / vLLM",
-                     "threads": threads, **ratio})  # fmt: skip
-    rows.append({"section": "block_pool", "system": "sim.BlockAllocator vs vLLM BlockPool", "threads": "",
-                 "rounds": diff["runs"], "value": diff["diverged"], "unit": f"runs of {diff['ops']} ops diverging",
-                 "per_round": "", "note": "; ".join(diff["first"])[:500]})  # fmt: skip
+    for dtype in dtypes:
+        rows += (equality_rows if dtype == "float32" else agreement_rows)(args, results, the_task, dtype)
+        rows += speed_rows(args, results, settings, dtype)
+    if diff is not None:
+        rows.append({"section": "block_pool", "system": "sim.BlockAllocator vs vLLM BlockPool", "threads": "",
+                     "rounds": diff["runs"], "value": diff["diverged"], "unit": f"runs of {diff['ops']} ops diverging",
+                     "per_round": "", "note": "; ".join(diff["first"])[:500]})  # fmt: skip
     comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
                 f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
                 f"{platform.python_version()}", f"cpu: {cpu_description()}", f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
-                "workload: reference/bench.py's 64 requests (seed 0), greedy, ignore EOS; SmolLM2-135M float32",
+                f"workload: reference/bench.py's 64 requests (seed 0), greedy, ignore EOS; SmolLM2-135M "
+                f"{' and '.join(dtypes)}",
                 f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
     write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=True)
     for r in rows:
@@ -207,26 +207,73 @@ def compare_speed(args, argv: list[str] | None) -> None:
     print(f"wrote {args.out}")
 
 
-# The instruction-set extensions that decide which kernels each system's CPU build can use (torch's and oneDNN's
-# dispatch, vLLM's CPU attention): a ratio measured on one is not a ratio on another.
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
-             "amx_bf16", "amx_int8")  # fmt: skip
+def equality_rows(args, results: dict, the_task: dict, dtype: str) -> list[dict]:
+    """float32: greedy and beam-search equality, engine vs vLLM (the first setting's first round)."""
+    rows = []
+    first = (dtype, args.threads[0], False)
+    ours, theirs = results[(dtype, "engine", *first[1:])][0]["greedy"], results[(dtype, "vllm", *first[1:])][0]["greedy"]
+    equal = sum(a == b for a, b in zip(ours, theirs))
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(ours, theirs)]
+    rows.append({"section": "greedy_equality", "system": "engine vs vLLM", "threads": args.threads[0], "rounds": 1,
+                 "value": equal, "unit": f"of {len(ours)} prompts identical (32 tokens, float32)",
+                 "per_round": "", "note": f"first differing position per prompt: {first_diff}"})  # fmt: skip
+    ours_beams, their_beams = (results[(dtype, s, *first[1:])][0]["beams"] for s in ("engine", "vllm"))
+    same = [a == b for a, b in zip(ours_beams, their_beams)]
+    rows.append({"section": "beam_search_equality", "system": "engine vs vLLM", "threads": args.threads[0],
+                 "rounds": 1, "value": sum(same), "unit": f"of {len(same)} cases with every sequence identical",
+                 "per_round": "", "note": "width 3 x 16 tokens on 4 raw prompts, width 4 x 12 on 4 chat prompts; "
+                 f"equal per case: {same}"})  # fmt: skip
+    return rows
 
 
-def cpu_description(cpuinfo: str | None = None) -> str:
-    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo, or `cpuinfo`'s text)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return f"{platform.processor() or platform.machine()} (no /proc/cpuinfo: flags unknown)"
-    fields = {}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
-    have = [f for f in CPU_FLAGS if f in flags]
-    return f"{fields.get('model name', platform.machine())}; {' '.join(have) if have else 'none of ' + ' '.join(CPU_FLAGS)}"
+def agreement_rows(args, results: dict, the_task: dict, dtype: str) -> list[dict]:
+    """A 16-bit dtype: how far the greedy outputs agree (reported, not a pass or fail; module docstring), engine vs
+    vLLM (the first setting's first round) and each against HF transformers in the same dtype, run here."""
+    from reference.bench import hf_greedy, load_hf
+
+    prompts, max_tokens = the_task["greedy_prompts"], the_task["greedy_max_tokens"]
+    ours, theirs = (results[(dtype, s, args.threads[0], False)][0]["greedy"] for s in ("engine", "vllm"))
+    started = time.perf_counter()
+    hf = hf_greedy(load_hf(dtype), prompts, max_tokens)
+    print(f"  HF transformers, {dtype}, batch 1: {len(prompts)} greedy prompts in {time.perf_counter() - started:.0f} s",
+          flush=True)  # fmt: skip
+    rows = []
+    for system, a, b in (("engine vs vLLM", ours, theirs), ("engine vs HF transformers", ours, hf),
+                         ("vLLM vs HF transformers", theirs, hf)):
+        agreement = greedy_agreement(a, b)
+        rows.append({"section": "greedy_agreement" + SUFFIX[dtype], "system": system, "threads": args.threads[0],
+                     "rounds": 1, "value": agreement.identical,
+                     "unit": f"of {agreement.total} prompts identical ({max_tokens} tokens, {dtype})", "per_round": "",
+                     "note": f"agreement, not a check: mean share of tokens before the first difference "
+                             f"{agreement.mean_prefix_share:.3f}; first differing position per prompt: "
+                             f"{agreement.first_difference}"})  # fmt: skip
+    return rows
+
+
+def speed_rows(args, results: dict, settings: list[tuple[int, bool]], dtype: str) -> list[dict]:
+    """Throughput and cold start per (system, setting), medians over the rounds, then the ratio per setting; a
+    bfloat16 row's section ends in _bf16 and its note names the dtype."""
+    rows = []
+    dtype_note = "" if dtype == "float32" else f"; {dtype}"
+    for (kind, system, threads, one_core), runs in sorted(results.items()):
+        if kind != dtype:
+            continue
+        tps = [x["output_tokens"] / x["wall_s"] for x in runs]
+        cold = [x["cold_start_s"] for x in runs]
+        suffix, note = ("_one_core", "; both pinned to CPU 0" + ", vLLM in-process" * (system == "vllm")) \
+            if one_core else ("", "")
+        for section, values, unit in (("throughput", tps, "output tokens/s"), ("cold_start", cold, "s")):
+            rows.append({"section": section + suffix + SUFFIX[dtype], "system": system, "threads": threads,
+                         "rounds": len(values), "value": round(statistics.median(values), 2), "unit": unit,
+                         "per_round": " ".join(f"{v:.2f}" for v in values),
+                         "note": runs[0]["version"] + note + dtype_note})  # fmt: skip
+    for threads, one_core in dict.fromkeys(settings):
+        ratio = ratio_row([x["output_tokens"] / x["wall_s"] for x in results[dtype, "engine", threads, one_core]],
+                          [x["output_tokens"] / x["wall_s"] for x in results[dtype, "vllm", threads, one_core]])
+        ratio["note"] += dtype_note
+        rows.append({"section": "throughput_ratio" + "_one_core" * one_core + SUFFIX[dtype], "system": "engine / vLLM",
+                     "threads": threads, **ratio})  # fmt: skip
+    return rows
 
 
 def ratio_row(engine_tps: list[float], vllm_tps: list[float]) -> dict:

@@ -4,8 +4,9 @@
 (compiled on CUDA, interpreted on CPU under ``TRITON_INTERPRET=1``); ``backend="torch"`` runs the slow
 oracle in ``torch_ref``; ``backend="torch_batched"`` runs the vectorized torch version in
 ``torch_batched``; ``backend="numba"`` is ``torch_batched`` with decode attention as a compiled CPU
-kernel (``cpu_numba``, float32): the engine's CPU default for float32 models. All take the same arguments and get the same checks, so
-a test can call one and then another. The layout follows vLLM (Kwon et al., SOSP 2023, Section 4.1):
+kernel (``cpu_numba``, float32 or bfloat16): the engine's CPU default for float32 and bfloat16 models. All take
+the same arguments and get the same checks, so a test can call one and then another. The layout follows vLLM
+(Kwon et al., SOSP 2023, Section 4.1):
 per layer, K and V each live in a cache ``[num_blocks, block_size, num_kv_heads, head_dim]``, and the
 token at slot ``block_id * block_size + offset`` is ``cache[block_id, offset]``.
 

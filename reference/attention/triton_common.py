@@ -45,6 +45,24 @@ def dot_config(dtype: torch.dtype) -> dict:
     return {"DOT_DTYPE": _TL_DTYPES[dtype], "DOT_PRECISION": "tf32"}
 
 
+def output_buffer(query: torch.Tensor) -> torch.Tensor:
+    """The tensor a kernel writes its output into: one like ``query``, except float32 for a bfloat16 query under
+    ``TRITON_INTERPRET=1``, which the wrapper then rounds with torch (``finish_output``).
+
+    NOTE: the interpreter converts float32 to bfloat16 by cutting the low 16 bits (round toward zero; Triton 3.9,
+    measured: a bfloat16 decode's every output element equal to the float32 result truncated, 57 of 192 one unit
+    below the correctly rounded value), where a GPU's conversion and torch's round to nearest even. On the CPU the
+    Triton backend's bfloat16 outputs were biased toward zero and its greedy tokens parted from the oracle's."""
+    if interpreting() and query.dtype == torch.bfloat16:
+        return torch.empty_like(query, dtype=torch.float32)
+    return torch.empty_like(query)
+
+
+def finish_output(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """``out`` (from output_buffer) in the query's dtype, rounded to nearest even by torch where it is not."""
+    return out if out.dtype == query.dtype else out.to(query.dtype)
+
+
 def next_pow2(n: int, minimum: int = 1) -> int:
     """Triton tiles have power-of-two sides; pad ``n`` up (and to at least ``minimum``)."""
     return max(minimum, triton.next_power_of_2(max(1, n)))

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from reference.attention._checks import check_triton_device
-from reference.attention.triton_common import dot_config, next_pow2
+from reference.attention.triton_common import dot_config, finish_output, next_pow2, output_buffer
 
 
 
@@ -233,9 +233,9 @@ def paged_decode_attention_triton(
     tile = tuning.tile
     tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), tile) * tile
     seq_lens = seq_lens.contiguous()  # NOTE: a tiny index vector; copying it is free
-    out = torch.empty_like(query)
+    out = output_buffer(query)
     if num_seqs == 0:
-        return out
+        return finish_output(out, query)
     is_split = num_splits > 1
     if is_split:
         part_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32,
@@ -258,4 +258,4 @@ def paged_decode_attention_triton(
             out, part_out, part_lse, num_heads, num_splits, *out.stride(),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, SPLITS_PAD=next_pow2(num_splits),
         )
-    return out
+    return finish_output(out, query)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from reference.attention._checks import check_triton_device
-from reference.attention.triton_common import dot_config, next_pow2
+from reference.attention.triton_common import dot_config, finish_output, next_pow2, output_buffer
 
 BLOCK_M = 16  # query rows per program (>= 16 for tl.dot)
 BLOCK_N = 32  # key positions per inner-loop step
@@ -143,9 +143,9 @@ def paged_prefill_attention_triton(
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = seq_lens.shape[0]
-    out = torch.empty_like(query)
+    out = output_buffer(query)
     if num_tokens == 0 or num_seqs == 0:
-        return out
+        return finish_output(out, query)
     query_start_loc = query_start_loc.contiguous()  # NOTE: tiny index vectors; copying them is free
     seq_lens = seq_lens.contiguous()
     grid = (num_seqs, num_heads, triton.cdiv(num_tokens, BLOCK_M))
@@ -158,4 +158,4 @@ def paged_prefill_attention_triton(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         **dot_config(query.dtype),
     )
-    return out
+    return finish_output(out, query)

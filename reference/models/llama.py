@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reference.attention import paged_decode_attention, paged_prefill_attention, store_kv
+from reference.attention import cpu_numba, paged_decode_attention, paged_prefill_attention, store_kv
 from reference.batch import ForwardBatch
 from reference.kv_cache import KVCache
 from reference.models.config import ModelConfig
@@ -148,9 +148,9 @@ class LlamaForwardModel:
         """
         self._check(input_ids, positions, batch, kv_cache)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)  # [T, head_dim] each
-        fused = backend == "numba"  # the CPU fast path: small steps fused into compiled loops (cpu_fused)
-        if fused:
+        if backend == "numba":
             self._check_fused(kv_cache)
+        fused = self._fused(backend)
         norm = self._fused_norm if fused else self._norm
         act = cpu_fused.silu_mul if fused else None
         h = F.embedding(input_ids, self.weights.embed_tokens)  # [T, hidden], the residual stream
@@ -187,7 +187,7 @@ class LlamaForwardModel:
         qkv = self.linear(x, w.qkv_proj, w.qkv_bias).view(num_tokens, heads + 2 * kv_heads, cfg.head_dim)
         key_cache, value_cache = kv_cache.key_caches[layer_index], kv_cache.value_caches[layer_index]
         # The cache stores K after RoPE, so a cached key never needs rotating again.
-        if backend == "numba":  # rotate q and k and store k, v in one compiled loop (reference.models.cpu_fused)
+        if self._fused(backend):  # rotate q and k and store k, v in one compiled loop (reference.models.cpu_fused)
             q = cpu_fused.rope_store(qkv, cos, sin, heads, kv_heads, key_cache, value_cache, batch.slot_mapping)
         else:
             qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated together: [T, heads + kv, dim]
@@ -209,14 +209,21 @@ class LlamaForwardModel:
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [T, num_heads, head_dim]
         return out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)
 
+    def _fused(self, backend: str) -> bool:
+        """Whether the small steps run fused (cpu_fused): backend "numba" on a float32 or bfloat16 model (cpu_fused's
+        bfloat16 loops round where the torch path rounds)."""
+        return backend == "numba" and self.dtype in cpu_fused.DTYPES
+
     def _check_fused(self, kv_cache: KVCache) -> None:
+        """ValueError (one line) unless backend "numba" can run this model and cache (see _fused)."""
         cache = kv_cache.key_caches[0] if kv_cache.key_caches else None
         if not cpu_fused.available():
             raise ValueError("backend 'numba' needs the numba package (pip install numba), or use 'torch_batched'")
-        if self.dtype != torch.float32 or self.device.type != "cpu" or (
-                cache is not None and (cache.dtype != torch.float32 or cache.device.type != "cpu")):
-            raise ValueError(f"backend 'numba' runs float32 models and caches on a CPU (model: {self.dtype} on "
-                             f"{self.device}; allowed: torch_batched for other dtypes, triton on a GPU)")
+        if self.dtype not in cpu_numba.CACHE_DTYPES or self.device.type != "cpu" or (
+                cache is not None and (cache.dtype != self.dtype or cache.device.type != "cpu")):
+            raise ValueError(f"backend 'numba' runs float32 or bfloat16 models and caches on a CPU (model: "
+                             f"{self.dtype} on {self.device}; allowed: torch_batched for other dtypes, triton on a "
+                             "GPU)")
 
     def _check(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                kv_cache: KVCache) -> None:

@@ -8,6 +8,8 @@ Measured, in this order, in one process: the cold start (process spawn to the fi
 model load, KV pool, the first step), greedy token ids of the task's prompts, beam search on the task's cases (when
 PEER_BEAM=1), then the throughput workload (all requests at once, greedy, ignore_eos, exact max_tokens) after an
 untimed warm-up request that shares no prefix with it.
+
+PEER_DTYPE (float32 by default, or bfloat16) is the model's dtype in both systems.
 """
 import json
 import os
@@ -19,13 +21,14 @@ def main() -> None:
     system, task_path, out_path, spawn = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     with open(task_path) as f:
         task = json.load(f)
+    dtype = os.environ.get("PEER_DTYPE", "float32")
     if system == "vllm":
         import vllm
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import BeamSearchParams
 
-        llm = LLM(model=task["model_dir"], dtype="float32", max_model_len=task["max_model_len"], seed=0)
+        llm = LLM(model=task["model_dir"], dtype=dtype, max_model_len=task["max_model_len"], seed=0)
         version = f"vllm {vllm.__version__}"
     else:
         import torch
@@ -33,7 +36,7 @@ def main() -> None:
         from reference import LLM, SamplingParams, TokensPrompt
         from reference.sampling_params import BeamSearchParams
 
-        llm = LLM("smollm2", dtype="float32", max_model_len=task["max_model_len"], seed=0)
+        llm = LLM("smollm2", dtype=dtype, max_model_len=task["max_model_len"], seed=0)
         version = f"paged-attention-lab engine, torch {torch.__version__} ({torch.get_num_threads()} threads)"
 
     def greedy(max_tokens: int) -> "SamplingParams":
