@@ -388,7 +388,7 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
     """The table of `make bench`: what each command measures and what it measured."""
     sim = {r["run"]: r for r in f.rows("bench_sim") if r["run"] != "heapq"}
     wall = {run: float(r["wall_time_s"]) for run, r in sim.items()}
-    paper, big = sim["paper-scale paged"], sim["100k paged v0"]
+    paper, big, huge = sim["paper-scale paged"], sim["100k paged v0"], sim["1M paged v0"]
     target = lambda r: f"{float(r['target_wall_s']):g}"  # noqa: E731
     paper_scale = "; ".join([f"paged {wall['paper-scale paged']:.2f} s (target < {target(paper)} s)",
                              ", ".join(f"{label} {wall[run]:.2f} s" for run, label in SIM_BENCH_RUNS[1:4]),
@@ -415,6 +415,10 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
                    ("sim_100k", "", f"{int(big['num_requests']):,} requests (paged, ShareGPT, {float(big['rate']):g} "
                     "req/s)", f"v0 {wall['100k paged v0']:.1f} s, v1 {wall['100k paged v1']:.1f} s (target < "
                     f"{target(big)} s)"),
+                   ("sim_1m", "", f"{int(huge['num_requests']):,} requests (paged, v0, the same rate), without the "
+                    "per-step table (`step_table=False`)", f"{wall['1M paged v0']:.1f} s, peak memory "
+                    f"{float(huge['peak_rss_mib']):,.0f} MiB (targets < {target(huge)} s, < "
+                    f"{float(huge['target_peak_rss_mib']):,.0f} MiB)"),
                    ("alloc", "`python -m sim bench-alloc`", "KV-manager operations per second (admission through the "
                     "contract, one-token growth, free)", f"BlockAllocator allocate/free "
                     f"{alloc['blocks', '', 'block']:.2f} M/s; paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s; "
