@@ -75,29 +75,41 @@ def _silu_mul(gate_up, out):
             out[r, c] = g / (np.float32(1.0) + _exp(-g)) * gate_up[r, width + c]
 
 
+def _first_slot_past(slot_mapping, num_slots):
+    """-1, or the first token whose slot is past the end of the cache."""
+    for t in range(slot_mapping.shape[0]):
+        if slot_mapping[t] >= num_slots:
+            return t
+    return -1
+
+
+def _store_token(qkv, t, slot, key_cache, value_cache, num_heads, num_kv_heads):
+    """Token t's k (rotated where it lies) and v into its cache slot; slot < 0: a token not to store (see
+    reference.attention.store_kv). The caches' element type is the qkv's (float32, or bfloat16 words)."""
+    if slot >= 0:
+        block_size, head_dim = key_cache.shape[1], qkv.shape[2]
+        block, offset = slot // block_size, slot % block_size
+        for kv_head in range(num_kv_heads):
+            for d in range(head_dim):
+                key_cache[block, offset, kv_head, d] = qkv[t, num_heads + kv_head, d]
+                value_cache[block, offset, kv_head, d] = qkv[t, num_heads + num_kv_heads + kv_head, d]
+
+
 def _rope_store(qkv, cos, sin, slot_mapping, key_cache, value_cache, num_heads, num_kv_heads, q_out):
     """Returns -1, or the first token whose slot is past the end of the cache (nothing written for it or after)."""
     tokens, _, head_dim = qkv.shape
     half = head_dim // 2
-    block_size = key_cache.shape[1]
-    num_slots = key_cache.shape[0] * block_size
-    for t in range(tokens):
-        if slot_mapping[t] >= num_slots:
-            return t
+    past = _first_slot_past(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+    if past >= 0:
+        return past
     for t in numba.prange(tokens):
-        slot = slot_mapping[t]
         for head in range(num_heads + num_kv_heads):
             rotated = q_out[t, head] if head < num_heads else qkv[t, head]  # k is rotated where it lies, then stored
             for d in range(half):  # out = x * cos, then -= x2 * sin (first half), += x1 * sin (second half)
                 x1, x2 = qkv[t, head, d], qkv[t, head, half + d]
                 rotated[d] = x1 * cos[t, d] - x2 * sin[t, d]
                 rotated[half + d] = x2 * cos[t, half + d] + x1 * sin[t, half + d]
-        if slot >= 0:  # slot < 0: a token not to store (see reference.attention.store_kv)
-            block, offset = slot // block_size, slot % block_size
-            for kv_head in range(num_kv_heads):
-                for d in range(head_dim):
-                    key_cache[block, offset, kv_head, d] = qkv[t, num_heads + kv_head, d]
-                    value_cache[block, offset, kv_head, d] = qkv[t, num_heads + num_kv_heads + kv_head, d]
+        _store_token(qkv, t, slot_mapping[t], key_cache, value_cache, num_heads, num_kv_heads)
     return -1
 
 
@@ -161,13 +173,10 @@ def _rope_store_bf16(qkv, cos, sin, slot_mapping, key_cache, value_cache, num_he
     """As _rope_store, over bfloat16 words: out = x * cos, then -= x2 * sin / += x1 * sin, each rounded."""
     tokens, _, head_dim = qkv.shape
     half = head_dim // 2
-    block_size = key_cache.shape[1]
-    num_slots = key_cache.shape[0] * block_size
-    for t in range(tokens):
-        if slot_mapping[t] >= num_slots:
-            return t
+    past = _first_slot_past(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+    if past >= 0:
+        return past
     for t in numba.prange(tokens):
-        slot = slot_mapping[t]
         for head in range(num_heads + num_kv_heads):
             rotated = q_out[t, head] if head < num_heads else qkv[t, head]
             for d in range(half):
@@ -176,16 +185,13 @@ def _rope_store_bf16(qkv, cos, sin, slot_mapping, key_cache, value_cache, num_he
                 s1, s2 = _from_bf16(sin[t, d]), _from_bf16(sin[t, half + d])
                 rotated[d] = _to_bf16(_round(x1 * c1) - _round(x2 * s1))
                 rotated[half + d] = _to_bf16(_round(x2 * c2) + _round(x1 * s2))
-        if slot >= 0:
-            block, offset = slot // block_size, slot % block_size
-            for kv_head in range(num_kv_heads):
-                for d in range(head_dim):
-                    key_cache[block, offset, kv_head, d] = qkv[t, num_heads + kv_head, d]
-                    value_cache[block, offset, kv_head, d] = qkv[t, num_heads + num_kv_heads + kv_head, d]
+        _store_token(qkv, t, slot_mapping[t], key_cache, value_cache, num_heads, num_kv_heads)
     return -1
 
 
 if numba is not None:  # the helpers, inlined into the loops that call them
+    _first_slot_past = numba.njit(inline="always")(_first_slot_past)
+    _store_token = numba.njit(inline="always")(_store_token)
     _from_bf16 = numba.njit(inline="always")(_from_bf16)
     _to_bf16 = numba.njit(inline="always")(_to_bf16)
     _round = numba.njit(inline="always")(_round)

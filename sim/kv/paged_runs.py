@@ -65,48 +65,21 @@ def advance(allocator: BlockAllocator, block_size: int, seqs: Sequence, num_step
     """`num_steps` decode steps at once, each appending one token to every sequence in order: the same end state and
     block ids as that many rounds of one-token appends (room checked by the caller). Returns the pool's five raw slot
     counts during each step, from the counts `start` before the run. `seqs`: objects with `.num_tokens`,
-    `.final_len` and `.block_table`. O(seqs + num_steps), one pass over the sequences.
+    `.final_len` and `.block_table`, none of whose partly filled last block is shared. One run of a DecodeEpoch
+    (below) over them.
 
     Block ids. A sequence whose last block has r empty slots opens blocks at steps r + 1, r + 1 + B, ... Ordered
-    by (step, position), the openings go round after round through the sequences sorted by (r, position), so with
-    the fresh blocks taken from the free queue at once, the p-th of that order gets blocks p, p + S, ...
+    by (step, position), the openings go round after round through the sequences sorted by (r, position):
 
         B = 4, 6 steps, a (r = 2) then b (r = 0):  order b, a;  fresh [5, 9, 2]
         b opens at steps 1 and 5 -> +[5, 2];  a at step 3 -> +[9]
-
-    Counts. Every step writes one token per sequence into a slot set aside for it; a step whose index j has
-    j % B == r for a sequence opens a block for it (see the module docstring for where its slots go).
     """
-    bs, num_seqs = block_size, len(seqs)
-    by_empty: list[list] = [[] for _ in range(bs)]  # the sequences by r, each list in position order
-    to_internal: dict[int, int] = {}  # step -> slots of newly opened final blocks that are internal frag.
-    num_new = 0
-    for seq in seqs:
-        n, final = seq.num_tokens, seq.final_len
-        by_empty[-n % bs].append(seq)
-        last_open = (final - 1) // bs * bs  # first position of the final block
-        if 0 <= last_open - n < num_steps:
-            to_internal[last_open - n] = to_internal.get(last_open - n, 0) + bs - (final - last_open)
-        num_new += cdiv(n + num_steps, bs) - len(seq.block_table)
-    fresh = allocator.allocate(num_new)
-    if fresh is None:
-        raise RuntimeError(f"expected {num_new} free blocks for {num_steps} decode steps, found fewer")
-    p = 0
-    for same in by_empty:
-        for seq in same:
-            seq.block_table += fresh[p::num_seqs]
-            seq.num_tokens += num_steps
-            p += 1
-    tokens, reservation, internal, external, free = start
-    counts = []
-    for j in range(num_steps):
-        opened = len(by_empty[j % bs]) * bs
-        moved = to_internal.get(j, 0)
-        tokens += num_seqs
-        reservation += opened - num_seqs - moved
-        internal += moved
-        free -= opened
-        counts.append((tokens, reservation, internal, external, free))
+    epoch = DecodeEpoch(allocator, block_size, start)
+    for i, seq in enumerate(seqs):
+        if not epoch.join(i, seq, num_steps - 1, i):
+            raise RuntimeError(f"advance: sequence {i}'s partly filled last block is shared (its next write copies)")
+    counts = epoch.advance(num_steps)
+    epoch.close()
     return counts
 
 
