@@ -34,7 +34,6 @@ import bisect
 from typing import Sequence
 
 from ..blocks import BlockAllocator
-from .base import cdiv
 
 
 def run_capacity(tokens: Sequence[int], block_size: int, num_free_blocks: int) -> int:
