@@ -14,8 +14,8 @@ have made. The wrappers only record: every call goes through untouched.
 
 Arrivals may be staggered: the simulator adds a request when its arrival time comes, between steps. The engine
 then replays the simulator's calls in the same order: it adds each request right where the simulator added it,
-and runs one step per simulated step. The simulator runs with its fast-forward ON: a run of k steps that the
-simulator applied at once must equal k steps of the engine.
+and runs one step per simulated step. The simulator runs with its fast-forward ON, run by run: a run of k steps
+that the simulator applied at once must equal k steps of the engine.
 
 The engine runs the tiny random Llama: with ignore_eos and max_tokens = the trace's output length, a request
 finishes at the same step whatever tokens the weights produce, so the decisions cannot depend on them
@@ -140,7 +140,11 @@ def simulate(requests: list[Request], policy: str, preemption: str, mode: str, m
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption)))
     calls = record_calls(scheduler)
     # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
-    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True).run()
+    # validate: run by run (the scheduler's advance_decodes, recorded above), not through decode epochs, whose lazy
+    # runs the wrappers cannot see step by step; tests/sim/test_fastforward.py shows the epochs give exactly the
+    # run-by-run results (every step and request, and in a paged pool the same block tables)
+    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True,
+              validate=True).run()  # fmt: skip
     return calls
 
 
