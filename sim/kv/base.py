@@ -223,13 +223,20 @@ class KVManager(Protocol):
         """Whether open_decode_epoch can ever open one (else it always answers None)."""
         ...
 
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]):
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int],
+                          keys: Sequence | None = None):  # fmt: skip
         """Runs of such steps over these sequences, one after another, at a cost that does not grow with their number
         (the paged manager: sim/kv/paged_runs.DecodeEpoch, with max_steps(limit) and advance(num_steps) as above),
         or None: this manager has no such form (the scheduler then calls max_decode_steps / advance_decodes run by
         run). `lasts[i]`: the epoch step (from 0) in which sequence i samples its last token; the scheduler frees it
         after that step. Until close_decode_epoch, the scheduler only frees members and asks questions that read no
         sequence's state (the admission of new sequences)."""
+        ...
+
+    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
+        """Add these live sequences (admitted while the epoch is open, now decoding plainly) to it, leaving after the
+        epoch steps `lasts`, placed among the members by `keys` (a step's order); False, with none added, where the
+        manager cannot take them (paged: a shared partly filled last block). Raises without an open epoch."""
         ...
 
     def close_decode_epoch(self) -> None:

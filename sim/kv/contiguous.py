@@ -252,8 +252,11 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
 
     has_decode_epochs = False  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
 
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int]) -> None:
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys=None) -> None:
         return None
+
+    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
+        raise RuntimeError("no decode epoch is open (this manager never opens one)")
 
     def close_decode_epoch(self) -> None:
         pass  # none is ever open
