@@ -521,7 +521,7 @@ class PagedKVManager:
     # --- what the executor and the metrics read ------------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
-        self._no_epoch((seq_id,))
+        # (exact in a decode epoch too: its runs append every block as stepping would)
         return list(self._seqs[seq_id].block_table)
 
     def group_tables(self, seq_id: int) -> list[list[int | None]]:

@@ -7,15 +7,15 @@ the same prompt chunks and decode, with the same block tables, the same requests
 blocks move (swap, copy), and the same number of blocks is free after every step.
 
 How the decisions are observed: on BOTH sides the scheduler's `add_request`, `schedule`, `finish_step` and
-`advance_decodes` are wrapped (an instance attribute over the method, the same wrapper on each side) to record
+`advance_decodes` / `advance_decode_epoch` are wrapped (an instance attribute over the method, the same wrapper on each side) to record
 every call: the requests added, every plan handed out (empty ones included) with the free blocks after the
 executor reports back, and every fast-forwarded run of k plain decode steps as the k plans stepping would
 have made. The wrappers only record: every call goes through untouched.
 
 Arrivals may be staggered: the simulator adds a request when its arrival time comes, between steps. The engine
 then replays the simulator's calls in the same order: it adds each request right where the simulator added it,
-and runs one step per simulated step. The simulator runs with its fast-forward ON, run by run: a run of k steps
-that the simulator applied at once must equal k steps of the engine.
+and runs one step per simulated step. The simulator runs with its fast-forward ON (decode epochs where the pool is
+paged, else run by run): a run of k steps that the simulator applied at once must equal k steps of the engine.
 
 The engine runs the tiny random Llama: with ignore_eos and max_tokens = the trace's output length, a request
 finishes at the same step whatever tokens the weights produce, so the decisions cannot depend on them
@@ -73,7 +73,7 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
     ("step", record) items, a fast-forwarded run giving one ("step", record) per step."""
     calls: list[tuple] = []
     add_request, schedule, finish_step = scheduler.add_request, scheduler.schedule, scheduler.finish_step
-    advance_decodes = scheduler.advance_decodes
+    advance_decodes, advance_decode_epoch = scheduler.advance_decodes, scheduler.advance_decode_epoch
     current: list[dict] = []  # the record of the plan in flight (arrivals may be recorded while it runs)
 
     def recording_add_request(request):
@@ -112,6 +112,34 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
             counts, finished = advance_decodes(num_steps)
         finally:
             del kv.advance_decodes  # the class's method again
+        return record_run(before, tables, counts, finished)
+
+    def recording_advance_decode_epoch(max_steps):
+        # a decode epoch's run (paged): every running group is a member when one is asked (decode_epoch_run joined
+        # the admitted ones first); their counts through the scheduler's views, their tables (exact in an epoch)
+        # read just before a finish frees them, or after the run
+        before = [(rid, sid, scheduler.num_computed_tokens(sid)) for rid in scheduler.running_request_ids()
+                  for sid in scheduler.seq_ids(rid)]  # fmt: skip
+        kv, tables = scheduler.kv, {}
+        kv_free = kv.free
+
+        def capture(seq_id):
+            tables[seq_id] = kv.block_table(seq_id)
+            kv_free(seq_id)
+
+        kv.free = capture
+        try:
+            counts, finished = advance_decode_epoch(max_steps)
+        finally:
+            del kv.free
+        for _, sid, _ in before:
+            if sid not in tables:
+                tables[sid] = kv.block_table(sid)
+        return record_run(before, tables, counts, finished)
+
+    def record_run(before, tables, counts, finished):
+        """A run of k plain decode steps as the k step records stepping would have made."""
+        kv = scheduler.kv
         bs = kv.block_size
         for j, step_counts in enumerate(counts):
             last = j == len(counts) - 1
@@ -125,6 +153,7 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
     scheduler.add_request, scheduler.schedule, scheduler.finish_step = (recording_add_request, recording_schedule,
                                                                         recording_finish_step)  # fmt: skip
     scheduler.advance_decodes = recording_advance_decodes
+    scheduler.advance_decode_epoch = recording_advance_decode_epoch
     return calls
 
 
@@ -140,11 +169,8 @@ def simulate(requests: list[Request], policy: str, preemption: str, mode: str, m
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption)))
     calls = record_calls(scheduler)
     # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
-    # validate: run by run (the scheduler's advance_decodes, recorded above), not through decode epochs, whose lazy
-    # runs the wrappers cannot see step by step; tests/sim/test_fastforward.py shows the epochs give exactly the
-    # run-by-run results (every step and request, and in a paged pool the same block tables)
-    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True,
-              validate=True).run()  # fmt: skip
+    # Paged runs go through decode epochs (advance_decode_epoch), the others run by run (advance_decodes).
+    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True).run()
     return calls
 
 
