@@ -473,8 +473,9 @@ class PagedKVManager:
         """Open a decode epoch over these sequences (paged_runs.DecodeEpoch: runs in O(steps + blocks opened); `keys`:
         their order in a step, default the order given), or None where this manager cannot: with prefix caching
         (every full block would be registered), a student's allocator, or a sequence whose partly filled last block
-        is shared (its next write copies). Until close_decode_epoch, members may only be freed, have their (exact) block
-        tables read, or be read through the epoch; other sequences may be admitted (allocate_slots of new ones) and joined to it (join_decode_epoch)."""
+        is shared (its next write copies). Until close_decode_epoch, members may only be freed, have their (exact)
+        block tables read, or be read through the epoch; other sequences may be admitted (allocate_slots of new ones)
+        and joined to it (join_decode_epoch)."""
         if self._epoch is not None:
             raise RuntimeError("a decode epoch is open already")
         if not self.has_decode_epochs:
