@@ -58,7 +58,7 @@ def machine() -> dict[str, str]:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu or "unknown"}
 
 
-def _timed_run(name: str, **kwargs) -> dict:
+def timed_run(name: str, **kwargs) -> dict:
     cpu = time.process_time()
     summary = run(**kwargs).summary
     cpu = time.process_time() - cpu
@@ -78,9 +78,9 @@ def _timed_run(name: str, **kwargs) -> dict:
 
 
 def _run_apart(name: str, **kwargs) -> dict:
-    """_timed_run in a fresh Python process: its peak memory is the run's alone, not an earlier run's."""
-    code = ("import json, sys; from sim.bench_sim import _timed_run; "
-            "name, kwargs = json.load(sys.stdin); print(json.dumps(_timed_run(name, **kwargs)))")
+    """timed_run in a fresh Python process: its peak memory is the run's alone, not an earlier run's."""
+    code = ("import json, sys; from sim.bench_sim import timed_run; "
+            "name, kwargs = json.load(sys.stdin); print(json.dumps(timed_run(name, **kwargs)))")
     done = subprocess.run([sys.executable, "-c", code], input=json.dumps([name, kwargs]), capture_output=True,
                           text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     if done.returncode:

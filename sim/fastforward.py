@@ -55,6 +55,23 @@ class DecodeRun:
     def seen_counts(self) -> list[tuple[int, ...]]:
         return [as_seen(c, self.waiting) for c in self.counts]
 
+def price_steps(cost, now: float, next_arrival: float, max_steps: int, num_seqs: int, context: int,
+                shared: int = 0) -> tuple[list[float], list[float]]:
+    """Start times and durations of up to `max_steps` plain decode steps of `num_seqs` sequences holding `context`
+    K/V tokens, the first starting at `now`, none at or after `next_arrival`: step j feeds one token per sequence, so
+    it reads context + num_seqs * (j + 1) (the same float additions as stepping)."""
+    starts: list[float] = []
+    durations: list[float] = []
+    t, context = now, context + num_seqs
+    while len(durations) < max_steps and t < next_arrival:
+        d = cost.step_time(0, num_seqs, context, 0, shared)
+        starts.append(t)
+        durations.append(d)
+        t += d
+        context += num_seqs
+    return starts, durations
+
+
 def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: bool = False) -> DecodeRun | None:
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
     return it; None when the next step is not such a run (the loop then schedules it normally). `shared_reads`: price
@@ -69,19 +86,11 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     # Step j feeds one token per sequence: context = sum(n) + S * (j + 1) (n = the K/V it holds before the run).
     num_seqs = len(seqs)
     before = [s.num_computed_tokens for s in seqs]
-    starts: list[float] = []
-    durations: list[float] = []
-    t, context = now, sum(before) + num_seqs
     # the first step's shared reads, as StepPlan counts them: each sequence reads its K/V and the token it feeds
     kv = scheduler.kv
     shared = shared_context_tokens(((kv.block_table(s.seq_id), s.num_computed_tokens + 1) for s in seqs),
                                    kv.block_size) if shared_reads else 0  # fmt: skip
-    while len(durations) < steps_left and t < next_arrival:
-        d = cost.step_time(0, num_seqs, context, 0, shared)
-        starts.append(t)
-        durations.append(d)
-        t += d
-        context += num_seqs
+    starts, durations = price_steps(cost, now, next_arrival, steps_left, num_seqs, sum(before), shared)
     ids = [s.seq_id for s in seqs]
     num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
     waiting = num_waiting + scheduler.num_swapped > 0
@@ -119,15 +128,7 @@ def epoch_run(scheduler, cost, now: float, next_arrival: float) -> EpochRun | No
     if shape is None:
         return None
     num_seqs, context, steps_left = shape
-    starts: list[float] = []
-    durations: list[float] = []
-    t, context = now, context + num_seqs
-    while len(durations) < steps_left and t < next_arrival:
-        d = cost.step_time(0, num_seqs, context, 0, 0)
-        starts.append(t)
-        durations.append(d)
-        t += d
-        context += num_seqs
+    starts, durations = price_steps(cost, now, next_arrival, steps_left, num_seqs, context)
     counts, finished = scheduler.advance_decode_epoch(len(durations))
     k = len(counts)
     if k < 1:

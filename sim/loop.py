@@ -302,17 +302,7 @@ class Simulator:
                 if not self.in_range(0, num_seqs, context + num_seqs * (j + 1), 0, run.shared_context_tokens):
                     self.extrapolated_steps += 1
                     self.extrapolated_time += duration
-        for name, column in zip(SHARE_NAMES, zip(*seen)):
-            total = self.integral[name]
-            for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
-                total += duration * count
-            self.integral[name] = total
-        num_seqs = len(run.seq_ids)
-        self.log.extend_run(run.starts, durations, seen, {
-            "num_prefill_seqs": 0, "num_decode_seqs": num_seqs, "num_running": run.num_running,
-            "num_batched_tokens": num_seqs, "num_prefill_tokens": 0, "num_waiting": run.num_waiting,
-            "num_preempted": 0, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
-            "num_copied_blocks": 0})  # a run has none  # fmt: skip
+        self._book_steps(run.starts, durations, seen, len(run.seq_ids), run.num_running, run.num_waiting)
         # Token times: each step ends with a token for every running request, so the gaps are the first step's
         # end minus the last token before, then the differences of consecutive step ends (the same float
         # subtractions stepping makes).
@@ -357,16 +347,7 @@ class Simulator:
         self.may_run = True
         seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
         durations = run.durations
-        for name, column in zip(SHARE_NAMES, zip(*seen)):
-            total = self.integral[name]
-            for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
-                total += duration * count
-            self.integral[name] = total
-        self.log.extend_run(run.starts, durations, seen, {
-            "num_prefill_seqs": 0, "num_decode_seqs": run.num_seqs, "num_running": num_running,
-            "num_batched_tokens": run.num_seqs, "num_prefill_tokens": 0, "num_waiting": num_waiting,
-            "num_preempted": 0, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
-            "num_copied_blocks": 0})  # a run has none  # fmt: skip
+        self._book_steps(run.starts, durations, seen, run.num_seqs, num_running, num_waiting)
         ends, gaps = self.epoch_ends, self.epoch_gaps
         for start, duration in zip(run.starts, durations):
             end = start + duration
@@ -383,6 +364,20 @@ class Simulator:
         if not scheduler.decode_epoch_open:  # the last members left: it closed
             self._settle_epoch(len(ends))
         return run
+
+    def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
+                    num_running: int, num_waiting: int) -> None:  # fmt: skip
+        """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each)."""
+        for name, column in zip(SHARE_NAMES, zip(*seen)):
+            total = self.integral[name]
+            for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
+                total += duration * count
+            self.integral[name] = total
+        self.log.extend_run(starts, durations, seen, {
+            "num_prefill_seqs": 0, "num_decode_seqs": num_seqs, "num_running": num_running,
+            "num_batched_tokens": num_seqs, "num_prefill_tokens": 0, "num_waiting": num_waiting,
+            "num_preempted": 0, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
+            "num_copied_blocks": 0})  # a run has none  # fmt: skip
 
     def _settle(self, i: int, first: int, end: int) -> None:
         """Request i's token times after the epoch's steps first .. end - 1 (end: all so far), each of which sampled

@@ -322,3 +322,19 @@ class NoPrefixCache:
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return PrefixCacheStats()
 
+
+class NoDecodeEpochs:
+    """The decode-epoch half of the contract for a manager without the lazy form: none is ever opened, so the
+    scheduler applies each run with max_decode_steps / advance_decodes. Mixed into such managers (contiguous,
+    vattention, hybrid)."""
+
+    has_decode_epochs = False
+
+    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys=None) -> None:
+        return None
+
+    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
+        raise RuntimeError("no decode epoch is open (this manager never opens one)")
+
+    def close_decode_epoch(self) -> None:
+        pass  # none is ever open

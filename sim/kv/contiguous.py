@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
                    as_seen, cdiv, check_request_args)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
@@ -52,7 +52,7 @@ def next_power_of_two(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
+class ContiguousKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
 
     # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more memory and
@@ -249,17 +249,6 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             internal -= past
             counts.append((tokens, reservation, internal, external, free))
         return counts
-
-    has_decode_epochs = False  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
-
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys=None) -> None:
-        return None
-
-    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
-        raise RuntimeError("no decode epoch is open (this manager never opens one)")
-
-    def close_decode_epoch(self) -> None:
-        pass  # none is ever open
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:

@@ -61,7 +61,8 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator
 from . import hybrid_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, cdiv,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
+                   cdiv,
                    check_request_args)  # fmt: skip
 from .groups import group_size
 
@@ -94,7 +95,7 @@ class _Seq:
     final_len: int  # its true final length (reservation ends and internal fragmentation begins there)
 
 
-class HybridKVManager(NoSwapSpace, NoPrefixCache):
+class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
     """Per-group block tables over one shared pool of pages (see the module docstring).
 
     `windows`: one per KV cache group, None for full attention, full groups first (`block_table` is the first group's).
@@ -294,17 +295,6 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
             raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         return hybrid_runs.step_decodes(self, seq_groups, num_steps)
-
-    has_decode_epochs = False  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
-
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys=None) -> None:
-        return None
-
-    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
-        raise RuntimeError("no decode epoch is open (this manager never opens one)")
-
-    def close_decode_epoch(self) -> None:
-        pass  # none is ever open
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:

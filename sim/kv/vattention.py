@@ -60,7 +60,7 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
                    as_seen, cdiv, check_request_args)  # fmt: skip
 
 KiB = 1024
@@ -122,7 +122,7 @@ class _Seq:
     siblings: list[_Sibling] = field(default_factory=list)
 
 
-class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
+class VAttentionKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
     """vAttention's KV memory for sequences named by integer ids (see the module docstring).
 
     `watermark`: the share of pages an admission must leave free (as the paged manager's)."""
@@ -301,17 +301,6 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         counts = vattention_runs.decode_run_counts(self.breakdown().counts(), self.block_size, seqs, num_steps)
         vattention_runs.map_decode_steps(self.allocator, self.block_size, seqs, num_steps)
         return counts
-
-    has_decode_epochs = False  # no lazy runs here: the scheduler applies each run with max_decode_steps / advance_decodes
-
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys=None) -> None:
-        return None
-
-    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
-        raise RuntimeError("no decode epoch is open (this manager never opens one)")
-
-    def close_decode_epoch(self) -> None:
-        pass  # none is ever open
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
