@@ -21,7 +21,7 @@ The loop books the run's steps (times, memory, token times) from the `DecodeRun`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .kv.base import as_seen
 from .plan import shared_context_tokens
@@ -115,6 +115,7 @@ class EpochRun:
     counts: list[tuple[int, ...]]  # the pool's five raw slot counts during each step
     num_seqs: int  # the decoding sequences
     finished_request_ids: list[int]  # requests whose last sequence finished in the last step
+    preempted: list[int] = field(default_factory=list)  # requests preempted in its one step (then the only step)
 
     @property
     def end(self) -> float:
@@ -123,7 +124,9 @@ class EpochRun:
 
 def epoch_run(scheduler, cost, now: float, next_arrival: float) -> EpochRun | None:
     """decode_run for the scheduler's open decode epoch: the same steps, priced the same way, in O(steps + blocks
-    opened). None when the next step is not such a run (no epoch open, an admission, no memory)."""
+    opened). Where memory runs out for the next step, that step alone, preempting inside the epoch as stepping would
+    (Scheduler.preempt_in_decode_epoch): then a run of one step, or of none if every member was preempted. None when
+    the next step is not such a run (no epoch open, an admission, a preemption the epoch cannot make)."""
     shape = scheduler.decode_epoch_run()
     if shape is None:
         return None
@@ -131,7 +134,15 @@ def epoch_run(scheduler, cost, now: float, next_arrival: float) -> EpochRun | No
     starts, durations = price_steps(cost, now, next_arrival, steps_left, num_seqs, context)
     counts, finished = scheduler.advance_decode_epoch(len(durations))
     k = len(counts)
-    if k < 1:
+    if k >= 1:
+        del starts[k:], durations[k:]
+        return EpochRun(starts, durations, counts, num_seqs, finished)
+    preempted = scheduler.preempt_in_decode_epoch()
+    if not preempted:
         return None
-    del starts[k:], durations[k:]
-    return EpochRun(starts, durations, counts, num_seqs, finished)
+    if not scheduler.decode_epoch_open:  # every member was preempted: no step (stepping's plan is empty too)
+        return EpochRun([], [], [], 0, [], preempted)
+    num_seqs, context, _ = scheduler.decode_epoch_run(admission=False)
+    starts, durations = price_steps(cost, now, next_arrival, 1, num_seqs, context)
+    counts, finished = scheduler.advance_decode_epoch(1)
+    return EpochRun(starts, durations, counts, num_seqs, finished, preempted)

@@ -188,8 +188,8 @@ class Simulator:
                 run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
                 if run is not None:
                     self._book_run(run)
-            if run is not None:
-                return [(run.end, STEP_END, run)]
+            if run is not None:  # (an epoch's run that preempted every member has no step: schedule again)
+                return [(run.end, STEP_END, run)] if run.durations else [(self.now, SCHEDULE, None)]
         self.may_run = True
         plan = self.scheduler.schedule()  # (it closes an open epoch: _settle_epoch books its token times)
         for request_id in plan.preempted:
@@ -345,10 +345,20 @@ class Simulator:
                 self._settle_epoch(len(self.epoch_ends))
             return None
         self.may_run = True
+        members, ends, gaps = self.epoch_members, self.epoch_ends, self.epoch_gaps
+        if run.preempted:  # a step that preempted (the run's only one, if any): its counts are those after it
+            waiting, num_running = True, scheduler.num_running + len(run.finished_request_ids)
+            num_waiting = scheduler.num_waiting
+            for request_id in run.preempted:  # their tokens until now, booked
+                i = self.index[request_id]
+                self.times.preemptions[i] += 1
+                self._settle(i, members.pop(i), len(ends))
+            if not run.durations:  # nobody left to step: the epoch closed
+                self._settle_epoch(len(ends))
+                return run
         seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
         durations = run.durations
-        self._book_steps(run.starts, durations, seen, run.num_seqs, num_running, num_waiting)
-        ends, gaps = self.epoch_ends, self.epoch_gaps
+        self._book_steps(run.starts, durations, seen, run.num_seqs, num_running, num_waiting, len(run.preempted))
         for start, duration in zip(run.starts, durations):
             end = start + duration
             if ends:
@@ -357,7 +367,6 @@ class Simulator:
                     gaps.pop()
                 gaps.append((len(ends), diff))
             ends.append(end)
-        members = self.epoch_members
         for request_id in run.finished_request_ids:
             i = self.index[request_id]
             self._settle(i, members.pop(i), len(ends))
@@ -366,8 +375,9 @@ class Simulator:
         return run
 
     def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
-                    num_running: int, num_waiting: int) -> None:  # fmt: skip
-        """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each)."""
+                    num_running: int, num_waiting: int, num_preempted: int = 0) -> None:  # fmt: skip
+        """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each;
+        `num_preempted`: the requests a one-step run preempted)."""
         for name, column in zip(SHARE_NAMES, zip(*seen)):
             total = self.integral[name]
             for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
@@ -376,7 +386,7 @@ class Simulator:
         self.log.extend_run(starts, durations, seen, {
             "num_prefill_seqs": 0, "num_decode_seqs": num_seqs, "num_running": num_running,
             "num_batched_tokens": num_seqs, "num_prefill_tokens": 0, "num_waiting": num_waiting,
-            "num_preempted": 0, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
+            "num_preempted": num_preempted, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
             "num_copied_blocks": 0})  # a run has none  # fmt: skip
 
     def _settle(self, i: int, first: int, end: int) -> None:

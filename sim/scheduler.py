@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
-from .preemption import victim_policy
+from .preemption import latest_arrival, victim_policy
 from .config import SchedulerConfig
 from .request import Request
 from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
@@ -77,6 +77,7 @@ class Scheduler:
         self._plain_decodes_cache: tuple[list[Sequence], list[list[int]], int] | None = None
         self._epoch: _DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
         self._joined: list[int] = []  # requests that joined an epoch since joined_requests() last asked
+        self._refused: tuple | None = None  # (head group, members, free slots) when decode_epoch_run last refused it
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -298,6 +299,7 @@ class Scheduler:
         seqs = group.kv_seqs
         ids = [s.seq_id for s in seqs]
         self._num_preemptions += 1
+        self._refused = None  # (the group may come back to the head in another state)
         self._open.add(group.request_id)
         plan.preempted.append(group.request_id)
         if self.config.preemption == "swap" and self.kv.can_swap_out(ids):
@@ -678,21 +680,72 @@ class Scheduler:
         joined, self._joined = self._joined, []
         return joined
 
-    def decode_epoch_run(self) -> tuple[int, int, int] | None:
+    def decode_epoch_run(self, admission: bool = True) -> tuple[int, int, int] | None:
         """The open epoch's next run: (sequences, the K/V tokens they hold, steps until the first of them samples its
         last token), or None when no epoch is open or the next step would admit the first waiting request
-        (plain_decode_seqs' question, for the members now)."""
+        (plain_decode_seqs' question, for the members now; not asked with `admission` False: a step that preempts
+        admits nothing)."""
         epoch = self._epoch
         if epoch is None:
             return None
         if epoch.joining and not self._join_epoch(epoch):
             self._close_epoch()
             return None
-        budget = self.config.max_num_batched_tokens - (epoch.num_seqs if self.config.mode == "v1" else 0)
-        if self._waiting and self._may_admit() and self._head_may_be_admitted(
-                budget, epoch.num_seqs, nothing_fed=self.config.mode != "v1"):
-            return None
+        if admission and self._waiting and self._may_admit():
+            # NOTE: a head refused stays refused while it stays the head, the members the same and free memory does
+            # not grow (the question is monotone in free memory: no prefix cache in an epoch); asked once per such
+            # stretch instead of before every run (free memory shrinks during runs and grows when a member leaves)
+            head, free, refused = self._waiting[0], epoch.kv.counts[4], self._refused
+            if refused is None or refused[0] is not head or refused[1] != epoch.num_seqs or free > refused[2]:
+                budget = self.config.max_num_batched_tokens - (epoch.num_seqs if self.config.mode == "v1" else 0)
+                if self._head_may_be_admitted(budget, epoch.num_seqs, nothing_fed=self.config.mode != "v1"):
+                    return None
+                self._refused = (head, epoch.num_seqs, free)
         return epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1
+
+    def preempt_in_decode_epoch(self) -> list[int] | None:
+        """The open epoch's next step, when memory runs out in it (advance_decode_epoch applies none): preempt as
+        schedule() would, inside the epoch. The step's groups take their blocks in plan order, and a group that finds
+        too few preempts the latest arrival still running (itself last) until it can, by recompute; the victims leave
+        the epoch and wait in front. Returns them (latest first); the survivors' blocks for the step are open and
+        advance_decode_epoch(1) takes it (with none left, the epoch has closed). None where the epoch cannot do
+        this (swap preemption, another victim policy, memory for the step after all): schedule() then does it."""
+        epoch = self._epoch
+        if (epoch is None or self.config.preemption != "recompute" or self._victim is not latest_arrival
+                or epoch.kv.max_steps(1)):
+            return None
+        plan = StepPlan()  # collects the victims (_preempt's record)
+        seqs, groups, running = self._seqs, self._groups, self._running
+        opening = epoch.kv.opening()
+        i = 0
+        while i < len(opening):
+            group = groups[seqs[opening[i]].request_id]
+            n = 1  # a group's members are adjacent in plan order
+            while i + n < len(opening) and seqs[opening[i + n]].request_id == group.request_id:
+                n += 1
+            i += n
+            if group.status is not RUNNING:  # preempted earlier in this step
+                continue
+            while not epoch.kv.open_ahead(n):
+                victim = running.pop()  # the latest arrival among the groups not yet served in this step, or this one
+                self._leave_epoch(epoch, victim)
+                self._preempt(victim, plan)
+                if victim is group:
+                    break
+        if not epoch.num_seqs:
+            self._close_epoch()
+        return plan.preempted
+
+    def _leave_epoch(self, epoch: _DecodeEpoch, group: SequenceGroup) -> None:
+        """The group's sequences leave the epoch early (preempted): counts made current, out of its by_last lists."""
+        steps = epoch.steps
+        for seq in group.live:
+            same = epoch.by_last[seq.output_len - seq.num_generated - 1]  # its last step (num_generated lazy)
+            del same[next(i for i, s in enumerate(same) if s is seq)]  # by identity; an emptied list stays (ends no run)
+            seq.num_generated += steps
+            seq.num_computed_tokens += steps
+            epoch.context -= seq.num_computed_tokens
+        epoch.num_seqs -= len(group.live)
 
     def _join_epoch(self, epoch: _DecodeEpoch) -> bool:
         """The groups admitted while the epoch was open join it, if each now decodes plainly (as plain_decode_seqs

@@ -226,7 +226,8 @@ class KVManager(Protocol):
     def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int],
                           keys: Sequence | None = None):  # fmt: skip
         """Runs of such steps over these sequences, one after another, at a cost that does not grow with their number
-        (the paged manager: sim/kv/paged_runs.DecodeEpoch, with max_steps(limit) and advance(num_steps) as above),
+        (the paged manager: sim/kv/paged_runs.DecodeEpoch, with max_steps(limit) and advance(num_steps) as above, and
+        for a step that preempts, opening() and open_ahead(count): its blocks opened group by group between frees),
         or None: this manager has no such form (the scheduler then calls max_decode_steps / advance_decodes run by
         run). `lasts[i]`: the epoch step (from 0) in which sequence i samples its last token; the scheduler frees it
         after that step. Until close_decode_epoch, the scheduler only frees members and asks questions that read no

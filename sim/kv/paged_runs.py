@@ -103,8 +103,11 @@ class DecodeEpoch:
         self.allocator, self.block_size, self.steps = allocator, block_size, 0
         self.by_class: list[list] = [[] for _ in range(block_size)]  # each class's members, in plan order
         self.keys: list[list] = [[] for _ in range(block_size)]  # their plan-order keys
-        self.members: dict[int, tuple] = {}  # seq id -> (state, its tokens minus the steps when it joined, class)
+        self.ids: list[list[int]] = [[] for _ in range(block_size)]  # their sequence ids
+        # seq id -> (state, its tokens minus the steps when it joined, class, the step its final block opens or None)
+        self.members: dict[int, tuple] = {}
         self.to_internal: dict[int, int] = {}  # epoch step -> slots of final blocks opened then that stay unused
+        self.ahead = 0  # members of the next step's class whose blocks open_ahead already opened (plan order)
         self.counts = start
 
     @property
@@ -120,14 +123,19 @@ class DecodeEpoch:
             return False
         c = (steps - n) % bs  # it opens a block at the steps j >= steps with j - steps == its empty slots (mod B)
         at = bisect.bisect(self.keys[c], key)
+        if c == steps % bs and at < self.ahead:
+            raise RuntimeError("join: a member placed before the blocks open_ahead opened for this step")
         self.keys[c].insert(at, key)
         self.by_class[c].insert(at, seq)
-        self.members[seq_id] = (seq, n - steps, c)
+        self.ids[c].insert(at, seq_id)
         final = seq.final_len
         last_open = (final - 1) // bs * bs  # first position of the final block: written at epoch step d
         d = steps + last_open - n
         if steps <= d <= last:
             self.to_internal[d] = self.to_internal.get(d, 0) + bs - (final - last_open)
+        else:
+            d = None
+        self.members[seq_id] = (seq, n - steps, c, d)
         return True
 
     def max_steps(self, limit: int) -> int:
@@ -135,7 +143,7 @@ class DecodeEpoch:
         num_seqs = len(self.members)
         if limit < 1 or not num_seqs:
             return max(limit, 0)
-        rounds, left = divmod(self.allocator.num_free_blocks, num_seqs)
+        rounds, left = divmod(self.allocator.num_free_blocks + self.ahead, num_seqs)  # (ahead: opened, counted)
         bs, by_class, steps = self.block_size, self.by_class, self.steps
         for r in range(bs):  # r: empty slots in a last block now, ascending; the class opening after r steps
             left -= len(by_class[(steps + r) % bs])
@@ -146,14 +154,15 @@ class DecodeEpoch:
     def advance(self, num_steps: int) -> list[tuple[int, ...]]:
         """Apply `num_steps` steps (room checked by max_steps); the pool's raw counts during each."""
         bs, by_class, steps, num_seqs = self.block_size, self.by_class, self.steps, len(self.members)
-        fresh = self.allocator.allocate(sum(len(by_class[(steps + j) % bs]) for j in range(num_steps)))
+        ahead, self.ahead = self.ahead, 0
+        fresh = self.allocator.allocate(sum(len(by_class[(steps + j) % bs]) for j in range(num_steps)) - ahead)
         if fresh is None:
             raise RuntimeError(f"expected free blocks for {num_steps} decode steps, found fewer")
         tokens, reservation, internal, external, free = self.counts
         to_internal, counts, i = self.to_internal, [], 0
         for j in range(steps, steps + num_steps):
             opening = by_class[j % bs]
-            for seq in opening:  # stepping's order: step by step, each in plan order
+            for seq in opening[ahead:] if j == steps else opening:  # stepping's order: step by step, in plan order
                 seq.block_table.append(fresh[i])
                 i += 1
             opened = len(opening) * bs
@@ -169,15 +178,44 @@ class DecodeEpoch:
 
     def leave(self, seq_id: int):
         """The member's state, made current and out of the epoch (to be freed next); None if it is no member."""
-        member = self.members.pop(seq_id, None)
+        member = self.members.get(seq_id)
         if member is None:
             return None
-        seq, start, c = member
-        seq.num_tokens = start + self.steps
-        same = self.by_class[c]
-        at = next(i for i, s in enumerate(same) if s is seq)  # by identity: two siblings' states may be equal
-        del same[at], self.keys[c][at]
+        seq, start, c, d = member
+        steps = self.steps
+        at = self.ids[c].index(seq_id)
+        if c == steps % self.block_size and at < self.ahead:
+            raise RuntimeError(f"leave({seq_id}): its block for the coming step is open already (open_ahead)")
+        del self.members[seq_id], self.by_class[c][at], self.keys[c][at], self.ids[c][at]
+        seq.num_tokens = start + steps
+        if d is not None and d >= steps:  # preempted before its final block opened: that block's unused slots go
+            moved = self.to_internal.get(d, 0) - (self.block_size - (seq.final_len - 1) % self.block_size - 1)
+            if moved:
+                self.to_internal[d] = moved
+            else:
+                self.to_internal.pop(d, None)
         return seq
+
+    def opening(self) -> list[int]:
+        """The members that open a block in the next step, in plan order (their sequence ids)."""
+        return list(self.ids[self.steps % self.block_size])
+
+    def open_ahead(self, count: int) -> bool:
+        """Open now, in one allocation, the blocks of the next `count` members of opening() not yet opened: the calls a
+        step makes group by group in plan order, when memory runs out in it and groups are preempted between them
+        (Scheduler.preempt_in_decode_epoch); the next advance() then takes the step without opening them again.
+        False, and nothing changed, if fewer blocks are free. Those members may not leave before that step."""
+        fresh = self.allocator.allocate(count)
+        if fresh is None:
+            return False
+        opening = self.by_class[self.steps % self.block_size]
+        if self.ahead + count > len(opening):
+            self.allocator.free(fresh)
+            raise ValueError(f"open_ahead({count}): only {len(opening) - self.ahead} members left to open a block")
+        for seq, block in zip(opening[self.ahead:self.ahead + count], fresh):
+            seq.block_table.append(block)
+        self.ahead += count
+        return True
 
     def changed(self, seq, sign: int) -> None:
         """Correct the counts after `seq` (current; its partly filled last block its own) was freed (sign -1) or
@@ -189,11 +227,15 @@ class DecodeEpoch:
             reach = min(max(seq.final_len - n + filled, filled), bs)  # as breakdown() clamps it
             reservation += sign * (reach - filled)
             internal += sign * (bs - reach)
-        self.counts = (self.allocator.num_used_blocks * bs - reservation - internal, reservation, internal, external,
-                       self.allocator.num_free_blocks * bs)  # fmt: skip
+        ahead = self.ahead  # blocks opened for the coming step: free until it, in the counts
+        self.counts = (
+            (self.allocator.num_used_blocks - ahead) * bs - reservation - internal, reservation, internal, external,
+            (self.allocator.num_free_blocks + ahead) * bs)  # fmt: skip
 
     def close(self) -> None:
         """Make every member's num_tokens current."""
-        for seq, start, _ in self.members.values():
+        if self.ahead:
+            raise RuntimeError("close: blocks opened ahead for a step that never came (open_ahead without advance)")
+        for seq, start, _, _ in self.members.values():
             seq.num_tokens = start + self.steps
         self.members.clear()

@@ -7,10 +7,10 @@ the same prompt chunks and decode, with the same block tables, the same requests
 blocks move (swap, copy), and the same number of blocks is free after every step.
 
 How the decisions are observed: on BOTH sides the scheduler's `add_request`, `schedule`, `finish_step` and
-`advance_decodes` / `advance_decode_epoch` are wrapped (an instance attribute over the method, the same wrapper on each side) to record
-every call: the requests added, every plan handed out (empty ones included) with the free blocks after the
-executor reports back, and every fast-forwarded run of k plain decode steps as the k plans stepping would
-have made. The wrappers only record: every call goes through untouched.
+`advance_decodes` / `advance_decode_epoch` / `preempt_in_decode_epoch` are wrapped (an instance attribute over the
+method, the same wrapper on each side) to record every call: the requests added, every plan handed out (empty ones
+included) with the free blocks after the executor reports back, and every fast-forwarded run of k plain decode steps
+as the k plans stepping would have made (a decode epoch's step that preempts: its victims in that step's plan). The wrappers only record: every call goes through untouched.
 
 Arrivals may be staggered: the simulator adds a request when its arrival time comes, between steps. The engine
 then replays the simulator's calls in the same order: it adds each request right where the simulator added it,
@@ -74,7 +74,9 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
     calls: list[tuple] = []
     add_request, schedule, finish_step = scheduler.add_request, scheduler.schedule, scheduler.finish_step
     advance_decodes, advance_decode_epoch = scheduler.advance_decodes, scheduler.advance_decode_epoch
+    preempt_in_decode_epoch = scheduler.preempt_in_decode_epoch
     current: list[dict] = []  # the record of the plan in flight (arrivals may be recorded while it runs)
+    preempted: list[int] = []  # requests an epoch preempted for its next step (the next run's only step)
 
     def recording_add_request(request):
         add_request(request)
@@ -137,6 +139,18 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
                 tables[sid] = kv.block_table(sid)
         return record_run(before, tables, counts, finished)
 
+    def recording_preempt_in_decode_epoch():
+        # a step of an epoch that preempts: recorded with the run of that one step, or alone (an empty plan, as
+        # stepping makes) if no member is left to step
+        result = preempt_in_decode_epoch()
+        if result and scheduler.decode_epoch_open:
+            preempted[:] = result
+        elif result:
+            calls.append(("step", {"prefills": [], "decodes": [], "preempted": list(result), "blocks_to_swap_out": [],
+                                   "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": True,
+                                   "num_free_blocks": scheduler.kv.num_free_blocks, "finished": []}))  # fmt: skip
+        return result
+
     def record_run(before, tables, counts, finished):
         """A run of k plain decode steps as the k step records stepping would have made."""
         kv = scheduler.kv
@@ -144,7 +158,8 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
         for j, step_counts in enumerate(counts):
             last = j == len(counts) - 1
             decodes = [(rid, sid, n + j, 1, tables[sid][: -(-(n + j + 1) // bs)], True) for rid, sid, n in before]
-            calls.append(("step", {"prefills": [], "decodes": decodes, "preempted": [], "blocks_to_swap_out": [],
+            victims, preempted[:] = list(preempted), []
+            calls.append(("step", {"prefills": [], "decodes": decodes, "preempted": victims, "blocks_to_swap_out": [],
                                    "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": False, "run": True,
                                    "num_free_blocks": kv.num_free_blocks if last else step_counts[4] // bs,
                                    "finished": sorted(finished) if last else []}))  # fmt: skip
@@ -154,6 +169,7 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
                                                                         recording_finish_step)  # fmt: skip
     scheduler.advance_decodes = recording_advance_decodes
     scheduler.advance_decode_epoch = recording_advance_decode_epoch
+    scheduler.preempt_in_decode_epoch = recording_preempt_in_decode_epoch
     return calls
 
 

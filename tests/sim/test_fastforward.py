@@ -78,6 +78,38 @@ def test_jump_equals_stepping(case, how):
         assert jumped.summary["memory"][name] == pytest.approx(stepped.summary["memory"][name], rel=1e-9, abs=1e-12)
 
 
+def _assert_same_run(jumped, stepped) -> None:
+    for name in REQUEST_COLUMNS:
+        np.testing.assert_array_equal(jumped.requests[name], stepped.requests[name], err_msg=name)
+    for name in STEP_COLUMNS:
+        np.testing.assert_array_equal(jumped.steps[name], stepped.steps[name], err_msg=name)
+
+
+@settings(deadline=None, max_examples=100)  # each example: three whole (small) simulations
+@given(st.data())
+def test_jump_equals_stepping_on_random_small_workloads(data):
+    """Beyond the cases above: random uniform workloads in pools from barely big enough to ample, any block size,
+    parallel samples, each scheduler, either victim policy. Stepping, run by run (validated) and decode epochs (which
+    preempt inside the epoch where memory runs out) give the same requests and steps, bit for bit."""
+    prompt_hi = data.draw(st.integers(1, 200), "longest prompt")
+    output_hi = data.draw(st.integers(1, 120), "longest output")
+    n = data.draw(st.sampled_from([1, 1, 2, 3]), "n")
+    block_size = data.draw(st.sampled_from([1, 2, 8, 16]), "block size")
+    longest = -(-(prompt_hi + output_hi) // block_size) * block_size * n  # a request alone must fit
+    extra = {"workload": "uniform", "prompt_len_range": (1, prompt_hi), "output_len_range": (1, output_hi),
+             "num_requests": data.draw(st.integers(1, 30), "requests"), "n": n, "block_size": block_size,
+             "rate": data.draw(st.sampled_from([2.0, 20.0, 200.0]), "rate"),
+             "kv_slots": data.draw(st.integers(longest + block_size * n, 6 * longest), "kv slots"),
+             "scheduler": data.draw(st.sampled_from(["v0", "v1", "static"]), "scheduler"),
+             "victim": data.draw(st.sampled_from(["latest_arrival", "latest_arrival", "fewest_computed"]), "victim"),
+             "seed": data.draw(st.integers(0, 3), "seed")}  # fmt: skip
+    if extra["scheduler"] == "v1":
+        extra["max_num_batched_tokens"] = data.draw(st.sampled_from([64, 256, 2048]), "budget")
+    stepped = _simulate("paged", False, **extra)
+    _assert_same_run(_simulate("paged", True, **extra), stepped)
+    _assert_same_run(_simulate("paged", True, True, **extra), stepped)
+
+
 def test_jumps_happen_and_matter():
     """The fast path is really taken: far fewer events than steps (a run of K steps is one event)."""
     jumped = _simulate("paged", True)
@@ -199,10 +231,12 @@ def test_figure_probes_see_what_stepping_shows(mode):
 @settings(deadline=None)  # an example is a whole epoch of draws: its time says nothing (it passed 200 ms on a busy box)
 @given(st.data())
 def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
-    """Sequences of random lengths decode in an epoch, leaving (freed) at random steps, and new ones are admitted and
-    join between runs; a twin manager applies the same runs one by one (advance_decodes, checked against stepping
-    above) to the same sequences: every run's counts and length limit, the breakdown after every change, and at
-    the end every block table are the same."""
+    """Sequences of random lengths decode in an epoch, leaving (freed) at random steps, some early (preempted), and new
+    ones are admitted and join between runs; where memory runs out, a step preempts the latest members while the
+    others open their blocks one by one (open_ahead). A twin manager applies the same runs one by one
+    (advance_decodes, checked against stepping above) and such a step sequence by sequence (allocate_slots), to the
+    same sequences: every run's counts and length limit, the breakdown after every change, and at the end every block
+    table are the same."""
     bs = data.draw(st.sampled_from([1, 2, 4, 16]), "block_size")
     num_blocks = data.draw(st.integers(4, 60), "num_blocks")
     managers = [PagedKVManager(num_blocks, bs) for _ in range(2)]
@@ -239,10 +273,29 @@ def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
         limit = data.draw(st.integers(1, min(alive.values()) - steps + 1), "steps asked")
         k = epoch.max_steps(limit)
         assert k == twin.max_decode_steps([[i] for i in alive], limit)
-        if k < 1:
-            break
-        assert epoch.advance(k) == twin.advance_decodes([[i] for i in alive], k)
+        if k < 1:  # memory runs out: one step that preempts the latest (the scheduler's preempt_in_decode_epoch)
+            opening = epoch.opening()
+            for i in sorted(alive):  # plan order: the keys grow with the ids
+                while i in alive and not (i not in opening or epoch.open_ahead(1)):
+                    victim = max(alive)
+                    del alive[victim]
+                    lazy.free(victim)
+                    twin.free(victim)
+                if i in alive:  # stepping's call for this sequence, in the twin
+                    assert twin.allocate_slots([i], [1]) is not None
+            if not alive:
+                break
+            k = 1
+            assert epoch.advance(1) == [twin.breakdown().counts()]
+        else:
+            assert epoch.advance(k) == twin.advance_decodes([[i] for i in alive], k)
         steps += k
+        for i in data.draw(st.lists(st.sampled_from(sorted(alive)), max_size=2, unique=True), "preempted"):
+            if alive[i] >= steps:  # leaves early (preempted at a step boundary): its final block may be unopened
+                del alive[i]
+                lazy.free(i)
+                twin.free(i)
+                assert lazy.breakdown() == twin.breakdown()
         for i in [i for i, last in alive.items() if last == steps - 1]:
             del alive[i]
             lazy.free(i)

@@ -19,7 +19,7 @@ SMALL = dict(workload="uniform", arrival="offline", prompt_len_range=(8, 80), ou
              max_num_batched_tokens=128, max_num_seqs=8)  # fmt: skip
 # Each policy on a pool that runs short (the paged ones preempt), on a model it accepts.
 POLICIES = {"paged": dict(kv_slots=512, block_size=8), "max": dict(kv_slots=3 * 2048), "pow2": dict(kv_slots=4096),
-            "oracle": dict(kv_slots=600), "vattention": dict(kv_slots=512), "radix": dict(kv_slots=512, prefix_len=24),
+            "oracle": dict(kv_slots=800), "vattention": dict(kv_slots=512), "radix": dict(kv_slots=512, prefix_len=24),
             "hybrid": dict(kv_slots=1024, model="gemma3-270m")}  # fmt: skip
 
 
