@@ -248,7 +248,7 @@ def _import_conversations(trace, model_spec, rate: float | None, seed: int, thin
 
 def _check_requests(requests: list[Request], model_spec, probe: Scheduler) -> None:
     """Every request must fit the model's context and, alone, the whole KV pool; checked before simulating,
-    once per distinct shape, on a throwaway scheduler (its add_request is the rule the run will apply)."""
+    once per distinct shape, on a throwaway scheduler (its check_request is the rule add_request will apply)."""
     require(len(requests) >= 1, "requests", len(requests), "at least one request")
     seen: set[tuple[int, int, int, int]] = set()
     for r in requests:
@@ -260,4 +260,6 @@ def _check_requests(requests: list[Request], model_spec, probe: Scheduler) -> No
         shape = (r.prompt_len, r.output_len, r.n, r.beam_width)
         if shape not in seen:
             seen.add(shape)
-            probe.add_request(Request(r.request_id, 0.0, r.prompt_len, r.output_len, r.n, r.beam_width))
+            problem = probe.check_request(r)  # add_request's rule, without queueing anything
+            if problem is not None:
+                raise ValueError(f"request {r.request_id}: {problem}")

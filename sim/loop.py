@@ -191,10 +191,11 @@ class Simulator:
             if run is not None:  # (an epoch's run that preempted every member has no step: schedule again)
                 return [(run.end, STEP_END, run)] if run.durations else [(self.now, SCHEDULE, None)]
         self.may_run = True
-        plan = self.scheduler.schedule()  # (it closes an open epoch: _settle_epoch books its token times)
+        plan = self.scheduler.schedule()  # (it closes an open epoch, or takes its decodes: _settle_epoch books)
+        epoch_step = self.scheduler.pending_epoch_step  # (sequences, K/V read) of decodes the plan does not list
         for request_id in plan.preempted:
             self.times.preemptions[self.index[request_id]] += 1
-        if plan.is_empty:
+        if plan.is_empty and epoch_step is None:
             self.scheduler.finish_step(plan, StepOutcome())
             if plan.preempted:  # a preemption freed memory: try again at once
                 return [(self.now, SCHEDULE, None)]
@@ -207,9 +208,9 @@ class Simulator:
             if entry.num_new_tokens and math.isnan(first_scheduled[i]):
                 first_scheduled[i] = self.now
         counts = self._counts()
-        duration = self._price(plan)
-        self._record(duration, plan, counts)
-        return [(self.now + duration, STEP_END, (plan, *self._outcome(plan)))]
+        duration = self._price(plan, epoch_step)
+        self._record(duration, plan, counts, epoch_step)
+        return [(self.now + duration, STEP_END, (plan, *self._outcome(plan), epoch_step))]
 
     def _on_step_end(self, payload) -> list:
         self.last_step_end = self.now
@@ -220,8 +221,16 @@ class Simulator:
             if self.on_step is not None:
                 self.on_step(self, payload)
             return [(self.now, SCHEDULE, None)]
-        plan, outcome, beam_scores = payload
+        plan, outcome, beam_scores, epoch_step = payload
+        if epoch_step is not None:  # the epoch's members sampled in this step too (booked before it may close)
+            self._epoch_ends([self.now])
         result = self.scheduler.finish_step(plan, outcome)
+        if epoch_step is not None:
+            members = self.epoch_members
+            for request_id in result.finished_request_ids:
+                i = self.index[request_id]
+                if i in members:  # (gone if the epoch closed: then all were booked)
+                    self._settle(i, members.pop(i), len(self.epoch_ends))
         sampled = {entry.request_id for entry in plan.entries if entry.sample}
         for request_id in sampled:
             self.times.sampled(self.index[request_id], self.now)
@@ -240,14 +249,17 @@ class Simulator:
         return [(self.now, SCHEDULE, None)]
 
     # --- the executor's part: price a plan, decide its outcome ----------------------------------------
-    def _price(self, plan: StepPlan) -> float:
+    def _price(self, plan: StepPlan, epoch_step: tuple[int, int] | None = None) -> float:
         """Forward pass (if any sequence runs) plus swap traffic. NOTE: swaps are not overlapped with compute
         (vLLM v0 waits for them before the forward pass); copy-on-write block copies are GPU-internal and
-        cost ~microseconds, so they are not priced (a modelling approximation)."""
+        cost ~microseconds, so they are not priced (a modelling approximation). `epoch_step`: decodes a decode
+        epoch takes in this step, not listed in the plan (Scheduler.pending_epoch_step)."""
         duration = 0.0
-        if plan.prefills or plan.decodes:
+        if plan.prefills or plan.decodes or epoch_step:
             shared = plan.num_shared_context_tokens(self.kv.block_size) if self.shared_reads else 0
-            shape = (plan.num_prefill_tokens, len(plan.decodes), plan.num_context_tokens, plan.num_prefill_pairs, shared)
+            num_decodes, context = epoch_step or (0, 0)
+            shape = (plan.num_prefill_tokens, len(plan.decodes) + num_decodes, plan.num_context_tokens + context,
+                     plan.num_prefill_pairs, shared)  # fmt: skip
             duration = self.cost.step_time(*shape)
             if self.in_range is not None and not self.in_range(*shape):
                 self.extrapolated_steps += 1
@@ -345,7 +357,7 @@ class Simulator:
                 self._settle_epoch(len(self.epoch_ends))
             return None
         self.may_run = True
-        members, ends, gaps = self.epoch_members, self.epoch_ends, self.epoch_gaps
+        members, ends = self.epoch_members, self.epoch_ends
         if run.preempted:  # a step that preempted (the run's only one, if any): its counts are those after it
             waiting, num_running = True, scheduler.num_running + len(run.finished_request_ids)
             num_waiting = scheduler.num_waiting
@@ -359,20 +371,24 @@ class Simulator:
         seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
         durations = run.durations
         self._book_steps(run.starts, durations, seen, run.num_seqs, num_running, num_waiting, len(run.preempted))
-        for start, duration in zip(run.starts, durations):
-            end = start + duration
-            if ends:
-                diff = end - ends[-1]
-                while gaps and gaps[-1][1] <= diff:
-                    gaps.pop()
-                gaps.append((len(ends), diff))
-            ends.append(end)
+        self._epoch_ends([start + duration for start, duration in zip(run.starts, durations)])
         for request_id in run.finished_request_ids:
             i = self.index[request_id]
             self._settle(i, members.pop(i), len(ends))
         if not scheduler.decode_epoch_open:  # the last members left: it closed
             self._settle_epoch(len(ends))
         return run
+
+    def _epoch_ends(self, new_ends: list[float]) -> None:
+        """The ends of the open epoch's next steps, and the differences no later one reaches (see epoch_gaps)."""
+        ends, gaps = self.epoch_ends, self.epoch_gaps
+        for end in new_ends:
+            if ends:
+                diff = end - ends[-1]
+                while gaps and gaps[-1][1] <= diff:
+                    gaps.pop()
+                gaps.append((len(ends), diff))
+            ends.append(end)
 
     def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
                     num_running: int, num_waiting: int, num_preempted: int = 0) -> None:  # fmt: skip
@@ -425,10 +441,12 @@ class Simulator:
         for name, count in zip(SHARE_NAMES, counts):
             integral[name] += duration * count
 
-    def _record(self, duration: float, plan: StepPlan, counts: tuple[int, ...]) -> None:
+    def _record(self, duration: float, plan: StepPlan, counts: tuple[int, ...],
+                epoch_step: tuple[int, int] | None = None) -> None:  # fmt: skip
         self._integrate(duration, counts)
         scheduler = self.scheduler
-        self.log.append((self.now, duration, len(plan.prefills), len(plan.decodes), scheduler.num_running,
-                         plan.num_batched_tokens, plan.num_prefill_tokens, *counts, scheduler.num_waiting,
+        num_decodes = epoch_step[0] if epoch_step else 0
+        self.log.append((self.now, duration, len(plan.prefills), len(plan.decodes) + num_decodes, scheduler.num_running,
+                         plan.num_batched_tokens + num_decodes, plan.num_prefill_tokens, *counts, scheduler.num_waiting,
                          len(plan.preempted), len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in),
                          len(plan.blocks_to_copy)))  # copies: copy-on-write and beam forks  # fmt: skip

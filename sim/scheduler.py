@@ -221,9 +221,13 @@ class Scheduler:
         v0 / static: (3) first, with whole prompts; if anything was admitted the step is prefill-only;
         otherwise (1) without a budget, then (2).
         An open decode epoch stays open through a v0 step that admits (the running groups are not touched; the
-        admitted ones join it after their prompts, decode_epoch_run); any other step closes it first.
+        admitted ones join it after their prompts, decode_epoch_run), and through a v1 step whose running groups are
+        all members with memory for their tokens: their decodes are then the epoch's next step (not listed in the
+        plan: pending_epoch_step gives their number and reads, for the executor's price), then admissions as usual.
+        Any other step closes it first.
         """
-        if self.config.mode == "v1" or not self._may_admit():
+        epoch_step = self._epoch is not None and self.config.mode == "v1" and self._epoch_may_step()
+        if not epoch_step and (self.config.mode == "v1" or not self._may_admit()):
             self._close_epoch()
         if self._outstanding is not None and not self._outstanding.is_empty:
             raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
@@ -235,7 +239,11 @@ class Scheduler:
         for group in self._running:
             group.pending_copies.clear()
         budget = self.config.max_num_batched_tokens
-        if self.config.mode == "v1":
+        if epoch_step:  # v1: the running groups (all members) decode as the epoch's next step, then admissions
+            budget = self._take_epoch_step(budget)
+            if self._may_admit():
+                self._admit_waiting(plan, budget, first=False)
+        elif self.config.mode == "v1":
             budget = self._schedule_running(plan, budget)
             if not plan.preempted:
                 budget = self._swap_in(plan, budget)
@@ -366,13 +374,14 @@ class Scheduler:
         forks = tuple(s.final_len for s in group.siblings_to_fork)
         return NewSequence(seq.prompt_len, seq.final_len, ids, cached, forks, skip)
 
-    def _admit_waiting(self, plan: StepPlan, budget: int) -> bool:
+    def _admit_waiting(self, plan: StepPlan, budget: int, first: bool = True) -> bool:
+        """`first` False: the step feeds tokens the plan does not list (a decode epoch's step)."""
         num_seqs, admitted = self.num_running_seqs, False
         while self._waiting:
             group = self._waiting[0]
             if num_seqs + group.num_seqs > self.config.max_num_seqs:
                 break
-            asked = self._admission(group, budget, first=plan.num_batched_tokens == 0)
+            asked = self._admission(group, budget, first=first and plan.num_batched_tokens == 0)
             if asked is None:
                 break
             new, counts = asked
@@ -419,10 +428,12 @@ class Scheduler:
         NOTE: a sequence also finishes when it has generated output_len tokens (the simulator's rule, the engine's
         max_tokens), and for beam search all k beams end together: one finished beam finishes the group.
         """
-        if self._epoch is not None and (outcome.beam_parents or any(not e.num_new_tokens for e in plan.entries)):
-            self._close_epoch()  # a fork or beams change sharing; an open epoch's step is otherwise an admission
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
+        # the members' decodes of a v1 step taken by the epoch: sampled now (some finish), then the plan's entries
+        epoch_finished = self._epoch_steps_done(1) if self._epoch is not None and self._epoch.pending else []
+        if self._epoch is not None and (outcome.beam_parents or any(not e.num_new_tokens for e in plan.entries)):
+            self._close_epoch()  # a fork or beams change sharing; an open epoch's step is otherwise an admission
         self._outstanding, self._reported = None, plan
         self._plain_decodes_cache = None
         seqs, groups = self._seqs, self._groups
@@ -455,7 +466,8 @@ class Scheduler:
         self._open.update(outcome.beam_parents)
         beams_done = {seqs[i].request_id for i in outcome.finished_seq_ids}
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
-        result = StepResult(self._finish(touched.values(), outcome.finished_seq_ids, beams_done), new_beams)
+        result = StepResult(epoch_finished + self._finish(touched.values(), outcome.finished_seq_ids, beams_done),
+                            new_beams)  # fmt: skip
         self._open.clear()
         return result
 
@@ -475,7 +487,13 @@ class Scheduler:
         the prefix cache (a full block is registered when allocated, before the executor writes it), so no later
         prompt reuses K/V that was never computed.
         """
+        epoch = self._epoch
+        members = ({s.request_id for seqs in epoch.by_last.values() for s in seqs} if epoch is not None and epoch.pending
+                   else set())  # the decodes of a v1 step the epoch took: part of the failed step  # fmt: skip
+        if epoch is not None:
+            epoch.pending = False  # (its sequences hold the step's slots, as stepping's allocation left them)
         self._close_epoch()
+        self._open.update(members)
         if plan is None or plan is self._outstanding:
             plan, self._outstanding = self._outstanding, None
         self._plain_decodes_cache = None
@@ -537,7 +555,11 @@ class Scheduler:
             group.finish(ending)
             if group.is_finished:
                 group.status = FINISHED
-                self._running.remove(group)
+                running = self._running  # sorted by arrival: found by bisection, by identity (no field comparisons)
+                at = bisect.bisect_left(running, group.arrival_order, key=_arrival_order)
+                if at == len(running) or running[at] is not group:
+                    raise RuntimeError(f"request {group.request_id}: finished but not in the running queue")
+                del running[at]
                 finished.append(group.request_id)
         return finished
 
@@ -760,6 +782,8 @@ class Scheduler:
             seqs = group.live
             if any(s.prefilling or s.num_computed_tokens != s.num_tokens - 1 for s in seqs):
                 return False
+            if self.config.mode == "v1" and epoch.num_seqs + len(seqs) > self.config.max_num_batched_tokens:
+                return False  # the budget no longer holds a token for every member
             lasts = [steps + s.output_len - s.num_generated - 1 for s in seqs]
             keys = [(group.arrival_order, j) for j in range(len(seqs))]
             if not self.kv.join_decode_epoch([s.seq_id for s in seqs], lasts, keys):
@@ -785,11 +809,44 @@ class Scheduler:
         num_steps = epoch.kv.max_steps(min(max_steps, last - epoch.steps + 1))
         if num_steps < 1:
             return [], []
-        counts = epoch.kv.advance(num_steps)
+        return epoch.kv.advance(num_steps), self._epoch_steps_done(num_steps)
+
+    def _epoch_may_step(self) -> bool:
+        """Can the open epoch take the next v1 step's decodes (schedule)? Its admitted groups joined, every running group
+        a member (nothing swapped), the budget and memory enough for one token each."""
+        epoch = self._epoch
+        if epoch.joining and not self._join_epoch(epoch):
+            return False
+        return (not self._swapped and epoch.num_seqs <= self.config.max_num_batched_tokens
+                and epoch.kv.max_steps(1) >= 1)  # fmt: skip
+
+    def _take_epoch_step(self, budget: int) -> int:
+        """The members' decodes of this step: their blocks now, in plan order (before any admission's); their counts
+        when the step is reported (finish_step). Returns the budget left."""
+        epoch = self._epoch
+        epoch.kv.advance(1)
+        epoch.pending = True
+        return budget - epoch.num_seqs
+
+    @property
+    def pending_epoch_step(self) -> tuple[int, int] | None:
+        """The decodes a decode epoch takes in the step schedule() just planned, not listed in the plan: (sequences,
+        the K/V they read: what they hold plus the token each feeds); None when it takes none."""
+        epoch = self._epoch
+        if epoch is None or not epoch.pending:
+            return None
+        return epoch.num_seqs, epoch.context + epoch.num_seqs
+
+    def _epoch_steps_done(self, num_steps: int) -> list[int]:
+        """The members sampled `num_steps` more tokens (applied in the pool already): those whose last token it was
+        leave and finish (requests returned; all of a group's sequences leave together)."""
+        epoch = self._epoch
+        epoch.pending = False
         epoch.context += epoch.num_seqs * num_steps
         epoch.steps += num_steps
+        last = epoch.lasts[epoch.next_last]
         if epoch.steps <= last:
-            return counts, []
+            return []
         epoch.next_last += 1
         leaving = epoch.by_last.pop(last)
         for seq in leaving:  # made current, then finished (all of a group's sequences leave together)
@@ -800,12 +857,15 @@ class Scheduler:
         finished = self._finish({s.request_id: self._groups[s.request_id] for s in leaving}.values())
         if not epoch.num_seqs:
             self._close_epoch()
-        return counts, finished
+        return finished
 
     def _close_epoch(self) -> None:
-        epoch, self._epoch = self._epoch, None
+        epoch = self._epoch
         if epoch is None:
             return
+        if epoch.pending:
+            raise RuntimeError("a decode epoch's step is in flight: finish_step() (or abandon_step()) first")
+        self._epoch = None
         for seqs in epoch.by_last.values():
             for seq in seqs:
                 seq.num_generated += epoch.steps
@@ -813,6 +873,10 @@ class Scheduler:
         self.kv.close_decode_epoch()
         if epoch.on_close is not None:
             epoch.on_close(epoch.steps)
+
+
+def _arrival_order(group: SequenceGroup) -> int:
+    return group.arrival_order
 
 
 @dataclass(slots=True)
@@ -828,3 +892,4 @@ class _DecodeEpoch:
     steps: int = 0  # steps applied
     next_last: int = 0  # index in lasts of the next members to leave
     joining: list = field(default_factory=list)  # groups admitted while it is open, to join before the next run
+    pending: bool = False  # a v1 step's decodes taken (in the pool) and not yet reported (finish_step)

@@ -84,8 +84,14 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
 
     def recording_schedule():
         plan = schedule()
+        decodes = [entry(e) for e in plan.decodes]
+        if scheduler.pending_epoch_step:  # a v1 step whose decodes a decode epoch took: its members, in plan order
+            listed = set(plan.request_ids())
+            decodes = [(rid, sid, scheduler.num_computed_tokens(sid), 1, scheduler.kv.block_table(sid), True)
+                       for rid in scheduler.running_request_ids() if rid not in listed
+                       for sid in scheduler.seq_ids(rid)] + decodes  # fmt: skip
         calls.append(("step", {
-            "prefills": [entry(e) for e in plan.prefills], "decodes": [entry(e) for e in plan.decodes],
+            "prefills": [entry(e) for e in plan.prefills], "decodes": decodes,
             "preempted": list(plan.preempted), "blocks_to_swap_out": list(plan.blocks_to_swap_out),
             "blocks_to_swap_in": list(plan.blocks_to_swap_in), "blocks_to_copy": list(plan.blocks_to_copy),
             "empty": plan.is_empty,

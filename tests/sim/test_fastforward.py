@@ -196,6 +196,54 @@ def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
     assert jumped.waiting_request_ids() == stepped.waiting_request_ids() == [1]
 
 
+def _v1_epoch_step() -> tuple[Scheduler, object]:
+    """Requests 0 and 1 decode in an open epoch; request 2 arrives: the next v1 step admits it, and the epoch takes
+    the members' decodes (not in the plan)."""
+    sched = Scheduler(PagedKVManager(64, 4), SchedulerConfig(mode="v1", max_num_batched_tokens=64, max_num_seqs=8))
+    for rid in (0, 1):
+        sched.add_request(Request(rid, 0.0, prompt_len=5, output_len=20))
+    for _ in range(3):
+        plan = sched.schedule()
+        sched.finish_step(plan, StepOutcome())
+    assert sched.open_decode_epoch() is True
+    sched.add_request(Request(2, 0.0, prompt_len=6, output_len=20))
+    plan = sched.schedule()
+    assert sched.decode_epoch_open and sched.pending_epoch_step == (2, 2 * 7 + 2)  # 7 K/V each, plus the token fed
+    assert plan.request_ids() == [2] and not plan.decodes
+    return sched, plan
+
+
+def test_a_v1_step_the_epoch_takes_is_the_step_stepping_takes():
+    """The members' blocks open before the admission's (plan order), and the report applies their tokens."""
+    sched, plan = _v1_epoch_step()
+    twin = Scheduler(PagedKVManager(64, 4), SchedulerConfig(mode="v1", max_num_batched_tokens=64, max_num_seqs=8))
+    for rid in (0, 1):
+        twin.add_request(Request(rid, 0.0, prompt_len=5, output_len=20))
+    for _ in range(3):
+        twin.finish_step(twin.schedule(), StepOutcome())
+    twin.add_request(Request(2, 0.0, prompt_len=6, output_len=20))
+    stepped = twin.schedule()
+    assert [e.request_id for e in stepped.decodes] == [0, 1] and stepped.prefills == plan.prefills
+    assert [sched.kv.block_table(e.seq_id) for e in stepped.decodes] == [e.block_table for e in stepped.decodes]
+    for scheduler, p in ((sched, plan), (twin, stepped)):
+        scheduler.finish_step(p, StepOutcome())
+    sched.plain_decode_seqs()  # (any call but the epoch's own closes it)
+    assert not sched.decode_epoch_open
+    for seq_id in (0, 1, 2):
+        assert sched.num_computed_tokens(seq_id) == twin.num_computed_tokens(seq_id)
+        assert sched.kv.block_table(seq_id) == twin.kv.block_table(seq_id)
+    assert sched.kv.breakdown() == twin.kv.breakdown()
+
+
+def test_a_failed_step_the_epoch_took_part_in_aborts_its_members_too():
+    """abandon_step after a v1 step whose decodes the epoch took: the members were in the step (their K/V may be half
+    written), so they are aborted with the admitted request, and every block returns to the pool."""
+    sched, plan = _v1_epoch_step()
+    assert sorted(sched.abandon_step(plan)) == [0, 1, 2]
+    assert not sched.decode_epoch_open and sched.kv.num_free_blocks == 64
+    sched.kv.check_invariants()
+
+
 def test_advance_decodes_stops_where_memory_does_and_refuses_what_is_not_a_plain_run():
     sched = _preempted_sampling_group()
     seqs = sched.plain_decode_seqs()
