@@ -122,16 +122,19 @@ class EpochRun:
         return self.starts[-1] + self.durations[-1]
 
 
-def epoch_run(scheduler, cost, now: float, next_arrival: float) -> EpochRun | None:
+def epoch_run(scheduler, cost, now: float, next_arrival: float, stop: float = float("inf")) -> EpochRun | None:
     """decode_run for the scheduler's open decode epoch: the same steps, priced the same way, in O(steps + blocks
     opened). Where memory runs out for the next step, that step alone, preempting inside the epoch as stepping would
     (Scheduler.preempt_in_decode_epoch): then a run of one step, or of none if every member was preempted. None when
-    the next step is not such a run (no epoch open, an admission, a preemption the epoch cannot make)."""
+    the next step is not such a run (no epoch open, an admission, a preemption the epoch cannot make). The run stops
+    before a step that would start at or after `next_arrival`, unless a request already waits that no step of the run
+    can admit (the arrival queues behind it), and always before `stop`."""
     shape = scheduler.decode_epoch_run()
     if shape is None:
         return None
-    num_seqs, context, steps_left = shape
-    starts, durations = price_steps(cost, now, next_arrival, steps_left, num_seqs, context)
+    num_seqs, context, steps_left, blocked = shape
+    horizon = stop if blocked else min(next_arrival, stop)
+    starts, durations = price_steps(cost, now, horizon, steps_left, num_seqs, context)
     counts, finished = scheduler.advance_decode_epoch(len(durations))
     k = len(counts)
     if k >= 1:
@@ -142,7 +145,7 @@ def epoch_run(scheduler, cost, now: float, next_arrival: float) -> EpochRun | No
         return None
     if not scheduler.decode_epoch_open:  # every member was preempted: no step (stepping's plan is empty too)
         return EpochRun([], [], [], 0, [], preempted)
-    num_seqs, context, _ = scheduler.decode_epoch_run(admission=False)
+    num_seqs, context, _, _ = scheduler.decode_epoch_run(admission=False)
     starts, durations = price_steps(cost, now, next_arrival, 1, num_seqs, context)
     counts, finished = scheduler.advance_decode_epoch(1)
     return EpochRun(starts, durations, counts, num_seqs, finished, preempted)

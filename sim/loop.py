@@ -121,6 +121,8 @@ class Simulator:
         self.idle_since: float | None = None
         self.idle_counts: tuple[int, ...] = ()
         self.next_arrival = math.inf
+        self.next_index = 0  # the next request to arrive
+        self.arrival_times = [r.arrival_time for r in self.requests]
         self.last_step_end = 0.0
         # NOTE: a hint only: skipping a fast-forward attempt never changes results (the step is then scheduled
         # normally); it saves the attempt's O(seqs) cost where a run is known or likely to be impossible.
@@ -164,6 +166,7 @@ class Simulator:
     def _on_arrival(self, index: int) -> list:
         self.scheduler.add_request(self.requests[index])
         events = []
+        self.next_index = index + 1
         if index + 1 < len(self.requests):
             self.next_arrival = self.requests[index + 1].arrival_time
             events.append((self.next_arrival, ARRIVAL, index + 1))
@@ -182,8 +185,9 @@ class Simulator:
         if self.jump and (self.may_run or self.scheduler.decode_epoch_open):
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
-            horizon = min(self.next_arrival, self.stop_at[0]) if self.stop_at else self.next_arrival
-            run = self._epoch_run(horizon) if self.epochs else False
+            stop = self.stop_at[0] if self.stop_at else math.inf
+            horizon = min(self.next_arrival, stop)
+            run = self._epoch_run(self.next_arrival, stop) if self.epochs else False
             if run is False:  # run by run: no epoch here, or none for these sequences now
                 run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
                 if run is not None:
@@ -330,7 +334,7 @@ class Simulator:
             times.last_token[i] = run.end
             times.token_steps[i] += run.num_steps
 
-    def _epoch_run(self, horizon: float) -> fastforward.EpochRun | bool | None:
+    def _epoch_run(self, next_arrival: float, stop: float) -> fastforward.EpochRun | bool | None:
         """The next run of the open decode epoch (opened here if the hint allows and the scheduler can), applied and
         booked; None: the step is scheduled normally (which closes the epoch); False: a plain decode run the epoch
         cannot take (the KV manager has none for these sequences now): run by run."""
@@ -347,7 +351,7 @@ class Simulator:
         self.epoch_running = True  # an epoch closing inside (its last members left) is settled below, once booked
         joined_at = len(self.epoch_ends)
         try:
-            run = fastforward.epoch_run(scheduler, self.cost, self.now, horizon)
+            run = fastforward.epoch_run(scheduler, self.cost, self.now, next_arrival, stop)
         finally:
             self.epoch_running = False
         for request_id in scheduler.joined_requests():  # admitted while it was open, joined before this run
@@ -370,8 +374,11 @@ class Simulator:
                 return run
         seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
         durations = run.durations
+        if run.starts[-1] >= next_arrival and self.log.kept:  # requests arrived during it, queueing: step by step
+            arrivals, first = self.arrival_times, self.next_index
+            num_waiting = [num_waiting + bisect.bisect_right(arrivals, t, first) - first for t in run.starts]
         self._book_steps(run.starts, durations, seen, run.num_seqs, num_running, num_waiting, len(run.preempted))
-        self._epoch_ends([start + duration for start, duration in zip(run.starts, durations)])
+        self._epoch_ends(run.starts[1:] + [run.end])  # (a step starts where the one before ended: the same floats)
         for request_id in run.finished_request_ids:
             i = self.index[request_id]
             self._settle(i, members.pop(i), len(ends))
@@ -394,11 +401,15 @@ class Simulator:
                     num_running: int, num_waiting: int, num_preempted: int = 0) -> None:  # fmt: skip
         """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each;
         `num_preempted`: the requests a one-step run preempted)."""
-        for name, column in zip(SHARE_NAMES, zip(*seen)):
-            total = self.integral[name]
-            for duration, count in zip(durations, column):  # the same float sums, in the same order, as stepping
-                total += duration * count
-            self.integral[name] = total
+        integral = self.integral
+        t0, t1, t2, t3, t4 = (integral[name] for name in SHARE_NAMES)
+        for duration, (c0, c1, c2, c3, c4) in zip(durations, seen):  # each kind's float sum in stepping's order
+            t0 += duration * c0
+            t1 += duration * c1
+            t2 += duration * c2
+            t3 += duration * c3
+            t4 += duration * c4
+        integral.update(zip(SHARE_NAMES, (t0, t1, t2, t3, t4)))
         self.log.extend_run(starts, durations, seen, {
             "num_prefill_seqs": 0, "num_decode_seqs": num_seqs, "num_running": num_running,
             "num_batched_tokens": num_seqs, "num_prefill_tokens": 0, "num_waiting": num_waiting,

@@ -99,14 +99,14 @@ class StepLog:
     def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]],
                    constants: dict[str, int]) -> None:  # fmt: skip
         """k steps of a fast-forwarded run: their starts, durations and slot counts (SHARE_NAMES order), and the
-        columns that are the same in every step of it."""
+        other columns: a value the same in every step of it, or a list of k (num_waiting, as requests arrive)."""
         rows, k = self.rows, len(durations)
         rows["time"].extend(starts)
         rows["duration"].extend(durations)
         for name, column in zip(SHARE_NAMES, zip(*seen)):
             rows[name].extend(column)
         for name, value in constants.items():
-            rows[name].extend(array("q", (value,)) * k)
+            rows[name].extend(value if isinstance(value, list) else array("q", (value,)) * k)
 
     def totals(self) -> tuple[int, int, float | None]:
         """(steps, the sum of num_running over them, their simulated seconds; None: sum the table's column)."""

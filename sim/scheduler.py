@@ -166,6 +166,9 @@ class Scheduler:
 
     @property
     def num_running_seqs(self) -> int:
+        epoch = self._epoch
+        if epoch is not None:  # the running groups: its members and the groups admitted to join it
+            return epoch.num_seqs + sum(len(g.live) for g in epoch.joining if g.status is RUNNING)
         return sum(len(g.live) for g in self._running)
 
     @property
@@ -234,9 +237,11 @@ class Scheduler:
         self._plain_decodes_cache, self._reported = None, None
         # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
         # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
-        plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
+        # (with an epoch open no running group has copies waiting: a fork or new beams closed it; skip the scan)
+        copying = self._running if self._epoch is None else ()
+        plan = StepPlan(blocks_to_copy=[c for g in copying for c in g.pending_copies])
         self._outstanding = plan  # from here on: should this raise midway, abandon_step() undoes what it did
-        for group in self._running:
+        for group in copying:
             group.pending_copies.clear()
         budget = self.config.max_num_batched_tokens
         if epoch_step:  # v1: the running groups (all members) decode as the epoch's next step, then admissions
@@ -702,17 +707,20 @@ class Scheduler:
         joined, self._joined = self._joined, []
         return joined
 
-    def decode_epoch_run(self, admission: bool = True) -> tuple[int, int, int] | None:
+    def decode_epoch_run(self, admission: bool = True) -> tuple[int, int, int, bool] | None:
         """The open epoch's next run: (sequences, the K/V tokens they hold, steps until the first of them samples its
-        last token), or None when no epoch is open or the next step would admit the first waiting request
-        (plain_decode_seqs' question, for the members now; not asked with `admission` False: a step that preempts
-        admits nothing)."""
+        last token, whether a request waits that no step of the run admits), or None when no epoch is open or the
+        next step would admit the first waiting request (plain_decode_seqs' question, for the members now; not asked
+        with `admission` False: a step that preempts admits nothing). With a request waiting that is refused (or
+        admission closed), a request arriving during the run queues behind it: it cannot change the run's steps
+        (admission is FCFS, and free memory only shrinks in a run)."""
         epoch = self._epoch
         if epoch is None:
             return None
         if epoch.joining and not self._join_epoch(epoch):
             self._close_epoch()
             return None
+        blocked = bool(self._waiting)
         if admission and self._waiting and self._may_admit():
             # NOTE: a head refused stays refused while it stays the head, the members the same and free memory does
             # not grow (the question is monotone in free memory: no prefix cache in an epoch); asked once per such
@@ -723,7 +731,7 @@ class Scheduler:
                 if self._head_may_be_admitted(budget, epoch.num_seqs, nothing_fed=self.config.mode != "v1"):
                     return None
                 self._refused = (head, epoch.num_seqs, free)
-        return epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1
+        return epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1, blocked
 
     def preempt_in_decode_epoch(self) -> list[int] | None:
         """The open epoch's next step, when memory runs out in it (advance_decode_epoch applies none): preempt as
@@ -762,8 +770,11 @@ class Scheduler:
         """The group's sequences leave the epoch early (preempted): counts made current, out of its by_last lists."""
         steps = epoch.steps
         for seq in group.live:
-            same = epoch.by_last[seq.output_len - seq.num_generated - 1]  # its last step (num_generated lazy)
-            del same[next(i for i, s in enumerate(same) if s is seq)]  # by identity; an emptied list stays (ends no run)
+            last = seq.output_len - seq.num_generated - 1  # its last step (num_generated lazy): not passed yet
+            same = epoch.by_last[last]
+            del same[next(i for i, s in enumerate(same) if s is seq)]  # by identity (siblings' states may be equal)
+            if not same:  # nobody leaves then any more: no run stops there (it stands after next_last)
+                del epoch.by_last[last], epoch.lasts[bisect.bisect_left(epoch.lasts, last, epoch.next_last)]
             seq.num_generated += steps
             seq.num_computed_tokens += steps
             epoch.context -= seq.num_computed_tokens

@@ -89,7 +89,7 @@ def _assert_same_run(jumped, stepped) -> None:
 @given(st.data())
 def test_jump_equals_stepping_on_random_small_workloads(data):
     """Beyond the cases above: random uniform workloads in pools from barely big enough to ample, any block size,
-    parallel samples, each scheduler, either victim policy. Stepping, run by run (validated) and decode epochs (which
+    parallel samples, each scheduler, either victim policy, a sequence cap that binds or not. Stepping, run by run (validated) and decode epochs (which
     preempt inside the epoch where memory runs out) give the same requests and steps, bit for bit."""
     prompt_hi = data.draw(st.integers(1, 200), "longest prompt")
     output_hi = data.draw(st.integers(1, 120), "longest output")
@@ -102,6 +102,7 @@ def test_jump_equals_stepping_on_random_small_workloads(data):
              "kv_slots": data.draw(st.integers(longest + block_size * n, 6 * longest), "kv slots"),
              "scheduler": data.draw(st.sampled_from(["v0", "v1", "static"]), "scheduler"),
              "victim": data.draw(st.sampled_from(["latest_arrival", "latest_arrival", "fewest_computed"]), "victim"),
+             "max_num_seqs": data.draw(st.sampled_from([n, 2 * n + 1, 256]), "max_num_seqs"),
              "seed": data.draw(st.integers(0, 3), "seed")}  # fmt: skip
     if extra["scheduler"] == "v1":
         extra["max_num_batched_tokens"] = data.draw(st.sampled_from([64, 256, 2048]), "budget")
