@@ -12,8 +12,9 @@ compare), printed as a table and saved as CSV with the machine and the exact com
    paged blocks vs the Orca baselines' contiguous reservations (max, pow2, oracle), from
    `LLM.stats.max_concurrent_requests` on the same workload, all requests arriving at once.
 
-NOTE: both systems run with torch.set_num_threads(1), so that the two runs are comparable on a 2-core machine
-shared with other processes (make peer measures this engine at 1 and 2 threads against vLLM).
+NOTE: both systems run with torch.set_num_threads(1) (--threads sets another count, for both), so that the two runs
+are comparable on a 2-core machine shared with other processes (make peer measures this engine at 1 and 2 threads
+against vLLM). A run at another count writes its own CSV (_2threads before .csv for 2).
 
 ``--dtype bfloat16`` (vLLM's CPU default where the CPU has bfloat16 instructions) runs the throughput comparison with
 both systems in bfloat16, the engine in float32 beside them (the same run: the bfloat16 / float32 ratio), and
@@ -65,13 +66,22 @@ PEER_RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 
 PEER_QUESTIONS = ["What is 2+2?", "Name a planet.", "Write a haiku about rain.", "What is a KV cache?",
                   "Translate 'hello' to French.", "Give one tip for sleep.", "What is Python?", "Count to five."]
 PEER_NEW_TOKENS = 32
+# --workload: "bench" (ShareGPT-shaped, short: bench_workload) or "long" (long prompts: long_workload), and the long
+# one's inclusive length ranges and default request count (one run of it took ~50 s for the engine at 1 thread).
+WORKLOADS = ("bench", "long")
+LONG_PROMPT, LONG_OUTPUT = (512, 2048), (64, 256)
+LONG_REQUESTS = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="bench", help="bench (default: ShareGPT-shaped, prompts 8-128 tokens) or "
+                   f"long (prompts {LONG_PROMPT[0]:,}-{LONG_PROMPT[1]:,}, outputs {LONG_OUTPUT[0]}-{LONG_OUTPUT[1]} "
+                   "tokens; throughput only, no concurrency runs; its CSV ends in _long)")
     p.add_argument("--quick", action="store_true", help="16 short requests (a smoke run, ~1 min), not 64")
-    p.add_argument("--num-requests", type=int, help="requests in the workload (default: 64; 16 with --quick)")
+    p.add_argument("--num-requests", type=int, help=f"requests in the workload (default: 64; 16 with --quick; "
+                   f"{LONG_REQUESTS} with --workload long)")
     p.add_argument("--out", help=f"CSV to write (default: {DEFAULT_OUT}; {DEFAULT_OUTS['bfloat16']} with --dtype "
-                   "bfloat16)")
+                   "bfloat16; with --workload long, _long after _cpu)")
     p.add_argument("--dtype", default="float32", help="the engine's and HF's dtype: float32 (default) or bfloat16 "
                    "(also their greedy agreement; no concurrency runs)")
     p.add_argument("--hf-batch-size", type=int, default=16,
@@ -79,6 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-blocks", type=int,
                    help="KV pool (blocks of 16 tokens) of the concurrency comparison (default: 256; 128 with --quick)")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and prompt ids (default: 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of both systems (default: 1; the CSV of "
+                   "another count ends in _Nthreads)")
 
 
 def bench_workload(num_requests: int, *, quick: bool, seed: int, vocab_size: int) -> list[Request]:
@@ -89,14 +101,49 @@ def bench_workload(num_requests: int, *, quick: bool, seed: int, vocab_size: int
     and the spread survive, the absolute lengths do not. Prompt ids are uniform random (seeded) over the vocabulary.
     """
     scale, (p_hi, o_hi) = (2, (32, 16)) if quick else (1, (128, 64))
+    lengths = [(int(np.clip(round(r.prompt_len / (4 * scale)), 8, p_hi)),
+                int(np.clip(round(r.output_len / (8 * scale)), 4, o_hi)))
+               for r in generate_requests("sharegpt", num_requests, arrival="offline", seed=seed)]  # fmt: skip
+    return _with_prompt_ids(lengths, seed=seed, vocab_size=vocab_size)
+
+
+def long_workload(num_requests: int, *, seed: int, vocab_size: int) -> list[Request]:
+    """Long prompts, the workload where attention over the context and the prefill dominate (--workload long):
+    prompt lengths uniform in LONG_PROMPT and output lengths uniform in LONG_OUTPUT (inclusive, seeded), prompt ids
+    drawn as bench_workload draws them."""
+    rng = np.random.default_rng([seed, 0x1046])
+    prompts = rng.integers(LONG_PROMPT[0], LONG_PROMPT[1] + 1, size=num_requests)
+    outputs = rng.integers(LONG_OUTPUT[0], LONG_OUTPUT[1] + 1, size=num_requests)
+    return _with_prompt_ids([(int(p), int(o)) for p, o in zip(prompts, outputs)], seed=seed, vocab_size=vocab_size)
+
+
+def workload(name: str, num_requests: int | None = None, *, quick: bool = False, seed: int = 0,
+             vocab_size: int) -> list[Request]:
+    """The named workload (WORKLOADS) with its default request count unless `num_requests` is given."""
+    if name not in WORKLOADS:
+        raise ValueError(f"--workload {name} (allowed: {', '.join(WORKLOADS)})")
+    if name == "long":
+        return long_workload(num_requests or LONG_REQUESTS, seed=seed, vocab_size=vocab_size)
+    return bench_workload(num_requests or (16 if quick else 64), quick=quick, seed=seed, vocab_size=vocab_size)
+
+
+def _with_prompt_ids(lengths: list[tuple[int, int]], *, seed: int, vocab_size: int) -> list[Request]:
+    """Requests 0, 1, ... of these (prompt, output) lengths, all at t=0, each prompt's ids uniform random over
+    [FIRST_TOKEN_ID, vocab_size), drawn in request order from one generator seeded by `seed`."""
     rng = np.random.default_rng([seed, 0x5EED])
-    out = []
-    for r in generate_requests("sharegpt", num_requests, arrival="offline", seed=seed):
-        prompt = int(np.clip(round(r.prompt_len / (4 * scale)), 8, p_hi))
-        output = int(np.clip(round(r.output_len / (8 * scale)), 4, o_hi))
-        ids = rng.integers(FIRST_TOKEN_ID, vocab_size, size=prompt).tolist()
-        out.append(Request(r.request_id, 0.0, prompt, output, prompt_token_ids=ids))
-    return out
+    return [Request(i, 0.0, prompt, output, prompt_token_ids=rng.integers(FIRST_TOKEN_ID, vocab_size,
+                                                                          size=prompt).tolist())
+            for i, (prompt, output) in enumerate(lengths)]  # fmt: skip
+
+
+def describe_workload(name: str, requests: list[Request]) -> str:
+    """The CSV header's `workload:` line: what the requests are, with their length ranges and means."""
+    prompts, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
+    shape = ("ShareGPT-shaped requests at t=0 (scaled down, see reference/bench.py)" if name == "bench" else
+             f"long-prompt requests at t=0 (--workload long: prompt and output lengths uniform in {LONG_PROMPT[0]:,}-"
+             f"{LONG_PROMPT[1]:,} and {LONG_OUTPUT[0]}-{LONG_OUTPUT[1]})")  # fmt: skip
+    return (f"{len(requests)} {shape}: prompt {min(prompts)}-{max(prompts)} (mean {np.mean(prompts):.1f}), "
+            f"output {min(outputs)}-{max(outputs)} (mean {np.mean(outputs):.1f}) tokens, greedy, ignore EOS")
 
 
 def _sync() -> None:
@@ -129,14 +176,23 @@ def engine_throughput(requests: list[Request], dtype: str = "float32",
                       outputs: dict[str, list[int]] | None = None) -> dict:
     """The engine's row, SmolLM2 in `dtype` (see time_engine for `outputs`); a 16-bit run's note also names the
     attention backend and the projection path the engine picked."""
+    import torch
+
     from reference import LLM
     from reference.models import load_model
 
     # A pool that holds every request at once (no preemption): the throughput comparison is about batching.
     blocks = sum(-(-r.total_len // 16) for r in requests) + 16
+    threads = torch.get_num_threads()  # the run's (--threads): an LLM takes one thread unless OMP_NUM_THREADS says
+
+    def engine():
+        llm = LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks)
+        torch.set_num_threads(threads)
+        return llm
+
     loaded = load_model("smollm2", dtype=_torch_dtype(dtype))
-    time_engine(LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks), requests[:2])  # warm-up, untimed
-    llm = LLM.from_loaded(*loaded, block_size=16, num_gpu_blocks=blocks)
+    time_engine(engine(), requests[:2])  # warm-up, untimed
+    llm = engine()
     wall, stats = time_engine(llm, requests, outputs)
     note = f"{blocks} blocks of 16 tokens" + (f"; backend {llm.backend}, matmul {llm.model.matmul}" if dtype !=
                                               "float32" else "")  # fmt: skip
@@ -358,13 +414,13 @@ def machine_description() -> str:
     import torch
     import transformers
 
-    cpu = platform.processor() or "unknown cpu"
+    cpu, threads = platform.processor() or "unknown cpu", torch.get_num_threads()
     if Path("/proc/cpuinfo").is_file():
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")]  # fmt: skip
         cpu = names[0] if names else cpu
     return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-            f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} thread), "
+            f"python {platform.python_version()}, torch {torch.__version__} ({threads} thread{'s' * (threads != 1)}), "
             f"transformers {transformers.__version__}")
 
 
@@ -381,8 +437,13 @@ def _print_table(rows: list[dict], dtype: bool = False) -> None:
 
 
 def out_path(args: argparse.Namespace) -> str:
-    """--out, or the default CSV of --dtype."""
-    return args.out or DEFAULT_OUTS.get(args.dtype, DEFAULT_OUT)
+    """--out, or the default CSV of --dtype, --workload and --threads: figures/bench_engine_cpu[_long][_bf16]
+    [_Nthreads].csv."""
+    default = DEFAULT_OUTS.get(args.dtype, DEFAULT_OUT)
+    stem = DEFAULT_OUT.removesuffix(".csv")
+    if args.workload != "bench":
+        default = default.replace(stem, f"{stem}_{args.workload}")
+    return args.out or (default if args.threads == 1 else default.removesuffix(".csv") + f"_{args.threads}threads.csv")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -392,6 +453,11 @@ def check_args(args: argparse.Namespace) -> None:
 
     if args.dtype not in DTYPES:
         raise ValueError(f"--dtype {args.dtype} (allowed: {', '.join(DTYPES)})")
+    if args.workload not in WORKLOADS:
+        raise ValueError(f"--workload {args.workload} (allowed: {', '.join(WORKLOADS)})")
+    if args.workload != "bench" and (args.quick or args.kv_blocks is not None):
+        raise ValueError(f"--{'quick' if args.quick else 'kv-blocks'} goes with --workload bench (--workload "
+                         f"{args.workload} has its own lengths and no concurrency runs)")
 
     # A benchmark's workload must fit in memory and in a run someone waits for: 100,000 requests is already hours
     # on a CPU; a batch or a pool past these sizes would not fit in this machine's memory as float32 K/V anyway.
@@ -400,9 +466,11 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not 1 <= value <= high:
             raise ValueError(f"--{name.replace('_', '-')} {value} (allowed: an integer from 1 to {high:,})")
+    if not 1 <= args.threads <= (os.cpu_count() or 1):
+        raise ValueError(f"--threads {args.threads} (allowed: an integer from 1 to {os.cpu_count() or 1}, the cores)")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed {args.seed} (allowed: an integer from 0 to {MAX_SEED:,})")
-    check_outputs({"--out": out_path(args)}, make_parents=out_path(args) in DEFAULT_OUTS.values())
+    check_outputs({"--out": out_path(args)}, make_parents=args.out is None)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -410,29 +478,28 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
     started, load_before = time.perf_counter(), os.getloadavg()[0]
-    torch.set_num_threads(1)  # see the module docstring
+    torch.set_num_threads(args.threads)  # see the module docstring
     from reference.models.loader import read_config, smollm2_checkpoint_dir
 
     vocab = read_config(smollm2_checkpoint_dir()).vocab_size
-    count = args.num_requests or (16 if args.quick else 64)
-    requests = bench_workload(count, quick=args.quick, seed=args.seed, vocab_size=vocab)
+    requests = workload(args.workload, args.num_requests, quick=args.quick, seed=args.seed, vocab_size=vocab)
     if args.dtype == "float32":
         engine = engine_throughput(requests)
         print(f"  engine: {engine['tokens_per_s']:.1f} output tokens/s", flush=True)
         hf = hf_throughput(requests, args.hf_batch_size)
         print(f"  HF static batches: {hf['tokens_per_s']:.1f} output tokens/s", flush=True)
-        rows = [engine, hf] + concurrency(requests, args.kv_blocks or (128 if args.quick else 256))
+        rows = [engine, hf]
+        if args.workload == "bench":  # the long prompts pass the `max` baseline's MAX_MODEL_LEN
+            rows += concurrency(requests, args.kv_blocks or (128 if args.quick else 256))
     else:
         rows = dtype_run(requests, args)
-    prompts, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
+    torch.set_num_threads(args.threads)  # the concurrency runs' LLMs took one thread: the header names the run's
     header = {
         "machine": machine_description(),
         **({} if args.dtype == "float32" else {"cpu": cpu_description()}),
         "command": shlex.join(argv),
-        "threads": "torch.set_num_threads(1) for both systems",
-        "workload": f"{len(requests)} ShareGPT-shaped requests at t=0 (scaled down, see reference/bench.py): "
-                    f"prompt {min(prompts)}-{max(prompts)} (mean {np.mean(prompts):.1f}), "
-                    f"output {min(outputs)}-{max(outputs)} (mean {np.mean(outputs):.1f}) tokens, greedy, ignore EOS",
+        "threads": f"torch.set_num_threads({args.threads}) for both systems",
+        "workload": describe_workload(args.workload, requests),
         "load_average": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end (1 min; other processes "
                         "share these cores)",
         "total_s": f"{time.perf_counter() - started:.1f}",
@@ -494,8 +561,9 @@ def _report(rows: list[dict], header: dict[str, str], out: Path) -> None:
     engine, hf = tput.values()
     conc = {r["system"]: r["max_concurrent_requests"] for r in rows if r["section"] == "concurrency"}
     print(f"throughput: engine / HF static = {engine / hf:.2f}x")
-    print("concurrency: " + ", ".join(f"paged / {p} = {conc['paged'] / max(conc[p], 1):.2f}x"
-                                      for p in CONCURRENCY_POLICIES[1:]))  # fmt: skip
+    if conc:  # none with --workload long
+        print("concurrency: " + ", ".join(f"paged / {p} = {conc['paged'] / max(conc[p], 1):.2f}x"
+                                          for p in CONCURRENCY_POLICIES[1:]))  # fmt: skip
     for key, value in header.items():
         print(f"{key}: {value}")
     # whole or not at all; the folder is there unless --out is the default (check_args)

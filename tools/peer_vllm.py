@@ -35,6 +35,14 @@ near-tie). No beams, block pool or API checks (they do not depend on the dtype):
 figures/peer_vllm_bf16.csv, so the float32 run's figures/peer_vllm.csv stays as it was. `--dtype both` runs the
 float32 part and then the bfloat16 speed part, all rows in one --out, then the API checks.
 
+`--workload long` times reference/bench.py's long-prompt workload (long_workload: 8 requests, prompts 512-2,048
+tokens, outputs 64-256) instead of the bench one, both systems with a context (max_model_len) that holds its longest
+request; besides the 16 prompts' greedy check, it compares every timed request's greedy tokens (workload_equality: the
+first round of the first setting; long contexts are where float32 sums in another order would part first). No
+beams, block pool or API checks (they do not depend on the workload): its default --out is
+figures/peer_vllm_long.csv (figures/peer_vllm_long_bf16.csv with --dtype bfloat16), and the CSV's `workload:` line
+names it.
+
 vLLM runs in .venv-vllm (the Makefile builds it), this engine in .venv; tools/peer/side.py is the one script both
 run. Not part of `make test`: vLLM takes minutes to start.
 """
@@ -58,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "peer"))
 
 from reference.bench import PEER_NEW_TOKENS, PEER_RAW as RAW  # noqa: E402
-from reference.bench import bench_workload, greedy_agreement, peer_prompt_ids  # noqa: E402
+from reference.bench import WORKLOADS, describe_workload, greedy_agreement, peer_prompt_ids, workload  # noqa: E402
 from reference.bench import cpu_description  # noqa: E402  (the CSV's `cpu:` line; tests/test_peer.py checks it here)
 from sim.outfiles import check_outputs, write_csv  # noqa: E402
 import api_checks  # noqa: E402
@@ -70,6 +78,7 @@ BF16_OUT = "figures/peer_vllm_bf16.csv"  # --dtype bfloat16 alone
 DTYPE_CHOICES = ("float32", "bfloat16", "both")
 SUFFIX = {"float32": "", "bfloat16": "_bf16"}  # a bfloat16 row's section ends in _bf16
 REUSED = " (reused: vLLM not started)"
+MAX_MODEL_LEN = 2048  # both systems' context, unless the workload's longest request needs more
 COLUMNS = ("section", "system", "threads", "rounds", "value", "unit", "per_round", "note")
 
 
@@ -81,12 +90,12 @@ def task(args) -> dict:
     model_dir = smollm2_checkpoint_dir()
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     greedy = peer_prompt_ids(tok)  # RAW tokenized, then QUESTIONS in the chat template
-    workload = bench_workload(64, quick=False, seed=0, vocab_size=tok.vocab_size)
+    requests = workload(args.workload, seed=0, vocab_size=tok.vocab_size)
     beam_cases = [[tok(t).input_ids, 3, 16] for t in RAW[:4]] + [[ids, 4, 12] for ids in greedy[8:12]]
-    return {"model_dir": str(model_dir), "max_model_len": 2048, "greedy_prompts": greedy,
-            "greedy_max_tokens": PEER_NEW_TOKENS,
-            "ttft_prompt": greedy[0], "workload": [[r.prompt_token_ids, r.output_len] for r in workload],
-            "beam_cases": beam_cases}
+    return {"model_dir": str(model_dir), "max_model_len": max(MAX_MODEL_LEN, *(r.total_len for r in requests)),
+            "greedy_prompts": greedy, "greedy_max_tokens": PEER_NEW_TOKENS,
+            "ttft_prompt": greedy[0], "workload": [[r.prompt_token_ids, r.output_len] for r in requests],
+            "workload_description": describe_workload(args.workload, requests), "beam_cases": beam_cases}
 
 
 def side_env(system: str, threads: int, beam: bool = False, one_core: bool = False, dtype: str = "float32") -> dict:
@@ -129,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--dtype", default="float32", help="both systems' dtype: float32 (default), bfloat16 (the speed "
                    f"part only, as agreement; default --out {BF16_OUT}) or both")
-    p.add_argument("--out", help=f"the CSV (default {DEFAULT_OUT}; {BF16_OUT} with --dtype bfloat16)")
+    p.add_argument("--workload", default="bench", help="the timed workload (reference/bench.py): bench (default; 64 "
+                   "ShareGPT-shaped requests) or long (8 requests, prompts 512-2,048 tokens; speed and greedy only)")
+    p.add_argument("--out", help=f"the CSV (default {DEFAULT_OUT}; {BF16_OUT} with --dtype bfloat16; with --workload "
+                   "long, either with _long before .csv and _bf16)")
     p.add_argument("--api-out", default=API_OUT, help=f"the API checks' CSV (default {API_OUT}: also README.md's "
                    "table)")  # fmt: skip
     p.add_argument("--api-only", action="store_true", help="only the API checks (no speed, greedy, block pool)")
@@ -138,7 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.dtype not in DTYPE_CHOICES:
         p.error(f"--dtype {args.dtype} (allowed: {', '.join(DTYPE_CHOICES)})")
-    args.out = args.out or (BF16_OUT if args.dtype == "bfloat16" else DEFAULT_OUT)
+    if args.workload not in WORKLOADS:
+        p.error(f"--workload {args.workload} (allowed: {', '.join(WORKLOADS)})")
+    if args.workload != "bench" and (args.api_only or args.reuse_vllm_api):
+        p.error(f"--workload {args.workload} times a workload; the API checks do not depend on it (allowed with "
+                "--api-only: --workload bench)")
+    defaults = [default_out(args.workload, d) for d in ("float32", "bfloat16")]
+    args.out = args.out or defaults[args.dtype == "bfloat16"]
     if args.dtype == "bfloat16" and args.api_only:
         p.error("--api-only runs the float32 API checks (allowed with --api-only: --dtype float32)")
     if args.rounds < 1 or any(not 1 <= t <= (os.cpu_count() or 1) for t in args.threads):
@@ -150,14 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse_vllm_api and not Path(args.vllm_python).exists():
         p.error(f"no vLLM at {args.vllm_python} (`make peer` builds .venv-vllm)")
     outputs = {"--api-out": args.api_out} if args.api_only else {"--out": args.out, "--api-out": args.api_out}
-    if args.dtype == "bfloat16":  # no API checks: see the module docstring
+    api = args.dtype != "bfloat16" and args.workload == "bench"  # see the module docstring
+    if not api:
         outputs.pop("--api-out")
-    check_outputs(outputs, make_parents=args.out in (DEFAULT_OUT, BF16_OUT) and args.api_out == API_OUT)
+    check_outputs(outputs, make_parents=args.out in defaults and args.api_out == API_OUT)
     if not args.api_only:
         compare_speed(args, argv)
-    if args.dtype != "bfloat16":
+    if api:
         compare_api(args, argv)
     return 0
+
+
+def default_out(workload_name: str, dtype: str) -> str:
+    """The default --out of a workload and dtype ("both" writes the float32 one): figures/peer_vllm.csv, then
+    _long before .csv for the long workload and _bf16 for bfloat16 alone."""
+    name = DEFAULT_OUT.removesuffix(".csv") + ("" if workload_name == "bench" else f"_{workload_name}")
+    return name + ("_bf16" if dtype == "bfloat16" else "") + ".csv"
 
 
 def compare_speed(args, argv: list[str] | None) -> None:
@@ -176,11 +202,11 @@ def compare_speed(args, argv: list[str] | None) -> None:
                     order = ("engine", "vllm") if (r + i) % 2 == 1 else ("vllm", "engine")
                     for system in order:
                         python = args.vllm_python if system == "vllm" else sys.executable
-                        beam = dtype == "float32" and r == 0 and i == 0
+                        beam = dtype == "float32" and r == 0 and i == 0 and args.workload == "bench"
                         results.setdefault((dtype, system, threads, one_core), []).append(
                             run_side(system, threads, task_path, tmp, python, beam, one_core, dtype))
         diff = None
-        if "float32" in dtypes:  # the block pool does not depend on the dtype
+        if "float32" in dtypes and args.workload == "bench":  # the block pool depends on neither
             diff_out = tmp / "diff.json"
             env = dict(os.environ, PYTHONPATH=str(ROOT))
             subprocess.run([args.vllm_python, str(ROOT / "tools" / "peer" / "block_pool_diff.py"), "300", "80",
@@ -197,8 +223,8 @@ def compare_speed(args, argv: list[str] | None) -> None:
     comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
                 f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
                 f"{platform.python_version()}", f"cpu: {cpu_description()}", f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
-                f"workload: reference/bench.py's 64 requests (seed 0), greedy, ignore EOS; SmolLM2-135M "
-                f"{' and '.join(dtypes)}",
+                f"workload: {args.workload} (reference/bench.py, seed 0): {the_task['workload_description']}; "
+                f"max_model_len {the_task['max_model_len']}; SmolLM2-135M {' and '.join(dtypes)}",
                 f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
     write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=True)
     for r in rows:
@@ -217,6 +243,14 @@ def equality_rows(args, results: dict, the_task: dict, dtype: str) -> list[dict]
     rows.append({"section": "greedy_equality", "system": "engine vs vLLM", "threads": args.threads[0], "rounds": 1,
                  "value": equal, "unit": f"of {len(ours)} prompts identical (32 tokens, float32)",
                  "per_round": "", "note": f"first differing position per prompt: {first_diff}"})  # fmt: skip
+    if args.workload != "bench":  # no beams (module docstring): every timed request's tokens instead
+        ours, theirs = (results[(dtype, s, *first[1:])][0]["workload_tokens"] for s in ("engine", "vllm"))
+        first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(ours, theirs)]
+        rows.append({"section": "workload_equality", "system": "engine vs vLLM", "threads": args.threads[0],
+                     "rounds": 1, "value": sum(a == b for a, b in zip(ours, theirs)),
+                     "unit": f"of {len(ours)} timed requests identical (float32)", "per_round": "",
+                     "note": f"first differing position per request: {first_diff}"})  # fmt: skip
+        return rows
     ours_beams, their_beams = (results[(dtype, s, *first[1:])][0]["beams"] for s in ("engine", "vllm"))
     same = [a == b for a, b in zip(ours_beams, their_beams)]
     rows.append({"section": "beam_search_equality", "system": "engine vs vLLM", "threads": args.threads[0],

@@ -7,7 +7,8 @@ through the offline API they share: only the import differs.
 Measured, in this order, in one process: the cold start (process spawn to the first token of one request: imports,
 model load, KV pool, the first step), greedy token ids of the task's prompts, beam search on the task's cases (when
 PEER_BEAM=1), then the throughput workload (all requests at once, greedy, ignore_eos, exact max_tokens) after an
-untimed warm-up request that shares no prefix with it.
+untimed warm-up request that shares no prefix with it. The workload's output token ids go into OUT.json as well
+(workload_tokens, in the workload's order), for the long workload's equality check.
 
 PEER_DTYPE (float32 by default, or bfloat16) is the model's dtype in both systems.
 """
@@ -61,11 +62,13 @@ def main() -> None:
     started = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in workload], [greedy(n) for _, n in workload])
     wall = time.perf_counter() - started
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    workload_tokens = [list(o.outputs[0].token_ids) for o in outs]
+    tokens = sum(map(len, workload_tokens))
     assert tokens == sum(n for _, n in workload), "ignore_eos with exact max_tokens: every request runs to its length"
     with open(out_path, "w") as f:
         json.dump({"version": version, "cold_start_s": cold_start_s, "greedy": greedy_ids, "wall_s": wall,
-                   "output_tokens": tokens, "beams": beams}, f)  # fmt: skip
+                   "output_tokens": tokens, "beams": beams,
+                   "workload_tokens": workload_tokens}, f)  # fmt: skip
 
 
 if __name__ == "__main__":  # vLLM's CPU build starts worker processes: the guard is required
