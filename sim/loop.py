@@ -35,6 +35,7 @@ from .request import Request
 from .scheduler import Scheduler
 
 ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lower first)
+EPOCH_TRIM = 4096  # an open decode epoch's step ends kept before the first ones no member reads are dropped
 
 
 @dataclass(slots=True)
@@ -137,6 +138,7 @@ class Simulator:
         # the differences of consecutive step ends (step j's end minus step j - 1's) that no later one reaches or
         # passes, as (j, difference), differences decreasing: the largest from any step on is the first with j beyond
         self.epoch_gaps: list[tuple[int, float]] = []
+        self.epoch_trim_at = EPOCH_TRIM  # its lists lose the steps no member needs once they are this long
         self.epoch_running = False  # inside a run of the epoch
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -396,6 +398,13 @@ class Simulator:
                     gaps.pop()
                 gaps.append((len(ends), diff))
             ends.append(end)
+        if len(ends) > self.epoch_trim_at:  # an epoch may stay open for a whole run: keep what members still read
+            first = min(self.epoch_members.values(), default=len(ends))
+            del ends[:first]
+            for i in self.epoch_members:
+                self.epoch_members[i] -= first
+            gaps[:] = [(j - first, diff) for j, diff in gaps if j > first]  # (a member reads those after its first)
+            self.epoch_trim_at = max(EPOCH_TRIM, 2 * len(ends))
 
     def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
                     num_running: int, num_waiting: int, num_preempted: int = 0) -> None:  # fmt: skip
@@ -430,13 +439,16 @@ class Simulator:
         times.last_token[i] = ends[end - 1]
         times.token_steps[i] += end - first
 
-    def _settle_epoch(self, num_steps: int) -> None:
-        """The epoch closed after `num_steps` steps: book the token times of the requests still in it."""
+    def _settle_epoch(self, _steps: int | None = None) -> None:
+        """The epoch closed (after `_steps` steps, every one of them in epoch_ends, whose start may have been
+        trimmed): book the token times of the requests still in it."""
         if self.epoch_running:
             return
+        end = len(self.epoch_ends)
         for i, first in self.epoch_members.items():
-            self._settle(i, first, num_steps)
+            self._settle(i, first, end)
         self.epoch_members, self.epoch_ends, self.epoch_gaps = {}, [], []
+        self.epoch_trim_at = EPOCH_TRIM
 
     def _check_pool(self, expected: tuple[int, ...]) -> None:
         found = self.kv.breakdown(False).counts()

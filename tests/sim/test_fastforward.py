@@ -111,6 +111,15 @@ def test_jump_equals_stepping_on_random_small_workloads(data):
     _assert_same_run(_simulate("paged", True, True, **extra), stepped)
 
 
+@pytest.mark.parametrize("case", ["v0-paged-small-pool", "v1-paged-parallel-sampling-preempt", "v0-paged-short-joiners"])
+def test_an_epoch_that_trims_its_step_ends_books_the_same_times(case, monkeypatch):
+    """An epoch may stay open for a whole run: its list of step ends drops the steps no member reads any more once it
+    is long (sim.loop.EPOCH_TRIM steps). Trimming every few steps changes nothing in what is booked."""
+    monkeypatch.setattr("sim.loop.EPOCH_TRIM", 4)
+    policy, extra = CASES[case]
+    _assert_same_run(_simulate(policy, True, True, **extra), _simulate(policy, False, **extra))
+
+
 def test_jumps_happen_and_matter():
     """The fast path is really taken: far fewer events than steps (a run of K steps is one event)."""
     jumped = _simulate("paged", True)
