@@ -507,11 +507,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.dtype == "float32":
         _report(rows, header, Path(out_path(args)))
     else:
-        _report_dtype(rows, header, Path(out_path(args)))
+        report_dtype(rows, header, Path(out_path(args)))
     return 0
 
 
-def _report_dtype(rows: list[dict], header: dict[str, str], out: Path) -> None:
+def report_dtype(rows: list[dict], header: dict[str, str], out: Path) -> None:
     """Print and save a --dtype run's table (BF16_COLUMNS): throughput rows, then the agreement rows."""
     _print_table([r for r in rows if r["section"] == "throughput"], dtype=True)
     engine = {r["dtype"]: r["tokens_per_s"] for r in rows if r["system"].startswith("engine (")}

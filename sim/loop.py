@@ -360,7 +360,7 @@ class Simulator:
             self.epoch_members[self.index[request_id]] = joined_at
         if run is None:
             if not scheduler.decode_epoch_open:  # it closed (a group that could not join)
-                self._settle_epoch(len(self.epoch_ends))
+                self._settle_epoch()
             return None
         self.may_run = True
         members, ends = self.epoch_members, self.epoch_ends
@@ -372,7 +372,7 @@ class Simulator:
                 self.times.preemptions[i] += 1
                 self._settle(i, members.pop(i), len(ends))
             if not run.durations:  # nobody left to step: the epoch closed
-                self._settle_epoch(len(ends))
+                self._settle_epoch()
                 return run
         seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
         durations = run.durations
@@ -385,7 +385,7 @@ class Simulator:
             i = self.index[request_id]
             self._settle(i, members.pop(i), len(ends))
         if not scheduler.decode_epoch_open:  # the last members left: it closed
-            self._settle_epoch(len(ends))
+            self._settle_epoch()
         return run
 
     def _epoch_ends(self, new_ends: list[float]) -> None:
@@ -440,7 +440,7 @@ class Simulator:
         times.token_steps[i] += end - first
 
     def _settle_epoch(self, _steps: int | None = None) -> None:
-        """The epoch closed (after `_steps` steps, every one of them in epoch_ends, whose start may have been
+        """The epoch closed (on_close passes its `_steps`, every one of them in epoch_ends, whose start may have been
         trimmed): book the token times of the requests still in it."""
         if self.epoch_running:
             return

@@ -493,8 +493,8 @@ class Scheduler:
         prompt reuses K/V that was never computed.
         """
         epoch = self._epoch
-        members = ({s.request_id for seqs in epoch.by_last.values() for s in seqs} if epoch is not None and epoch.pending
-                   else set())  # the decodes of a v1 step the epoch took: part of the failed step  # fmt: skip
+        pending = epoch is not None and epoch.pending  # a v1 step the epoch took: its members failed too
+        members = {s.request_id for seqs in epoch.by_last.values() for s in seqs} if pending else set()
         if epoch is not None:
             epoch.pending = False  # (its sequences hold the step's slots, as stepping's allocation left them)
         self._close_epoch()
@@ -823,8 +823,8 @@ class Scheduler:
         return epoch.kv.advance(num_steps), self._epoch_steps_done(num_steps)
 
     def _epoch_may_step(self) -> bool:
-        """Can the open epoch take the next v1 step's decodes (schedule)? Its admitted groups joined, every running group
-        a member (nothing swapped), the budget and memory enough for one token each."""
+        """Can the open epoch take the next v1 step's decodes (schedule)? Its admitted groups joined, every running
+        group a member (nothing swapped), the budget and memory enough for one token each."""
         epoch = self._epoch
         if epoch.joining and not self._join_epoch(epoch):
             return False

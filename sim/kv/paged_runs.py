@@ -205,13 +205,12 @@ class DecodeEpoch:
         step makes group by group in plan order, when memory runs out in it and groups are preempted between them
         (Scheduler.preempt_in_decode_epoch); the next advance() then takes the step without opening them again.
         False, and nothing changed, if fewer blocks are free. Those members may not leave before that step."""
+        opening = self.by_class[self.steps % self.block_size]
+        if self.ahead + count > len(opening):
+            raise ValueError(f"open_ahead({count}): only {len(opening) - self.ahead} members left to open a block")
         fresh = self.allocator.allocate(count)
         if fresh is None:
             return False
-        opening = self.by_class[self.steps % self.block_size]
-        if self.ahead + count > len(opening):
-            self.allocator.free(fresh)
-            raise ValueError(f"open_ahead({count}): only {len(opening) - self.ahead} members left to open a block")
         for seq, block in zip(opening[self.ahead:self.ahead + count], fresh):
             seq.block_table.append(block)
         self.ahead += count

@@ -237,7 +237,7 @@ def test_the_bfloat16_csv_has_the_commented_header_and_its_columns(tmp_path, cap
     header = {"machine": "a CPU", "cpu": bench.cpu_description("model name\t: X\nflags\t: avx2 amx_bf16\n"),
               "command": "python -m reference bench --dtype bfloat16", "threads": "1", "total_s": "1.0"}
     out = tmp_path / "bf16.csv"
-    bench._report_dtype(rows, header, out)
+    bench.report_dtype(rows, header, out)
     printed = capsys.readouterr().out
     assert "engine bfloat16 / engine float32 = 1.00x" in printed and "1 of 2 sequences identical" in printed
     lines = out.read_text().splitlines()
