@@ -60,6 +60,8 @@ class RooflineEfficiency:
     - copy_overhead_s 5 us: vLLM v0 swaps with one cudaMemcpyAsync per block, per layer, for K and for V;
       each copy pays a fixed few microseconds of launch and DMA set-up, so many small blocks swap slowly
       (the paper's Fig. 19a: swap latency grows sharply below block size 16).
+    - interconnect 0.80: NCCL's ring all-reduce of large messages reaches a bus bandwidth of ~80% of NVLink's
+      one-way peak (about 240 of 300 GB/s on 8 A100s); only used with num_gpus > 1.
     """
 
     memory: float = 0.80
@@ -68,9 +70,10 @@ class RooflineEfficiency:
     overhead_s: float = 0.002
     block_gather_tokens: float = 4.0
     copy_overhead_s: float = 5e-6
+    interconnect: float = 0.80
 
     def __post_init__(self) -> None:
-        for field in ("memory", "compute", "pcie"):
+        for field in ("memory", "compute", "pcie", "interconnect"):
             if not 0 < getattr(self, field) <= 1:
                 raise ValueError(f"RooflineEfficiency.{field} must be in (0, 1], got {getattr(self, field)}")
         for field in ("overhead_s", "block_gather_tokens", "copy_overhead_s"):
@@ -79,7 +82,7 @@ class RooflineEfficiency:
 
 
 class RooflineCostModel:
-    """time = max(FLOPs / (num_gpus * peak * eff), bytes / (num_gpus * bandwidth * eff)) + overhead.
+    """time = max(FLOPs / (num_gpus * peak * eff), bytes / (num_gpus * bandwidth * eff)) + overhead + all_reduce.
 
         bytes = weights (read once per iteration, however many tokens the batch holds)
               + num_context_tokens * kv_bytes_per_token * gather   (attention reads K/V)
@@ -89,8 +92,24 @@ class RooflineCostModel:
 
     Modelling approximations: activations' memory traffic is ignored; attention FLOPs count one query per
     context token read, which is exact for decode and undercounts a prompt's quadratic term (p^2/2 query-key
-    pairs instead of p) by at most p / (12 * hidden) of the linear FLOPs (< 4% for OPT-13B at p = 2048);
-    tensor parallelism divides both sides evenly over the GPUs and its all-reduce time is ignored.
+    pairs instead of p) by at most p / (12 * hidden) of the linear FLOPs (< 4% for OPT-13B at p = 2048).
+
+    Tensor parallelism over n = num_gpus GPUs (Megatron-LM, Shoeybi et al. 2019, section 3, as vLLM runs OPT-66B and
+    -175B): each GPU holds 1/n of every weight matrix and of every token's K/V heads, so both sides of the max divide
+    evenly by n; then each layer sums the GPUs' partial outputs twice, after attention's output projection and after
+    the MLP, in an all-reduce of the step's new tokens' activations (T = num_prefill_tokens + num_decode_seqs tokens
+    of hidden_size values each). A ring all-reduce sends 2 (n - 1) / n of those bytes from every GPU while it
+    receives as much, so it runs at the interconnect's one-way bandwidth (GPUSpec.interconnect_bandwidth, times
+    efficiency.interconnect), plus a fixed GPUSpec.interconnect_latency_s per all-reduce:
+
+        all_reduce = 2 * layers * (latency + 2 (n - 1) / n * T * hidden_size * dtype_bytes / (link * eff))
+
+    added to the step, not overlapped with it (each all-reduce waits for the matmul before it and the next layer
+    waits for it, as in vLLM's model code). With n = 1 it is exactly 0. Modelling approximations: only these two
+    all-reduces per layer (the embedding's and the logits' collectives, once a step, are left out; no pipeline
+    parallelism), the ring's time as bandwidth plus a constant (for small messages NCCL switches to tree or NVLS
+    algorithms, which the constant stands for); a fitted model (CalibratedCostModel, PiecewiseCostModel) has no such
+    term, and sim.cost_file refuses one for num_gpus > 1.
 
     `block_size`: the paged KV cache's block size; the attention read then costs
     gather = (block_size + efficiency.block_gather_tokens) / block_size times a contiguous read (counted per
@@ -138,6 +157,12 @@ class RooflineCostModel:
             full, sliding = m.num_full_layers / m.num_layers, m.num_sliding_layers / m.num_layers
             self._full_read_s, self._sliding_read_s = self._kv_read_s * full, self._kv_read_s * sliding
             self._full_attn_s, self._sliding_attn_s = self._attn_flop_s * full, self._attn_flop_s * sliding
+        # Tensor parallelism's all-reduces (class docstring): a fixed part per step and a part per new token;
+        # both exactly 0.0 on one GPU, so a single-GPU step's price is untouched.
+        ring = 2 * (num_gpus - 1) / num_gpus
+        self._allreduce_s = 2 * m.num_layers * g.interconnect_latency_s if num_gpus > 1 else 0.0
+        self._allreduce_token_s = (2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes
+                                   / (g.interconnect_bandwidth * efficiency.interconnect))  # fmt: skip
         self._swap_bandwidth = num_gpus * g.pcie_bandwidth * efficiency.pcie  # each GPU has its own link
         # Each GPU copies its own slice of every block, K and V for every layer, in parallel with the others.
         self._block_copy_s = 2 * m.num_layers * efficiency.copy_overhead_s
@@ -150,7 +175,8 @@ class RooflineCostModel:
         new_tokens = num_prefill_tokens + num_decode_seqs
         memory = self._weights_s + self._kv_read_s * num_context_tokens + self._kv_token_s * new_tokens
         compute = self._token_flop_s * new_tokens + self._attn_flop_s * num_context_tokens
-        return (memory if memory > compute else compute) + self._overhead_s
+        step = (memory if memory > compute else compute) + self._overhead_s
+        return step + (self._allreduce_s + self._allreduce_token_s * new_tokens)  # + 0.0 on one GPU
 
     def _windowed_step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int) -> float:
         """step_time for a model with sliding-window layers (see the class docstring)."""
@@ -161,7 +187,12 @@ class RooflineCostModel:
                   + self._kv_token_s * new_tokens)  # fmt: skip
         compute = (self._token_flop_s * new_tokens + self._full_attn_s * num_context_tokens
                    + self._sliding_attn_s * windowed)  # fmt: skip
-        return (memory if memory > compute else compute) + self._overhead_s
+        step = (memory if memory > compute else compute) + self._overhead_s
+        return step + (self._allreduce_s + self._allreduce_token_s * new_tokens)  # + 0.0 on one GPU
+
+    def all_reduce_time(self, num_tokens: int) -> float:
+        """Seconds of one step's tensor-parallel all-reduces over `num_tokens` new tokens (0.0 on one GPU)."""
+        return self._allreduce_s + self._allreduce_token_s * num_tokens
 
     def swap_time(self, num_bytes: int, num_blocks: int = 0) -> float:
         return num_bytes / self._swap_bandwidth + num_blocks * self._block_copy_s

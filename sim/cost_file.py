@@ -128,11 +128,18 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
         raise ValueError(f"cost model {path}: {e}") from None
 
 
-def cost_model_for(path: str | Path, model_name: str) -> CostModelFit:
+def cost_model_for(path: str | Path, model_name: str, num_gpus: int = 1) -> CostModelFit:
     """The cost model in `path`, which must have been measured on `model_name` (a step time means nothing for
-    another model's weights)."""
+    another model's weights) and is used for one GPU.
+
+    NOTE: num_gpus > 1 is refused, not priced: the fit measured one engine process on one device, so its step times
+    hold neither tensor parallelism's division of the work nor its all-reduces (sim.cost.RooflineCostModel adds
+    those); reusing them would enlarge the KV pool n times at one device's speed."""
     cost, record = read_cost_model(path)
     if record["model"] != model_name:
         raise ValueError(f"cost model {path} was measured on {record['model']}, not {model_name} "
                          f"(run with --model {record['model']}, or calibrate for {model_name})")  # fmt: skip
+    if num_gpus != 1:
+        raise ValueError(f"cost model {path} was measured on one device and has no tensor-parallel terms: num_gpus "
+                         f"{num_gpus} needs the roofline (drop the cost model file, or run with num_gpus 1)")  # fmt: skip
     return cost

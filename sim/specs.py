@@ -18,11 +18,18 @@ class GPUSpec:
     mem_bandwidth: float  # peak HBM bandwidth, bytes/s
     peak_flops: float  # dense fp16/bf16 tensor-core FLOP/s (no sparsity)
     pcie_bandwidth: float  # host <-> device, bytes/s in ONE direction (a swap moves data one way)
+    # GPU <-> GPU (NVLink), bytes/s each GPU sends in ONE direction while it receives as much: what a ring
+    # all-reduce of tensor parallelism moves (sim.cost.RooflineCostModel)
+    interconnect_bandwidth: float
+    interconnect_latency_s: float  # fixed seconds of one all-reduce however small (launch, synchronisation)
 
     def __post_init__(self) -> None:
-        for field in ("memory_bytes", "mem_bandwidth", "peak_flops", "pcie_bandwidth"):
+        for field in ("memory_bytes", "mem_bandwidth", "peak_flops", "pcie_bandwidth", "interconnect_bandwidth"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"GPUSpec {self.name}: {field} must be > 0, got {getattr(self, field)}")
+        if not self.interconnect_latency_s >= 0:
+            raise ValueError(f"GPUSpec {self.name}: interconnect_latency_s must be >= 0 seconds, got "
+                             f"{self.interconnect_latency_s}")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +100,18 @@ class ModelSpec:
 # compute as H100 SXM). Modelling approximation: the datasheet "GB" of capacity is taken as GiB, which is
 # what nvidia-smi reports for the A100s (40960 / 81920 MiB); the H100 reports 81559 MiB (-0.4%), the H200
 # 143771 MiB (-0.4%).
+# Interconnect (tensor parallelism's all-reduces), the SXM boards with every GPU on NVSwitch, as the paper's
+# multi-GPU runs (section 6.1: A2 instances on Google Cloud, their A100s on NVSwitch): A100 third-generation NVLink
+# "600 GB/s" per GPU is both directions added (12 links x 25 GB/s each way), so 300 GB/s each way; H100 and H200
+# fourth-generation NVLink "900 GB/s", 450 GB/s each way. A ring all-reduce sends and receives at once, so the
+# one-way figure is its speed limit. Modelling approximation: 10 us of fixed cost per all-reduce (NCCL's
+# all_reduce_perf on one NVLink node takes roughly 10-20 us for a message of a few KiB, where latency dominates),
+# the same on every GPU here: an order of magnitude, stated, not measured by this project.
 GPUS = {
-    "a100-40gb": GPUSpec("a100-40gb", 40 * GiB, 1.555e12, 312e12, 32e9),
-    "a100-80gb": GPUSpec("a100-80gb", 80 * GiB, 2.039e12, 312e12, 32e9),
-    "h100": GPUSpec("h100", 80 * GiB, 3.35e12, 989.4e12, 64e9),
-    "h200": GPUSpec("h200", 141 * GiB, 4.8e12, 989.4e12, 64e9),
+    "a100-40gb": GPUSpec("a100-40gb", 40 * GiB, 1.555e12, 312e12, 32e9, 300e9, 10e-6),
+    "a100-80gb": GPUSpec("a100-80gb", 80 * GiB, 2.039e12, 312e12, 32e9, 300e9, 10e-6),
+    "h100": GPUSpec("h100", 80 * GiB, 3.35e12, 989.4e12, 64e9, 450e9, 10e-6),
+    "h200": GPUSpec("h200", 141 * GiB, 4.8e12, 989.4e12, 64e9, 450e9, 10e-6),
 }
 
 # Sources: HF model configs (facebook/opt-13b, -66b; OPT-175B from Zhang et al. 2022 Table 1;

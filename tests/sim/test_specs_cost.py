@@ -56,7 +56,7 @@ def test_unknown_names_list_the_allowed_ones():
 
 def test_specs_validate_and_are_frozen():
     with pytest.raises(ValueError, match="mem_bandwidth must be > 0"):
-        GPUSpec("bad", 1, 0.0, 1.0, 1.0)
+        GPUSpec("bad", 1, 0.0, 1.0, 1.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         dataclasses.replace(get_model("opt-13b"), num_kv_heads=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
