@@ -111,6 +111,8 @@ def _add_serve_parser(sub) -> None:
     g.add_argument("--preemption", default="recompute", type=_choice(("recompute", "swap")),
                    metavar="{recompute,swap}", help="how a request is preempted (default: recompute)")
     g.add_argument("--swap-space", type=float, help="CPU swap space in GiB (with --preemption swap)")
+    g.add_argument("--kv-dtype", default="auto", metavar="{auto,int8}",
+                   help="how the cache stores K/V: auto (the model's dtype) or int8 (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seeds the requests that bring none (default: 0)")
 
 
@@ -128,7 +130,7 @@ def run_serve(a: argparse.Namespace) -> int:
     settings = dict(policy=a.policy, block_size=a.block_size, num_gpu_blocks=a.num_gpu_blocks,
                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                     max_model_len=a.max_model_len, enable_prefix_caching=a.enable_prefix_caching,
-                    preemption=a.preemption, swap_space=a.swap_space, seed=a.seed)  # fmt: skip
+                    preemption=a.preemption, swap_space=a.swap_space, seed=a.seed, kv_dtype=a.kv_dtype)  # fmt: skip
     try:
         llm = LLM(a.model, **settings)
     except (TypeError, ValueError) as exc:
@@ -179,6 +181,9 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--block-size", type=int, default=RUN_DEFAULTS["block_size"],
                    help="tokens per KV block (default: %(default)s)")
     g.add_argument("--kv-blocks", type=int, help="KV pool size in blocks (default: just enough for this request)")
+    g.add_argument("--kv-dtype", default="auto", metavar="{auto,int8}",
+                   help="how the cache stores K/V: auto (the model's dtype) or int8 (8 bits and a float32 scale per "
+                   "token and KV head: ~3.8x the tokens of float32 in the same bytes) (default: %(default)s)")
     p.add_argument("--chrome-trace", metavar="PATH",
                    help="also write the engine's steps and the request's spans as a Chrome trace (JSON; open in "
                    "ui.perfetto.dev or chrome://tracing)")
@@ -199,6 +204,7 @@ def _choice(allowed: tuple[str, ...]):
 
 def _check_generate_args(a: argparse.Namespace) -> None:
     """The flag rules, each with its allowed range (the engine checks again; this gives CLI wording)."""
+    from reference.attention.quant import KV_DTYPES
     from reference.sampling import REPETITION_PENALTY_RANGE  # (imports torch: not at the top, --help stays quick)
 
     rules = [
@@ -232,6 +238,8 @@ def _check_generate_args(a: argparse.Namespace) -> None:
          "--logprobs / --prompt-logprobs without --json", "with --json only: the text output shows no log-probabilities"),
         (1 <= a.block_size <= 256, f"--block-size {a.block_size}", "an integer from 1 to 256"),
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
+        (a.kv_dtype in KV_DTYPES, f"--kv-dtype {a.kv_dtype!r}",
+         "auto (the model's dtype) or int8 (8-bit K/V with a scale per token and KV head)"),
         (a.model in ("smollm2", "gemma3", "random") or (Path(a.model) / "config.json").is_file(),
          f"--model {a.model!r} is not a checkpoint folder (no config.json)",
          "'smollm2', 'gemma3', 'random', or a local folder with a HF checkpoint"),
@@ -297,7 +305,7 @@ def _build_engine(a: argparse.Namespace):
                                     a.block_size, config.max_position_embeddings, spec)  # fmt: skip
     try:
         llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
-                              seed=a.seed)  # fmt: skip
+                              seed=a.seed, kv_dtype=a.kv_dtype)  # fmt: skip
     except (MemoryError, RuntimeError) as exc:  # torch's allocator: the pool does not fit this machine
         if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
             raise

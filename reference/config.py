@@ -9,6 +9,8 @@ size of the KV pool, the scheduler's mode, sequence cap, preemption, victim and 
     max_num_batched_tokens None     vLLM's offline LLM default: sim.config.default_max_num_batched_tokens with the
                                     device's budget (4096 on a CPU, 8192 or 16384 on a GPU)
     max_model_len None             the model's context
+    kv_dtype "auto"                 K/V in the model's dtype (the bit-exact cache); "int8": 8-bit K/V with a float32
+                                    scale per token and KV head (reference/attention/quant.py)
     device / dtype / backend None   the best the machine has (reference/executor.py)
 
 `EngineConfig(...)` checks every value that needs no model (types, ranges, vLLM's keywords that change nothing here):
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reference.attention.quant import check_kv_dtype
 from reference.sampling import check_bool, check_int, check_real
 from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS
 from sim.kv import POLICIES, takes_block_allocator
@@ -36,6 +39,7 @@ class EngineConfig:
     num_gpu_blocks: int | None = None  # the pool in blocks; None: from kv_budget_bytes or the device's memory
     kv_budget_bytes: int | None = None  # the pool in bytes (vLLM's kv_cache_memory_bytes is the same)
     gpu_memory_utilization: float | None = None  # the share of the GPU the model and pool may take, in (0, 1]
+    kv_dtype: str = "auto"  # "auto": the model's dtype; "int8": quantized K/V (reference.attention.quant)
     num_cpu_blocks: int = 0  # CPU swap space in blocks
     swap_space: float | None = None  # CPU swap space in GiB (vLLM's keyword), instead of num_cpu_blocks
     enable_prefix_caching: bool = False
@@ -95,6 +99,7 @@ class EngineConfig:
                 takes = ", ".join(p for p in POLICIES if takes_block_allocator(p))
                 raise ValueError(f"block_allocator: policy {self.policy!r} runs its own allocator (allowed with "
                                  f"block_allocator: {takes})")  # fmt: skip
+        check_kv_dtype(self.kv_dtype)
         checked["enable_prefix_caching"] = check_bool("enable_prefix_caching", self.enable_prefix_caching)
         if self.enable_chunked_prefill is not None:
             checked["enable_chunked_prefill"] = check_bool("enable_chunked_prefill", self.enable_chunked_prefill)

@@ -110,14 +110,15 @@ def use_one_cpu_thread(device: torch.device) -> None:
 
 def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torch.device,
                        num_gpu_blocks: int | None, kv_budget_bytes: int | None,
-                       gpu_memory_utilization: float | None = None) -> int:
+                       gpu_memory_utilization: float | None = None, kv_dtype: str = "auto") -> int:
     """The KV pool size in blocks: given, or from a byte budget, or the device's default: on a GPU,
     `gpu_memory_utilization` of its free memory (0.9 by default). As in vLLM, a block count or a byte budget
     overrides gpu_memory_utilization, and vLLM's CPU build ignores that keyword: so does this engine on the CPU.
     A given count or budget past `max_pool_blocks` is a ValueError saying what is allowed."""
     if num_gpu_blocks is not None and kv_budget_bytes is not None:
         raise ValueError("give at most one of num_gpu_blocks and kv_budget_bytes (kv_cache_memory_bytes)")
-    per_block = kv_bytes_per_block(config.num_layers, block_size, config.num_kv_heads, config.head_dim, dtype)
+    per_block = kv_bytes_per_block(config.num_layers, block_size, config.num_kv_heads, config.head_dim, dtype,
+                                   kv_dtype)  # an int8 kv_dtype: more blocks in the same bytes
     limit, most = max_pool_blocks(per_block, device)
     if num_gpu_blocks is not None:
         if num_gpu_blocks < 1:
@@ -126,7 +127,7 @@ def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torc
             raise ValueError(f"num_gpu_blocks {num_gpu_blocks:,} is more than {most} (allowed: 1 .. {limit:,})")
         return num_gpu_blocks
     shape = dict(num_layers=config.num_layers, block_size=block_size, num_kv_heads=config.num_kv_heads,
-                 head_dim=config.head_dim, dtype=dtype)
+                 head_dim=config.head_dim, dtype=dtype, kv_dtype=kv_dtype)
     if kv_budget_bytes is not None:
         if kv_budget_bytes > limit * per_block:
             raise ValueError(f"kv_budget_bytes (kv_cache_memory_bytes) {kv_budget_bytes:,} is more than {most} "

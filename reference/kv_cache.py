@@ -17,6 +17,11 @@ under every policy but `hybrid`. Under `hybrid` (sim/kv/hybrid.py) layers form g
 of pages, and, as vLLM lays out its hybrid allocator's memory, tensor t holds the t-th layer of EVERY group: page p
 of the pool is page p of each of the `size` tensors, whichever group holds it. Gemma 3 270M: 6 groups of 3 layers,
 3 tensors of `num_blocks` pages instead of 18 tensors, the same bytes.
+
+`kv_dtype="int8"` (reference/attention/quant.py) stores K and V as int8 with one float32 scale per token and KV head,
+`key_scales[layer]` / `value_scales[layer]` of shape [num_blocks, block_size, num_kv_heads] beside each pool; the
+scales travel with their blocks (copy-on-write, swapping). A block then costs head_dim + 4 bytes per token, head and
+K/V instead of head_dim * 4 (float32): more blocks in the same budget (`kv_bytes_per_block`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from reference.attention.quant import cache_dtype, check_kv_dtype, dequantize_int8, scale_bytes, SCALE_DTYPE
+
 if TYPE_CHECKING:
     from reference.models.config import ModelConfig
 
@@ -35,10 +42,11 @@ BlockPair = tuple[int, int]  # (src_block, dst_block), as sim.kv.base.BlockCopy
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype) -> int:
-    """Bytes one block id costs: K and V of `block_size` tokens in every layer."""
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+                       dtype: torch.dtype, kv_dtype: str = "auto") -> int:
+    """Bytes one block id costs: K and V of `block_size` tokens in every layer (`dtype`: the model's; an int8
+    `kv_dtype` stores head_dim bytes plus a float32 scale per token and head instead)."""
+    element_size = torch.empty((), dtype=cache_dtype(kv_dtype, dtype)).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * (head_dim * element_size + scale_bytes(kv_dtype))
 
 
 def free_device_memory_bytes(device: torch.device | str) -> int:
@@ -94,9 +102,10 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 *, num_cpu_blocks: int = 0, fill_nan: bool = False, layout: KVLayout | None = None) -> None:
+                 *, num_cpu_blocks: int = 0, fill_nan: bool = False, layout: KVLayout | None = None,
+                 kv_dtype: str = "auto") -> None:
         """num_layers: the number of K (and V) tensors; `layout` maps model layers onto them (default: layer i
-        in tensor i, one group)."""
+        in tensor i, one group). dtype: the model's; kv_dtype "int8": int8 pools with scales (module docstring)."""
         for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if value < 1:
@@ -108,7 +117,9 @@ class KVCache:
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.dtype = dtype
+        self.kv_dtype = check_kv_dtype(kv_dtype)
+        self.dtype = dtype  # the model's (the queries'); the pools' own is cache_dtype
+        self.cache_dtype = cache_dtype(kv_dtype, dtype)
         self.device = torch.device(device)
         self.num_cpu_blocks = num_cpu_blocks
         self.layout = layout or KVLayout.one_group(num_layers)
@@ -116,17 +127,39 @@ class KVCache:
             raise ValueError(f"the layout uses {self.layout.num_tensors} tensors, the cache has {num_layers}")
         # NOTE: fill_nan (for tests and debugging) makes a read of a never-written slot poison the
         # output; otherwise memory is zeroed, which hides such a bug behind plausible numbers.
+        # An int8 pool cannot hold NaN: there the scales are NaN, so a never-written slot still reads as NaN.
         fill = float("nan") if fill_nan else 0.0
+        cache_fill = 0 if self.quantized else fill
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.key_caches = [torch.full(shape, fill, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.value_caches = [torch.full(shape, fill, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        dtype = self.cache_dtype
+        self.key_caches = [torch.full(shape, cache_fill, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.value_caches = [torch.full(shape, cache_fill, dtype=dtype, device=self.device)
+                             for _ in range(num_layers)]
         # Pinned host memory lets CUDA copy to and from it with DMA; it only exists with CUDA.
         pin = self.device.type == "cuda"
         cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, head_dim)
-        self.cpu_key_caches = [torch.full(cpu_shape, fill, dtype=dtype, pin_memory=pin)
+        self.cpu_key_caches = [torch.full(cpu_shape, cache_fill, dtype=dtype, pin_memory=pin)
                                for _ in range(num_layers)]
-        self.cpu_value_caches = [torch.full(cpu_shape, fill, dtype=dtype, pin_memory=pin)
+        self.cpu_value_caches = [torch.full(cpu_shape, cache_fill, dtype=dtype, pin_memory=pin)
                                  for _ in range(num_layers)]
+        # int8: one float32 scale per token and KV head beside each pool (none for a float cache)
+        layers = range(num_layers if self.quantized else 0)
+        self.key_scales = [torch.full(shape[:3], fill, dtype=SCALE_DTYPE, device=self.device) for _ in layers]
+        self.value_scales = [torch.full(shape[:3], fill, dtype=SCALE_DTYPE, device=self.device) for _ in layers]
+        self.cpu_key_scales = [torch.full(cpu_shape[:3], fill, dtype=SCALE_DTYPE, pin_memory=pin) for _ in layers]
+        self.cpu_value_scales = [torch.full(cpu_shape[:3], fill, dtype=SCALE_DTYPE, pin_memory=pin) for _ in layers]
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the pools hold int8 K/V with scales (kv_dtype "int8")."""
+        return self.kv_dtype == "int8"
+
+    def scales(self, tensor: int) -> dict[str, torch.Tensor]:
+        """The attention operations' scale keywords for cache tensor `tensor`: {} for a float cache, else
+        {"k_scale": ..., "v_scale": ...}."""
+        if not self.quantized:
+            return {}
+        return {"k_scale": self.key_scales[tensor], "v_scale": self.value_scales[tensor]}
 
     @classmethod
     def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int,
@@ -138,13 +171,13 @@ class KVCache:
     @property
     def bytes_per_block(self) -> int:
         return kv_bytes_per_block(self.num_layers, self.block_size, self.num_kv_heads, self.head_dim,
-                                  self.dtype)
+                                  self.dtype, self.kv_dtype)
 
     @staticmethod
     def num_blocks_for_budget(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                               dtype: torch.dtype, *, budget_bytes: int | None = None,
                               fraction_of_free_memory: float | None = None,
-                              device: torch.device | str = "cpu") -> int:
+                              device: torch.device | str = "cpu", kv_dtype: str = "auto") -> int:
         """How many blocks fit in a byte budget, given directly or as a fraction of free device memory.
 
         Raises ValueError when the budget cannot hold a single block (a cache of 0 blocks serves nothing).
@@ -157,7 +190,7 @@ class KVCache:
             budget_bytes = int(fraction_of_free_memory * free_device_memory_bytes(device))
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
-        per_block = kv_bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        per_block = kv_bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype, kv_dtype)
         if budget_bytes < per_block:
             raise ValueError(
                 f"a KV budget of {budget_bytes} bytes holds no block: one block of {block_size} tokens "
@@ -171,7 +204,7 @@ class KVCache:
         src, dst = self._indices(pairs, self.num_blocks, self.num_blocks, "copy_blocks")
         if src is None:
             return
-        for cache in (*self.key_caches, *self.value_caches):
+        for cache in (*self.key_caches, *self.value_caches, *self.key_scales, *self.value_scales):
             # The right-hand side gathers all sources before any write, so a dst that is also
             # another pair's src still yields that src's *old* contents.
             cache[dst] = cache[src]
@@ -193,8 +226,9 @@ class KVCache:
             gpu[dst] = cpu[src.cpu()].to(self.device)
 
     def _device_and_cpu_pools(self):
-        """(device tensor, CPU tensor) for the K and the V pool of every layer."""
-        return zip((*self.key_caches, *self.value_caches), (*self.cpu_key_caches, *self.cpu_value_caches))
+        """(device tensor, CPU tensor) for the K and the V pool of every layer (and their scales, int8)."""
+        return zip((*self.key_caches, *self.value_caches, *self.key_scales, *self.value_scales),
+                   (*self.cpu_key_caches, *self.cpu_value_caches, *self.cpu_key_scales, *self.cpu_value_scales))
 
     def _indices(self, pairs: Sequence[BlockPair], num_src: int, num_dst: int, what: str
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -215,11 +249,16 @@ class KVCache:
     def read_tokens(self, layer: int, block_table: Sequence[int], num_tokens: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a sequence's first `num_tokens` tokens, gathered through its block table:
-        each [num_tokens, num_kv_heads, head_dim]. For tests and notebooks (slow, copies)."""
+        each [num_tokens, num_kv_heads, head_dim] (an int8 cache's dequantized, float32). For tests and notebooks
+        (slow, copies)."""
         needed = -(-num_tokens // self.block_size)
         if len(block_table) < needed:
             raise ValueError(f"{num_tokens} tokens need {needed} blocks, the block table has {len(block_table)}")
         blocks = torch.tensor(list(block_table[:needed]), dtype=torch.int64, device=self.device)
         keys = self.key_caches[layer][blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
         values = self.value_caches[layer][blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
+        if self.quantized:
+            keys = dequantize_int8(keys, self.key_scales[layer][blocks].reshape(-1, self.num_kv_heads)[:num_tokens])
+            values = dequantize_int8(values,
+                                     self.value_scales[layer][blocks].reshape(-1, self.num_kv_heads)[:num_tokens])
         return keys, values

@@ -44,13 +44,16 @@ def sliding_pattern(config: ModelConfig) -> int | None:
     return pattern
 
 
-def model_spec(config: ModelConfig, dtype: torch.dtype, name: str = "engine model") -> ModelSpec:
-    """The checkpoint as the simulator's KV managers see it."""
+def model_spec(config: ModelConfig, dtype: torch.dtype, name: str = "engine model", kv_dtype: str = "auto"
+               ) -> ModelSpec:
+    """The checkpoint as the simulator's KV managers see it (`kv_dtype`: the engine's, whose bytes per token the
+    simulator's table of the same name gives: sim.specs.KV_CACHE_DTYPES)."""
     pattern = sliding_pattern(config)
     return ModelSpec(name, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
                      config.head_dim, config.intermediate_size, config.vocab_size, num_params(config),
                      config.max_position_embeddings, torch.empty((), dtype=dtype).element_size(),
-                     sliding_window=config.sliding_window if pattern else None, sliding_window_pattern=pattern)
+                     sliding_window=config.sliding_window if pattern else None, sliding_window_pattern=pattern,
+                     kv_dtype=kv_dtype)
 
 
 def kv_layout(config: ModelConfig, kv_manager) -> KVLayout:

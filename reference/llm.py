@@ -55,7 +55,7 @@ class LLM(LLMEngine):
                  gpu_memory_utilization: float | None = D.gpu_memory_utilization,
                  kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
                  enforce_eager: bool = D.enforce_eager, tensor_parallel_size: int = D.tensor_parallel_size,
-                 trust_remote_code: bool = D.trust_remote_code) -> None:
+                 trust_remote_code: bool = D.trust_remote_code, kv_dtype: str = D.kv_dtype) -> None:
         """vLLM's keywords, each with its default in one place (reference/config.py, EngineConfig: the scheduler's
         and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded."""
         c = self.engine_config = EngineConfig(
@@ -67,7 +67,7 @@ class LLM(LLMEngine):
             preemption=preemption, victim=victim, max_model_len=max_model_len, device=device, dtype=dtype,
             backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
-            block_allocator=block_allocator)  # every value checked
+            block_allocator=block_allocator, kv_dtype=kv_dtype)  # every value checked
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
@@ -90,12 +90,14 @@ class LLM(LLMEngine):
         self.max_model_len = c.max_model_len or context
         if not 2 <= self.max_model_len <= context:
             raise ValueError(f"max_model_len must be in [2, {context}] (the model context), got {c.max_model_len}")
+        self.kv_dtype = c.kv_dtype
         num_blocks = ex.num_gpu_blocks_for(self.config, c.block_size, self.dtype, self.device, c.num_gpu_blocks,
-                                           c.kv_budget_bytes, c.gpu_memory_utilization)
+                                           c.kv_budget_bytes, c.gpu_memory_utilization, c.kv_dtype)
         num_cpu_blocks = self._cpu_pool_blocks(c.block_size, c.num_cpu_blocks, c.swap_space)
         self.block_size = c.block_size
         # the model as the KV managers see it: hybrid groups its full and sliding-window layers (Gemma 3)
-        spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model")
+        spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model",
+                          c.kv_dtype)
         check_model(c.policy, spec)
         self.kv_manager = make_kv_manager(c.policy, num_blocks * c.block_size, block_size=c.block_size,
                                           max_seq_len=self.max_model_len, enable_prefix_caching=c.enable_prefix_caching,
@@ -124,7 +126,7 @@ class LLM(LLMEngine):
         layout = kv_layout(self.config, self.kv_manager)
         self.kv_cache = KVCache(layout.num_tensors, self.kv_manager.num_blocks, c.block_size, self.config.num_kv_heads,
                                 self.config.head_dim, self.dtype, self.device, num_cpu_blocks=num_cpu_blocks,
-                                layout=layout)
+                                layout=layout, kv_dtype=c.kv_dtype)
         self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend, self.kv_manager.group_tables)
         super().__init__(self.scheduler, self.executor, self.config, self.tokenizer, seed=c.seed)
 
@@ -134,7 +136,7 @@ class LLM(LLMEngine):
         if swap_space is None and num_cpu_blocks == 0:
             return 0
         per_block = kv_bytes_per_block(self.config.num_layers, block_size, self.config.num_kv_heads,
-                                       self.config.head_dim, self.dtype)
+                                       self.config.head_dim, self.dtype, self.kv_dtype)
         limit, most = ex.max_pool_blocks(per_block, "cpu")
         if swap_space is None:
             if num_cpu_blocks > limit:

@@ -3,6 +3,10 @@
 vLLM paper section 6.1 / Table 1: OPT-13B on one A100-40GB leaves "12 GB" for the KV cache, 800 KB per
 token, i.e. about 15.7K token slots; OPT-66B on 4 x A100 9.7K; OPT-175B on 8 x A100-80GB 60.1K.
 `kv_capacity_tokens` reproduces those numbers with vLLM's own rule (see there).
+
+A KV cache in 8 bits (vLLM's `--kv-cache-dtype fp8`, the reference engine's `kv_dtype="int8"`) stores each token in
+about half the bytes: `ModelSpec.kv_dtype` names one of `KV_CACHE_DTYPES`, and `kv_bytes_per_token` (so the pool's
+token slots, the cost model's K/V traffic and a swap's bytes) follows it; the weights keep `dtype_bytes`.
 """
 from __future__ import annotations
 
@@ -33,6 +37,28 @@ class GPUSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class KVCacheDtype:
+    """How one token's K (or V) of one KV head is stored: `head_dim` elements of `element_bytes` each, plus
+    `scale_bytes` of quantization scale."""
+
+    name: str
+    element_bytes: int | None  # None: the model's dtype_bytes ("auto")
+    scale_bytes: int  # per token and KV head, for K and for V alike (0: no per-token scale)
+    note: str  # what it is, for the refusal's "allowed" and the docs
+
+
+# NOTE: "fp8" follows vLLM's fp8 KV cache (e4m3/e5m2), whose scale is one number per layer (k_scale, v_scale), so
+# it costs no bytes per token; "int8" is the reference engine's scheme (reference/attention/quant.py: a float32
+# scale per token and KV head, 4 bytes beside head_dim int8s; why per token, not per block, is said there).
+KV_CACHE_DTYPES = {
+    "auto": KVCacheDtype("auto", None, 0, "the model's dtype (2 bytes for the fp16 specs here)"),
+    "fp16": KVCacheDtype("fp16", 2, 0, "16-bit K/V (fp16 or bf16)"),
+    "fp8": KVCacheDtype("fp8", 1, 0, "8-bit floats, one scale per layer (vLLM's fp8)"),
+    "int8": KVCacheDtype("int8", 1, 4, "8-bit integers, a float32 scale per token and KV head (the engine's)"),
+}
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str
     num_layers: int
@@ -51,6 +77,7 @@ class ModelSpec:
     # None: every layer is full attention.
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
+    kv_dtype: str = "auto"  # how the KV cache stores a token: a name of KV_CACHE_DTYPES ("auto": dtype_bytes)
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -68,6 +95,9 @@ class ModelSpec:
             raise ValueError(f"ModelSpec {self.name}: sliding_window {self.sliding_window} must be from 1 to less than "
                              f"the context of {self.max_seq_len} tokens (a window covering the context is full "
                              "attention)")  # fmt: skip
+        if self.kv_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"ModelSpec {self.name}: kv_dtype {self.kv_dtype!r} (allowed: "
+                             + "; ".join(f"{k}: {d.note}" for k, d in KV_CACHE_DTYPES.items()) + ")")
         if self.sliding_window_pattern is not None and not 2 <= self.sliding_window_pattern <= self.num_layers:
             raise ValueError(f"ModelSpec {self.name}: sliding_window_pattern {self.sliding_window_pattern} must be "
                              f"from 2 to num_layers {self.num_layers} (one full-attention layer in every that "
@@ -84,9 +114,18 @@ class ModelSpec:
         return self.num_layers - self.num_full_layers
 
     @property
+    def kv_head_bytes(self) -> int:
+        """One token's K (or V) of one KV head in one layer: head_dim * element bytes + its scale's bytes
+        (kv_dtype "auto": head_dim * dtype_bytes; "int8": head_dim + 4)."""
+        kv = KV_CACHE_DTYPES[self.kv_dtype]
+        element = self.dtype_bytes if kv.element_bytes is None else kv.element_bytes
+        return self.head_dim * element + kv.scale_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of one token in every layer: 2 * layers * kv_heads * head_dim * dtype_bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of one token in every layer: 2 * layers * kv_heads * kv_head_bytes (with kv_dtype "auto",
+        2 * layers * kv_heads * head_dim * dtype_bytes)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.kv_head_bytes
 
     @property
     def weight_bytes(self) -> int:

@@ -18,6 +18,7 @@ import os
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CACHE_DTYPES = FLOAT_DTYPES + (torch.int8,)  # int8: the 8-bit cache of reference.attention.quant, with scales
 
 
 def interpreting() -> bool:
@@ -55,9 +56,9 @@ def check_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
         raise ValueError(
             f"value_cache shape {tuple(value_cache.shape)} must equal key_cache shape {tuple(key_cache.shape)}"
         )
-    if key_cache.dtype not in FLOAT_DTYPES or value_cache.dtype != key_cache.dtype:
+    if key_cache.dtype not in CACHE_DTYPES or value_cache.dtype != key_cache.dtype:
         raise ValueError(
-            f"caches must share one dtype out of (float32, float16, bfloat16), "
+            f"caches must share one dtype out of (float32, float16, bfloat16, int8), "
             f"got key_cache {key_cache.dtype} and value_cache {value_cache.dtype}"
         )
     # NOTE: the kernels take one set of cache strides for K and V (fewer arguments); both caches are
@@ -94,9 +95,29 @@ def check_heads(query: torch.Tensor, key_cache: torch.Tensor) -> int:
         raise ValueError(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) (GQA)"
         )
-    if query.dtype != key_cache.dtype:
+    if query.dtype != key_cache.dtype and key_cache.dtype != torch.int8:  # an int8 cache serves any float query
         raise ValueError(f"query dtype {query.dtype} must equal the cache dtype {key_cache.dtype}")
     return num_heads // num_kv_heads
+
+
+def check_kv_scales(key_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
+    """An int8 cache comes with its scales (reference.attention.quant): ``[num_blocks, block_size, num_kv_heads]``
+    float32 each, on the caches' device, with the same strides (the kernels take one set); a float cache with none."""
+    if key_cache.dtype != torch.int8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale / v_scale belong to an int8 cache, got them with a {key_cache.dtype} cache")
+        return
+    expected = tuple(key_cache.shape[:3])
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            raise ValueError(f"an int8 cache needs {name} [num_blocks, block_size, num_kv_heads] float32, got None")
+        check_tensor(name, t, 3, (torch.float32,), key_cache.device)
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must be [num_blocks, block_size, num_kv_heads] = {list(expected)}, "
+                             f"got {list(t.shape)}")
+    if v_scale.stride() != k_scale.stride():
+        raise ValueError(f"k_scale and v_scale must have the same strides, got {k_scale.stride()} and "
+                         f"{v_scale.stride()}")
 
 
 def check_scale(scale: float) -> float:

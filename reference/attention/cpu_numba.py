@@ -36,6 +36,11 @@ box, the bench workload in bfloat16 at 1 thread (cProfile): ``torch_batched``'s 
 backend on a CPU for float32 and bfloat16 models and ``torch_batched`` otherwise (float16). The first call compiles
 the kernel (~2 s; once per cache dtype); ``cache=True`` keeps the machine code on disk (numba's cache next to this
 file, or NUMBA_CACHE_DIR), so later processes load it.
+
+An int8 cache (reference.attention.quant) is read in place too: each key row's dot product with the query is
+multiplied by that row's scale once (``q . (s k) = s (q . k)``), and each value row's probability by its scale before
+the row is accumulated, so the int8 rows are never copied. numba compiles one version per argument type: with no
+scales (``None``) ``_row_scale`` is the constant 1.0, which LLVM folds away (the float version is unchanged).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ try:
 except ImportError:  # numba is a dependency of the project; without it the engine uses torch_batched
     numba = overload = None
 
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the model's dtypes this kernel serves (and int8 caches for them)
 
 
 def _to_float32(x):
@@ -72,10 +77,26 @@ if numba is not None:
     @overload(_to_float32, inline="always")
     def _to_float32_typed(x):
         """float32: itself. A 16-bit word (a bfloat16 cache viewed as uint16): its bits moved to the high half of a
-        float32, the low half zero, which is the bfloat16's exact value (bfloat16 is float32 cut to 16 bits)."""
-        if isinstance(x, numba.types.Integer):
+        float32, the low half zero, which is the bfloat16's exact value (bfloat16 is float32 cut to 16 bits). An int8
+        (an int8 cache's element): its value, exactly (its scale is applied per row by the kernel)."""
+        if isinstance(x, numba.types.Integer) and x.bitwidth == 16:
             return lambda x: np.uint32(np.uint32(x) << np.uint32(16)).view(np.float32)
+        if isinstance(x, numba.types.Integer):
+            return lambda x: np.float32(x)
         return lambda x: x
+
+
+def _row_scale(scales, block, offset, kv_head):
+    """The scale of one cached row (an int8 cache's), or 1.0 without scales (numba picks the version below)."""
+    return scales[block, offset, kv_head]
+
+
+if numba is not None:
+    @overload(_row_scale, inline="always")
+    def _row_scale_typed(scales, block, offset, kv_head):
+        if isinstance(scales, numba.types.NoneType):
+            return lambda scales, block, offset, kv_head: np.float32(1.0)
+        return lambda scales, block, offset, kv_head: scales[block, offset, kv_head]
 
 
 # NOTE: numba's parallel loop hands each thread an equal share of the *iterations*; with sequences of 20 and 190
@@ -131,7 +152,8 @@ def _balance(seq_lens, num_workers):
     return order, starts
 
 
-def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, out, order, starts, window):
+def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, out, order, starts, window,
+                   k_scale, v_scale):
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -152,11 +174,12 @@ def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale,
                 block = block_tables[s, j]
                 for o in range(max(0, first - j * block_size), min(block_size, seq_len - j * block_size)):
                     for kv_head in range(num_kv_heads):
+                        row_scale = _row_scale(k_scale, block, o, kv_head) * scale  # an int8 row's scale, or 1
                         for head in range(kv_head * group, (kv_head + 1) * group):
                             dot = np.float32(0.0)
                             for d in range(head_dim):
                                 dot += query[s, head, d] * _to_float32(key_cache[block, o, kv_head, d])
-                            scores[head, j * block_size + o - first] = dot * scale
+                            scores[head, j * block_size + o - first] = dot * row_scale
             inv_total = np.empty(num_heads, np.float32)
             for head in range(num_heads):  # softmax numerators (max subtracted first) and 1 / their sum
                 top = np.float32(-np.inf)
@@ -173,8 +196,9 @@ def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale,
                 block = block_tables[s, j]
                 for o in range(max(0, first - j * block_size), min(block_size, seq_len - j * block_size)):
                     for kv_head in range(num_kv_heads):
+                        row_scale = _row_scale(v_scale, block, o, kv_head)
                         for head in range(kv_head * group, (kv_head + 1) * group):
-                            p = scores[head, j * block_size + o - first]
+                            p = scores[head, j * block_size + o - first] * row_scale
                             for d in range(head_dim):
                                 acc[head, d] += p * _to_float32(value_cache[block, o, kv_head, d])
             for head in range(num_heads):
@@ -218,6 +242,8 @@ def paged_decode_attention_numba(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim] in the query's dtype
     """One new query token per sequence over its ``seq_lens[i]`` cached tokens (the last ``window`` of them when
     given), read through the block table.
@@ -226,14 +252,19 @@ def paged_decode_attention_numba(
     columns) through torch_batched's once-per-step plan: the kernel itself does not bounds-check."""
     if not available():
         raise ValueError("backend 'numba' needs the numba package (pip install numba), or use 'torch_batched'")
+    quantized = key_cache.dtype == torch.int8  # an int8 cache of a float32 or bfloat16 model
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in CACHE_DTYPES or t.dtype != key_cache.dtype or t.device.type != "cpu":
+        if quantized and name != "query":
+            continue
+        if t.dtype not in CACHE_DTYPES or (t.dtype != key_cache.dtype and not quantized) or t.device.type != "cpu":
             raise ValueError(f"backend 'numba' runs float32 or bfloat16 CPU tensors of one dtype, got {name} of "
                              f"{t.dtype} on {t.device} (caches of {key_cache.dtype}; allowed: torch_batched for "
                              "other dtypes)")
+    out_dtype = query.dtype
     if key_cache.dtype == torch.bfloat16:  # the caches' raw words, widened in the kernel (see _to_float32)
-        query = query.float()
         key_cache, value_cache = key_cache.view(torch.uint16), value_cache.view(torch.uint16)
+    query = query.float()  # (a float32 query: itself)
+    scales = (k_scale.contiguous().numpy(), v_scale.contiguous().numpy()) if quantized else (None, None)
     out = torch.empty(query.shape, dtype=torch.float32)
     if query.shape[0]:
         with keep_torch_threads():
@@ -244,5 +275,5 @@ def paged_decode_attention_numba(
             order, starts = balance(lens if window is None else np.minimum(lens, window), threads)  # work: spans
             kernel(query.contiguous().numpy(), key_cache.numpy(), value_cache.numpy(),
                    block_tables.contiguous().numpy(), lens, np.float32(scale), out.numpy(), order, starts,
-                   window or 0)
-    return out if key_cache.dtype != torch.uint16 else out.to(torch.bfloat16)
+                   window or 0, *scales)
+    return out if out_dtype == torch.float32 else out.to(out_dtype)

@@ -38,6 +38,10 @@ about the window, not the whole context (a window of 512 in a 4,096-token sequen
 What every layer of a step shares (the gather's block ids, the masks, the checks of the block tables) is
 computed once per step: see ``_memo``.
 
+An int8 cache (reference.attention.quant): the store quantizes in one vectorized pass and scatters the scales
+beside the rows; decode and prefill gather the int8 blocks (a quarter of the float32 bytes) and their scales through
+the same block ids, and dequantize the gathered copy before the matmuls.
+
 NOTE: like the oracle, these functions check tensor *values* (slots and block ids in range, seq_lens
 within the block tables), which costs a few device-to-host reads per step: nothing on a CPU, syncs on
 a GPU, where the Triton kernels are the fast path anyway.
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import torch
 
+from .quant import dequantize_int8, quantize_int8
 from .torch_ref import packed_query_lens, window_start
 
 # NOTE: a group of sequences is padded to its longest query and longest context, so it computes (and
@@ -67,8 +72,11 @@ def store_kv_batched(
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64; slot < 0 means "skip this token"
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write token ``t``'s K/V into cache slot ``slot_mapping[t]`` (in place), all tokens in one scatter."""
+    """Write token ``t``'s K/V into cache slot ``slot_mapping[t]`` (in place), all tokens in one scatter (quantized,
+    with their scales, into an int8 cache)."""
     num_blocks, block_size = key_cache.shape[:2]
     num_slots = num_blocks * block_size
     if slot_mapping.numel() and int(slot_mapping.max()) >= num_slots:
@@ -80,6 +88,8 @@ def store_kv_batched(
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     block, offset = slot_mapping // block_size, slot_mapping % block_size  # [num_kept] each
+    if k_scale is not None:
+        (key, k_scale[block, offset]), (value, v_scale[block, offset]) = quantize_int8(key), quantize_int8(value)
     key_cache[block, offset] = key
     value_cache[block, offset] = value
 
@@ -224,13 +234,20 @@ def _decode_group(
     kbuf: torch.Tensor,  # [n * num_cols, block_size, num_kv_heads, head_dim], the cache's dtype: gather space
     vbuf: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [n, num_heads, head_dim] float32
     """Decode attention for one group of sequences, padded to the group's longest block count."""
     n, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     group, length = num_heads // num_kv_heads, invalid.shape[1]
-    keys = torch.index_select(key_cache, 0, blocks, out=kbuf).view(n, length, num_kv_heads, head_dim).float()
-    values = torch.index_select(value_cache, 0, blocks, out=vbuf).view(n, length, num_kv_heads, head_dim).float()
+    keys = torch.index_select(key_cache, 0, blocks, out=kbuf).view(n, length, num_kv_heads, head_dim)
+    values = torch.index_select(value_cache, 0, blocks, out=vbuf).view(n, length, num_kv_heads, head_dim)
+    if k_scale is None:
+        keys, values = keys.float(), values.float()
+    else:  # the gathered int8 copy times its rows' scales, gathered by the same block ids
+        keys = dequantize_int8(keys, k_scale.index_select(0, blocks).view(n, length, num_kv_heads))
+        values = dequantize_int8(values, v_scale.index_select(0, blocks).view(n, length, num_kv_heads))
     values.masked_fill_(invalid[:, :, None, None], 0.0)  # a copy: unowned slots may hold NaN, and 0 * NaN = NaN
     q = (query.float() * scale).view(n, num_kv_heads, group, head_dim)
     scores = query.new_empty((num_kv_heads, n, group, length), dtype=torch.float32)
@@ -252,6 +269,8 @@ def paged_decode_attention_batched(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included), or to the
     last ``window`` of them."""
@@ -264,7 +283,7 @@ def paged_decode_attention_batched(
     out = torch.empty_like(query)
     for idx, blocks, invalid, empty, kbuf, vbuf in plan:
         q = query if idx is None else query.index_select(0, idx)
-        group_out = _decode_group(q, key_cache, value_cache, blocks, invalid, kbuf, vbuf, scale)
+        group_out = _decode_group(q, key_cache, value_cache, blocks, invalid, kbuf, vbuf, scale, k_scale, v_scale)
         if empty is not None:  # nothing to attend to: zeros, as the oracle
             group_out.masked_fill_(empty[:, None, None], 0.0)
         if idx is None:
@@ -307,6 +326,8 @@ def paged_prefill_attention_batched(
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens (each over its
     last ``window`` positions only, when given)."""
@@ -319,6 +340,9 @@ def paged_prefill_attention_batched(
     for start, end, lo, seq_len, blocks, mask in plan:
         keys = key_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len - lo]  # its own tokens
         values = value_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:seq_len - lo]
+        if k_scale is not None:  # an int8 cache: the rows times their scales
+            keys = dequantize_int8(keys, k_scale.index_select(0, blocks).view(-1, num_kv_heads)[:seq_len - lo])
+            values = dequantize_int8(values, v_scale.index_select(0, blocks).view(-1, num_kv_heads)[:seq_len - lo])
         # NOTE: 4-D inputs ([1, heads, tokens, D]): with 3-D ones torch's CPU SDPA took its unfused path, measured
         # 16.3 against 6.7-7.3 ms per layer for the bench workload's 64 prompts at 1 thread (scratch benchmark).
         attended = torch.nn.functional.scaled_dot_product_attention(

@@ -18,11 +18,16 @@ Sliding-window attention (Gemma 3's local layers, ``window=W``): a query at posi
 positions ``p - W + 1 .. p`` only. The oracle gathers just the positions some query reads, from the first
 query's window on: blocks before it may already be back in the pool (the hybrid KV manager frees them), so
 their table entries are placeholders that must never be read.
+
+An int8 cache (reference.attention.quant): ``store_kv_ref`` quantizes each token's heads and writes their scales;
+the attention functions gather the int8 rows and their scales the same way and dequantize before attending.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .quant import dequantize_int8, quantize_int8
 
 
 def store_kv_ref(
@@ -31,8 +36,11 @@ def store_kv_ref(
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64; slot < 0 means "skip this token"
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write token ``t``'s K/V into cache slot ``slot_mapping[t]`` (in place), one token at a time."""
+    """Write token ``t``'s K/V into cache slot ``slot_mapping[t]`` (in place), one token at a time (quantized,
+    with its scales, into an int8 cache)."""
     num_blocks, block_size = key_cache.shape[:2]
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:  # the skip sentinel (see reference.attention.store_kv)
@@ -42,8 +50,12 @@ def store_kv_ref(
                 f"slot_mapping[{t}] = {slot} is outside the cache (allowed: 0..{num_blocks * block_size - 1})"
             )
         block, offset = divmod(slot, block_size)
-        key_cache[block, offset] = key[t]
-        value_cache[block, offset] = value[t]
+        if k_scale is None:
+            key_cache[block, offset] = key[t]
+            value_cache[block, offset] = value[t]
+        else:
+            key_cache[block, offset], k_scale[block, offset] = quantize_int8(key[t])
+            value_cache[block, offset], v_scale[block, offset] = quantize_int8(value[t])
 
 
 def gather_kv(
@@ -67,6 +79,20 @@ def gather_kv(
         raise ValueError(f"block table entries must be in 0..{cache.shape[0] - 1}, got {blocks.tolist()}")
     tokens = cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])  # [blocks * block_size, H_kv, D]
     return tokens[first - skip * block_size : seq_len - skip * block_size]
+
+
+def gather_dequantized(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    cache_scale: torch.Tensor | None,  # [num_blocks, block_size, num_kv_heads] float32 (an int8 cache), or None
+    block_table: torch.Tensor,  # [max_blocks_per_seq] int32
+    seq_len: int,
+    first: int = 0,
+) -> torch.Tensor:  # [seq_len - first, num_kv_heads, head_dim]
+    """gather_kv, then for an int8 cache each row times its scale (gathered through the same table)."""
+    rows = gather_kv(cache, block_table, seq_len, first)
+    if cache_scale is None:
+        return rows
+    return dequantize_int8(rows, gather_kv(cache_scale[..., None], block_table, seq_len, first)[..., 0])
 
 
 def window_start(first_query: int, window: int | None) -> int:
@@ -111,6 +137,8 @@ def paged_decode_attention_ref(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One new query token per sequence attends to all ``seq_lens[i]`` cached tokens (itself included), or to
     the last ``window`` of them."""
@@ -119,8 +147,8 @@ def paged_decode_attention_ref(
         if seq_len == 0:  # nothing to attend to: zeros, as the Triton kernel does
             continue
         first = window_start(seq_len - 1, window)
-        keys = gather_kv(key_cache, block_tables[i], seq_len, first)
-        values = gather_kv(value_cache, block_tables[i], seq_len, first)
+        keys = gather_dequantized(key_cache, k_scale, block_tables[i], seq_len, first)
+        values = gather_dequantized(value_cache, v_scale, block_tables[i], seq_len, first)
         out[i] = _attend(query[i : i + 1], keys, values, scale, window, first)[0].to(query.dtype)
     return out
 
@@ -153,6 +181,8 @@ def paged_prefill_attention_ref(
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new tokens
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its cached prefix plus the new tokens (each over its
     last ``window`` positions only, when given)."""
@@ -163,7 +193,7 @@ def paged_prefill_attention_ref(
         if q_len == 0:
             continue
         first = window_start(seq_len - q_len, window)
-        keys = gather_kv(key_cache, block_tables[i], seq_len, first)
-        values = gather_kv(value_cache, block_tables[i], seq_len, first)
+        keys = gather_dequantized(key_cache, k_scale, block_tables[i], seq_len, first)
+        values = gather_dequantized(value_cache, v_scale, block_tables[i], seq_len, first)
         out[q_begin:q_end] = _attend(query[q_begin:q_end], keys, values, scale, window, first).to(query.dtype)
     return out

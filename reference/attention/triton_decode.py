@@ -32,6 +32,10 @@ A split whose range lies past the end of a short sequence is empty: ``lse_i = -i
 Sliding window (``window > 0``, Gemma 3's local layers): the query at position ``seq_len - 1`` reads positions
 ``seq_len - window .. seq_len - 1`` only, so every split starts no earlier than that; the table's entries before
 it (blocks the hybrid KV manager may have freed) are never loaded. A split wholly before it is empty.
+
+An int8 cache (``QUANTIZED``; reference.attention.quant): each gathered K and V row is loaded as int8 (a quarter of
+float32's bytes, half of bfloat16's: the cost of a memory-bound decode), widened and multiplied by its own scale
+(``key_scale[block, offset, head]``, gathered by the same addresses) before the dots.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ def _decode_kernel(
     query_ptr,  # [num_seqs, num_heads, head_dim]
     key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_scale_ptr,  # [num_blocks, block_size, num_kv_heads] float32 (QUANTIZED only)
+    value_scale_ptr,  # [num_blocks, block_size, num_kv_heads] float32 (QUANTIZED only)
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
     scale,  # softmax scale, usually 1/sqrt(head_dim)
@@ -99,6 +105,7 @@ def _decode_kernel(
     stride_os, stride_oh, stride_od,  # out strides (seq, head, dim)
     stride_cb, stride_cs, stride_ch, stride_cd,  # cache strides (block, slot, head, dim)
     stride_bts, stride_btb,  # block table strides (seq, block)
+    stride_sb, stride_ss, stride_sh,  # scale strides (block, slot, head)
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,  # >= 16, power of two
     GROUP: tl.constexpr,  # query heads per KV head
@@ -108,6 +115,7 @@ def _decode_kernel(
     IS_SPLIT: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # dtype tl.dot multiplies in (see triton_common.dot_config)
     DOT_PRECISION: tl.constexpr,
+    QUANTIZED: tl.constexpr,  # an int8 cache: each loaded row times its scale (compiled out otherwise)
 ):
     """Grid ``(num_seqs, num_kv_heads, num_splits)``: program (s, g, i) attends the GROUP query heads of
     KV head g of sequence s over token range i, with an online softmax (see the module docstring)."""
@@ -143,8 +151,16 @@ def _decode_kernel(
         offs_tok = physical_block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         kv_offs = offs_tok[:, None] + offs_d[None, :] * stride_cd  # [TILE, HEAD_DIM_PAD]
         kv_mask = valid[:, None] & mask_d[None, :]
-        k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [TILE, HEAD_DIM_PAD]
-        v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [TILE, HEAD_DIM_PAD]
+        if QUANTIZED:  # int8 rows times their scales (masked rows: 0 times 0)
+            s_offs = physical_block.to(tl.int64) * stride_sb + (pos % BLOCK_SIZE) * stride_ss + kv_head * stride_sh
+            k_row_scale = tl.load(key_scale_ptr + s_offs, mask=valid, other=0.0)  # [TILE]
+            v_row_scale = tl.load(value_scale_ptr + s_offs, mask=valid, other=0.0)  # [TILE]
+            k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0).to(tl.float32) * k_row_scale[:, None]
+            v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0).to(tl.float32) * v_row_scale[:, None]
+            k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)  # [TILE, HEAD_DIM_PAD]
+        else:
+            k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [TILE, HEAD_DIM_PAD]
+            v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [TILE, HEAD_DIM_PAD]
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, TILE]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # [GROUP_PAD]
@@ -220,6 +236,8 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,
     tuning: DecodeTuning | None = None,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Launch the decode kernel (and the merge kernel when split). Arguments checked by the caller."""
     tuning = tuning or DEFAULT_TUNING
@@ -244,14 +262,17 @@ def paged_decode_attention_triton(
     else:  # not read by the kernel; any tensor will do as a placeholder pointer
         part_out = part_lse = out
     head_dim_pad = next_pow2(head_dim, minimum=16)
+    quantized = k_scale is not None  # without scales: the caches as placeholder pointers, never read
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        out, part_out, part_lse, query, key_cache, value_cache, block_tables, seq_lens,
+        out, part_out, part_lse, query, key_cache, value_cache,
+        k_scale if quantized else key_cache, v_scale if quantized else value_cache, block_tables, seq_lens,
         scale, max_context, tokens_per_split, window or 0, num_heads, num_splits,
         *query.stride(), *out.stride(), *key_cache.stride(), *block_tables.stride(),
+        *(k_scale.stride() if quantized else (0, 0, 0)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         GROUP=group, GROUP_PAD=next_pow2(group, minimum=16),
         BLOCK_SIZE=block_size, TILE=tile, IS_SPLIT=is_split,
-        **dot_config(query.dtype), num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+        **dot_config(query.dtype), QUANTIZED=quantized, num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
     if is_split:
         _merge_splits_kernel[(num_seqs, num_heads)](

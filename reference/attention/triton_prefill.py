@@ -22,6 +22,9 @@ NOTE: ``cdiv(num_tokens, BLOCK_M)`` is an upper bound on any sequence's number o
 host knows without reading ``query_start_loc`` back from the GPU; programs past the end of their
 sequence's tokens do no work. Prefill is compute bound, so unlike decode each program serves one query
 head and simply re-reads its KV head (GQA) from cache.
+
+An int8 cache (``QUANTIZED``; reference.attention.quant): each gathered K and V row is widened and multiplied by its
+own scale, gathered by the same addresses, before the dots (as in the decode kernel).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def _prefill_kernel(
     query_ptr,  # [num_tokens, num_heads, head_dim]
     key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_scale_ptr,  # [num_blocks, block_size, num_kv_heads] float32 (QUANTIZED only)
+    value_scale_ptr,  # [num_blocks, block_size, num_kv_heads] float32 (QUANTIZED only)
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
@@ -53,6 +58,7 @@ def _prefill_kernel(
     stride_ot, stride_oh, stride_od,  # out strides (token, head, dim)
     stride_cb, stride_cs, stride_ch, stride_cd,  # cache strides (block, slot, head, dim)
     stride_bts, stride_btb,  # block table strides (seq, block)
+    stride_sb, stride_ss, stride_sh,  # scale strides (block, slot, head)
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,  # >= 16, power of two
     GROUP: tl.constexpr,  # query heads per KV head
@@ -61,6 +67,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # dtype tl.dot multiplies in (see triton_common.dot_config)
     DOT_PRECISION: tl.constexpr,
+    QUANTIZED: tl.constexpr,  # an int8 cache: each loaded row times its scale (compiled out otherwise)
 ):
     """Grid ``(num_seqs, num_heads, cdiv(num_tokens, BLOCK_M))``: program (s, h, t) computes causal
     attention for query rows t*BLOCK_M .. t*BLOCK_M + BLOCK_M - 1 of sequence s, head h."""
@@ -107,8 +114,16 @@ def _prefill_kernel(
         offs_tok = physical_block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         kv_offs = offs_tok[:, None] + offs_d[None, :] * stride_cd  # [BLOCK_N, HEAD_DIM_PAD]
         kv_mask = valid[:, None] & mask_d[None, :]
-        k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_N, HEAD_DIM_PAD]
-        v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_N, HEAD_DIM_PAD]
+        if QUANTIZED:  # int8 rows times their scales (masked rows: 0 times 0)
+            s_offs = physical_block.to(tl.int64) * stride_sb + (pos % BLOCK_SIZE) * stride_ss + kv_head * stride_sh
+            k_row_scale = tl.load(key_scale_ptr + s_offs, mask=valid, other=0.0)  # [BLOCK_N]
+            v_row_scale = tl.load(value_scale_ptr + s_offs, mask=valid, other=0.0)  # [BLOCK_N]
+            k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0).to(tl.float32) * k_row_scale[:, None]
+            v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0).to(tl.float32) * v_row_scale[:, None]
+            k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)  # [BLOCK_N, HEAD_DIM_PAD]
+        else:
+            k = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_N, HEAD_DIM_PAD]
+            v = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_N, HEAD_DIM_PAD]
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
         visible = visible & ((window <= 0) | (pos[None, :] > q_pos[:, None] - window))
@@ -137,6 +152,8 @@ def paged_prefill_attention_triton(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32: an int8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Launch the prefill kernel. Arguments checked by the caller."""
     check_triton_device(key_cache.device)
@@ -149,13 +166,16 @@ def paged_prefill_attention_triton(
     query_start_loc = query_start_loc.contiguous()  # NOTE: tiny index vectors; copying them is free
     seq_lens = seq_lens.contiguous()
     grid = (num_seqs, num_heads, triton.cdiv(num_tokens, BLOCK_M))
+    quantized = k_scale is not None  # without scales: the caches as placeholder pointers, never read
     _prefill_kernel[grid](
-        out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+        out, query, key_cache, value_cache, k_scale if quantized else key_cache,
+        v_scale if quantized else value_cache, block_tables, query_start_loc, seq_lens,
         scale, block_tables.shape[1] * block_size, window or 0,
         *query.stride(), *out.stride(), *key_cache.stride(), *block_tables.stride(),
+        *(k_scale.stride() if quantized else (0, 0, 0)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim, minimum=16),
         GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        **dot_config(query.dtype),
+        **dot_config(query.dtype), QUANTIZED=quantized,
     )
     return finish_output(out, query)

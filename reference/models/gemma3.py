@@ -153,15 +153,16 @@ class Gemma3ForwardModel(LlamaForwardModel):
         tensor, group = kv_cache.layout.layer_tensor[layer_index], kv_cache.layout.layer_group[layer_index]
         key_cache, value_cache = kv_cache.key_caches[tensor], kv_cache.value_caches[tensor]
         slot_mapping, prefill_tables, decode_tables = batch.tables(group)
-        store_kv(k, v, key_cache, value_cache, slot_mapping, backend=backend)
+        scales = kv_cache.scales(tensor)  # an int8 cache's (reference.attention.quant); {} for a float cache
+        store_kv(k, v, key_cache, value_cache, slot_mapping, backend=backend, **scales)
         n_pre, parts = batch.num_prefill_tokens, []
         if batch.prefill is not None:
             p = batch.prefill
             parts.append(paged_prefill_attention(q[:n_pre], key_cache, value_cache, prefill_tables, p.query_start_loc,
-                                                 p.seq_lens, self.scale, backend=backend, window=window))
+                                                 p.seq_lens, self.scale, backend=backend, window=window, **scales))
         if batch.decode is not None:
             parts.append(paged_decode_attention(q[n_pre:], key_cache, value_cache, decode_tables, batch.decode.seq_lens,
-                                                self.scale, backend=backend, window=window))
+                                                self.scale, backend=backend, window=window, **scales))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         return out.reshape(num_tokens, heads * cfg.head_dim)
 

@@ -186,13 +186,14 @@ class LlamaForwardModel:
         heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
         qkv = self.linear(x, w.qkv_proj, w.qkv_bias).view(num_tokens, heads + 2 * kv_heads, cfg.head_dim)
         key_cache, value_cache = kv_cache.key_caches[layer_index], kv_cache.value_caches[layer_index]
+        scales = kv_cache.scales(layer_index)  # an int8 cache's (reference.attention.quant); {} for a float cache
         # The cache stores K after RoPE, so a cached key never needs rotating again.
-        if self._fused(backend):  # rotate q and k and store k, v in one compiled loop (reference.models.cpu_fused)
+        if self._fused(backend) and not scales:  # rotate q and k, store k, v in one compiled loop (cpu_fused)
             q = cpu_fused.rope_store(qkv, cos, sin, heads, kv_heads, key_cache, value_cache, batch.slot_mapping)
-        else:
+        else:  # NOTE: an int8 cache quantizes in store_kv (torch_batched's vectorized pass under "numba")
             qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated together: [T, heads + kv, dim]
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # strided views; kernels take strides
-            store_kv(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend)
+            store_kv(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend, **scales)
 
         n_pre = batch.num_prefill_tokens
         window = cfg.layer_window(layer_index)  # Mistral's sliding window, else None
@@ -201,11 +202,11 @@ class LlamaForwardModel:
             p = batch.prefill
             parts.append(paged_prefill_attention(q[:n_pre], key_cache, value_cache, p.block_tables,
                                                  p.query_start_loc, p.seq_lens, self.scale, backend=backend,
-                                                 window=window))
+                                                 window=window, **scales))
         if batch.decode is not None:  # rows [n_pre, T): one query per sequence over its whole context
             d = batch.decode
             parts.append(paged_decode_attention(q[n_pre:], key_cache, value_cache, d.block_tables,
-                                                d.seq_lens, self.scale, backend=backend, window=window))
+                                                d.seq_lens, self.scale, backend=backend, window=window, **scales))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [T, num_heads, head_dim]
         return out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)
 
@@ -219,8 +220,8 @@ class LlamaForwardModel:
         cache = kv_cache.key_caches[0] if kv_cache.key_caches else None
         if not cpu_fused.available():
             raise ValueError("backend 'numba' needs the numba package (pip install numba), or use 'torch_batched'")
-        if self.dtype not in cpu_numba.CACHE_DTYPES or self.device.type != "cpu" or (
-                cache is not None and (cache.dtype != self.dtype or cache.device.type != "cpu")):
+        if self.dtype not in cpu_numba.CACHE_DTYPES or self.device.type != "cpu" or (cache is not None and (
+                cache.dtype not in (self.dtype, torch.int8) or cache.device.type != "cpu")):  # int8: kv_dtype
             raise ValueError(f"backend 'numba' runs float32 or bfloat16 models and caches on a CPU (model: "
                              f"{self.dtype} on {self.device}; allowed: torch_batched for other dtypes, triton on a "
                              "GPU)")

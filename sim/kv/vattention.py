@@ -76,7 +76,7 @@ def kv_bytes_per_token_per_buffer(model: ModelSpec, num_gpus: int = 1) -> Fracti
     them (it ignores the replication real tensor parallelism would need)."""
     if num_gpus < 1:
         raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")
-    return Fraction(model.num_kv_heads * model.head_dim * model.dtype_bytes, num_gpus)
+    return Fraction(model.num_kv_heads * model.kv_head_bytes, num_gpus)  # kv_head_bytes: head_dim x dtype_bytes
 
 
 def _kib(num_bytes: Fraction) -> str:
