@@ -98,6 +98,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     elif cost_model is not None:
         _check_cost_object(cost_model)
     model_spec, gpu_spec = get_model(c.model), get_gpu(c.gpu)
+    if c.kv_dtype != "auto":  # an 8-bit KV cache: fewer bytes per token for the pool, the K/V reads and swaps
+        model_spec = dataclasses.replace(model_spec, kv_dtype=c.kv_dtype)
     num_slots = c.kv_slots if c.kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, c.num_gpus)
     synthetic = requests is None and c.trace is None
     source = c.workload if synthetic else ("requests" if requests is not None else str(c.trace))
@@ -177,6 +179,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         "watermark": c.watermark, "max_num_batched_tokens": sched_config.max_num_batched_tokens,
         "enable_chunked_prefill": sched_config.chunked,
         "victim": function_name(c.victim), "jump": c.jump, "num_events": result.num_events, **notes,
+        **({"kv_dtype": c.kv_dtype} if c.kv_dtype != "auto" else {}),
         # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
         **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * c.num_gpus * 1024)}
            if pages_in_kib(c.policy) else {}),

@@ -29,7 +29,7 @@ from .pool_page import MAX_STEPS as POOL_PAGE_STEPS, STEPS_RANGE as POOL_PAGE_ST
 from .preemption import VICTIM_POLICIES
 from .config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, default_max_num_batched_tokens
 from .slots import ALLOCATORS
-from .specs import GPUS, MODELS
+from .specs import GPUS, KV_CACHE_DTYPES, MODELS
 from .workload import ARRIVALS, DATASETS
 
 BAR_WIDTH = 40  # characters of the memory bar chart for a share of 100%
@@ -97,6 +97,10 @@ def add_run_parser(sub) -> None:
     g.add_argument("--gpu", default=D["gpu"], metavar=_choices(GPUS), help="GPU spec (default: %(default)s)")
     g.add_argument("--num-gpus", type=int, default=D["num_gpus"], help="GPUs, tensor parallel (default: %(default)s)")
     g.add_argument("--kv-slots", type=int, help="KV pool size in token slots (default: what vLLM's 90%% memory rule leaves)")
+    g.add_argument("--kv-dtype", default=D["kv_dtype"], metavar=_choices(KV_CACHE_DTYPES),
+                   help="how the KV cache stores a token: auto (the model's 2 bytes), fp16, fp8 (1 byte) or int8 (1 "
+                   "byte + a 4-byte scale per token and KV head); the pool's token slots and the attention's K/V "
+                   "reads follow (default: %(default)s)")
     g.add_argument("--cost-model", metavar="FILE", help="price steps with a calibrated model (JSON from `python -m "
                    "reference calibrate`, measured on --model) instead of --gpu's roofline; --gpu then only sizes the pool")
     g = p.add_argument_group("workload")
@@ -200,6 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run(
         model=args.model, gpu=args.gpu, num_gpus=args.num_gpus, workload=args.workload, rate=args.rate,
         duration=args.duration, num_requests=args.num_requests, policy=args.policy, block_size=args.block_size,
+        kv_dtype=args.kv_dtype,
         page_kib=args.page_kib,
         seed=args.seed, n=args.n, beam_width=args.beam_width, prefix_len=args.prefix_len,
         num_prefixes=args.num_prefixes, preemption=args.preemption, swap_space_gib=args.swap_space, trace=args.trace,

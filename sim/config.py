@@ -28,7 +28,7 @@ from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_
 from .preemption import VICTIM_POLICIES, victim_policy
 from .request import Request
 from .slots import ALLOCATORS
-from .specs import GPUS, MODELS
+from .specs import GPUS, KV_CACHE_DTYPES, MODELS
 from .workload import ARRIVALS, DATASETS
 
 MODES = ("v1", "v0", "static")
@@ -143,6 +143,9 @@ class RunConfig:
     enable_prefix_caching: bool | None = _arg(None, "bool?")  # None: on for a shared prefix in a paged pool
     swap_space_gib: float = _arg(4.0, "real", 0, MAX_SWAP_GIB)  # CPU swap space per GPU (vLLM's default)
     watermark: float = _arg(0.01, "real", 0, 1)  # blocks kept free at admission (vLLM v0's block manager)
+    # how the KV cache stores a token (sim.specs.KV_CACHE_DTYPES): "auto" is the model's 2 bytes; the 8-bit ones
+    # shrink the bytes per token, so the pool's token slots and the cost model's K/V reads follow
+    kv_dtype: str = _arg("auto", "choice", choices=tuple(KV_CACHE_DTYPES))
     # the scheduler (defaults: SchedulerConfig's)
     scheduler: str = _arg(_S.mode, "choice", choices=MODES)
     max_num_seqs: int = _arg(_S.max_num_seqs, "int", 1, MAX_COUNT)

@@ -93,6 +93,8 @@ class RooflineCostModel:
     Modelling approximations: activations' memory traffic is ignored; attention FLOPs count one query per
     context token read, which is exact for decode and undercounts a prompt's quadratic term (p^2/2 query-key
     pairs instead of p) by at most p / (12 * hidden) of the linear FLOPs (< 4% for OPT-13B at p = 2048).
+    kv_bytes_per_token follows the model's kv_dtype (sim.specs: an 8-bit KV cache reads and writes about half the
+    bytes); quantizing and dequantizing K/V are taken as free, and the FLOPs do not change.
 
     Tensor parallelism over n = num_gpus GPUs (Megatron-LM, Shoeybi et al. 2019, section 3, as vLLM runs OPT-66B and
     -175B): each GPU holds 1/n of every weight matrix and of every token's K/V heads, so both sides of the max divide

@@ -23,6 +23,7 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     vattention_pages   -         vAttention's page size: from paging to contiguous reservation
     hybrid_memory      -         sliding-window layers (Gemma 3): the hybrid KV manager vs all layers as full
     memory_managers    -         every KV manager's breakdown and batch size; prefix hits vs block size, hashed vs radix
+    kv_dtype           -         an 8-bit KV cache vs 16-bit: token slots, batch size, latency and throughput vs rate
 
 The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
 with vLLM v1's.
@@ -39,6 +40,7 @@ from typing import Callable
 
 from ..outfiles import check_output_folder
 from ..sweep import PointResult, SweepError, Task, run_tasks
+from . import kv_dtype
 from . import ablations, chatbot, hybrid, managers, memory, pages, sampling, scheduling, sharing, throughput
 
 
@@ -65,6 +67,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("vattention_pages", pages.pages_tasks, pages.draw_pages),
     FigureSpec("hybrid_memory", hybrid.hybrid_tasks, hybrid.draw_hybrid),
     FigureSpec("memory_managers", managers.manager_tasks, managers.draw_managers),
+    FigureSpec("kv_dtype", kv_dtype.kv_dtype_tasks, kv_dtype.draw_kv_dtype),
 )}  # fmt: skip
 
 

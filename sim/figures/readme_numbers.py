@@ -18,6 +18,7 @@ The blocks, in README order (BLOCKS):
                                                      the numbers of the figure table's rows
     chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
+    kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
     peer             figures/peer_vllm.csv           this engine's speed against vLLM's
     peer-checks      figures/peer_vllm.csv           the same run's checks: greedy, beams, cold start, block pool
     gpu              figures/gpu_tests.txt, bench_attention_gpu.csv, bench_engine_gpu.csv   the H100 session
@@ -287,6 +288,30 @@ def bench_hybrid(f: Files) -> tuple[Table, ...]:
                    each("decode_seconds", "seconds in steps that only decode", lambda r: f"{seconds(r, False):.1f}")),)
 
 
+KV_DTYPE_LATENCY_RATE = 3.0  # req/s: kv_dtype's normalized latency is quoted at this rate (past 16-bit's knee)
+
+
+def kv_dtype(f: Files) -> tuple[Table, ...]:
+    """16-bit against 8-bit K/V in the same bytes (python -m sim figures --only kv_dtype)."""
+    top = max(float(r["rate"]) for r in f.rows("kv_dtype"))
+    at = {(r["kv_dtype"], float(r["rate"])): r for r in f.rows("kv_dtype")}
+
+    def row(key: str, label: str, column: str, rate: float, cell: Callable[[float], str]) -> tuple[str, ...]:
+        full, half = (float(at[d, rate][column]) for d in ("auto", "int8"))
+        return key, label, cell(full), cell(half), f"{half / full:.2f}x"
+
+    return (_table(f"OPT-13B on one A100-40GB, ShareGPT, the paper's v0 scheduler, the same KV bytes "
+                   f"(`figures/kv_dtype.csv`, {float(at['auto', top]['trace_duration_s']):g} s traces):",
+                   ("", "16-bit K/V", "8-bit K/V (int8 + scales)", "8-bit / 16-bit"),
+                   row("slots", "token slots", "num_kv_slots", top, lambda v: f"{v:,.0f}"),
+                   row("latency", f"normalized latency at {KV_DTYPE_LATENCY_RATE:g} req/s (s/token)",
+                       "normalized_latency_s_per_token", KV_DTYPE_LATENCY_RATE, lambda v: f"{v:.3f}"),
+                   row("batch", f"mean batched requests at {top:g} req/s", "mean_batch_size", top,
+                       lambda v: f"{v:.1f}"),
+                   row("throughput", f"throughput at {top:g} req/s offered (req/s)", "throughput_req_per_s", top,
+                       lambda v: f"{v:.2f}")),)  # fmt: skip
+
+
 def _peer(f: Files) -> dict[tuple[str, str, str], dict]:
     return {(r["section"], r["system"], r["threads"]): r for r in f.rows("peer_vllm")}
 
@@ -446,6 +471,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "figures": figure_rows,
     "chunked-prefill": chunked_prefill,
     "bench-hybrid": bench_hybrid,
+    "kv-dtype": kv_dtype,
     "peer": peer,
     "peer-checks": peer_checks,
     "gpu": gpu,
