@@ -12,13 +12,16 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     memory_timeline    -         the breakdown over time, same trace for every system
     memory_map         Figs. 3/6 the KV pool slot by slot at one moment, contiguous vs paged
     latency_vs_rate    Fig. 12   normalized latency vs request rate, ShareGPT and Alpaca
+    latency_vs_rate_tp Fig. 12   the same for OPT-66B on 4 GPUs and OPT-175B on 8 (tensor parallel, all-reduces priced)
     batch_size         Fig. 13   mean batched requests
     sampling_latency   Fig. 14   parallel sampling and beam search: normalized latency vs request rate
     sharing            Fig. 15   memory saved by sharing (parallel sampling, beam search)
     shared_prefix      Fig. 16   a shared few-shot prefix, with and without prefix caching
     chatbot            Fig. 17   a chatbot: conversation history as the prompt, latency vs request rate
+    paged_kernel_overhead Fig. 18a  the paged attention kernel's overhead per block size, MEASURED (a committed GPU CSV)
     block_size         Fig. 18b  block size: latency and memory
-    recompute_vs_swap  Fig. 19   preemption by recompute vs swap across block sizes
+    swap_recompute_cost   Fig. 19a  swap vs recompute of one sequence's KV per block size: the cost model's numbers
+    recompute_vs_swap  Fig. 19b  preemption by recompute vs swap across block sizes
     chunked_prefill    -         the paper's scheduler (v0) vs vLLM v1's chunked prefill: stalls and TTFT
     vattention_pages   -         vAttention's page size: from paging to contiguous reservation
     hybrid_memory      -         sliding-window layers (Gemma 3): the hybrid KV manager vs all layers as full
@@ -27,6 +30,8 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
 
 The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
 with vLLM v1's.
+
+A figure with no simulation points (the two microbenchmarks) is drawn before any simulation starts.
 
 `quick=True` shortens every trace and keeps a few points per curve (seconds per figure; the tests use it).
 """
@@ -42,6 +47,7 @@ from ..outfiles import check_output_folder
 from ..sweep import PointResult, SweepError, Task, run_tasks
 from . import kv_dtype
 from . import ablations, chatbot, hybrid, managers, memory, pages, sampling, scheduling, sharing, throughput
+from . import microbench, tensor_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +62,15 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("memory_timeline", memory.timeline_tasks, memory.draw_timeline),
     FigureSpec("memory_map", memory.map_tasks, memory.draw_map),
     FigureSpec("latency_vs_rate", throughput.latency_tasks, throughput.draw_latency),
+    FigureSpec("latency_vs_rate_tp", tensor_parallel.tp_tasks, tensor_parallel.draw_tp),
     FigureSpec("batch_size", throughput.batch_tasks, throughput.draw_batch),
     FigureSpec("sampling_latency", sampling.sampling_tasks, sampling.draw_sampling),
     FigureSpec("sharing", sharing.sharing_tasks, sharing.draw_sharing),
     FigureSpec("shared_prefix", sharing.prefix_tasks, sharing.draw_prefix),
     FigureSpec("chatbot", chatbot.chatbot_tasks, chatbot.draw_chatbot),
+    FigureSpec("paged_kernel_overhead", microbench.no_tasks, microbench.draw_kernel),
     FigureSpec("block_size", ablations.block_tasks, ablations.draw_block),
+    FigureSpec("swap_recompute_cost", microbench.no_tasks, microbench.draw_swap),
     FigureSpec("recompute_vs_swap", ablations.preemption_tasks, ablations.draw_preemption),
     FigureSpec("chunked_prefill", scheduling.chunked_tasks, scheduling.draw_chunked),
     FigureSpec("vattention_pages", pages.pages_tasks, pages.draw_pages),
@@ -123,6 +132,9 @@ def make_figures(names=None, outdir="figures", quick: bool = False, jobs: int | 
             if not pending[name]:
                 draw(name)
 
+    for name in names:  # nothing to simulate: drawn now
+        if not pending[name]:
+            draw(name)
     run_tasks(merged, jobs=jobs, progress=progress, desc="figure simulations", on_result=on_result)
     return written
 

@@ -33,6 +33,9 @@ NOTEBOOKS = ROOT / "notebooks"
 WALKTHROUGHS = sorted(NOTEBOOKS.glob("0*.ipynb"))
 INSTRUCTORS = NOTEBOOKS / "INSTRUCTORS.md"
 LEARN, PREDICT = "**You will learn**", "**Predict, then run.**"
+# NOTE: three questions per walkthrough is the norm; 05 asks a fourth, on the paper's other Fig. 12 setups (what tensor
+# parallelism costs), because those panels belong with its Fig. 12 and no other walkthrough reproduces the paper.
+MORE_PREDICTIONS = {"05_reproducing_the_paper": 4}
 ENGINE = "06_real_engine.ipynb"
 
 
@@ -160,7 +163,8 @@ def test_walkthrough_opens_with_three_to_five_objectives(path):
 def test_walkthrough_has_two_or_three_predictions_each_before_a_code_cell(path):
     nb = nbformat.read(path, as_version=4)
     questions = [i for i, cell in enumerate(nb.cells) if PREDICT in markdown(cell)]
-    assert 2 <= len(questions) <= 3, f"{path.name}: {len(questions)} '{PREDICT}' cells"
+    most = MORE_PREDICTIONS.get(path.stem, 3)
+    assert 2 <= len(questions) <= most, f"{path.name}: {len(questions)} '{PREDICT}' cells"
     for i in questions:
         assert markdown(nb.cells[i]).startswith(PREDICT) and "?" in markdown(nb.cells[i]), nb.cells[i].source
         assert i + 1 < len(nb.cells) and nb.cells[i + 1].cell_type == "code", f"{path.name}: cell {i} answers nothing"

@@ -148,6 +148,14 @@ _NB5_SWEEP = "sharegpt = sweep("
 _NB5_ROWS = r"^(max|pow2|oracle|paged) +" + " +".join([r"([\d.]+)"] * 6) + r" +\| +" + " +".join([r"([\d.]+)"] * 6)
 _NB5_ALPACA = 'workload="alpaca", rate=20.0'
 _NB5_ALPACA_ROW = r"^(max|pow2|oracle|paged) +alpaca at 20 req/s: normalized latency ([\d.]+) s/token, mean batch (\d+)"
+_NB5_TP = "cost.all_reduce_time(prompt + decodes)"
+_NB5_TP_SHARE = r"^(opt-\d+b) on (\d) GPUs, (decode|prompt)[^:]*: step [\d.]+ ms, all-reduces [\d.]+ ms \((\d+)%\)"
+_NB5_TP_RUN = r"^OPT-66B paged at ([\d.]+) req/s: ([\d.]+) s/token with all-reduces, ([\d.]+) without"
+
+
+def _tp_share(ms, gpus: int, kind: str) -> float:
+    """The all-reduces' share of a step (percent) printed for `gpus` GPUs and a step of `kind` (decode or prompt)."""
+    return next(m[3] for m in ms if m[1] == gpus and m[2] == kind)
 _LENGTH_AWARE = ("pow2", "oracle", "paged")
 
 _NB6_ENGINE = 'llm = LLM("smollm2", block_size=8, num_gpu_blocks=48)'
@@ -434,6 +442,21 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("Your own trace: 200 requests at 3 req/s", "write_jsonl(mine, path)",
               r"^(?:oracle|paged) +(\d+) requests, throughput", stated=(200, 200),
               why="both policies serve all 200 requests of the trace"),
+        Claim("the all-reduces take 3% of the decode step on 2 GPUs", _NB5_TP, _NB5_TP_SHARE,
+              read=lambda ms: _tp_share(ms, 2, "decode"), stated=3),
+        Claim("and 9% on 8", _NB5_TP, _NB5_TP_SHARE, read=lambda ms: _tp_share(ms, 8, "decode"), stated=9),
+        Claim("and 13% of OPT-175B's 2,048-token prompt", _NB5_TP, _NB5_TP_SHARE,
+              read=lambda ms: _tp_share(ms, 8, "prompt"), stated=13),
+        Claim("Not the same share", _NB5_TP, _NB5_TP_SHARE,
+              read=lambda ms: tuple(_tp_share(ms, n, "prompt") - _tp_share(ms, n, "decode") for n in (2, 4, 8)),
+              within=(1, INF), why="not the same: on 2, 4 and 8 GPUs the prompt's share is above the decode step's"),
+        Claim("so from 2 to 8 GPUs the decode step's share grows", _NB5_TP, _NB5_TP_SHARE,
+              read=lambda ms: (_tp_share(ms, 4, "decode") - _tp_share(ms, 2, "decode"),
+                               _tp_share(ms, 8, "decode") - _tp_share(ms, 4, "decode")),
+              within=(1, INF), why="grows: each larger setup's decode share above the smaller one's"),
+        Claim("at 1.5 req/s OPT-66B's normalized latency is 0.077 s/token with the all-reduces against 0.058 without",
+              _NB5_TP, _NB5_TP_RUN, read=lambda ms: next((m[1], m[2]) for m in ms if m[0] == 1.5),
+              stated=(0.077, 0.058)),
     ],
     "06_real_engine": [
         Claim("SmolLM2-135M has 30 layers, 9 query heads and 3 KV heads of 64 dimensions", _NB6_ENGINE,
