@@ -7,6 +7,7 @@
     python -m reference calibrate [--quick] [--out figures/cost_model_cpu.json]  fit the simulator's cost model
     python -m reference validate-sim [--trace FILE ...] [--online]              the simulator's latency errors
     python -m reference readme-numbers [--write | --check]                      the README's numbers of those two
+    python -m reference kv-accuracy [--quick] [--models smollm2,gemma3]         int8 KV against float32: greedy, logits
     python -m reference serve [--port 8000] [--model smollm2] [...]             an OpenAI-compatible HTTP server
     python -m reference loadtest --trace FILE [--url URL] [--out CSV]           the server at a trace's arrivals
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
@@ -59,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         "validate-sim", help="replay traces through the engine (real time) and the calibrated simulator; latency errors",
         description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
     _add_readme_numbers_parser(sub)
+    from reference import kv_accuracy
+
+    kv_accuracy.add_arguments(sub.add_parser(
+        "kv-accuracy", help="the 8-bit KV cache's accuracy cost: greedy agreement and logit error of int8 K/V against "
+        "float32 on make peer's prompts (CSV)", description=kv_accuracy.__doc__.split("\n\n")[0]))  # fmt: skip
     _add_serve_parser(sub)
     from reference import loadtest
 
@@ -473,11 +479,11 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             if isinstance(exc, BrokenPipeError):
                 raise
             raise UsageError(" ".join(str(exc).split())) from None
-    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest"):
-        from reference import bench_hybrid, calibrate, loadtest, validate_online, validate_sim
+    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy"):
+        from reference import bench_hybrid, calibrate, kv_accuracy, loadtest, validate_online, validate_sim
 
-        command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest}.get(args.command,
-                                                                                                    validate_sim)
+        command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest,
+                   "kv-accuracy": kv_accuracy}.get(args.command, validate_sim)  # fmt: skip
         try:
             command.check_args(args)
         except ValueError as exc:

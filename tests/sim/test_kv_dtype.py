@@ -103,3 +103,31 @@ def test_quick_figure_batches_more_with_8_bit_kv(tmp_path):
     assert float(half["mean_batch_size"]) > float(full["mean_batch_size"])
     assert float(half["throughput_req_per_s"]) >= float(full["throughput_req_per_s"])
     assert int(half["num_preemptions"]) < int(full["num_preemptions"])
+
+
+def _committed(name: str) -> list[dict]:
+    import csv
+    from pathlib import Path
+
+    with open(Path(__file__).resolve().parents[2] / "figures" / f"{name}.csv", newline="") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def test_readme_blocks_quote_the_committed_csvs():
+    from sim.figures.readme_numbers import KV_DTYPE_LATENCY_RATE, Files, make_block
+
+    at = {(r["kv_dtype"], float(r["rate"])): r for r in _committed("kv_dtype")}
+    top = max(rate for _, rate in at)
+    block = make_block("kv-dtype", Files())
+    assert block.row("slots")["16-bit K/V"] == f"{int(at['auto', top]['num_kv_slots']):,}"
+    assert block.row("slots")["8-bit K/V (int8 + scales)"] == f"{int(at['int8', top]['num_kv_slots']):,}"
+    latency = [float(at[d, KV_DTYPE_LATENCY_RATE]["normalized_latency_s_per_token"]) for d in ("auto", "int8")]
+    assert block.row("latency")["8-bit / 16-bit"] == f"{latency[1] / latency[0]:.2f}x"
+    tput = [float(at[d, top]["throughput_req_per_s"]) for d in ("auto", "int8")]
+    assert block.row("throughput")["8-bit K/V (int8 + scales)"] == f"{tput[1]:.2f}"
+    accuracy = make_block("kv-accuracy", Files())
+    for r in (r for r in _committed("kv_accuracy") if r["prompt"] == "all"):
+        row = accuracy.row(r["model"])
+        assert row["greedy tokens identical"] == r["identical"]
+        assert row["same argmax (teacher-forced)"] == f"{float(r['argmax_agreement']):.1%}"
+        assert row["blocks of 16 per GiB, float32 -> int8"].startswith(f"{int(r['blocks_per_gib_float32']):,} -> ")
