@@ -14,7 +14,8 @@ side by side" and tools/peer/api_table.py for the vLLM API table).
 The blocks, in README order (BLOCKS):
     memory-waste     figures/memory_waste.csv        Fig. 1: token states among the memory in use
     memory-map       figures/memory_map.csv          Fig. 3: the pool at one moment
-    figures          figures/{batch_size,sampling_latency,chatbot,vattention_pages,hybrid_memory,memory_managers}.csv
+    figures          figures/{batch_size,sampling_latency,chatbot,vattention_pages,hybrid_memory,memory_managers,
+                     latency_vs_rate_tp,paged_kernel_overhead,swap_recompute_cost}.csv
                                                      the numbers of the figure table's rows
     chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..kv import allocates_blocks_on_demand
+from .tensor_parallel import gain
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
@@ -61,6 +63,9 @@ SIM_BENCH_RUNS = (("paper-scale paged", "paged"), ("paper-scale max", "max"), ("
                   ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1"))  # fmt: skip
 ENGINE_TARGET = 4.0  # x: the engine bench's target over HF generate (a goal of the project; the CSV has no target)
 HF_BATCHES = "HF transformers generate (static batches of {})"
+TP_MODELS = (("opt-66b", "OPT-66B, 4 GPUs"), ("opt-175b", "OPT-175B, 8 GPUs"))  # latency_vs_rate_tp's panels
+KERNEL_BLOCK = 16  # paged_kernel_overhead's numbers: at this block size (the paper's default)
+SWAP_SEQ_LEN = 1024  # swap_recompute_cost's numbers: a sequence of this many tokens
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -236,7 +241,34 @@ def figure_rows(f: Files) -> tuple[Table, ...]:
                 for r in f.rows("memory_managers", panel="b", policy=policy)}  # fmt: skip
         add(f"memory_managers.hits.{policy}", "15. memory_managers", f"conversations, {name}: prompt tokens found in "
             "the prefix cache, by block/page size", ", ".join(f"{hits[b]:.1%} ({b})" for b in PREFIX_SIZES))
+    for model, label in TP_MODELS:
+        gains = []
+        for workload, name in (("sharegpt", "ShareGPT"), ("alpaca", "Alpaca")):
+            rate = {r["system"]: r for r in f.rows("latency_vs_rate_tp", model=model, workload=workload)}
+            gains.append(f"{name} {_gain(rate['paged'], rate['oracle'])} / {_gain(rate['paged'], rate['max'])}")
+        add(f"latency_vs_rate_tp.{model}", "18. latency_vs_rate_tp", f"{label}: vLLM's sustained rate over Orca "
+            "(Oracle)'s / Orca (Max)'s", "; ".join(gains))
+    kernel = f.one("paged_kernel_overhead", block_size=KERNEL_BLOCK)
+    add("paged_kernel_overhead", "19. paged_kernel_overhead", f"block size {KERNEL_BLOCK}: measured overhead, shuffled "
+        "over identity table / over the copy bound; the roofline's assumption",
+        f"{float(kernel['paging_overhead']):+.1%} / {float(kernel['overhead_over_copy']):+.1%}; "
+        f"{float(kernel['roofline_assumed_overhead']):.0%}")
+    swap = {int(r["block_size"]): r for r in f.rows("swap_recompute_cost", seq_len=SWAP_SEQ_LEN)}
+    cheaper = [b for b in sorted(swap) if all(float(swap[c]["swap_over_recompute"]) < 1 for c in swap if c >= b)]
+    add("swap_recompute_cost", "20. swap_recompute_cost", f"{SWAP_SEQ_LEN:,}-token sequence: swap vs recompute "
+        f"(ms) at block sizes 1 and 16; swapping the cheaper from block size",
+        f"{float(swap[1]['swap_ms']):.0f} vs {float(swap[1]['recompute_ms']):.0f} at 1, "
+        f"{float(swap[16]['swap_ms']):.0f} vs {float(swap[16]['recompute_ms']):.0f} at 16; "
+        + (f"{cheaper[0]} on" if cheaper else "never"))
     return (_table("The numbers of these rows, read off each figure's CSV:", ("figure", "quantity", "lab"), *rows),)
+
+
+def _gain(paged: dict, other: dict) -> str:
+    """paged's sustained rate over another system's, from two rows of latency_vs_rate_tp.csv."""
+    def read(r: dict) -> tuple[float | None, bool]:
+        return (float(r["sustained_rate"]) if r["sustained_rate"] else None), r["sustained_is_lower_bound"] == "True"
+
+    return gain(read(paged), read(other))
 
 
 def chunked_prefill(f: Files) -> tuple[Table, ...]:
