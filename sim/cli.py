@@ -9,6 +9,7 @@
     python -m sim paper-table [--write | --check]       the README's table of the paper's numbers beside the lab's
     python -m sim paper-sensitivity [--out PATH]        the sweep behind that table's notes (sim.figures.paper*)
     python -m sim readme-numbers [--write | --check]    the README's other numbers, from the committed results
+    python -m sim disagg --prefill N --decode M [--colocated]   prefill/decode instances apart (sim.disagg)
 
 Each subcommand is one `add_<name>_parser(sub)` function that declares its flags and sets `func`; `main`
 dispatches. Bad input (a flag value, a trace file) ends with one line `error: ...` on stderr and exit
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_paper_table_parser(sub)
     add_paper_sensitivity_parser(sub)
     add_readme_numbers_parser(sub)
+    add_disagg_parser(sub)
     return parser
 
 
@@ -352,6 +354,15 @@ def format_summary(s: dict) -> str:
         busy = f"({s['memory_busy'][name]:6.1%})" if name in s["memory_busy"] else " " * 8
         lines.append(f"  {name:<23} {share:6.1%} {busy}  {'#' * round(share * BAR_WIDTH)}")
     return "\n".join(lines)
+
+
+def add_disagg_parser(sub) -> None:
+    from . import disagg
+
+    p = sub.add_parser("disagg", help="disaggregated prefill/decode instances (DistServe) or the same GPUs colocated: "
+                       "SLO attainment and goodput", description=disagg.__doc__.split("\n\n")[0])  # fmt: skip
+    disagg.add_arguments(p)
+    p.set_defaults(func=disagg.run_from_args)
 
 
 def add_bench_parser(sub) -> None:

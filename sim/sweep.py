@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -107,10 +108,15 @@ class Task:
 
     kwargs: tuple[tuple[str, object], ...]  # sorted (name, value) pairs: hashable, so equal tasks merge
     probes: tuple = ()
+    # None: sim.run(**kwargs); else another module-level simulation taking the keywords and returning a result with a
+    # `summary` (sim.disagg.run_cluster: a cluster of instances); probes watch sim.run only
+    runner: Callable | None = None
 
     @classmethod
-    def of(cls, probes: tuple = (), **kwargs) -> "Task":
-        return cls(tuple(sorted(kwargs.items())), tuple(probes))
+    def of(cls, probes: tuple = (), runner: Callable | None = None, **kwargs) -> "Task":
+        if runner is not None and probes:
+            raise SweepError("a task with a runner has no probes (they watch sim.run)")
+        return cls(tuple(sorted(kwargs.items())), tuple(probes), runner)
 
     @property
     def params(self) -> dict:
@@ -127,6 +133,8 @@ class PointResult:
 def run_task(task: Task) -> PointResult:
     """Run one task (in whatever process it lands): sim.run with the probes' recorders attached."""
     cpu = time.process_time()
+    if task.runner is not None:
+        return PointResult(task.runner(**task.params).summary, {}, time.process_time() - cpu)
     recorders = {probe.name: probe.start() for probe in task.probes}
     watchers = [r.on_step for r in recorders.values() if r.on_step is not None]
 

@@ -27,6 +27,7 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     hybrid_memory      -         sliding-window layers (Gemma 3): the hybrid KV manager vs all layers as full
     memory_managers    -         every KV manager's breakdown and batch size; prefix hits vs block size, hashed vs radix
     kv_dtype           -         an 8-bit KV cache vs 16-bit: token slots, batch size, latency and throughput vs rate
+    disagg_goodput     -         disaggregated prefill/decode (DistServe) vs colocated on 4 GPUs: SLO attainment, goodput
 
 The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
 with vLLM v1's.
@@ -48,6 +49,7 @@ from ..sweep import PointResult, SweepError, Task, run_tasks
 from . import kv_dtype
 from . import ablations, chatbot, hybrid, managers, memory, pages, sampling, scheduling, sharing, throughput
 from . import microbench, tensor_parallel
+from . import disagg
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("hybrid_memory", hybrid.hybrid_tasks, hybrid.draw_hybrid),
     FigureSpec("memory_managers", managers.manager_tasks, managers.draw_managers),
     FigureSpec("kv_dtype", kv_dtype.kv_dtype_tasks, kv_dtype.draw_kv_dtype),
+    FigureSpec("disagg_goodput", disagg.disagg_tasks, disagg.draw_disagg),
 )}  # fmt: skip
 
 
@@ -87,7 +90,7 @@ def merge_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
     probes: list[dict] = []
     where = []
     for task in tasks:
-        i = index.setdefault(task.kwargs, len(index))
+        i = index.setdefault((task.runner, task.kwargs), len(index))
         if i == len(probes):
             probes.append({})
         for probe in task.probes:
@@ -95,7 +98,7 @@ def merge_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
                 raise RuntimeError(f"two figures ask one run for different {probe.name!r} probes: "
                                    f"expected {probes[i][probe.name]}, found {probe}")  # fmt: skip
         where.append(i)
-    merged = [Task(kwargs, tuple(p.values())) for kwargs, p in zip(index, probes)]
+    merged = [Task(kwargs, tuple(p.values()), runner) for (runner, kwargs), p in zip(index, probes)]
     return merged, where
 
 

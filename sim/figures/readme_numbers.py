@@ -18,6 +18,7 @@ The blocks, in README order (BLOCKS):
                      latency_vs_rate_tp,paged_kernel_overhead,swap_recompute_cost}.csv
                                                      the numbers of the figure table's rows
     chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
+    disagg           figures/disagg_goodput.csv      goodput per GPU, disaggregated against colocated
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
     kv-accuracy      figures/kv_accuracy.csv         its accuracy cost on the engine: greedy agreement, logit error
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..kv import allocates_blocks_on_demand
+from .disagg import NUM_GPUS, goodput_per_gpu
 from .tensor_parallel import gain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,6 +284,25 @@ def chunked_prefill(f: Files) -> tuple[Table, ...]:
 
 
 # --- the reference engine's benchmarks ---------------------------------------------------------------------------
+def disagg(f: Files) -> tuple[Table, ...]:
+    """Disaggregated against colocated on 4 GPUs: DistServe's goodput per GPU, and both latencies at the rate where the
+    colocated cluster's goodput lies (python -m sim figures --only disagg_goodput)."""
+    rows = f.rows("disagg_goodput")
+    table = []
+    for gpu in dict.fromkeys(r["gpu"] for r in rows):
+        at = float(goodput_per_gpu(rows, gpu, "colocated").lstrip(">=< ")) * NUM_GPUS
+        for system in dict.fromkeys(r["system"] for r in rows):
+            r = next(r for r in rows if r["gpu"] == gpu and r["system"] == system and float(r["rate"]) == at)
+            table.append((f"{gpu}.{system}", gpu, system, goodput_per_gpu(rows, gpu, system),
+                          f"{float(r['slo_attainment']):.1%}", f"{float(r['p90_ttft_s']) * 1e3:.0f} ms",
+                          f"{float(r['p90_itl_mean_s']) * 1e3:.0f} ms", f"{at:g}"))  # fmt: skip
+    return (_table("From `figures/disagg_goodput.csv` (OPT-13B, ShareGPT; SLOs: time to first token 0.25 s, mean time "
+                   "between tokens 0.1 s; goodput per GPU: the highest swept rate of the 4-GPU cluster with at least "
+                   "90% of requests meeting both, divided by 4; the latencies at the rate of the colocated cluster's "
+                   "goodput):", ("GPU", "system", "goodput per GPU (req/s)", "both SLOs met", "p90 time to first token",
+                                 "p90 time between tokens", "at req/s"), *table),)  # fmt: skip
+
+
 def bench_hybrid(f: Files) -> tuple[Table, ...]:
     """Gemma 3 270M on the CPU under paged and hybrid (python -m reference bench-hybrid)."""
     summary = f.rows("bench_hybrid_cpu")
@@ -522,6 +543,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "memory-map": memory_map,
     "figures": figure_rows,
     "chunked-prefill": chunked_prefill,
+    "disagg": disagg,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,
     "kv-accuracy": kv_accuracy,
