@@ -412,13 +412,16 @@ def add_arguments(parser) -> None:
                         help="model spec (default: %(default)s)")
     parser.add_argument("--gpu", default=D["gpu"], metavar="{" + ",".join(GPUS) + "}",
                         help="every instance's GPU (default: %(default)s)")
-    parser.add_argument("--policy", default=D["policy"], help="KV cache policy of every instance (default: %(default)s)")
+    parser.add_argument("--policy", default=D["policy"],
+                        help="KV cache policy of every instance (default: %(default)s)")
     parser.add_argument("--scheduler", default=D["scheduler"], metavar="{" + ",".join(MODES) + "}",
                         help="every instance's scheduler (default: %(default)s)")
     parser.add_argument("--workload", default=D["workload"], metavar="{sharegpt,alpaca,fixed,uniform}",
                         help="request lengths (default: %(default)s)")
-    parser.add_argument("--rate", type=float, default=D["rate"], help="the cluster's arrivals, req/s (default: %(default)s)")
-    parser.add_argument("--duration", type=float, default=D["duration"], help="seconds of arrivals (default: %(default)s)")
+    parser.add_argument("--rate", type=float, default=D["rate"],
+                        help="the cluster's arrivals, req/s (default: %(default)s)")
+    parser.add_argument("--duration", type=float, default=D["duration"],
+                        help="seconds of arrivals (default: %(default)s)")
     parser.add_argument("--num-requests", type=int, help="exactly this many requests (instead of --duration)")
     parser.add_argument("--seed", type=int, default=D["seed"], help="workload seed (default: %(default)s)")
     parser.add_argument("--slo-ttft", type=float, default=DISTSERVE_SLO_TTFT, metavar="SECONDS",
@@ -457,7 +460,8 @@ def run_from_args(args) -> int:
           + ("" if s["colocated"] else f", K/V link {s['link_bandwidth_gb_s']:g} GB/s") + ")")
     print(f"  requests      {s['num_finished']:,} of {s['num_requests']:,} finished in {s['sim_time_s']:.1f} s")
     print(f"  TTFT          p50 {_ms(s['p50_ttft_s'])}  p90 {_ms(s['p90_ttft_s'])}  (SLO {_ms(s['slo_ttft_s'])})")
-    print(f"  TBT (mean)    p50 {_ms(s['p50_itl_mean_s'])}  p90 {_ms(s['p90_itl_mean_s'])}  (SLO {_ms(s['slo_tbt_s'])})")
+    print(f"  TBT (mean)    p50 {_ms(s['p50_itl_mean_s'])}  p90 {_ms(s['p90_itl_mean_s'])}  "
+          f"(SLO {_ms(s['slo_tbt_s'])})")
     print(f"  SLO attained  {s['slo_attainment']:.1%}   goodput {s['goodput_req_per_s']:.2f} req/s "
           f"({s['goodput_req_per_s'] / s['num_gpus']:.2f} per GPU)")
     if not s["colocated"]:

@@ -111,8 +111,8 @@ def draw_disagg(runs, outdir, quick: bool):
     per_gpu = "; ".join(f"{gpu}: " + ", ".join(f"{system} {goodput_per_gpu(rows, gpu, system)}" for system in SYSTEMS)
                         for gpu in GPUS)  # fmt: skip
     preempted = "; ".join(f"{gpu} at {max(RATES[quick][gpu]):g} req/s: " + ", ".join(
-        f"{r['system']} {r['num_preemptions']}" for r in rows if r["gpu"] == gpu and r["rate"] == max(RATES[quick][gpu]))
-        for gpu in GPUS)  # fmt: skip
+        f"{r['system']} {r['num_preemptions']}" for r in rows
+        if r["gpu"] == gpu and r["rate"] == max(RATES[quick][gpu])) for gpu in GPUS)  # fmt: skip
     caption(fig, f"Goodput per GPU (DistServe: the highest swept rate with >= 90% of requests meeting both SLOs, / "
                  f"{NUM_GPUS}), req/s: {per_gpu}. {DURATION[quick]:g} s of Poisson arrivals per point, roofline cost "
                  "model, K/V moved over 25 GB/s + 100 us per request, routing by least prompt tokens assigned. "

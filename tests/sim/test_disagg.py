@@ -226,7 +226,8 @@ def test_the_readme_block_is_the_committed_csvs():
     for gpu in ("a100-40gb", "a100-80gb"):
         assert {r["system"] for r in rows if r["gpu"] == gpu} == systems
         for system in systems:
-            mine = sorted((r for r in rows if r["gpu"] == gpu and r["system"] == system), key=lambda r: float(r["rate"]))
+            mine = sorted((r for r in rows if r["gpu"] == gpu and r["system"] == system),
+                          key=lambda r: float(r["rate"]))
             passing = [float(r["rate"]) for r in mine[:next((k for k, r in enumerate(mine)
                                                               if float(r["slo_attainment"]) < 0.9), len(mine))]]
             expected = f"{passing[-1] / 4:g}" if passing and passing[-1] < float(mine[-1]["rate"]) else None
