@@ -174,6 +174,9 @@ _NB7_HYBRID = 'hybrid = make_kv_manager("hybrid"'
 _NB7_GEMMA27 = 'gemma27 = get_model("gemma3-27b")'
 _NB7_GEMMA27_ROW = r"^ *(\d+) +(paged|hybrid) +([\d.]+) GiB +([\d.]+) +(\d+) +([\d.]+)$"
 _NB7_TINY = "tiny = random_model(TINY_GEMMA3_CONFIG, seed=1)"
+_NB7_KV_BYTES = 'for kv_dtype in ("auto", "fp8", "int8"):'
+_NB7_KV_RUN = 's = sim.run(scheduler="v0", rate=3.0, duration=120, kv_dtype=kv_dtype'
+_NB7_KV_ENGINE = "tokens[kv_dtype] = list(llm.generate([prompt], params)"
 _NB7_DISAGG_ONE = "one = [Request(0, 0.0, 500, 4)]"
 _NB7_DISAGG = "splits = {"
 _NB7_DISAGG_ROW = r"^(colocated x4|1P3D|2P2D) +(\d+) ms +(\d+) ms +([\d.]+)% +([\d.]+)%$"
@@ -587,6 +590,24 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("(6 layers: 2 full, 4 sliding over 8 tokens, so 3 groups of 2 layers)", _NB7_TINY,
               r"^hybrid: .*layer -> group \(([^)]*)\)", read=lambda ms: tuple(Counter(_ids(ms[0][0])).values()),
               stated=(2, 2, 2)),
+        Claim("fp8 exactly doubles the slots", _NB7_KV_BYTES, r"^fp8 *: .*token slots \(([\d.]+)x\)", stated=2.0),
+        Claim("int8's scales take 4 of every 132 bytes", _NB7_KV_BYTES, r"^(?:auto|fp8|int8) *: (\d+) bytes per token",
+              read=lambda ms: (ms[2][0] - ms[1][0], ms[2][0]), stated=(4, 132),
+              why="int8's bytes per token and head, less fp8's (the scale), and int8's"),
+        Claim("so it holds 1.94x", _NB7_KV_BYTES, r"^int8 *: .*token slots \(([\d.]+)x\)", stated=1.94),
+        Claim("Both batch about as much", _NB7_KV_RUN, r"mean batch ([\d.]+),", read=lambda ms: ms[1][0] / ms[0][0],
+              within=(0.9, 1.1), why="about as much: int8's mean batch within 10% of the 16-bit pool's"),
+        Claim("the 16-bit pool gets there by running out of memory and preempting", _NB7_KV_RUN, r"(\d+) preemptions",
+              read=lambda ms: ms[0][0], within=(1, INF), why="the 16-bit run (the first line) preempts"),
+        Claim("its latency is several times int8's", _NB7_KV_RUN, r"normalized latency ([\d.]+) s/token",
+              read=lambda ms: ms[0][0] / ms[1][0], within=(3, INF),
+              why="several times: the 16-bit pool's normalized latency at least 3x int8's"),
+        Claim("A block costs 3.76x fewer bytes", _NB7_KV_ENGINE, r"([\d,]+) bytes per block",
+              read=lambda ms: ms[0][0] / ms[1][0], stated=3.76, tolerance=0.005, engine=True),
+        Claim("and the text is the same", _NB7_KV_ENGINE, r"same tokens: (\w+)", stated=True, engine=True),
+        Claim("the largest moved by 0.76 here", _NB7_KV_ENGINE, r"largest logit error ([\d.]+)", stated=0.76,
+              tolerance=0.03, engine=True, why="float32 sums differ in their last bits across CPUs and thread counts, "
+              "and a rounding to int8 can turn that into one step of a K/V element (reference/kv_accuracy.py)"),
         Claim("The first token does not wait for the link", _NB7_DISAGG_ONE, r"first token at ([\d.]+) ms",
               read=lambda ms: (len(ms), ms[0][0] == ms[1][0]), stated=(2, True),
               why="the same first-token time over the instantaneous link and over 25 GB/s"),
