@@ -73,19 +73,20 @@ def _store_kv_kernel(
     if QUANTIZED:
         scale_offs = block * stride_sb + offset * stride_ss + offs_h * stride_sh  # [HEADS_PAD]
         # K and V alike: per head row, scale = absmax / 127, q = round(row / scale), ties to even
-        # (r = floor(y + 0.5) is exact for |y| <= 127.5: float32 keeps 17 fraction bits there).
+        # (r = floor(y + 0.5) is exact for |y| <= 127.5: float32 keeps 17 fraction bits there). div_rn: IEEE division,
+        # as torch divides (a GPU's `/` may be approximate), so every backend stores the same int8 rows and scales.
         kf = k.to(tl.float32)  # [HEADS_PAD, HEAD_DIM_PAD]; masked lanes read 0
         k_absmax = tl.max(tl.abs(kf), axis=1)  # [HEADS_PAD]
-        k_scale = tl.where(k_absmax > 0.0, k_absmax / 127.0, 1.0)
-        ky = kf / k_scale[:, None]
+        k_scale = tl.where(k_absmax > 0.0, tl.div_rn(k_absmax, 127.0), 1.0)
+        ky = tl.div_rn(kf, k_scale[:, None])
         kr = tl.floor(ky + 0.5)
         kr = tl.where((kr - ky == 0.5) & (kr - 2.0 * tl.floor(kr * 0.5) != 0.0), kr - 1.0, kr)
         tl.store(key_cache_ptr + cache_offs, tl.minimum(tl.maximum(kr, -127.0), 127.0).to(tl.int8), mask=mask)
         tl.store(key_scale_ptr + scale_offs, k_scale, mask=keep)
         vf = v.to(tl.float32)
         v_absmax = tl.max(tl.abs(vf), axis=1)
-        v_scale = tl.where(v_absmax > 0.0, v_absmax / 127.0, 1.0)
-        vy = vf / v_scale[:, None]
+        v_scale = tl.where(v_absmax > 0.0, tl.div_rn(v_absmax, 127.0), 1.0)
+        vy = tl.div_rn(vf, v_scale[:, None])
         vr = tl.floor(vy + 0.5)
         vr = tl.where((vr - vy == 0.5) & (vr - 2.0 * tl.floor(vr * 0.5) != 0.0), vr - 1.0, vr)
         tl.store(value_cache_ptr + cache_offs, tl.minimum(tl.maximum(vr, -127.0), 127.0).to(tl.int8), mask=mask)

@@ -40,6 +40,13 @@ from .test_attention import NUM_KV_HEADS, make_paged_kv  # noqa: E402
 
 BACKENDS = ("torch", "torch_batched", "numba", "triton")
 FLOAT32_TOL = dict(atol=1e-5, rtol=1e-5)  # test_attention.py's float32 tolerance (summation order only)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where Triton runs: compiled on CUDA, else interpreted
+
+
+def on(backend: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors where `backend` runs: Triton on CUDA when there is one, every other backend on the CPU."""
+    device = DEVICE if backend == "triton" else "cpu"
+    return [t.to(device) for t in tensors]
 
 
 @settings(max_examples=60, deadline=None)
@@ -91,8 +98,9 @@ def dequantized(q):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_store_writes_the_same_int8_rows_and_scales(backend):
     kv, expected, keys, values, slots = quantized_case([5, 9])
-    q = int8_caches(kv["key_cache"].shape)
-    store_kv(keys, values, q[0], q[1], slots, backend=backend, **scales_of(q))
+    q = on(backend, *int8_caches(kv["key_cache"].shape))
+    store_kv(*on(backend, keys, values), q[0], q[1], *on(backend, slots), backend=backend, **scales_of(q))
+    q = [t.cpu() for t in q]
     assert torch.equal(q[0], expected[0]) and torch.equal(q[1], expected[1])
     for scales, want in ((q[2], expected[2]), (q[3], expected[3])):  # NaN where no token was stored, in both
         assert torch.allclose(scales, want, rtol=0, atol=0, equal_nan=True)
@@ -114,7 +122,8 @@ def test_decode_is_float_attention_over_the_dequantized_cache(backend):
     kv, q, keys, values, _ = quantized_case([1, 6, 13], seed=3)
     query = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(7))  # GQA: 4 query heads over 2
     tables, lens, scale = kv["block_tables"], kv["seq_lens"], 16 ** -0.5
-    out = paged_decode_attention(query, q[0], q[1], tables, lens, scale, backend=backend, **scales_of(q))
+    here = on(backend, query, *q, tables, lens)
+    out = paged_decode_attention(*here[:3], *here[5:], scale, backend=backend, **scales_of(here[1:5])).cpu()
     assert not out.isnan().any()
     on_dequantized = paged_decode_attention(query, *dequantized(q), tables, lens, scale, backend="torch")
     torch.testing.assert_close(out, on_dequantized, **FLOAT32_TOL)
@@ -129,7 +138,8 @@ def test_prefill_is_float_attention_over_the_dequantized_cache(backend):
     query = torch.randn(10, 4, 16, generator=torch.Generator().manual_seed(9))
     starts = torch.tensor([0, 4, 10], dtype=torch.int32)
     tables, lens, scale = kv["block_tables"], kv["seq_lens"], 16 ** -0.5
-    out = paged_prefill_attention(query, q[0], q[1], tables, starts, lens, scale, backend=backend, **scales_of(q))
+    here = on(backend, query, *q, tables, starts, lens)
+    out = paged_prefill_attention(*here[:3], *here[5:], scale, backend=backend, **scales_of(here[1:5])).cpu()
     assert not out.isnan().any()
     on_dequantized = paged_prefill_attention(query, *dequantized(q), tables, starts, lens, scale, backend="torch")
     torch.testing.assert_close(out, on_dequantized, **FLOAT32_TOL)
