@@ -240,11 +240,39 @@ def test_kv_accuracy_quick_int8_engine_keeps_greedy_tokens_on_short_prompts(tmp_
     assert int(rows[2]["blocks_per_gib_int8"]) == 2**30 // (16 * 12240)
 
 
-def test_cli_refuses_a_bad_kv_dtype_in_one_line():
-    import subprocess
-    import sys
+def test_cli_refuses_a_bad_kv_dtype_in_one_line(capsys):
+    from reference.cli import main
 
-    done = subprocess.run([sys.executable, "-m", "reference", "generate", "Hi", "--kv-dtype", "fp4"],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: --kv-dtype 'fp4' (allowed: auto")
+    assert main(["generate", "Hi", "--kv-dtype", "fp4"]) == 2  # in-process: main prints the line, returns the status
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: --kv-dtype 'fp4' (allowed: auto")
+
+
+def test_the_simulator_prices_the_bytes_the_engine_allocates():
+    """The KV managers' ModelSpec (reference.kv_groups.model_spec) counts an int8 token as the cache does, so a
+    vAttention page or a hybrid pool the engine sizes holds what the tensors hold."""
+    from reference.kv_groups import model_spec
+    from reference.models import TINY_CONFIG as C
+
+    for kv_dtype in ("auto", "int8"):
+        spec = model_spec(C, torch.float32, kv_dtype=kv_dtype)
+        assert spec.kv_bytes_per_token == kv_bytes_per_block(C.num_layers, 1, C.num_kv_heads, C.head_dim,
+                                                             torch.float32, kv_dtype)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba"])
+def test_hybrid_groups_keep_their_scales(backend):
+    """Gemma 3 at toy size (random weights, sliding window 8) under the hybrid manager, whose cache tensors are
+    places in KV cache groups: int8 K/V with their scales there, and the same greedy tokens as float32 here."""
+    from reference import LLM, SamplingParams
+    from reference.models.loader import TINY_GEMMA3_CONFIG, random_model
+
+    tiny = random_model(TINY_GEMMA3_CONFIG, seed=1)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    out = {}
+    for kv_dtype in ("auto", "int8"):
+        llm = LLM(tiny, policy="hybrid", block_size=4, num_gpu_blocks=32, kv_dtype=kv_dtype, backend=backend)
+        assert len(llm.kv_cache.key_scales) == (llm.kv_cache.num_layers if kv_dtype == "int8" else 0)
+        out[kv_dtype] = llm.generate([{"prompt_token_ids": list(range(3, 33))}], params)[0].outputs[0].token_ids
+    assert out["int8"] == out["auto"]
