@@ -27,7 +27,7 @@ from .scheduler import Scheduler
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
 from .trace import read_trace, request_lines
-from .workload import generate_requests
+from .workload import assign_priorities, generate_requests
 
 
 @dataclass(slots=True)
@@ -125,6 +125,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         if not requests:  # (the message formats `rate`, None with offline arrivals, which always bring requests)
             require(False, "duration", c.duration, f"long enough for a request to arrive at {c.rate:g} req/s "
                     f"(none did; or give num_requests)")  # fmt: skip
+        if c.priority_share > 0:
+            assign_priorities(requests, c.priority_share, c.seed)
     elif kind == "sharegpt" and c.conversations:
         requests, notes = _import_conversations(c.trace, model_spec, None if c.arrival == "offline" else c.rate, c.seed,
                                                 c.think_time, c.history_limit)  # fmt: skip
@@ -180,6 +182,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         "enable_chunked_prefill": sched_config.chunked,
         "victim": function_name(c.victim), "jump": c.jump, "num_events": result.num_events, **notes,
         **({"kv_dtype": c.kv_dtype} if c.kv_dtype != "auto" else {}),
+        **({"scheduling_policy": c.scheduling_policy} if c.scheduling_policy != "fcfs" else {}),
+        **({"priority_share": c.priority_share} if c.priority_share > 0 else {}),
         # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
         **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * c.num_gpus * 1024)}
            if pages_in_kib(c.policy) else {}),

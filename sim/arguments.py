@@ -18,7 +18,7 @@ from .trace import JSON_FIELDS, parse_record, trace_format
 # What a generated workload is made of: meaningless when the requests come from a trace or a list.
 WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival", "burstiness", "n", "beam_width",
                       "prefix_len", "num_prefixes", "prompt_len", "output_len", "prompt_len_range",
-                      "output_len_range", "turns", "think_time", "history_limit")  # fmt: skip
+                      "output_len_range", "turns", "think_time", "history_limit", "priority_share")  # fmt: skip
 CONVERSATION_ARGUMENTS = ("turns", "think_time", "history_limit")  # sim/conversation.py's options
 
 

@@ -28,7 +28,7 @@ from .kv import POLICIES
 from .kv.base import SHARE_NAMES
 from .pool_page import MAX_STEPS as POOL_PAGE_STEPS, STEPS_RANGE as POOL_PAGE_STEPS_RANGE
 from .preemption import VICTIM_POLICIES
-from .config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, default_max_num_batched_tokens
+from .config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, SCHEDULING_POLICIES, default_max_num_batched_tokens
 from .slots import ALLOCATORS
 from .specs import GPUS, KV_CACHE_DTYPES, MODELS
 from .workload import ARRIVALS, DATASETS
@@ -156,6 +156,12 @@ def add_run_parser(sub) -> None:
                    help="v1 without chunked prefill: a prompt must fit what is left of the token budget")
     g.add_argument("--victim", default=D["victim"], metavar=_choices(VICTIM_POLICIES),
                    help="who is preempted when memory runs out (default: %(default)s)")
+    g.add_argument("--scheduling-policy", default=D["scheduling_policy"], metavar=_choices(SCHEDULING_POLICIES),
+                   help="the queues' order: fcfs (arrival) or priority (each request's priority, lower first, then "
+                   "arrival; vLLM's --scheduling-policy) (default: %(default)s)")
+    g.add_argument("--priority-share", type=float, default=D["priority_share"], metavar="SHARE",
+                   help="a generated workload: the share of requests given priority 0, the rest 1 (a trace's own "
+                   "column: priority) (default: %(default)s)")
     g.add_argument("--prefix-caching", default="auto", metavar="{auto,on,off}",
                    help="paged prefix caching; auto = on when --prefix-len > 0 (default: %(default)s)")
     g.add_argument("--max-num-seqs", type=int, default=D["max_num_seqs"], help="running sequences at most (default: %(default)s)")
@@ -216,6 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=args.progress, prompt_len=args.prompt_len, output_len=args.output_len,
         prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,
         enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
+        scheduling_policy=args.scheduling_policy, priority_share=args.priority_share,
         slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt, cost_model=args.cost_model, turns=args.turns,
         think_time=args.think_time, history_limit=args.history_limit, conversations=args.conversations,
         on_step=recorder, step_table=bool(args.steps_csv or args.chrome_trace),  # only these read the table

@@ -32,6 +32,7 @@ from .specs import GPUS, KV_CACHE_DTYPES, MODELS
 from .workload import ARRIVALS, DATASETS
 
 MODES = ("v1", "v0", "static")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: the queues' order
 PREEMPTION_MODES = ("recompute", "swap")
 
 
@@ -66,6 +67,7 @@ class SchedulerConfig:
     preemption: str = "recompute"  # "recompute" | "swap" (swap falls back to recompute when CPU memory is short)
     victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES, or a
     # function
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority": queues ordered by (request.priority, arrival)
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, "mode", self.mode, ", ".join(MODES))
@@ -79,6 +81,8 @@ class SchedulerConfig:
         if self.enable_chunked_prefill and self.mode != "v1":
             raise ValueError(f"enable_chunked_prefill needs mode 'v1' (mode {self.mode!r} runs whole prompts)")
         victim_policy(self.victim)  # raises for an unknown name
+        require(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy", self.scheduling_policy,
+                ", ".join(SCHEDULING_POLICIES))  # fmt: skip
 
     @property
     def chunked(self) -> bool:
@@ -154,6 +158,9 @@ class RunConfig:
     preemption: str = _arg(_S.preemption, "choice", choices=PREEMPTION_MODES)
     victim: str | Callable = _arg(_S.victim, "choice", choices=tuple(VICTIM_POLICIES),
                                   function="a function victim(candidates) -> one of them")
+    scheduling_policy: str = _arg(_S.scheduling_policy, "choice", choices=SCHEDULING_POLICIES)
+    # synthetic workloads: the share of requests drawn (by `seed`) to priority 0, the rest 1 (a trace has its own)
+    priority_share: float = _arg(0.0, "real", 0, 1)
     # the run
     jump: bool = _arg(True, "bool")  # jump over runs of identical decode steps (same results, faster)
     validate: bool = _arg(False, "bool")  # check each jump's bookkeeping against the KV manager (slower)
@@ -183,7 +190,7 @@ class RunConfig:
         return SchedulerConfig(mode=self.scheduler, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=max_model_len,
                                enable_chunked_prefill=self.enable_chunked_prefill, preemption=self.preemption,
-                               victim=self.victim)  # fmt: skip
+                               victim=self.victim, scheduling_policy=self.scheduling_policy)  # fmt: skip
 
 
 RUN_FIELDS = {f.name: f for f in fields(RunConfig)}
@@ -192,6 +199,7 @@ RUN_DEFAULTS = {name: f.default for name, f in RUN_FIELDS.items() if f.default i
 _OPEN_BELOW = ("rate", "duration", "slo_ttft", "slo_tbt", "page_kib")
 _OPEN_ABOVE = ("watermark", "rate")  # rate: finite
 _UNITS = {"rate": " requests/s", "burstiness": "", "watermark": ", a share of the blocks", "swap_space_gib": " GiB",
+          "priority_share": ", a share of the requests",
           "turns": " (the mean turns per session)", "page_kib": " KiB per layer per K/V buffer"}  # else seconds
 
 

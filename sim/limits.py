@@ -37,6 +37,9 @@ MAX_TURNS = 1000
 # A tensor-parallel group: more GPUs than this serve no model in sim.specs.
 MAX_NUM_GPUS = 1024
 
+# a request's priority (vLLM's: lower is served first) lies in [-MAX_PRIORITY, MAX_PRIORITY]
+MAX_PRIORITY = 1_000_000
+
 # KV pool sizes. A paged pool keeps a Python list entry and a queue entry per block (~130 bytes), so 2**23
 # blocks (8.4M, ~1.1 GB) is the most a GPU pool or a CPU swap pool may hold; contiguous pools keep no
 # per-slot state, but a pool over 2**40 slots (a terabyte of tokens) is no real GPU.

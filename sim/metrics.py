@@ -45,7 +45,7 @@ from .outfiles import atomic_write
 LATENCY_METRICS = ("ttft", "queueing_delay", "itl_mean", "itl_max", "e2e_latency")  # seconds, per request
 PERCENTILES = (50, 90, 99)
 REQUEST_COLUMNS = (
-    "request_id", "arrival_time", "prompt_len", "output_len", "first_scheduled_time", "first_token_time",
+    "request_id", "arrival_time", "prompt_len", "output_len", "priority", "first_scheduled_time", "first_token_time",
     "finish_time", "num_preemptions", *LATENCY_METRICS, "normalized_latency",
 )  # fmt: skip
 STEP_COLUMNS = (
@@ -162,6 +162,7 @@ def request_table(requests: list, times: dict[str, np.ndarray]) -> Table:
             "arrival_time": arrival,
             "prompt_len": np.array([r.prompt_len for r in requests], dtype=np.int64),
             "output_len": output_len,
+            "priority": np.array([r.priority for r in requests], dtype=np.int64),
             "first_scheduled_time": times["first_scheduled"],
             "first_token_time": first,
             "finish_time": finish,
@@ -185,6 +186,28 @@ def latency_summary(requests: Table) -> dict[str, float | None]:
         for p in PERCENTILES:
             out[f"p{p}_{metric}_s"] = float(np.percentile(values, p)) if len(values) else None
     return out
+
+
+def priority_summary(requests: Table) -> dict:
+    """With requests of more than one priority: {"by_priority": {priority: its requests' count, finished count, mean
+    normalized latency, mean and p99 TTFT, mean end-to-end latency}} (priority as a string: a JSON key); else {}."""
+    priority = requests["priority"]
+    levels = np.unique(priority)
+    if len(levels) < 2:
+        return {}
+    out = {}
+    for level in levels.tolist():
+        mine = priority == level
+        done = mine & ~np.isnan(requests["finish_time"])
+        ttft = requests["ttft"][mine & ~np.isnan(requests["ttft"])]
+        out[str(level)] = {
+            "num_requests": int(mine.sum()), "num_finished": int(done.sum()),
+            "normalized_latency_s_per_token": float(requests["normalized_latency"][done].mean()) if done.any() else None,
+            "mean_ttft_s": float(ttft.mean()) if len(ttft) else None,
+            "p99_ttft_s": float(np.percentile(ttft, 99)) if len(ttft) else None,
+            "mean_e2e_latency_s": float(requests["e2e_latency"][done].mean()) if done.any() else None,
+        }  # fmt: skip
+    return {"by_priority": out}
 
 
 def slo_summary(requests: Table, span: float, slo_ttft_s: float | None, slo_tbt_s: float | None) -> dict:
@@ -244,6 +267,7 @@ def summarize(
         }
     )
     summary.update(latency_summary(requests))
+    summary.update(priority_summary(requests))
     summary.update(slo_summary(requests, span, slo_ttft_s, slo_tbt_s))
     stats = prefix_cache
     summary["prefix_cache_hit_rate_blocks"] = stats.hit_blocks / stats.queried_blocks if stats and stats.queried_blocks else None

@@ -3,14 +3,18 @@
 When a running request cannot get the slots its next tokens need, the scheduler preempts running requests
 until it can (vLLM v1, vllm/v1/core/sched/scheduler.py; the paper, section 4.5). Which one goes is a policy:
 
-    latest_arrival     the request that arrived last (vLLM's default: FCFS, so the newest loses)
+    latest_arrival     the request that arrived last (vLLM's default: FCFS, so the newest loses); under priority
+                       scheduling the last in the queues' order: the latest arrival of the lowest priority (the
+                       largest (priority, arrival), vLLM v1's victim with scheduling_policy="priority")
     fewest_computed    the request with the fewest computed tokens, the cheapest to recompute
                        (ties: the latest arrival)
 
 A policy is any function `victim(candidates) -> one of them`. The candidates are `SequenceGroup`s (see
 sim/sequence.py): every running request not yet scheduled in this step, in the scheduler's running order, and
-LAST the request that needs memory (whatever its arrival: order by `arrival_order`, not by place in the list). Each offers `request` (arrival_time, prompt_len, output_len, ...), `arrival_order`,
-`num_computed_tokens` and `num_seqs`. Pass a name or a function as `SchedulerConfig(victim=...)`.
+LAST the request that needs memory (whatever its arrival: order by `arrival_order`, not by place in the list).
+Each offers `request` (arrival_time, prompt_len, output_len, priority, ...), `arrival_order`, `num_computed_tokens`,
+`num_seqs` and `queue_key` (its place in the queues: `arrival_order`, or (priority, arrival_order) under priority
+scheduling). Pass a name or a function as `SchedulerConfig(victim=...)`.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from typing import Callable, Sequence
 
 
 def latest_arrival(candidates: Sequence) -> object:
-    return max(candidates, key=lambda g: g.arrival_order)
+    return max(candidates, key=lambda g: g.queue_key)
 
 
 def fewest_computed(candidates: Sequence) -> object:

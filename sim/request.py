@@ -28,6 +28,9 @@ class Request:
     # The ids its one sequence will generate, when known in advance (a conversation's replies, sim/conversation.py):
     # the prefix cache then keeps the generated tokens' full blocks too, for the next turn whose prompt repeats them.
     output_token_ids: list[int] | None = None
+    # vLLM's request priority: with SchedulerConfig(scheduling_policy="priority") the lower value is served first
+    # (ties: the earlier arrival) and the higher value preempted first; FCFS ignores it
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
@@ -44,6 +47,8 @@ class Request:
             raise ValueError(
                 f"request {self.request_id}: {len(self.prompt_token_ids)} prompt_token_ids for prompt_len {self.prompt_len}"
             )
+        if not (isinstance(self.priority, int) and not isinstance(self.priority, bool)):
+            raise ValueError(f"request {self.request_id}: priority must be an integer, got {self.priority!r}")
         if self.output_token_ids is not None and len(self.output_token_ids) != self.output_len:
             raise ValueError(f"request {self.request_id}: {len(self.output_token_ids)} output_token_ids for output_len "
                              f"{self.output_len}")  # fmt: skip

@@ -16,6 +16,11 @@ requests are preempted (a pluggable victim policy, sim/preemption.py; default: t
 sequences of a group together, by swapping (its blocks move to CPU memory) or recompute (its blocks are
 freed and it is computed again later, sampled tokens included).
 
+`scheduling_policy="priority"` (vLLM's `--scheduling-policy priority`) orders every queue by (request.priority,
+arrival) instead of arrival alone: the lowest value is admitted first (still without overtaking: the head waits
+for memory, and nothing behind it goes first) and the latest arrival of the highest value is preempted first. A
+request that arrives with a better priority than running ones does not preempt them: it heads the waiting queue.
+
 The same object serves the simulator and the reference engine: `schedule()` returns a `StepPlan` whose blocks
 are already allocated; the executor runs it and reports a `StepOutcome` to `finish_step()`. The scheduler
 touches memory only through the KV contract (sim/kv/base.py) and never knows the policy behind it.
@@ -55,6 +60,7 @@ class Scheduler:
         self.kv = kv
         self.config = config if config is not None else SchedulerConfig()
         self._victim = victim_policy(self.config.victim)
+        self._by_priority = self.config.scheduling_policy == "priority"
         self._waiting: deque[SequenceGroup] = deque()
         self._running: list[SequenceGroup] = []
         self._swapped: list[SequenceGroup] = []
@@ -90,10 +96,14 @@ class Scheduler:
         if problem is not None:
             raise ValueError(f"request {rid}: {problem}")
         seqs = [self._new_seq(request, 0) for _ in range(request.num_seqs)]
-        group = SequenceGroup(request, seqs, arrival_order=self._num_added)
+        key = (request.priority, self._num_added) if self._by_priority else self._num_added
+        group = SequenceGroup(request, seqs, arrival_order=self._num_added, queue_key=key)
         self._num_added += 1
         self._groups[rid] = group
-        self._waiting.append(group)
+        if self._by_priority:
+            bisect.insort(self._waiting, group, key=_queue_key)
+        else:
+            self._waiting.append(group)
 
     def check_request(self, request: Request) -> str | None:
         """Why `request` could never be served, in one line (a prompt over the token budget without chunked prefill,
@@ -318,13 +328,16 @@ class Scheduler:
         if self.config.preemption == "swap" and self.kv.can_swap_out(ids):
             plan.blocks_to_swap_out += self.kv.swap_out(ids)
             group.set_status(SWAPPED)
-            bisect.insort(self._swapped, group, key=lambda g: g.arrival_order)
+            bisect.insort(self._swapped, group, key=_queue_key)
         else:
             for seq in seqs:
                 self.kv.free(seq.seq_id)
                 seq.num_computed_tokens, seq.prefilling = 0, True
             group.set_status(WAITING)
-            self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
+            if self._by_priority:
+                bisect.insort(self._waiting, group, key=_queue_key)
+            else:  # (every waiting group arrived after every running one)
+                self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
         self._open.discard(group.request_id)
 
     def _swap_in(self, plan: StepPlan, budget: int | None) -> int | None:
@@ -346,7 +359,7 @@ class Scheduler:
                 raise RuntimeError(f"request {group.request_id}: expected room after swap-in (checked), found none")
             self._swapped.pop(0)
             group.set_status(RUNNING)
-            bisect.insort(self._running, group, key=lambda g: g.arrival_order)
+            bisect.insort(self._running, group, key=_queue_key)
             self._add_entries(plan, group, seqs, counts, allocation.copies)
             self._open.discard(group.request_id)
             self._open_allocation = None
@@ -398,7 +411,7 @@ class Scheduler:
                 break
             self._waiting.popleft()
             group.set_status(RUNNING)
-            bisect.insort(self._running, group, key=lambda g: g.arrival_order)
+            bisect.insort(self._running, group, key=_queue_key)
             if self._epoch is not None:
                 self._epoch.joining.append(group)
             for seq, spec in zip(seqs, new):
@@ -561,7 +574,7 @@ class Scheduler:
             if group.is_finished:
                 group.status = FINISHED
                 running = self._running  # sorted by arrival: found by bisection, by identity (no field comparisons)
-                at = bisect.bisect_left(running, group.arrival_order, key=_arrival_order)
+                at = bisect.bisect_left(running, group.queue_key, key=_queue_key)
                 if at == len(running) or running[at] is not group:
                     raise RuntimeError(f"request {group.request_id}: finished but not in the running queue")
                 del running[at]
@@ -685,7 +698,7 @@ class Scheduler:
             return None
         _, seq_groups, _ = self._plain_decodes_cache
         lasts = [s.output_len - s.num_generated - 1 for s in seqs]  # the epoch step that samples its last token
-        keys = [(g.arrival_order, j) for g in self._running for j in range(len(g.live))]  # plan order
+        keys = [(g.queue_key, j) for g in self._running for j in range(len(g.live))]  # plan order
         kv_epoch = self.kv.open_decode_epoch(seq_groups, lasts, keys)
         if kv_epoch is None:
             return False
@@ -713,14 +726,15 @@ class Scheduler:
         next step would admit the first waiting request (plain_decode_seqs' question, for the members now; not asked
         with `admission` False: a step that preempts admits nothing). With a request waiting that is refused (or
         admission closed), a request arriving during the run queues behind it: it cannot change the run's steps
-        (admission is FCFS, and free memory only shrinks in a run)."""
+        (admission is FCFS, and free memory only shrinks in a run). Not under priority scheduling: an arrival may
+        head the queue."""
         epoch = self._epoch
         if epoch is None:
             return None
         if epoch.joining and not self._join_epoch(epoch):
             self._close_epoch()
             return None
-        blocked = bool(self._waiting)
+        blocked = bool(self._waiting) and not self._by_priority
         if admission and self._waiting and self._may_admit():
             # NOTE: a head refused stays refused while it stays the head, the members the same and free memory does
             # not grow (the question is monotone in free memory: no prefix cache in an epoch); asked once per such
@@ -796,7 +810,7 @@ class Scheduler:
             if self.config.mode == "v1" and epoch.num_seqs + len(seqs) > self.config.max_num_batched_tokens:
                 return False  # the budget no longer holds a token for every member
             lasts = [steps + s.output_len - s.num_generated - 1 for s in seqs]
-            keys = [(group.arrival_order, j) for j in range(len(seqs))]
+            keys = [(group.queue_key, j) for j in range(len(seqs))]
             if not self.kv.join_decode_epoch([s.seq_id for s in seqs], lasts, keys):
                 return False
             for seq, last in zip(seqs, lasts):
@@ -886,8 +900,8 @@ class Scheduler:
             epoch.on_close(epoch.steps)
 
 
-def _arrival_order(group: SequenceGroup) -> int:
-    return group.arrival_order
+def _queue_key(group: SequenceGroup) -> int | tuple[int, int]:
+    return group.queue_key
 
 
 @dataclass(slots=True)

@@ -78,10 +78,15 @@ class SequenceGroup:
     status: SequenceStatus = SequenceStatus.WAITING
     forked: bool = False  # the siblings have been forked from the leader (always True for a lone sequence)
     pending_copies: list[tuple[int, int]] = field(default_factory=list)  # fork copies for the next plan
+    # Its place in the scheduler's queues (running, swapped, waiting, and who is preempted last): arrival_order under
+    # FCFS; (request.priority, arrival_order) under priority scheduling. None: arrival_order.
+    queue_key: int | tuple[int, int] | None = None
     live: tuple[Sequence, ...] = field(init=False, repr=False, compare=False)  # cached: asked often
 
     def __post_init__(self) -> None:
         self.forked = self.forked or len(self.seqs) == 1
+        if self.queue_key is None:
+            self.queue_key = self.arrival_order
         self._refresh_live()
 
     def _refresh_live(self) -> None:

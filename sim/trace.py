@@ -15,19 +15,20 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sim.limits import MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_TIME_S, MAX_TOKENS
+from sim.limits import MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_PRIORITY, MAX_TIME_S, MAX_TOKENS
 from sim.request import Request
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
 from .trace_files import LongInt, TraceError, open_trace, parse_int, show
 
-CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "beam_width", "prefix_id", "prefix_len")
+CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "beam_width", "prefix_id", "prefix_len",
+               "priority")  # (priority: optional, written only when a request has one other than 0)
 JSON_FIELDS = CSV_COLUMNS + ("prompt_token_ids",)
 _FIELD_SET = frozenset(JSON_FIELDS)
 _REQUIRED = ("request_id", "arrival_time", "prompt_len", "output_len")
 # integer field -> (smallest, largest allowed value, default when absent); None = required. Limits: sim.limits.
 _INT_FIELDS = {"request_id": (0, MAX_ID, None), "prompt_len": (1, MAX_TOKENS, None),
                "output_len": (1, MAX_TOKENS, None), "n": (1, MAX_COUNT, 1), "beam_width": (1, MAX_COUNT, 1),
-               "prefix_len": (0, MAX_TOKENS, 0)}  # fmt: skip
+               "prefix_len": (0, MAX_TOKENS, 0), "priority": (-MAX_PRIORITY, MAX_PRIORITY, 0)}  # fmt: skip
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")  # a CSV integer: ASCII digits (int() would also take '1_000' and '٣')
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, no inf
 
@@ -37,12 +38,15 @@ def _record(request: Request) -> dict:
 
 
 def jsonl_text(requests: list[Request]) -> str:
-    """The requests as JSONL: one JSON object a line (no prompt_token_ids where a request has none)."""
+    """The requests as JSONL: one JSON object a line (no prompt_token_ids where a request has none, no priority
+    where it is 0)."""
     lines = []
     for request in requests:
         record = _record(request)
         if record["prompt_token_ids"] is None:
             del record["prompt_token_ids"]
+        if record["priority"] == 0:
+            del record["priority"]
         lines.append(json.dumps(record) + "\n")
     return "".join(lines)
 
@@ -62,10 +66,11 @@ def write_csv(requests: list[Request], path: str | Path) -> None:
 
     with atomic_write(path, newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
+        priorities = any(r.priority for r in requests)
+        writer.writerow(CSV_COLUMNS if priorities else CSV_COLUMNS[:-1])
         for r in requests:
             writer.writerow([r.request_id, repr(r.arrival_time), r.prompt_len, r.output_len, r.n, r.beam_width,
-                             "" if r.prefix_id is None else r.prefix_id, r.prefix_len])
+                             "" if r.prefix_id is None else r.prefix_id, r.prefix_len, *([r.priority] * priorities)])
 
 
 def _name(key: str) -> str:
@@ -89,7 +94,7 @@ def _int(value, name: str, low: int, high: int, cell: bool = False) -> int:
         if _INT_TEXT.fullmatch(value):
             value = parse_int(value)
     if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"{name}: got {show(value)} (allowed: an integer from {low} to {_upto(high)})")
+        raise ValueError(f"{name}: got {show(value)} (allowed: an integer from {low:,} to {_upto(high)})")
     return value
 
 
@@ -133,7 +138,7 @@ def parse_record(record: dict, cell: bool = False) -> Request:
         elif not _absent(value, cell):
             values[name] = _int(value, name, low, high, cell)
         elif default is None:
-            raise ValueError(f"{name}: missing (allowed: an integer from {low} to {_upto(high)})")
+            raise ValueError(f"{name}: missing (allowed: an integer from {low:,} to {_upto(high)})")
         else:
             values[name] = default
         if name == "request_id":

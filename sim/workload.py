@@ -237,3 +237,18 @@ def _prompt_token_ids(own_lens: np.ndarray, prefix_len: int, num_prefixes: int) 
         prefixes[i % num_prefixes] + list(range(start, start + own))
         for i, (start, own) in enumerate(zip(starts.tolist(), own_lens.tolist()))
     ]
+
+
+def assign_priorities(requests: list[Request], share: float, seed: int) -> None:
+    """Mark `share` of the requests, drawn independently with `seed` (a stream of its own: the lengths and arrivals
+    stay those of the same seed without priorities), priority 0, and the rest priority 1: two classes, such as
+    interactive chat before batch jobs, for scheduling_policy="priority" (vLLM serves the lower value first)."""
+    if not (is_real(share) and 0 <= share <= 1):
+        raise ValueError(f"priority_share: got {share!r} (allowed: a finite number >= 0 and <= 1, a share of the "
+                         f"requests)")  # fmt: skip
+    draws = np.random.default_rng([seed, PRIORITY_STREAM]).random(len(requests))
+    for request, u in zip(requests, draws.tolist()):
+        request.priority = 0 if u < share else 1
+
+
+PRIORITY_STREAM = 0x5052494F  # "PRIO": assign_priorities' seed entropy beside the run's seed

@@ -27,6 +27,7 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     hybrid_memory      -         sliding-window layers (Gemma 3): the hybrid KV manager vs all layers as full
     memory_managers    -         every KV manager's breakdown and batch size; prefix hits vs block size, hashed vs radix
     kv_dtype           -         an 8-bit KV cache vs 16-bit: token slots, batch size, latency and throughput vs rate
+    priority           -         priority scheduling: latency per class, FCFS vs priority (vLLM's scheduling policy)
     disagg_goodput     -         disaggregated prefill/decode (DistServe) vs colocated on 4 GPUs: SLO attainment, goodput
 
 The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
@@ -47,9 +48,9 @@ from typing import Callable
 from ..outfiles import check_output_folder
 from ..sweep import PointResult, SweepError, Task, run_tasks
 from . import kv_dtype
-from . import ablations, chatbot, hybrid, managers, memory, pages, sampling, scheduling, sharing, throughput
-from . import microbench, tensor_parallel
+from . import ablations, chatbot, hybrid, managers, memory, pages, priority, sampling, scheduling, sharing, throughput
 from . import disagg
+from . import microbench, tensor_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("hybrid_memory", hybrid.hybrid_tasks, hybrid.draw_hybrid),
     FigureSpec("memory_managers", managers.manager_tasks, managers.draw_managers),
     FigureSpec("kv_dtype", kv_dtype.kv_dtype_tasks, kv_dtype.draw_kv_dtype),
+    FigureSpec("priority", priority.priority_tasks, priority.draw_priority),
     FigureSpec("disagg_goodput", disagg.disagg_tasks, disagg.draw_disagg),
 )}  # fmt: skip
 

@@ -18,6 +18,7 @@ The blocks, in README order (BLOCKS):
                      latency_vs_rate_tp,paged_kernel_overhead,swap_recompute_cost}.csv
                                                      the numbers of the figure table's rows
     chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
+    priority         figures/priority.csv            latency per class, FCFS against priority scheduling
     disagg           figures/disagg_goodput.csv      goodput per GPU, disaggregated against colocated
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
@@ -283,6 +284,22 @@ def chunked_prefill(f: Files) -> tuple[Table, ...]:
                    ("scheduler", "a request's largest gap between two tokens", "time to first token"), *rows),)
 
 
+def priority(f: Files) -> tuple[Table, ...]:
+    """Both classes under both policies at the figure's highest rate."""
+    top = max(float(r["rate"]) for r in f.rows("priority"))
+    rows = []
+    for r in sorted((r for r in f.rows("priority") if float(r["rate"]) == top),
+                    key=lambda r: (r["priority"], r["scheduling_policy"])):  # fmt: skip
+        rows.append((f"{r['priority']}.{r['scheduling_policy']}",
+                     f"class {r['priority']} ({float(r['priority_share']):.0%} of the requests)" if r["priority"] == "0"
+                     else f"class {r['priority']} (the rest)", r["scheduling_policy"],
+                     f"{float(r['mean_ttft_s']):.2f} s", f"{float(r['p99_ttft_s']):.1f} s",
+                     f"{float(r['normalized_latency_s_per_token']):.3f} s"))  # fmt: skip
+    return (_table(f"At {top:g} req/s (`figures/priority.csv`):",
+                   ("class", "policy", "mean time to first token", "p99 time to first token",
+                    "normalized latency (s/token)"), *rows),)  # fmt: skip
+
+
 # --- the reference engine's benchmarks ---------------------------------------------------------------------------
 def disagg(f: Files) -> tuple[Table, ...]:
     """Disaggregated against colocated on 4 GPUs: DistServe's goodput per GPU, and both latencies at the rate where the
@@ -543,6 +560,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "memory-map": memory_map,
     "figures": figure_rows,
     "chunked-prefill": chunked_prefill,
+    "priority": priority,
     "disagg": disagg,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,

@@ -56,8 +56,8 @@ def kernel_env(tmp_path_factory):
             os.environ[k] = v
 
 
-def test_there_are_eight_walkthroughs():
-    assert [p.name[:2] for p in WALKTHROUGHS] == ["01", "02", "03", "04", "05", "06", "07", "08"], WALKTHROUGHS
+def test_there_are_nine_walkthroughs():
+    assert [p.name[:2] for p in WALKTHROUGHS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09"], WALKTHROUGHS
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.rglob("*.ipynb")), ids=lambda p: str(p.relative_to(NOTEBOOKS)))

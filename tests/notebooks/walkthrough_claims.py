@@ -206,6 +206,20 @@ _NB8_BUDGET_ROW = r"^(v0|v1, \d+) +(\d+) +(\d+) +(\d+)$"
 _NB8_CHUNKED = 'chunks = [new for record in engines["chunked"].step_log'
 _NB8_SLO = "SLO = dict(slo_ttft=0.5, slo_tbt=0.035)"
 _NB8_SLO_ROW = r"^ *([\d.]+) +(v0|v1-512) +([\d.]+) +([\d.]+)% +([\d.]+) +([\d.]+)%$"
+_NB9_BY_HAND = "def serve(policy: str) -> None:"
+_NB9_STEP = r"^ *(fcfs|priority) step +(\d+): (.*?) +waiting (\[.*\])$"
+_NB9_LOAD = 'trace = dict(workload="sharegpt", rate=2.5, duration=600, seed=0, priority_share=0.2)'
+_NB9_LOAD_ROW = r"^ *(fcfs|priority) +(\d) +(\d+) +([\d.]+)s +([\d.]+)s +([\d.]+) +([\d.]+)$"
+
+
+def _classes(matches) -> dict[tuple[str, int], tuple]:
+    """Notebook 9's load table: (policy, class) -> (requests, mean TTFT, p99 TTFT, s/token, throughput)."""
+    return {(m[0], m[1]): m[2:] for m in matches}
+
+
+def _event_step(matches, policy: str, event: str) -> int | None:
+    """Notebook 9's by-hand run: the step at which `event` ("admits r3", "r3 finishes", ...) happened under `policy`."""
+    return next((m[1] for m in matches if m[0] == policy and event in m[2].split(", ")), None)
 
 
 def _stall(system: str, request: str, column: int) -> str:
@@ -704,5 +718,33 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("Past capacity (2.5 req/s) both collapse", _NB8_SLO, _NB8_SLO_ROW,
               read=lambda ms: tuple(v[2] / v[0] for (rate, _), v in _slo(ms).items() if rate == 2.5),
               within=(0, 0.25), why="collapse: goodput under a quarter of the throughput"),
+    ],
+    "09_serving_policies": [
+        Claim("FCFS admits r2 (the earlier arrival)", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: _event_step(ms, "fcfs", "admits r2"), stated=1, why="at step 1, when it arrives"),
+        Claim("preempts the latest arrival, r2 itself", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: _event_step(ms, "fcfs", "preempts r2"), stated=2, why="at step 2"),
+        Claim("both come back when r0 and r1 finish at step 16", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: (_event_step(ms, "fcfs", "r0 finishes"), _event_step(ms, "fcfs", "r1 finishes")),
+              stated=(16, 16)),
+        Claim("Priority admits r3 at step 1", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: _event_step(ms, "priority", "admits r3"), stated=1),
+        Claim("At step 2 the victim is r1", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: _event_step(ms, "priority", "preempts r1"), stated=2),
+        Claim("r1 goes back into the waiting queue in its place, in front of r2", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: next(m[3] for m in ms if m[0] == "priority" and m[1] == 2), stated="[1, 2]"),
+        Claim("r3 finishes at step 16 instead of 32", _NB9_BY_HAND, _NB9_STEP,
+              read=lambda ms: (_event_step(ms, "priority", "r3 finishes"), _event_step(ms, "fcfs", "r3 finishes")),
+              stated=(16, 32)),
+        Claim("Under FCFS the two classes wait alike, about 22 s for the first token", _NB9_LOAD, _NB9_LOAD_ROW,
+              read=lambda ms: (_classes(ms)["fcfs", 0][1], _classes(ms)["fcfs", 1][1]), stated=(22, 22), tolerance=1,
+              why="both classes' mean TTFT under FCFS, within 1 s of 22"),
+        Claim("Under priority class 0 waits 0.35 s on average (p99 2.4 s)", _NB9_LOAD, _NB9_LOAD_ROW,
+              read=lambda ms: _classes(ms)["priority", 0][1:3], stated=(0.35, 2.4)),
+        Claim("and class 1 pays for it: 26 s instead of 22", _NB9_LOAD, _NB9_LOAD_ROW,
+              read=lambda ms: (_classes(ms)["priority", 1][1], _classes(ms)["fcfs", 1][1]), stated=(26, 22),
+              tolerance=0.5, why="class 1's mean TTFT under priority and under FCFS, rounded to the second"),
+        Claim("The throughput barely moves (2.29 against 2.28 req/s)", _NB9_LOAD, _NB9_LOAD_ROW,
+              read=lambda ms: (_classes(ms)["fcfs", 0][4], _classes(ms)["priority", 0][4]), stated=(2.29, 2.28)),
     ],
 }

@@ -42,13 +42,13 @@ INT_FLAGS = {  # flag -> (run() keyword, the other flags that make it mean somet
 FLOAT_FLAGS = {
     "--rate": ("rate", []), "--duration": ("duration", []), "--burstiness": ("burstiness", ["--arrival", "gamma"]),
     "--swap-space": ("swap_space_gib", ["--preemption", "swap"]), "--watermark": ("watermark", []),
-    "--slo-ttft": ("slo_ttft", []), "--slo-tbt": ("slo_tbt", []),
+    "--slo-ttft": ("slo_ttft", []), "--slo-tbt": ("slo_tbt", []), "--priority-share": ("priority_share", []),
 }  # fmt: skip
 RANGE_FLAGS = {
     "--prompt-len-range": ("prompt_len_range", ["--workload", "uniform", "--output-len-range", "1,5"]),
     "--output-len-range": ("output_len_range", ["--workload", "uniform", "--prompt-len-range", "1,5"]),
 }
-VALID_ZERO = {"--seed", "--prefix-len", "--swap-space", "--watermark"}
+VALID_ZERO = {"--seed", "--prefix-len", "--swap-space", "--watermark", "--priority-share"}
 
 
 def _numeric_cases() -> list:
@@ -77,6 +77,8 @@ COMBINATIONS = [
     (["run", "--trace", T, "--n", "2"], "--n 2: describes"),
     (["run", "--trace", T, "--prefix-len", "4"], "--prefix-len 4: describes"),
     (["run", "--trace", T, "--arrival", "offline"], "--arrival offline: describes"),
+    (["run", "--trace", T, "--priority-share", "0.5"], "--priority-share 0.5: describes a generated workload"),
+    (["run", "--scheduling-policy", "lifo"], "scheduling_policy: got 'lifo' (allowed: fcfs, priority)"),
     (["run", "--policy", "max", "--block-size", "16"], "--block-size 16: applies to --policy paged only"),
     (["run", "--policy", "pow2", "--watermark", "0.1"], "--watermark 0.1: applies to --policy paged only"),
     (["run", "--policy", "oracle", "--preemption", "swap"], "--preemption swap: applies to --policy paged only"),
@@ -181,6 +183,10 @@ TRACES = [
     ("t.jsonl", LINE0 + _line(n=2, beam_width=2), "line 2: request 1: use either n"),
     ("t.jsonl", LINE0 + _line(prefix_len=9), "line 2: request 1: prefix_len must be in [0, prompt_len]"),
     ("t.jsonl", LINE0 + _line(colour=1), "line 2: unknown field(s) colour"),
+    ("t.jsonl", LINE0 + _line(priority=1.5), "line 2: priority: got 1.5 (allowed: an integer from -1,000,000 to 1,000,000)"),
+    ("t.jsonl", LINE0 + _line(priority=10**7), "line 2: priority: got 10000000"),
+    ("t.jsonl", LINE0 + _line(priority="high"), "line 2: priority: got 'high'"),
+    ("t.csv", HEADER.strip() + ",priority\n0,0,5,3,urgent\n", "line 2: priority: got 'urgent'"),
     ("t.jsonl", LINE0 + '{"request_id": 1, "request_id": 2, "arrival_time": 0, "prompt_len": 5, "output_len": 3}\n',
      "line 2: field request_id appears twice in one object"),
     ("t.jsonl", LINE0 + "\n" + LINE0, "line 3: request_id: 0 is already the id of line 1 (allowed: each request_id once)"),

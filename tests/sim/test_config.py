@@ -79,7 +79,7 @@ def test_configs_take_keywords_only():
 def test_the_scheduler_defaults_of_a_run_are_the_scheduler_configs():
     """One home: RunConfig's scheduler fields default to SchedulerConfig's."""
     pairs = {"scheduler": "mode", "max_num_seqs": "max_num_seqs", "enable_chunked_prefill": "enable_chunked_prefill",
-             "preemption": "preemption", "victim": "victim"}  # fmt: skip
+             "preemption": "preemption", "victim": "victim", "scheduling_policy": "scheduling_policy"}  # fmt: skip
     for run_name, name in pairs.items():
         assert RUN_DEFAULTS[run_name] == getattr(SCHEDULER_DEFAULTS, name), run_name
 

@@ -51,6 +51,11 @@ CASES = {f"{mode}-{name}": (policy, {**MODES[mode], **extra}) for mode in MODES
          for name, (policy, extra) in BASE_CASES.items()}  # fmt: skip
 CASES["static"] = ("paged", {"scheduler": "static", "kv_slots": 4096})
 CASES["v1-unchunked"] = ("paged", {"scheduler": "v1", "enable_chunked_prefill": False, "kv_slots": 4096})
+# priority scheduling: arrivals of the better class head the queue (a run may not go on past them), victims by class
+CASES["v0-paged-priority"] = ("paged", {"scheduler": "v0", "kv_slots": 4096, "scheduling_policy": "priority",
+                                        "priority_share": 0.3})
+CASES["v1-paged-priority"] = ("paged", {"scheduler": "v1", "max_num_batched_tokens": 256, "kv_slots": 4096,
+                                        "scheduling_policy": "priority", "priority_share": 0.3})
 # short requests admitted into a running batch: they join an open decode epoch and some finish in their first run
 CASES["v0-paged-short-joiners"] = ("paged", {"scheduler": "v0", "workload": "uniform", "rate": 30.0,
                                              "prompt_len_range": (1, 40), "output_len_range": (1, 12),
@@ -89,7 +94,8 @@ def _assert_same_run(jumped, stepped) -> None:
 @given(st.data())
 def test_jump_equals_stepping_on_random_small_workloads(data):
     """Beyond the cases above: random uniform workloads in pools from barely big enough to ample, any block size,
-    parallel samples, each scheduler, either victim policy, a sequence cap that binds or not. Stepping, run by run (validated) and decode epochs (which
+    parallel samples, each scheduler, either victim policy, a sequence cap that binds or not, FCFS or priority
+    scheduling (with two classes of requests or one). Stepping, run by run (validated) and decode epochs (which
     preempt inside the epoch where memory runs out) give the same requests and steps, bit for bit."""
     prompt_hi = data.draw(st.integers(1, 200), "longest prompt")
     output_hi = data.draw(st.integers(1, 120), "longest output")
@@ -103,6 +109,8 @@ def test_jump_equals_stepping_on_random_small_workloads(data):
              "scheduler": data.draw(st.sampled_from(["v0", "v1", "static"]), "scheduler"),
              "victim": data.draw(st.sampled_from(["latest_arrival", "latest_arrival", "fewest_computed"]), "victim"),
              "max_num_seqs": data.draw(st.sampled_from([n, 2 * n + 1, 256]), "max_num_seqs"),
+             "scheduling_policy": data.draw(st.sampled_from(["fcfs", "fcfs", "priority"]), "scheduling policy"),
+             "priority_share": data.draw(st.sampled_from([0.0, 0.3, 0.8]), "priority share"),
              "seed": data.draw(st.integers(0, 3), "seed")}  # fmt: skip
     if extra["scheduler"] == "v1":
         extra["max_num_batched_tokens"] = data.draw(st.sampled_from([64, 256, 2048]), "budget")

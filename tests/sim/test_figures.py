@@ -97,6 +97,16 @@ def test_chunked_prefill_shortens_the_stalls_of_decodes(quick_figures):
     assert all(int(r["num_finished"]) == int(r["num_requests"]) for r in rows)
 
 
+def test_priority_serves_class_0_first_past_the_knee(quick_figures):
+    """The same traces under FCFS and priority: at the rate past the knee class 0 waits far less for its first token
+    under priority than under FCFS, and class 1 no less; every request finishes under both."""
+    rows = read_rows(quick_figures, "priority")
+    ttft = {(r["scheduling_policy"], float(r["rate"]), int(r["priority"])): float(r["mean_ttft_s"]) for r in rows}
+    assert ttft["priority", 2.5, 0] < 0.5 * ttft["fcfs", 2.5, 0]
+    assert ttft["priority", 2.5, 1] >= ttft["fcfs", 2.5, 1]
+    assert all(int(r["num_finished"]) == int(r["num_requests"]) > 0 for r in rows)
+
+
 def test_equal_runs_merge_and_keep_every_probe():
     a = Task.of((Timeline(),), policy="paged", rate=2.0)
     b = Task.of((Sharing(),), rate=2.0, policy="paged")  # the same keywords in another order

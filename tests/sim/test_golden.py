@@ -14,7 +14,8 @@ copied into its siblings' runs, instead of computed once per sibling) and `paged
 after a preemption by recompute may hit the prefix cache, and the token budget counts the tokens computed after
 prefix-cache hits, as vLLM v1 does). The v1 cases were added then. When the step table gained the blocks swapped
 out, swapped in and copied per step (for `--chrome-trace`), the copy was re-recorded after checking that every
-earlier column's hash and every summary were unchanged.
+earlier column's hash and every summary were unchanged; so again when the request table gained each request's
+priority (priority scheduling), which added the case `v1-paged-priority`.
 
 NOTE: every case runs with a frozen copy of the roofline cost model as it stood when the golden copy was
 recorded (`FrozenRoofline`) and the pool size spelled out, so the golden copy guards the scheduler, the KV
@@ -81,6 +82,7 @@ CASES = {
     "v1-paged-prefix": {**SMALL, **V1, "policy": "paged", "prefix_len": 40, "num_prefixes": 2},
     "v1-paged-fewest-computed": {**SMALL, **V1, "policy": "paged", "victim": "fewest_computed"},
     "v1-oracle-n2": {**SMALL, **V1, "policy": "oracle", "n": 2, "kv_slots": 8192, "allocator": "first_fit"},
+    "v1-paged-priority": {**SMALL, **V1, "policy": "paged", "scheduling_policy": "priority", "priority_share": 0.3},
 }
 
 
@@ -108,7 +110,8 @@ def test_golden_cases_do_real_work():
     golden = json.loads(GOLDEN.read_text())
     assert set(golden) == set(CASES)
     assert golden["paper-paged"]["summary"]["num_requests"] > 1000
-    for case in ("paged-n3-recompute", "paged-n2-swap", "paged-prefix", "v1-paged-n3-recompute", "v1-paged-prefix"):
+    for case in ("paged-n3-recompute", "paged-n2-swap", "paged-prefix", "v1-paged-n3-recompute", "v1-paged-prefix",
+                 "v1-paged-priority"):
         assert golden[case]["summary"]["num_preemptions"] > 0, case
     assert golden["v1-paged-prefix"]["summary"]["prefix_cache_hit_rate_tokens"] > 0
 

@@ -71,6 +71,17 @@ def test_memory_waste_map_and_chunked_prefill(files):
         assert block.row(system)["time to first token"] == f"{1e3 * ttft[system, 1.0]:.0f} ms"
 
 
+def test_priority(files):
+    rows = read_rows("priority")
+    top = max(float(r["rate"]) for r in rows)
+    block = make_block("priority", files)
+    for r in rows:
+        if float(r["rate"]) == top:
+            row = block.row(f"{r['priority']}.{r['scheduling_policy']}")
+            assert row["mean time to first token"] == f"{float(r['mean_ttft_s']):.2f} s"
+            assert row["normalized latency (s/token)"] == f"{float(r['normalized_latency_s_per_token']):.3f} s"
+
+
 def test_batch_size_and_the_sustained_rates_of_figs_14_and_17(files):
     batch = {(r["workload"], r["system"]): float(r["mean_batch_size"]) for r in read_rows("batch_size")}
     expected = f"{batch['sharegpt', 'paged'] / batch['sharegpt', 'max']:.1f}x"

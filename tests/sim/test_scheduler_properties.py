@@ -17,6 +17,10 @@ simulator's outcome rule (a sequence finishes at its output_len) and random beam
   block table holding exactly its own tokens: a prefix-cache hit, a fork, a beam re-chosen from a beam, a swap
   or a recompute never makes attention read another sequence's K/V or a stale one;
 - the KV manager's own invariants hold and the memory breakdown covers the pool exactly;
+- nobody overtakes: a request admitted from the waiting queue comes before (in the queues' order: arrival, or
+  (priority, arrival) with scheduling_policy="priority") every request still waiting (under FCFS, with the
+  latest_arrival victim policy: another puts victims back in front in its own order); with the latest_arrival victim
+  policy a preempted request comes after every request that runs on;
 and when every request has finished, no block is left allocated (GPU or CPU).
 """
 from __future__ import annotations
@@ -46,7 +50,8 @@ def draw_config(draw, mode: str, preemption: str = "recompute") -> SchedulerConf
     budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
     return SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
                            preemption=preemption, enable_chunked_prefill=chunked,
-                           victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])))  # fmt: skip
+                           victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])),
+                           scheduling_policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])))  # fmt: skip
 
 
 @st.composite
@@ -73,7 +78,8 @@ def workloads(draw):
         shared = draw(st.integers(0, prompt_len))
         ids = [1000 * doc + t for t in range(shared)] + [10_000 * (i + 1) + t for t in range(shared, prompt_len)]
         requests.append(Request(i, float(i), prompt_len, output_len, n=2 if kind == "n" else 1,
-                                beam_width=3 if kind == "beam" else 1, prompt_token_ids=ids))  # fmt: skip
+                                beam_width=3 if kind == "beam" else 1, prompt_token_ids=ids,
+                                priority=draw(st.sampled_from([0, 0, 1, 2]))))  # fmt: skip
     return requests
 
 
@@ -97,6 +103,26 @@ def check_step(sched: Scheduler, plan, add_order: list[int]) -> None:
         seq_tokens = sched.request(e.request_id).prompt_len + sched.num_generated(e.seq_id)
         assert e.sample == (end == seq_tokens) and end <= seq_tokens
     assert all(e.num_new_tokens == 1 for e in plan.decodes)
+
+
+def check_order(sched: Scheduler, plan, added: list[int], waiting_before: set, running_before: set) -> None:
+    """No overtaking at admission; the latest_arrival policy preempts from the end of the queues' order."""
+    by_priority = sched.config.scheduling_policy == "priority"
+
+    def key(rid: int) -> tuple[int, int]:
+        return (sched.request(rid).priority if by_priority else 0, added.index(rid))
+
+    latest = sched.config.victim == "latest_arrival"
+    if by_priority or latest:  # (FCFS puts victims back in front in the order they were preempted, as vLLM does:
+        # by another policy's order a later arrival may then head the queue)
+        still_waiting = waiting_before & set(sched.waiting_request_ids())
+        gone = waiting_before - set(sched.waiting_request_ids())
+        for rid in gone - {r for r in waiting_before if sched.is_finished(r)}:
+            assert all(key(rid) < key(w) for w in still_waiting), f"request {rid} overtook {sorted(still_waiting)}"
+    if latest:
+        running_on = running_before & set(sched.running_request_ids())
+        for rid in plan.preempted:
+            assert all(key(r) < key(rid) for r in running_on), f"preempted {rid} before a later request"
 
 
 class Contents:
@@ -186,7 +212,9 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
                 steps = due  # nothing to run until the next arrival
                 continue
             break
+        waiting_before, running_before = set(sched.waiting_request_ids()), set(sched.running_request_ids())
         plan = sched.schedule()
+        check_order(sched, plan, added, waiting_before, running_before)
         check_step(sched, plan, added)
         memory.execute(plan)
         finished = {e.seq_id for e in plan.entries
