@@ -35,9 +35,9 @@ INSTRUCTORS = NOTEBOOKS / "INSTRUCTORS.md"
 LEARN, PREDICT = "**You will learn**", "**Predict, then run.**"
 # NOTE: three questions per walkthrough is the norm; 05 asks a fourth, on the paper's other Fig. 12 setups (what tensor
 # parallelism costs), because those panels belong with its Fig. 12 and no other walkthrough reproduces the paper; 07
-# asks five, one per KV mechanism that came after the paper (a radix tree, vAttention's pages, a hybrid model's groups,
-# disaggregated prefill and decode, an 8-bit KV cache): it is the one walkthrough of what came after the paper.
-MORE_PREDICTIONS = {"05_reproducing_the_paper": 4, "07_after_the_paper": 5}
+# asks four, one per KV memory mechanism that came after the paper (a radix tree, vAttention's pages, a hybrid model's
+# groups, an 8-bit KV cache). (Serving policies after the paper, priority and disaggregation, are walkthrough 09's.)
+MORE_PREDICTIONS = {"05_reproducing_the_paper": 4, "07_after_the_paper": 4}
 ENGINE = "06_real_engine.ipynb"
 
 
