@@ -1,7 +1,8 @@
 """The engine's settings: every keyword of `LLM(...)` with its default, in one frozen, keyword-only dataclass.
 
 The settings the engine shares with the simulator take the simulator's defaults (sim/config.py: the policy and block
-size of the KV pool, the scheduler's mode, sequence cap, preemption, victim and chunking). The engine's own:
+size of the KV pool, the scheduler's mode, sequence cap, preemption, victim, chunking and scheduling policy). The
+engine's own:
 
     watermark 0.0                   vLLM v1 keeps no admission watermark (the simulator's 0.01 is the paper's v0)
     enable_prefix_caching False     as this engine has always run; turn it on per LLM
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from reference.attention.quant import check_kv_dtype
 from reference.sampling import check_bool, check_int, check_real
-from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS
+from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
 from sim.kv import POLICIES, takes_block_allocator
 from sim.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
 
@@ -53,6 +54,7 @@ class EngineConfig:
     enable_chunked_prefill: bool | None = SCHEDULER_DEFAULTS.enable_chunked_prefill
     preemption: str = SCHEDULER_DEFAULTS.preemption
     victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.preemption.VICTIM_POLICIES, or a function
+    scheduling_policy: str = SCHEDULER_DEFAULTS.scheduling_policy  # "fcfs" | "priority" (vLLM's scheduling_policy)
     # the model and the machine
     max_model_len: int | None = None
     device: str | None = None
@@ -100,6 +102,9 @@ class EngineConfig:
                 raise ValueError(f"block_allocator: policy {self.policy!r} runs its own allocator (allowed with "
                                  f"block_allocator: {takes})")  # fmt: skip
         check_kv_dtype(self.kv_dtype)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy: got {self.scheduling_policy!r} (allowed: "
+                             f"{', '.join(SCHEDULING_POLICIES)})")  # fmt: skip
         checked["enable_prefix_caching"] = check_bool("enable_prefix_caching", self.enable_prefix_caching)
         if self.enable_chunked_prefill is not None:
             checked["enable_chunked_prefill"] = check_bool("enable_chunked_prefill", self.enable_chunked_prefill)

@@ -98,6 +98,7 @@ class CheckedRequest:
     params: Params
     max_tokens: int  # params.max_tokens, cut to what the model context leaves
     request_id: str | None  # None: the engine's next id
+    priority: int = 0  # its place under scheduling_policy="priority": the lower value first (vLLM's priority)
 
 
 @contextmanager
@@ -165,7 +166,8 @@ class LLMEngine:
                           # ids only for a pool that caches prefixes: enable_prefix_caching, or a policy whose cache
                           # is the policy (radix), which must see them even when the flag is off
                           prompt_token_ids=ids if self.kv_manager.enable_prefix_caching else None,
-                          skip_reading_prefix_cache=prompt_logprobs is not None)  # as vLLM: every position computed
+                          skip_reading_prefix_cache=prompt_logprobs is not None,  # as vLLM: every position computed
+                          priority=checked.priority)
         why = self.scheduler.check_request(request)  # worded here, in the caller's name for the request
         if why is not None:
             raise ValueError(f"{name or f'request {public!r}'}: {why}")

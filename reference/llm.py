@@ -28,8 +28,9 @@ from reference.kv_groups import kv_layout, model_spec
 from reference.models.llama import LlamaForwardModel
 from reference.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from reference.prompts import chat_messages, prompt_list, prompt_parts
-from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_real
+from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real
 from sim.config import SchedulerConfig, default_max_num_batched_tokens
+from sim.limits import MAX_PRIORITY
 from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
 from sim.metrics import LATENCY_METRICS, Table, latency_summary
 from sim.scheduler import Scheduler
@@ -51,6 +52,7 @@ class LLM(LLMEngine):
                  dtype: torch.dtype | str | None = D.dtype, seed: int = D.seed, max_model_len: int | None = D.max_model_len,
                  tokenizer=None, enable_chunked_prefill: bool | None = D.enable_chunked_prefill,
                  watermark: float = D.watermark, victim: str | Callable = D.victim,
+                 scheduling_policy: str = D.scheduling_policy,
                  block_allocator: Callable | None = D.block_allocator,
                  gpu_memory_utilization: float | None = D.gpu_memory_utilization,
                  kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
@@ -64,7 +66,8 @@ class LLM(LLMEngine):
             num_cpu_blocks=num_cpu_blocks, swap_space=swap_space, enable_prefix_caching=enable_prefix_caching,
             watermark=watermark, scheduler=scheduler, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            preemption=preemption, victim=victim, max_model_len=max_model_len, device=device, dtype=dtype,
+            preemption=preemption, victim=victim, scheduling_policy=scheduling_policy, max_model_len=max_model_len,
+            device=device, dtype=dtype,
             backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
             block_allocator=block_allocator, kv_dtype=kv_dtype)  # every value checked
@@ -120,7 +123,7 @@ class LLM(LLMEngine):
             c.scheduler, c.chunked, self.max_model_len, offline_budget=ex.default_token_budget(self.device))
         config = SchedulerConfig(mode=c.scheduler, max_num_seqs=c.max_num_seqs, max_num_batched_tokens=budget,
                                  enable_chunked_prefill=c.enable_chunked_prefill, preemption=c.preemption,
-                                 victim=c.victim)
+                                 victim=c.victim, scheduling_policy=c.scheduling_policy)
         self.scheduler = Scheduler(self.kv_manager, config)
         # one tensor per layer, or (hybrid) one per place in a KV cache group, of the manager's pages: the same bytes
         layout = kv_layout(self.config, self.kv_manager)
@@ -181,7 +184,7 @@ class LLM(LLMEngine):
     # across every call on one LLM.
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
         """One finished RequestOutput per prompt, in prompt order.
 
         prompts: str | list[int] (ONE prompt as token ids) | {"prompt": str} | {"prompt_token_ids": list[int]}, or
@@ -191,7 +194,8 @@ class LLM(LLMEngine):
         across every call on this LLM (and add_request(request_id=None)).
         All or none: every prompt and params is checked before any request is queued (TypeError for a wrong
         type, ValueError for a wrong value). If a step fails or the call is interrupted (KeyboardInterrupt),
-        every request it queued is aborted before the exception goes on; the engine stays usable."""
+        every request it queued is aborted before the exception goes on; the engine stays usable.
+        priority: one int per prompt (vLLM's keyword), with LLM(scheduling_policy="priority"): the lower first."""
         if sampling_params is not None:
             if params is not None:
                 raise TypeError("give the SamplingParams once: as the second argument or as sampling_params=")
@@ -209,7 +213,12 @@ class LLM(LLMEngine):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params{f'[{i}]' if len(params) > 1 else ''} must be SamplingParams, "
                                 f"got {type(p).__name__}")
-        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm), "generate()")
+        if priority is not None:
+            if not isinstance(priority, (list, tuple)) or len(priority) != len(prompts):
+                given = f"{len(priority)} priorities" if isinstance(priority, (list, tuple)) else repr(priority)
+                raise ValueError(f"priority: got {given} for {len(prompts)} prompts (allowed: None, or a list of one "
+                                 f"int per prompt)")  # fmt: skip
+        return self._run(prompts, params, check_bool("use_tqdm", use_tqdm), "generate()", priority)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
              use_tqdm: bool = False, add_generation_prompt: bool = True) -> list[RequestOutput]:
@@ -266,16 +275,20 @@ class LLM(LLMEngine):
             results.append(BeamSearchOutput(seqs))
         return results
 
-    def _run(self, prompts: list, params: list[Params], use_tqdm: bool, call: str) -> list[RequestOutput]:
+    def _run(self, prompts: list, params: list[Params], use_tqdm: bool, call: str,
+             priority: list[int] | None = None) -> list[RequestOutput]:
         """As the one caller of the engine (`call`, e.g. "generate()": another thread meanwhile gets a RuntimeError),
         check every prompt, queue them all (all or none), step until they are done; on any exception or
         interruption while stepping, abort the ones still queued and re-raise."""
         with self._one_thread(call):
-            return self._run_alone(prompts, params, use_tqdm)
+            return self._run_alone(prompts, params, use_tqdm, priority)
 
-    def _run_alone(self, prompts: list, params: list[Params], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_alone(self, prompts: list, params: list[Params], use_tqdm: bool,
+                   priority: list[int] | None = None) -> list[RequestOutput]:
         where = "the prompt" if len(prompts) == 1 else "prompt {}"
-        checked = [self._check(prompt, p, None, where.format(i)) for i, (prompt, p) in enumerate(zip(prompts, params))]
+        priority = priority if priority is not None else [0] * len(prompts)
+        checked = [self._check(prompt, p, None, where.format(i), priority[i])
+                   for i, (prompt, p) in enumerate(zip(prompts, params))]
         ids: list[str] = []
         rng_state = self._rng.bit_generator.state
         try:
@@ -311,21 +324,26 @@ class LLM(LLMEngine):
 
     # --- requests in ----------------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | dict, params: Params | None = None,
-                    request_id: str | int | None = None) -> str:
+                    request_id: str | int | None = None, priority: int = 0) -> str:
         """Queue one request; returns its id, a str as in vLLM. prompt: text, token ids, or a dict {"prompt": text}
         / {"prompt_token_ids": ids}. request_id: a str this engine has never been given (vLLM's
         `llm_engine.add_request(request_id: str, ...)`); an int is accepted too and converted with str() (7 is "7":
         scripts written for this engine's former int ids keep working); None: the engine's next id, from the
         counter that numbers generate()'s requests "0", "1", ... (one a caller already took is skipped).
         TypeError / ValueError (nothing changed) for a bad input, an id already given, or a request that can never
-        be served. The scheduler knows the request by an int: `scheduler_request_id(request_id)`."""
+        be served. The scheduler knows the request by an int: `scheduler_request_id(request_id)`. priority: its
+        place under LLM(scheduling_policy="priority"), the lower first (vLLM's keyword; 0 under FCFS)."""
         with self._one_thread("add_request()"):
-            return self._enqueue(self._check(prompt, params, request_id, "the prompt"))
+            return self._enqueue(self._check(prompt, params, request_id, "the prompt", priority))
 
-    def _check(self, prompt, params: Params | None, request_id, where: str) -> CheckedRequest:
+    def _check(self, prompt, params: Params | None, request_id, where: str, priority: int = 0) -> CheckedRequest:
         """Every check add_request makes before the scheduler's own (budget, max_num_seqs, pool size). Changes
         nothing."""
         params = params if params is not None else SamplingParams()
+        priority = check_int(f"{where}'s priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
+        if priority and self.engine_config.scheduling_policy != "priority":  # vLLM refuses it too
+            raise ValueError(f"{where}'s priority: got {priority}, but priority scheduling is not enabled (allowed: "
+                             f"0, or LLM(scheduling_policy='priority'))")  # fmt: skip
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise TypeError(f"params must be SamplingParams or BeamSearchParams, got {type(params).__name__}")
         text, ids = prompt_parts(prompt, where)
@@ -346,7 +364,8 @@ class LLM(LLMEngine):
             raise ValueError(f"{where} has {len(ids)} tokens, too long for a context of {self.max_model_len} "
                              f"(allowed: at most {self.max_model_len - 1} prompt tokens)")
         request_id = self._ids.check_new(request_id)
-        return CheckedRequest(text, ids, params, min(params.max_tokens, self.max_model_len - len(ids)), request_id)
+        return CheckedRequest(text, ids, params, min(params.max_tokens, self.max_model_len - len(ids)), request_id,
+                              priority)
 
     def _tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:

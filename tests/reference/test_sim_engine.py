@@ -179,16 +179,18 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
     return calls
 
 
-def config(mode: str, preemption: str) -> dict:
-    return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET[mode], mode=mode, preemption=preemption)
+def config(mode: str, preemption: str, scheduling_policy: str = "fcfs") -> dict:
+    return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET[mode], mode=mode, preemption=preemption,
+                scheduling_policy=scheduling_policy)
 
 
-def simulate(requests: list[Request], policy: str, preemption: str, mode: str, model=None) -> list[tuple]:
+def simulate(requests: list[Request], policy: str, preemption: str, mode: str, model=None,
+             scheduling_policy: str = "fcfs") -> list[tuple]:
     """The simulator's executor, fast-forward on, over the same scheduler configuration as the engine below.
     `model`: the sim.specs.ModelSpec a policy that groups layers needs (hybrid)."""
     kv = make_kv_manager(policy, NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
                          num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, model=model)  # fmt: skip
-    scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption)))
+    scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption, scheduling_policy)))
     calls = record_calls(scheduler)
     # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
     # Paged runs go through decode epochs (advance_decode_epoch), the others run by run (advance_decodes).
@@ -197,20 +199,21 @@ def simulate(requests: list[Request], policy: str, preemption: str, mode: str, m
 
 
 def serve(model, requests: list[Request], sim_calls: list[tuple], policy: str, preemption: str, mode: str,
-          tokenizer=None) -> tuple[list[tuple], LLM]:  # fmt: skip
+          tokenizer=None, scheduling_policy: str = "fcfs") -> tuple[list[tuple], LLM]:  # fmt: skip
     """The engine replays the simulator's calls: token ids in, max_tokens = the true output length, EOS ignored."""
     cfg = config(mode, preemption)
     llm = LLM.from_loaded(model, tokenizer, policy=policy, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS,
                           num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, preemption=preemption,
                           max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=cfg["max_num_batched_tokens"],
-                          scheduler=mode, max_model_len=MAX_MODEL_LEN)  # fmt: skip
+                          scheduler=mode, max_model_len=MAX_MODEL_LEN, scheduling_policy=scheduling_policy)  # fmt: skip
     calls = record_calls(llm.scheduler)
     by_id = {r.request_id: r for r in requests}
     for kind, what in sim_calls:
         if kind == "add":
             r = by_id[what]
             params = SamplingParams(temperature=0.0, max_tokens=r.output_len, n=r.n, ignore_eos=True)
-            public = llm.add_request(r.prompt_token_ids, params, request_id=r.request_id)  # an int: str() of it
+            public = llm.add_request(r.prompt_token_ids, params, request_id=r.request_id,
+                                     priority=r.priority)  # an int id: str() of it
             # the scheduler numbers requests in the order they come, as the simulator's arrivals are numbered
             assert public == str(r.request_id) and llm.scheduler_request_id(public) == r.request_id
         else:
@@ -321,6 +324,38 @@ def test_engine_and_simulator_decide_alike(tiny, case):
     # every request ran to exactly its planned length
     assert llm.stats.num_finished_requests == len(requests)
     assert llm.stats.finish_reasons == {"length": sum(r.num_seqs for r in requests)}
+
+
+@pytest.mark.parametrize("mode", ["v0", "v1"])
+def test_priority_scheduling_decides_alike(tiny, mode):
+    """LLM(scheduling_policy="priority") with add_request(priority=...) and the simulator under the same policy make
+    the same decisions step for step; and the priorities matter: FCFS on the same trace decides otherwise."""
+    requests = trace(gap=0.02)
+    for r in requests:
+        r.priority = 0 if r.request_id % 3 == 2 else 1  # a third in the better class, arriving among the others
+    sim = simulate(requests, "paged", "recompute", mode, scheduling_policy="priority")
+    engine, llm = serve(tiny, requests, sim, "paged", "recompute", mode, scheduling_policy="priority")
+    assert_same_decisions(sim, engine)
+    check_step_log(llm, engine)
+    assert llm.stats.num_preemptions > 0 and llm.stats.num_finished_requests == len(requests)
+    assert steps(simulate(requests, "paged", "recompute", mode)) != steps(sim)
+
+
+def test_a_priority_is_refused_without_priority_scheduling(tiny):
+    llm = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_model_len=MAX_MODEL_LEN)
+    with pytest.raises(ValueError, match="the prompt's priority: got 1, but priority scheduling is not enabled"):
+        llm.add_request([20, 21, 22], SamplingParams(max_tokens=2), priority=1)
+    with pytest.raises(ValueError, match=r"priority: got 1 priorities for 2 prompts"):
+        llm.generate([[20, 21], [22, 23]], SamplingParams(max_tokens=2), priority=[0])
+    with pytest.raises(ValueError, match=r"scheduling_policy: got 'lifo' \(allowed: fcfs, priority\)"):
+        LLM.from_loaded(tiny, scheduling_policy="lifo")
+    assert not llm.has_unfinished_requests()
+    ranked = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_model_len=MAX_MODEL_LEN,
+                             scheduling_policy="priority", max_num_seqs=1)
+    outs = ranked.generate([[20, 21], [22, 23], [24, 25]], SamplingParams(max_tokens=3, ignore_eos=True),
+                           priority=[2, 1, 0])
+    finished = sorted(outs, key=lambda o: o.metrics.finished_time)
+    assert [o.request_id for o in finished] == ["2", "1", "0"]  # one at a time, the best class first
 
 
 @pytest.mark.parametrize("n, gap", [(1, 0.0), (2, 0.05)])
