@@ -20,6 +20,19 @@ A sequence's tokens, as the scheduler sees them when it asks for slots:
     |  cached (prefix hit) | computed   |  computed this step  |        allocate_slots makes the table
                                                                          cover all of them
 
+Speculative decoding (Leviathan et al., ICML 2023; vLLM v1's `num_lookahead_tokens` in `allocate_slots`). A verify
+step feeds a decoding sequence its last sampled token plus k draft tokens; the drafts get LOOKAHEAD slots, the last
+`num_lookahead_tokens[i]` of the tokens allocated, whose K/V the verify pass writes. They count as the sequence's
+tokens (token states) while they exist, and no prefix cache ever registers them. When the step is reported,
+`rollback(seq_id, num_tokens)` keeps the accepted drafts (their full blocks may be cached then) and gives back the
+rest, blocks past the new end included:
+
+    |<-- num_tokens before -->| t |<--- k lookahead --->|      allocate_slots([1], num_lookahead_tokens=[k])
+    |<-- num_tokens before -->| t | d1 d2 |  d3 .. dk   |      rollback to before + 1 + 2: d1 d2 accepted
+
+A manager refuses (ValueError) to allocate for a sequence whose lookahead is not rolled back yet, and a rollback
+outside [num_tokens - lookahead, num_tokens].
+
 Out of memory is an answer: `allocate_slots`, `fork` and `swap_*` return `None` and change nothing.
 Each has a check-first partner (`can_allocate_slots`, `can_swap_out`, `can_swap_in`) that answers the
 same question without changing anything. A broken invariant raises.
@@ -167,16 +180,25 @@ class KVManager(Protocol):
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                           new: Sequence[NewSequence] | None = None) -> bool: ...  # fmt: skip
+                           new: Sequence[NewSequence] | None = None, *,
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool: ...  # fmt: skip
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+                       new: Sequence[NewSequence] | None = None, *,
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
         """Room for `num_new_tokens[i]` more tokens in sequence `seq_ids[i]`, for all of them or none.
 
         With `new` (one per id), the sequences are not live yet: they are admitted now, each starting with
         its `num_cached_tokens` prefix-cache hits. Returns the copy-on-write copies to make, or None with
         nothing changed when memory is short (for new sequences: when admitting them would leave less
-        than the manager's watermark free)."""
+        than the manager's watermark free). `num_lookahead_tokens[i]`: that many more slots for draft tokens
+        (speculative decoding, running sequences only), kept or given back by `rollback`."""
+        ...
+
+    def rollback(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink the sequence to its first `num_tokens` tokens after a verify step: the accepted drafts stay (now
+        ordinary tokens), the rejected ones' slots go, blocks wholly past the new end back to the pool. `num_tokens`
+        from the tokens before its lookahead slots to all of them (ValueError otherwise; nothing changed)."""
         ...
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
@@ -283,6 +305,36 @@ def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
         raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
     if any(n < 0 for n in num_new_tokens):
         raise ValueError(f"num_new_tokens must be >= 0, got {list(num_new_tokens)}")
+
+
+def check_lookahead(seq_ids: Sequence[int], num_lookahead_tokens: Sequence[int] | None,
+                    new: Sequence[NewSequence] | None) -> Sequence[int] | None:  # fmt: skip
+    """The lookahead counts of an allocate_slots call, checked (one per id, >= 0, none for an admission), or None when
+    there are none (every count 0)."""
+    if num_lookahead_tokens is None:
+        return None
+    if len(num_lookahead_tokens) != len(seq_ids) or any(n < 0 for n in num_lookahead_tokens):
+        raise ValueError(f"expected one num_lookahead_tokens >= 0 per seq id, got ids {list(seq_ids)}, lookahead "
+                         f"{list(num_lookahead_tokens)}")  # fmt: skip
+    if not any(num_lookahead_tokens):
+        return None
+    if new is not None:
+        raise ValueError(f"lookahead slots are for running sequences (a verify step's drafts), not an admission, got "
+                         f"{list(num_lookahead_tokens)}")  # fmt: skip
+    return num_lookahead_tokens
+
+
+def check_rollback(seq_id: int, num_tokens: int, held: int, lookahead: int) -> None:
+    """ValueError unless a sequence holding `held` tokens, the last `lookahead` of them drafts, may keep `num_tokens`."""
+    if not (isinstance(num_tokens, int) and held - lookahead <= num_tokens <= held):
+        raise ValueError(f"rollback({seq_id}, {num_tokens!r}): expected from {held - lookahead} (its tokens before its "
+                         f"{lookahead} lookahead slots) to {held}")  # fmt: skip
+
+
+def no_pending_lookahead(seq_id: int, lookahead: int) -> None:
+    """RuntimeError if the sequence still holds unverified lookahead slots (rollback comes first)."""
+    if lookahead:
+        raise RuntimeError(f"sequence {seq_id}: expected its {lookahead} lookahead slots rolled back before it grows")
 
 
 class NoSwapSpace:

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from ..slots import ALLOCATORS
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_request_args)  # fmt: skip
+                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
@@ -45,6 +45,7 @@ class _Run:
     reserved_tokens: int  # R: what the reservation rule set aside, in tokens
     num_tokens: int = 0  # t: tokens whose K/V the run holds
     forks: list["_Run"] = field(default_factory=list)  # runs reserved for siblings not forked yet (empty)
+    num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback
 
 
 def next_power_of_two(n: int) -> int:
@@ -131,7 +132,10 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         return sizes
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+                           new: Sequence[NewSequence] | None = None, *,
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+        if num_lookahead_tokens is not None:
+            num_new_tokens = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)[0]
         if (new is not None and len(new) == len(seq_ids) == len(num_new_tokens) == 1 and not new[0].fork_final_lens
                 and seq_ids[0] not in self._seqs and num_new_tokens[0] >= 0 and not new[0].num_cached_tokens):
             return self._can_admit_one(num_new_tokens[0], new[0])  # the common admission, made cheap
@@ -155,12 +159,35 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         # exact for both allocators: one run fits iff it fits the largest free run
         return count <= reserved and self._num_blocks_for(reserved) <= self.allocator.largest_free_run
 
+    def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
+        """(tokens each sequence grows by, drafts included; the drafts, or None), checked: none pending."""
+        lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
+        if new is None:
+            for seq_id in seq_ids:
+                no_pending_lookahead(seq_id, self._run(seq_id).num_lookahead)
+        if lookahead is None:
+            return num_new_tokens, None
+        return [k + la for k, la in zip(num_new_tokens, lookahead)], lookahead
+
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+                       new: Sequence[NewSequence] | None = None, *,
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
         """Room inside a reservation costs nothing and copies nothing; past it, None (see NOTE above). New
-        sequences reserve their runs (and their siblings') first, all or nothing."""
+        sequences reserve their runs (and their siblings') first, all or nothing. Lookahead slots (a verify step's
+        drafts) are slots of the reservation like any other: the reservation covers the final length already, and
+        the scheduler never asks for drafts past it; `rollback` turns the rejected ones back into reservation."""
+        if num_lookahead_tokens is not None:
+            num_new_tokens, lookahead = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
+            if lookahead is not None:
+                if not self.can_allocate_slots(seq_ids, num_new_tokens):
+                    return None
+                for seq_id, k, la in zip(seq_ids, num_new_tokens, lookahead):
+                    self._seqs[seq_id].num_tokens += k
+                    self._seqs[seq_id].num_lookahead = la
+                return Allocation([])
         if new is None and len(seq_ids) == 1 and num_new_tokens[0] >= 0:  # the hot path: one sequence grows
             run = self._run(seq_ids[0])
+            no_pending_lookahead(seq_ids[0], run.num_lookahead)
             if run.num_tokens + num_new_tokens[0] > run.reserved_tokens:
                 return None
             run.num_tokens += num_new_tokens[0]
@@ -183,10 +210,18 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
             self._seqs[seq_id].num_tokens += k
         return Allocation([])
 
+    def rollback(self, seq_id: int, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens (the contract in base.py): the rejected drafts' slots stay in the run,
+        reserved for the tokens that will take their place."""
+        run = self._run(seq_id)
+        check_rollback(seq_id, num_tokens, run.num_tokens, run.num_lookahead)
+        run.num_tokens, run.num_lookahead = num_tokens, 0
+
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
         """The child takes a run reserved for it at the parent's admission (or, for a beam, a new one by the
         rule) and the executor copies the parent's filled blocks into it, block i to block i."""
         parent = self._run(parent_id)
+        no_pending_lookahead(parent_id, parent.num_lookahead)
         if child_id in self._seqs:
             raise ValueError(f"child seq_id {child_id} is already live")
         if final_len < parent.num_tokens:

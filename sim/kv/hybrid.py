@@ -62,8 +62,7 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from . import hybrid_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   cdiv,
-                   check_request_args)  # fmt: skip
+                   cdiv, check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
 from .groups import group_size
 
 
@@ -93,6 +92,7 @@ class _Seq:
     num_tokens: int  # tokens whose K/V the sequence holds (or will hold after the current step)
     first_query: int  # the first position the sequence's latest step feeds (its queries read from there - W + 1)
     final_len: int  # its true final length (reservation ends and internal fragmentation begins there)
+    num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback
 
 
 class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
@@ -194,11 +194,24 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         return need if need <= free else None
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+                           new: Sequence[NewSequence] | None = None, *,
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+        num_new_tokens, _ = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
         return self._need(seq_ids, num_new_tokens, new) is not None
 
+    def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
+        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked: none pending."""
+        lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
+        if new is None:
+            for seq_id in seq_ids:
+                no_pending_lookahead(seq_id, self._seq(seq_id).num_lookahead)
+        if lookahead is None:
+            return num_new_tokens, [0] * len(seq_ids)
+        return [k + la for k, la in zip(num_new_tokens, lookahead)], lookahead
+
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+                       new: Sequence[NewSequence] | None = None, *,
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
         """Room for num_new_tokens[i] more tokens in each sequence, all or none (see the KV contract in base.py).
 
             W = 6, block_size 4, 10 tokens, sliding table [-, 9, 3]; allocate 2 (queries 10, 11 read from 5):
@@ -206,7 +219,9 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
             allocate 1 more (query 12 reads from 7): block 1 holds 4..7, 7 still read       [-, 9, 3, 6]
 
         First every sequence's sliding groups free the blocks its new first query no longer reads, then each group's
-        shared, partly filled last block is copied (copy-on-write) and new blocks are taken."""
+        shared, partly filled last block is copied (copy-on-write) and new blocks are taken. Lookahead slots are
+        taken as tokens; a verify step's first query is its first fed token, so nothing a kept draft needs is freed."""
+        num_new_tokens, lookahead = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
         if self._need(seq_ids, num_new_tokens, new) is None:
             return None
         # NOTE: new sequences are registered before any block is taken, and each table holds its blocks as they are
@@ -218,9 +233,23 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         for seq, k in zip(seqs, num_new_tokens):
             self._free_skipped(seq, self._drops(seq, k))
         copies: list[BlockCopy] = []
-        for seq, k in zip(seqs, num_new_tokens):
+        for seq, k, la in zip(seqs, num_new_tokens, lookahead):
             copies += self._grow(seq, k)
+            seq.num_lookahead = la
         return Allocation(copies)
+
+    def rollback(self, seq_id: int, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens (the contract in base.py): every group gives back its blocks wholly past
+        the new end (the drafts' blocks, its own: taken after any copy-on-write). The new end is past the verify step's
+        first query, so no sliding group has freed a block the next query reads."""
+        seq = self._seq(seq_id)
+        check_rollback(seq_id, num_tokens, seq.num_tokens, seq.num_lookahead)
+        keep = cdiv(num_tokens, self.block_size)
+        for table, start in zip(seq.tables, seq.starts):  # NOTE: each table shrinks as its blocks go back
+            if keep - start < len(table):
+                self.allocator.free(table[keep - start:][::-1])
+                del table[keep - start:]
+        seq.num_tokens, seq.num_lookahead = num_tokens, 0
 
     def _free_skipped(self, seq: _Seq, drops: list[int]) -> None:
         for g, drop in enumerate(drops):
@@ -249,6 +278,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         """The child shares every block the parent holds, in every group (reference counts); nothing is copied
         now: the first write into a shared, partly filled last block copies it. Never out of memory."""
         parent = self._seq(parent_id)
+        no_pending_lookahead(parent_id, parent.num_lookahead)
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already live")
         if not parent.num_tokens <= final_len <= self.max_seq_len:

@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
-from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_request_args
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_lookahead,
+                   check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
 
 
 # What the manager calls on its GPU allocator without prefix caching: lab 03's block allocator, exactly.
@@ -71,6 +72,7 @@ class SeqState:
     token_ids: Sequence[int] | None = None  # its known first token ids (the prompt): prefix-cache keys
     hashes: list[int] = field(default_factory=list)  # chained hashes of its first full known blocks, registered
     swapped: bool = False
+    num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback; never cached
 
 
 class PagedKVManager:
@@ -205,8 +207,18 @@ class PagedKVManager:
         return found, need + len(revived), watermark_need
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+                           new: Sequence[NewSequence] | None = None, *,
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+        lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
+        if lookahead is not None:
+            num_new_tokens = self._with_lookahead(seq_ids, num_new_tokens, lookahead)
         return self._plan(seq_ids, num_new_tokens, new) is not None
+
+    def _with_lookahead(self, seq_ids, num_new_tokens, lookahead) -> list[int]:
+        """The tokens each sequence grows by, drafts included (each checked: no lookahead pending)."""
+        for seq_id in seq_ids:
+            no_pending_lookahead(seq_id, self._gpu_seq(seq_id).num_lookahead)
+        return [k + la for k, la in zip(num_new_tokens, lookahead)]
 
     def _plan(self, seq_ids, num_new_tokens, new) -> tuple | None:
         """None if the allocation does not fit; else a 1-tuple holding the admission lookups (None for growth)."""
@@ -225,7 +237,8 @@ class PagedKVManager:
         return (found,)
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+                       new: Sequence[NewSequence] | None = None, *,
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
         """Room for num_new_tokens[i] more tokens in each sequence (see the KV contract in base.py).
 
             before (block_size 4, 6 tokens, block 3 shared with a sibling):   [7, 3]   t4 t5 . .
@@ -234,10 +247,17 @@ class PagedKVManager:
         Only the first write can hit a shared block: after the copy the last block is exclusive, and blocks
         allocated for later tokens are new. New sequences first take their prefix-cache hits (all of them,
         before any allocation could evict one), then fresh blocks. Full blocks of known token ids are
-        registered in the prefix cache as soon as they are allocated: this step computes their K/V.
+        registered in the prefix cache as soon as they are allocated: this step computes their K/V. Lookahead slots
+        (num_lookahead_tokens) are allocated as tokens but registered only once `rollback` has kept them.
         """
         if new is None:  # while a decode epoch is open, sequences grow only in its runs (admissions may happen)
             self._no_epoch()
+        if num_lookahead_tokens is not None and (lookahead := check_lookahead(seq_ids, num_lookahead_tokens, new)):
+            totals = self._with_lookahead(seq_ids, num_new_tokens, lookahead)
+            if self._plan(seq_ids, totals, None) is None:
+                return None
+            return Allocation([c for i, k, la in zip(seq_ids, totals, lookahead)
+                               for c in self._grow(self._seqs[i], k, la)])  # fmt: skip
         if new is None and len(seq_ids) == 1:  # the hot path: one sequence grows (a decode, a chunk)
             return self._grow_one(seq_ids[0], num_new_tokens[0])
         plan = self._plan(seq_ids, num_new_tokens, new)
@@ -271,8 +291,9 @@ class PagedKVManager:
 
     def _grow_one(self, seq_id: int, k: int) -> Allocation | None:
         seq = self._seqs.get(seq_id)
-        if seq is None or seq.swapped or k < 0:
+        if seq is None or seq.swapped or k < 0 or seq.num_lookahead:
             self._gpu_seq(seq_id)  # raises for an unknown or swapped-out sequence
+            no_pending_lookahead(seq_id, seq.num_lookahead)
             raise ValueError(f"num_new_tokens must be >= 0, got {k}")
         n, bs, table = seq.num_tokens, self.block_size, seq.block_table
         if n + k <= len(table) * bs and not (n % bs and k and self.allocator.ref_count(table[-1]) > 1):
@@ -285,11 +306,15 @@ class PagedKVManager:
             return None
         return Allocation(self._grow(seq, k))
 
-    def _grow(self, seq: SeqState, k: int) -> list[BlockCopy]:
-        """Append k tokens to one sequence (room checked by the caller): copy-on-write, then new blocks."""
+    def _grow(self, seq: SeqState, k: int, lookahead: int = 0) -> list[BlockCopy]:
+        """Append k tokens to one sequence (room checked by the caller): copy-on-write, then new blocks. The last
+        `lookahead` of them are lookahead slots (drafts, not registered until rollback keeps them)."""
         copies: list[BlockCopy] = []
+        if seq.num_lookahead:
+            raise RuntimeError(f"expected the sequence's {seq.num_lookahead} lookahead slots rolled back before it grows")
         if not k:
             return copies
+        seq.num_lookahead = lookahead
         if seq.num_tokens % self.block_size and self.allocator.ref_count(seq.block_table[-1]) > 1:
             src = seq.block_table[-1]
             dst = self.allocator.copy_on_write(src)
@@ -306,7 +331,7 @@ class PagedKVManager:
         if not self.enable_prefix_caching or seq.token_ids is None:
             return
         bs = self.block_size
-        full = min(seq.num_tokens, len(seq.token_ids)) // bs
+        full = min(seq.num_tokens - seq.num_lookahead, len(seq.token_ids)) // bs
         while len(seq.hashes) < full:
             i = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else None
@@ -314,10 +339,30 @@ class PagedKVManager:
             self.allocator.cache_block(seq.block_table[i], block_hash)
             seq.hashes.append(block_hash)
 
+    def rollback(self, seq_id: int, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens (see the contract in base.py), after a verify step.
+
+            block_size 4, 5 tokens + 6 lookahead slots:  [7, 3, 8]   t4 d1 d2 d3 | d4 d5 d6 .
+            rollback to 7 (d1 d2 accepted):              [7, 3]      t4 d1 d2 .        block 8 back to the pool
+
+        Lookahead slots were never registered in the prefix cache, so no cached block holds a rejected draft; the
+        accepted drafts' newly full blocks are registered now. The blocks dropped are this sequence's alone (taken
+        for its lookahead after any copy-on-write), and the allocator's free changes nothing should it raise."""
+        seq = self._gpu_seq(seq_id)
+        check_rollback(seq_id, num_tokens, seq.num_tokens, seq.num_lookahead)
+        keep = cdiv(num_tokens, self.block_size)
+        if keep < len(seq.block_table):
+            self.allocator.free(seq.block_table[keep:][::-1])  # tail first, as free() gives blocks back
+            del seq.block_table[keep:]
+        seq.num_tokens, seq.num_lookahead = num_tokens, 0
+        if seq.token_ids is not None:
+            self._register(seq)
+
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
         """The child points at every block of the parent (one more reference each); nothing is copied yet."""
         self._no_epoch()
         parent = self._gpu_seq(parent_id)
+        no_pending_lookahead(parent_id, parent.num_lookahead)
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already live")
         if final_len < parent.num_tokens:

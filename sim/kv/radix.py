@@ -45,7 +45,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv
+from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv, check_lookahead, no_pending_lookahead
 from .paged import PagedKVManager, SeqState, note_fill, recounted_breakdown
 from .radix_tree import RadixNode, RadixTree
 
@@ -234,11 +234,13 @@ class RadixKVManager(PagedKVManager):
 
     # --- admission, forks, release -------------------------------------------------------------------
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
-        """Growth is the paged manager's (which calls `_register`). An admission first locks every hit (before an
+                       new: Sequence[NewSequence] | None = None, *,
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+        """Growth is the paged manager's (which calls `_register`), lookahead slots and `rollback` included. An admission first locks every hit (before an
         eviction could take it), then takes fresh pages for its own tokens and caches those it computes now."""
         if new is None:
-            return super().allocate_slots(seq_ids, num_new_tokens)
+            return super().allocate_slots(seq_ids, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
+        check_lookahead(seq_ids, num_lookahead_tokens, new)  # (refuses lookahead slots for an admission)
         plan = self._plan(seq_ids, num_new_tokens, new)
         if plan is None:
             return None
@@ -281,7 +283,7 @@ class RadixKVManager(PagedKVManager):
         if ids is None:
             return
         start, bs = seq.num_tree_pages, self.block_size
-        whole = min(len(ids), seq.num_tokens) // bs
+        whole = min(len(ids), seq.num_tokens - seq.num_lookahead) // bs  # (lookahead slots: cached once kept)
         if whole <= start:
             return
         table, pool = seq.block_table, self.allocator
@@ -309,6 +311,7 @@ class RadixKVManager(PagedKVManager):
         """The child shares every page of the parent (paged) and holds its own lock on the parent's cached prefix.
         NOTE: the child knows only the token ids the two share (the parent's may run past the fork point)."""
         parent = self._gpu_seq(parent_id)
+        no_pending_lookahead(parent_id, parent.num_lookahead)
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already live")
         if final_len < parent.num_tokens:
@@ -343,7 +346,7 @@ class RadixKVManager(PagedKVManager):
             raise KeyError(f"sequence {seq_id} is not live")
         ids, table, pool, bs = seq.token_ids, seq.block_table, self.allocator, self.block_size
         # computed, known, whole pages (of its table: one a failed allocation left short covers fewer)
-        whole = min(len(ids), seq.num_tokens, len(table) * bs) // bs if ids else 0
+        whole = min(len(ids), seq.num_tokens - seq.num_lookahead, len(table) * bs) // bs if ids else 0
         # everything cached while it ran (the common case): no walk from the root
         cached = whole if seq.num_tree_pages == whole else self.tree.match(ids, whole)[0] if whole else 0
         end = cached

@@ -61,7 +61,7 @@ from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_request_args)  # fmt: skip
+                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
 
 KiB = 1024
 # NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size
@@ -120,6 +120,7 @@ class _Seq:
     final_len: int  # its true final length (reservation ends and internal fragmentation begins there)
     request_slot: int  # its virtual range is [request_slot * max_seq_len, (request_slot + 1) * max_seq_len)
     siblings: list[_Sibling] = field(default_factory=list)
+    num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback
 
 
 class VAttentionKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
@@ -201,18 +202,32 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         return need if need <= free and free - need >= self.watermark_blocks else None
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                           new: Sequence[NewSequence] | None = None) -> bool:  # fmt: skip
+                           new: Sequence[NewSequence] | None = None, *,
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+        num_new_tokens, _ = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
         return self._need(seq_ids, num_new_tokens, new) is not None
 
+    def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
+        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked: none pending."""
+        lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
+        if new is None:
+            for seq_id in seq_ids:
+                no_pending_lookahead(seq_id, self._seq(seq_id).num_lookahead)
+        if lookahead is None:
+            return num_new_tokens, [0] * len(seq_ids)
+        return [k + la for k, la in zip(num_new_tokens, lookahead)], lookahead
+
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None = None) -> Allocation | None:  # fmt: skip
+                       new: Sequence[NewSequence] | None = None, *,
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
         """Map pages for num_new_tokens[i] more tokens in each sequence, all or none (see the KV contract).
 
             before (P = 4, 6 tokens):   pages [7, 3]      t4 t5 . .
             allocate 3:                 pages [7, 3, 5]   t4 t5 t6 t7 | t8 . . .      (page 5 mapped at position 8)
 
         A sequence with siblings not forked yet maps, for each of them, a page beside each page of its own. Nothing
-        is ever shared, so nothing is copied here."""
+        is ever shared, so nothing is copied here. Lookahead slots are mapped as tokens."""
+        num_new_tokens, lookahead = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
         if self._need(seq_ids, num_new_tokens, new) is None:
             return None
         # NOTE: new sequences are registered before any page is mapped, and `_map` appends pages as it takes them:
@@ -221,9 +236,23 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
             for seq_id, spec in zip(seq_ids, new):
                 siblings = [_Sibling(f) for f in spec.fork_final_lens]
                 self._seqs[seq_id] = _Seq([], 0, spec.final_len, self._take_slot(), siblings)
-        for seq_id, k in zip(seq_ids, num_new_tokens):
+        for seq_id, k, la in zip(seq_ids, num_new_tokens, lookahead):
             self._map(self._seqs[seq_id], k)
+            self._seqs[seq_id].num_lookahead = la
         return Allocation([])
+
+    def rollback(self, seq_id: int, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens (the contract in base.py): the pages mapped wholly past the new end are
+        unmapped (and as many of the pages mapped for siblings not forked yet, which follow the leader's)."""
+        seq = self._seq(seq_id)
+        check_rollback(seq_id, num_tokens, seq.num_tokens, seq.num_lookahead)
+        keep = cdiv(num_tokens, self.block_size)
+        if keep < len(seq.pages):
+            self.allocator.free([*seq.pages[keep:][::-1], *(p for s in seq.siblings for p in s.pages[keep:][::-1])])
+            del seq.pages[keep:]
+            for sibling in seq.siblings:
+                del sibling.pages[keep:]
+        seq.num_tokens, seq.num_lookahead = num_tokens, 0
 
     def _map(self, seq: _Seq, k: int) -> None:
         """Append k tokens to one sequence (room checked by the caller): its new pages, then its siblings'."""
@@ -238,6 +267,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         """The child gets pages of its own (those mapped for it at the parent's admission, or fresh ones) and the
         executor copies the parent's mapped pages into them, page i to page i. None if fresh pages are short."""
         parent = self._seq(parent_id)
+        no_pending_lookahead(parent_id, parent.num_lookahead)
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already live")
         if not parent.num_tokens <= final_len <= self.max_seq_len:

@@ -124,6 +124,53 @@ class KVManagerMachine(RuleBasedStateMachine):
         for s, k in zip(group, counts):
             self.seqs[s][0] += k
 
+    @precondition(lambda self: any(self.seqs[s][1] - self.seqs[s][0] >= 2 for s in self.growable()))
+    @rule(data=st.data())
+    def speculate(self, data: st.DataObject) -> None:
+        """A verify step: each sequence of a group gets its fed token plus lookahead slots for drafts, then keeps a
+        random number of them (rollback). The end state must be the one a plain allocation of the kept tokens gives
+        (token counts, free blocks, breakdown), and a bad rollback or a growth before the rollback must raise."""
+        roomy = [s for s in self.growable() if self.seqs[s][1] - self.seqs[s][0] >= 2]
+        group = data.draw(st.lists(st.sampled_from(roomy), min_size=1, max_size=3, unique=True), label="seqs")
+        drafts = [data.draw(st.integers(1, self.seqs[s][1] - self.seqs[s][0] - 1), label=f"drafts for {s}")
+                  for s in group]  # fmt: skip
+        ok = self.kv.can_allocate_slots(group, [1] * len(group), num_lookahead_tokens=drafts)
+        before = self.snapshot()
+        plain = copy.deepcopy(self.kv)  # where the same step without drafts would leave the pool
+        allocation = self.kv.allocate_slots(group, [1] * len(group), num_lookahead_tokens=drafts)
+        note(f"allocate_slots({group}, 1 each, num_lookahead_tokens={drafts}) -> {allocation}")
+        assert ok == (allocation is not None), f"can_allocate_slots said {ok} but allocate_slots returned {allocation}"
+        if allocation is None:
+            self.expect_unchanged(before, "allocate_slots")
+            return
+        for s, d in zip(group, drafts):
+            assert self.kv.num_tokens(s) == self.seqs[s][0] + 1 + d, "lookahead slots are the sequence's tokens"
+        self.kv.check_invariants()  # the drafts' K/V are token states while they exist
+        try:
+            self.kv.allocate_slots(group[:1], [1])
+            raise AssertionError("a sequence grew before its lookahead slots were rolled back")
+        except RuntimeError:
+            pass
+        during = self.snapshot()
+        for bad in (self.seqs[group[0]][0], self.seqs[group[0]][0] + 2 + drafts[0]):
+            try:
+                self.kv.rollback(group[0], bad)
+                raise AssertionError(f"rollback({group[0]}, {bad}) was accepted")
+            except ValueError:
+                pass
+            assert self.snapshot() == during, "a refused rollback changed the pool"
+        kept = [data.draw(st.integers(0, d), label=f"accepted for {s}") for s, d in zip(group, drafts)]
+        for s, a in zip(group, kept):
+            self.kv.rollback(s, self.seqs[s][0] + 1 + a)
+            self.seqs[s][0] += 1 + a
+        note(f"rollback: accepted {kept}")
+        if plain.allocate_slots(group, [1 + a for a in kept]) is not None:  # (the drafts' copies may have evicted)
+            for s in group:
+                assert self.kv.num_tokens(s) == plain.num_tokens(s)
+            assert (self.kv.num_free_blocks, self.kv.breakdown()) == (plain.num_free_blocks, plain.breakdown()), (
+                f"after rollback: free {self.kv.num_free_blocks}, {self.kv.breakdown()}; a plain allocation of the "
+                f"kept tokens: free {plain.num_free_blocks}, {plain.breakdown()}")
+
     @precondition(lambda self: self.on_gpu())
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:

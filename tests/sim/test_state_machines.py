@@ -51,8 +51,16 @@ class _EvictsMostRecentlyFreed(BlockAllocator):
 class _OptimisticPagedKVManager(PagedKVManager):
     """Broken on purpose: says every allocation fits."""
 
-    def can_allocate_slots(self, seq_ids, num_new_tokens, new=None):
+    def can_allocate_slots(self, seq_ids, num_new_tokens, new=None, **lookahead):
         return True
+
+
+class _RollbackKeepsTheDraftBlocks(PagedKVManager):
+    """Broken on purpose: a rollback shrinks the token count but keeps the blocks the rejected drafts took."""
+
+    def rollback(self, seq_id, num_tokens):
+        seq = self._seqs[seq_id]
+        seq.num_tokens, seq.num_lookahead = num_tokens, 0
 
 
 class _RunsIgnoreSharedBlocks(PagedKVManager):
@@ -73,8 +81,10 @@ class _RunsIgnoreSharedBlocks(PagedKVManager):
         lambda: make_block_allocator_test(lambda: _EvictsMostRecentlyFreed(6, 4, True), max_examples=200),
         lambda: make_kv_manager_test(lambda: _OptimisticPagedKVManager(4, 4), max_examples=200),
         lambda: make_kv_manager_test(lambda: _RunsIgnoreSharedBlocks(12, 4), max_examples=300),
+        lambda: make_kv_manager_test(lambda: _RollbackKeepsTheDraftBlocks(12, 2), max_examples=300),
     ],
-    ids=["free-forgets-shared", "cow-keeps-old-ref", "evicts-most-recent", "can-allocate-lies", "run-skips-copy"],
+    ids=["free-forgets-shared", "cow-keeps-old-ref", "evicts-most-recent", "can-allocate-lies", "run-skips-copy",
+         "rollback-keeps-blocks"],
 )
 def test_machines_catch_broken_implementations(make_test):
     test_case = make_test()
