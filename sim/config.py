@@ -34,6 +34,9 @@ from .workload import ARRIVALS, DATASETS
 MODES = ("v1", "v0", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: the queues' order
 PREEMPTION_MODES = ("recompute", "swap")
+# NOTE: speculative decoding's draft tokens per step at most: drafts past a few tens are almost never all accepted
+# (with acceptance rate a, the j-th draft survives with probability a^j), so a larger k only wastes slots and compute
+MAX_SPECULATIVE_TOKENS = 64
 
 
 def require(ok: bool, name: str, value, allowed: str) -> None:
@@ -68,6 +71,7 @@ class SchedulerConfig:
     victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES, or a
     # function
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority": queues ordered by (request.priority, arrival)
+    num_speculative_tokens: int = 0  # speculative decoding: draft tokens a decode verifies per step (0 = off)
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, "mode", self.mode, ", ".join(MODES))
@@ -83,6 +87,9 @@ class SchedulerConfig:
         victim_policy(self.victim)  # raises for an unknown name
         require(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy", self.scheduling_policy,
                 ", ".join(SCHEDULING_POLICIES))  # fmt: skip
+        require(is_int(self.num_speculative_tokens) and 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+                "num_speculative_tokens", self.num_speculative_tokens,
+                f"an integer from 0 (off) to {MAX_SPECULATIVE_TOKENS}")  # fmt: skip
 
     @property
     def chunked(self) -> bool:
