@@ -20,6 +20,7 @@ from .conversation_import import import_conversations
 from .cost import PiecewiseCostModel, RooflineCostModel
 from .cost_file import cost_model_for
 from .kv import has_prefix_cache, make_kv_manager, pages_in_kib, simulator_block_size
+from .limits import MAX_POOL_BLOCKS
 from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
@@ -138,18 +139,20 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         check_given_requests(requests)
     # auto: on for a shared prefix in a paged pool (contiguous policies have no prefix cache)
     caching = c.enable_prefix_caching
-    if caching is None:
-        caching = c.prefix_len > 0 and has_prefix_cache(c.policy)
+    if caching is None:  # (a CPU offload tier keeps evicted prefix-cache blocks: it turns the cache on)
+        caching = (c.prefix_len > 0 or c.cpu_offload_gib > 0) and has_prefix_cache(c.policy)
     kv_block_size = simulator_block_size(c.policy, c.block_size, model=model_spec, num_gpus=c.num_gpus,
                                          page_kib=c.page_kib)
     num_cpu_blocks = int(c.num_gpus * c.swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
     check_pool(c.policy, num_slots, kv_block_size, num_cpu_blocks, c.kv_slots)
+    num_offload_blocks = offload_blocks(c.cpu_offload_gib, c.num_gpus, kv_block_size * model_spec.kv_bytes_per_token)
     sched_config = c.scheduler_config(model_spec.max_seq_len)
 
     def make_scheduler() -> Scheduler:
         kv = make_kv_manager(c.policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
                              allocator=c.allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
-                             watermark=c.watermark, model=model_spec, block_allocator=c.block_allocator)  # fmt: skip
+                             watermark=c.watermark, model=model_spec, block_allocator=c.block_allocator,
+                             num_offload_blocks=num_offload_blocks)  # fmt: skip
         return Scheduler(kv, sched_config)
 
     try:
@@ -182,6 +185,8 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         "enable_chunked_prefill": sched_config.chunked,
         "victim": function_name(c.victim), "jump": c.jump, "num_events": result.num_events, **notes,
         **({"kv_dtype": c.kv_dtype} if c.kv_dtype != "auto" else {}),
+        **(offload_summary(c.cpu_offload_gib, num_offload_blocks, sched.kv.prefix_cache_stats(), cost, block_bytes)
+           if num_offload_blocks else {}),
         **({"scheduling_policy": c.scheduling_policy} if c.scheduling_policy != "fcfs" else {}),
         **({"priority_share": c.priority_share} if c.priority_share > 0 else {}),
         # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
@@ -200,6 +205,29 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         slo_ttft_s=c.slo_ttft, slo_tbt_s=c.slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
     )  # fmt: skip
     return SimResult(summary, result.requests, result.steps)
+
+
+def offload_blocks(gib: float, num_gpus: int, block_bytes: int) -> int:
+    """Blocks of `block_bytes` that a CPU offload tier of `gib` GiB per GPU holds; a tier holding none is refused."""
+    blocks = int(num_gpus * gib * GiB // block_bytes)
+    if gib > 0 and blocks < 1:
+        raise ValueError(f"cpu_offload_gib: {gib:g} GiB per GPU holds no KV block of {block_bytes:,} bytes (allowed: "
+                         f"0 for none, or at least {block_bytes / GiB / num_gpus:.3g})")  # fmt: skip
+    if blocks > MAX_POOL_BLOCKS:
+        raise ValueError(f"cpu_offload_gib: {blocks:,} CPU blocks (allowed: at most {MAX_POOL_BLOCKS:,} blocks)")
+    return blocks
+
+
+def offload_summary(gib: float, num_blocks: int, stats, cost, block_bytes: int) -> dict:
+    """The offload tier's part of the summary: hit rates per tier (of the admitted prompts' tokens), its copies, and
+    the time its reloads added to steps (cost.swap_time is linear in the blocks, so the sum over steps is one call)."""
+    queried = stats.queried_tokens
+    reloaded = stats.reloaded_blocks
+    return {"cpu_offload_gib": gib, "num_offload_blocks": num_blocks,
+            "prefix_cache_hit_rate_gpu_tokens": (stats.hit_tokens - stats.cpu_hit_tokens) / queried if queried else None,
+            "prefix_cache_hit_rate_cpu_tokens": stats.cpu_hit_tokens / queried if queried else None,
+            "offloaded_blocks": stats.offloaded_blocks, "reloaded_blocks": reloaded,
+            "reload_time_s": cost.swap_time(reloaded * block_bytes, reloaded) if reloaded else 0.0}  # fmt: skip
 
 
 def run_defaults() -> dict:

@@ -9,7 +9,8 @@ import numbers
 
 from .config import RUN_DEFAULTS, RUN_FIELDS, RunConfig, choices, require
 from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, has_prefix_cache,
-                 has_swap_space, pages_in_kib, simulator_block_size, takes_block_allocator)  # fmt: skip
+                 has_swap_space, offload_tier_refusal, pages_in_kib, simulator_block_size,
+                 takes_block_allocator)  # fmt: skip
 from .limits import MAX_KV_SLOTS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS, MAX_TIME_S, is_int
 from .request import Request
 from .specs import MODELS
@@ -109,6 +110,13 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
         if p["enable_prefix_caching"] is False and always_caches_prefixes(p["policy"]):
             why["enable_prefix_caching"] = (f"{say('policy', p['policy'])} always caches prefixes: its prefix cache is "
                                             "the policy itself and cannot be turned off")  # fmt: skip
+    if offload_tier_refusal(p["policy"]) is not None:
+        why["cpu_offload_gib"] = offload_tier_refusal(p["policy"])
+    elif p["enable_prefix_caching"] is False:
+        why["cpu_offload_gib"] = (f"keeps evicted prefix-cache blocks and needs the prefix cache (not "
+                                  f"{say('enable_prefix_caching', False)})")  # fmt: skip
+    elif p["block_allocator"] is not None:
+        why["cpu_offload_gib"] = "needs the pool's own block allocator (it is told of every eviction), not block_allocator"
     if p["block_allocator"] is not None and not takes_block_allocator(p["policy"]):
         takes = ", ".join(name for name in POLICIES if takes_block_allocator(name))
         why["block_allocator"] = f"applies to {say('policy', takes)} only; {say('policy', p['policy'])} runs its own"

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 # Stands in for "no parent" in the hash chain. NOTE: not hash(None), which before Python 3.12 depends
 # on None's memory address and so changes from run to run.
@@ -78,6 +78,9 @@ class BlockAllocator:
         self._block_to_hash: dict[int, int] = {}
         self.num_prefix_hits = 0
         self.num_prefix_misses = 0
+        # on_evict(block_id, block_hash): told of every cached block that `allocate` evicts, after its entry is
+        # forgotten and before the block is handed out (None: evicted blocks are just dropped)
+        self.on_evict: Callable[[int, int], None] | None = None
 
     # --- sizes ----------------------------------------------------------------------------------
     @property
@@ -116,7 +119,10 @@ class BlockAllocator:
         for _ in range(num_blocks):
             block_id, _ = self._free_queue.popitem(last=False)
             if block_id in self._block_to_hash:  # evict: its old contents are about to be overwritten
+                block_hash = self._block_to_hash[block_id]
                 self._forget(block_id)
+                if self.on_evict is not None:  # (an offload tier keeps the K/V: sim/kv/offload.py)
+                    self.on_evict(block_id, block_hash)
             self._ref_counts[block_id] = 1
             block_ids.append(block_id)
         return block_ids

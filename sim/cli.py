@@ -149,6 +149,9 @@ def add_run_parser(sub) -> None:
     g.add_argument("--preemption", default=D["preemption"], metavar=_choices(PREEMPTION_MODES),
                    help="what a preempted request loses (default: %(default)s)")
     g.add_argument("--swap-space", type=float, default=D["swap_space_gib"], help="CPU swap space per GPU, GiB (default: %(default)s)")
+    g.add_argument("--cpu-offload-gib", type=float, default=D["cpu_offload_gib"], metavar="GIB",
+                   help="a CPU offload tier per GPU, GiB: evicted prefix-cache blocks are kept there and reloaded over "
+                   "PCIe on a hit (paged; turns prefix caching on) (default: %(default)s, none)")
     g.add_argument("--scheduler", default=D["scheduler"], metavar=_choices(MODES),
                    help="v1: token budget and chunked prefill (today's vLLM); v0: the paper's prefill-only steps; "
                    "static: request-level batching (default: %(default)s)")
@@ -216,6 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         page_kib=args.page_kib,
         seed=args.seed, n=args.n, beam_width=args.beam_width, prefix_len=args.prefix_len,
         num_prefixes=args.num_prefixes, preemption=args.preemption, swap_space_gib=args.swap_space, trace=args.trace,
+        cpu_offload_gib=args.cpu_offload_gib,
         scheduler=args.scheduler, arrival=args.arrival, burstiness=args.burstiness, allocator=args.allocator,
         enable_prefix_caching=caching[args.prefix_caching], max_num_seqs=args.max_num_seqs, watermark=args.watermark,
         max_num_batched_tokens=args.max_num_batched_tokens, jump=not (args.no_jump or recorder), kv_slots=args.kv_slots,
@@ -352,6 +356,11 @@ def format_summary(s: dict) -> str:
     if s.get("prefix_cache_hit_rate_tokens") is not None:
         lines.append(f"  prefix cache hits    {s['prefix_cache_hit_rate_tokens']:.1%} of prompt tokens, "
                      f"{_num(s['prefix_cache_hit_rate_blocks'], '.1%')} of full blocks")  # n/a: no full block
+    if s.get("cpu_offload_gib"):
+        lines.append(f"  offload tier         {_num(s['prefix_cache_hit_rate_gpu_tokens'], '.1%')} of prompt tokens hit "
+                     f"on the GPU, {_num(s['prefix_cache_hit_rate_cpu_tokens'], '.1%')} in CPU memory; "
+                     f"{s['offloaded_blocks']} blocks offloaded, {s['reloaded_blocks']} reloaded "
+                     f"({s['reload_time_s']:.3f} s of PCIe)")  # fmt: skip
     lines += [
         "",
         f"KV memory, time-weighted: share of the {s['num_kv_slots']} slots (and of the non-free ones)",

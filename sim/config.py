@@ -34,9 +34,6 @@ from .workload import ARRIVALS, DATASETS
 MODES = ("v1", "v0", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: the queues' order
 PREEMPTION_MODES = ("recompute", "swap")
-# NOTE: speculative decoding's draft tokens per step at most: drafts past a few tens are almost never all accepted
-# (with acceptance rate a, the j-th draft survives with probability a^j), so a larger k only wastes slots and compute
-MAX_SPECULATIVE_TOKENS = 64
 
 
 def require(ok: bool, name: str, value, allowed: str) -> None:
@@ -71,7 +68,6 @@ class SchedulerConfig:
     victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES, or a
     # function
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority": queues ordered by (request.priority, arrival)
-    num_speculative_tokens: int = 0  # speculative decoding: draft tokens a decode verifies per step (0 = off)
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, "mode", self.mode, ", ".join(MODES))
@@ -87,9 +83,6 @@ class SchedulerConfig:
         victim_policy(self.victim)  # raises for an unknown name
         require(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy", self.scheduling_policy,
                 ", ".join(SCHEDULING_POLICIES))  # fmt: skip
-        require(is_int(self.num_speculative_tokens) and 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
-                "num_speculative_tokens", self.num_speculative_tokens,
-                f"an integer from 0 (off) to {MAX_SPECULATIVE_TOKENS}")  # fmt: skip
 
     @property
     def chunked(self) -> bool:
@@ -153,6 +146,8 @@ class RunConfig:
                                             "block_size) -> a block allocator (lab 03's methods)")
     enable_prefix_caching: bool | None = _arg(None, "bool?")  # None: on for a shared prefix in a paged pool
     swap_space_gib: float = _arg(4.0, "real", 0, MAX_SWAP_GIB)  # CPU swap space per GPU (vLLM's default)
+    # a CPU offload tier per GPU for evicted prefix-cache blocks (sim/kv/offload.py; turns prefix caching on); 0: none
+    cpu_offload_gib: float = _arg(0.0, "real", 0, MAX_SWAP_GIB)
     watermark: float = _arg(0.01, "real", 0, 1)  # blocks kept free at admission (vLLM v0's block manager)
     # how the KV cache stores a token (sim.specs.KV_CACHE_DTYPES): "auto" is the model's 2 bytes; the 8-bit ones
     # shrink the bytes per token, so the pool's token slots and the cost model's K/V reads follow
@@ -206,6 +201,7 @@ RUN_DEFAULTS = {name: f.default for name, f in RUN_FIELDS.items() if f.default i
 _OPEN_BELOW = ("rate", "duration", "slo_ttft", "slo_tbt", "page_kib")
 _OPEN_ABOVE = ("watermark", "rate")  # rate: finite
 _UNITS = {"rate": " requests/s", "burstiness": "", "watermark": ", a share of the blocks", "swap_space_gib": " GiB",
+          "cpu_offload_gib": " GiB",
           "priority_share": ", a share of the requests",
           "turns": " (the mean turns per session)", "page_kib": " KiB per layer per K/V buffer"}  # else seconds
 

@@ -215,6 +215,13 @@ class Simulator:
                 first_scheduled[i] = self.now
         counts = self._counts()
         duration = self._price(plan, epoch_step)
+        # A CPU offload tier's reloads (sim/kv/offload.py) are priced as swaps are: over PCIe, before the forward pass,
+        # so the whole step waits for them (the admitted requests' TTFT included). NOTE: its offloads (GPU -> CPU
+        # copies of evicted blocks) are not charged: a modelling approximation, taken as overlapped with compute on
+        # a copy stream of their own, as vLLM's offloading connector stores blocks.
+        reloads = sum(not copy.to_cpu for copy in self.kv.take_tier_copies())
+        if reloads:
+            duration += self.cost.swap_time(reloads * self.block_bytes, reloads)
         self._record(duration, plan, counts, epoch_step)
         return [(self.now + duration, STEP_END, (plan, *self._outcome(plan), epoch_step))]
 

@@ -47,6 +47,10 @@ class _Policy:
     # Runs over a block allocator given from outside (`block_allocator`: a class or function (num_blocks, block_size)
     # -> an allocator with BlockAllocator's methods, a student's from lab 03): paged, whose pool is one such allocator.
     plugs_block_allocator: bool = False
+    # Keeps evicted prefix-cache blocks in a CPU offload tier when asked (num_offload_blocks; sim/kv/offload.py):
+    # paged. Else the one line saying why not.
+    offload_tier: bool = False
+    no_offload_tier: str = "it has no prefix cache to offload"
 
     def __post_init__(self) -> None:
         if self.prefix_cache not in PREFIX_CACHE:
@@ -57,7 +61,8 @@ def _paged(num_blocks: int, block_size: int, options: dict) -> KVManager:
     from .paged import PagedKVManager
 
     return PagedKVManager(num_blocks, block_size, options["enable_prefix_caching"], options["num_cpu_blocks"],
-                          options["watermark"], block_allocator=options["block_allocator"])
+                          options["watermark"], block_allocator=options["block_allocator"],
+                          num_offload_blocks=options["num_offload_blocks"])
 
 
 def _contiguous(rule: str) -> Callable[..., KVManager]:
@@ -109,13 +114,15 @@ def _radix(num_blocks: int, block_size: int, options: dict) -> KVManager:
 
 _REGISTRY = {
     "paged": _Policy(_paged, blocks_on_demand=True, token_granular_in_simulator=False, can_swap=True,
-                     prefix_cache="optional", plugs_block_allocator=True),
+                     prefix_cache="optional", plugs_block_allocator=True, offload_tier=True),
     "max": _Policy(_contiguous("max"), blocks_on_demand=False, token_granular_in_simulator=True),
     "pow2": _Policy(_contiguous("pow2"), blocks_on_demand=False, token_granular_in_simulator=True),
     "oracle": _Policy(_contiguous("oracle"), blocks_on_demand=False, token_granular_in_simulator=True),
     "vattention": _Policy(_vattention, blocks_on_demand=True, token_granular_in_simulator=False,
                           page_tokens=_vattention_page_tokens),
-    "radix": _Policy(_radix, blocks_on_demand=True, token_granular_in_simulator=False, prefix_cache="always"),
+    "radix": _Policy(_radix, blocks_on_demand=True, token_granular_in_simulator=False, prefix_cache="always",
+                     no_offload_tier="it evicts pages from its own radix tree (a host tier for that tree, as SGLang's "
+                     "hierarchical cache, is not built here)"),
     "hybrid": _Policy(_hybrid, blocks_on_demand=True, token_granular_in_simulator=False,
                       check_model=_hybrid_check_model),
 }
@@ -137,6 +144,15 @@ def allocates_blocks_on_demand(policy: str) -> bool:
 def has_swap_space(policy: str) -> bool:
     """Whether `policy` can swap a preempted group to CPU memory (else it preempts by recompute only)."""
     return _policy(policy).can_swap
+
+
+def offload_tier_refusal(policy: str) -> str | None:
+    """None if `policy` can keep evicted prefix-cache blocks in a CPU offload tier (sim/kv/offload.py), else why not
+    (one line)."""
+    spec = _policy(policy)
+    if spec.offload_tier:
+        return None
+    return f"policy {policy!r} has no CPU offload tier: {spec.no_offload_tier} (allowed: paged)"
 
 
 def always_caches_prefixes(policy: str) -> bool:
@@ -189,6 +205,7 @@ def make_kv_manager(
     watermark: float = 0.0,
     model=None,
     block_allocator: Callable | None = None,
+    num_offload_blocks: int = 0,
 ) -> KVManager:
     """A KV manager for `policy` over `num_slots` token slots (the pool holds num_slots // block_size blocks).
 
@@ -199,7 +216,9 @@ def make_kv_manager(
     sim.specs.ModelSpec) is for a policy that needs the model's layers: hybrid groups them (sim.kv.hybrid), and turns
     the `num_slots` all-layer token slots into pages of the same bytes. `block_allocator`: a class or function
     (num_blocks, block_size) -> the GPU pool's allocator, with sim.blocks.BlockAllocator's methods (a student's own,
-    lab 03), only where `takes_block_allocator(policy)` (else ValueError).
+    lab 03), only where `takes_block_allocator(policy)` (else ValueError). `num_offload_blocks`: a CPU offload tier of
+    that many blocks for evicted prefix-cache blocks (sim/kv/offload.py), only where `offload_tier_refusal(policy)` is
+    None (else ValueError).
     """
     spec = _policy(policy)
     if block_size < 1:
@@ -210,9 +229,11 @@ def make_kv_manager(
     if block_allocator is not None and not spec.plugs_block_allocator:
         takes = ", ".join(p for p, s in _REGISTRY.items() if s.plugs_block_allocator)
         raise ValueError(f"policy {policy!r} runs its own allocator (allowed with block_allocator: {takes})")
+    if num_offload_blocks and offload_tier_refusal(policy) is not None:
+        raise ValueError(offload_tier_refusal(policy))
     options = dict(max_seq_len=max_seq_len, allocator=allocator, enable_prefix_caching=enable_prefix_caching,
                    num_cpu_blocks=num_cpu_blocks, watermark=watermark, num_slots=num_slots, model=model,
-                   block_allocator=block_allocator)  # fmt: skip
+                   block_allocator=block_allocator, num_offload_blocks=num_offload_blocks)  # fmt: skip
     return spec.build(num_blocks, block_size, options)
 
 
@@ -234,5 +255,6 @@ def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int 
 
 
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
-           "PrefixCacheStats", "as_seen", "check_model", "layer_groups", "make_kv_manager", "pool_blocks_for",
+           "PrefixCacheStats", "as_seen", "check_model", "layer_groups", "make_kv_manager", "offload_tier_refusal",
+           "pool_blocks_for",
            "simulator_block_size", "takes_block_allocator"]  # fmt: skip

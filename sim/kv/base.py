@@ -139,6 +139,11 @@ class PrefixCacheStats:
     hit_blocks: int = 0
     queried_tokens: int = 0  # tokens of the admitted sequences
     hit_tokens: int = 0  # of which already in the cache (not computed again)
+    # the CPU offload tier (sim/kv/offload.py; all 0 without one): of the hits above, those reloaded from CPU memory
+    cpu_hit_blocks: int = 0
+    cpu_hit_tokens: int = 0
+    offloaded_blocks: int = 0  # evicted GPU blocks copied to the tier
+    reloaded_blocks: int = 0  # tier blocks copied back to the GPU (a block two admitted sequences share: once)
 
 
 @dataclass(slots=True)
@@ -287,6 +292,11 @@ class KVManager(Protocol):
         """What admissions found in the prefix cache so far (all zeros without one)."""
         ...
 
+    def take_tier_copies(self) -> list:
+        """The CPU offload tier's block copies (sim.kv.offload.TierCopy) decided since the last call, in the order an
+        executor makes them, before the step's swap-ins and copies; [] for a manager without a tier."""
+        ...
+
     @property
     def seq_ids(self) -> list[int]: ...  # the live sequences
 
@@ -374,6 +384,9 @@ class NoPrefixCache:
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return PrefixCacheStats()
+
+    def take_tier_copies(self) -> list:
+        return []  # no prefix cache: nothing to offload
 
 
 class NoDecodeEpochs:

@@ -29,6 +29,7 @@ from ..blocks import BlockAllocator, hash_block_tokens
 from . import paged_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_lookahead,
                    check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+from .offload import CpuOffloadTier, TierCopy
 
 
 # What the manager calls on its GPU allocator without prefix caching: lab 03's block allocator, exactly.
@@ -84,17 +85,29 @@ class PagedKVManager:
     `block_allocator`: the GPU pool's allocator is `block_allocator(num_blocks, block_size)` instead of a
     `BlockAllocator` (a student's, lab 03: the manager calls only the methods that lab specifies; see
     `plugged_allocator`). The CPU swap pool is always a `BlockAllocator`.
+    `num_offload_blocks`: a CPU offload tier of that many blocks for the prefix cache (sim/kv/offload.py: evicted
+    cached blocks are kept there and reloaded on a hit; needs prefix caching and the own BlockAllocator; 0 = none).
+    It is apart from the swap space: swapping is for preemption, the tier for evicted prefixes.
     """
 
     policy = "paged"
     windows: tuple[int | None, ...] = (None,)  # one KV cache group, full attention
     _epoch: paged_runs.DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
+    offload: CpuOffloadTier | None = None  # the CPU offload tier of the prefix cache, if any
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_cpu_blocks: int = 0, watermark: float = 0.0, *,
-                 block_allocator: Callable[[int, int], Any] | None = None) -> None:  # fmt: skip
+                 block_allocator: Callable[[int, int], Any] | None = None, num_offload_blocks: int = 0) -> None:  # fmt: skip
         if num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        if num_offload_blocks < 0:
+            raise ValueError(f"num_offload_blocks must be >= 0, got {num_offload_blocks}")
+        if num_offload_blocks and not enable_prefix_caching:
+            raise ValueError("an offload tier (num_offload_blocks > 0) keeps evicted prefix-cache blocks: it needs "
+                             "enable_prefix_caching=True")  # fmt: skip
+        if num_offload_blocks and block_allocator is not None:
+            raise ValueError("an offload tier (num_offload_blocks > 0) needs the manager's own BlockAllocator (it is "
+                             "told of every eviction), not a block_allocator given")  # fmt: skip
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         if block_allocator is None:
@@ -110,10 +123,22 @@ class PagedKVManager:
         self.gather_block_size = block_size  # the paged kernel gathers K/V block by block through the table
         self._seqs: dict[int, SeqState] = {}
         self._stats = PrefixCacheStats()
+        if num_offload_blocks:
+            self.offload = CpuOffloadTier(num_offload_blocks)
+            self.allocator.on_evict = self._offload
 
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
+
+    def _offload(self, block_id: int, block_hash: int) -> None:
+        """The GPU pool evicted a cached block: the tier keeps it, unless another GPU block still holds its hash."""
+        if self.allocator.cached_block(block_hash) is None:
+            self.offload.offload(block_id, block_hash)
+
+    def take_tier_copies(self) -> list[TierCopy]:
+        """The offload tier's copies decided since the last call, in the order to make them ([] without a tier)."""
+        return [] if self.offload is None else self.offload.take_copies()
 
     @property
     def num_free_blocks(self) -> int:
@@ -143,9 +168,10 @@ class PagedKVManager:
         if not self.enable_prefix_caching or not token_ids:
             return [], 0
         hashes = self._prompt_hashes(token_ids, min(len(token_ids), num_tokens - 1) // self.block_size)
-        hits = 0
-        for block_hash in hashes:
-            if self.allocator.cached_block(block_hash) is None:
+        hits, tier = 0, self.offload
+        for block_hash in hashes:  # a block hits on the GPU, else in the offload tier (if any), else the hits end
+            if self.allocator.cached_block(block_hash) is None and (tier is None or
+                                                                  tier.cached_block(block_hash) is None):  # fmt: skip
                 break
             hits += 1
         return hashes, hits
@@ -187,6 +213,7 @@ class PagedKVManager:
     def _admission_need(self, new: Sequence[NewSequence], counts: Sequence[int]) -> tuple[list, int, int]:
         """(per sequence: (hashes, hits), blocks taken from the free queue, blocks the watermark counts)."""
         bs, found, revived, need, watermark_need = self.block_size, [], set(), 0, 0
+        reloaded: set[int] = set()  # hashes hit in the offload tier only: one fresh GPU block each (shared after)
         for spec, k in zip(new, counts):
             total = spec.num_cached_tokens + k
             # the lookup of get_computed_tokens, bounded by this step's tokens (a hit is never the last token)
@@ -199,12 +226,14 @@ class PagedKVManager:
                 raise ValueError(f"{total} tokens for a sequence of final length {spec.final_len}")
             for block_hash in hashes[:hits]:
                 block = self.allocator.cached_block(block_hash)
-                if self.allocator.ref_count(block) == 0:
+                if block is None:
+                    reloaded.add(block_hash)
+                elif self.allocator.ref_count(block) == 0:
                     revived.add(block)  # a freed cached block leaves the free queue when it is hit
             need += cdiv(total, bs) - hits
             watermark_need += cdiv(total, bs)  # NOTE: before hits, as vLLM v0 counted (conservative)
             found.append((hashes, hits))
-        return found, need + len(revived), watermark_need
+        return found, need + len(revived) + len(reloaded), watermark_need
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
@@ -271,23 +300,51 @@ class PagedKVManager:
         seqs = [SeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids, hashes[:hits])
                 for spec, k, (hashes, hits) in zip(new, num_new_tokens, found)]  # fmt: skip
         self._seqs.update(zip(seq_ids, seqs))
+        tier = self.offload
         for seq, (hashes, hits) in zip(seqs, found):  # hits first: reviving must precede any eviction
             for block_hash in hashes[:hits]:
+                if tier is not None and self.allocator.cached_block(block_hash) is None:
+                    tier.pin(block_hash)  # an offload-tier hit: reloaded below, kept in the tier until then
+                    seq.block_table.append(None)
+                    continue
                 seq.block_table.append(self.allocator.lookup(block_hash))
             if hits < len(hashes):
                 self.allocator.lookup(hashes[hits])  # the first miss, counted; it returns None
             self._stats.queried_blocks += len(hashes)
             self._stats.hit_blocks += hits
         for seq, spec, (hashes, hits) in zip(seqs, new, found):
+            if tier is not None:
+                self._reload(seq, hashes)
             seq.block_table += self.allocator.allocate(cdiv(seq.num_tokens, self.block_size) - hits)
             self._register(seq)
             if self.enable_prefix_caching and not spec.skip_reading_prefix_cache:  # vLLM counts lookups only
                 self._stats.queried_tokens += spec.prompt_len
                 self._stats.hit_tokens += spec.num_cached_tokens
+        if tier is not None:
+            tier.unpin_all()
         if self._epoch is not None:  # the epoch carries the pool's counts: the new blocks join them
             for seq in seqs:
                 self._epoch.changed(seq, +1)
         return Allocation([])
+
+    def _reload(self, seq: SeqState, hashes: list[int]) -> None:
+        """Fill the table's offload-tier hits (None) with GPU blocks: the block another sequence of this admission has
+        reloaded already (shared), else a fresh block that the tier copies the K/V into, cached under its hash."""
+        for i, block in enumerate(seq.block_table):
+            if block is not None:
+                continue
+            block_hash = hashes[i]
+            shared = self.allocator.cached_block(block_hash)
+            if shared is not None:
+                shared = self.allocator.lookup(block_hash)
+            else:
+                [block] = self.allocator.allocate(1)
+                self.allocator.cache_block(block, block_hash)
+                self.offload.reload(block_hash, block)
+                shared = block
+            seq.block_table[i] = shared
+            self._stats.cpu_hit_blocks += 1  # (a sequence that skips reading the cache has no hits)
+            self._stats.cpu_hit_tokens += self.block_size
 
     def _grow_one(self, seq_id: int, k: int) -> Allocation | None:
         seq = self._seqs.get(seq_id)
@@ -586,7 +643,11 @@ class PagedKVManager:
         return list(self._seqs)
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
+        stats = PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
+        if self.offload is not None:
+            stats.offloaded_blocks = self.offload.stats.offloaded_blocks
+            stats.reloaded_blocks = self.offload.stats.reloaded_blocks
+        return stats
 
     # The memory breakdown (after the paper's Figure 2). Every block but a sequence's last is full, so only
     # partly filled last blocks hold empty slots; each empty slot is reservation if some owner will still
@@ -664,6 +725,8 @@ class PagedKVManager:
         self.allocator.check_invariants()
         if self.cpu_allocator is not None:
             self.cpu_allocator.check_invariants()
+        if self.offload is not None:
+            self.offload.check_invariants()
         bs = self.block_size
         refs: dict[bool, dict[int, int]] = {False: {}, True: {}}
         fill: dict[int, tuple[int, int]] = {}  # GPU block -> (filled slots, slots some owner will reach)

@@ -43,12 +43,13 @@ FLOAT_FLAGS = {
     "--rate": ("rate", []), "--duration": ("duration", []), "--burstiness": ("burstiness", ["--arrival", "gamma"]),
     "--swap-space": ("swap_space_gib", ["--preemption", "swap"]), "--watermark": ("watermark", []),
     "--slo-ttft": ("slo_ttft", []), "--slo-tbt": ("slo_tbt", []), "--priority-share": ("priority_share", []),
+    "--cpu-offload-gib": ("cpu_offload_gib", []),
 }  # fmt: skip
 RANGE_FLAGS = {
     "--prompt-len-range": ("prompt_len_range", ["--workload", "uniform", "--output-len-range", "1,5"]),
     "--output-len-range": ("output_len_range", ["--workload", "uniform", "--prompt-len-range", "1,5"]),
 }
-VALID_ZERO = {"--seed", "--prefix-len", "--swap-space", "--watermark", "--priority-share"}
+VALID_ZERO = {"--seed", "--prefix-len", "--swap-space", "--watermark", "--priority-share", "--cpu-offload-gib"}
 
 
 def _numeric_cases() -> list:
@@ -115,6 +116,11 @@ COMBINATIONS = [
     (["run", "--model", "smollm2-135m", "--gpu", "h200", "--num-gpus", "64"], "the KV pool (what model, gpu and num_gpus leave): "),
     (["run", "--kv-slots", str(2**40), "--block-size", "1"], "blocks of 1 (allowed: at most 8,388,608 blocks"),
     (["run", "--preemption", "swap", "--swap-space", "1e6", "--block-size", "1"], "swap_space_gib: "),
+    (["run", "--cpu-offload-gib", "1e-9"], "cpu_offload_gib: 1e-09 GiB per GPU holds no KV block of 13,107,200 bytes"),
+    (["run", "--cpu-offload-gib", "1e6", "--block-size", "1"], "cpu_offload_gib: "),
+    (["run", "--policy", "radix", "--cpu-offload-gib", "4"], "--cpu-offload-gib 4: policy 'radix' has no CPU offload"),
+    (["run", "--policy", "max", "--cpu-offload-gib", "4"], "--cpu-offload-gib 4: policy 'max' has no CPU offload"),
+    (["run", "--prefix-caching", "off", "--cpu-offload-gib", "4"], "--cpu-offload-gib 4: keeps evicted prefix-cache"),
     (["run", "--scheduler", "v0", "--max-num-batched-tokens", "10"], "is over max_num_batched_tokens"),
     (["run", "--beam-width", "4", "--max-num-batched-tokens", "3"], "beam_width 4 is over max_num_batched_tokens"),
     (["run", "--max-num-seqs", "1", "--n", "4"], "4 sequences (allowed: <= max_num_seqs, 1)"),
@@ -371,6 +377,9 @@ def test_sharegpt_takes_no_gamma_arrivals(tmp_path, capsys):
     ({"kv_slots": 10**30}, "kv_slots: got"),
     ({"swap_space_gib": 1e300, "preemption": "swap"}, "swap_space_gib: got 1e+300"),
     ({"watermark": 1.0}, "watermark: got 1.0"),
+    ({"cpu_offload_gib": -0.5}, "cpu_offload_gib: got -0.5"),
+    ({"cpu_offload_gib": 2.0, "policy": "radix"}, "cpu_offload_gib=2.0: policy 'radix' has no CPU offload tier"),
+    ({"cpu_offload_gib": 2.0, "enable_prefix_caching": False}, "cpu_offload_gib=2.0: keeps evicted prefix-cache"),
     ({"jump": "yes"}, "jump: got 'yes' (allowed: True or False)"),
     ({"model": ["opt-13b"]}, "model: got ['opt-13b']"),
     ({"policy": None}, "policy: got None"),
