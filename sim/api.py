@@ -224,7 +224,8 @@ def offload_summary(gib: float, num_blocks: int, stats, cost, block_bytes: int) 
     queried = stats.queried_tokens
     reloaded = stats.reloaded_blocks
     return {"cpu_offload_gib": gib, "num_offload_blocks": num_blocks,
-            "prefix_cache_hit_rate_gpu_tokens": (stats.hit_tokens - stats.cpu_hit_tokens) / queried if queried else None,
+            "prefix_cache_hit_rate_gpu_tokens": ((stats.hit_tokens - stats.cpu_hit_tokens) / queried if queried
+                                                 else None),
             "prefix_cache_hit_rate_cpu_tokens": stats.cpu_hit_tokens / queried if queried else None,
             "offloaded_blocks": stats.offloaded_blocks, "reloaded_blocks": reloaded,
             "reload_time_s": cost.swap_time(reloaded * block_bytes, reloaded) if reloaded else 0.0}  # fmt: skip

@@ -20,6 +20,7 @@ The blocks, in README order (BLOCKS):
     chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
     priority         figures/priority.csv            latency per class, FCFS against priority scheduling
     disagg           figures/disagg_goodput.csv      goodput per GPU, disaggregated against colocated
+    cpu-offload      figures/cpu_offload.csv         the prefix cache's CPU offload tier: hits per tier, TTFT
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
     kv-accuracy      figures/kv_accuracy.csv         its accuracy cost on the engine: greedy agreement, logit error
@@ -300,6 +301,22 @@ def priority(f: Files) -> tuple[Table, ...]:
                     "normalized latency (s/token)"), *rows),)  # fmt: skip
 
 
+def cpu_offload(f: Files) -> tuple[Table, ...]:
+    """Every run of the figure: prompt tokens found per tier, time to first token, the reloads' PCIe seconds."""
+    rows = []
+    for r in sorted(f.rows("cpu_offload"), key=lambda r: (float(r["rate"]), float(r["cpu_offload_gib"]))):
+        tier = float(r["cpu_offload_gib"])
+        rows.append((f"{r['rate']}.{r['cpu_offload_gib']}", f"{float(r['rate']):g}",
+                     "none" if tier == 0 else f"{tier:g} GiB", f"{float(r['gpu_hit_rate_tokens']):.1%}",
+                     f"{float(r['cpu_hit_rate_tokens']):.1%}", f"{float(r['mean_ttft_s']):.2f} s",
+                     f"{float(r['p99_ttft_s']):.1f} s", f"{float(r['reload_time_s']):.1f} s"))  # fmt: skip
+    duration = float(f.rows("cpu_offload")[0]["trace_duration_s"])
+    return (_table(f"From `figures/cpu_offload.csv` (OPT-13B on one A100-40GB, conversations, {duration:g} s of first "
+                   "arrivals, prefix caching on in every run):",
+                   ("new conversations/s", "CPU tier per GPU", "prompt tokens hit on the GPU", "hit in the CPU tier",
+                    "mean time to first token", "p99 time to first token", "reloads over PCIe"), *rows),)  # fmt: skip
+
+
 # --- the reference engine's benchmarks ---------------------------------------------------------------------------
 def disagg(f: Files) -> tuple[Table, ...]:
     """Disaggregated against colocated on 4 GPUs: DistServe's goodput per GPU, and both latencies at the rate where the
@@ -562,6 +579,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "chunked-prefill": chunked_prefill,
     "priority": priority,
     "disagg": disagg,
+    "cpu-offload": cpu_offload,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,
     "kv-accuracy": kv_accuracy,

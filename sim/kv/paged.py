@@ -97,7 +97,8 @@ class PagedKVManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_cpu_blocks: int = 0, watermark: float = 0.0, *,
-                 block_allocator: Callable[[int, int], Any] | None = None, num_offload_blocks: int = 0) -> None:  # fmt: skip
+                 block_allocator: Callable[[int, int], Any] | None = None,
+                 num_offload_blocks: int = 0) -> None:  # fmt: skip
         if num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
         if num_offload_blocks < 0:

@@ -107,6 +107,20 @@ def test_priority_serves_class_0_first_past_the_knee(quick_figures):
     assert all(int(r["num_finished"]) == int(r["num_requests"]) > 0 for r in rows)
 
 
+def test_the_cpu_offload_tier_finds_more_and_serves_sooner(quick_figures):
+    """cpu_offload: the same conversations with a bigger tier find more prompt tokens in the cache (none in CPU memory
+    without one), the GPU's share about the same, and the mean time to first token does not grow."""
+    rows = sorted(read_rows(quick_figures, "cpu_offload"), key=lambda r: float(r["cpu_offload_gib"]))
+    assert float(rows[0]["cpu_offload_gib"]) == 0 and float(rows[0]["cpu_hit_rate_tokens"]) == 0
+    hits = [float(r["hit_rate_tokens"]) for r in rows]
+    assert hits == sorted(hits) and hits[-1] > hits[0] + 0.1
+    for r in rows:
+        split = float(r["gpu_hit_rate_tokens"]) + float(r["cpu_hit_rate_tokens"])
+        assert split == pytest.approx(float(r["hit_rate_tokens"]))
+    assert float(rows[-1]["mean_ttft_s"]) <= float(rows[0]["mean_ttft_s"])
+    assert float(rows[-1]["reload_time_s"]) > 0 and int(rows[-1]["reloaded_blocks"]) > 0
+
+
 def test_equal_runs_merge_and_keep_every_probe():
     a = Task.of((Timeline(),), policy="paged", rate=2.0)
     b = Task.of((Sharing(),), rate=2.0, policy="paged")  # the same keywords in another order
@@ -185,7 +199,8 @@ def test_hybrid_batches_more_as_prompts_outgrow_the_window(quick_figures):
 
 def test_readme_counts_the_figures():
     words = {11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen", 16: "sixteen", 17: "seventeen",
-             18: "eighteen", 19: "nineteen", 20: "twenty", 21: "twenty-one", 22: "twenty-two"}
+             18: "eighteen", 19: "nineteen", 20: "twenty", 21: "twenty-one", 22: "twenty-two",
+             23: "twenty-three", 24: "twenty-four"}
     readme = (ROOT / "README.md").read_text()
     assert f"regenerates all {words[len(FIGURES)]} figures" in readme
     for name in FIGURES:
