@@ -25,6 +25,7 @@ from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
 from .scheduler import Scheduler
+from .speculative import AcceptanceModel
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
 from .trace import read_trace, request_lines
@@ -173,7 +174,9 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
                        validate=c.validate, progress=c.progress, on_step=c.on_step, stop_at=c.stop_at,
                        in_range=calibrated.in_range if calibrated is not None else None,
                        shared_reads=calibrated is not None and calibrated.uses_shared_reads,
-                       step_table=c.step_table).run()  # fmt: skip
+                       step_table=c.step_table,
+                       acceptance=AcceptanceModel(c.acceptance_rate, c.seed) if c.num_speculative_tokens else None,
+                       ).run()  # fmt: skip
     extras = {
         "model": c.model, "gpu": c.gpu, "num_gpus": c.num_gpus, "workload": source,
         "rate": c.rate if (synthetic or kind == "sharegpt") and c.arrival != "offline" else None, "arrival": c.arrival,
@@ -189,6 +192,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
            if num_offload_blocks else {}),
         **({"scheduling_policy": c.scheduling_policy} if c.scheduling_policy != "fcfs" else {}),
         **({"priority_share": c.priority_share} if c.priority_share > 0 else {}),
+        **(_speculation_summary(c, result, sched.kv.num_slots) if c.num_speculative_tokens else {}),
         # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
         **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * c.num_gpus * 1024)}
            if pages_in_kib(c.policy) else {}),
@@ -229,6 +233,18 @@ def offload_summary(gib: float, num_blocks: int, stats, cost, block_bytes: int) 
             "prefix_cache_hit_rate_cpu_tokens": stats.cpu_hit_tokens / queried if queried else None,
             "offloaded_blocks": stats.offloaded_blocks, "reloaded_blocks": reloaded,
             "reload_time_s": cost.swap_time(reloaded * block_bytes, reloaded) if reloaded else 0.0}  # fmt: skip
+
+
+def _speculation_summary(c: RunConfig, result, num_slots: int) -> dict:
+    """Speculative decoding's numbers: its settings, the share of drafts accepted, and the lookahead slots the drafts
+    held on average over the run (their K/V counts among the token states while a verify step runs)."""
+    drafts, accepted, slot_seconds = result.speculation
+    span = result.end_time - result.start_time
+    lookahead = slot_seconds / span if span > 0 else 0.0
+    return {"num_speculative_tokens": c.num_speculative_tokens, "acceptance_rate": c.acceptance_rate,
+            "num_draft_tokens": drafts, "num_accepted_tokens": accepted,
+            "draft_acceptance": accepted / drafts if drafts else None,
+            "mean_lookahead_slots": lookahead, "lookahead_share": lookahead / num_slots}
 
 
 def run_defaults() -> dict:

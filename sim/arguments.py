@@ -120,6 +120,9 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
     if p["block_allocator"] is not None and not takes_block_allocator(p["policy"]):
         takes = ", ".join(name for name in POLICIES if takes_block_allocator(name))
         why["block_allocator"] = f"applies to {say('policy', takes)} only; {say('policy', p['policy'])} runs its own"
+    if not p["num_speculative_tokens"]:
+        why["acceptance_rate"] = (f"is the draft tokens' acceptance rate, and speculative decoding is off "
+                                  f"({say('num_speculative_tokens', 0)})")  # fmt: skip
     if pages_in_kib(p["policy"]):
         why["block_size"] = (f"{say('policy', p['policy'])} maps pages given in KiB per layer per K/V buffer "
                              f"({say('page_kib', 'KIB')}), not blocks of tokens")  # fmt: skip

@@ -165,6 +165,12 @@ def add_run_parser(sub) -> None:
     g.add_argument("--priority-share", type=float, default=D["priority_share"], metavar="SHARE",
                    help="a generated workload: the share of requests given priority 0, the rest 1 (a trace's own "
                    "column: priority) (default: %(default)s)")
+    g.add_argument("--num-speculative-tokens", type=int, default=D["num_speculative_tokens"], metavar="K",
+                   help="speculative decoding: draft tokens each decode verifies per step (vLLM's "
+                   "num_speculative_tokens; 0 = off) (default: %(default)s)")
+    g.add_argument("--acceptance-rate", type=float, default=D["acceptance_rate"], metavar="ALPHA",
+                   help="speculative decoding: the chance that a draft token is accepted when every draft before it "
+                   "was (i.i.d., Leviathan et al. 2023; an assumption: measure your draft's) (default: %(default)s)")
     g.add_argument("--prefix-caching", default="auto", metavar="{auto,on,off}",
                    help="paged prefix caching; auto = on when --prefix-len > 0 (default: %(default)s)")
     g.add_argument("--max-num-seqs", type=int, default=D["max_num_seqs"], help="running sequences at most (default: %(default)s)")
@@ -227,6 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt_len_range=args.prompt_len_range, output_len_range=args.output_len_range,
         enable_chunked_prefill=False if args.no_chunked_prefill else None, victim=args.victim,
         scheduling_policy=args.scheduling_policy, priority_share=args.priority_share,
+        num_speculative_tokens=args.num_speculative_tokens, acceptance_rate=args.acceptance_rate,
         slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt, cost_model=args.cost_model, turns=args.turns,
         think_time=args.think_time, history_limit=args.history_limit, conversations=args.conversations,
         on_step=recorder, step_table=bool(args.steps_csv or args.chrome_trace),  # only these read the table

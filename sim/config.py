@@ -34,6 +34,9 @@ from .workload import ARRIVALS, DATASETS
 MODES = ("v1", "v0", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: the queues' order
 PREEMPTION_MODES = ("recompute", "swap")
+# NOTE: speculative decoding's draft tokens per step at most: drafts past a few tens are almost never all accepted
+# (with acceptance rate a, the j-th draft survives with probability a^j), so a larger k only wastes slots and compute
+MAX_SPECULATIVE_TOKENS = 64
 
 
 def require(ok: bool, name: str, value, allowed: str) -> None:
@@ -68,6 +71,7 @@ class SchedulerConfig:
     victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES, or a
     # function
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority": queues ordered by (request.priority, arrival)
+    num_speculative_tokens: int = 0  # speculative decoding: draft tokens a decode verifies per step (0 = off)
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, "mode", self.mode, ", ".join(MODES))
@@ -83,6 +87,9 @@ class SchedulerConfig:
         victim_policy(self.victim)  # raises for an unknown name
         require(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy", self.scheduling_policy,
                 ", ".join(SCHEDULING_POLICIES))  # fmt: skip
+        require(is_int(self.num_speculative_tokens) and 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+                "num_speculative_tokens", self.num_speculative_tokens,
+                f"an integer from 0 (off) to {MAX_SPECULATIVE_TOKENS}")  # fmt: skip
 
     @property
     def chunked(self) -> bool:
@@ -163,6 +170,10 @@ class RunConfig:
     scheduling_policy: str = _arg(_S.scheduling_policy, "choice", choices=SCHEDULING_POLICIES)
     # synthetic workloads: the share of requests drawn (by `seed`) to priority 0, the rest 1 (a trace has its own)
     priority_share: float = _arg(0.0, "real", 0, 1)
+    # speculative decoding (sim.speculative): draft tokens a decode verifies per step (0 = off), and the chance that a
+    # draft token is accepted when every draft before it was (an assumption of the run: measure your draft's)
+    num_speculative_tokens: int = _arg(_S.num_speculative_tokens, "int", 0, MAX_SPECULATIVE_TOKENS)
+    acceptance_rate: float = _arg(0.7, "real", 0, 1)
     # the run
     jump: bool = _arg(True, "bool")  # jump over runs of identical decode steps (same results, faster)
     validate: bool = _arg(False, "bool")  # check each jump's bookkeeping against the KV manager (slower)
@@ -192,7 +203,8 @@ class RunConfig:
         return SchedulerConfig(mode=self.scheduler, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=max_model_len,
                                enable_chunked_prefill=self.enable_chunked_prefill, preemption=self.preemption,
-                               victim=self.victim, scheduling_policy=self.scheduling_policy)  # fmt: skip
+                               victim=self.victim, scheduling_policy=self.scheduling_policy,
+                               num_speculative_tokens=self.num_speculative_tokens)  # fmt: skip
 
 
 RUN_FIELDS = {f.name: f for f in fields(RunConfig)}
@@ -203,6 +215,7 @@ _OPEN_ABOVE = ("watermark", "rate")  # rate: finite
 _UNITS = {"rate": " requests/s", "burstiness": "", "watermark": ", a share of the blocks", "swap_space_gib": " GiB",
           "cpu_offload_gib": " GiB",
           "priority_share": ", a share of the requests",
+          "acceptance_rate": ", the chance that a draft token is accepted",
           "turns": " (the mean turns per session)", "page_kib": " KiB per layer per K/V buffer"}  # else seconds
 
 

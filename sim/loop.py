@@ -49,6 +49,9 @@ class LoopResult:
     num_events: int  # events popped from the heap (an implementation counter: how much the jump saved)
     extrapolated_steps: int = 0  # steps priced outside the cost model's calibrated range (`in_range`; 0 without one)
     extrapolated_time: float = 0.0  # their simulated seconds
+    # speculative decoding: draft tokens verified, of them accepted, and lookahead slot-seconds (the slots the drafts
+    # held during their steps: token states of the breakdown while they exist)
+    speculation: tuple[int, int, float] = (0, 0, 0.0)
 
 
 class _RequestTimes:
@@ -61,11 +64,11 @@ class _RequestTimes:
         self.first_token = [nan] * count  # end of the first step that samples for it
         self.last_token = [nan] * count
         self.max_gap = [0.0] * count  # the largest time between two of its consecutive token steps
-        self.token_steps = [0] * count  # steps that sampled at least one token for it
+        self.token_steps = [0] * count  # steps that sampled at least one token for it (a verify step: its tokens kept)
         self.finish = [nan] * count
         self.preemptions = [0] * count
 
-    def sampled(self, i: int, now: float) -> None:
+    def sampled(self, i: int, now: float, tokens: int = 1) -> None:
         if self.token_steps[i]:
             gap = now - self.last_token[i]
             if gap > self.max_gap[i]:
@@ -73,7 +76,7 @@ class _RequestTimes:
         else:
             self.first_token[i] = now
         self.last_token[i] = now
-        self.token_steps[i] += 1
+        self.token_steps[i] += tokens
 
     def arrays(self) -> dict[str, np.ndarray]:
         ints = ("token_steps", "preemptions")
@@ -95,13 +98,19 @@ class Simulator:
     `shared_reads`: give the cost model each step's num_shared_context_tokens (O(blocks) a step; else 0).
     `step_table`: keep the per-step table (else only its totals: steps, mean batch; a million-request run's table
     would take gigabytes).
+    `acceptance`: speculative decoding's acceptance model (sim.speculative.AcceptanceModel), which draws how many draft
+    tokens each verify entry keeps; needed when the scheduler plans drafts (num_speculative_tokens > 0).
     """
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,
                  seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False,
                  on_step=None, stop_at=(), in_range=None, shared_reads: bool = False,
-                 step_table: bool = True) -> None:  # fmt: skip
+                 step_table: bool = True, acceptance=None) -> None:  # fmt: skip
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
+        if scheduler.config.num_speculative_tokens and acceptance is None:
+            raise ValueError("num_speculative_tokens > 0: the simulator needs an acceptance model (acceptance=...)")
+        self.acceptance = acceptance
+        self.speculation = [0, 0, 0.0]  # drafts verified, accepted, lookahead slot-seconds (LoopResult.speculation)
         self.in_range, self.shared_reads = in_range, shared_reads
         self.extrapolated_steps, self.extrapolated_time = 0, 0.0
         self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
@@ -163,7 +172,7 @@ class Simulator:
         table = request_table(self.requests, self.times.arrays())
         return LoopResult(table, self.log.to_table(), self.log.totals(), self.integral, start,
                           max(self.last_step_end, start), num_events, self.extrapolated_steps,
-                          self.extrapolated_time)  # fmt: skip
+                          self.extrapolated_time, tuple(self.speculation))  # fmt: skip
 
     def _on_arrival(self, index: int) -> list:
         self.scheduler.add_request(self.requests[index])
@@ -244,9 +253,18 @@ class Simulator:
                 i = self.index[request_id]
                 if i in members:  # (gone if the epoch closed: then all were booked)
                     self._settle(i, members.pop(i), len(self.epoch_ends))
-        sampled = {entry.request_id for entry in plan.entries if entry.sample}
-        for request_id in sampled:
-            self.times.sampled(self.index[request_id], self.now)
+        if plan.num_draft_tokens:  # a verify step: a request's tokens count (1 + its accepted drafts)
+            kept: dict[int, int] = {}
+            for entry in plan.entries:
+                if entry.sample:
+                    tokens = 1 + outcome.num_accepted.get(entry.seq_id, 0)
+                    kept[entry.request_id] = max(tokens, kept.get(entry.request_id, 0))
+            for request_id, tokens in kept.items():
+                self.times.sampled(self.index[request_id], self.now, tokens)
+        else:
+            sampled = {entry.request_id for entry in plan.entries if entry.sample}
+            for request_id in sampled:
+                self.times.sampled(self.index[request_id], self.now)
         for request_id, seq_ids in result.new_beam_seq_ids.items():
             old_ids, scores = beam_scores[request_id]
             for seq_id in old_ids:
@@ -273,6 +291,8 @@ class Simulator:
             num_decodes, context = epoch_step or (0, 0)
             shape = (plan.num_prefill_tokens, len(plan.decodes) + num_decodes, plan.num_context_tokens + context,
                      plan.num_prefill_pairs, shared)  # fmt: skip
+            if plan.num_draft_tokens:  # speculative decoding: a verify entry's drafts are priced as a chunk after it
+                shape = (shape[0] + plan.num_draft_tokens, shape[1], shape[2], shape[3] + plan.num_draft_pairs, shared)
             duration = self.cost.step_time(*shape)
             if self.in_range is not None and not self.in_range(*shape):
                 self.extrapolated_steps += 1
@@ -292,7 +312,12 @@ class Simulator:
             if not entry.sample:
                 continue
             request = self.scheduler.request(entry.request_id)
-            if self.scheduler.num_generated(entry.seq_id) + 1 >= request.output_len:
+            accepted = 0
+            if entry.num_draft_tokens:  # a verify entry: how many drafts the target keeps (sim.speculative)
+                accepted = outcome.num_accepted[entry.seq_id] = self.acceptance.accepted(entry.num_draft_tokens)
+                self.speculation[0] += entry.num_draft_tokens
+                self.speculation[1] += accepted
+            if self.scheduler.num_generated(entry.seq_id) + 1 + accepted >= request.output_len:
                 outcome.finished_seq_ids.add(entry.seq_id)
             elif request.beam_width > 1:
                 beams.setdefault(entry.request_id, []).append(entry.seq_id)
@@ -474,6 +499,8 @@ class Simulator:
     def _record(self, duration: float, plan: StepPlan, counts: tuple[int, ...],
                 epoch_step: tuple[int, int] | None = None) -> None:  # fmt: skip
         self._integrate(duration, counts)
+        if plan.num_draft_tokens:
+            self.speculation[2] += duration * plan.num_draft_tokens
         scheduler = self.scheduler
         num_decodes = epoch_step[0] if epoch_step else 0
         self.log.append((self.now, duration, len(plan.prefills), len(plan.decodes) + num_decodes, scheduler.num_running,

@@ -43,6 +43,9 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens fed this step: a prompt / recompute chunk, 1 for a decode, 0 sample-only
     block_table: list[int]  # the sequence's block table after this step's allocations ([] sample-only)
     sample: bool = True  # samples a token after this step (False: a chunk that does not reach the end)
+    # speculative decoding: of num_new_tokens, the last ones are draft tokens fed to be verified (their slots are the
+    # KV manager's lookahead slots); the step samples 1 + the drafts it accepts (StepOutcome.num_accepted)
+    num_draft_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -53,11 +56,22 @@ class StepPlan:
     blocks_to_swap_in: list[BlockCopy] = field(default_factory=list)  # (cpu_block, gpu_block)
     blocks_to_copy: list[BlockCopy] = field(default_factory=list)  # (src, dst), before the forward pass
     preempted: list[int] = field(default_factory=list)  # request ids preempted while building this plan
+    num_draft_tokens: int = 0  # the decodes' draft tokens (speculative decoding), fed besides their last token
 
     @property
     def num_batched_tokens(self) -> int:
-        """Tokens the forward pass processes (a shared prompt counts once)."""
-        return sum(s.num_new_tokens for s in self.prefills) + len(self.decodes)
+        """Tokens the forward pass processes (a shared prompt counts once; a verify entry 1 + its drafts)."""
+        return sum(s.num_new_tokens for s in self.prefills) + len(self.decodes) + self.num_draft_tokens
+
+    @property
+    def num_draft_pairs(self) -> int:
+        """Query-key pairs of the draft tokens' attention: a verify entry after c cached tokens feeds its last token
+        and d drafts, the j-th draft attending to c + 1 + j keys (as a chunk does; sim.cost prices a verify entry as a
+        decode plus a d-token chunk)."""
+        if not self.num_draft_tokens:
+            return 0
+        return sum(s.num_draft_tokens * (s.num_computed_tokens + 1) + s.num_draft_tokens * (s.num_draft_tokens + 1) // 2
+                   for s in self.decodes)  # fmt: skip
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -127,6 +141,9 @@ class StepOutcome:
     # beam-search request_id -> parent seq id of each of the k surviving beams; a parent listed m times is
     # forked m - 1 times, an unlisted beam is freed.
     beam_parents: dict[int, list[int]] = field(default_factory=dict)
+    # speculative decoding: seq id -> how many of its entry's draft tokens were accepted (0 .. num_draft_tokens), for
+    # every entry with drafts; it sampled 1 + that many tokens (the accepted drafts and the target's next token)
+    num_accepted: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

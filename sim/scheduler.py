@@ -21,6 +21,14 @@ arrival) instead of arrival alone: the lowest value is admitted first (still wit
 for memory, and nothing behind it goes first) and the latest arrival of the highest value is preempted first. A
 request that arrives with a better priority than running ones does not preempt them: it heads the waiting queue.
 
+Speculative decoding (`num_speculative_tokens` k > 0, vLLM's name; Leviathan et al., ICML 2023): a decoding sequence
+is fed its last sampled token plus up to k draft tokens (fewer where its output or max_model_len ends first, or the
+budget runs out; none for beam search), its drafts in lookahead slots of the KV manager. The executor verifies them
+and reports how many it accepted (`StepOutcome.num_accepted`); the sequence keeps those, samples one more token (the
+target's own next token), and `rollback` gives back the rejected drafts' slots. Who proposes the drafts is the
+executor's business (the engine's n-gram draft; the simulator's acceptance model). No run of plain decode steps is
+jumped over while it is on (sim/fastforward.py and decode epochs assume one token per step).
+
 The same object serves the simulator and the reference engine: `schedule()` returns a `StepPlan` whose blocks
 are already allocated; the executor runs it and reports a `StepOutcome` to `finish_step()`. The scheduler
 touches memory only through the KV contract (sim/kv/base.py) and never knows the policy behind it.
@@ -61,6 +69,7 @@ class Scheduler:
         self.config = config if config is not None else SchedulerConfig()
         self._victim = victim_policy(self.config.victim)
         self._by_priority = self.config.scheduling_policy == "priority"
+        self._num_drafts = self.config.num_speculative_tokens  # k: draft tokens per decode and step (0: off)
         self._waiting: deque[SequenceGroup] = deque()
         self._running: list[SequenceGroup] = []
         self._swapped: list[SequenceGroup] = []
@@ -291,9 +300,14 @@ class Scheduler:
                 kept.append(group)
                 continue
             ids = [s.seq_id for s in seqs]
+            drafts = self._drafts(group, seqs, counts, budget) if self._num_drafts else None
             while True:  # NOTE: the transaction's brackets (see abandon_step), inline: this loop runs every step
                 self._open_allocation = (group, seqs, None)
-                if (allocation := allocate(ids, counts)) is not None:
+                if drafts is None:
+                    allocation = allocate(ids, counts)
+                else:
+                    allocation = allocate(ids, counts, num_lookahead_tokens=drafts)
+                if allocation is not None:
                     break
                 self._open_allocation = None  # None: nothing changed
                 victim = self._choose_victim(group, remaining)
@@ -302,13 +316,35 @@ class Scheduler:
                     break
                 remaining.remove(victim)
             if allocation is not None:
-                self._add_entries(plan, group, seqs, counts, allocation.copies)
+                self._add_entries(plan, group, seqs, counts, allocation.copies, drafts)
                 kept.append(group)
                 if budget is not None:
-                    budget -= sum(counts)
+                    budget -= sum(counts) + (sum(drafts) if drafts else 0)
                 self._open_allocation = None
         self._running = kept
         return budget
+
+    def _drafts(self, group: SequenceGroup, seqs, counts: list[int], budget: int | None) -> list[int] | None:
+        """Draft tokens each sequence of the group verifies this step (speculative decoding), or None for none: k for a
+        plain decode (one token fed: the last sampled one), fewer where its output would end first (it samples at most
+        1 + its drafts, never past output_len: its K/V then stays within its final length), past max_model_len, or
+        where the budget left after the group's own tokens runs out. None for beam search (its beams branch each step)."""
+        if group.is_beam_search:
+            return None
+        k, max_len = self._num_drafts, self.config.max_model_len
+        left = None if budget is None else budget - sum(counts)
+        drafts = []
+        for seq, count in zip(seqs, counts):
+            d = 0
+            if count == 1 and not seq.prefilling and seq.num_computed_tokens == seq.num_tokens - 1:
+                d = min(k, seq.output_len - seq.num_generated - 1)
+                if max_len:
+                    d = min(d, max_len - seq.num_tokens)
+                if left is not None:
+                    d = min(d, left)
+                    left -= max(d, 0)
+            drafts.append(max(d, 0))
+        return drafts if any(drafts) else None
 
     def _choose_victim(self, group: SequenceGroup, remaining: deque[SequenceGroup]) -> SequenceGroup:
         """Among the group that needs memory and the running groups not yet scheduled in this step."""
@@ -423,16 +459,21 @@ class Scheduler:
             admitted = True
         return admitted
 
-    def _add_entries(self, plan: StepPlan, group: SequenceGroup, seqs, counts: list[int], copies) -> None:
+    def _add_entries(self, plan: StepPlan, group: SequenceGroup, seqs, counts: list[int], copies,
+                     drafts: list[int] | None = None) -> None:  # fmt: skip
         rid, block_table = group.request_id, self.kv.block_table
         if copies:
             plan.blocks_to_copy += copies
-        for seq, count in zip(seqs, counts):
+        for i, (seq, count) in enumerate(zip(seqs, counts)):
             if not count:
                 continue
             computed = seq.num_computed_tokens
             sample = computed + count == seq.prompt_len + seq.num_generated
             entry = ScheduledSeq(seq.seq_id, rid, computed, count, block_table(seq.seq_id), sample)
+            if drafts is not None and drafts[i]:  # a verify entry: its last token, then its drafts
+                entry.num_new_tokens += drafts[i]
+                entry.num_draft_tokens = drafts[i]
+                plan.num_draft_tokens += drafts[i]
             (plan.prefills if seq.prefilling else plan.decodes).append(entry)
             if sample and not group.forked:  # the leader's last prompt token: its siblings sample from its logits
                 plan.prefills += [ScheduledSeq(s.seq_id, rid, computed + count, 0, [], True) for s in group.siblings_to_fork]
@@ -448,6 +489,8 @@ class Scheduler:
         """
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
+        if plan.num_draft_tokens:
+            _check_accepted(plan, outcome)
         # the members' decodes of a v1 step taken by the epoch: sampled now (some finish), then the plan's entries
         epoch_finished = self._epoch_steps_done(1) if self._epoch is not None and self._epoch.pending else []
         if self._epoch is not None and (outcome.beam_parents or any(not e.num_new_tokens for e in plan.entries)):
@@ -460,7 +503,12 @@ class Scheduler:
             seq = seqs.get(entry.seq_id)
             if seq is None or seq.status is not RUNNING:  # an abort in between leaves it FINISHED
                 continue
-            if entry.num_new_tokens:
+            accepted = 0
+            if entry.num_draft_tokens:  # a verify entry: keep the accepted drafts, give the rejected ones' slots back
+                accepted = outcome.num_accepted[entry.seq_id]
+                seq.num_computed_tokens += entry.num_new_tokens - entry.num_draft_tokens + accepted
+                self.kv.rollback(seq.seq_id, seq.num_computed_tokens)
+            elif entry.num_new_tokens:
                 seq.num_computed_tokens += entry.num_new_tokens
             else:  # a sibling of the prompt just computed: it joins the pool as a fork of the leader
                 group = groups[entry.request_id]
@@ -470,7 +518,7 @@ class Scheduler:
                 queue_copies(group, copies)
                 seq.num_computed_tokens = entry.num_computed_tokens
             if entry.sample:
-                seq.num_generated += 1
+                seq.num_generated += 1 + accepted
                 seq.prefilling = False
                 group = touched.get(entry.request_id) or touched.setdefault(entry.request_id, groups[entry.request_id])
                 group.forked = True
@@ -596,8 +644,8 @@ class Scheduler:
         chunk, beam search or copy waiting), nothing is swapped out, the budget holds them all, and the first
         waiting group could not be admitted now (advance_decodes stops a run before free memory grows). Else None."""
         self._close_epoch()
-        if self._outstanding is not None or not self._running or self._swapped:
-            return None
+        if self._outstanding is not None or not self._running or self._swapped or self._num_drafts:
+            return None  # (speculative decoding: a step samples a random number of tokens, no run is plain)
         seqs: list[Sequence] = []
         seq_groups: list[list[int]] = []  # the sequence ids of each request, as a step allocates them
         steps_left = None  # the fewest tokens a sequence has still to sample
@@ -902,6 +950,17 @@ class Scheduler:
 
 def _queue_key(group: SequenceGroup) -> int | tuple[int, int]:
     return group.queue_key
+
+
+def _check_accepted(plan: StepPlan, outcome: StepOutcome) -> None:
+    """ValueError unless the outcome names, for every verify entry of the plan, how many of its drafts were accepted
+    (0 .. its drafts): checked before finish_step changes anything."""
+    for entry in plan.decodes:
+        if entry.num_draft_tokens:
+            accepted = outcome.num_accepted.get(entry.seq_id)
+            if not (isinstance(accepted, int) and 0 <= accepted <= entry.num_draft_tokens):
+                raise ValueError(f"num_accepted[{entry.seq_id}]: expected 0 to {entry.num_draft_tokens} (the entry's "
+                                 f"draft tokens), found {accepted!r}")  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ figure as soon as its last point is in. Every figure writes NAME.png beside NAME
     kv_dtype           -         an 8-bit KV cache vs 16-bit: token slots, batch size, latency and throughput vs rate
     priority           -         priority scheduling: latency per class, FCFS vs priority (vLLM's scheduling policy)
     disagg_goodput     -         disaggregated prefill/decode (DistServe) vs colocated on 4 GPUs: SLO attainment, goodput
+    speculative        -         speculative decoding, k = 0, 2, 4, 8 draft tokens: latency, batch, lookahead memory
     cpu_offload        -         a CPU offload tier for the prefix cache on conversations: hits per tier, TTFT
 
 The paper's figures run its scheduler (`scheduler="v0"`: prefill-only steps); `chunked_prefill` compares it
@@ -51,6 +52,7 @@ from ..sweep import PointResult, SweepError, Task, run_tasks
 from . import kv_dtype
 from . import ablations, chatbot, hybrid, managers, memory, pages, priority, sampling, scheduling, sharing, throughput
 from . import disagg
+from . import speculative
 from . import offload
 from . import microbench, tensor_parallel
 
@@ -84,6 +86,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("kv_dtype", kv_dtype.kv_dtype_tasks, kv_dtype.draw_kv_dtype),
     FigureSpec("priority", priority.priority_tasks, priority.draw_priority),
     FigureSpec("disagg_goodput", disagg.disagg_tasks, disagg.draw_disagg),
+    FigureSpec("speculative", speculative.speculative_tasks, speculative.draw_speculative),
     FigureSpec("cpu_offload", offload.offload_tasks, offload.draw_offload),
 )}  # fmt: skip
 

@@ -20,6 +20,7 @@ The blocks, in README order (BLOCKS):
     chunked-prefill  figures/chunked_prefill.csv     Fig. 10: stalls and time to first token, v0 against v1
     priority         figures/priority.csv            latency per class, FCFS against priority scheduling
     disagg           figures/disagg_goodput.csv      goodput per GPU, disaggregated against colocated
+    speculative      figures/speculative.csv         speculative decoding, k = 0 to 8: latency, batch, lookahead slots
     cpu-offload      figures/cpu_offload.csv         the prefix cache's CPU offload tier: hits per tier, TTFT
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
@@ -317,6 +318,31 @@ def cpu_offload(f: Files) -> tuple[Table, ...]:
                     "mean time to first token", "p99 time to first token", "reloads over PCIe"), *rows),)  # fmt: skip
 
 
+def speculative(f: Files) -> tuple[Table, ...]:
+    """Every k and acceptance rate of the figure: latency at each rate, and at the highest rate the batch and the share
+    of the pool the drafts held."""
+    all_rows = f.rows("speculative")
+    rates = sorted({float(r["rate"]) for r in all_rows})
+    top = rates[-1]
+    runs = {}
+    for r in all_rows:
+        runs.setdefault((int(r["num_speculative_tokens"]), r["acceptance_rate"]), {})[float(r["rate"])] = r
+    rows = []
+    for (k, alpha), by_rate in sorted(runs.items()):
+        last = by_rate[top]
+        rows.append((f"{k}.{alpha}", str(k), alpha or "-",
+                     *(f"{float(by_rate[rate]['normalized_latency_s_per_token']):.3f} s" for rate in rates),
+                     f"{float(last['mean_batch_size']):.1f}",
+                     f"{float(last['draft_acceptance']):.0%}" if k else "-",
+                     f"{100 * float(last['lookahead_share']):.2f}%"))  # fmt: skip
+    duration = float(all_rows[0]["trace_duration_s"])
+    return (_table(f"From `figures/speculative.csv` (OPT-13B on one A100-40GB, ShareGPT, {duration:g} s traces, vLLM v1 "
+                   "scheduler; a draft costs nothing):",
+                   ("draft tokens k", "acceptance rate", *(f"normalized latency at {rate:g} req/s" for rate in rates),
+                    f"mean batch at {top:g} req/s", "drafts accepted", f"pool held by drafts at {top:g} req/s"),
+                   *rows),)  # fmt: skip
+
+
 # --- the reference engine's benchmarks ---------------------------------------------------------------------------
 def disagg(f: Files) -> tuple[Table, ...]:
     """Disaggregated against colocated on 4 GPUs: DistServe's goodput per GPU, and both latencies at the rate where the
@@ -579,6 +605,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "chunked-prefill": chunked_prefill,
     "priority": priority,
     "disagg": disagg,
+    "speculative": speculative,
     "cpu-offload": cpu_offload,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,

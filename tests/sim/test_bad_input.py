@@ -38,11 +38,13 @@ INT_FLAGS = {  # flag -> (run() keyword, the other flags that make it mean somet
     "--output-len": ("output_len", ["--workload", "fixed", "--prompt-len", "5"]),
     "--block-size": ("block_size", []), "--max-num-seqs": ("max_num_seqs", []),
     "--max-num-batched-tokens": ("max_num_batched_tokens", []),
+    "--num-speculative-tokens": ("num_speculative_tokens", []),
 }  # fmt: skip
 FLOAT_FLAGS = {
     "--rate": ("rate", []), "--duration": ("duration", []), "--burstiness": ("burstiness", ["--arrival", "gamma"]),
     "--swap-space": ("swap_space_gib", ["--preemption", "swap"]), "--watermark": ("watermark", []),
     "--slo-ttft": ("slo_ttft", []), "--slo-tbt": ("slo_tbt", []), "--priority-share": ("priority_share", []),
+    "--acceptance-rate": ("acceptance_rate", ["--num-speculative-tokens", "2"]),
     "--cpu-offload-gib": ("cpu_offload_gib", []),
 }  # fmt: skip
 RANGE_FLAGS = {
@@ -50,6 +52,7 @@ RANGE_FLAGS = {
     "--output-len-range": ("output_len_range", ["--workload", "uniform", "--prompt-len-range", "1,5"]),
 }
 VALID_ZERO = {"--seed", "--prefix-len", "--swap-space", "--watermark", "--priority-share", "--cpu-offload-gib"}
+VALID_ZERO |= {"--num-speculative-tokens", "--acceptance-rate"}  # 0: speculation off; every draft rejected
 
 
 def _numeric_cases() -> list:
@@ -80,6 +83,11 @@ COMBINATIONS = [
     (["run", "--trace", T, "--arrival", "offline"], "--arrival offline: describes"),
     (["run", "--trace", T, "--priority-share", "0.5"], "--priority-share 0.5: describes a generated workload"),
     (["run", "--scheduling-policy", "lifo"], "scheduling_policy: got 'lifo' (allowed: fcfs, priority)"),
+    (["run", "--acceptance-rate", "0.5"], "--acceptance-rate 0.5: is the draft tokens' acceptance rate, and "
+     "speculative decoding is off (--num-speculative-tokens 0)"),
+    (["run", "--num-speculative-tokens", "65"], "num_speculative_tokens: got 65 (allowed: an integer from 0 to 64)"),
+    (["run", "--num-speculative-tokens", "2", "--acceptance-rate", "1.5"],
+     "acceptance_rate: got 1.5 (allowed: a finite number >= 0 and <= 1, the chance that a draft token is accepted)"),
     (["run", "--policy", "max", "--block-size", "16"], "--block-size 16: applies to --policy paged only"),
     (["run", "--policy", "pow2", "--watermark", "0.1"], "--watermark 0.1: applies to --policy paged only"),
     (["run", "--policy", "oracle", "--preemption", "swap"], "--preemption swap: applies to --policy paged only"),

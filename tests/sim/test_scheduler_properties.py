@@ -8,14 +8,17 @@ simulator's outcome rule (a sequence finishes at its output_len) and random beam
 - the step respects the token budget (v1: every step; v0/static: prefill steps), except a group that runs alone
   over the budget because it cannot be chunked; and never runs more than max_num_seqs sequences;
 - every entry's block table covers exactly the tokens computed after the step, `sample` is set exactly when an
-  entry reaches the end of its sequence, decodes feed one token;
+  entry reaches the end of its sequence, decodes feed one token (with speculative decoding: one plus at most k draft
+  tokens, never past the sequence's output);
 - every live sequence has 0 <= num_computed_tokens <= num_tokens, and the KV manager holds exactly the computed
   tokens of every sequence that holds memory;
 - every unfinished request is in exactly one queue (waiting, running, swapped); finished ones in none;
 - a model of the K/V memory (`Contents`: which token each slot holds) executed as an executor does (swaps, all
   copies at once with every source read first, then the writes of the fed tokens) leaves every fed sequence's
   block table holding exactly its own tokens: a prefix-cache hit, a fork, a beam re-chosen from a beam, a swap
-  or a recompute never makes attention read another sequence's K/V or a stale one;
+  or a recompute never makes attention read another sequence's K/V or a stale one; with speculative decoding (k
+  drawn, each verify entry's accepted drafts drawn), a rejected draft's K/V is written where the verify step wrote it
+  and never read by any later step;
 - the KV manager's own invariants hold and the memory breakdown covers the pool exactly;
 - nobody overtakes: a request admitted from the waiting queue comes before (in the queues' order: arrival, or
   (priority, arrival) with scheduling_policy="priority") every request still waiting (under FCFS, with the
@@ -44,14 +47,16 @@ def draw_mode(draw) -> str:
     return draw(st.sampled_from(["v1", "v0", "v1", "static"]))
 
 
-def draw_config(draw, mode: str, preemption: str = "recompute") -> SchedulerConfig:
-    """The rest of a scheduler's configuration, drawn after its mode (the policy test files reuse it)."""
+def draw_config(draw, mode: str, preemption: str = "recompute", speculation: bool = False) -> SchedulerConfig:
+    """The rest of a scheduler's configuration, drawn after its mode (the policy test files reuse it); `speculation`:
+    also draw num_speculative_tokens (the executor must then report num_accepted)."""
     chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
     budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
     return SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
                            preemption=preemption, enable_chunked_prefill=chunked,
                            victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])),
-                           scheduling_policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])))  # fmt: skip
+                           scheduling_policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
+                           num_speculative_tokens=draw(st.sampled_from([0, 0, 1, 3])) if speculation else 0)  # fmt: skip
 
 
 @st.composite
@@ -59,7 +64,7 @@ def systems(draw):
     mode = draw_mode(draw)
     policy = draw(st.sampled_from(["paged", "oracle", "paged", "pow2", "paged", "paged", "radix"]))
     swap = has_swap_space(policy) and draw(st.booleans())
-    config = draw_config(draw, mode, "swap" if swap else "recompute")
+    config = draw_config(draw, mode, "swap" if swap else "recompute", speculation=True)
     optional_cache = has_prefix_cache(policy) and not always_caches_prefixes(policy)  # radix's is always on
     kv = make_kv_manager(policy, draw(st.integers(12, 28)) * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=64,
                          enable_prefix_caching=optional_cache and draw(st.booleans()),
@@ -101,8 +106,13 @@ def check_step(sched: Scheduler, plan, add_order: list[int]) -> None:
         end = e.num_computed_tokens + e.num_new_tokens
         assert len(e.block_table) == -(-end // kv.block_size) and kv.num_tokens(e.seq_id) == end
         seq_tokens = sched.request(e.request_id).prompt_len + sched.num_generated(e.seq_id)
-        assert e.sample == (end == seq_tokens) and end <= seq_tokens
-    assert all(e.num_new_tokens == 1 for e in plan.decodes)
+        verified = end - e.num_draft_tokens  # (drafts sit in lookahead slots past the sequence's tokens)
+        assert e.sample == (verified == seq_tokens) and verified <= seq_tokens
+    for e in plan.decodes:
+        assert e.num_new_tokens == 1 + e.num_draft_tokens and e.num_draft_tokens <= cfg.num_speculative_tokens
+        assert sched.num_generated(e.seq_id) + 1 + e.num_draft_tokens <= sched.request(e.request_id).output_len
+    assert plan.num_draft_tokens == sum(e.num_draft_tokens for e in plan.entries)
+    assert not any(e.num_draft_tokens for e in plan.prefills), "drafts only for decodes"
 
 
 def check_order(sched: Scheduler, plan, added: list[int], waiting_before: set, running_before: set) -> None:
@@ -138,7 +148,11 @@ class Contents:
         for seq_id in sched.seq_ids(request.request_id):
             self.history[seq_id] = [("t", t) for t in ids]
 
-    def execute(self, plan) -> None:
+    def execute(self, plan, accepted: dict[int, int] | None = None, sched: Scheduler | None = None) -> None:
+        """`accepted`: a verify entry's accepted drafts (seq id -> count; `sched` gives its generated count): its
+        drafts are written as the tokens they will turn out to be, ("g", seq, index), or, rejected, as ("x", seq, p),
+        a label no sequence's history ever holds; attention in the verify step is checked up to its last sampled
+        token (its drafts read each other, as verification does)."""
         empty = [None] * self.bs
         for gpu, cpu in plan.blocks_to_swap_out:
             self.cpu[cpu] = list(self.gpu.get(gpu, empty))
@@ -150,17 +164,26 @@ class Contents:
         fed = [e for e in plan.entries if e.num_new_tokens]
         for e in fed:
             tokens = self.history[e.seq_id]
+            verified = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_new_tokens):
-                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = tokens[p]
+                if p < verified:
+                    label = tokens[p]
+                elif p - verified < accepted[e.seq_id]:  # an accepted draft: the token it will be
+                    label = ("g", e.seq_id, sched.num_generated(e.seq_id) + p - verified)
+                else:
+                    label = ("x", e.seq_id, p)  # a rejected draft's K/V
+                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = label
         for e in fed:  # what attention reads: every position up to the newest token
-            end = e.num_computed_tokens + e.num_new_tokens
+            end = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
             read = [self.gpu.get(e.block_table[p // self.bs], empty)[p % self.bs] for p in range(end)]
             assert read == self.history[e.seq_id][:end], f"seq {e.seq_id} reads K/V that is not its own"
 
-    def sampled(self, sched: Scheduler, plan) -> None:
+    def sampled(self, sched: Scheduler, plan, accepted: dict[int, int] | None = None) -> None:
         for e in plan.entries:
-            if e.sample:
-                self.history[e.seq_id].append(("g", e.seq_id, sched.num_generated(e.seq_id)))
+            if e.sample:  # its token, and before it the drafts it accepted (a verify entry)
+                g = sched.num_generated(e.seq_id)
+                kept = accepted.get(e.seq_id, 0) if accepted else 0
+                self.history[e.seq_id] += [("g", e.seq_id, g + j) for j in range(kept + 1)]
 
     def beams(self, parents: dict[int, list[int]], new_ids: dict[int, list[int]]) -> None:
         for rid, ids in new_ids.items():
@@ -216,22 +239,24 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
         plan = sched.schedule()
         check_order(sched, plan, added, waiting_before, running_before)
         check_step(sched, plan, added)
-        memory.execute(plan)
-        finished = {e.seq_id for e in plan.entries
-                    if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
+        accepted = {e.seq_id: int(rng.integers(0, e.num_draft_tokens + 1)) for e in plan.decodes if e.num_draft_tokens}
+        memory.execute(plan, accepted, sched)
+        finished = {e.seq_id for e in plan.entries if e.sample and sched.num_generated(e.seq_id) + 1
+                    + accepted.get(e.seq_id, 0) >= sched.request(e.request_id).output_len}  # fmt: skip
         beams = {}
         for rid in plan.request_ids():
             sampled = [e.seq_id for e in plan.entries if e.request_id == rid and e.sample]
             if sched.request(rid).beam_width > 1 and sampled and not set(sampled) & finished:
                 beams[rid] = [int(i) for i in rng.choice(sampled, size=len(sampled))]
-        memory.sampled(sched, plan)
-        result = sched.finish_step(plan, StepOutcome(finished, beams))
+        memory.sampled(sched, plan, accepted)
+        result = sched.finish_step(plan, StepOutcome(finished, beams, accepted))
         memory.beams(beams, result.new_beam_seq_ids)
         check_state(sched, added)
         steps += 1
         assert steps < 5_000, "no progress"
     kv = sched.kv
     event(f"mode {sched.config.mode}, preempted: {sched.num_preemptions > 0}, steps > 20: {steps > 20}")
+    event(f"speculative tokens {sched.config.num_speculative_tokens}")
     assert kv.num_free_blocks == kv.num_blocks, "every request finished: no GPU block may stay allocated"
     cpu = getattr(kv, "cpu_allocator", None)
     assert cpu is None or cpu.num_free_blocks == cpu.num_blocks, "no CPU block may stay allocated"
