@@ -117,6 +117,9 @@ def _add_serve_parser(sub) -> None:
     g.add_argument("--preemption", default="recompute", type=_choice(("recompute", "swap")),
                    metavar="{recompute,swap}", help="how a request is preempted (default: recompute)")
     g.add_argument("--swap-space", type=float, help="CPU swap space in GiB (with --preemption swap)")
+    g.add_argument("--num-offload-blocks", type=int, default=0, metavar="N",
+                   help="a CPU offload tier of N blocks for the prefix cache: evicted cached blocks are kept in host "
+                   "memory and reloaded on a hit (with --enable-prefix-caching; default: 0, none)")
     g.add_argument("--kv-dtype", default="auto", metavar="{auto,int8}",
                    help="how the cache stores K/V: auto (the model's dtype) or int8 (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seeds the requests that bring none (default: 0)")
@@ -136,7 +139,8 @@ def run_serve(a: argparse.Namespace) -> int:
     settings = dict(policy=a.policy, block_size=a.block_size, num_gpu_blocks=a.num_gpu_blocks,
                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                     max_model_len=a.max_model_len, enable_prefix_caching=a.enable_prefix_caching,
-                    preemption=a.preemption, swap_space=a.swap_space, seed=a.seed, kv_dtype=a.kv_dtype)  # fmt: skip
+                    preemption=a.preemption, swap_space=a.swap_space, seed=a.seed, kv_dtype=a.kv_dtype,
+                    num_offload_blocks=a.num_offload_blocks)  # fmt: skip
     try:
         llm = LLM(a.model, **settings)
     except (TypeError, ValueError) as exc:

@@ -43,6 +43,7 @@ class EngineConfig:
     kv_dtype: str = "auto"  # "auto": the model's dtype; "int8": quantized K/V (reference.attention.quant)
     num_cpu_blocks: int = 0  # CPU swap space in blocks
     swap_space: float | None = None  # CPU swap space in GiB (vLLM's keyword), instead of num_cpu_blocks
+    num_offload_blocks: int = 0  # the prefix cache's CPU offload tier in blocks (sim/kv/offload.py; paged); 0: none
     enable_prefix_caching: bool = False
     watermark: float = 0.0
     block_allocator: object = None  # paged: a class or function (num_blocks, block_size) -> the GPU pool's allocator
@@ -86,7 +87,8 @@ class EngineConfig:
         # NOTE: block sizes and pool sizes get their limits where the pool is sized (reference/executor.py: the
         # largest pool, the machine's memory); the others here
         for name, minimum, maximum in (("block_size", 1, None), ("max_num_seqs", 1, MAX_COUNT),
-                                       ("num_cpu_blocks", 0, None), ("seed", 0, MAX_SEED)):  # fmt: skip
+                                       ("num_cpu_blocks", 0, None), ("num_offload_blocks", 0, None),
+                                       ("seed", 0, MAX_SEED)):  # fmt: skip
             checked[name] = check_int(name, getattr(self, name), minimum, maximum)
         for name, maximum in (("num_gpu_blocks", None), ("kv_budget_bytes", None),
                               ("max_num_batched_tokens", MAX_TOKENS), ("max_model_len", MAX_TOKENS)):  # fmt: skip

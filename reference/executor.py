@@ -5,6 +5,7 @@ block tables are already allocated by the shared scheduler and KV manager (sim/)
 tensors. In the order sim/plan.py prescribes:
 
     1. swap out  (gpu_block -> cpu_block)   before anything can overwrite those GPU blocks
+       then the prefix cache's offload-tier copies, in the order the KV manager decided (sim/kv/offload.py)
     2. swap in   (cpu_block -> gpu_block)
     3. copies    (src -> dst)               copy-on-write, contiguous beam forks
     4. one forward pass over every FED entry: prefill-shaped first, then decodes (ForwardBatch's rule); a
@@ -171,7 +172,8 @@ class ModelExecutor:
     """Runs plans for one model over one KV cache."""
 
     def __init__(self, model: LlamaForwardModel, kv_cache: KVCache, backend: str,
-                 group_tables: Callable[[int], list[list[int | None]]] | None = None) -> None:
+                 group_tables: Callable[[int], list[list[int | None]]] | None = None,
+                 tier_copies: Callable[[], list] | None = None) -> None:
         """group_tables: seq_id -> the sequence's block table in every KV cache group (the KV contract's
         `group_tables`, which every manager answers); read only when the cache's layout has more than one group (the
         plan's block tables are group 0's)."""
@@ -181,6 +183,8 @@ class ModelExecutor:
         self.kv_cache = kv_cache
         self.backend = backend
         self.group_tables = group_tables if kv_cache.layout.num_groups > 1 else None
+        # the KV manager's take_tier_copies (the prefix cache's CPU offload tier), read once a step; None: no tier
+        self.tier_copies = tier_copies
 
     def execute(self, plan: StepPlan, tokens_to_feed: Callable[[ScheduledSeq], list[int]],
                 wants_all_rows: Callable[[ScheduledSeq], bool] | None = None) -> StepLogits:
@@ -194,6 +198,8 @@ class ModelExecutor:
         """
         cache = self.kv_cache
         cache.swap_out(plan.blocks_to_swap_out)
+        if self.tier_copies is not None:  # after swap-outs, before anything writes a device block (sim/kv/offload.py)
+            cache.apply_tier_copies(self.tier_copies())
         cache.swap_in(plan.blocks_to_swap_in)
         cache.copy_blocks(plan.blocks_to_copy)
 

@@ -12,6 +12,11 @@ Besides the device pool there is an optional CPU pool of `num_cpu_blocks` with t
 preemption by swapping (Section 4.5): `swap_out` copies device blocks to CPU blocks, `swap_in` copies
 them back. `copy_blocks` performs the copy-on-write copies the block manager asks for (Section 4.4).
 
+A second CPU pool of `num_offload_blocks`, the same layout again, is the prefix cache's offload tier (sim/kv/offload.py,
+vLLM's CPU offloading connector): `apply_tier_copies` copies evicted cached blocks into it and reloads them on a hit,
+in the order the manager decided. Pinned (page-locked) where CUDA runs, so that the copies are DMA; on a CPU-only
+machine the "device" pool is host memory too and the tier is a plain CPU tensor (pinning needs CUDA).
+
 `KVLayout` says which tensor (and which KV cache group's block tables) each model layer uses: tensor i for layer i
 under every policy but `hybrid`. Under `hybrid` (sim/kv/hybrid.py) layers form groups of `size` layers over one pool
 of pages, and, as vLLM lays out its hybrid allocator's memory, tensor t holds the t-th layer of EVERY group: page p
@@ -103,7 +108,7 @@ class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  *, num_cpu_blocks: int = 0, fill_nan: bool = False, layout: KVLayout | None = None,
-                 kv_dtype: str = "auto") -> None:
+                 kv_dtype: str = "auto", num_offload_blocks: int = 0) -> None:
         """num_layers: the number of K (and V) tensors; `layout` maps model layers onto them (default: layer i
         in tensor i, one group). dtype: the model's; kv_dtype "int8": int8 pools with scales (module docstring)."""
         for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
@@ -112,6 +117,8 @@ class KVCache:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        if num_offload_blocks < 0:
+            raise ValueError(f"num_offload_blocks must be >= 0, got {num_offload_blocks}")
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -148,6 +155,13 @@ class KVCache:
         self.value_scales = [torch.full(shape[:3], fill, dtype=SCALE_DTYPE, device=self.device) for _ in layers]
         self.cpu_key_scales = [torch.full(cpu_shape[:3], fill, dtype=SCALE_DTYPE, pin_memory=pin) for _ in layers]
         self.cpu_value_scales = [torch.full(cpu_shape[:3], fill, dtype=SCALE_DTYPE, pin_memory=pin) for _ in layers]
+        # the offload tier: every pool above (K, V, and an int8 cache's scales) once more, num_offload_blocks deep
+        self.num_offload_blocks = num_offload_blocks
+        tier_shape = (num_offload_blocks, block_size, num_kv_heads, head_dim)
+        self.offload_pools = [torch.full(tier_shape if i < 2 * num_layers else tier_shape[:3],
+                                         cache_fill if i < 2 * num_layers else fill,
+                                         dtype=dtype if i < 2 * num_layers else SCALE_DTYPE, pin_memory=pin)
+                              for i in range((4 if self.quantized else 2) * num_layers if num_offload_blocks else 0)]
 
     @property
     def quantized(self) -> bool:
@@ -224,6 +238,26 @@ class KVCache:
             return
         for gpu, cpu in self._device_and_cpu_pools():
             gpu[dst] = cpu[src.cpu()].to(self.device)
+
+    def apply_tier_copies(self, copies) -> None:
+        """The offload tier's copies (sim.kv.offload.TierCopy: to_cpu, src, dst), one block at a time in the order
+        given: an offload copies device block src into tier block dst, a reload tier block src into device block dst.
+        NOTE: the order matters (a block is offloaded before a reload overwrites it), so copies are not batched."""
+        if not copies:
+            return
+        if not self.num_offload_blocks:
+            raise ValueError(f"apply_tier_copies: {len(copies)} copies for a cache without an offload tier")
+        device_pools = (*self.key_caches, *self.value_caches, *self.key_scales, *self.value_scales)
+        for copy in copies:
+            gpu, tier = (copy.src, copy.dst) if copy.to_cpu else (copy.dst, copy.src)
+            if not (0 <= gpu < self.num_blocks and 0 <= tier < self.num_offload_blocks):
+                raise ValueError(f"apply_tier_copies: {copy} outside the pools (device blocks "
+                                 f"0..{self.num_blocks - 1}, tier blocks 0..{self.num_offload_blocks - 1})")  # fmt: skip
+            for pool, tier_pool in zip(device_pools, self.offload_pools):
+                if copy.to_cpu:
+                    tier_pool[tier].copy_(pool[gpu], non_blocking=False)
+                else:
+                    pool[gpu].copy_(tier_pool[tier], non_blocking=False)
 
     def _device_and_cpu_pools(self):
         """(device tensor, CPU tensor) for the K and the V pool of every layer (and their scales, int8)."""

@@ -57,7 +57,8 @@ class LLM(LLMEngine):
                  gpu_memory_utilization: float | None = D.gpu_memory_utilization,
                  kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
                  enforce_eager: bool = D.enforce_eager, tensor_parallel_size: int = D.tensor_parallel_size,
-                 trust_remote_code: bool = D.trust_remote_code, kv_dtype: str = D.kv_dtype) -> None:
+                 trust_remote_code: bool = D.trust_remote_code, kv_dtype: str = D.kv_dtype,
+                 num_offload_blocks: int = D.num_offload_blocks) -> None:
         """vLLM's keywords, each with its default in one place (reference/config.py, EngineConfig: the scheduler's
         and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded."""
         c = self.engine_config = EngineConfig(
@@ -70,7 +71,8 @@ class LLM(LLMEngine):
             device=device, dtype=dtype,
             backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
-            block_allocator=block_allocator, kv_dtype=kv_dtype)  # every value checked
+            block_allocator=block_allocator, kv_dtype=kv_dtype,
+            num_offload_blocks=num_offload_blocks)  # every value checked
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
@@ -97,6 +99,13 @@ class LLM(LLMEngine):
         num_blocks = ex.num_gpu_blocks_for(self.config, c.block_size, self.dtype, self.device, c.num_gpu_blocks,
                                            c.kv_budget_bytes, c.gpu_memory_utilization, c.kv_dtype)
         num_cpu_blocks = self._cpu_pool_blocks(c.block_size, c.num_cpu_blocks, c.swap_space)
+        if c.num_offload_blocks:  # the offload tier's host tensors: bounded as the swap pool's
+            limit, most = ex.max_pool_blocks(kv_bytes_per_block(self.config.num_layers, c.block_size,
+                                                                self.config.num_kv_heads, self.config.head_dim,
+                                                                self.dtype, self.kv_dtype), "cpu")  # fmt: skip
+            if c.num_offload_blocks > limit:
+                raise ValueError(f"num_offload_blocks {c.num_offload_blocks:,} is more than {most} (allowed: 0 .. "
+                                 f"{limit:,})")  # fmt: skip
         self.block_size = c.block_size
         # the model as the KV managers see it: hybrid groups its full and sliding-window layers (Gemma 3)
         spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model",
@@ -105,7 +114,8 @@ class LLM(LLMEngine):
         self.kv_manager = make_kv_manager(c.policy, num_blocks * c.block_size, block_size=c.block_size,
                                           max_seq_len=self.max_model_len, enable_prefix_caching=c.enable_prefix_caching,
                                           num_cpu_blocks=num_cpu_blocks, watermark=c.watermark, model=spec,
-                                          block_allocator=c.block_allocator)  # fmt: skip
+                                          block_allocator=c.block_allocator,
+                                          num_offload_blocks=c.num_offload_blocks)  # fmt: skip
         if c.enable_prefix_caching and not has_prefix_cache(c.policy):
             raise ValueError(f"policy {c.policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
         if num_cpu_blocks and not has_swap_space(c.policy):
@@ -129,8 +139,10 @@ class LLM(LLMEngine):
         layout = kv_layout(self.config, self.kv_manager)
         self.kv_cache = KVCache(layout.num_tensors, self.kv_manager.num_blocks, c.block_size, self.config.num_kv_heads,
                                 self.config.head_dim, self.dtype, self.device, num_cpu_blocks=num_cpu_blocks,
-                                layout=layout, kv_dtype=c.kv_dtype)
-        self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend, self.kv_manager.group_tables)
+                                layout=layout, kv_dtype=c.kv_dtype, num_offload_blocks=c.num_offload_blocks)
+        # (the prefix cache's CPU offload tier: the manager decides its copies, the executor makes them each step)
+        self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend, self.kv_manager.group_tables,
+                                         self.kv_manager.take_tier_copies if c.num_offload_blocks else None)
         super().__init__(self.scheduler, self.executor, self.config, self.tokenizer, seed=c.seed)
 
     def _cpu_pool_blocks(self, block_size: int, num_cpu_blocks: int, swap_space: float | None) -> int:
