@@ -168,6 +168,8 @@ _NB7_TREE_TOP = r"the tree:\n\[[^\]]*\] (\d+) tokens, pages \[[^\]]*\], locks (\
 _NB7_CHAT = 'conversation = dict(workload="conversation"'
 _NB7_CHAT_ROW = (r"^(hashed full blocks \(vLLM\)|radix tree \(SGLang\)) +(\d+) +([\d.]+)% +([\d,]+) +([\d.]+)"
                  r" +([\d.]+)%$")
+_NB7_TIER = "reload_s = RooflineCostModel"  # cell-off1: conversations with a CPU offload tier
+_NB7_TIER_ROW = r"^ +(\d+) GiB +([\d.]+)% +([\d.]+)% +([\d,]+) +([\d.]+)s +([\d.]+)s +([\d.]+)s$"
 _NB7_PAGES = "PAGES = (1, 4, 16, 64, 256, 1024, 2048)"
 _NB7_PAGE_ROW = r"^(vattention, pages of +\d+ tokens|paged|oracle|max) *: token states ([\d.]+)% .*mean batch ([\d.]+)$"
 _NB7_HYBRID = 'hybrid = make_kv_manager("hybrid"'
@@ -542,6 +544,17 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("so steps are slower and batches larger", _NB7_CHAT, _NB7_CHAT_ROW,
               read=lambda ms: tuple(_nb7_chat(ms)[(c, 1)][2] / _nb7_chat(ms)[(c, 16)][2] for c in ("paged", "radix")),
               within=(1.05, INF), why="larger: the mean batch at pages of 1 at least 5% above blocks of 16"),
+        Claim("The GPU column does not move", _NB7_TIER, _NB7_TIER_ROW,
+              read=lambda ms: max(m[1] for m in ms) - min(m[1] for m in ms), within=(0, 0.1),
+              why="does not move: the GPU hit rates with no tier, 4 and 64 GiB within 0.1 point of each other"),
+        Claim("With 64 GiB it hands back all that a pool that never evicts finds", _NB7_TIER,
+              r"never evicts finds ([\d.]+)%|^ +64 GiB +([\d.]+)% +([\d.]+)%",
+              read=lambda ms: abs(ms[1][1] + ms[1][2] - ms[0][0]), within=(0, 0.15),
+              why="all: the 64 GiB row's GPU and tier hit rates add up to the never-evicting pool's within rounding"),
+        Claim("and the time to first token falls, most at the tail", _NB7_TIER, _NB7_TIER_ROW,
+              read=lambda ms: (1 - ms[-1][5] / ms[0][5], (1 - ms[-1][6] / ms[0][6]) - (1 - ms[-1][5] / ms[0][5])),
+              within=(0.01, INF), why="falls: the mean TTFT with 64 GiB at least 1% below no tier; most at the tail: "
+                                      "the p99's relative drop larger than the mean's by at least a point"),
         Claim("a page of 640 KiB holds 64 tokens", "P = page_tokens(opt, page_kib=640)",
               r"pages of (\d+) tokens; admit", stated=64),
         Claim("(page 3 to seq 0, page 4 to seq 1)", "P = page_tokens(opt, page_kib=640)",
