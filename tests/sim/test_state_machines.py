@@ -18,6 +18,9 @@ TestBlockAllocatorPrefixCaching = make_block_allocator_test(lambda: BlockAllocat
 TestPagedKVManager = make_kv_manager_test(lambda: PagedKVManager(8, 4))
 TestPagedKVManagerPrefixCaching = make_kv_manager_test(lambda: PagedKVManager(10, 2, enable_prefix_caching=True))
 TestPagedKVManagerSwap = make_kv_manager_test(lambda: PagedKVManager(8, 4, True, num_cpu_blocks=6))
+# a CPU offload tier of 3 blocks under the prefix cache (sim/kv/offload.py): both tiers' invariants after every rule
+TestPagedKVManagerOffloadTier = make_kv_manager_test(
+    lambda: PagedKVManager(10, 2, enable_prefix_caching=True, num_cpu_blocks=4, num_offload_blocks=3))
 TestPagedKVManagerWatermark = make_kv_manager_test(lambda: PagedKVManager(10, 2, watermark=0.2), max_examples=200)
 
 
