@@ -8,6 +8,7 @@
     python -m reference validate-sim [--trace FILE ...] [--online]              the simulator's latency errors
     python -m reference readme-numbers [--write | --check]                      the README's numbers of those two
     python -m reference kv-accuracy [--quick] [--models smollm2,gemma3]         int8 KV against float32: greedy, logits
+    python -m reference spec-bench [--quick] [--num-speculative-tokens 4]        n-gram speculative decoding: tokens/s
     python -m reference serve [--port 8000] [--model smollm2] [...]             an OpenAI-compatible HTTP server
     python -m reference loadtest --trace FILE [--url URL] [--out CSV]           the server at a trace's arrivals
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 from reference.cli_parser import Parser
-from sim.config import RUN_DEFAULTS  # sim.config and sim.kv import no torch: --help stays quick
+from sim.config import MAX_SPECULATIVE_TOKENS, RUN_DEFAULTS  # sim.config and sim.kv import no torch: --help stays quick
 from sim.kv import POLICIES
 
 
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     kv_accuracy.add_arguments(sub.add_parser(
         "kv-accuracy", help="the 8-bit KV cache's accuracy cost: greedy agreement and logit error of int8 K/V against "
         "float32 on make peer's prompts (CSV)", description=kv_accuracy.__doc__.split("\n\n")[0]))  # fmt: skip
+    from reference import bench_speculative
+
+    bench_speculative.add_arguments(sub.add_parser(
+        "spec-bench", help="speculative decoding with the n-gram draft on a repetitive workload: tokens/s with and "
+        "without, acceptance (CSV)", description=bench_speculative.__doc__.split("\n\n")[0]))  # fmt: skip
     _add_serve_parser(sub)
     from reference import loadtest
 
@@ -194,6 +200,9 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--kv-dtype", default="auto", metavar="{auto,int8}",
                    help="how the cache stores K/V: auto (the model's dtype) or int8 (8 bits and a float32 scale per "
                    "token and KV head: ~3.8x the tokens of float32 in the same bytes) (default: %(default)s)")
+    g.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
+                   help="speculative decoding: up to K draft tokens a step from an n-gram (prompt-lookup) draft, "
+                   "verified by the model; greedy output unchanged (default: 0, off)")
     p.add_argument("--chrome-trace", metavar="PATH",
                    help="also write the engine's steps and the request's spans as a Chrome trace (JSON; open in "
                    "ui.perfetto.dev or chrome://tracing)")
@@ -250,6 +259,8 @@ def _check_generate_args(a: argparse.Namespace) -> None:
         (a.kv_blocks is None or a.kv_blocks >= 1, f"--kv-blocks {a.kv_blocks}", "an integer >= 1"),
         (a.kv_dtype in KV_DTYPES, f"--kv-dtype {a.kv_dtype!r}",
          "auto (the model's dtype) or int8 (8-bit K/V with a scale per token and KV head)"),
+        (0 <= a.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+         f"--num-speculative-tokens {a.num_speculative_tokens}", f"an integer from 0 (off) to {MAX_SPECULATIVE_TOKENS}"),
         (a.model in ("smollm2", "gemma3", "random") or (Path(a.model) / "config.json").is_file(),
          f"--model {a.model!r} is not a checkpoint folder (no config.json)",
          "'smollm2', 'gemma3', 'random', or a local folder with a HF checkpoint"),
@@ -315,7 +326,8 @@ def _build_engine(a: argparse.Namespace):
                                     a.block_size, config.max_position_embeddings, spec)  # fmt: skip
     try:
         llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
-                              seed=a.seed, kv_dtype=a.kv_dtype)  # fmt: skip
+                              seed=a.seed, kv_dtype=a.kv_dtype,
+                              num_speculative_tokens=a.num_speculative_tokens)  # fmt: skip
     except (MemoryError, RuntimeError) as exc:  # torch's allocator: the pool does not fit this machine
         if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
             raise
@@ -483,11 +495,12 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             if isinstance(exc, BrokenPipeError):
                 raise
             raise UsageError(" ".join(str(exc).split())) from None
-    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy"):
-        from reference import bench_hybrid, calibrate, kv_accuracy, loadtest, validate_online, validate_sim
+    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy", "spec-bench"):
+        from reference import (bench_hybrid, bench_speculative, calibrate, kv_accuracy, loadtest, validate_online,
+                               validate_sim)  # fmt: skip
 
         command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest,
-                   "kv-accuracy": kv_accuracy}.get(args.command, validate_sim)  # fmt: skip
+                   "kv-accuracy": kv_accuracy, "spec-bench": bench_speculative}.get(args.command, validate_sim)
         try:
             command.check_args(args)
         except ValueError as exc:

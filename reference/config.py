@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from reference.attention.quant import check_kv_dtype
 from reference.sampling import check_bool, check_int, check_real
-from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
+from sim.config import MAX_SPECULATIVE_TOKENS, RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
 from sim.kv import POLICIES, takes_block_allocator
 from sim.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
 
@@ -56,6 +56,10 @@ class EngineConfig:
     preemption: str = SCHEDULER_DEFAULTS.preemption
     victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.preemption.VICTIM_POLICIES, or a function
     scheduling_policy: str = SCHEDULER_DEFAULTS.scheduling_policy  # "fcfs" | "priority" (vLLM's scheduling_policy)
+    # speculative decoding with an n-gram (prompt-lookup) draft (reference/speculative.py): draft tokens per step, 0 =
+    # off. NOTE: vLLM takes it inside speculative_config={"method": "ngram", "num_speculative_tokens": k, ...}; here
+    # the one number, the draft being always the n-gram one
+    num_speculative_tokens: int = SCHEDULER_DEFAULTS.num_speculative_tokens
     # the model and the machine
     max_model_len: int | None = None
     device: str | None = None
@@ -88,6 +92,7 @@ class EngineConfig:
         # largest pool, the machine's memory); the others here
         for name, minimum, maximum in (("block_size", 1, None), ("max_num_seqs", 1, MAX_COUNT),
                                        ("num_cpu_blocks", 0, None), ("num_offload_blocks", 0, None),
+                                       ("num_speculative_tokens", 0, MAX_SPECULATIVE_TOKENS),
                                        ("seed", 0, MAX_SEED)):  # fmt: skip
             checked[name] = check_int(name, getattr(self, name), minimum, maximum)
         for name, maximum in (("num_gpu_blocks", None), ("kv_budget_bytes", None),

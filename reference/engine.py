@@ -54,6 +54,7 @@ from reference.outputs import CompletionOutput, EngineStats, Logprob, RequestMet
 from reference.prompt_logprobs import PromptLogprobs
 from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, RowContext, SamplingParams, sample, sample_generator
+from reference.speculative import accept_greedy, propose_ngram
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
 from sim.scheduler import Scheduler
@@ -150,6 +151,8 @@ class LLMEngine:
         # one thread at a time (_one_thread): reentrant, so generate() may call step() and abort() in its thread
         self._lock = threading.RLock()
         self._running: str | None = None  # the outermost call holding the lock, for the refusal's message
+        # speculative decoding: each sequence's draft tokens proposed for the step being planned (draft_len)
+        self._drafts: dict[int, list[int]] = {}
 
     # --- requests in: a request that passed LLM's checks joins the scheduler's queue ------------------------
     def _enqueue(self, checked: CheckedRequest, name: str | None = None) -> str:
@@ -258,6 +261,7 @@ class LLMEngine:
         try:
             with torch.inference_mode():
                 start = time.perf_counter()
+                self._drafts.clear()  # (proposed afresh while schedule() plans verify entries: draft_len)
                 with held_interrupts():
                     plan = self.scheduler.schedule()
                 if plan.is_empty:
@@ -268,7 +272,7 @@ class LLMEngine:
                     return []
                 logits, rows, all_rows = self.executor.execute(plan, self._tokens_to_feed, self._wants_all_rows)
                 self._collect_prompt_logprobs(plan, all_rows)
-                outcome, pending = self._sample(plan, logits, rows)
+                outcome, pending = self._sample(plan, logits, rows, all_rows)
                 with held_interrupts():
                     result = self.scheduler.finish_step(plan, outcome)
                 for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids
@@ -302,13 +306,25 @@ class LLMEngine:
             if self._requests.pop(rid, None) is not None:
                 self.stats.num_aborted_requests += 1
 
+    def draft_len(self, request_id: int, seq_id: int) -> int:
+        """The scheduler's question before it plans a verify entry (Scheduler(draft_len=...)): how many draft tokens
+        the n-gram draft proposes for this sequence now (reference/speculative.py), kept for `_tokens_to_feed`. 0 for
+        a request that is not plain greedy (a temperature, penalties, log-probs, min_tokens, beams)."""
+        state = self._requests[request_id]
+        p = state.params
+        if state.beam is not None or not p.greedy or p.has_penalties or p.min_tokens or p.logprobs is not None:
+            return 0
+        k = self.scheduler.config.num_speculative_tokens
+        self._drafts[seq_id] = propose_ngram(state.prompt_token_ids + state.seqs[seq_id].token_ids, k)
+        return len(self._drafts[seq_id])
+
     def _tokens_to_feed(self, entry: ScheduledSeq) -> list[int]:
         """prompt + generated, [num_computed : num_computed + num_new]; after recompute that includes generated
         tokens. A sampling entry's range must end at the newest token, a chunk's before it: the scheduler and
-        the engine agree on lengths."""
+        the engine agree on lengths. A verify entry then feeds its draft tokens."""
         state = self._requests[entry.request_id]
         tokens = state.prompt_token_ids + state.seqs[entry.seq_id].token_ids
-        end = entry.num_computed_tokens + entry.num_new_tokens
+        end = entry.num_computed_tokens + entry.num_new_tokens - entry.num_draft_tokens
         if end > len(tokens) or entry.sample != (end == len(tokens)):
             raise RuntimeError(f"seq {entry.seq_id}: expected the step to feed up to its {len(tokens)}th token "
                                f"{'and sample' if entry.sample else 'at most, without sampling'}, found "
@@ -316,12 +332,16 @@ class LLMEngine:
         if state.num_cached_tokens is None:
             state.num_cached_tokens = entry.num_computed_tokens  # the first admission's prefix-cache hits
             self.stats.num_cached_tokens += entry.num_computed_tokens
+        if entry.num_draft_tokens:
+            return tokens[entry.num_computed_tokens:end] + self._drafts[entry.seq_id][:entry.num_draft_tokens]
         return tokens[entry.num_computed_tokens:end]
 
     # --- prompt log-probs (what the engine makes of a step's logits, first) ---------------------------------
     def _wants_all_rows(self, entry: ScheduledSeq) -> bool:
         """Whether the executor must hand back the logits of every token this fed entry computes: its request asks
         for prompt log-probs and the entry reaches a prompt position not collected yet."""
+        if entry.num_draft_tokens:  # a verify entry: the target's logits at its last token and at every draft
+            return True
         collected = self._requests[entry.request_id].prompt_logprobs
         return collected is not None and collected.wants(entry.num_computed_tokens, entry.num_new_tokens)
 
@@ -331,17 +351,23 @@ class LLMEngine:
         decode = None if self.tokenizer is None else (lambda token: self._decode([token], False))
         for i, logits in all_rows.items():
             entry = entries[i]
-            self._requests[entry.request_id].prompt_logprobs.add(entry.num_computed_tokens, logits, decode)
+            if not entry.num_draft_tokens:  # (a verify entry's rows are its own: _sample_verified)
+                self._requests[entry.request_id].prompt_logprobs.add(entry.num_computed_tokens, logits, decode)
 
     # --- sampling -------------------------------------------------------------------------------------------
-    def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int]) -> tuple[StepOutcome, dict]:
-        """One token per sampling entry, one beam step per beam request: the outcome for the scheduler, and the
-        surviving beams (request_id -> list[Beam]) of every beam search that goes on."""
+    def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int],
+                all_rows: dict[int, torch.Tensor] | None = None) -> tuple[StepOutcome, dict]:  # fmt: skip
+        """One token per sampling entry, one beam step per beam request, 1 + the accepted drafts per verify entry: the
+        outcome for the scheduler, and the surviving beams (request_id -> list[Beam]) of every beam search that goes
+        on. `all_rows`: entry index -> its logits at every fed token (a verify entry's, among others)."""
         outcome, pending = StepOutcome(), {}
         plain: list[tuple[ScheduledSeq, int]] = []
         beam_rows: dict[int, dict[int, int]] = {}  # request_id -> seq_id -> logits row
-        for entry, row in zip(plan.entries, rows):
+        for i, (entry, row) in enumerate(zip(plan.entries, rows)):
             if not entry.sample:  # a prompt chunk that stops short of the end: its logits are not needed
+                continue
+            if entry.num_draft_tokens:
+                self._sample_verified(entry, all_rows[i], outcome)
                 continue
             if self._requests[entry.request_id].beam is None:
                 plain.append((entry, row))
@@ -374,6 +400,28 @@ class LLMEngine:
             if seq.finish_reason is not None:
                 outcome.finished_seq_ids.add(entry.seq_id)
                 self._count_finish(seq.finish_reason)
+
+    def _sample_verified(self, entry: ScheduledSeq, logits: torch.Tensor, outcome: StepOutcome) -> None:
+        """A verify entry (greedy): the target's argmax at its last token and at each draft, [1 + drafts, vocab] logits
+        in; the accepted drafts and the target's next token appended one by one under the stop rules (a stop among
+        them ends the sequence there), the accepted count reported for the scheduler's rollback."""
+        state = self._requests[entry.request_id]
+        seq = state.seqs[entry.seq_id]
+        drafts = self._drafts.pop(entry.seq_id)[:entry.num_draft_tokens]
+        kept = accept_greedy(drafts, logits.max(dim=-1).indices.tolist())  # (the first maximum, as sample()'s)
+        appended = 0
+        for token in kept:
+            seq.token_ids.append(token)
+            appended += 1
+            self._check_stop(state, seq, token)
+            if seq.finish_reason is not None:
+                outcome.finished_seq_ids.add(entry.seq_id)
+                self._count_finish(seq.finish_reason)
+                break
+        outcome.num_accepted[entry.seq_id] = appended - 1
+        self.stats.num_draft_tokens += entry.num_draft_tokens
+        self.stats.num_accepted_tokens += appended - 1
+        self.stats.num_generated_tokens += appended - 1  # (add_step counts the step's one token per sampling entry)
 
     def _stop_ids(self, params) -> tuple[int, ...]:
         eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)

@@ -52,7 +52,7 @@ class LLM(LLMEngine):
                  dtype: torch.dtype | str | None = D.dtype, seed: int = D.seed, max_model_len: int | None = D.max_model_len,
                  tokenizer=None, enable_chunked_prefill: bool | None = D.enable_chunked_prefill,
                  watermark: float = D.watermark, victim: str | Callable = D.victim,
-                 scheduling_policy: str = D.scheduling_policy,
+                 scheduling_policy: str = D.scheduling_policy, num_speculative_tokens: int = D.num_speculative_tokens,
                  block_allocator: Callable | None = D.block_allocator,
                  gpu_memory_utilization: float | None = D.gpu_memory_utilization,
                  kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
@@ -68,6 +68,7 @@ class LLM(LLMEngine):
             watermark=watermark, scheduler=scheduler, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             preemption=preemption, victim=victim, scheduling_policy=scheduling_policy, max_model_len=max_model_len,
+            num_speculative_tokens=num_speculative_tokens,
             device=device, dtype=dtype,
             backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
@@ -133,8 +134,10 @@ class LLM(LLMEngine):
             c.scheduler, c.chunked, self.max_model_len, offline_budget=ex.default_token_budget(self.device))
         config = SchedulerConfig(mode=c.scheduler, max_num_seqs=c.max_num_seqs, max_num_batched_tokens=budget,
                                  enable_chunked_prefill=c.enable_chunked_prefill, preemption=c.preemption,
-                                 victim=c.victim, scheduling_policy=c.scheduling_policy)
-        self.scheduler = Scheduler(self.kv_manager, config)
+                                 victim=c.victim, scheduling_policy=c.scheduling_policy,
+                                 num_speculative_tokens=c.num_speculative_tokens)
+        # (speculative decoding: the scheduler asks the engine's n-gram draft how many drafts each sequence has)
+        self.scheduler = Scheduler(self.kv_manager, config, draft_len=self.draft_len)
         # one tensor per layer, or (hybrid) one per place in a KV cache group, of the manager's pages: the same bytes
         layout = kv_layout(self.config, self.kv_manager)
         self.kv_cache = KVCache(layout.num_tensors, self.kv_manager.num_blocks, c.block_size, self.config.num_kv_heads,

@@ -187,6 +187,10 @@ class EngineStats:
     num_failed_steps: int = 0  # steps that raised; each aborted the requests it touched (LLM.step)
     busy_time_s: float = 0.0  # sum of step_time_s
     finish_reasons: dict[str, int] = field(default_factory=dict)  # finished samples (and beam requests) per reason
+    # speculative decoding (reference/speculative.py): draft tokens verified, and of them accepted (each accepted one
+    # is a generated token too: a verify step samples 1 + its accepted drafts)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def add_step(self, plan: StepPlan, finished: list[int], step_time_s: float, num_preemptions: int) -> None:
         """Count one executed plan. `num_preemptions` is the scheduler's running total."""

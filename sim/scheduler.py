@@ -64,9 +64,13 @@ class Scheduler:
     metrics may read (queue lengths, ids, a sequence's progress) is in the views section; the runs of plain
     decode steps the simulator jumps over, in the last section."""
 
-    def __init__(self, kv: KVManager, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, kv: KVManager, config: SchedulerConfig | None = None, *, draft_len=None) -> None:
+        """`draft_len(request_id, seq_id)`: with speculative decoding, how many draft tokens the executor has for the
+        sequence now (the engine's n-gram draft may find none); None: num_speculative_tokens for every sequence (the
+        simulator's acceptance model, which drafts anything)."""
         self.kv = kv
         self.config = config if config is not None else SchedulerConfig()
+        self._draft_len = draft_len
         self._victim = victim_policy(self.config.victim)
         self._by_priority = self.config.scheduling_policy == "priority"
         self._num_drafts = self.config.num_speculative_tokens  # k: draft tokens per decode and step (0: off)
@@ -328,7 +332,8 @@ class Scheduler:
         """Draft tokens each sequence of the group verifies this step (speculative decoding), or None for none: k for a
         plain decode (one token fed: the last sampled one), fewer where its output would end first (it samples at most
         1 + its drafts, never past output_len: its K/V then stays within its final length), past max_model_len, or
-        where the budget left after the group's own tokens runs out. None for beam search (its beams branch each step)."""
+        where the budget left after the group's own tokens runs out. None for beam search (its beams branch each
+        step)."""
         if group.is_beam_search:
             return None
         k, max_len = self._num_drafts, self.config.max_model_len
@@ -340,6 +345,8 @@ class Scheduler:
                 d = min(k, seq.output_len - seq.num_generated - 1)
                 if max_len:
                     d = min(d, max_len - seq.num_tokens)
+                if d > 0 and self._draft_len is not None:
+                    d = min(d, self._draft_len(seq.request_id, seq.seq_id))
                 if left is not None:
                     d = min(d, left)
                     left -= max(d, 0)

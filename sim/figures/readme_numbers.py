@@ -21,6 +21,7 @@ The blocks, in README order (BLOCKS):
     priority         figures/priority.csv            latency per class, FCFS against priority scheduling
     disagg           figures/disagg_goodput.csv      goodput per GPU, disaggregated against colocated
     speculative      figures/speculative.csv         speculative decoding, k = 0 to 8: latency, batch, lookahead slots
+    spec-engine      figures/speculative_engine.csv  the engine's n-gram draft on a repetitive workload: tokens/s
     cpu-offload      figures/cpu_offload.csv         the prefix cache's CPU offload tier: hits per tier, TTFT
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
@@ -343,6 +344,22 @@ def speculative(f: Files) -> tuple[Table, ...]:
                    *rows),)  # fmt: skip
 
 
+def spec_engine(f: Files) -> tuple[Table, ...]:
+    """The engine with and without its n-gram draft (python -m reference spec-bench): tokens/s, steps, acceptance."""
+    machine = f.comments("speculative_engine")["machine"]
+    rows = []
+    for r in f.rows("speculative_engine"):
+        spec = r["system"] != "plain"
+        rows.append((r["system"], "n-gram draft, k = " + r["num_speculative_tokens"] if spec else "plain decoding",
+                     r["generated_tokens"], r["steps"], f"{float(r['tokens_per_s']):.1f}",
+                     f"{float(r['acceptance_rate']):.0%} of {r['draft_tokens']}" if spec else "-",
+                     f"{float(r['speedup']):.2f}x" if spec else "-", "yes" if spec and r["identical"] == "True" else "-"))
+    return (_table(f"From `figures/speculative_engine.csv` (`python -m reference spec-bench`; SmolLM2-135M-Instruct, "
+                   f"8 repeat/edit prompts as one batch, greedy; {machine}):",
+                   ("system", "tokens", "steps", "tokens/s (best round)", "drafts accepted", "speed-up",
+                    "tokens identical"), *rows),)  # fmt: skip
+
+
 # --- the reference engine's benchmarks ---------------------------------------------------------------------------
 def disagg(f: Files) -> tuple[Table, ...]:
     """Disaggregated against colocated on 4 GPUs: DistServe's goodput per GPU, and both latencies at the rate where the
@@ -606,6 +623,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "priority": priority,
     "disagg": disagg,
     "speculative": speculative,
+    "spec-engine": spec_engine,
     "cpu-offload": cpu_offload,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,

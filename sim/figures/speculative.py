@@ -89,5 +89,6 @@ def draw_speculative(runs, outdir, quick: bool):
                  "for every k. At %g req/s: normalized latency %.3f s/token with k = 0 against %.3f with k = %d "
                  "(alpha %g); the drafts hold %.2f%% of the pool on average. Numbers in the CSV."
                  % (DURATION[quick], top, at[0]["normalized_latency_s_per_token"],
-                    at[big]["normalized_latency_s_per_token"], big, alpha, 100 * at[big]["lookahead_share"]))  # fmt: skip
+                    at[big]["normalized_latency_s_per_token"], big, alpha,
+                    100 * at[big]["lookahead_share"]))  # fmt: skip
     return save(fig, rows, outdir, "speculative")

@@ -335,7 +335,8 @@ def check_lookahead(seq_ids: Sequence[int], num_lookahead_tokens: Sequence[int] 
 
 
 def check_rollback(seq_id: int, num_tokens: int, held: int, lookahead: int) -> None:
-    """ValueError unless a sequence holding `held` tokens, the last `lookahead` of them drafts, may keep `num_tokens`."""
+    """ValueError unless a sequence holding `held` tokens, the last `lookahead` of them drafts, may keep
+    `num_tokens`."""
     if not (isinstance(num_tokens, int) and held - lookahead <= num_tokens <= held):
         raise ValueError(f"rollback({seq_id}, {num_tokens!r}): expected from {held - lookahead} (its tokens before its "
                          f"{lookahead} lookahead slots) to {held}")  # fmt: skip

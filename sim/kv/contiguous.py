@@ -32,7 +32,8 @@ from typing import Sequence
 
 from ..slots import ALLOCATORS
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback,
+                   no_pending_lookahead)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 

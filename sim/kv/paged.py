@@ -369,7 +369,8 @@ class PagedKVManager:
         `lookahead` of them are lookahead slots (drafts, not registered until rollback keeps them)."""
         copies: list[BlockCopy] = []
         if seq.num_lookahead:
-            raise RuntimeError(f"expected the sequence's {seq.num_lookahead} lookahead slots rolled back before it grows")
+            raise RuntimeError(f"expected the sequence's {seq.num_lookahead} lookahead slots rolled back before it "
+                               "grows")
         if not k:
             return copies
         seq.num_lookahead = lookahead

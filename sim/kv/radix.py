@@ -236,8 +236,9 @@ class RadixKVManager(PagedKVManager):
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
                        num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
-        """Growth is the paged manager's (which calls `_register`), lookahead slots and `rollback` included. An admission first locks every hit (before an
-        eviction could take it), then takes fresh pages for its own tokens and caches those it computes now."""
+        """Growth is the paged manager's (which calls `_register`), lookahead slots and `rollback` included. An
+        admission first locks every hit (before an eviction could take it), then takes fresh pages for its own tokens
+        and caches those it computes now."""
         if new is None:
             return super().allocate_slots(seq_ids, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
         check_lookahead(seq_ids, num_lookahead_tokens, new)  # (refuses lookahead slots for an admission)

@@ -61,7 +61,8 @@ from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback,
+                   no_pending_lookahead)  # fmt: skip
 
 KiB = 1024
 # NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size

@@ -18,7 +18,7 @@ from .stated_numbers import check_claim, check_stated_numbers, missing_phrases
 from .walkthrough_claims import CLAIMS, Claim
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-WALKTHROUGHS = sorted(NOTEBOOKS.glob("0*.ipynb"))
+WALKTHROUGHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 # notebook 2's first claim: the text says seq 0 has 12 tokens in blocks [0, 1, 4] after the decode loop
 PHRASE = "Seq 0 now has 12 tokens and the block table `[0, 1, 4]`"

@@ -1,4 +1,4 @@
-"""The Jupyter walkthroughs (notebooks/0N_*.ipynb) and the exercise notebooks run top to bottom in a real
+"""The Jupyter walkthroughs (notebooks/NN_*.ipynb) and the exercise notebooks run top to bottom in a real
 kernel, and every notebook of the lab is committed with its outputs cleared.
 
 Each notebook runs in a fresh ipykernel started with THIS interpreter (the project's .venv): a kernelspec
@@ -25,7 +25,7 @@ from .stated_numbers import check_stated_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-WALKTHROUGHS = sorted(NOTEBOOKS.glob("0*.ipynb"))
+WALKTHROUGHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 EXERCISES = sorted((NOTEBOOKS / "exercises").glob("*.ipynb"))
 CELL_TIMEOUT_S = 180  # per cell: the engine notebook loads SmolLM2 (~10-20 s on 2 cores) in one cell
 KERNEL_NAME = "paged-attention-lab-test"
@@ -56,8 +56,8 @@ def kernel_env(tmp_path_factory):
             os.environ[k] = v
 
 
-def test_there_are_nine_walkthroughs():
-    assert [p.name[:2] for p in WALKTHROUGHS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09"], WALKTHROUGHS
+def test_there_are_ten_walkthroughs():
+    assert [p.name[:2] for p in WALKTHROUGHS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"], WALKTHROUGHS
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.rglob("*.ipynb")), ids=lambda p: str(p.relative_to(NOTEBOOKS)))
