@@ -199,18 +199,19 @@ class _GroupContents(props.Contents):
 
     kv: HybridKVManager | None = None  # the manager of the example being run (set by hybrid_systems)
 
-    def execute(self, plan) -> None:
-        super().execute(plan)  # copies (of any group's pages), then the full group's writes and reads
+    def execute(self, plan, accepted: dict[int, int] | None = None, sched: Scheduler | None = None) -> None:
+        super().execute(plan, accepted, sched)  # copies (of any group's pages), then the full group's writes and reads
         fed, kv, bs = [e for e in plan.entries if e.num_new_tokens], self.kv, self.bs
         for g, window in enumerate(kv.windows):
             if window is None:
                 continue
-            for e in fed:
-                table, tokens = kv.group_tables(e.seq_id)[g], self.history[e.seq_id]
+            for e in fed:  # (a verify entry's drafts as the base class writes them: accepted or not)
+                table = kv.group_tables(e.seq_id)[g]
                 for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_new_tokens):
-                    self.gpu.setdefault(table[p // bs], [None] * bs)[p % bs] = tokens[p]
-            for e in fed:
-                table, end = kv.group_tables(e.seq_id)[g], e.num_computed_tokens + e.num_new_tokens
+                    self.gpu.setdefault(table[p // bs], [None] * bs)[p % bs] = self.label(e, p, accepted, sched)
+            for e in fed:  # its queries read up to its last sampled token (the drafts after it are being verified)
+                table = kv.group_tables(e.seq_id)[g]
+                end = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
                 lo = max(0, e.num_computed_tokens - window + 1)
                 read = [None if table[p // bs] is None else self.gpu[table[p // bs]][p % bs] for p in range(lo, end)]
                 assert read == self.history[e.seq_id][lo:end], f"seq {e.seq_id} reads K/V that is not its own"

@@ -163,20 +163,23 @@ class Contents:
             self.gpu[dst] = list(sources[src])
         fed = [e for e in plan.entries if e.num_new_tokens]
         for e in fed:
-            tokens = self.history[e.seq_id]
-            verified = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_new_tokens):
-                if p < verified:
-                    label = tokens[p]
-                elif p - verified < accepted[e.seq_id]:  # an accepted draft: the token it will be
-                    label = ("g", e.seq_id, sched.num_generated(e.seq_id) + p - verified)
-                else:
-                    label = ("x", e.seq_id, p)  # a rejected draft's K/V
-                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = label
+                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = self.label(e, p, accepted,
+                                                                                                         sched)
         for e in fed:  # what attention reads: every position up to the newest token
             end = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
             read = [self.gpu.get(e.block_table[p // self.bs], empty)[p % self.bs] for p in range(end)]
             assert read == self.history[e.seq_id][:end], f"seq {e.seq_id} reads K/V that is not its own"
+
+    def label(self, e, p: int, accepted: dict[int, int] | None, sched: Scheduler | None):
+        """What entry `e` writes at position p: its token, or for a draft the token it will be if accepted, else a
+        label no history holds."""
+        verified = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
+        if p < verified:
+            return self.history[e.seq_id][p]
+        if p - verified < accepted[e.seq_id]:  # an accepted draft: the token it will be
+            return ("g", e.seq_id, sched.num_generated(e.seq_id) + p - verified)
+        return ("x", e.seq_id, p)  # a rejected draft's K/V
 
     def sampled(self, sched: Scheduler, plan, accepted: dict[int, int] | None = None) -> None:
         for e in plan.entries:
