@@ -9,6 +9,7 @@
     python -m reference readme-numbers [--write | --check]                      the README's numbers of those two
     python -m reference kv-accuracy [--quick] [--models smollm2,gemma3]         int8 KV against float32: greedy, logits
     python -m reference spec-bench [--quick] [--num-speculative-tokens 4]        n-gram speculative decoding: tokens/s
+    python -m reference offload-bench [--quick] [--sessions 6] [--turns 4]       the CPU offload tier: hits, TTFT
     python -m reference serve [--port 8000] [--model smollm2] [...]             an OpenAI-compatible HTTP server
     python -m reference loadtest --trace FILE [--url URL] [--out CSV]           the server at a trace's arrivals
     python -m reference bench-kernels [...]                                     the GPU attention-kernel benchmark
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_speculative.add_arguments(sub.add_parser(
         "spec-bench", help="speculative decoding with the n-gram draft on a repetitive workload: tokens/s with and "
         "without, acceptance (CSV)", description=bench_speculative.__doc__.split("\n\n")[0]))  # fmt: skip
+    from reference import bench_offload
+
+    bench_offload.add_arguments(sub.add_parser(
+        "offload-bench", help="the prefix cache's CPU offload tier on multi-turn conversations: prompt tokens found per "
+        "tier and time to first token, with and without it (CSV)", description=bench_offload.__doc__.split("\n\n")[0]))
     _add_serve_parser(sub)
     from reference import loadtest
 
@@ -495,12 +501,14 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             if isinstance(exc, BrokenPipeError):
                 raise
             raise UsageError(" ".join(str(exc).split())) from None
-    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy", "spec-bench"):
-        from reference import (bench_hybrid, bench_speculative, calibrate, kv_accuracy, loadtest, validate_online,
-                               validate_sim)  # fmt: skip
+    if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy", "spec-bench",
+                        "offload-bench"):  # fmt: skip
+        from reference import (bench_hybrid, bench_offload, bench_speculative, calibrate, kv_accuracy, loadtest,
+                               validate_online, validate_sim)  # fmt: skip
 
         command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest,
-                   "kv-accuracy": kv_accuracy, "spec-bench": bench_speculative}.get(args.command, validate_sim)
+                   "kv-accuracy": kv_accuracy, "spec-bench": bench_speculative,
+                   "offload-bench": bench_offload}.get(args.command, validate_sim)
         try:
             command.check_args(args)
         except ValueError as exc:

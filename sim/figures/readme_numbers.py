@@ -23,6 +23,7 @@ The blocks, in README order (BLOCKS):
     speculative      figures/speculative.csv         speculative decoding, k = 0 to 8: latency, batch, lookahead slots
     spec-engine      figures/speculative_engine.csv  the engine's n-gram draft on a repetitive workload: tokens/s
     cpu-offload      figures/cpu_offload.csv         the prefix cache's CPU offload tier: hits per tier, TTFT
+    offload-engine   figures/offload_engine.csv      the tier on the engine: hits per tier, TTFT, tokens identical
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
     kv-accuracy      figures/kv_accuracy.csv         its accuracy cost on the engine: greedy agreement, logit error
@@ -317,6 +318,22 @@ def cpu_offload(f: Files) -> tuple[Table, ...]:
                    "arrivals, prefix caching on in every run):",
                    ("new conversations/s", "CPU tier per GPU", "prompt tokens hit on the GPU", "hit in the CPU tier",
                     "mean time to first token", "p99 time to first token", "reloads over PCIe"), *rows),)  # fmt: skip
+
+
+def offload_engine(f: Files) -> tuple[Table, ...]:
+    """The tier on the engine (python -m reference offload-bench): SmolLM2, multi-turn sessions, with and without."""
+    rows = []
+    for r in f.rows("offload_engine"):
+        rows.append((r["system"], r["system"], f"{float(r['gpu_hit_share']):.1%}", f"{float(r['cpu_hit_share']):.1%}",
+                     r["reloaded_blocks"], f"{1e3 * float(r['mean_ttft_later_turns_s']):.0f} ms",
+                     f"{1e3 * float(r['p90_ttft_later_turns_s']):.0f} ms"))  # fmt: skip
+    first = f.rows("offload_engine")[0]
+    same = f.one("offload_engine", system="gpu + cpu tier")["identical"] == "True"
+    return (_table(f"From `figures/offload_engine.csv` (SmolLM2 on the engine, {first['sessions']} sessions x "
+                   f"{first['turns']} turns served one at a time, a pool of {first['gpu_blocks']} blocks; greedy tokens "
+                   f"{'identical' if same else 'DIFFERENT'} with and without the tier):",
+                   ("engine", "prompt tokens hit on the GPU", "hit in the CPU tier", "blocks reloaded",
+                    "mean time to first token, turns 2+", "p90"), *rows),)  # fmt: skip
 
 
 def speculative(f: Files) -> tuple[Table, ...]:
@@ -625,6 +642,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "speculative": speculative,
     "spec-engine": spec_engine,
     "cpu-offload": cpu_offload,
+    "offload-engine": offload_engine,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,
     "kv-accuracy": kv_accuracy,
