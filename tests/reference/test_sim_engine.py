@@ -17,6 +17,9 @@ then replays the simulator's calls in the same order: it adds each request right
 and runs one step per simulated step. The simulator runs with its fast-forward ON (decode epochs where the pool is
 paged, else run by run): a run of k steps that the simulator applied at once must equal k steps of the engine.
 
+Speculative decoding runs the engine first and hands its draft proposals and acceptances to the simulator (the
+run depends on the model there); the CPU offload tier is compared copy by copy.
+
 The engine runs the tiny random Llama: with ignore_eos and max_tokens = the trace's output length, a request
 finishes at the same step whatever tokens the weights produce, so the decisions cannot depend on them
 (one case runs the real SmolLM2 to show it).
@@ -339,6 +342,126 @@ def test_priority_scheduling_decides_alike(tiny, mode):
     check_step_log(llm, engine)
     assert llm.stats.num_preemptions > 0 and llm.stats.num_finished_requests == len(requests)
     assert steps(simulate(requests, "paged", "recompute", mode)) != steps(sim)
+
+
+class ReplayedAcceptance:
+    """The simulator's acceptance model replaying the engine's: the accepted drafts of each verify entry, in plan order
+    (the same order on both sides while their plans agree)."""
+
+    def __init__(self, counts: list[tuple[int, int]]) -> None:
+        self.counts = list(counts)  # (drafts, accepted) per verify entry
+
+    def accepted(self, num_drafts: int) -> int:
+        drafts, accepted = self.counts.pop(0)
+        assert drafts == num_drafts, f"the simulator verifies {num_drafts} drafts where the engine verified {drafts}"
+        return accepted
+
+
+@pytest.mark.parametrize("mode", ["v0", "v1"])
+def test_speculative_decoding_decides_alike(tiny, mode):
+    """Speculative decoding (k = 3) with the engine's n-gram draft, and the simulator given the engine's proposals and
+    acceptances (its draft_len hook and acceptance model replay them): the same verify entries (lookahead blocks in the
+    tables), rollbacks, preemptions and free blocks, step for step. The engine runs first here: its drafts and what
+    the model accepts decide the run. The prompts repeat a short motif, so that the lookup finds drafts."""
+    k, rng = 3, np.random.default_rng(11)
+    requests = []
+    for i in range(10):
+        motif = rng.integers(17, 256, size=int(rng.integers(2, 5))).tolist()
+        ids = (motif * 20)[:int(rng.integers(8, 36))]
+        requests.append(Request(i, 0.0, len(ids), int(rng.integers(6, 24)), prompt_token_ids=ids))
+    cfg = config(mode, "recompute")
+    llm = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
+                          max_num_batched_tokens=cfg["max_num_batched_tokens"], scheduler=mode,
+                          max_model_len=MAX_MODEL_LEN, num_speculative_tokens=k)  # fmt: skip
+    engine = record_calls(llm.scheduler)
+    offered, verified = {}, []  # (seq id, computed tokens) -> drafts the engine had; (drafts, accepted) per verify entry
+    sched, finish_step = llm.scheduler, llm.scheduler.finish_step
+    # NOTE: the engine's answers to the scheduler's draft_len question, recorded where the scheduler keeps the hook (an
+    # offer counts even where the entry is then preempted instead: it needed the drafts' block)
+    ask = sched._draft_len
+
+    def recording_draft_len(request_id, seq_id):
+        offered[seq_id, sched.num_computed_tokens(seq_id)] = answer = ask(request_id, seq_id)
+        return answer
+
+    def recording_finish_step(plan, outcome):
+        verified.extend((e.num_draft_tokens, outcome.num_accepted[e.seq_id]) for e in plan.entries if e.num_draft_tokens)
+        return finish_step(plan, outcome)
+
+    sched._draft_len, sched.finish_step = recording_draft_len, recording_finish_step
+    for r in requests:
+        llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
+                        request_id=r.request_id)  # fmt: skip
+    while llm.has_unfinished_requests():
+        llm.step()
+    kv = make_kv_manager("paged", NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN)
+    scheduler = Scheduler(kv, SchedulerConfig(**cfg, num_speculative_tokens=k),
+                          draft_len=lambda rid, sid: offered.get((sid, scheduler.num_computed_tokens(sid)), 0))
+    sim = record_calls(scheduler)
+    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True,
+              acceptance=ReplayedAcceptance(verified)).run()  # fmt: skip
+    assert_same_decisions(sim, engine)
+    check_step_log(llm, engine)
+    assert len(verified) > 20 and sum(a for _, a in verified) > 0, "expected verify steps that keep some drafts"
+    assert llm.stats.num_preemptions > 0 and llm.stats.num_finished_requests == len(requests)
+
+
+@pytest.mark.parametrize("mode", ["v0", "v1"])
+def test_the_cpu_offload_tier_decides_alike(tiny, mode):
+    """Prefix caching with a CPU offload tier (sim/kv/offload.py in both): requests on three shared documents arrive
+    over time in a pool too small to keep the documents cached, so cached blocks are evicted to the tier and reloaded
+    from it. The simulator and the engine make the same decisions (prefix hits in num_computed_tokens, tables,
+    preemptions, free blocks) and the same tier copies, in the same order."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(17, 256, size=24).tolist() for _ in range(3)]
+    requests = []
+    for i in range(15):
+        ids = docs[int(rng.integers(0, 3))] + rng.integers(17, 256, size=int(rng.integers(2, 12))).tolist()
+        requests.append(Request(i, i * 0.03, len(ids), int(rng.integers(3, 12)), prompt_token_ids=ids))
+    tiers = {}
+    kv = make_kv_manager("paged", NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
+                         enable_prefix_caching=True, num_offload_blocks=32)  # fmt: skip
+    scheduler = Scheduler(kv, SchedulerConfig(**config(mode, "recompute")))
+    sim = record_calls(scheduler)
+    tiers["sim"] = record_tier_copies(kv)
+    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True).run()
+    # NOTE: the simulator takes the copies when it prices a step: offloads made by a last run of decode steps (their
+    # new blocks evicting cached ones) are still in the manager's log when the run ends; the engine takes every step's
+    kv.take_tier_copies()  # (recorded by the wrapper)
+    cfg = config(mode, "recompute")
+    llm = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
+                          max_num_batched_tokens=cfg["max_num_batched_tokens"], scheduler=mode,
+                          max_model_len=MAX_MODEL_LEN, enable_prefix_caching=True, num_offload_blocks=32)  # fmt: skip
+    engine = record_calls(llm.scheduler)
+    tiers["engine"] = record_tier_copies(llm.executor, "tier_copies")  # (the executor takes them once a step)
+    by_id = {r.request_id: r for r in requests}
+    for kind, what in sim:
+        if kind == "add":
+            r = by_id[what]
+            llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len,
+                                                               ignore_eos=True), request_id=r.request_id)  # fmt: skip
+        else:
+            llm.step()
+    while llm.has_unfinished_requests():
+        llm.step()
+    assert_same_decisions(sim, engine)
+    assert tiers["sim"] == tiers["engine"]
+    stats = llm.kv_manager.prefix_cache_stats()
+    assert stats.offloaded_blocks > 0 and stats.cpu_hit_blocks > 0, "expected evictions to the tier and hits in it"
+    assert stats == kv.prefix_cache_stats()
+
+
+def record_tier_copies(owner, name: str = "take_tier_copies") -> list:
+    """Every tier copy the KV manager hands its executor, in order, through `owner.name` (the wrapper only records)."""
+    copies, take = [], getattr(owner, name)
+
+    def recording_take():
+        taken = take()
+        copies.extend(taken)
+        return taken
+
+    setattr(owner, name, recording_take)
+    return copies
 
 
 def test_a_priority_is_refused_without_priority_scheduling(tiny):
