@@ -51,7 +51,7 @@ of five kinds. Counts are integers, so the shares always sum to 1:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 SHARE_NAMES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
@@ -340,6 +340,20 @@ def check_rollback(seq_id: int, num_tokens: int, held: int, lookahead: int) -> N
     if not (isinstance(num_tokens, int) and held - lookahead <= num_tokens <= held):
         raise ValueError(f"rollback({seq_id}, {num_tokens!r}): expected from {held - lookahead} (its tokens before its "
                          f"{lookahead} lookahead slots) to {held}")  # fmt: skip
+
+
+def with_lookahead(seq_ids: Sequence[int], num_new_tokens: Sequence[int], new: Sequence[NewSequence] | None,
+                   num_lookahead_tokens: Sequence[int] | None,
+                   pending: Callable[[int], int]) -> tuple[Sequence[int], Sequence[int] | None]:  # fmt: skip
+    """An allocate_slots call's (tokens each sequence grows by, drafts included; the drafts, or None), checked
+    (check_lookahead), and no running sequence still holding drafts (`pending(seq_id)`: its lookahead slots)."""
+    lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
+    if new is None:
+        for seq_id in seq_ids:
+            no_pending_lookahead(seq_id, pending(seq_id))
+    if lookahead is None:
+        return num_new_tokens, None
+    return [k + la for k, la in zip(num_new_tokens, lookahead)], lookahead
 
 
 def no_pending_lookahead(seq_id: int, lookahead: int) -> None:

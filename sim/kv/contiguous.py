@@ -32,8 +32,8 @@ from typing import Sequence
 
 from ..slots import ALLOCATORS
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_lookahead, check_request_args, check_rollback,
-                   no_pending_lookahead)  # fmt: skip
+                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead,
+                   with_lookahead)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
@@ -161,14 +161,9 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         return count <= reserved and self._num_blocks_for(reserved) <= self.allocator.largest_free_run
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
-        """(tokens each sequence grows by, drafts included; the drafts, or None), checked: none pending."""
-        lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
-        if new is None:
-            for seq_id in seq_ids:
-                no_pending_lookahead(seq_id, self._run(seq_id).num_lookahead)
-        if lookahead is None:
-            return num_new_tokens, None
-        return [k + la for k, la in zip(num_new_tokens, lookahead)], lookahead
+        """(tokens each sequence grows by, drafts included; the drafts, or None), checked (base.with_lookahead)."""
+        return with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
+                              lambda seq_id: self._run(seq_id).num_lookahead)  # fmt: skip
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,

@@ -62,7 +62,7 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from . import hybrid_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
-                   cdiv, check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+                   cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 from .groups import group_size
 
 
@@ -200,14 +200,10 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
         return self._need(seq_ids, num_new_tokens, new) is not None
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
-        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked: none pending."""
-        lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
-        if new is None:
-            for seq_id in seq_ids:
-                no_pending_lookahead(seq_id, self._seq(seq_id).num_lookahead)
-        if lookahead is None:
-            return num_new_tokens, [0] * len(seq_ids)
-        return [k + la for k, la in zip(num_new_tokens, lookahead)], lookahead
+        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (base.with_lookahead)."""
+        grown, lookahead = with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
+                                          lambda seq_id: self._seq(seq_id).num_lookahead)  # fmt: skip
+        return grown, lookahead if lookahead is not None else [0] * len(seq_ids)
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
