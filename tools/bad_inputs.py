@@ -40,6 +40,9 @@ INT_BAD = ["-1", "abc", "", "1.5", "nan", "99999999999999999999999999999"]
 FLOAT_BAD = ["-1", "abc", "", "nan", "inf", "-inf", "1e400"]
 # flags whose huge values are legitimate (a seed is any integer numpy accepts)
 HUGE_OK = {"--seed"}
+# flags for which +inf is a value they document (sim disagg --link-bandwidth inf: an instantaneous link), so "inf"
+# and "1e400" are not bad input there
+INF_OK = {"--link-bandwidth"}
 
 
 @dataclass
@@ -67,7 +70,7 @@ def _flag_cases(command: str, sub: str, parser: argparse.ArgumentParser, base: l
         if action.type is int:
             values = [v for v in INT_BAD if not (flag in HUGE_OK and v.startswith("9999"))]
         elif action.type is float:
-            values = FLOAT_BAD
+            values = [v for v in FLOAT_BAD if not (flag in INF_OK and v in ("inf", "1e400"))]
         elif action.choices or (action.metavar or "").startswith("{"):
             values = ["bogus", ""]
         else:
