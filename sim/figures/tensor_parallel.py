@@ -18,7 +18,7 @@ from ..sweep import Task
 from .paper import PAPER
 from .sampling import knee
 from .style import SYSTEM_COLORS, SYSTEM_LABELS, SYSTEM_MARKERS, caption, new_figure, save
-from .throughput import DURATION, SYSTEMS, WORKLOAD_LABELS, WORKLOADS, Y_LIMIT, _row, system_kwargs
+from .throughput import DURATION, SYSTEMS, WORKLOAD_LABELS, WORKLOADS, Y_LIMIT, latency_row, system_kwargs
 
 SETUPS = {"opt-66b": ("a100-40gb", 4), "opt-175b": ("a100-80gb", 8)}  # model -> (gpu, num_gpus): paper Table 1
 MODEL_LABELS = {"opt-66b": "OPT-66B, 4x A100-40GB", "opt-175b": "OPT-175B, 8x A100-80GB"}
@@ -95,7 +95,7 @@ def draw_tp(runs, outdir, quick: bool):
                         color=SYSTEM_COLORS[system], markersize=5, label=f"{SYSTEM_LABELS[system]}: {shown} req/s")
                 for task, result in mine:
                     rows.append({"model": model, "gpu": gpu, "num_gpus": n, "workload": workload, "system": system,
-                                 **_row(task, result), "num_kv_slots": result.summary["num_kv_slots"],
+                                 **latency_row(task, result), "num_kv_slots": result.summary["num_kv_slots"],
                                  "sustained_rate": best, "sustained_is_lower_bound": bound,
                                  "trace_duration_s": DURATION[workload][quick]})  # fmt: skip
             ax.set_ylim(0, Y_LIMIT[workload])

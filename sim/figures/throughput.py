@@ -62,7 +62,7 @@ def draw_latency(runs, outdir, quick: bool):
             ax.plot(rates, [np.nan if v is None else v for v in latency], marker=SYSTEM_MARKERS[system],
                     color=SYSTEM_COLORS[system], label=SYSTEM_LABELS[system], markersize=5)  # fmt: skip
             for (task, result), value in zip(mine, latency):
-                rows.append({"workload": workload, "system": system, **_row(task, result), "trace_duration_s":
+                rows.append({"workload": workload, "system": system, **latency_row(task, result), "trace_duration_s":
                              DURATION[workload][quick]})  # fmt: skip
         ax.set_ylim(0, Y_LIMIT[workload])
         ax.set_xlim(0, None)
@@ -79,7 +79,7 @@ def draw_latency(runs, outdir, quick: bool):
     return save(fig, rows, outdir, "latency_vs_rate")
 
 
-def _row(task: Task, result) -> dict:
+def latency_row(task: Task, result) -> dict:
     s = result.summary
     return {"policy": task.params["policy"], "scheduler": s["scheduler"], "rate": task.params["rate"],
             "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
@@ -113,7 +113,7 @@ def draw_batch(runs, outdir, quick: bool):
                            Patch(facecolor="white", edgecolor="#777777", hatch="///", label="paper (Fig. 13)")],
                   loc="upper left", frameon=False)  # fmt: skip
         for (task, result), s, p in zip(mine, systems, paper):
-            rows.append({"workload": workload, "system": s, **_row(task, result), "paper_mean_batch_size": p,
+            rows.append({"workload": workload, "system": s, **latency_row(task, result), "paper_mean_batch_size": p,
                          "trace_duration_s": duration})  # fmt: skip
     fig.suptitle(f"Requests batched per iteration, the paper's Fig. 13 ({SETUP})", fontsize=12)
     caption(fig, "Mean over iterations of the requests in the running state. Hatched: the paper's numbers "
