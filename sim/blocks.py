@@ -115,6 +115,12 @@ class BlockAllocator:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         if num_blocks > len(self._free_queue):
             return None
+        if not self._block_to_hash:  # nothing cached, nothing to evict (the simulator's hot path)
+            pop, refs = self._free_queue.popitem, self._ref_counts
+            block_ids = [pop(last=False)[0] for _ in range(num_blocks)]
+            for block_id in block_ids:
+                refs[block_id] = 1
+            return block_ids
         block_ids = []
         for _ in range(num_blocks):
             block_id, _ = self._free_queue.popitem(last=False)
@@ -142,20 +148,26 @@ class BlockAllocator:
 
         Raises (and changes nothing) if a block would be freed more times than it is referenced.
         """
-        block_ids = list(block_ids)
-        pending: dict[int, int] = {}
-        for block_id in block_ids:
-            pending[block_id] = pending.get(block_id, 0) + 1
-            if pending[block_id] > self.ref_count(block_id):
-                raise RuntimeError(
-                    f"cannot free block {block_id}: expected ref count >= {pending[block_id]}, "
-                    f"found {self._ref_counts[block_id]}"
-                )
+        block_ids, refs, n = list(block_ids), self._ref_counts, self.num_blocks
+        # the common case checked cheaply (distinct blocks in range, each referenced: type(...) is int keeps bools
+        # and floats for the full check); anything else goes through it, which raises on what is wrong
+        if len(set(block_ids)) != len(block_ids) or not all(
+                type(b) is int and 0 <= b < n and refs[b] for b in block_ids):
+            pending: dict[int, int] = {}
+            for block_id in block_ids:
+                pending[block_id] = pending.get(block_id, 0) + 1
+                if pending[block_id] > self.ref_count(block_id):
+                    raise RuntimeError(
+                        f"cannot free block {block_id}: expected ref count >= {pending[block_id]}, "
+                        f"found {self._ref_counts[block_id]}"
+                    )
         first, last = [], []  # vLLM v1's BlockPool.free_blocks: reused first (uncached), evicted last (cached)
+        cached = self._block_to_hash
         for block_id in block_ids:
-            self._ref_counts[block_id] -= 1
-            if self._ref_counts[block_id] == 0:
-                (last if block_id in self._block_to_hash else first).append(block_id)
+            left = refs[block_id] - 1
+            refs[block_id] = left
+            if not left:
+                (last if block_id in cached else first).append(block_id)
         queue = self._free_queue
         for block_id in reversed(first):  # to the front, in the order freed: the first one freed is handed out first
             queue[block_id] = None

@@ -158,7 +158,7 @@ class Simulator:
         if self.requests:
             self.next_arrival = self.requests[0].arrival_time
             heap.append((self.next_arrival, ARRIVAL, seq, 0))
-        num_events = 0
+        num_events, self.inline_events = 0, 0
         while heap:
             self.now, kind, _, payload = heapq.heappop(heap)
             num_events += 1
@@ -171,7 +171,7 @@ class Simulator:
         start = self.requests[0].arrival_time if self.requests else 0.0
         table = request_table(self.requests, self.times.arrays())
         return LoopResult(table, self.log.to_table(), self.log.totals(), self.integral, start,
-                          max(self.last_step_end, start), num_events, self.extrapolated_steps,
+                          max(self.last_step_end, start), num_events + self.inline_events, self.extrapolated_steps,
                           self.extrapolated_time, tuple(self.speculation))  # fmt: skip
 
     def _on_arrival(self, index: int) -> list:
@@ -193,7 +193,7 @@ class Simulator:
         if self.idle_since is not None:  # close the idle period: the pool sat as it was
             self._integrate(self.now - self.idle_since, self.idle_counts)
             self.idle_since = None
-        if self.jump and (self.may_run or self.scheduler.decode_epoch_open):
+        while self.jump and (self.may_run or self.scheduler.decode_epoch_open):
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
             stop = self.stop_at[0] if self.stop_at else math.inf
@@ -203,8 +203,18 @@ class Simulator:
                 run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
                 if run is not None:
                     self._book_run(run)
-            if run is not None:  # (an epoch's run that preempted every member has no step: schedule again)
-                return [(run.end, STEP_END, run)] if run.durations else [(self.now, SCHEDULE, None)]
+            if run is None:
+                break
+            if not run.durations:  # an epoch's run that preempted every member has no step: schedule again
+                return [(self.now, SCHEDULE, None)]
+            if not (run.finished_request_ids and run.end < horizon and self.on_step is None
+                    and not self.scheduler.num_waiting + self.scheduler.num_swapped):  # fmt: skip
+                return [(run.end, STEP_END, run)]
+            # A finish with nobody waiting and no arrival before the run's end: the events would be the run's end, then
+            # a schedule at once (nothing else happens meanwhile), so both are taken here, without the event queue.
+            self.now = run.end
+            self._run_ended(run)
+            self.inline_events += 2  # (counted: num_events stays the events of the loop's logic, however taken)
         self.may_run = True
         plan = self.scheduler.schedule()  # (it closes an open epoch, or takes its decodes: _settle_epoch books)
         epoch_step = self.scheduler.pending_epoch_step  # (sequences, K/V read) of decodes the plan does not list
@@ -237,11 +247,7 @@ class Simulator:
     def _on_step_end(self, payload) -> list:
         self.last_step_end = self.now
         if isinstance(payload, (fastforward.DecodeRun, fastforward.EpochRun)):  # applied and booked, but its finishes
-            for request_id in payload.finished_request_ids:
-                self.times.finish[self.index[request_id]] = self.now
-            self.progress.update(len(payload.finished_request_ids))
-            if self.on_step is not None:
-                self.on_step(self, payload)
+            self._run_ended(payload)
             return [(self.now, SCHEDULE, None)]
         plan, outcome, beam_scores, epoch_step = payload
         if epoch_step is not None:  # the epoch's members sampled in this step too (booked before it may close)
@@ -278,6 +284,15 @@ class Simulator:
         if self.on_step is not None:
             self.on_step(self, plan)
         return [(self.now, SCHEDULE, None)]
+
+    def _run_ended(self, run: fastforward.DecodeRun | fastforward.EpochRun) -> None:
+        """A fast-forwarded run (applied and booked) ends now: its finishes."""
+        self.last_step_end = self.now
+        for request_id in run.finished_request_ids:
+            self.times.finish[self.index[request_id]] = self.now
+        self.progress.update(len(run.finished_request_ids))
+        if self.on_step is not None:
+            self.on_step(self, run)
 
     # --- the executor's part: price a plan, decide its outcome ----------------------------------------
     def _price(self, plan: StepPlan, epoch_step: tuple[int, int] | None = None) -> float:
@@ -451,11 +466,7 @@ class Simulator:
             t3 += duration * c3
             t4 += duration * c4
         integral.update(zip(SHARE_NAMES, (t0, t1, t2, t3, t4)))
-        self.log.extend_run(starts, durations, seen, {
-            "num_prefill_seqs": 0, "num_decode_seqs": num_seqs, "num_running": num_running,
-            "num_batched_tokens": num_seqs, "num_prefill_tokens": 0, "num_waiting": num_waiting,
-            "num_preempted": num_preempted, "num_swapped_out_blocks": 0, "num_swapped_in_blocks": 0,
-            "num_copied_blocks": 0})  # a run has none  # fmt: skip
+        self.log.extend_run(starts, durations, seen, num_seqs, num_running, num_waiting, num_preempted)
 
     def _settle(self, i: int, first: int, end: int) -> None:
         """Request i's token times after the epoch's steps first .. end - 1 (end: all so far), each of which sampled

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 from array import array
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,14 @@ STEP_COLUMNS = (
     "num_swapped_in_blocks", "num_copied_blocks",
 )  # fmt: skip
 FLOAT_STEP_COLUMNS = ("time", "duration")
+RLE_COLUMNS = (  # StepLog keeps them run-length encoded
+    "num_prefill_seqs", "num_decode_seqs", "num_running", "num_batched_tokens", "num_prefill_tokens", "num_waiting",
+    "num_preempted", "num_swapped_out_blocks", "num_swapped_in_blocks", "num_copied_blocks",
+)  # fmt: skip
+assert RLE_COLUMNS == tuple(c for c in STEP_COLUMNS if c not in FLOAT_STEP_COLUMNS + SHARE_NAMES)  # append's order
+_SHARES = slice(STEP_COLUMNS.index(SHARE_NAMES[0]), STEP_COLUMNS.index(SHARE_NAMES[-1]) + 1)
+_BEFORE_SHARES, _AFTER_SHARES = slice(2, _SHARES.start), slice(_SHARES.stop, None)
+_RUNNING = STEP_COLUMNS.index("num_running")
 
 
 @dataclass(slots=True)
@@ -83,37 +92,63 @@ class Table:
 
 
 class StepLog:
-    """Per-step rows, appended by the event loop: one compact array per column of `STEP_COLUMNS` (8 bytes a value,
-    not a Python object's 32), turned into numpy arrays once at the end. `totals()`: what the summary needs."""
+    """Per-step rows, appended by the event loop, kept compact (8 bytes a value, not a Python object's 32) and turned
+    into numpy arrays once at the end. `totals()`: what the summary needs.
+
+    A fast-forwarded run's steps differ only in time, duration and slot counts, so the other columns are kept
+    run-length encoded: one count and one value per column for each run (a lone step is a run of one), expanded
+    with np.repeat in to_table. That makes booking a run a few array extends, whatever its length."""
 
     kept = True  # the loop's result holds the table
 
     def __init__(self) -> None:
-        self.rows: dict[str, array] = {name: array("d" if name in FLOAT_STEP_COLUMNS else "q") for name in STEP_COLUMNS}
+        self.time, self.duration = array("d"), array("d")
+        self.shares = array("q")  # SHARE_NAMES' counts, step after step (len(SHARE_NAMES) values a step)
+        self.repeats = array("q")  # each run's steps
+        self.values = array("q")  # each run's value of every column of RLE_COLUMNS
+        self.running = 0  # the sum of num_running over the steps
 
     def append(self, row: tuple) -> None:
         """One step: its values in STEP_COLUMNS order."""
-        for column, value in zip(self.rows.values(), row):
-            column.append(value)
+        self.time.append(row[0])
+        self.duration.append(row[1])
+        self.shares.extend(row[_SHARES])
+        self.repeats.append(1)
+        self.values.extend(row[_BEFORE_SHARES])
+        self.values.extend(row[_AFTER_SHARES])
+        self.running += row[_RUNNING]
 
-    def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]],
-                   constants: dict[str, int]) -> None:  # fmt: skip
-        """k steps of a fast-forwarded run: their starts, durations and slot counts (SHARE_NAMES order), and the
-        other columns: a value the same in every step of it, or a list of k (num_waiting, as requests arrive)."""
-        rows, k = self.rows, len(durations)
-        rows["time"].extend(starts)
-        rows["duration"].extend(durations)
-        for name, column in zip(SHARE_NAMES, zip(*seen)):
-            rows[name].extend(column)
-        for name, value in constants.items():
-            rows[name].extend(value if isinstance(value, list) else array("q", (value,)) * k)
+    def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
+                   num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:  # fmt: skip
+        """k plain decode steps of a fast-forwarded run: their starts, durations and slot counts (SHARE_NAMES order),
+        the sequences each decodes, the running and waiting requests (a list of k where requests arrived and queued
+        during the run: such a run is kept step by step) and the requests it preempted (a run of one step)."""
+        k = len(durations)
+        self.time.extend(starts)
+        self.duration.extend(durations)
+        self.shares.extend(chain.from_iterable(seen))
+        self.running += num_running * k
+        # RLE_COLUMNS: no prompt, one token a sequence, no swap or copy
+        if not isinstance(num_waiting, list):
+            self.repeats.append(k)
+            self.values.extend((0, num_seqs, num_running, num_seqs, 0, num_waiting, num_preempted, 0, 0, 0))
+            return
+        for waiting in num_waiting:  # (rare: a run during which requests arrived and queued)
+            self.repeats.append(1)
+            self.values.extend((0, num_seqs, num_running, num_seqs, 0, waiting, num_preempted, 0, 0, 0))
 
     def totals(self) -> tuple[int, int, float | None]:
         """(steps, the sum of num_running over them, their simulated seconds; None: sum the table's column)."""
-        return len(self.rows["time"]), sum(self.rows["num_running"]), None
+        return len(self.time), self.running, None
 
     def to_table(self) -> Table:
-        return Table({k: np.array(v, dtype=float if k in FLOAT_STEP_COLUMNS else np.int64) for k, v in self.rows.items()})
+        repeats = np.frombuffer(self.repeats, dtype=np.int64) if self.repeats else np.zeros(0, np.int64)
+        values = np.array(self.values, dtype=np.int64).reshape(-1, len(RLE_COLUMNS))
+        shares = np.array(self.shares, dtype=np.int64).reshape(-1, len(SHARE_NAMES))
+        columns = {"time": np.array(self.time, dtype=float), "duration": np.array(self.duration, dtype=float)}
+        columns |= {name: shares[:, i].copy() for i, name in enumerate(SHARE_NAMES)}
+        columns |= {name: np.repeat(values[:, i], repeats) for i, name in enumerate(RLE_COLUMNS)}
+        return Table({name: columns[name] for name in STEP_COLUMNS})
 
 
 class StepTotals:
@@ -131,11 +166,10 @@ class StepTotals:
         self.running += row[self._running_at]
         self.busy += row[1]
 
-    def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]],
-                   constants: dict[str, int]) -> None:  # fmt: skip
-        k = len(durations)
-        self.num_steps += k
-        self.running += constants["num_running"] * k
+    def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
+                   num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:  # fmt: skip
+        self.num_steps += len(durations)
+        self.running += num_running * len(durations)
         for duration in durations:
             self.busy += duration
 
