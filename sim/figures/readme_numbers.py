@@ -631,6 +631,27 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
                     f"{tps['HF all']:,.0f}")),)  # fmt: skip
 
 
+def engine_profile(f: Files) -> tuple[Table, ...]:
+    """Where the CPU engine's time goes on the two peer workloads (tools/engine_profile.py), and the bound it sets."""
+    rows = []
+    for name, label in (("engine_profile_cpu", "bench"), ("engine_profile_cpu_long", "long")):
+        by = {r["section"]: r for r in f.rows(name) if r["section"] != "step"}
+        total, decode = by["total"], by["decode_steps"]
+        wall = float(total["wall_ms"])
+        share = lambda key: f"{float(total[key]) / wall:.0%}"  # noqa: E731
+        rows.append((label, label, f"{wall / 1e3:.1f} s", f"{share('gemm_ms')} ({float(total['gemm_gflops']):.0f} "
+                     f"GFLOPS)", share("attention_ms"), share("other_ms"), share("outside_ms"),
+                     f"{float(decode['weights_gbps']):.1f} / {float(decode['decode_kv_gbps']):.1f}",
+                     f"{float(by['bound']['value']):.2f}x", f"{float(by['needed_cut']['value']):.0%}"))  # fmt: skip
+    peak = float(f.one("engine_profile_cpu", section="gemm_peak")["value"])
+    bandwidth = float(f.one("engine_profile_cpu", section="read_bandwidth")["value"])
+    caption = (f"From `figures/engine_profile_cpu.csv` and `figures/engine_profile_cpu_long.csv` (this core: float32 "
+               f"GEMM peak {peak:.0f} GFLOPS, memory read {bandwidth:.1f} GB/s):")
+    return (_table(caption, ("workload", "wall", "GEMMs", "attention", "rest of the forward", "outside the forward",
+                             "decode steps: weights / K/V read (GB/s)", "bound (wall / GEMMs)",
+                             "a 1.25x speed-up must remove"), *rows),)  # fmt: skip
+
+
 BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "install": install,
     "memory-waste": memory_waste,
@@ -648,6 +669,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "kv-accuracy": kv_accuracy,
     "peer": peer,
     "peer-checks": peer_checks,
+    "engine-profile": engine_profile,
     "gpu": gpu,
     "benchmarks": benchmarks,
 }
