@@ -238,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     comments = [f"machine: {machine_description()}", f"command: {shlex.join(['python', 'tools/engine_profile.py', *(argv if argv is not None else sys.argv[1:])])}",
                 f"workload: {describe_workload(args.workload, requests)}; SmolLM2-135M float32",
                 f"date: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}", f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
-    write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=args.out == DEFAULT_OUT)
+    try:
+        write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=args.out == DEFAULT_OUT)
+    except OSError as exc:  # an output that passed its checks and still cannot be written (a full disk, /proc)
+        print(f"python tools/engine_profile.py: error: cannot write {args.out}: {exc.strerror or exc} (nothing was "
+              "replaced; the numbers are printed above)", file=sys.stderr)  # fmt: skip
+        return 1
     print(f"wrote {args.out}")
     return 0
 

@@ -101,6 +101,19 @@ def test_the_command_writes_its_csv_and_refuses_bad_flags(tmp_path, capsys):
         assert exc.value.code == 2
 
 
+def test_an_output_that_cannot_be_written_is_one_line_after_the_numbers(tmp_path, monkeypatch, capsys):
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("sim.outfiles.write_csv", full_disk)
+    out = tmp_path / "profile.csv"
+    assert engine_profile.main(["--num-requests", "1", "--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert "bound (wall / gemm)" in printed.out and not out.exists()
+    assert printed.err.strip().splitlines() == [f"python tools/engine_profile.py: error: cannot write {out}: No space "
+                                                "left on device (nothing was replaced; the numbers are printed above)"]
+
+
 def test_the_readme_block_is_the_committed_profiles_recomputed_by_hand():
     from sim.figures.readme_numbers import Files, make_block
 
