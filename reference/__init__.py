@@ -6,6 +6,10 @@ Imports are lazy so that `import reference.attention` or `reference.models` does
 """
 from __future__ import annotations
 
+from reference.cpu_allocator import huge_pages as _huge_pages
+
+_huge_pages()  # before any model loads: torch reads its switch at its first large allocation (see there)
+
 _EXPORTS = {
     "LLM": "reference.llm",
     "SamplingParams": "reference.sampling",
