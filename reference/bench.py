@@ -172,6 +172,12 @@ def time_engine(llm, requests: list[Request], outputs: dict[str, list[int]] | No
     return time.perf_counter() - started, llm.stats
 
 
+def whole_workload_blocks(requests: list[Request], block_size: int = 16) -> int:
+    """A KV pool (blocks of `block_size` tokens) that holds every request at once, with 16 blocks to spare: no
+    preemption, so a throughput comparison is about batching."""
+    return sum(-(-r.total_len // block_size) for r in requests) + 16
+
+
 def engine_throughput(requests: list[Request], dtype: str = "float32",
                       outputs: dict[str, list[int]] | None = None) -> dict:
     """The engine's row, SmolLM2 in `dtype` (see time_engine for `outputs`); a 16-bit run's note also names the
@@ -181,8 +187,7 @@ def engine_throughput(requests: list[Request], dtype: str = "float32",
     from reference import LLM
     from reference.models import load_model
 
-    # A pool that holds every request at once (no preemption): the throughput comparison is about batching.
-    blocks = sum(-(-r.total_len // 16) for r in requests) + 16
+    blocks = whole_workload_blocks(requests)
     threads = torch.get_num_threads()  # the run's (--threads): an LLM takes one thread unless OMP_NUM_THREADS says
 
     def engine():

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reference.bench import bench_workload, result_row, time_engine, time_hf_batches
+from reference.bench import bench_workload, result_row, time_engine, time_hf_batches, whole_workload_blocks
 from reference.cli_parser import Parser
 from sim.outfiles import check_outputs, write_csv
 
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             rows.append(equality_row(name, ours, hf_greedy(hf, prompts, new_tokens)))
             del hf
         requests = bench_workload(args.num_requests, quick=smoke, seed=args.seed, vocab_size=vocab)
-        blocks = sum(-(-r.total_len // 16) for r in requests) + 16
+        blocks = whole_workload_blocks(requests)
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         name = str(dtype).removeprefix("torch.")
         llm_args = dict(device=device, dtype=dtype, num_gpu_blocks=blocks, block_size=16)

@@ -156,8 +156,8 @@ class _Injector:
         if method in ("uncache", "get_computed_tokens") or not args:
             return set()
         ids = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-        seqs = self.llm.scheduler._seqs  # the harness may read the scheduler's own table
-        return {seqs[i].request_id for i in ids if i in seqs}
+        request_of = self.llm.scheduler.request_of
+        return {r for r in map(request_of, ids) if r is not None}
 
     def _wrap(self, target: str, real: Callable) -> Callable:
         def call(*args, **kwargs):

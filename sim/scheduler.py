@@ -211,6 +211,11 @@ class Scheduler:
         """The request's current sequences (finished ones included, dropped beams not), in beam order."""
         return [s.seq_id for s in self._group(request_id).seqs]
 
+    def request_of(self, seq_id: int) -> int | None:
+        """The request sequence `seq_id` belongs to; None if the scheduler holds no such sequence (a dropped beam)."""
+        seq = self._seqs.get(seq_id)
+        return None if seq is None else seq.request_id
+
     def num_generated(self, seq_id: int) -> int:
         return self._seqs[seq_id].num_generated + self._lag(seq_id)
 

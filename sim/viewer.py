@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .config import RUN_DEFAULTS
 from .kv.base import SHARE_NAMES
 from .outfiles import atomic_write, check_outputs
 from .viewer_draw import draw
@@ -128,8 +129,8 @@ def record(*, max_steps: int = MAX_FRAMES, **run_kwargs) -> list[Snapshot]:
             raise _Enough
 
     base = dict(DEMO_RUN)
-    if run_kwargs.get("policy", "paged") != "paged":
-        base.pop("block_size")  # DEMO_RUN's blocks are the paged pool's; another policy takes its own default
+    if run_kwargs.get("policy", RUN_DEFAULTS["policy"]) != RUN_DEFAULTS["policy"]:
+        base.pop("block_size")  # DEMO_RUN's blocks are the default policy's pool; another takes its own default
     if {"requests", "trace", "workload"} & set(run_kwargs):  # the caller's own workload: none of DEMO_RUN's
         for key in ("workload", "num_requests", "arrival", "prompt_len_range", "output_len_range"):
             base.pop(key)

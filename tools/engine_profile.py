@@ -94,11 +94,12 @@ def profile(requests, threads: int, loaded: tuple | None = None) -> list[dict]:
     import torch
 
     from reference import LLM, SamplingParams
+    from reference.bench import whole_workload_blocks
     from reference.models import llama, load_model
 
     torch.set_num_threads(threads)
     model, tokenizer = loaded if loaded is not None else load_model("smollm2", dtype=torch.float32)[:2]
-    blocks = sum(-(-r.total_len // 16) for r in requests) + 16  # as reference.bench.engine_throughput sizes it
+    blocks = whole_workload_blocks(requests)  # as reference.bench.engine_throughput sizes it
 
     def serve(reqs, rows: list | None) -> None:
         llm = LLM.from_loaded(model, tokenizer, block_size=16, num_gpu_blocks=blocks)

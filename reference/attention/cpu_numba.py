@@ -187,7 +187,7 @@ def _decode_kernel(query, key_cache, value_cache, block_tables, seq_lens, scale,
                     top = max(top, scores[head, t])
                 total = np.float32(0.0)
                 for t in range(span):
-                    p = _exp(scores[head, t] - top)
+                    p = fast_exp(scores[head, t] - top)
                     scores[head, t] = p
                     total += p
                 inv_total[head] = np.float32(1.0) / total
@@ -218,7 +218,7 @@ def _exp_float32(x):
     return p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)  # times 2^n
 
 
-_exp = numba.njit(fastmath=True, inline="always")(_exp_float32) if numba is not None else None
+fast_exp = numba.njit(fastmath=True, inline="always")(_exp_float32) if numba is not None else None
 
 
 _compiled = None

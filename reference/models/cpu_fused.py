@@ -37,7 +37,7 @@ import torch
 
 from reference.attention import cpu_numba
 
-_exp = cpu_numba._exp  # float32 exp that vectorizes (see there)
+_exp = cpu_numba.fast_exp  # float32 exp that vectorizes (see there)
 numba = cpu_numba.numba  # None without numba: the model then never takes this path (see available())
 available = cpu_numba.available
 PARALLEL_ROWS = 64  # rows from which the loops run on all threads (fewer: one thread; a wake-up costs more)
