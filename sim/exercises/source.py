@@ -8,8 +8,8 @@
   * in a cell that defines a class or a function (where the student's code lives): every top-level definition,
     import and assignment, whatever its value calls (`MIN_SIZES = list(range(1, 2))`, `TABLE = build()`,
     `MyClass.free = free`), and the `if` / `try` / `with` blocks around definitions (a guarded import);
-  * in any other cell: imports, assignments that call nothing (constants), and an assignment that calls something
-    only when kept code reads the name it binds (a constant computed in a cell of its own);
+  * in any other cell: imports, constant assignments (no call, index, attribute or comprehension in the value), and
+    any other assignment only when kept code reads the name it binds (a constant computed in a cell of its own);
   * never: bare expressions (the `check(...)` cell, plots, prints), loops, IPython lines (`%magic`, `!shell`), and
     an assignment whose value calls the grader itself (`report = check(...)`).
 
@@ -154,7 +154,7 @@ def _run_notebook(path: Path, namespace: dict[str, Any]) -> None:
 def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[str, str]) -> list[_Statement]:
     """The statements to run, in notebook order (see the module docstring); notes skipped cells on the way."""
     always: list[_Statement] = []  # kept whatever they read
-    maybe: list[_Statement] = []  # assignments with calls outside the definition cells: kept if their name is read
+    maybe: list[_Statement] = []  # assignments that compute, outside the definition cells: kept if their name is read
     for number, cell in enumerate(cells, 1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
@@ -213,7 +213,7 @@ _ASSIGNMENTS = (ast.Assign, ast.AnnAssign, ast.AugAssign)
 
 
 def _kind(node: ast.stmt, in_definition_cell: bool) -> str:
-    """'keep', 'if read' (an assignment with calls outside the definition cells) or 'drop'."""
+    """'keep', 'if read' (an assignment that computes, outside the definition cells) or 'drop'."""
     if isinstance(node, _DEFINITIONS):
         return "keep"
     if isinstance(node, _ASSIGNMENTS):
@@ -221,7 +221,7 @@ def _kind(node: ast.stmt, in_definition_cell: bool) -> str:
             return "keep"
         if _calls_grader(node.value):
             return "drop"
-        if in_definition_cell or not _calls(node.value):
+        if in_definition_cell or not _computes(node.value):
             return "keep"
         return "if read"
     if in_definition_cell and isinstance(node, (ast.If, ast.Try, ast.With)) and _only_definitions(node):
@@ -245,8 +245,15 @@ def _only_definitions(node: ast.stmt) -> bool:
     return True
 
 
-def _calls(expr: ast.AST) -> bool:
-    return any(isinstance(n, (ast.Call, ast.Await)) for n in ast.walk(expr))
+_COMPUTATIONS = (ast.Call, ast.Await, ast.Subscript, ast.Attribute, ast.ListComp, ast.SetComp, ast.DictComp,
+                 ast.GeneratorExp)  # fmt: skip
+
+
+def _computes(expr: ast.AST) -> bool:
+    """Whether a value is more than a constant: it calls, indexes, reads an attribute or loops (a comprehension).
+    `N = 4` and `SIZES = [1, N]` are constants; `chunks = [r.x for r in engines["a"].log]` reads an experiment's
+    results, which the grader did not run."""
+    return any(isinstance(n, _COMPUTATIONS) for n in ast.walk(expr))
 
 
 def _calls_grader(expr: ast.AST) -> bool:

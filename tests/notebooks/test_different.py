@@ -165,6 +165,16 @@ def test_different_notebook_with_a_broken_scratch_cell_gets_full_marks(path, tmp
     assert "SyntaxError" in skipped[0]
 
 
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_notebooks_own_cells_cost_no_note(name, tmp_path):
+    """The solution in place of the skeleton: the notebook's own experiment cells are never noted as skipped (lab 7's
+    `chunks = [... engines["chunked"] ...]` read an experiment the grader does not run, in every student's report)."""
+    module = EXERCISES[name].solution
+    student = tmp_path / f"{name}_student.ipynb"
+    nbformat.write(_student_notebook(name, [(NOTEBOOKS / "solutions" / f"{module}.py").read_text()]), student)
+    assert notes(load(student)) == []
+
+
 # --- the reported case, exactly --------------------------------------------------------------------------------
 FIRST_FIT = (NOTEBOOKS / "solutions" / "first_fit.py").read_text()
 WITH_MIN_SIZES = (FIRST_FIT.replace("class MyFirstFitAllocator:", "MIN_SIZES = list(range(1, 2))\n\n\nclass "

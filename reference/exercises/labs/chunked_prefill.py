@@ -64,7 +64,7 @@ def _close(t: Story, what: str, found, expected) -> None:
     if not isinstance(found, torch.Tensor) or found.shape != expected.shape:
         shape = list(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
         t.ensure(False, f"{what}: expected a tensor of shape {list(expected.shape)}, found {shape}")
-    bad = ~torch.isclose(found.float(), expected, atol=1e-5)
+    bad = ~torch.isclose(found.float(), expected.float(), atol=1e-5)  # either may be float64 (a student's own)
     if expected.numel() <= 8:
         t.ensure(not bad.any(), f"{what}: expected {_short(expected)}, found {_short(found)}")
     elif bad.any():

@@ -79,8 +79,8 @@ def online_steps(make, t: Story) -> None:
     for scores, values, (m, l, acc) in blocks:
         step = t.do(dec, "online_softmax_step", state[0], state[1], state[2], np.array(scores),
                     np.array(values)[:, None])  # fmt: skip
-        t.ensure(isinstance(step, tuple) and len(step) == 3, f"online_softmax_step returned {step!r}: expected a "
-                 f"tuple (m, l, acc)")  # fmt: skip
+        t.ensure(isinstance(step, (tuple, list)) and len(step) == 3, f"online_softmax_step returned {step!r}: "
+                 f"expected the three values (m, l, acc)")  # fmt: skip
         expect_close(t, f"(m, l, acc[0]) after the block with scores {scores}",
                      [step[0], step[1], np.asarray(step[2]).reshape(-1)[0]], [m, l, acc])  # fmt: skip
         state = step

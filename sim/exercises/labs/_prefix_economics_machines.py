@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
+from ..report import same
 from ._prefix_economics_oracle import ProjectPrefixCache, Request, conversation_trace
 
 # One request: (which earlier request to start from, where to cut it, how many new tokens, their ids as the digits
@@ -44,7 +45,7 @@ def _show(tokens: list[int]) -> str:
 
 
 def _compare(what: str, found: Any, expected: Any) -> None:
-    if found != expected:
+    if not same(found, expected):
         raise AssertionError(f"{what}: expected {expected!r}, found {found!r}")
 
 

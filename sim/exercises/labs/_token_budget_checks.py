@@ -16,6 +16,7 @@ stops often, so skipping ahead shows), "long" (more, longer requests over more s
 """
 from __future__ import annotations
 
+import numbers
 import unittest
 from typing import Any, Callable
 
@@ -61,15 +62,20 @@ def _blocks(r: RequestState, tokens: int, block_size: int) -> int:
     return -(-(r.num_computed_tokens + tokens) // block_size) - -(-r.num_computed_tokens // block_size)
 
 
+def _whole(x: Any) -> bool:
+    """An integer of any kind (int, numpy.int64), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def judge(requests: list[RequestState], free: int, run: dict, found: Any, expected: dict[int, int]) -> None:
     """Raise AssertionError naming the first rule the student's plan `found` breaks."""
     where = f"schedule(..., num_free_blocks={free}) with budget {run['budget']}, max_num_seqs {run['max_num_seqs']}"
     by_id = {r.request_id: r for r in requests}
-    ok = isinstance(found, dict) and all(type(k) is int and k in by_id and type(v) is int and v > 0
-                                         for k, v in found.items())  # fmt: skip
+    ok = isinstance(found, dict) and all(_whole(k) and k in by_id and _whole(v) and v > 0 for k, v in found.items())
     if not ok:
-        raise AssertionError(f"{where} returned {found!r}: expected a dict {{request_id: tokens > 0}} over the "
-                             f"requests given, leaving out those that get no token")  # fmt: skip
+        raise AssertionError(f"{where} returned {found!r}: expected a dict {{request_id: tokens > 0}} (whole numbers) "
+                             f"over the requests given, leaving out those that get no token")  # fmt: skip
+    found = {int(k): int(v) for k, v in found.items()}  # numpy integers are whole numbers too
     fed = sum(found.values())
     if fed > run["budget"]:
         raise AssertionError(f"{where} -> {found}: {fed} tokens, over the budget of {run['budget']} "
