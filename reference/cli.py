@@ -145,6 +145,7 @@ def run_serve(a: argparse.Namespace) -> int:
         raise UsageError("serve needs FastAPI and uvicorn (allowed: pip install -e '.[serve]', or make install)")
     if not 0 <= a.port <= 65535:
         raise UsageError(f"--port {a.port} (allowed: an integer from 0 to 65535)")
+    _check_address(a.host, a.port)
     from reference import LLM
     from reference.server import run_server
 
@@ -159,6 +160,26 @@ def run_serve(a: argparse.Namespace) -> int:
         raise UsageError(" ".join(str(exc).split())) from None
     run_server(llm, a.served_model_name or a.model, a.host, a.port)
     return 0
+
+
+def _check_address(host: str, port: int) -> None:
+    """UsageError unless this process can listen on (host, port): checked before the model loads, which takes
+    seconds (uvicorn would only then say "address already in use", and exit 3)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host}: not an address of this machine ({exc}) (allowed: an IP address or host name "
+                         f"of this machine, e.g. 127.0.0.1 or 0.0.0.0)") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UsageError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}) (allowed: a "
+                             f"free port of an address of this machine; --port 0 picks a free one)") from None
 
 
 def _add_generate_parser(sub) -> None:
@@ -230,6 +251,7 @@ def _choice(allowed: tuple[str, ...]):
 def _check_generate_args(a: argparse.Namespace) -> None:
     """The flag rules, each with its allowed range (the engine checks again; this gives CLI wording)."""
     from reference.attention.quant import KV_DTYPES
+    from reference.prompts import check_text
     from reference.sampling import REPETITION_PENALTY_RANGE  # (imports torch: not at the top, --help stays quick)
 
     rules = [
@@ -274,6 +296,10 @@ def _check_generate_args(a: argparse.Namespace) -> None:
     for ok, what, allowed in rules:
         if not ok:
             raise UsageError(f"{what} (allowed: {allowed})")
+    try:  # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+        check_text(a.prompt, "the prompt")
+    except ValueError:
+        raise UsageError("the prompt holds bytes that are not UTF-8 (allowed: UTF-8 text)") from None
 
 
 def _prompt_for(tokenizer, config, a: argparse.Namespace):
@@ -390,6 +416,8 @@ def _run_steps(llm, request_id: str, *, stream: bool, hold: int = 0):
     prints each completion when it finishes. Returns the request's final RequestOutput (None if it never ran).
     hold: the longest stop string; while running, that many characters but one stay unprinted, since a stop
     string completed later cuts them."""
+    from reference.outputs import settled_text
+
     printed, done, final = "", set(), None
     while llm.has_unfinished_requests():
         for out in llm.step():
@@ -397,10 +425,7 @@ def _run_steps(llm, request_id: str, *, stream: bool, hold: int = 0):
                 continue
             final = out
             if stream and len(out.outputs) == 1:
-                # NOTE: a partly decoded multi-byte character shows as U+FFFD until its last byte arrives:
-                # hold it back rather than print a character that will change.
-                text = out.outputs[0].text.rstrip("\ufffd")
-                text = text[:max(0, len(text) - hold + 1)] if hold else text
+                text = settled_text(out.outputs[0].text, False, hold)  # finished: the final print below
                 if text.startswith(printed) and len(text) > len(printed):
                     print(text[len(printed):], end="", flush=True)
                     printed = text

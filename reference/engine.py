@@ -72,7 +72,7 @@ class _Seq:
     logprobs: list[dict] | None = None  # per token {id: (logprob, rank)}, when the params ask for them
     stop_reason: int | str | None = None
     stop_token: bool = False  # stopped by an end-of-sequence or stop token: its text is left out of the text
-    text_len: int = 0  # characters of the text decoded so far (stop strings: only new text is searched)
+    text_len: int = 0  # characters of the text searched for stop strings so far (check_stop_strings: only new text)
     text_end: int | None = None  # a stop string cut the text here
 
 
@@ -139,6 +139,7 @@ class LLMEngine:
                  seed: int = 0) -> None:
         self.scheduler, self.kv_manager, self.executor = scheduler, scheduler.kv, executor
         self.config, self.tokenizer = config, tokenizer  # the model's config (eos ids, vocabulary); its tokenizer
+        self._max_token_chars: int | None = None  # the vocabulary's longest token, in characters (when first asked)
         self.stats = EngineStats()
         self.step_log: list[StepRecord] = []
         self.arrivals: dict[int, tuple[float, int, int]] = {}  # scheduler id -> (arrival s, prompt len, max tokens)
@@ -223,6 +224,12 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def is_unfinished(self, request_id: str | int) -> bool:
+        """Whether the engine still holds this request (waiting, running or swapped): False once it finished or
+        was aborted (by abort(), or by a failed step that touched it), and for an id it was never given."""
+        rid = self._ids.scheduler_id(request_id)
+        return rid is not None and rid in self._requests
 
     # --- one iteration --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -439,8 +446,7 @@ class LLMEngine:
                 seq.finish_reason, seq.stop_token, seq.stop_reason = "stop", True, token
         if p.stop and n > p.min_tokens and not seq.stop_token:
             text = self._decode(seq.token_ids, p.skip_special_tokens)
-            hit = find_stop_string(text, len(text) - seq.text_len, p.stop, p.include_stop_str_in_output)
-            seq.text_len = len(text)
+            hit, seq.text_len = check_stop_strings(text, seq.text_len, p.stop, p.include_stop_str_in_output)
             if hit is not None:
                 seq.finish_reason, (seq.stop_reason, seq.text_end) = "stop", hit
         if seq.finish_reason is None and n >= state.max_tokens:
@@ -524,10 +530,17 @@ class LLMEngine:
                                                   self.scheduler.num_waiting, self.kv_manager.block_size))
 
 
+def check_stop_strings(text: str, checked: int, stop: list[str], include: bool) -> tuple[tuple[str, int] | None, int]:
+    """A step's stop-string check: find_stop_string over the text past its first `checked` characters; (the hit,
+    the characters checked from now on). A trailing partly decoded character (U+FFFD until its last byte comes) is
+    not counted as checked: when it completes, the text's length may not change, yet a stop string may end there."""
+    return find_stop_string(text, len(text) - checked, stop, include), len(text.rstrip("\ufffd"))
+
+
 def find_stop_string(text: str, new_chars: int, stop: list[str], include: bool) -> tuple[str, int] | None:
     """vLLM's check_stop_strings: the first stop string (in the list's order) found in the text's newest
     `new_chars` characters (or overlapping them); (the string, where the text ends: -1 for no cut)."""
-    if not new_chars:
+    if new_chars <= 0:
         return None
     for s in stop:
         index = text.find(s, 1 - new_chars - len(s))

@@ -6,9 +6,9 @@ request's latencies measured at the client.
 Each request of the trace (sim.trace.read_trace: .jsonl or .csv, arrival_time / prompt_len / output_len / n) is sent
 at its arrival time, measured from the run's start, to /v1/completions as `prompt_len` token ids (drawn per request
 from a seeded generator, so a rerun sends the same prompts), `max_tokens` = output_len with `ignore_eos` (exactly
-that many tokens), greedy, streamed. At the client: TTFT (send to the first chunk with text), the mean and the
-largest gap between chunks with text (the server sends one chunk per engine step with new text, so these are
-inter-token latencies up to tokens whose text arrives in a later chunk), and end to end. Without --url the server
+that many tokens), greedy, streamed. At the client: TTFT (send to the first chunk), the mean and the largest gap
+between chunks (the server sends one chunk per engine step that gave the request a token, its text empty while a
+character's bytes are incomplete, so these are inter-token latencies), and end to end. Without --url the server
 runs in this process on SmolLM2 (the flags below are its settings); with --url, whatever serves there.
 
 The CSV (one row per request, `# ` lines with the machine, the command and the server) and a printed summary:
@@ -72,6 +72,8 @@ def check_args(a: argparse.Namespace) -> None:
     if not a.requests:
         raise ValueError(f"--trace {a.trace}: no requests in it")
     check_requests(a.requests, f"--trace {a.trace}")
+    if a.url is not None:
+        check_server(a.url)
     a.llm = None
     if a.url is None:  # the server's engine, built here: a pool this machine cannot hold is one line, not a traceback
         from reference import LLM
@@ -80,6 +82,20 @@ def check_args(a: argparse.Namespace) -> None:
             a.llm = LLM(a.model, num_gpu_blocks=a.num_gpu_blocks, block_size=a.block_size)
         except (TypeError, ValueError) as exc:
             raise ValueError(" ".join(str(exc).split())) from None
+
+
+def check_server(url: str) -> None:
+    """ValueError, one line, unless `url` is a server answering GET /v1/models (checked before the run starts)."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=10)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # refused, unresolvable, a malformed URL
+        raise ValueError(f"--url {url}: no server answers there ({type(exc).__name__}: {exc}) (allowed: the address "
+                         f"of a running `python -m reference serve`, http://host:port)") from None
+    if response.status_code != 200:
+        raise ValueError(f"--url {url}: GET /v1/models answered HTTP {response.status_code}, not an OpenAI-compatible "
+                         f"server's list (allowed: the address of a running `python -m reference serve`)")
 
 
 def check_requests(requests: list, where: str) -> None:
@@ -99,7 +115,7 @@ class Measured:
     ttft: float = math.nan
     itl_mean: float = math.nan
     itl_max: float = math.nan
-    last_token: float = math.nan  # the last chunk with text
+    last_token: float = math.nan  # the last chunk
     e2e_latency: float = math.nan
     num_chunks: int = 0
     response_id: str = ""  # the server's id of the response ("cmpl-...")
@@ -134,7 +150,9 @@ async def _one(http, base: str, request, seed: int, start: float, gate: asyncio.
                     chunk = json.loads(line[6:])
                     response_id = response_id or chunk.get("id", "")
                     choice = chunk.get("choices", [{}])
-                    if choice and choice[0].get("index", 0) == 0 and choice[0].get("text"):
+                    # NOTE: every chunk of sample 0, its text empty or not: the server sends one per step that gave it
+                    # a token, with empty text while a character's bytes are incomplete (random prompts' outputs)
+                    if choice and choice[0].get("index", 0) == 0:
                         chunks.append(time.perf_counter())
             end = time.perf_counter()
         except Exception as exc:  # noqa: BLE001  (a failed request is a row of the result, not a crash)
@@ -176,7 +194,11 @@ def _start_server(a: argparse.Namespace):
 def blocks_used(base: str) -> float | None:
     import httpx
 
-    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+    try:
+        text = httpx.get(base + "/metrics", timeout=30).text
+    except httpx.HTTPError:  # the server went away during the run: the blocks it holds are unknown
+        return None
+    for line in text.splitlines():
         if line.startswith("lab:kv_cache_blocks_used "):
             return float(line.split()[1])
     return None

@@ -17,6 +17,17 @@ from sim.plan import StepPlan
 FINISH_REASONS = ("stop", "length", "abort")
 
 
+def settled_text(text: str, finished: bool, hold: int = 0) -> str:
+    """The part of a completion's text that no later token changes, for streaming it: all of it once finished;
+    while running, without a trailing partly decoded character (U+FFFD until its last byte arrives: "中" is three
+    bytes, an emoji four, often over two tokens) and without the last `hold - 1` characters, `hold` being the
+    longest stop string (a later token may complete it, and the text is then cut before it)."""
+    if finished:
+        return text
+    text = text.rstrip("\ufffd")
+    return text[: max(0, len(text) - hold + 1)] if hold else text
+
+
 @dataclass(slots=True)
 class Logprob:
     """One token's log-probability in a CompletionOutput's `logprobs` or a RequestOutput's `prompt_logprobs`

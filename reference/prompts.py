@@ -36,10 +36,21 @@ def prompt_list(prompts) -> list:
     return list(prompts)
 
 
+def check_text(text: str, where: str) -> str:
+    """`text` if UTF-8 can encode it, else ValueError naming the first character it cannot: a lone surrogate, which
+    Python makes of bytes that are not UTF-8 (a command-line argument, surrogateescape) or JSON's "\\udfff"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} is not valid text: character {exc.start} is {text[exc.start]!r}, a lone "
+                         f"surrogate (allowed: text that UTF-8 can encode)") from None
+    return text
+
+
 def prompt_parts(prompt, where: str) -> tuple[str | None, list[int] | None]:
     """(text, None) or (None, token ids) of one prompt; the ids are ints, not yet checked against the vocabulary."""
     if isinstance(prompt, str):
-        return prompt, None
+        return check_text(prompt, where), None
     if isinstance(prompt, dict):
         if len(prompt) != 1 or not set(prompt) <= set(_PROMPT_KEYS):
             raise ValueError(f"{where}: a prompt dict takes exactly one of the keys 'prompt', 'prompt_token_ids', "
@@ -48,7 +59,7 @@ def prompt_parts(prompt, where: str) -> tuple[str | None, list[int] | None]:
         if key == "prompt":
             if not isinstance(value, str):
                 raise TypeError(f"{where}: the value of 'prompt' must be a str, got {type(value).__name__}")
-            return value, None
+            return check_text(value, where), None
         if not isinstance(value, (list, tuple, np.ndarray)):
             raise TypeError(f"{where}: the value of 'prompt_token_ids' must be a list of token ids, "
                             f"got {type(value).__name__}")
@@ -107,6 +118,7 @@ def _message(message, where: str) -> dict:
         raise TypeError(f"{where}: 'role' must be a str, got {_describe(message['role'])}")
     content = message["content"]
     if isinstance(content, str):
+        check_text(content, f"{where}: its 'content'")
         return message
     if not isinstance(content, (list, tuple)):
         raise TypeError(f"{where}: 'content' must be a str or a list of parts, got {_describe(content)}")
@@ -120,7 +132,7 @@ def _message(message, where: str) -> dict:
                              "(allowed: {'type': 'text', 'text': str})")
         if not isinstance(part.get("text"), str):
             raise TypeError(f"{where}: content part {j}: 'text' must be a str, got {_describe(part.get('text'))}")
-        texts.append(part["text"])
+        texts.append(check_text(part["text"], f"{where}: content part {j}"))
     return {**message, "content": "\n".join(texts)}
 
 

@@ -27,6 +27,7 @@ import asyncio
 import json
 import math
 import queue
+import re
 import threading
 import time
 import uuid
@@ -38,8 +39,10 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from reference.outputs import RequestMetrics, RequestOutput
+from reference.outputs import RequestMetrics, RequestOutput, settled_text
 from sim.pool_page import pool_html, snapshot_json
 
 # vLLM's histogram buckets (vllm/engine/metrics.py), seconds
@@ -160,10 +163,11 @@ class EngineLoop:
                 continue
             try:
                 outputs = llm.step()
-            except Exception as exc:  # noqa: BLE001  (the step aborted what it touched; fail every open request)
+            except Exception as exc:  # noqa: BLE001  (the step aborted what it touched: those requests fail)
                 for request_id in list(self.sinks):
-                    llm.abort(request_id)
-                    self.sinks.pop(request_id)(exc)
+                    if not llm.is_unfinished(request_id):  # the others stay queued and later steps serve them
+                        self.sinks.pop(request_id)(exc)
+                self._take_snapshot()  # /metrics and the pool page without the aborted requests' blocks
                 continue
             self._record_pool()
             for out in outputs:
@@ -290,9 +294,27 @@ def sampling_params(body: dict, *, logprobs: int | None, default_max_tokens: int
     try:
         return SamplingParams(**given)
     except (TypeError, ValueError) as exc:
-        message = str(exc)
-        param = next((name for name in (*_SAMPLING_FIELDS, "logprobs") if message.startswith(name)), None)
-        raise APIError(400, message, param) from None
+        raise APIError(400, str(exc), field_of(str(exc))) from None
+
+
+def field_of(message: str, default: str | None = None) -> str | None:
+    """The request field an engine message is about: the one it starts with ("stop_token_ids must ...", never
+    "stop"), or names after "SamplingParams: " (add_request's checks); else `default`."""
+    names = "|".join(sorted((*_SAMPLING_FIELDS, "logprobs"), key=len, reverse=True))
+    found = re.match(rf"(?:.*SamplingParams: )?({names})\b", message)
+    return found.group(1) if found else default
+
+
+_UNSERVED = {"echo": (False,), "best_of": (None, 1), "logit_bias": (None, {})}  # OpenAI fields this server lacks
+
+
+def refuse_unserved(body: dict) -> None:
+    """A field this server does not implement, set to anything but its no-op value: 400, never silently ignored."""
+    for name, no_ops in _UNSERVED.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in no_ops):
+            allowed = " or ".join("null" if v is None else json.dumps(v) for v in no_ops)
+            raise APIError(400, f"{name} is not supported by this server, got {json.dumps(body[name])[:80]} "
+                                f"(allowed: {allowed}, or leave it out)", name)  # fmt: skip
 
 
 def check_body(body: Any, required: tuple[str, ...], types: dict[str, tuple]) -> dict:
@@ -347,6 +369,13 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         name = ".".join(str(part) for part in first["loc"] if part != "body") or None
         return JSONResponse(APIError(400, f"{name or 'the request'}: {first['msg']}", name).body(), status_code=400)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # an unknown path, a wrong method
+        kind = {404: "not_found_error", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request_error")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(APIError(exc.status_code, message, kind=kind).body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))  # fmt: skip
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):  # never a traceback to the client
         error = APIError(500, f"{type(exc).__name__}: {exc}", kind="internal_server_error")
@@ -355,15 +384,17 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
     async def json_body(request: Request) -> Any:
         try:
             return await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's parser goes
             raise APIError(400, "the request body is not valid JSON") from None
+        except ClientDisconnect:
+            raise APIError(499, "the client closed the request", kind="client_closed_request") from None
 
     def check_model(body: dict) -> None:
         if body.get("model") not in (None, model_name):
             raise APIError(404, f"the model {body['model']!r} does not exist (this server serves {model_name!r})",
                            "model", "model_not_found")  # fmt: skip
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         engine = loop_holder.get("engine")
         if engine is None or not engine.alive:
@@ -423,6 +454,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         body = check_body(await json_body(request), ("prompt",), {**_COMMON_TYPES, "prompt": (str, list),
                                                                   "logprobs": (int,)})  # fmt: skip
         check_model(body)
+        refuse_unserved(body)
         prompt = body["prompt"]
         if isinstance(prompt, list):
             if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -442,18 +474,25 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
                                                                     "logprobs": (bool,), "top_logprobs": (int,),
                                                                     "max_completion_tokens": (int,)})  # fmt: skip
         check_model(body)
+        refuse_unserved(body)
+        messages = body["messages"]
+        if messages and all(isinstance(m, (list, tuple)) for m in messages):  # render_chat's batch of conversations
+            raise APIError(400, "messages must be one conversation, a list of message objects (a batch of "
+                                "conversations is not served: send one request per conversation)", "messages")  # fmt: skip
         try:
-            prompt = llm.render_chat(body["messages"])[0]
+            prompt = llm.render_chat(messages)[0]
         except (TypeError, ValueError) as exc:
             raise APIError(400, str(exc), "messages") from None
         top = body.get("top_logprobs")
         if top is not None and not 0 <= top <= 20:
             raise APIError(400, f"top_logprobs must be an integer from 0 to 20, got {top}", "top_logprobs")
+        if top is not None and not body.get("logprobs"):  # as OpenAI and vLLM
+            raise APIError(400, "top_logprobs needs logprobs: true (allowed: leave top_logprobs out)", "top_logprobs")
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
-        default = max(1, llm.max_model_len - len(llm.tokenizer(prompt).input_ids))  # OpenAI's: the context left
+        # OpenAI's default is the context left: the engine cuts max_tokens there (no tokenizing here, on the event loop)
         params = sampling_params(body, logprobs=(top or 0) if body.get("logprobs") else None,
-                                 default_max_tokens=default)  # fmt: skip
+                                 default_max_tokens=llm.max_model_len)  # fmt: skip
         return await serve(request, body, prompt, params, chat=True)
 
     async def serve(request: Request, body: dict, prompt, params, chat: bool):
@@ -467,7 +506,12 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         try:
             request_id = await asyncio.wrap_future(engine.add(prompt, params, sink))
         except (TypeError, ValueError) as exc:
-            raise APIError(400, str(exc), "messages" if chat else "prompt") from None
+            message = str(exc)
+            if chat and body.get("max_tokens") is None and re.search(r"need \d+ (?:blocks|pages)", message):
+                message += (f"; max_tokens was not given, so it is the context left (up to {llm.max_model_len} "
+                            "tokens in all), more than this server's KV pool holds (allowed: a smaller max_tokens)")
+                raise APIError(400, message, "max_tokens") from None
+            raise APIError(400, message, field_of(message, "messages" if chat else "prompt")) from None
         response_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16] + f"-{request_id}"
         render = ChunkRenderer(response_id, model_name, chat, params.n, body)
         if body.get("stream"):
@@ -525,6 +569,8 @@ class ChunkRenderer:
         self.id, self.model, self.chat, self.n = response_id, model, chat, n
         self.created = int(time.time())
         self.sent_text = [0] * n  # characters already sent, per choice
+        stop = body.get("stop") or []
+        self.hold = max(map(len, [stop] if isinstance(stop, str) else stop), default=0)  # settled_text's hold
         self.sent_logprobs = [0] * n
         options = body.get("stream_options") or {}
         self.include_usage = bool(options.get("include_usage"))
@@ -587,12 +633,13 @@ class ChunkRenderer:
             i = c.index
             if i >= self.n:
                 continue
-            delta = c.text[self.sent_text[i]:]
+            # NOTE: only text no later token changes (a character still decoding, a stop string's possible start)
+            text = settled_text(c.text, c.finish_reason is not None, self.hold)
+            delta = text[self.sent_text[i]:]
             logprobs = self._logprobs(c, self.sent_logprobs[i]) if c.logprobs is not None else None
-            if not delta and c.finish_reason is None and not (logprobs and (logprobs.get("content")
-                                                                            or logprobs.get("tokens"))):
-                continue
-            self.sent_text[i] = len(c.text)
+            if not delta and c.finish_reason is None and len(c.token_ids) <= self.sent_logprobs[i]:
+                continue  # NOTE: as vLLM, a chunk per step with new tokens, its text empty while held back
+            self.sent_text[i] = max(self.sent_text[i], len(text))
             self.sent_logprobs[i] = len(c.token_ids)
             choice = {"index": i, "logprobs": logprobs, "finish_reason": c.finish_reason}
             if self.chat:

@@ -66,6 +66,8 @@ BAD = {  # name -> (arguments, a word the error line must contain)
                         "--block-size 1000000000 (allowed: an integer from 1 to 256)"),
     "pool_past_memory": (["generate", IDS, "--model", "random", "--kv-blocks", "100000000"], "--kv-blocks"),
     "traces_dir_a_file": (["validate-sim", "--traces-dir", "README.md"], "--traces-dir README.md: not a folder"),
+    "prompt_not_utf8": (["generate", "\udcff hi"], "the prompt holds bytes that are not UTF-8"),  # argv byte 0xff
+    "serve_unknown_host": (["serve", "--model", "random", "--host", "999.1.1.1"], "--host 999.1.1.1: not an address"),
 }
 GENERATE = ["generate", QUESTION, "--max-tokens", "8"]
 

@@ -48,6 +48,8 @@ def test_every_request_comes_back_measured(tmp_path):
     (["--trace", "TRACE", "--num-gpu-blocks", "9" * 29], "error: --num-gpu-blocks 99999999999999999999999999999 (allowed"),
     (["--trace", "TRACE", "--num-gpu-blocks", "2000000"], "is more than the cpu memory"),
     (["--trace", "TRACE", "--url", "localhost:8000"], "error: --url 'localhost:8000' (allowed: http://host:port)"),
+    (["--trace", "TRACE", "--url", "http://127.0.0.1:1"], "error: --url http://127.0.0.1:1: no server answers there"),
+    (["--trace", "TRACE", "--url", "http://[::1"], "error: --url http://[::1: no server answers there"),
     (["--trace", "BAD"], "line 1: request_id: missing"),
     (["--trace", "BEAM"], "request 0 asks for beam search (beam_width 2), which the completions API does not offer"),
 ])  # fmt: skip

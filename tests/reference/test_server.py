@@ -121,17 +121,105 @@ def test_models_health_and_metrics(server, client):
     ("/v1/chat/completions", {"model": "smollm2", "messages": [{"role": "user", "content": "x"}],
                               "top_logprobs": 99, "logprobs": True}, 400, "top_logprobs"),
     ("/v1/completions", [1, 2], 400, None),
+    # found by probing from outside (none of these was a clean 400 naming the field before)
+    ("/v1/completions", {"prompt": "Hi", "min_tokens": 3, "temperature": 1, "stop_token_ids": list(range(49152))},
+     400, "min_tokens"),  # every token a stop id: the sampler had nothing to draw, and the step failed
+    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [99999]}, 400, "stop_token_ids"),  # was "prompt"
+    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": "x"}, 400, "stop_token_ids"),  # was "stop"
+    ("/v1/completions", {"prompt": "a\udfff b"}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}], "max_tokens": 3}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
+                              "max_tokens": 2}, 400, "messages"),  # a batch of conversations: was cut to the first
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}]}, 400, "max_tokens"),  # > the pool
+    ("/v1/completions", {"prompt": "Hi", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"prompt": "Hi", "best_of": 3}, 400, "best_of"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hello world " * 200_000, "max_tokens": 2}, 400, "prompt"),  # refused untokenized
 ])  # fmt: skip
 def test_a_bad_request_is_an_openai_error_naming_the_field(server, path, body, status, param):
-    response = httpx.post(server[0] + path, json=body)
+    # json.dumps escapes a lone surrogate as JSON may ("\\udfff"; httpx's json= cannot encode it)
+    response = httpx.post(server[0] + path, content=json.dumps(body), headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and "Traceback" not in error["message"]
 
 
-def test_a_body_that_is_not_json_is_a_400(server):
-    response = httpx.post(server[0] + "/v1/completions", content=b"not json", headers={"content-type": "application/json"})
+@pytest.mark.parametrize("content", [b"not json", b"[" * 200_000 + b"]" * 200_000], ids=["text", "nested"])
+def test_a_body_that_is_not_json_is_a_400(server, content):
+    response = httpx.post(server[0] + "/v1/completions", content=content, headers={"content-type": "application/json"})
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_unknown_paths_and_methods_get_openai_errors(server):
+    base = server[0]
+    for response, status in ((httpx.get(base + "/v1/nope"), 404), (httpx.put(base + "/v1/completions"), 405)):
+        assert response.status_code == status and response.json()["error"]["message"], response.text
+    assert httpx.head(base + "/health").status_code == 200
+
+
+def test_a_no_op_value_of_an_unserved_field_is_accepted(server):
+    body = {"prompt": "Hi", "max_tokens": 2, "echo": False, "best_of": 1, "logit_bias": {}}
+    assert httpx.post(server[0] + "/v1/completions", json=body, timeout=60).status_code == 200
+
+
+def test_a_streamed_text_of_multi_token_characters_is_the_whole_text(client):
+    """Chinese and emoji take several tokens each: the stream once sent U+FFFD for them, and then nothing."""
+    for prompt in ("中文翻译：我爱你。你好吗？", "Reply with emoji only: 😊🌸🐶"):
+        kwargs = dict(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
+        whole = client.completions.create(**kwargs).choices[0].text
+        parts = [c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices]
+        # (the whole text itself may end in U+FFFD: max_tokens can cut a character's bytes; only the last part may)
+        assert "".join(parts) == whole and not any("\ufffd" in p for p in parts[:-1]), (parts, whole)
+
+
+def test_a_failed_step_fails_only_the_requests_it_touched(smol):
+    """A step that raises aborts the requests in it; the server fails those and no other: a request still waiting
+    (max_num_seqs 1) is served afterwards, and /metrics no longer counts the aborted request's blocks."""
+    from reference.server import serve_in_thread
+
+    llm = LLM.from_loaded(*smol[:2], num_gpu_blocks=64, block_size=16, max_num_seqs=1)
+    execute, armed = llm.executor.execute, threading.Event()
+
+    def failing(plan, *args):  # a fault in the model, once armed: the step running request "0" raises
+        if armed.is_set() and plan.request_ids():
+            armed.clear()
+            raise RuntimeError("injected: the model failed")
+        return execute(plan, *args)
+
+    llm.executor.execute = failing
+    srv, base = serve_in_thread(llm, "smollm2")
+    try:
+        results = {}
+
+        def post(name: str, body: dict) -> None:
+            results[name] = httpx.post(base + "/v1/completions", json=body, timeout=120)
+
+        first = threading.Thread(target=post, args=("first", {"prompt": "Once", "max_tokens": 400, "ignore_eos": True,
+                                                              "temperature": 0}))  # fmt: skip
+        first.start()
+        while metrics(base)["lab:num_requests_running"] < 1:
+            time.sleep(0.01)
+        second = threading.Thread(target=post, args=("second", {"prompt": "Water boils at", "max_tokens": 4,
+                                                                "temperature": 0}))  # fmt: skip
+        second.start()
+        while metrics(base)["lab:num_requests_waiting"] < 1:
+            time.sleep(0.01)
+        armed.set()
+        first.join(120), second.join(120)
+        assert results["first"].status_code == 500 and "injected" in results["first"].json()["error"]["message"]
+        assert results["second"].status_code == 200, results["second"].text
+        expected = llm_text(smol, "Water boils at", 4)
+        assert results["second"].json()["choices"][0]["text"] == expected
+        after = settle(base)
+        assert after["lab:kv_cache_blocks_used"] == 0 and after["lab:num_requests_running"] == 0
+    finally:
+        srv.should_exit = True
+
+
+def llm_text(smol, prompt: str, max_tokens: int) -> str:
+    llm = LLM.from_loaded(*smol[:2], num_gpu_blocks=64, block_size=16)
+    return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0))[0].outputs[0].text
 
 
 def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server):
@@ -241,6 +329,21 @@ def test_a_bad_flag_is_one_line_and_exit_2():
     done = subprocess.run([sys.executable, "-m", "reference", "serve", "--port", "70000"], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip() == "error: --port 70000 (allowed: an integer from 0 to 65535)"
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "reference", "serve", "--model", "random", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there"), done.stderr
 
 
 # --- the live page of the pool -------------------------------------------------------------------------------------
