@@ -145,7 +145,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     kv_block_size = simulator_block_size(c.policy, c.block_size, model=model_spec, num_gpus=c.num_gpus,
                                          page_kib=c.page_kib)
     num_cpu_blocks = int(c.num_gpus * c.swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
-    check_pool(c.policy, num_slots, kv_block_size, num_cpu_blocks, c.kv_slots)
+    check_pool(c.policy, num_slots, kv_block_size, num_cpu_blocks, c.kv_slots, model_spec)
     num_offload_blocks = offload_blocks(c.cpu_offload_gib, c.num_gpus, kv_block_size * model_spec.kv_bytes_per_token)
     sched_config = c.scheduler_config(model_spec.max_seq_len)
 

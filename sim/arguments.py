@@ -8,8 +8,8 @@ from __future__ import annotations
 import numbers
 
 from .config import RUN_DEFAULTS, RUN_FIELDS, RunConfig, choices, require
-from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, has_prefix_cache,
-                 has_swap_space, offload_tier_refusal, pages_in_kib, simulator_block_size,
+from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, gpu_pool_blocks,
+                 has_prefix_cache, has_swap_space, offload_tier_refusal, pages_in_kib, simulator_block_size,
                  takes_block_allocator)  # fmt: skip
 from .limits import MAX_KV_SLOTS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS, MAX_TIME_S, is_int
 from .request import Request
@@ -172,14 +172,17 @@ def _check_workload(p: dict) -> None:
                          f"(allowed: at most {MAX_TIME_S:g} s of simulated time)")  # fmt: skip
 
 
-def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots) -> None:
-    """The KV pools fit the simulator's limits (sim.limits): slots, and blocks of a paged GPU or CPU pool."""
+def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots, model=None) -> None:
+    """The KV pools fit the simulator's limits (sim.limits): slots, and blocks of a paged GPU or CPU pool (the blocks
+    the policy makes of those slots: `model`'s layer groups for hybrid)."""
     name = "kv_slots" if kv_slots is not None else "the KV pool (what model, gpu and num_gpus leave)"
     if num_slots > MAX_KV_SLOTS:
         raise ValueError(f"{name}: {num_slots:,} token slots (allowed: at most {MAX_KV_SLOTS:,})")
     paged = allocates_blocks_on_demand(policy)
-    if paged and num_slots // block_size > MAX_POOL_BLOCKS:
-        raise ValueError(f"{name}: {num_slots:,} token slots = {num_slots // block_size:,} blocks of {block_size} "
+    blocks = gpu_pool_blocks(policy, model, num_slots, block_size) if paged else 0
+    if blocks > MAX_POOL_BLOCKS:
+        under = "" if blocks == num_slots // block_size else f" under {policy!r}"  # (hybrid: a page per layer group)
+        raise ValueError(f"{name}: {num_slots:,} token slots = {blocks:,} blocks of {block_size}{under} "
                          f"(allowed: at most {MAX_POOL_BLOCKS:,} blocks: a larger block_size, or kv_slots)")
     if paged and num_cpu_blocks > MAX_POOL_BLOCKS:
         raise ValueError(f"swap_space_gib: {num_cpu_blocks:,} CPU blocks of {block_size} tokens (allowed: at most "

@@ -208,6 +208,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     low, high = POOL_PAGE_STEPS_RANGE
     if not low <= args.pool_page_steps <= high:
         raise ValueError(f"--pool-page-steps: got {args.pool_page_steps} (allowed: an integer from {low} to {high:,})")
+    if "pool_page_steps" in args.typed and not args.pool_page:
+        raise ValueError(f"--pool-page-steps {args.pool_page_steps}: means nothing without --pool-page (allowed: with "
+                         f"--pool-page PATH)")  # fmt: skip
     recorder = None
     if args.pool_page:
         from .pool_page import ReplayRecorder
@@ -492,8 +495,11 @@ def cmd_paper_table(args: argparse.Namespace) -> int:
     from .figures.paper import Data, current_block, readme_block, update_readme
 
     if args.write or args.check:  # the README and its markers first, before reading the CSVs
-        with open(args.readme, encoding="utf-8") as f:
-            current = current_block(f.read())
+        try:
+            with open(args.readme, encoding="utf-8") as f:
+                current = current_block(f.read(), args.readme)
+        except FileNotFoundError:
+            raise ValueError(f"--readme {args.readme}: no such file") from None
     data = Data(args.figures, args.sensitivity)
     if args.write:
         print(f"{'rewrote' if update_readme(args.readme, data) else 'unchanged:'} {args.readme}")
@@ -604,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    args.typed = _typed(argv) if args.command == "run" else set()
+    args.typed = _typed(argv) if args.command in ("run", "disagg") else set()
     return interruptible(lambda: _main(args))
 
 

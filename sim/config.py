@@ -102,8 +102,8 @@ SCHEDULER_DEFAULTS = SchedulerConfig()
 def _arg(default, kind: str, low=None, high=None, *, choices: tuple = (), function: str = ""):
     """A RunConfig field: its default and what it accepts. Kinds: "int" (not a bool), "real" (a finite number, not a
     bool), "bool", "choice" (one of `choices`; with `function`, which says what it is, also any callable), "range"
-    ((low, high) token counts), "callable" (a class or function, as `function` says), "any" (checked elsewhere); a
-    trailing "?" also takes None. Limits: sim.limits."""
+    ((low, high) token counts), "times" (a tuple or list of finite numbers from `low` to `high`), "callable" (a class
+    or function, as `function` says), "any" (checked elsewhere); a trailing "?" also takes None. Limits: sim.limits."""
     meta = {"kind": kind, "low": low, "high": high, "choices": choices, "function": function}
     return field(default=default, metadata=meta)
 
@@ -183,8 +183,9 @@ class RunConfig:
     step_table: bool = _arg(True, "bool")
     slo_ttft: float | None = _arg(None, "real?", 0, MAX_TIME_S)  # latency targets (s) for SLO attainment, goodput
     slo_tbt: float | None = _arg(None, "real?", 0, MAX_TIME_S)
-    stop_at: tuple = _arg((), "any")  # times the fast-forward never jumps across
-    on_step: Callable | None = _arg(None, "any")  # an observer f(simulator, plan_or_None) after every step
+    stop_at: tuple = _arg((), "times", 0, MAX_TIME_S)  # times the fast-forward never jumps across
+    on_step: Callable | None = _arg(None, "callable?", function="a function f(simulator, plan_or_None)")  # an
+    # observer, called after every step
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -240,6 +241,8 @@ def allowed(name: str) -> str:
         return "True or False"
     if kind == "range":
         return f"None, or (low, high): two integers from 1 to {MAX_TOKENS:,}"
+    if kind == "times":
+        return f"a tuple of finite numbers from {_num(low)} to {_num(high)} seconds"
     if kind == "int":
         return f"an integer from {low:,} to {high:,}"
     above = f"> {_num(low)}" if name in _OPEN_BELOW else f">= {_num(low)}"
@@ -265,6 +268,8 @@ def check_field(name: str, value) -> None:
     elif base == "range":
         ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(is_int(v) and 1 <= v <= MAX_TOKENS
                                                                           for v in value)  # fmt: skip
+    elif base == "times":
+        ok = isinstance(value, (tuple, list)) and all(is_real(v) and low <= v <= high for v in value)
     else:
         ok = is_real(value) and (low < value if name in _OPEN_BELOW else low <= value) and (
             value < high if name in _OPEN_ABOVE else value <= high)

@@ -56,7 +56,7 @@ from .config import RunConfig, require
 from .cost import RooflineCostModel
 from .kv import make_kv_manager, simulator_block_size
 from .kv.base import SHARE_NAMES
-from .limits import is_int, is_real
+from .limits import MAX_TIME_S, is_int, is_real
 from .loop import LoopResult, Simulator
 from .metrics import Table, latency_summary, request_table, slo_summary
 from .plan import ScheduledSeq, StepPlan
@@ -72,6 +72,8 @@ DEFAULT_LINK_BANDWIDTH = 25e9  # bytes/s
 # Fixed seconds per transfer, however small: setting up the RDMA reads of one request's scattered blocks. An order of
 # magnitude, stated, not measured by this project.
 DEFAULT_LINK_LATENCY = 100e-6
+DISAGG_WORKLOADS = ("sharegpt", "alpaca")  # the command's length distributions
+MIN_LINK_BANDWIDTH = 1e3  # bytes/s: the largest request's K/V (tens of GB) then crosses in under MAX_TIME_S
 MAX_INSTANCES = 64  # instances of each kind; each is a whole simulated GPU
 # DistServe Table 1, the chatbot application (OPT-13B on ShareGPT): TTFT 0.25 s, TPOT 0.1 s, 90% attainment.
 DISTSERVE_SLO_TTFT, DISTSERVE_SLO_TBT, DISTSERVE_ATTAINMENT = 0.25, 0.1, 0.9
@@ -86,10 +88,10 @@ class KVLink:
 
     def __post_init__(self) -> None:
         real = isinstance(self.bandwidth, (int, float)) and not isinstance(self.bandwidth, bool)
-        require(real and self.bandwidth > 0, "link_bandwidth",
-                self.bandwidth, "bytes/s > 0, or inf for an instantaneous link")  # fmt: skip
-        require(is_real(self.latency) and 0 <= self.latency < math.inf, "link_latency", self.latency,
-                "seconds >= 0, finite")  # fmt: skip
+        require(real and self.bandwidth >= MIN_LINK_BANDWIDTH, "link_bandwidth", self.bandwidth,
+                f"bytes/s >= {MIN_LINK_BANDWIDTH:g}, or inf for an instantaneous link")  # fmt: skip
+        require(is_real(self.latency) and 0 <= self.latency <= MAX_TIME_S, "link_latency", self.latency,
+                f"seconds from 0 to {MAX_TIME_S:g}")  # fmt: skip
 
     def transfer_time(self, num_bytes: int) -> float:
         """Seconds to move one request's `num_bytes` (0 bytes: nothing moves, nothing is paid)."""
@@ -416,7 +418,7 @@ def add_arguments(parser) -> None:
                         help="KV cache policy of every instance (default: %(default)s)")
     parser.add_argument("--scheduler", default=D["scheduler"], metavar="{" + ",".join(MODES) + "}",
                         help="every instance's scheduler (default: %(default)s)")
-    parser.add_argument("--workload", default=D["workload"], metavar="{sharegpt,alpaca,fixed,uniform}",
+    parser.add_argument("--workload", default=D["workload"], metavar="{" + ",".join(DISAGG_WORKLOADS) + "}",
                         help="request lengths (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=D["rate"],
                         help="the cluster's arrivals, req/s (default: %(default)s)")
@@ -441,9 +443,17 @@ def run_from_args(args) -> int:
     for flag, value in (("--prefill", args.prefill), ("--decode", args.decode)):
         require(1 <= value <= MAX_INSTANCES, flag, value, f"an integer from 1 to {MAX_INSTANCES}")
     require(args.router in ROUTERS, "--router", args.router, ", ".join(ROUTERS))
-    require(args.link_bandwidth > 0, "--link-bandwidth", args.link_bandwidth, "GB/s > 0, or inf")
-    require(is_real(args.link_latency) and args.link_latency >= 0, "--link-latency", args.link_latency,
-            "seconds >= 0, finite")  # fmt: skip
+    # NOTE: fixed and uniform lengths need flags (--prompt-len, ...) that disagg does not take
+    require(args.workload in DISAGG_WORKLOADS, "--workload", args.workload, ", ".join(DISAGG_WORKLOADS))
+    for dest in ("link_bandwidth", "link_latency"):
+        if args.colocated and dest in getattr(args, "typed", ()):
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} {getattr(args, dest):g}: means nothing with --colocated, whose instances move "
+                             f"no K/V (allowed: without --colocated)")  # fmt: skip
+    require(args.link_bandwidth * 1e9 >= MIN_LINK_BANDWIDTH, "--link-bandwidth", args.link_bandwidth,
+            f"GB/s >= {MIN_LINK_BANDWIDTH / 1e9:g}, or inf")  # fmt: skip
+    require(is_real(args.link_latency) and 0 <= args.link_latency <= MAX_TIME_S, "--link-latency", args.link_latency,
+            f"seconds from 0 to {MAX_TIME_S:g}")  # fmt: skip
     link = KVLink(bandwidth=args.link_bandwidth * 1e9, latency=args.link_latency)
     cluster = ClusterConfig(num_prefill=args.prefill, num_decode=args.decode, colocated=args.colocated,
                             router=args.router, link=link)  # fmt: skip

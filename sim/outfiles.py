@@ -341,6 +341,9 @@ def check_outputs(outputs: Paths, inputs: Paths | None = (), *, make_parents: bo
         label = _label(flag, path)
         if not path.strip():
             raise OutputPathError(f"{flag or 'output'}: empty path (expected a file path)")
+        if os.fspath(path) == "-":  # many tools read it as standard output; here it would be a file named "-"
+            raise OutputPathError(f"{flag or 'output'} -: not standard output here (expected a file path; ./- for a "
+                                  "file named -)")  # fmt: skip
         if os.path.isdir(path):
             raise OutputPathError(f"{label}: is a folder (expected a file path)")
         for in_flag, in_path in ins:

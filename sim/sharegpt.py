@@ -18,7 +18,7 @@ import numpy as np
 
 from sim.limits import MAX_NUM_REQUESTS, MAX_TIME_S
 from sim.request import Request
-from .trace_files import TraceError, open_trace, parse_int
+from .trace_files import TraceError, json_object, no_constant, open_trace, parse_int
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,7 +65,8 @@ class ShareGPTPairs:
 def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]]:
     """(line, item) of each item of the JSON list that is the whole of `text`, decoded one at a time, so that a
     problem with an item names its line."""
-    decoder, NEWLINE = json.JSONDecoder(parse_int=parse_int), "\n"  # ids of any length: see parse_int
+    decoder = json.JSONDecoder(parse_int=parse_int, object_pairs_hook=json_object, parse_constant=no_constant)
+    NEWLINE = "\n"  # ids of any length: see parse_int
     line, pos = 1, 0  # the line number at text[pos]
 
     def skip(i: int) -> int:
@@ -96,6 +97,8 @@ def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]
             except json.JSONDecodeError as e:
                 raise TraceError(f"{path} line {e.lineno}: not valid JSON ({e.msg.removesuffix(' at')} at column "
                                  f"{e.colno})") from None  # fmt: skip
+            except ValueError as e:  # json_object, no_constant: a key twice, NaN or Infinity
+                raise bad(i, str(e)) from None
             yield line, item
             i = skip(end)
             if text.startswith(",", i):

@@ -148,11 +148,6 @@ def run_task(task: Task) -> PointResult:
     return PointResult(result.summary, probes, time.process_time() - cpu)
 
 
-def _run_indexed(item: tuple[int, Task]) -> tuple[int, PointResult]:
-    index, task = item
-    return index, run_task(task)
-
-
 def _ignore_interrupts() -> None:
     """A worker ignores Ctrl-C (the terminal sends it to the whole process group): the parent decides, and
     terminates every worker at once, with SIGTERM, whose default action a worker restores (the command line's
@@ -219,21 +214,99 @@ def run_tasks(tasks: list[Task], *, jobs: int | None = None, backend: str = "loc
         for i in order:
             done(i, run_task(tasks[i]))
     else:
-        # NOTE: multiprocessing's Pool, not concurrent.futures': on a bad point, Ctrl-C or SIGTERM its terminate()
-        # stops the workers mid-run (an executor's shutdown can only wait for the runs under way to finish).
-        pool = multiprocessing.get_context().Pool(min(jobs, len(tasks)), initializer=_ignore_interrupts)
         try:
-            for index, result in pool.imap_unordered(_run_indexed, [(i, tasks[i]) for i in order]):
-                done(index, result)
-            pool.close()
-        except BaseException:  # a bad point, Ctrl-C, SIGTERM: stop every worker now, start nothing more
-            pool.terminate()
+            _run_in_workers(tasks, order, min(jobs, len(tasks)), done)
+        except BaseException:
             bar.close()
             raise
-        finally:
-            pool.join()
     bar.close()
     return results
+
+
+class WorkerDied(ChildProcessError):
+    """A worker process ended while it ran a point (killed: the out-of-memory killer, `kill -9`). An OSError, so the
+    command line says it in one `error:` line."""
+
+
+def _run_in_workers(tasks: list[Task], order: list[int], num_workers: int, done) -> None:
+    """Run tasks[i] for i in `order` on `num_workers` processes, calling done(i, result) as each finishes.
+
+    NOTE: why not multiprocessing.Pool: its workers share one task queue behind a lock. A worker killed while it
+    holds that lock (SIGTERM to the process group while it waits for a task) leaves Pool.terminate() waiting for
+    the lock forever, and a worker killed mid-run loses its task without a word, so the parent waits forever too.
+    Here each worker has a pipe of its own, the parent waits on the pipes and on the processes themselves (their
+    sentinels), and on any exit it kills what is left: a bad point, Ctrl-C, SIGTERM, a worker that died."""
+    from collections import deque
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context()
+    workers: list[tuple[multiprocessing.Process, object]] = []
+    try:
+        for _ in range(num_workers):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_worker, args=(child_end,), daemon=True)
+            process.start()
+            child_end.close()
+            workers.append((process, parent_end))
+        todo, running = deque(order), {}  # running: pipe -> (its process, the index it runs)
+        for process, pipe in workers:
+            if todo:
+                index = todo.popleft()
+                pipe.send((index, tasks[index]))
+                running[pipe] = (process, index)
+        while running:
+            ready = wait([*running, *(process.sentinel for process, _ in running.values())])
+            for pipe in [p for p in running if p in ready or running[p][0].sentinel in ready]:
+                process, index = running.pop(pipe)
+                try:
+                    answer_index, result, error = pipe.recv()
+                except (EOFError, OSError):  # its process ended without an answer
+                    process.join(1)
+                    point = ", ".join(f"{k}={v}" for k, v in sorted(tasks[index].params.items()))
+                    raise WorkerDied(f"the worker process running point {index} ({point[:160]}) ended without a result "
+                                     f"({_exit_reason(process.exitcode)}); nothing was written") from None
+                if error is not None:
+                    raise error
+                done(answer_index, result)
+                if todo:
+                    index = todo.popleft()
+                    pipe.send((index, tasks[index]))
+                    running[pipe] = (process, index)
+        for _, pipe in workers:
+            pipe.send(None)  # done: each worker returns
+    finally:
+        for process, pipe in workers:
+            process.join(0.5 if process.exitcode is None else 0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            pipe.close()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        why = ", perhaps by the out-of-memory killer" if name == "SIGKILL" else ""
+        return f"killed by {name}{why}"
+    return f"exit status {code}"
+
+
+def _worker(pipe) -> None:
+    """A worker: runs the (index, task) pairs it is sent until it gets None; answers (index, result, None), or
+    (index, None, the exception) for a point that raised (a bad point: the parent re-raises it)."""
+    _ignore_interrupts()
+    while True:
+        item = pipe.recv()
+        if item is None:
+            return
+        index, task = item
+        try:
+            pipe.send((index, run_task(task), None))
+        except Exception as exc:  # noqa: BLE001 - the parent raises it
+            try:
+                pipe.send((index, None, exc))
+            except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
+                pipe.send((index, None, RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
 def _run_ray(tasks: list[Task], order: list[int], done) -> None:

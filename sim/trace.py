@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from sim.limits import MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_PRIORITY, MAX_TIME_S, MAX_TOKENS
 from sim.request import Request
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
-from .trace_files import LongInt, TraceError, open_trace, parse_int, show
+from .trace_files import LongInt, TraceError, json_object, open_trace, parse_int, show
 
 CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "beam_width", "prefix_id", "prefix_len",
                "priority")  # (priority: optional, written only when a request has one other than 0)
@@ -151,17 +151,8 @@ def parse_record(record: dict, cell: bool = False) -> Request:
     return Request(prefix_id=prefix_id, prompt_token_ids=None if ids is None else _token_ids(ids), **values)
 
 
-def _json_object(pairs: list) -> dict:
-    record = dict(pairs)
-    if len(record) < len(pairs):  # json keeps the last of duplicate keys: refuse them instead
-        seen: set = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"field {_name(twice)} appears twice in one object")
-    return record
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_json_object)
-_DECODER_LONG = json.JSONDecoder(object_pairs_hook=_json_object, parse_int=parse_int)
+_DECODER = json.JSONDecoder(object_pairs_hook=json_object)
+_DECODER_LONG = json.JSONDecoder(object_pairs_hook=json_object, parse_int=parse_int)
 
 
 def _json_type(value) -> str:
@@ -240,7 +231,7 @@ def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         except json.JSONDecodeError as e:
             raise TraceError(f"{path} line {line_no}: not valid JSON ({e.msg.removesuffix(' at')} at column "
                              f"{e.colno})") from None  # fmt: skip
-        except ValueError as e:  # _json_object: a field twice
+        except ValueError as e:  # json_object: a field twice
             raise TraceError(f"{path} line {line_no}: {e}") from None
         if not isinstance(record, dict):
             raise TraceError(f"{path} line {line_no}: expected a JSON object, got {_json_type(record)}")

@@ -37,6 +37,22 @@ def show(value) -> str:
     return text if len(text) <= 40 else text[:36] + "..." + text[-1]
 
 
+def json_object(pairs: list) -> dict:
+    """json's object_pairs_hook for a trace: an object that holds no key twice (json would keep the last: refused)."""
+    record = dict(pairs)
+    if len(record) < len(pairs):
+        seen: set = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        name = twice if twice.isidentifier() and len(twice) <= 40 else show(twice)
+        raise ValueError(f"field {name} appears twice in one object")
+    return record
+
+
+def no_constant(name: str):
+    """json's parse_constant for a trace: NaN and Infinity are Python's extensions, not JSON."""
+    raise ValueError(f"{name} is not JSON (allowed: finite numbers)")
+
+
 def open_trace(path: str | Path):
     """The file, opened for reading bytes; TraceError (one line) if it cannot be, or if it is not a regular file (a
     FIFO would block until a writer came, a device like /dev/zero never end)."""

@@ -122,6 +122,16 @@ def sim_cases() -> list[Case]:
         ([*run, "--max-num-seqs", "0"], "flag value"),
         ([*run, "--slo-ttft", "0"], "flag value"),
         ([*run, "--watermark", "1.5"], "flag value"),
+        ([*run, "--pool-page-steps", "5"], "ignored combination"),
+        ([*run, "--requests-csv", "-"], "output path"),
+        (["run", "--policy", "hybrid", "--model", "gemma3-270m", "--num-gpus", "4", "--block-size", "1", "--workload",
+          "fixed", "--prompt-len", "8", "--output-len", "4", "--num-requests", "2"], "pool past the limits"),
+        (["disagg", "--num-requests", "5", "--link-bandwidth", "5e-324"], "flag value"),
+        (["disagg", "--num-requests", "5", "--link-latency", "1e300"], "flag value"),
+        (["disagg", "--num-requests", "5", "--colocated", "--link-bandwidth", "10"], "ignored combination"),
+        (["disagg", "--num-requests", "5", "--workload", "fixed"], "flag value"),
+        (["paper-table", "--sensitivity", "/dev/null"], "input is not a file"),
+        (["paper-table", "--figures", "."], "missing input"),
     ]
     cases += [Case("sim", argv, kind, dict(t)) for argv, kind in combos]
     # outputs: unwritable, a folder, equal to an input or to each other; earlier outputs must survive
@@ -286,6 +296,9 @@ def reference_cases() -> list[Case]:
         (["validate-sim", "--online", "--quick"], "conflicting flags", {}),
         (["serve", "--model", "nosuch"], "flag value", {}),
         (["serve", "--model", "random", "--port", "70000"], "flag value", {}),
+        (["serve", "--model", "random", "--host", "999.1.1.1"], "flag value", {}),
+        (["generate", "\udcff hi"], "prompt not UTF-8", {}),  # the argument's byte 0xff, as a shell passes it
+        (["loadtest", "--trace", "t.jsonl", "--url", "http://127.0.0.1:1"], "no server at --url", {"t.jsonl": GOOD_JSONL}),
         (["bench-gpu"], "needs a CUDA GPU", {}),
         (["bench-kernels"], "needs a CUDA GPU", {}),
     ]

@@ -21,7 +21,6 @@ What a lab number is:
 """
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,7 +30,8 @@ from ..specs import get_model
 from ..workload import PUBLISHED_MEANS
 from .chatbot import HISTORY_LIMIT, TURNS
 from .memory import PAPER_TOKEN_STATES
-from .paper_sensitivity import CHAT_TURNS, COMMAND as SENSITIVITY_COMMAND, CSV_PATH as SENSITIVITY_CSV, read_sensitivity
+from .paper_sensitivity import CHAT_TURNS, COMMAND as SENSITIVITY_COMMAND, CSV_PATH as SENSITIVITY_CSV
+from .paper_sensitivity import ResultsError, read_results, read_sensitivity
 from .sampling import knee
 from .sharing import PAPER_RANGE, PREFIXES, WIDTHS
 from .throughput import PAPER_BATCH
@@ -104,11 +104,7 @@ class Data:
 
     def fig(self, name: str) -> list[dict]:
         if name not in self._tables:
-            path = self.folder / f"{name}.csv"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: no such file (the figure CSVs come from `python -m sim figures`)")
-            with open(path, newline="") as f:
-                self._tables[name] = list(csv.DictReader(line for line in f if not line.startswith("#")))
+            self._tables[name] = read_results(self.folder / f"{name}.csv", "python -m sim figures")
         return self._tables[name]
 
     def where(self, name: str, **match) -> list[dict]:
@@ -117,13 +113,14 @@ class Data:
     def one(self, name: str, column: str, **match) -> float:
         rows = self.where(name, **match)
         if len(rows) != 1:
-            raise RuntimeError(f"{name}.csv: expected one row with {match}, found {len(rows)}")
+            raise ResultsError(f"{self.folder / name}.csv: expected one row with {match}, found {len(rows)} (make it "
+                               f"again with `python -m sim figures`)")  # fmt: skip
         return float(rows[0][column])
 
     def study(self, study: str, curve: str) -> list[dict]:
         rows = [r for r in self.sweep if r["study"] == study and r["curve"] == curve]
         if not rows:
-            raise RuntimeError(f"paper_sensitivity.csv: no rows of study {study!r}, curve {curve!r} (run "
+            raise ResultsError(f"paper_sensitivity.csv: no rows of study {study!r}, curve {curve!r} (run "
                                f"`{SENSITIVITY_COMMAND}` again)")  # fmt: skip
         return rows
 
@@ -134,7 +131,7 @@ class Data:
     def value(self, study: str, curve: str, column: str) -> float:
         rows = self.study(study, curve)
         if len(rows) != 1:
-            raise RuntimeError(f"paper_sensitivity.csv: expected one row of {study!r}, {curve!r}, found {len(rows)}")
+            raise ResultsError(f"paper_sensitivity.csv: expected one row of {study!r}, {curve!r}, found {len(rows)}")
         return float(rows[0][column])
 
 
@@ -592,10 +589,10 @@ def readme_block(data: Data | None = None) -> str:
 
 
 # --- the README ------------------------------------------------------------------------------------------
-def current_block(text: str) -> str:
+def current_block(text: str, name: str = "README.md") -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+        raise ValueError(f"{name} has no {BEGIN} ... {END} block")
     return text[start + len(BEGIN):end].strip("\n")
 
 

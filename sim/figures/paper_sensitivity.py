@@ -248,10 +248,32 @@ def run_sensitivity(out: str | Path = CSV_PATH, *, progress: bool = True, comman
     return rows
 
 
+class ResultsError(ValueError):
+    """A results CSV the paper table cannot read (one line naming the file: the command line prints it, exit 2)."""
+
+
+def read_results(path: Path, remake: str) -> list[dict]:
+    """The rows of a results CSV (its `# ` comment lines skipped), every number in it finite; ResultsError naming the
+    file and `remake` (the command that writes it) for a file that is missing, not text, empty, or holds NaN/inf."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file (make it with `{remake}`)")
+    if not path.is_file():
+        raise ResultsError(f"{path}: not a regular file (allowed: the CSV `{remake}` writes)")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ResultsError(f"{path}: not a CSV file ({exc}) (make it again with `{remake}`)") from None
+    if not rows:
+        raise ResultsError(f"{path}: no rows (make it again with `{remake}`)")
+    for line, r in enumerate(rows, 2):
+        for column, cell in r.items():
+            if isinstance(cell, str) and cell.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+                raise ResultsError(f"{path} row {line}: {column}: got {cell!r} (allowed: finite numbers; make it "
+                                   f"again with `{remake}`)")  # fmt: skip
+    return rows
+
+
 def read_sensitivity(path: str | Path = CSV_PATH) -> list[dict]:
     """The rows of a saved sweep (its `# ` comment lines skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (make it with `{COMMAND}`)")
-    with open(path, newline="") as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return read_results(Path(path), COMMAND)

@@ -44,6 +44,9 @@ class _Policy:
     # A policy that needs the model's layers (hybrid: its sliding-window ones): (model spec) -> None, raising one line
     # for a model it cannot serve. None: any model.
     check_model: Callable[..., None] | None = None
+    # The blocks its pool has in the bytes of `num_slots` all-layer token slots: (model spec, num_slots, block_size) ->
+    # int. None: num_slots // block_size (hybrid: a page holds one group's layers, so the same bytes hold more pages).
+    pool_blocks: Callable[..., int] | None = None
     # Runs over a block allocator given from outside (`block_allocator`: a class or function (num_blocks, block_size)
     # -> an allocator with BlockAllocator's methods, a student's from lab 03): paged, whose pool is one such allocator.
     plugs_block_allocator: bool = False
@@ -100,6 +103,12 @@ def _hybrid(num_blocks: int, block_size: int, options: dict) -> KVManager:
                            watermark=options["watermark"], max_seq_len=options["max_seq_len"])  # fmt: skip
 
 
+def _hybrid_pool_blocks(model, num_slots: int, block_size: int) -> int:
+    from .hybrid import pool_blocks
+
+    return pool_blocks(model, num_slots, block_size)
+
+
 def _hybrid_check_model(model) -> None:
     from .hybrid import kv_cache_groups
 
@@ -124,7 +133,7 @@ _REGISTRY = {
                      no_offload_tier="it evicts pages from its own radix tree (a host tier for that tree, as SGLang's "
                      "hierarchical cache, is not built here)"),
     "hybrid": _Policy(_hybrid, blocks_on_demand=True, token_granular_in_simulator=False,
-                      check_model=_hybrid_check_model),
+                      check_model=_hybrid_check_model, pool_blocks=_hybrid_pool_blocks),
 }
 POLICIES = tuple(_REGISTRY)
 
@@ -174,6 +183,12 @@ def has_prefix_cache(policy: str) -> bool:
 def pages_in_kib(policy: str) -> bool:
     """Whether `policy` sizes its blocks as pages of `page_kib` KiB per layer per K/V buffer, not in tokens."""
     return _policy(policy).page_tokens is not None
+
+
+def gpu_pool_blocks(policy: str, model, num_slots: int, block_size: int) -> int:
+    """The blocks (pages) of the policy's GPU pool in the bytes of `num_slots` all-layer token slots."""
+    count = _policy(policy).pool_blocks
+    return num_slots // block_size if count is None or model is None else count(model, num_slots, block_size)
 
 
 def check_model(policy: str, model) -> None:
@@ -255,6 +270,6 @@ def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int 
 
 
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
-           "PrefixCacheStats", "as_seen", "check_model", "layer_groups", "make_kv_manager", "offload_tier_refusal",
+           "PrefixCacheStats", "as_seen", "check_model", "gpu_pool_blocks", "layer_groups", "make_kv_manager", "offload_tier_refusal",
            "pool_blocks_for",
            "simulator_block_size", "takes_block_allocator"]  # fmt: skip

@@ -83,6 +83,51 @@ def test_a_sweep_killed_outright_leaves_no_worker(tmp_path):
     assert not [w for w in workers if _alive(w)], "a worker outlived its killed parent"
 
 
+def _start_sweep(out: Path, grid: str, *sets: str, **popen) -> tuple[subprocess.Popen, set[int]]:
+    """A two-worker sweep, once both workers are up: (the process, its workers)."""
+    sets = [arg for value in ("kv_slots=3000", *sets) for arg in ("--set", value)]
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--no-progress", "--grid", grid, *sets,
+                             "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = _children(proc.pid)
+    assert len(workers) >= 2, "the sweep never started its workers"
+    return proc, workers
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads worker processes from /proc")
+def test_sigterm_to_the_process_group_with_a_worker_idle_stops_the_sweep(tmp_path):
+    """What `timeout`, `kill -- -PGID` and systemd send: every process gets SIGTERM, one worker idle (its short point
+    done, no point left for it). multiprocessing.Pool's terminate() then waited forever for a lock the dead worker
+    held; the sweep now ends with one line and 143."""
+    proc, workers = _start_sweep(tmp_path / "X.csv", "num_requests=100,60000", start_new_session=True)
+    time.sleep(2.0)  # the 100-request point is done: its worker waits for a task
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10, "took more than 10 s to stop"
+    assert proc.returncode == 143 and err.strip().startswith("error: terminated"), err
+    assert not (tmp_path / "X.csv").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads worker processes from /proc")
+def test_a_worker_killed_outright_ends_the_sweep_with_one_line(tmp_path):
+    """The out-of-memory killer takes a worker: Pool lost its point without a word and the sweep waited forever.
+    Now: one line naming the point and the signal, the other worker stopped, nothing written."""
+    proc, workers = _start_sweep(tmp_path / "X.csv", "rate=1,2,3,4", "duration=20000", preexec_fn=_interruptible)
+    time.sleep(1.0)
+    os.kill(min(workers), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert "ended without a result (killed by SIGKILL, perhaps by the out-of-memory killer)" in err, err
+    assert not (tmp_path / "X.csv").exists()
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)], "a worker is still computing"
+
+
 @pytest.mark.parametrize("command", [
     ["sim", "run", "--rate", "3", "--duration", "200000", "--requests-csv", "R.csv", "--steps-csv", "S.csv"],
     ["reference", "calibrate", "--quick", "--passes", "9", "--out", "R.csv", "--steps-csv", "S.csv"],
