@@ -75,7 +75,27 @@ def _never_used_order(name: str, order):
     return Variant
 
 
+def _answers(name: str, cls_name: str, method: str, convert) -> type:
+    """The solution of exercise `name`, except that `method` answers convert(the solution's answer): the same answer
+    in another form the spec leaves open (a tuple for a list, float64 for float32, rounding in the last bits)."""
+    base = solution(name)
+    original = getattr(base, method)
+    if isinstance(original, property):
+        replaced = property(lambda self: convert(original.fget(self)))
+    else:
+        def replaced(self, *args):
+            answer = original(self, *args)
+            return None if answer is None else convert(answer)
+    return type(cls_name, (base,), {method: replaced})
+
+
 OPEN_CHOICES = [
+    ("block_allocator", _answers("block_allocator", "AllocateAnswersATuple", "allocate", tuple)),
+    # 1 - misses / total: the hit rate's other rounding (0.19999999999999996 for 0.2); it scored 6/15
+    ("prefix_economics", _answers("prefix_economics", "HitRateAsOneMinusMissRate", "hit_rate",
+                                  lambda rate: 1 - (1 - rate) if rate else rate)),  # fmt: skip
+    ("chunked_prefill", _answers("chunked_prefill", "AttentionInFloat64", "attend_chunk", lambda t: t.double())),
+    ("triton_decode", _answers("triton_decode", "OnlineStepAnswersAList", "online_softmax_step", list)),
     ("block_allocator", _allocation_order("LIFO", _lifo)),
     ("block_allocator", _allocation_order("HighestIdFirst", lambda free, n: sorted(free, reverse=True)[:n])),
     ("block_allocator", _allocation_order("LowestIdFirst", lambda free, n: sorted(free)[:n])),
