@@ -96,7 +96,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     cost_model, requests = c.cost_model, c.requests
     cost_file = str(cost_model) if isinstance(cost_model, (str, Path)) else None
     if cost_file is not None:  # a file `python -m reference calibrate` wrote
-        cost_model = cost_model_for(cost_file, c.model, c.num_gpus)
+        cost_model = cost_model_for(cost_file, c.model, c.num_gpus, c.kv_dtype)
     elif cost_model is not None:
         _check_cost_object(cost_model)
     model_spec, gpu_spec = get_model(c.model), get_gpu(c.gpu)

@@ -21,6 +21,7 @@ from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
+from sim.limits import MAX_TIME_S
 from sim.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
 
@@ -203,6 +204,28 @@ class RooflineCostModel:
 # Modelling approximation: a fitted line can dip below zero when extrapolated to tiny batches; the clock
 # must still advance, so a step never takes less than this.
 MIN_STEP_TIME_S = 1e-6
+# A fitted model's bounds, so that no step within the simulator's limits costs an infinite or a NaN time: a coefficient
+# (seconds per token, sequence, pair, or a value of g) at most MAX_TIME_S, swaps at least 1 KB/s. A model right at
+# these bounds is absurd but finite; a step it prices past MAX_TIME_S is refused where it is priced (check_step_time).
+MIN_SWAP_BANDWIDTH = 1e3
+
+
+def check_bounds(swap_bandwidth: float, **coefficients: float | None) -> None:
+    """ValueError unless every coefficient is at most MAX_TIME_S in magnitude and swaps move >= MIN_SWAP_BANDWIDTH."""
+    if not swap_bandwidth >= MIN_SWAP_BANDWIDTH:
+        raise ValueError(f"swap_bandwidth must be >= {MIN_SWAP_BANDWIDTH:g} bytes/s, got {swap_bandwidth}")
+    for name, value in coefficients.items():
+        if value is not None and not abs(value) <= MAX_TIME_S:
+            raise ValueError(f"{name} must be at most {MAX_TIME_S:g} seconds a unit, got {value}")
+
+
+def check_step_time(seconds: float, shape: tuple) -> float:
+    """`seconds` if a step of `shape` (prefill tokens, decode sequences, context tokens, ...) may take it, else
+    ValueError: a cost model that prices one step past MAX_TIME_S, or at NaN, is not a model of any machine."""
+    if not seconds <= MAX_TIME_S:
+        raise ValueError(f"the cost model priced a step of (prefill tokens, decode sequences, K/V tokens, ...) "
+                         f"{shape} at {seconds:g} s (allowed: at most {MAX_TIME_S:g} s; check the cost model)")
+    return seconds
 CSV_COLUMNS = ("num_prefill_tokens", "num_decode_seqs", "num_context_tokens", "step_time_s")
 
 
@@ -224,8 +247,7 @@ class CalibratedCostModel:
     floor_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.swap_bandwidth > 0:
-            raise ValueError(f"swap_bandwidth must be > 0 bytes/s, got {self.swap_bandwidth}")
+        check_bounds(self.swap_bandwidth, a=self.a, b=self.b, c=self.c, d=self.d, floor_s=self.floor_s)
         if not self.floor_s >= 0:
             raise ValueError(f"floor_s must be >= 0 seconds, got {self.floor_s}")
 
@@ -345,7 +367,9 @@ class PiecewiseCostModel:
     prompt or four).
 
     It cannot be absurd: g is non-negative and non-decreasing (values[0] >= 0, each value >= the one before) and
-    c, d, d_shared, e >= 0, checked here, so every step costs at least g at its smallest and more work never costs less.
+    c, d, d_shared, e >= 0, checked here, so every step costs at least g at its smallest and more work never costs less;
+    and every coefficient and slope of g is at most MAX_TIME_S seconds a unit (check_bounds), so no step within the
+    simulator's limits costs an infinite time (one priced past MAX_TIME_S stops the run: check_step_time).
     Below the first knot g is values[0]; past the last it goes on along its last segment (a slope >= 0).
 
     The calibrated range: knots[0] .. knots[-1] tokens, and at most `max_decode_seqs`, `max_context_tokens` and
@@ -378,8 +402,10 @@ class PiecewiseCostModel:
                                  f"after {a}")  # fmt: skip
         if not (self.c >= 0 and self.d >= 0 and self.e >= 0 and (self.d_shared is None or self.d_shared >= 0)):
             raise ValueError(f"c, d, d_shared and e must be >= 0, got {self.c}, {self.d}, {self.d_shared}, {self.e}")
-        if not self.swap_bandwidth > 0:
-            raise ValueError(f"swap_bandwidth must be > 0 bytes/s, got {self.swap_bandwidth}")
+        slopes = {f"g's slope from {a:g} to {b:g} tokens": (v - u) / (b - a)
+                  for a, b, u, v in zip(self.knots, self.knots[1:], self.values, self.values[1:])}  # fmt: skip
+        check_bounds(self.swap_bandwidth, c=self.c, d=self.d, e=self.e, d_shared=self.d_shared,
+                     **{"the last value": self.values[-1]}, **slopes)  # fmt: skip
         for name in ("max_decode_seqs", "max_context_tokens", "max_prefill_pairs"):
             value = getattr(self, name)
             if value is not None and not value >= 0:

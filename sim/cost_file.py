@@ -65,7 +65,13 @@ def _show(value, quote: bool = True) -> str:
 
 
 def _number(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """A finite JSON number that a float holds (an integer of 400 digits is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
@@ -83,6 +89,8 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
         record = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"cost model {path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:  # an integer past Python's 4,300 digits
+        raise ValueError(f"cost model {path}: not a JSON this reader takes ({e})") from None
     except RecursionError:
         raise ValueError(f"cost model {path}: JSON nested too deeply to be a cost model") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
@@ -97,6 +105,8 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
     kind = record.get("kind", "knee")
     if not isinstance(kind, str) or kind not in COEFFICIENTS:
         raise ValueError(f"cost model {path}: kind {_show(kind)} (allowed: {', '.join(COEFFICIENTS)})")
+    if "kind" not in record:  # (files written before the piecewise model name no kind: they are knee models)
+        path = f"{path} (no \"kind\": read as a knee model)"
     names = COEFFICIENTS[kind]
     coefficients = record.get("coefficients")
     if not isinstance(coefficients, dict):
@@ -128,7 +138,7 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
         raise ValueError(f"cost model {path}: {e}") from None
 
 
-def cost_model_for(path: str | Path, model_name: str, num_gpus: int = 1) -> CostModelFit:
+def cost_model_for(path: str | Path, model_name: str, num_gpus: int = 1, kv_dtype: str = "auto") -> CostModelFit:
     """The cost model in `path`, which must have been measured on `model_name` (a step time means nothing for
     another model's weights) and is used for one GPU.
 
@@ -142,4 +152,7 @@ def cost_model_for(path: str | Path, model_name: str, num_gpus: int = 1) -> Cost
     if num_gpus != 1:
         raise ValueError(f"cost model {path} was measured on one device and has no tensor-parallel terms: num_gpus "
                          f"{num_gpus} needs the roofline (drop the cost model file, or run with num_gpus 1)")  # fmt: skip
+    if kv_dtype != "auto":  # NOTE: calibrate measures the engine's own K/V (the model's dtype): no 8-bit reads in it
+        raise ValueError(f"cost model {path} priced K/V reads of the model's own dtype: kv_dtype {kv_dtype!r} needs "
+                         f"the roofline (drop the cost model file, or kv_dtype 'auto')")  # fmt: skip
     return cost

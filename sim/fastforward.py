@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .cost import check_step_time
 from .kv.base import as_seen
+from .limits import MAX_TIME_S
 from .plan import shared_context_tokens
 
 
@@ -65,6 +67,8 @@ def price_steps(cost, now: float, next_arrival: float, max_steps: int, num_seqs:
     t, context = now, context + num_seqs
     while len(durations) < max_steps and t < next_arrival:
         d = cost.step_time(0, num_seqs, context, 0, shared)
+        if not d <= MAX_TIME_S:  # (NaN too) as Simulator._price refuses it
+            check_step_time(d, (0, num_seqs, context, 0, shared))
         starts.append(t)
         durations.append(d)
         t += d

@@ -28,7 +28,9 @@ import numpy as np
 from tqdm import tqdm
 
 from . import fastforward
+from .cost import check_step_time
 from .kv.base import SHARE_NAMES, as_seen
+from .limits import MAX_TIME_S
 from .metrics import StepLog, StepTotals, Table, request_table
 from .plan import StepOutcome, StepPlan
 from .request import Request
@@ -309,12 +311,16 @@ class Simulator:
             if plan.num_draft_tokens:  # speculative decoding: a verify entry's drafts are priced as a chunk after it
                 shape = (shape[0] + plan.num_draft_tokens, shape[1], shape[2], shape[3] + plan.num_draft_pairs, shared)
             duration = self.cost.step_time(*shape)
+            if not duration <= MAX_TIME_S:  # (NaN too) a cost model that is no machine's: one line, not a run
+                check_step_time(duration, shape)
             if self.in_range is not None and not self.in_range(*shape):
                 self.extrapolated_steps += 1
                 self.extrapolated_time += duration
         swapped = len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)
         if swapped:
             duration += self.cost.swap_time(swapped * self.block_bytes, swapped)
+            if not duration <= MAX_TIME_S:
+                check_step_time(duration, (f"{swapped} blocks swapped",))
         return duration
 
     def _outcome(self, plan: StepPlan) -> tuple[StepOutcome, dict]:

@@ -3,6 +3,7 @@ line, and `sim.run` / `python -m sim run --cost-model` price steps with it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -93,7 +94,12 @@ def test_file_round_trips(tmp_path):
     (lambda r: {**r, "coefficients": {**r["coefficients"], "b": "fast"}}, "coefficients.b must be a finite number"),
     (lambda r: {**r, "coefficients": {**r["coefficients"], "d": float("nan")}}, "coefficients.d must be a finite"),
     (lambda r: {**r, "coefficients": {**r["coefficients"], "e": 1.0}}, "unknown coefficient\\(s\\) e"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 0}}, "swap_bandwidth must be > 0"),
+    (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 0}}, "swap_bandwidth must be >= 1000"),
+    # found by probing: each priced steps at inf (an internal error, NaN shares) or crashed the reader
+    (lambda r: {**r, "coefficients": {**r["coefficients"], "c": 1e308}}, "c must be at most 1e\\+09 seconds a unit"),
+    (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 1e-300}}, "swap_bandwidth must be >="),
+    (lambda r: json.dumps(r).replace('"c": 0.0025', '"c": 1' + "0" * 400), "coefficients.c must be a finite number"),
+    (lambda r: json.dumps(r).replace('"version": 2', '"version": 1' + "0" * 5000), "not a JSON this reader takes"),
 ])  # fmt: skip
 def test_bad_file_is_one_line(tmp_path, edit, message):
     path = _write(tmp_path)
@@ -103,6 +109,30 @@ def test_bad_file_is_one_line(tmp_path, edit, message):
     with pytest.raises(ValueError, match=message) as info:
         read_cost_model(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_step_priced_past_the_time_limit_stops_the_run_in_one_line():
+    """Coefficients within their bounds can still price a big step past MAX_TIME_S: refused where it is priced, by
+    the stepping loop and by the fast-forward alike (it was an internal error, or a summary of inf and NaN)."""
+    slow = CalibratedCostModel(a=0.0, b=0.0, c=6e8, d=0.0)  # 600 million seconds a decoding sequence
+    for jump in (True, False):
+        with pytest.raises(ValueError, match=r"the cost model priced a step .* at 1\.2e\+09 s \(allowed: at most 1e\+09"):
+            run(num_requests=2, arrival="offline", workload="fixed", prompt_len=8, output_len=4, kv_slots=4096,
+                cost_model=slow, jump=jump)
+
+
+def test_a_piecewise_file_without_its_kind_says_it_was_read_as_a_knee_model(tmp_path):
+    path = tmp_path / "cost.json"
+    record = cost_model_record(PIECES, "smollm2-135m")
+    del record["kind"]
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match='no "kind": read as a knee model\\): coefficients.a must be a finite number'):
+        read_cost_model(path)
+
+
+def test_a_cost_file_with_an_8_bit_kv_cache_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="kv_dtype 'int8' needs the roofline"):
+        run(num_requests=2, model="smollm2-135m", kv_slots=4096, kv_dtype="int8", cost_model=str(_write(tmp_path)))
 
 
 def test_missing_file_and_other_model_are_refused(tmp_path):
@@ -240,6 +270,7 @@ def test_every_fit_is_non_negative_and_monotone(shapes, noise, seed, knot_ratio)
 
 @pytest.mark.parametrize("values, message", [
     ((0.05, 0.04, 0.06), "values must not decrease .* 0.04 at 2 tokens"),
+    ((0.04, 0.06, 1e300), "the last value must be at most 1e\\+09 seconds a unit, got 1e\\+300"),
     ((-0.01, 0.04, 0.06), "values must be >= 0 seconds"),
     ((0.04, 0.06, -18.9), "values must not decrease"),
 ])  # fmt: skip
@@ -253,6 +284,12 @@ def test_an_absurd_model_is_refused(values, message, tmp_path):
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=f"cost model {path}: {message}"):
         read_cost_model(path)
+
+
+def test_a_slope_past_the_bound_is_refused():
+    """Knots 1e-300 tokens apart: g's slope is 1e299 seconds a token, a 2-token step would cost 2e299 s."""
+    with pytest.raises(ValueError, match="g's slope from 0 to 1e-300 tokens must be at most 1e\\+09 seconds a unit"):
+        PiecewiseCostModel(knots=(0.0, 1e-300), values=(0.1, 0.2), c=0.0, d=0.0)
 
 
 def test_piecewise_model_round_trips_and_checks_its_lists(tmp_path):
@@ -353,7 +390,7 @@ def test_a_plan_counts_the_reads_of_blocks_another_entry_reads():
 
 _HOSTILE_JSON = ["-1", "0", "1e400", "NaN", "Infinity", "true", "false", "null", '"x"', "[]", "{}", "[1, 0.5, -3]",
                  "[" * 3000 + "]" * 3000, '{"a": 1}', "1.0", "2", "3", '"piecewise"', '"knee"', "[1, 1, 1]",
-                 '"\\ud800"', "1" + "0" * 500]  # fmt: skip
+                 '"\\ud800"', "1" + "0" * 500, "1" + "0" * 5000, "1e308", "1e-300", "5e-324"]  # fmt: skip
 
 
 @st.composite
@@ -395,3 +432,5 @@ def test_a_mutated_cost_model_file_is_a_model_that_cannot_be_absurd_or_one_line(
     for tokens in (0, 1, 100, 5000):
         base = model.step_time(tokens, 2, 1000, 500, 200)
         assert base > 0 and model.step_time(tokens + 10, 2, 1000, 500, 200) >= base * (1 - 1e-12)
+    # and finite at the largest shapes and swaps within the simulator's limits (a bound on every coefficient)
+    assert math.isfinite(model.step_time(10**7, 10**6, 10**10, 10**14, 10**9)) and math.isfinite(model.swap_time(10**13))
