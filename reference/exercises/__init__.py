@@ -32,7 +32,8 @@ def check(name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 
 
 
 def grade(name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = True,
-          machines: Collection[str] = ("model", "rule", "long")) -> CheckReport:  # fmt: skip
+          machines: Collection[str] = ("model", "rule", "long"),
+          check_timeout: float | None = _sim.CHECK_TIMEOUT_S) -> CheckReport:  # fmt: skip
     """sim.exercises.grade over every exercise, these labs included."""
     return _sim.grade(name, cls_or_factory, max_examples=max_examples, quiet=quiet, machines=machines,
-                      exercises=EXERCISES)
+                      exercises=EXERCISES, check_timeout=check_timeout)

@@ -119,8 +119,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 EXERCISE = {exercise!r}
@@ -181,19 +183,41 @@ def main() -> int:
                "--results", str(results), "--hidden-visibility", HIDDEN_VISIBILITY]
     if args.max_examples is not None:
         command += ["--max-examples", str(args.max_examples)]
+    # NOTE: a results.json stands from now on (the grader replaces it; a grader killed outright leaves this one);
+    # its output goes to files, not pipes (a process the submission started would hold a pipe open past the end)
+    # and is read as UTF-8 with replacement (a submission may print any bytes); its session is killed at the end,
+    # with whatever the submission left running
+    placeholder = f"grading {{submission.name}} was stopped before it wrote a grade: 0 points"
+    refuse(results, placeholder)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(command, cwd=LAB, env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            code = process.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:  # the session is gone already
+            pass
+        process.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode("utf-8", "replace") for f in (out, err))
+    print(stdout, end="")
+    print(stderr, end="", file=sys.stderr)
     try:
-        done = subprocess.run(command, cwd=LAB, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
+        written = json.loads(results.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        written = None
+    if isinstance(written, dict) and written.get("output") != placeholder:
+        return 0  # the grader's own results.json
+    if code is None:
         refuse(results, f"grading {{submission.name}} did not finish within {{args.timeout:.0f}} s "
                         "(an endless loop?): 0 points")
-        return 0
-    print(done.stdout, end="")
-    print(done.stderr, end="", file=sys.stderr)
-    try:
-        json.loads(results.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        refuse(results, f"the grader could not grade {{submission.name}} (exit status {{done.returncode}}): {{last}}")
+    else:  # it ended without a grade: refused (it said why), or the submission ended it (sys.exit, os._exit)
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        refuse(results, f"grading {{submission.name}} stopped before it wrote a grade (exit status {{code}}; did "
+                        f"your code end the process?): {{last}}")
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Collection
 
 from .referee import refereed
 from .registry import EXERCISES, Exercise, MachineCheck
-from .report import CheckReport, CheckResult, run_example, run_machine
+from .report import CHECK_TIMEOUT_S, CheckReport, CheckResult, run_example, run_machine
 from .unfinished import unfinished
 
 __all__ = ["EXERCISES", "CheckReport", "CheckResult", "Exercise", "MachineCheck", "check", "grade"]
@@ -51,17 +51,21 @@ def check(
 def grade(
     name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = True,
     machines: Collection[str] = ("model", "rule", "long"), exercises: dict[str, Exercise] = EXERCISES,
+    check_timeout: float | None = CHECK_TIMEOUT_S,
 ) -> CheckReport:
     """Every check of exercise `name`, visible and hidden, each run on its own and scored by its weight.
 
     What the autograder command runs (`python -m sim.exercises grade`). `quiet=False` also prints the report.
-    `machines` picks the state machines to run by kind (registry.py); the examples always run.
+    `machines` picks the state machines to run by kind (registry.py); the examples always run. `check_timeout`:
+    seconds a check may run (None: no limit); one that runs longer fails alone, "an endless loop?".
     """
-    return _run(exercises, name, cls_or_factory, max_examples, quiet, hidden=True, machines=machines)
+    return _run(exercises, name, cls_or_factory, max_examples, quiet, hidden=True, machines=machines,
+                timeout=check_timeout)
 
 
 def _run(exercises: dict[str, Exercise], name: str, cls_or_factory: Callable[..., Any], max_examples: int,
-         quiet: bool, hidden: bool, machines: Collection[str] = ("model", "rule", "long")) -> CheckReport:
+         quiet: bool, hidden: bool, machines: Collection[str] = ("model", "rule", "long"),
+         timeout: float | None = CHECK_TIMEOUT_S) -> CheckReport:
     if name not in exercises:
         raise ValueError(f"unknown exercise {name!r} (allowed: {', '.join(exercises)})")
     if max_examples < 1:
@@ -73,7 +77,7 @@ def _run(exercises: dict[str, Exercise], name: str, cls_or_factory: Callable[...
     )
     make = refereed(cls_or_factory, exercise.rules)
     for example in exercise.examples:
-        run_example(example.__doc__.strip(), example, make, report)
+        run_example(example.__doc__.strip(), example, make, report, timeout=timeout)
     unknown = set(machines) - {"model", "rule", "long"}
     if unknown:
         raise ValueError(f"unknown machine kinds {sorted(unknown)} (allowed: model, rule, long)")
@@ -86,7 +90,7 @@ def _run(exercises: dict[str, Exercise], name: str, cls_or_factory: Callable[...
         n = machine.scale * max_examples
         build = (lambda m=machine, n=n: m.build(cls_or_factory, n, m.steps))  # fmt: skip
         run_machine(machine.title.format(n=n), build, report, machine.weight, machine.visibility,
-                    after_examples=not hidden)  # fmt: skip
+                    after_examples=not hidden, timeout=timeout)  # fmt: skip
     if not quiet:
         print(report.text(exercise.title))
     return report

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import EXERCISES, grade
 from .gradescope import VISIBILITIES, refusal, results
+from .report import CHECK_TIMEOUT_S, CheckTimeout, time_limit
 from .source import SubmissionError, find_class, load, notes
 
 
@@ -37,7 +38,30 @@ def _parser(exercises: dict, prog: str) -> argparse.ArgumentParser:
     g.add_argument("--max-examples", type=int, default=200, help="random programs per state machine (default 200)")
     g.add_argument("--hidden-visibility", default="after_published", choices=VISIBILITIES,
                    help="Gradescope visibility of the hidden checks (default after_published)")  # fmt: skip
+    g.add_argument("--check-timeout", type=float, default=CHECK_TIMEOUT_S, metavar="SECONDS",
+                   help=f"the time one check may take, then it fails alone as an endless loop (default {CHECK_TIMEOUT_S:g}; "
+                   "0: no limit)")  # fmt: skip
     return parser
+
+
+def _check_results_path(results: Path, source: Path) -> None:
+    """Before grading: --results must be a file this command can write, and not the submission itself."""
+    if results.exists() and source.exists() and results.resolve() == source.resolve():
+        raise SubmissionError(f"--results {results}: is the submission itself (allowed: another file)")
+    if results.is_dir():
+        raise SubmissionError(f"--results {results}: is a folder (allowed: a file path)")
+    folder = results.parent if str(results.parent) else Path(".")
+    if not folder.is_dir():
+        raise SubmissionError(f"--results {results}: no folder {folder} (allowed: a file in an existing folder)")
+
+
+def _write_results(path: Path, data: dict) -> int:
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"error: cannot write --results {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None, exercises: dict = EXERCISES, prog: str = "python -m sim.exercises") -> int:
@@ -48,20 +72,29 @@ def main(argv: list[str] | None = None, exercises: dict = EXERCISES, prog: str =
             raise SubmissionError(f"unknown exercise {args.exercise!r} (allowed: {', '.join(exercises)})")
         if args.max_examples < 1:
             raise SubmissionError(f"--max-examples must be >= 1, got {args.max_examples}")
+        if not args.check_timeout >= 0:
+            raise SubmissionError(f"--check-timeout must be >= 0 seconds (0: no limit), got {args.check_timeout}")
+        if args.results is not None:
+            _check_results_path(args.results, args.source)
         exercise = exercises[args.exercise]
-        namespace = load(args.source)
+        timeout = args.check_timeout or None
+        try:
+            with time_limit(timeout):  # its top-level code runs here
+                namespace = load(args.source)
+        except CheckTimeout:
+            raise SubmissionError(f"{args.source}: running it took more than {timeout:g} s (an endless loop at the "
+                                  f"top level of the file?)") from None  # fmt: skip
         cls = find_class(namespace, exercise.class_name, tuple(exercise.probes), args.source)
     except SubmissionError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        if args.results is not None:
-            args.results.write_text(json.dumps(refusal(str(exc)), indent=2) + "\n", encoding="utf-8")
+        if args.results is not None and "--results" not in str(exc):
+            _write_results(args.results, refusal(str(exc)))
         return 2
-    report = grade(args.exercise, cls, max_examples=args.max_examples, exercises=exercises)
+    report = grade(args.exercise, cls, max_examples=args.max_examples, exercises=exercises, check_timeout=timeout)
     report.notes[:0] = notes(namespace)  # the notebook's skipped cells, each one line, before the checks
     print(report.text(exercise.title))
     if args.results is not None:
-        data = results(report, exercise.title, args.hidden_visibility)
-        args.results.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        return _write_results(args.results, results(report, exercise.title, args.hidden_visibility))
     return 0
 
 

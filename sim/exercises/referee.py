@@ -29,6 +29,39 @@ class RuleBroken(AssertionError):
     """A rule of the exercise broke during a call; the message names the call and the rule."""
 
 
+class CheckTimeout(BaseException):
+    """A check ran past its time limit (report.time_limit). Not an Exception, so that a student's `except
+    Exception:` cannot swallow it (hypothesis also lets it through at once, without shrinking)."""
+
+
+MAX_TEXT = 2_000  # characters of one value or message of the student's code in the feedback
+
+
+def student_text(value: Any, use_repr: bool = False) -> str:
+    """str() (or repr()) of something the student's code made (an exception, a return value), for the feedback:
+    never raises (a __str__ with a typo in it is the student's bug to be told, not the grader's crash), and is cut
+    to MAX_TEXT characters (a 20 MB message would be repeated in every line that quotes it)."""
+    try:
+        text = repr(value) if use_repr else str(value)
+        if not isinstance(text, str):
+            raise TypeError(f"it returned a {type(text).__name__}")
+    except Exception as exc:  # noqa: BLE001 - said instead
+        return f"<a {type(value).__name__} whose {'repr' if use_repr else 'str'}() raised {type(exc).__name__}>"
+    return text if len(text) <= MAX_TEXT else f"{text[:MAX_TEXT]}... ({len(text):,} characters)"
+
+
+def steers_hypothesis(exc: BaseException) -> bool:
+    """Whether the student's code raised one of hypothesis's own exceptions (reject(), assume(False), StopTest):
+    hypothesis would take it as the grader's and drop the example, so a class could hide the programs it fails."""
+    return type(exc).__module__.split(".")[0] == "hypothesis"
+
+
+def _refuse_steering(exc: BaseException, call: str) -> None:
+    if steers_hypothesis(exc):
+        raise RuleBroken(f"{call}: your code raised hypothesis's {type(exc).__name__} (reject(), assume()): only "
+                         f"the grader may steer hypothesis") from None  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Rules:
     mutating: tuple[str, ...]  # the calls that change the allocator (snapshotted, and logged)
@@ -102,7 +135,8 @@ class Referee:
         target = object.__getattribute__(self, "_referee_target")
         try:
             value = getattr(target, name)  # a property runs here
-        except Exception as exc:  # noqa: BLE001  (tagged, then passed on unchanged)
+        except BaseException as exc:  # (tagged, then passed on unchanged)
+            _refuse_steering(exc, name)
             tag_exercise_call(exc, name)
             raise
         if not callable(value) or name.startswith("_"):
@@ -121,7 +155,8 @@ class Referee:
         if name not in rules.mutating:
             try:
                 return method(*args)
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:
+                _refuse_steering(exc, call)
                 tag_exercise_call(exc, call)
                 raise
         before = self._referee_snapshot()
@@ -136,13 +171,19 @@ class Referee:
         except RuleBroken:
             raise
         except Exception as exc:  # noqa: BLE001
+            _refuse_steering(exc, call)
             tag_exercise_call(exc, call)
             self.referee_calls[-1] = f"{call} raised {type(exc).__name__}"
             after = self._referee_snapshot()
             if before is not None and after is not None and after != before:
                 raise RuleBroken(_changed(call, exc, before, after)) from exc
             raise
-        self.referee_calls[-1] = call if (result is None and name in rules.quiet) else f"{call} -> {result!r}"
+        except BaseException as exc:  # sys.exit(), a time limit, hypothesis' StopTest: no all-or-nothing check
+            _refuse_steering(exc, call)
+            tag_exercise_call(exc, call)
+            raise
+        shown = student_text(result, use_repr=True)
+        self.referee_calls[-1] = call if (result is None and name in rules.quiet) else f"{call} -> {shown}"
         if placement is not None:
             placement.check(self._referee_target, name, args, result, oracle)
         return result
@@ -158,7 +199,7 @@ class Referee:
 
 def _changed(call: str, exc: BaseException, before: dict[str, Any], after: dict[str, Any]) -> str:
     diffs = "; ".join(f"{k} {before[k]} -> {after.get(k)}" for k in before if before[k] != after.get(k))
-    return (f"{call} raised {type(exc).__name__} ({exc}) but changed the allocator: {diffs}. "
+    return (f"{call} raised {type(exc).__name__} ({student_text(exc)}) but changed the allocator: {diffs}. "
             f"A refused call must change nothing (all-or-nothing): check every argument before changing anything.")
 
 
@@ -166,7 +207,12 @@ def refereed(make: Callable[..., Any], rules: Rules) -> Callable[..., Any]:
     """A factory like `make` whose allocators come wrapped in a `Referee`."""
 
     def build(*args: Any) -> Referee:
-        return Referee(make(*args), rules)
+        try:
+            made = make(*args)
+        except BaseException as exc:
+            _refuse_steering(exc, format_call("__init__", args))
+            raise
+        return Referee(made, rules)
 
     build.__name__ = getattr(make, "__name__", "factory")
     return build

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import signal
+import threading
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .referee import RuleBroken, exercise_call
+from .referee import CheckTimeout, RuleBroken, exercise_call, student_text
 from .source import explain_name_error
 
 INDENT = "      "
@@ -33,14 +36,36 @@ def same(found: Any, expected: Any) -> bool:
     The spec fixes a value, not the arithmetic that reaches it: `hits / total` and `1 - misses / total` are the
     same hit rate, 0.2 and 0.19999999999999996. Containers must still be of the same kind and shape.
     """
+    # NOTE: the student's value is read through the built-in types' own methods (int.__int__, list.copy, ...), never
+    # its own __eq__ / __ne__: an int or list subclass whose __eq__ always says True passed three stories
+    if expected is None:
+        return found is None
+    if isinstance(expected, bool):  # True, numpy's True, or 1 (a predicate answering 0 / 1 is still right)
+        if type(found).__name__ in ("bool", "bool_"):
+            return bool(found) is expected
+        return isinstance(found, int) and int.__int__(found) == expected
     if _fractional(found) or _fractional(expected):
         return (isinstance(found, numbers.Real) and isinstance(expected, numbers.Real)
-                and math.isclose(float(found), float(expected), rel_tol=ROUNDING, abs_tol=1e-12))  # fmt: skip
+                and math.isclose(_float(found), float(expected), rel_tol=ROUNDING, abs_tol=1e-12))  # fmt: skip
+    if isinstance(expected, numbers.Integral):
+        return (isinstance(found, numbers.Integral) and not isinstance(found, bool)
+                and (int.__int__(found) if isinstance(found, int) else int(found)) == expected)  # fmt: skip
+    if isinstance(expected, str):
+        return isinstance(found, str) and str.__str__(found) == expected
+    if isinstance(expected, list) and isinstance(found, list) and type(expected) is list:
+        found = list.copy(found)
+    elif isinstance(expected, tuple) and isinstance(found, tuple) and type(expected) is tuple:
+        found = tuple.__getitem__(found, slice(None))
     if isinstance(expected, (list, tuple)) and type(found) is type(expected):
         return len(found) == len(expected) and all(same(f, e) for f, e in zip(found, expected))
     if isinstance(expected, dict) and isinstance(found, dict):
-        return found.keys() == expected.keys() and all(same(found[k], expected[k]) for k in expected)
+        keys = dict.keys(found)
+        return keys == expected.keys() and all(same(dict.__getitem__(found, k), expected[k]) for k in expected)
     return not found != expected
+
+
+def _float(value: Any) -> float:
+    return float.__float__(value) if isinstance(value, float) else float(value)
 
 
 def _fractional(value: Any) -> bool:
@@ -140,7 +165,7 @@ class Story:
         self.steps.append(call)  # recorded first, so a call that raises is the story's last step
         result = getattr(obj, method)(*args)
         quiet = result is None and method in ("free", "share", "cache_block")  # methods that answer nothing
-        self.steps[-1] = call if quiet else f"{call} -> {result!r}"
+        self.steps[-1] = call if quiet else f"{call} -> {student_text(result, use_repr=True)}"
         return result
 
     def blocks(self, obj: Any, num_blocks: int) -> list[int]:
@@ -173,13 +198,13 @@ class Story:
             if error is not NameError:
                 self.steps.append(f"{call} raised NameError")
                 raise
-            self.steps.append(f"{call} raised {type(exc).__name__}: {exc}")
+            self.steps.append(f"{call} raised {type(exc).__name__}: {student_text(exc)}")
             return exc
         except error as exc:
-            self.steps.append(f"{call} raised {type(exc).__name__}: {exc}")
+            self.steps.append(f"{call} raised {type(exc).__name__}: {student_text(exc)}")
             return exc
         except Exception as exc:  # noqa: BLE001  (a wrong exception type is feedback, not a crash)
-            self.steps.append(f"{call} raised {type(exc).__name__}: {exc}")
+            self.steps.append(f"{call} raised {type(exc).__name__}: {student_text(exc)}")
             raise ExpectationFailed(f"{call}: expected {error.__name__}, found {type(exc).__name__}") from exc
         self.steps.append(call)
         raise ExpectationFailed(f"{call}: expected {error.__name__}, but nothing was raised")
@@ -197,36 +222,68 @@ def _points(x: float) -> str:
 
 def describe_error(exc: BaseException) -> str:
     """One line: an expectation's own message, or what the student's code raised, during which call, and where."""
-    if isinstance(exc, AssertionError) and str(exc):
+    if isinstance(exc, AssertionError) and student_text(exc):
         cause = exc.__cause__
         if isinstance(exc, RuleBroken) and isinstance(cause, NameError):  # never a bare NameError
             return f"broken: {exc} ({explain_name_error(cause)})"
-        return f"broken: {exc}"
+        return f"broken: {student_text(exc)}"
     call = exercise_call(exc)
     during = f" during the call {call}" if call else ""
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     if frame is not None and "/sim/exercises/" in frame.filename.replace("\\", "/"):
         # raised by the grader's own call (wrong arguments, an unexpected return value), not inside your code
-        return (f"{type(exc).__name__}: {exc}{during} (calling your class; check the method's signature "
-                f"and what it returns)")
+        return (f"{type(exc).__name__}: {student_text(exc)}{during} (calling your class; check the method's "
+                f"signature and what it returns)")
     where = f" in {frame.name} (line {frame.lineno})" if frame else ""
     if isinstance(exc, NameError):  # never a bare NameError: which name, and where it went
         why = explain_name_error(exc).removeprefix("NameError: ")
         return f"your code raised NameError{during}{where}: {why}"
-    return f"your code raised {type(exc).__name__}: {exc}{during}{where}"
+    if isinstance(exc, CheckTimeout):
+        return f"{student_text(exc)}{during}{where}"
+    if isinstance(exc, SystemExit):
+        return f"your code called sys.exit({student_text(exc.code, use_repr=True)}){during}{where}"
+    return f"your code raised {type(exc).__name__}: {student_text(exc)}{during}{where}"
+
+
+CHECK_TIMEOUT_S = 60.0  # a whole grade of a solution takes well under a minute (the capstone's, the longest: 27 s
+# at 200 examples on a 2-core Intel Xeon, 2026-11-27), each check a part of it
+
+
+@contextmanager
+def time_limit(seconds: float | None):
+    """Raise CheckTimeout in this thread once `seconds` have passed (SIGALRM: it interrupts a Python loop and a
+    sleep). None, or where there is no SIGALRM (Windows) or off the main thread: no limit."""
+    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame) -> None:
+        raise CheckTimeout(f"the check ran past its time limit of {seconds:g} s (an endless loop?)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_example(title: str, example: Callable[[Callable[..., Any], Story], None], make: Callable[..., Any],
-                report: CheckReport, weight: float = 1.0, visibility: str = "visible") -> None:  # fmt: skip
+                report: CheckReport, weight: float = 1.0, visibility: str = "visible",
+                timeout: float | None = CHECK_TIMEOUT_S) -> None:  # fmt: skip
     story = Story()
     try:
-        example(make, story)
+        with time_limit(timeout):
+            example(make, story)
     except NotImplementedError as exc:
         _not_implemented(report, exc)
         detail = f"{raising_method(exc)}() is not implemented yet"
         report.results.append(CheckResult(title, False, detail, weight=weight, visibility=visibility))
         return
-    except Exception as exc:  # noqa: BLE001  (anything the student's code raises is feedback)
+    except BaseException as exc:  # anything the student's code raises is feedback (sys.exit() too), but Ctrl-C
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         steps = "\n".join(["steps:"] + ["  " + s for s in story.steps]) + "\n" if story.steps else ""
         report.results.append(CheckResult(title, False, steps + describe_error(exc), weight=weight,
                                           visibility=visibility))
@@ -235,7 +292,8 @@ def run_example(title: str, example: Callable[[Callable[..., Any], Story], None]
 
 
 def run_machine(title: str, build: Callable[[], type], report: CheckReport, weight: float = 1.0,
-                visibility: str = "visible", after_examples: bool = True) -> None:  # fmt: skip
+                visibility: str = "visible", after_examples: bool = True,
+                timeout: float | None = CHECK_TIMEOUT_S) -> None:  # fmt: skip
     """Run a state machine (a TestCase class from `build()`); on failure, print hypothesis' shrunk program and
     the broken rule. `after_examples`: skip it while an example fails (the notebook's one-thing-at-a-time)."""
     # NOTE: in the notebook the machine runs only once every example passes: a failing example is the clearer
@@ -250,13 +308,16 @@ def run_machine(title: str, build: Callable[[], type], report: CheckReport, weig
     if after_examples and not all(r.passed for r in report.results):
         return skipped("the examples above pass")
     try:
-        build()("runTest").runTest()
+        with time_limit(timeout):
+            build()("runTest").runTest()
     except NotImplementedError as exc:
         _not_implemented(report, exc)
         detail = f"{raising_method(exc)}() is not implemented yet"
         report.results.append(CheckResult(title, False, detail, weight=weight, visibility=visibility))
         return
-    except Exception as exc:  # noqa: BLE001
+    except BaseException as exc:  # as in run_example
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         report.results.append(CheckResult(title, False, _machine_story(exc), weight=weight, visibility=visibility))
         return
     report.results.append(CheckResult(title, True, weight=weight, visibility=visibility))
@@ -267,7 +328,8 @@ _HYPOTHESIS_LINES = ("Failing test case", "Falsifying", "state = ", "state.", "D
 
 
 def _machine_story(exc: BaseException) -> str:
-    notes = [str(n) for n in getattr(exc, "__notes__", [])]
+    notes = getattr(exc, "__notes__", [])
+    notes = [student_text(n) for n in (notes if isinstance(notes, list) else [])]
     if any(n.startswith("Explanation") for n in notes):  # hypothesis' coverage explanation: not for students
         notes = notes[: next(i for i, n in enumerate(notes) if n.startswith("Explanation"))]
     steps = [n for n in notes if n.strip() and not n.startswith(_HYPOTHESIS_LINES)]

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .referee import CheckTimeout, student_text
+
 MODULE_NAME = "submission"
 NOTES = "__grader_notes__"  # the namespace's list of skipped cells and statements, one line each
 ORIGINS = "__grader_origins__"  # name -> why the notebook's binding of it did not run (explain_name_error)
@@ -73,16 +75,21 @@ def load(path: Path) -> dict[str, Any]:
         raise SubmissionError(f"{path}: line {exc.lineno}: SyntaxError: {exc.msg}") from exc
     except NameError as exc:
         raise SubmissionError(f"{path}: running it raised {explain_name_error(exc)}") from exc
-    except Exception as exc:  # noqa: BLE001  (the submission's own error, told in one line)
-        raise SubmissionError(f"{path}: running it raised {type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:  # the submission's own error (sys.exit() too), told in one line; Ctrl-C stops
+        if isinstance(exc, (KeyboardInterrupt, CheckTimeout)):
+            raise
+        raise SubmissionError(f"{path}: running it raised {_raised(exc)}") from exc
     finally:
         sys.path.remove(str(path.parent))
+    if path.suffix != ".ipynb":
+        module.__dict__[NOTES] = []  # a module's own `__grader_notes__` is not the grader's
     return module.__dict__
 
 
 def notes(namespace: dict[str, Any]) -> list[str]:
     """The one-line notes `load` left on a notebook's namespace (skipped cells and statements); [] for a module."""
-    return list(namespace.get(NOTES, ()))
+    found = namespace.get(NOTES)
+    return [n for n in found if isinstance(n, str)] if isinstance(found, list) else []
 
 
 def find_class(namespace: dict[str, Any], class_name: str, methods: tuple[str, ...], path: Path) -> type:
@@ -132,23 +139,36 @@ class _Statement:
 def _run_notebook(path: Path, namespace: dict[str, Any]) -> None:
     try:
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise SubmissionError(f"{path}: not a Jupyter notebook (no readable 'cells' list): {exc}") from exc
+    if not isinstance(cells, list):
+        raise SubmissionError(f"{path}: not a Jupyter notebook ('cells' is a {type(cells).__name__}, not a list)")
     skipped: list[str] = []
     origins: dict[str, str] = {}
-    namespace[NOTES], namespace[ORIGINS] = skipped, origins
+    namespace[ORIGINS] = origins  # NOTE: the notes join the namespace only at the end: the code run cannot edit them
     kept = _kept_statements(path, cells, skipped, origins)
     for s in kept:
         code = compile(ast.Module(body=[s.node], type_ignores=[]), f"{path} cell {s.cell}", "exec")
         try:
             exec(code, namespace)
-        except Exception as exc:  # noqa: BLE001  (noted, and grading goes on)
+        except BaseException as exc:  # noted, and grading goes on (sys.exit() in a cell too); Ctrl-C stops
+            if isinstance(exc, (KeyboardInterrupt, CheckTimeout)):
+                raise
             line = s.node.lineno
-            what = explain_name_error(exc, namespace) if isinstance(exc, NameError) else f"{type(exc).__name__}: {exc}"
+            what = explain_name_error(exc, namespace) if isinstance(exc, NameError) else _raised(exc)
             skipped.append(f"skipped line {line} of code cell {s.cell} ({s.first_line!r}): it raised {what}")
             for name in s.binds:
                 origins.setdefault(name, f"it is bound in code cell {s.cell} ({s.first_line!r}), line {line}, which "
                                          f"raised {type(exc).__name__} when the grader ran it")  # fmt: skip
+    namespace[NOTES] = list(skipped)
+
+
+def _raised(exc: BaseException) -> str:
+    """What a submission's code raised, in one line (a SystemExit as the sys.exit() it came from)."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: it called sys.exit({student_text(exc.code, use_repr=True)})"
+    text = student_text(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[str, str]) -> list[_Statement]:
@@ -165,11 +185,14 @@ def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[
         lines = [("pass" if line.lstrip().startswith(("%", "!")) else line) for line in text.splitlines()]
         try:
             tree = ast.parse("\n".join(lines))
-        except SyntaxError as exc:
-            skipped.append(f"skipped code cell {number} ({first!r}): line {exc.lineno}: SyntaxError: {exc.msg}")
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:  # (a null byte, a lone surrogate,
+            # an expression nested past the parser's depth): the cell is skipped, never the notebook
+            why = (f"line {exc.lineno}: SyntaxError: {exc.msg}" if isinstance(exc, SyntaxError)
+                   else f"{type(exc).__name__}: {student_text(exc) or 'Python cannot parse it'}")  # fmt: skip
+            skipped.append(f"skipped code cell {number} ({first!r}): {why}")
             for name in _names_in_unparsable(text):
                 origins.setdefault(name, f"it is defined in code cell {number} ({first!r}), which the grader skipped "
-                                         f"(line {exc.lineno}: SyntaxError: {exc.msg}); fix that cell")  # fmt: skip
+                                         f"({why}); fix that cell")  # fmt: skip
             continue
         defines = any(isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for n in tree.body)
         for node in tree.body:
@@ -184,18 +207,23 @@ def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[
                     origins.setdefault(name, f"it is bound in code cell {number} ({first!r}), line {node.lineno}, in "
                                              f"a statement the grader does not run ({_dropped_why(node)}); bind it "
                                              f"at the top level of the cell with your class")  # fmt: skip
-    needed = set().union(*(s.reads for s in always)) if always else set()
-    chosen: list[_Statement] = []
-    grew = True
-    while grew:  # NOTE: a computed constant may read another computed constant
-        grew = False
-        for s in maybe:
-            if s not in chosen and s.binds & needed:
-                chosen.append(s)
-                needed |= s.reads
-                grew = True
+    # NOTE: a computed constant may read another computed constant: follow the names read, each once (a work list:
+    # a chain of N constants is N steps, where a pass per link was N^2, and N = 2,000 ran for minutes)
+    binders: dict[str, list[_Statement]] = {}
     for s in maybe:
-        if s not in chosen:
+        for name in s.binds:
+            binders.setdefault(name, []).append(s)
+    needed = set().union(*(s.reads for s in always)) if always else set()
+    todo, chosen, chosen_ids = list(needed), [], set()
+    while todo:
+        for s in binders.get(todo.pop(), ()):
+            if id(s) not in chosen_ids:
+                chosen_ids.add(id(s))
+                chosen.append(s)
+                todo += [name for name in s.reads if name not in needed]
+                needed |= s.reads
+    for s in maybe:
+        if id(s) not in chosen_ids:
             for name in s.binds:
                 origins.setdefault(name, f"it is bound in code cell {s.cell} ({s.first_line!r}), line {s.node.lineno}, "
                                          f"which the grader does not run (no top-level code it runs reads {name}); "

@@ -12,7 +12,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from .report import raising_method
+from .report import raising_method, time_limit
+
+PROBE_TIMEOUT_S = 10.0  # one probe call on a tiny object: a correct method answers in microseconds
 
 _ABSENT = object()
 
@@ -25,10 +27,13 @@ def unfinished(make: Callable[..., Any], ctor_args: tuple, probes: dict[str, tup
     `surface` is everything the grader reads or calls.
     """
     try:
-        obj = make(*ctor_args)
+        with time_limit(PROBE_TIMEOUT_S):
+            obj = make(*ctor_args)
     except NotImplementedError:
         return ["__init__"], []
-    except Exception:  # noqa: BLE001  (a constructor that fails is reported by every check)
+    except BaseException as exc:  # a constructor that fails (sys.exit() too) is reported by every check; Ctrl-C stops
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         return [], []
     missing = [name for name in surface if inspect.getattr_static(obj, name, _ABSENT) is _ABSENT]
     not_implemented: list[str] = []
@@ -36,13 +41,15 @@ def unfinished(make: Callable[..., Any], ctor_args: tuple, probes: dict[str, tup
         if name in missing:
             continue
         try:
-            attr = getattr(make(*ctor_args), name)
-            if args is not None:
-                attr(*args)
+            with time_limit(PROBE_TIMEOUT_S):  # an endless loop is for the checks to report, each on its own
+                attr = getattr(make(*ctor_args), name)
+                if args is not None:
+                    attr(*args)
         except NotImplementedError as exc:
             where = raising_method(exc)
             if where not in not_implemented:
                 not_implemented.append(where)
-        except Exception:  # noqa: BLE001  (a written method may refuse the probe: the checks judge it)
-            pass
+        except BaseException as exc:  # a written method may refuse the probe: the checks judge it
+            if isinstance(exc, KeyboardInterrupt):
+                raise
     return not_implemented, missing

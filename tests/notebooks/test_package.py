@@ -132,6 +132,23 @@ def test_broken_submission_gets_zero_and_one_line(out: Path, tmp_path: Path, tex
     assert data["output"].strip() and "\n" not in data["output"].strip()
 
 
+def test_a_submission_that_prints_bytes_and_leaves_a_process_running_keeps_its_grade(out: Path, tmp_path: Path) -> None:
+    """It printed bytes that are not UTF-8 (the wrapper crashed decoding them, no results.json) and left a process
+    holding the output pipe (the wrapper waited for it until its time limit and replaced the grade with 0)."""
+    text = solution("block_allocator").read_text() + ("\nimport subprocess, sys\nsys.stdout.buffer.write(b'caf\\xe9\\n')"
+                                                      "\nsys.stdout.flush()\nsubprocess.Popen(['sleep', '600'])\n")  # fmt: skip
+    root = mock_autograder(build_autograder("block_allocator", out), tmp_path, Path("submission.py"), text)
+    data = run_autograder(root)
+    assert data["score"] == data["max_score"] > 0, data["output"]
+
+
+def test_a_submission_that_ends_the_process_gets_zero_and_says_so(out: Path, tmp_path: Path) -> None:
+    text = solution("block_allocator").read_text() + "\nimport os\nos._exit(0)\n"
+    data = run_autograder(mock_autograder(build_autograder("block_allocator", out), tmp_path, Path("submission.py"),
+                                          text))  # fmt: skip
+    assert data["score"] == 0 and "stopped before it wrote a grade" in data["output"]
+
+
 def test_empty_submission_gets_zero_and_says_what_to_upload(out: Path, tmp_path: Path) -> None:
     data = run_autograder(mock_autograder(build_autograder("block_allocator", out), tmp_path, None))
     assert data["score"] == 0 and "03_block_allocator.ipynb" in data["output"]
