@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import nbformat
-import pytest
 
 from sim.exercises import grade
 from sim.exercises.source import find_class, load, notes

@@ -28,6 +28,17 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _workers_of(proc: subprocess.Popen) -> set[int]:
+    """A two-worker sweep's worker processes, once both have started (within a minute)."""
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = _children(proc.pid)
+    assert len(workers) >= 2, "the sweep never started its workers"
+    return workers
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
@@ -44,12 +55,7 @@ def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
                              "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)  # fmt: skip
-    deadline = time.monotonic() + 60
-    workers: set[int] = set()
-    while len(workers) < 2 and time.monotonic() < deadline:  # the workers have started their points
-        time.sleep(0.2)
-        workers = _children(proc.pid)
-    assert len(workers) >= 2, "the sweep never started its workers"
+    workers = _workers_of(proc)
     time.sleep(1.0)
     sent = time.monotonic()
     os.kill(proc.pid, sig)  # to the parent alone (a terminal's Ctrl-C reaches the whole group; workers ignore it)
@@ -68,12 +74,7 @@ def test_a_sweep_killed_outright_leaves_no_worker(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
                              "--jobs", "2", "--out", str(tmp_path / "X.csv")], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 60
-    workers: set[int] = set()
-    while len(workers) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        workers = _children(proc.pid)
-    assert len(workers) >= 2, "the sweep never started its workers"
+    workers = _workers_of(proc)
     time.sleep(1.0)
     proc.kill()
     proc.wait(timeout=30)
@@ -89,13 +90,7 @@ def _start_sweep(out: Path, grid: str, *sets: str, **popen) -> tuple[subprocess.
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--no-progress", "--grid", grid, *sets,
                              "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
-    deadline = time.monotonic() + 60
-    workers: set[int] = set()
-    while len(workers) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        workers = _children(proc.pid)
-    assert len(workers) >= 2, "the sweep never started its workers"
-    return proc, workers
+    return proc, _workers_of(proc)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads worker processes from /proc")
