@@ -419,6 +419,8 @@ def machine_description() -> str:
     import torch
     import transformers
 
+    from reference.cpu_paths import cpu_paths
+
     cpu, threads = platform.processor() or "unknown cpu", torch.get_num_threads()
     if Path("/proc/cpuinfo").is_file():
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -426,7 +428,7 @@ def machine_description() -> str:
         cpu = names[0] if names else cpu
     return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
             f"python {platform.python_version()}, torch {torch.__version__} ({threads} thread{'s' * (threads != 1)}), "
-            f"transformers {transformers.__version__}")
+            f"transformers {transformers.__version__}; {cpu_paths().describe()}")
 
 
 def _print_table(rows: list[dict], dtype: bool = False) -> None:

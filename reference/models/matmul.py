@@ -25,29 +25,32 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from reference.cpu_paths import cpu_paths
+
 MATMULS = ("torch", "onednn")
 PACKED_MAX_ROWS = 256  # measured crossover (see above): at 512 rows and more F.linear was as fast or faster
 
 
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
-
 
 def default_matmul(matmul: str | None, device: torch.device, dtype: torch.dtype) -> str:
-    """The projection path: given, or "onednn" for float32 or bfloat16 on a CPU whose torch has oneDNN, else
-    "torch".
+    """The projection path: given, or "onednn" for float32, and for bfloat16 where this CPU lets oneDNN pack it
+    (reference.cpu_paths, decided once per process), on a CPU whose torch has oneDNN; else "torch".
 
     NOTE: bfloat16: F.linear already goes to oneDNN (on the 2-core box its AMX kernel, brg_matmul avx10_1_512_amx,
     ONEDNN_VERBOSE=1), but reorders the weight on every call as MKL does for float32; prepacked, 60 projections of
     3072x576 / 1536x576 at 1 thread took 340 instead of 505 us each at 16 rows, 452 instead of 668 at 64, with the
     very same bits at 4, 64 and 300 rows (the same kernel, the same order of sums; scratch benchmark, numbers from
     one run). float16 is not prepacked (not measured)."""
+    paths = cpu_paths()
     if matmul is None:
-        usable = device.type == "cpu" and dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
-        return "onednn" if usable else "torch"
+        return "onednn" if device.type == "cpu" and paths.packs(dtype) else "torch"
     if matmul not in MATMULS:
         raise ValueError(f"unknown matmul {matmul!r} (allowed: {', '.join(MATMULS)})")
-    if matmul == "onednn" and (device.type != "cpu" or not torch.backends.mkldnn.is_available()):
+    if matmul == "onednn" and (device.type != "cpu" or not paths.onednn):
         raise ValueError(f"matmul 'onednn' runs on a CPU with torch's oneDNN (this model is on {device})")
+    if matmul == "onednn" and not paths.packs(dtype):
+        raise ValueError(f"matmul 'onednn' cannot prepack {str(dtype).removeprefix('torch.')} weights on this CPU "
+                         f"(bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT; float32 works everywhere): use 'torch'")
     return matmul
 
 

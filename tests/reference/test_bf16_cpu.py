@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from reference import LLM, SamplingParams, bench
 from reference.attention import cpu_numba, paged_decode_attention, paged_prefill_attention
+from reference.cpu_paths import cpu_paths
 from reference.cli import main
 from reference.models import load_model, random_model
 from reference.models.llama import LlamaForwardModel
@@ -115,11 +116,12 @@ def test_the_cpu_defaults_for_bfloat16_are_the_fast_path():
     llm = LLM.from_loaded(model, num_gpu_blocks=8)
     if not torch.cuda.is_available():
         assert llm.backend == ("numba" if cpu_numba.available() else "torch_batched")
-    assert model.matmul == ("onednn" if torch.backends.mkldnn.is_available() else "torch")
+    # prepacked where this CPU lets oneDNN pack bfloat16 (reference.cpu_paths; test_cpu_paths.py forces the other)
+    assert model.matmul == ("onednn" if cpu_paths().onednn_bfloat16 else "torch")
     assert default_matmul(None, torch.device("cpu"), torch.float16) == "torch"
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs torch's oneDNN")
+@pytest.mark.skipif(not cpu_paths().onednn_bfloat16, reason="oneDNN cannot pack bfloat16 on this CPU")
 def test_prepacked_bfloat16_projections_compute_what_f_linear_computes():
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(192, 64, generator=gen).to(BF16)

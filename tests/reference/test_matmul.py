@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from reference.cpu_paths import cpu_paths
 from reference.models import load_model
 from reference.models.matmul import PACKED_MAX_ROWS, PackedLinear, default_matmul
 
@@ -42,7 +43,8 @@ def test_default_matmul_choices_and_bad_values():
     cpu = torch.device("cpu")
     expected = "onednn" if torch.backends.mkldnn.is_available() else "torch"
     assert default_matmul(None, cpu, torch.float32) == expected
-    assert default_matmul(None, cpu, torch.bfloat16) == expected  # prepacked too (tests/reference/test_bf16_cpu.py)
+    # bfloat16 prepacked too where oneDNN can pack it on this CPU (test_bf16_cpu.py), else F.linear (test_cpu_paths.py)
+    assert default_matmul(None, cpu, torch.bfloat16) == ("onednn" if cpu_paths().onednn_bfloat16 else "torch")
     assert default_matmul(None, cpu, torch.float16) == "torch"  # not measured: not prepacked
     assert default_matmul("torch", cpu, torch.float32) == "torch"
     with pytest.raises(ValueError, match=r"unknown matmul 'mkl' \(allowed: torch, onednn\)"):
