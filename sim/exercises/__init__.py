@@ -27,7 +27,8 @@ from typing import Any, Callable, Collection
 
 from .referee import refereed
 from .registry import EXERCISES, Exercise, MachineCheck
-from .report import CHECK_TIMEOUT_S, CheckReport, CheckResult, run_example, run_machine
+from .limits import CHECK_TIMEOUT_S
+from .report import CheckReport, CheckResult, run_example, run_machine
 from .unfinished import unfinished
 
 __all__ = ["EXERCISES", "CheckReport", "CheckResult", "Exercise", "MachineCheck", "check", "grade"]
@@ -57,7 +58,8 @@ def grade(
 
     What the autograder command runs (`python -m sim.exercises grade`). `quiet=False` also prints the report.
     `machines` picks the state machines to run by kind (registry.py); the examples always run. `check_timeout`:
-    seconds a check may run (None: no limit); one that runs longer fails alone, "an endless loop?".
+    a check's time limit in seconds on the reference machine, scaled to this machine's speed (limits.py; None: no
+    limit); a check that makes no progress for its limit fails alone, "an endless loop?".
     """
     return _run(exercises, name, cls_or_factory, max_examples, quiet, hidden=True, machines=machines,
                 timeout=check_timeout)
@@ -76,6 +78,11 @@ def _run(exercises: dict[str, Exercise], name: str, cls_or_factory: Callable[...
         cls_or_factory, exercise.probe_with, exercise.probes, exercise.surface
     )
     make = refereed(cls_or_factory, exercise.rules)
+    if exercise.warm_up is not None:
+        try:
+            exercise.warm_up()
+        except Exception:  # noqa: BLE001 - the checks that need what failed say so, each in its own words
+            pass
     for example in exercise.examples:
         run_example(example.__doc__.strip(), example, make, report, timeout=timeout)
     unknown = set(machines) - {"model", "rule", "long"}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import EXERCISES, grade
 from .gradescope import VISIBILITIES, refusal, results
-from .report import CHECK_TIMEOUT_S, CheckTimeout, time_limit
+from .limits import CHECK_TIMEOUT_S, SLOW_CAP, STALL_S, CheckTimeout, time_limit
 from .source import SubmissionError, find_class, load, notes
 
 
@@ -39,8 +39,10 @@ def _parser(exercises: dict, prog: str) -> argparse.ArgumentParser:
     g.add_argument("--hidden-visibility", default="after_published", choices=VISIBILITIES,
                    help="Gradescope visibility of the hidden checks (default after_published)")  # fmt: skip
     g.add_argument("--check-timeout", type=float, default=CHECK_TIMEOUT_S, metavar="SECONDS",
-                   help=f"the time one check may take, then it fails alone as an endless loop (default {CHECK_TIMEOUT_S:g}; "
-                   "0: no limit)")  # fmt: skip
+                   help=f"a check's time limit on the reference machine, scaled by this machine's speed measured at "
+                   f"the start: a check with no progress for min({STALL_S:g}, SECONDS) scaled seconds fails alone as an "
+                   f"endless loop; one still progressing past SECONDS scaled may run {SLOW_CAP:g}x longer (default "
+                   f"{CHECK_TIMEOUT_S:g}; 0: no limit)")  # fmt: skip
     return parser
 
 
@@ -79,11 +81,10 @@ def main(argv: list[str] | None = None, exercises: dict = EXERCISES, prog: str =
         exercise = exercises[args.exercise]
         timeout = args.check_timeout or None
         try:
-            with time_limit(timeout):  # its top-level code runs here
+            with time_limit(timeout, what="its top-level code"):  # the file's top-level code runs here
                 namespace = load(args.source)
-        except CheckTimeout:
-            raise SubmissionError(f"{args.source}: running it took more than {timeout:g} s (an endless loop at the "
-                                  f"top level of the file?)") from None  # fmt: skip
+        except CheckTimeout as exc:
+            raise SubmissionError(f"{args.source}: {exc}") from None
         cls = find_class(namespace, exercise.class_name, tuple(exercise.probes), args.source)
     except SubmissionError as exc:
         print(f"error: {exc}", file=sys.stderr)

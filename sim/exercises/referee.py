@@ -24,14 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .limits import beat
+
 
 class RuleBroken(AssertionError):
     """A rule of the exercise broke during a call; the message names the call and the rule."""
-
-
-class CheckTimeout(BaseException):
-    """A check ran past its time limit (report.time_limit). Not an Exception, so that a student's `except
-    Exception:` cannot swallow it (hypothesis also lets it through at once, without shrinking)."""
 
 
 MAX_TEXT = 2_000  # characters of one value or message of the student's code in the feedback
@@ -150,6 +147,13 @@ class Referee:
         return repr(object.__getattribute__(self, "_referee_target"))
 
     def _referee_call(self, name: str, method: Callable[..., Any], args: tuple) -> Any:
+        beat()  # progress, for the check's time limit (limits.py); and again when the call returns or raises
+        try:
+            return self._referee_checked_call(name, method, args)
+        finally:
+            beat()
+
+    def _referee_checked_call(self, name: str, method: Callable[..., Any], args: tuple) -> Any:
         rules: Rules = self._referee_rules
         call = format_call(name, args)
         if name not in rules.mutating:

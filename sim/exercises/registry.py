@@ -57,6 +57,9 @@ class Exercise:
     notebook: str  # the exercise notebook, notebooks/exercises/{notebook}.ipynb
     solution: str  # the solution module, notebooks/solutions/{solution}.py (kept apart from the notebook)
     model: str | None = None  # the real model its checks serve ("smollm2": the capstone), which the autograder installs
+    # the grader's own setup, run once before the checks and outside their time limits (limits.py): the capstone
+    # loads SmolLM2 and compiles the engine's kernels there, work that is not the student's
+    warm_up: Callable[[], None] | None = None
 
 
 def _lazy(builder: str, *args: Any) -> Build:

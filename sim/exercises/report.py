@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import signal
-import threading
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .referee import CheckTimeout, RuleBroken, exercise_call, student_text
+from .limits import CHECK_TIMEOUT_S, CheckTimeout, time_limit
+from .referee import RuleBroken, exercise_call, student_text
 from .source import explain_name_error
 
 INDENT = "      "
@@ -243,30 +241,6 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"your code called sys.exit({student_text(exc.code, use_repr=True)}){during}{where}"
     return f"your code raised {type(exc).__name__}: {student_text(exc)}{during}{where}"
-
-
-CHECK_TIMEOUT_S = 60.0  # a whole grade of a solution takes well under a minute (the capstone's, the longest: 27 s
-# at 200 examples on a 2-core Intel Xeon, 2026-11-27), each check a part of it
-
-
-@contextmanager
-def time_limit(seconds: float | None):
-    """Raise CheckTimeout in this thread once `seconds` have passed (SIGALRM: it interrupts a Python loop and a
-    sleep). None, or where there is no SIGALRM (Windows) or off the main thread: no limit."""
-    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame) -> None:
-        raise CheckTimeout(f"the check ran past its time limit of {seconds:g} s (an endless loop?)")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def run_example(title: str, example: Callable[[Callable[..., Any], Story], None], make: Callable[..., Any],

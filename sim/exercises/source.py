@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .referee import CheckTimeout, student_text
+from .limits import CheckTimeout
+from .referee import student_text
 
 MODULE_NAME = "submission"
 NOTES = "__grader_notes__"  # the namespace's list of skipped cells and statements, one line each

@@ -12,7 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from .report import raising_method, time_limit
+from .limits import time_limit
+from .report import raising_method
 
 PROBE_TIMEOUT_S = 10.0  # one probe call on a tiny object: a correct method answers in microseconds
 

@@ -118,6 +118,12 @@ def _lazy(shape: str):
     return build
 
 
+def _warm_up() -> None:
+    from ._capstone_checks import warm_up
+
+    warm_up()
+
+
 EXERCISE = Exercise(
     "the capstone: your allocator (lab 3) and victim policy (lab 8) under SmolLM2 and the simulator",
     "YourClass()", "MyServingStack",
@@ -132,5 +138,5 @@ EXERCISE = Exercise(
         MachineCheck("long", "Figure 12a's trace for 10 minutes on a tight pool, preempting by swap: every step and "
                      "request equal the project's", _lazy("long"), 2.0, "hidden"),
     ),
-    "13_capstone", "capstone", model="smollm2",
+    "13_capstone", "capstone", model="smollm2", warm_up=_warm_up,
 )  # fmt: skip
