@@ -315,16 +315,38 @@ def _run_ray(tasks: list[Task], order: list[int], done) -> None:
     except ImportError:
         raise SweepError(RAY_MISSING) from None
     if not ray.is_initialized():
-        try:
-            ray.init(address="auto")  # a running cluster (`ray start --head`), if there is one
-        except (ConnectionError, RuntimeError):
-            ray.init()  # else a local Ray on this machine
+        _start_ray(ray)
     remote = ray.remote(run_task)
     pending = {remote.remote(tasks[i]): i for i in order}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
             done(pending.pop(ref), ray.get(ref))
+
+
+RAY_START_ATTEMPTS = 3  # NOTE: Ray gives its local node a fixed 30 s to register (ray/_private/node.py); on a busy
+# machine that may not be enough, so a local start that timed out is shut down and tried again
+
+
+def _start_ray(ray) -> None:
+    """Join a running cluster (`ray start --head`), if there is one, else start a local Ray on this machine, up to
+    RAY_START_ATTEMPTS times when its start-up times out."""
+    try:
+        ray.init(address="auto")
+        return
+    except (ConnectionError, RuntimeError):
+        pass
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init()
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a plain Exception when its node does not come up
+            ray.shutdown()
+            if "timed out during startup" not in str(exc):
+                raise
+            if attempt == RAY_START_ATTEMPTS:
+                raise SweepError(f"--backend ray: a local Ray did not start in {RAY_START_ATTEMPTS} attempts (Ray "
+                                 f"said: {exc}); the machine may be busy: retry, or use --backend local") from None
 
 
 def summary_row(params: dict, summary: dict) -> dict:

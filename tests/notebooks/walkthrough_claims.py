@@ -632,9 +632,11 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("A block costs 3.76x fewer bytes", _NB7_KV_ENGINE, r"([\d,]+) bytes per block",
               read=lambda ms: ms[0][0] / ms[1][0], stated=3.76, tolerance=0.005, engine=True),
         Claim("and the text is the same", _NB7_KV_ENGINE, r"same tokens: (\w+)", stated=True, engine=True),
-        Claim("the largest moved by 0.76 here", _NB7_KV_ENGINE, r"largest logit error ([\d.]+)", stated=0.76,
-              tolerance=0.03, engine=True, why="float32 sums differ in their last bits across CPUs and thread counts, "
-              "and a rounding to int8 can turn that into one step of a K/V element (reference/kv_accuracy.py)"),
+        Claim("the largest moved by about 0.6 to 0.8 here", _NB7_KV_ENGINE, r"largest logit error ([\d.]+)",
+              within=(0.55, 0.85), engine=True, why="float32 sums differ in their last bits across CPUs and thread "
+              "counts, and a rounding to int8 can turn that into one step of a K/V element (reference/kv_accuracy.py):"
+              " 0.76 on a 2-core Intel Xeon, 0.62 on a 2-core AMD EPYC, 0.66 there with the AVX-only paths forced (LESSER_CPU); "
+              "'about' allows 0.05 either side"),
     ],
     "08_from_the_paper_to_v1": [
         Claim("In v0, step 2 is a prefill step of 22 tokens and r0 and r1 sample nothing in it", _NB8_V0,

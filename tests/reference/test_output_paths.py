@@ -38,9 +38,7 @@ def test_bench_refuses_a_bad_out_before_it_runs(folder, capsys, monkeypatch, out
         raise AssertionError("the benchmark ran before --out was checked")
 
     monkeypatch.setattr(bench, "run", no_work)
-    started = time.perf_counter()
-    assert main(["bench", "--quick", "--out", out]) == 2
-    assert time.perf_counter() - started < 1.0
+    assert main(["bench", "--quick", "--out", out]) == 2  # (no_work proves nothing ran; no clock: a busy machine)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err and words in err, err
     assert (folder / "A.csv").read_text() == "old\n" and sorted(p.name for p in folder.iterdir()) == ["A.csv"]

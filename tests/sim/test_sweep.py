@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sim.api import run
-from sim.sweep import RAY_MISSING, SweepError, grid_points, parse_assignment, parse_value, summary_row, sweep
+from sim.sweep import RAY_MISSING, RAY_START_ATTEMPTS, SweepError, _start_ray, grid_points, parse_assignment, parse_value, summary_row, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = {"policy": ["max", "paged"], "rate": [1.0, 3.0]}
@@ -99,6 +99,36 @@ def test_cli_ray_backend_without_ray_says_how_to_install(tmp_path):
                           timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {RAY_MISSING}"
+
+
+class SlowStartingRay:
+    """Ray's start-up as a busy machine sees it: no cluster to join, then `failures` local starts whose node misses
+    Ray's 30 s window (the exception Ray raises then), then a start that works."""
+
+    def __init__(self, failures: int, message: str = "The current node timed out during startup. This could happen "
+                 "because some of the raylet failed to startup or the GCS has become overloaded.") -> None:  # fmt: skip
+        self.failures, self.message, self.calls, self.shutdowns = failures, message, [], 0
+
+    def init(self, address: str | None = None) -> None:
+        self.calls.append(address)
+        if address == "auto":
+            raise ConnectionError("Could not find any running Ray instance.")
+        if self.failures:
+            self.failures -= 1
+            raise Exception(self.message)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_a_local_ray_whose_start_times_out_is_started_again():
+    busy = SlowStartingRay(failures=RAY_START_ATTEMPTS - 1)
+    _start_ray(busy)
+    assert busy.calls == ["auto"] + [None] * RAY_START_ATTEMPTS and busy.shutdowns == RAY_START_ATTEMPTS - 1
+    with pytest.raises(SweepError, match=f"did not start in {RAY_START_ATTEMPTS} attempts .* use --backend local"):
+        _start_ray(SlowStartingRay(failures=RAY_START_ATTEMPTS))
+    with pytest.raises(Exception, match="^something else$"):  # another failure is not retried
+        _start_ray(SlowStartingRay(failures=1, message="something else"))
 
 
 def test_ray_backend_gives_the_local_rows():
