@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test test-light figures bench calibrate bad-inputs kv-faults peer install install-light install-report clean
+.PHONY: demo test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer install install-light install-report clean
 
 install: $(STAMP)
 
@@ -96,6 +96,15 @@ peer: $(STAMP) $(VLLM_VENV)/.installed
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2
 	$(MAKE) --no-print-directory test-light
+
+# The suite as a CPU with AVX but without AVX2 or AVX-512 runs it (the libraries' own switches, reference/cpu_paths.py:
+# torch's DEFAULT kernels, oneDNN and MKL at AVX, numba for a generic x86-64), and with every core kept busy beside
+# it (tools/busy.py). Both must pass as `make test` does; `make test` itself runs the CPU-path tests the first way.
+test-lesser-cpu: $(STAMP)
+	$(BIN)/python -m reference.cpu_paths --lesser -- $(BIN)/python -m pytest -q -n 2
+
+test-busy: $(STAMP)
+	$(BIN)/python tools/busy.py -- $(MAKE) --no-print-directory test
 
 # The light install (README.md, "Which install?"): the simulator half only, ".[course]" (plus the test runner), no
 # torch, no triton. test-light builds it in .venv-light, checks that nothing pulled torch in, and runs there what

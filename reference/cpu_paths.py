@@ -24,12 +24,17 @@ small weight, never by catching a failure per call. `CpuPaths` is what the engin
 the engine benchmarks print in their headers.
 
 To prove the lesser paths on any machine, the tests start a process with the switches above set (`LESSER_CPU`
-below: an AVX-only CPU without AVX2 or AVX-512), and the engine takes the fallbacks a real such CPU takes.
+below: an AVX-only CPU without AVX2 or AVX-512), and the engine takes the fallbacks a real such CPU takes:
+
+    python -m reference.cpu_paths                     # this process's paths, one line
+    python -m reference.cpu_paths --lesser -- CMD     # CMD as on an AVX-only CPU (make test-lesser-cpu: the suite)
 """
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -91,3 +96,25 @@ def _onednn_packs_bfloat16() -> bool:
     except RuntimeError:
         return False
     return bool((out == 16).all())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(cpu_paths().describe())
+        return 0
+    command = argv[2:] if argv[:2] == ["--lesser", "--"] else argv[1:] if argv[:1] == ["--lesser"] else None
+    if not command:
+        print("usage: python -m reference.cpu_paths [--lesser -- COMMAND ...]", file=sys.stderr)
+        return 2
+    try:
+        return subprocess.run(command, env={**os.environ, **LESSER_CPU}).returncode
+    except FileNotFoundError:
+        print(f"error: no such command: {command[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

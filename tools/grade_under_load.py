@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.outfiles import check_outputs, write_csv  # noqa: E402
+from tools.busy import hogs as busy  # noqa: E402
 
 COLUMNS = ("lab", "hogs", "seconds", "score", "max_score", "failed", "slowness")
-HOG = "while True:\n    pass\n"
 SLOWNESS = "from sim.exercises.limits import machine_slowness; print(round(machine_slowness(), 2))"
 
 
@@ -58,10 +58,6 @@ def grade_once(lab: str, results: Path) -> tuple[float, dict]:
     return seconds, json.loads(results.read_text())
 
 
-def start_hogs(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(n)]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hogs", type=int, nargs="+", default=[0, 2], metavar="N",
@@ -86,16 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             for lab in args.lab or known:
                 if lab == "capstone" and not args.warm:
                     clear_kernel_cache()
-                hogging = start_hogs(hogs)
-                try:
+                with busy(hogs):
                     time.sleep(0.5 if hogs else 0)  # the hogs running before the grader starts
                     slowness = subprocess.run([sys.executable, "-c", SLOWNESS], cwd=ROOT, capture_output=True,
                                               text=True).stdout.strip()  # fmt: skip
                     seconds, found = grade_once(lab, Path(tmp) / f"{lab}-{hogs}.json")
-                finally:
-                    for p in hogging:
-                        p.kill()
-                        p.wait()
                 failed = [t["name"] for t in found["tests"] if t["status"] != "passed"]
                 rows.append({"lab": lab, "hogs": hogs, "seconds": round(seconds, 1), "score": found["score"],
                              "max_score": found["max_score"], "failed": "; ".join(failed), "slowness": slowness})  # fmt: skip
