@@ -80,3 +80,33 @@ def test_install_report_installs_what_the_makefile_installs():
     rows = list(csv.DictReader((ROOT / "figures" / "install.csv").open()))
     assert [r["install"] for r in rows] == ["light", "full"] and list(rows[0]) == report.COLUMNS
     assert [r["has_torch"] for r in rows] == ["False", "True"]  # what the light install promises, measured
+
+
+def _run_tool(*argv: str) -> "subprocess.CompletedProcess":
+    import subprocess
+
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_busy_runs_the_command_beside_busy_processes_and_keeps_its_status():
+    sys.path.insert(0, str(ROOT))
+    from tools.busy import hogs
+
+    with hogs(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)  # spinning while the block runs
+    assert all(p.returncode is not None for p in procs)  # stopped and reaped after it
+    done = _run_tool("tools/busy.py", "--hogs", "1", "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert done.returncode == 3 and "exited 3 after" in done.stderr and "1 busy process beside it" in done.stderr
+    for argv, words in ((["--hogs", "1"], "no command given"), (["--hogs", "-1", "--", "true"], "--hogs must be"),
+                        (["--", "no-such-command-here"], "no such command")):  # fmt: skip
+        bad = _run_tool("tools/busy.py", *argv)
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_grade_under_load_refuses_bad_flags_before_grading(tmp_path):
+    for argv, words in ((["--lab", "nope"], "unknown --lab 'nope' (allowed: first_fit,"),
+                        (["--hogs", "-2"], "--hogs takes counts from 0 to 64"),
+                        (["--out", str(tmp_path), "--lab", "buddy"], "is a folder")):  # fmt: skip
+        bad = _run_tool("tools/grade_under_load.py", *argv)
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        assert bad.stdout == ""  # nothing graded

@@ -30,6 +30,7 @@ The blocks, in README order (BLOCKS):
     peer             figures/peer_vllm.csv           this engine's speed against vLLM's
     peer-checks      figures/peer_vllm.csv           the same run's checks: greedy, beams, cold start, block pool
     gpu              figures/gpu_tests.txt, bench_attention_gpu.csv, bench_engine_gpu.csv   the H100 session
+    grader-load      figures/grader_load.csv         every lab's solution graded quiet and beside busy processes
     benchmarks       figures/bench_sim.csv, bench_alloc.csv, bench_engine_cpu.csv and the GPU files   `make bench`
 
 Each number keeps the rounding the README has always printed it with (and that the tests check).
@@ -652,6 +653,28 @@ def engine_profile(f: Files) -> tuple[Table, ...]:
                              "a 1.25x speed-up must remove"), *rows),)  # fmt: skip
 
 
+# --- the grader on a busy machine ---------------------------------------------------------------------------------
+def grader_load(f: Files) -> tuple[Table, ...]:
+    """Every lab's solution graded as the autograder does, quiet and with busy processes beside it
+    (python tools/grade_under_load.py)."""
+    rows, machine = f.rows("grader_load"), f.comments("grader_load").get("machine", "an unnamed machine")
+    table = []
+    for hogs in sorted({int(r["hogs"]) for r in rows}):
+        graded = [r for r in rows if int(r["hogs"]) == hogs]
+        full = sum(float(r["score"]) == float(r["max_score"]) for r in graded)
+        slowest = max(graded, key=lambda r: float(r["seconds"]))
+        slowness = [float(r["slowness"]) for r in graded]
+        table.append((str(hogs), "nothing" if hogs == 0 else f"{hogs} busy processes",
+                      f"{full} of {len(graded)}", f"{sum(float(r['seconds']) for r in graded):,.0f} s",
+                      f"{slowest['lab']}, {float(slowest['seconds']):.0f} s",
+                      f"{min(slowness):.1f}x to {max(slowness):.1f}x"))  # fmt: skip
+    caption = (f"From `figures/grader_load.csv` (`python tools/grade_under_load.py`, on a {machine}; each solution "
+               f"graded in a fresh process with the default limits, the capstone with the engine's compiled kernels "
+               f"cleared first):")  # fmt: skip
+    return (_table(caption, ("beside the grader", "solutions at full marks", "all graded in", "the slowest",
+                             "slowness measured"), *table),)  # fmt: skip
+
+
 BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "install": install,
     "memory-waste": memory_waste,
@@ -671,6 +694,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "peer-checks": peer_checks,
     "engine-profile": engine_profile,
     "gpu": gpu,
+    "grader-load": grader_load,
     "benchmarks": benchmarks,
 }
 
