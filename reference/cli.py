@@ -147,7 +147,7 @@ def run_serve(a: argparse.Namespace) -> int:
         raise UsageError(f"--port {a.port} (allowed: an integer from 0 to 65535)")
     _check_address(a.host, a.port)
     from reference import LLM
-    from reference.server import run_server
+    from reference.server.run import run_server
 
     settings = dict(policy=a.policy, block_size=a.block_size, num_gpu_blocks=a.num_gpu_blocks,
                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
@@ -158,8 +158,7 @@ def run_serve(a: argparse.Namespace) -> int:
         llm = LLM(a.model, **settings)
     except (TypeError, ValueError) as exc:
         raise UsageError(" ".join(str(exc).split())) from None
-    run_server(llm, a.served_model_name or a.model, a.host, a.port)
-    return 0
+    return run_server(llm, a.served_model_name or a.model, a.host, a.port)  # 130 / 143 after Ctrl-C / SIGTERM
 
 
 def _check_address(host: str, port: int) -> None:

@@ -50,7 +50,8 @@ import torch
 
 from reference import executor as ex
 from reference.beam import Beam, BeamSearchState
-from reference.outputs import CompletionOutput, EngineStats, Logprob, RequestMetrics, RequestOutput, StepRecord
+from reference.outputs import (CompletionOutput, EngineSnapshot, EngineStats, Logprob, RequestMetrics, RequestOutput,
+                               StepRecord)
 from reference.prompt_logprobs import PromptLogprobs
 from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, RowContext, SamplingParams, sample, sample_generator
@@ -230,6 +231,35 @@ class LLMEngine:
         was aborted (by abort(), or by a failed step that touched it), and for an id it was never given."""
         rid = self._ids.scheduler_id(request_id)
         return rid is not None and rid in self._requests
+
+    def snapshot(self, pool: bool = False) -> EngineSnapshot:
+        """The queues, the pool's counts, the running totals and the latest step's record, copied (EngineSnapshot): what
+        a reader outside the engine (the HTTP server's /metrics) may look at. `pool`: also draw the pool after that
+        step as sim.viewer does (block owners and tables; its cost grows with the pool, so only when asked). A call of
+        the engine's: one thread at a time, as step()."""
+        from dataclasses import replace
+
+        with self._one_thread("snapshot()"):
+            kv, scheduler = self.kv_manager, self.scheduler
+            last = self.step_log[-1] if self.step_log else None
+            view = None
+            if pool and last is not None:
+                from sim.viewer import snapshot
+
+                view = snapshot(scheduler, step=last.step, time=last.start_s + last.step_time_s,
+                                num_prefills=len(last.prefills), num_decodes=len(last.decodes), preempted=last.preempted,
+                                finished=last.finished_request_ids, short=scheduler.num_waiting > 0)  # fmt: skip
+            return EngineSnapshot(scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped, kv.num_blocks,
+                                  kv.num_free_blocks, scheduler.num_preemptions, replace(kv.prefix_cache_stats()),
+                                  replace(self.stats, finish_reasons=dict(self.stats.finish_reasons)),
+                                  None if last is None else replace(last), view)  # fmt: skip
+
+    def forget_records(self, keep: int) -> None:
+        """Keep only the last `keep` step records (step_log) and finished requests' metrics (finished_metrics): an
+        engine that serves for days would otherwise hold one record per step it ever ran. Totals (stats) stay whole."""
+        with self._one_thread("forget_records()"):
+            for records in (self.step_log, self.finished_metrics):
+                del records[:max(0, len(records) - keep)]
 
     # --- one iteration --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

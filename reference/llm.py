@@ -267,6 +267,20 @@ class LLM(LLMEngine):
                                  f"{' '.join(str(exc).split())}") from None
         return texts
 
+    def tokenize(self, text: str, add_special_tokens: bool = True, where: str = "the prompt") -> list[int]:
+        """The token ids of `text` as add_request would tokenize it (`add_special_tokens=False`: without the
+        tokenizer's own special tokens, as vLLM's chat requests do by default), after the same checks: valid text, not
+        longer than any tokenization the context could hold (ValueError naming `where`). Reads only the tokenizer: any
+        thread may call it (the server tokenizes on its workers, not on the engine's thread)."""
+        from reference.prompts import check_text
+
+        check_text(text, where)
+        self._check_text_length(text, where)
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: give prompts as lists of token ids")
+        special = check_bool("add_special_tokens", add_special_tokens)
+        return list(self.tokenizer(text, add_special_tokens=special).input_ids)
+
     def get_tokenizer(self):
         """The model's tokenizer (a transformers tokenizer), or None for a model given without one."""
         return self.tokenizer

@@ -186,7 +186,7 @@ async def drive(base: str, requests: list, a: argparse.Namespace) -> tuple[list[
 
 
 def _start_server(a: argparse.Namespace):
-    from reference.server import serve_in_thread
+    from reference.server.run import serve_in_thread
 
     return serve_in_thread(a.llm, a.model)
 
@@ -199,8 +199,8 @@ def blocks_used(base: str) -> float | None:
     except httpx.HTTPError:  # the server went away during the run: the blocks it holds are unknown
         return None
     for line in text.splitlines():
-        if line.startswith("lab:kv_cache_blocks_used "):
-            return float(line.split()[1])
+        if line.startswith("lab:kv_cache_blocks_used{"):  # (reference/server/metrics.py)
+            return float(line.rsplit(" ", 1)[1])
     return None
 
 

@@ -4,14 +4,16 @@
 `BeamSearchOutput` mirror vllm/beam_search.py, so code written against vLLM's offline API reads them
 unchanged (a request is named by vLLM's str id). `StepRecord` and `EngineStats` are this lab's own: one record
 per executed scheduler plan (what ran, what moved, how much memory is left), and running totals over the
-engine's life. They are what notebooks plot and what the simulator-vs-engine checks compare, so a StepRecord
+engine's life (`EngineSnapshot` copies them with the queues and the pool at one moment, for readers such as the
+HTTP server that must not reach into the engine). They are what notebooks plot and what the simulator-vs-engine
+checks compare, so a StepRecord
 names requests by the scheduler's int ids (`LLM.scheduler_request_id(request_id)` gives a request's).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.kv.base import BlockCopy, MemoryBreakdown
+from sim.kv.base import BlockCopy, MemoryBreakdown, PrefixCacheStats
 from sim.plan import StepPlan
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -216,3 +218,20 @@ class EngineStats:
         self.num_copied_blocks += len(plan.blocks_to_copy)
         self.num_finished_requests += len(finished)
         self.busy_time_s += step_time_s
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """The engine between two steps, copied (`LLMEngine.snapshot()`): what a server's /metrics and its pool page read.
+    Nothing in it is shared with the engine, so a reader on another thread sees one moment, whole."""
+
+    num_running: int  # requests with a sequence in the running batch
+    num_waiting: int  # requests queued for admission (preempted by recompute included)
+    num_swapped: int  # requests preempted by swapping, their blocks in CPU memory
+    num_blocks: int  # the KV pool (GPU blocks)
+    num_free_blocks: int  # of which free (freed cached blocks included)
+    num_preemptions: int  # since the engine was built, as the scheduler counts them
+    prefix_cache: PrefixCacheStats  # the prefix cache's lookups so far (all zeros without one)
+    stats: EngineStats  # the running totals
+    last_step: StepRecord | None  # the latest executed plan's record (None before the first)
+    pool: object | None = None  # with snapshot(pool=True): sim.viewer.Snapshot of the pool after that step

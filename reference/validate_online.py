@@ -88,7 +88,7 @@ def validate_online(loaded, name: str, trace: str, requests: list[Request], cost
     per-request rows."""
     from reference import LLM
     from reference.loadtest import blocks_used
-    from reference.server import serve_in_thread
+    from reference.server.run import serve_in_thread
     from reference.validate_sim import step_errors
     from reference.validation_suite import DEFAULT_BLOCKS, simulate
 
@@ -116,7 +116,7 @@ def validate_online(loaded, name: str, trace: str, requests: list[Request], cost
         m = measured[r.request_id]
         row = {"trace": name, "request_id": r.request_id, "arrival_time": r.arrival_time, "sent": m["sent"],
                "prompt_len": r.prompt_len, "output_len": r.output_len, "status": m["status"]}  # fmt: skip
-        engine_id = m["response_id"].rsplit("-", 1)[-1]  # "cmpl-<hex>-<engine id>" (reference/server.py)
+        engine_id = m["response_id"].rsplit("-", 1)[-1]  # "cmpl-<hex>-<engine id>" (reference/server/app.py)
         sides = {"client": client_latencies(r, m) if m["status"] == "ok" else dict.fromkeys(METRICS, math.nan),
                  "engine": engine_latencies(finished[engine_id]) if engine_id in finished
                  else dict.fromkeys(METRICS, math.nan),

@@ -30,7 +30,7 @@ def main() -> int:
 
     from reference import LLM
     from sim.pool_page import find_chromium, screenshot
-    from reference.server import serve_in_thread
+    from reference.server.run import serve_in_thread
 
     if find_chromium() is None:
         print("error: no Chromium (allowed: apt-get install chromium)", file=sys.stderr)

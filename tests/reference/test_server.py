@@ -1,4 +1,4 @@
-"""`python -m reference serve` (reference/server.py), driven by real clients on the loopback address: the `openai`
+"""`python -m reference serve` (reference/server/), driven by real clients on the loopback address: the `openai`
 package (completions, chat, streaming, n > 1, stop, logprobs), raw HTTP for what a client library would never send,
 and a few hundred concurrent requests from an asyncio client.
 
@@ -28,7 +28,7 @@ SETTINGS = {"num_gpu_blocks": 192, "block_size": 16, "max_num_seqs": 32}
 
 @pytest.fixture(scope="module")
 def server(smol):
-    from reference.server import serve_in_thread
+    from reference.server.run import serve_in_thread
 
     llm = LLM.from_loaded(*smol[:2], **SETTINGS)
     srv, base = serve_in_thread(llm, "smollm2")
@@ -42,8 +42,22 @@ def client(server):
 
 
 def metrics(base: str) -> dict[str, float]:
-    text = httpx.get(base + "/metrics").text
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    """/metrics by series: vLLM's labels model_name and engine left out of the key, any other kept
+    ('vllm:request_success_total{finished_reason="stop"}'); every series must carry model_name."""
+    out = {}
+    for line in httpx.get(base + "/metrics").text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, labels = series.partition("{")
+        assert 'model_name="smollm2"' in labels, line
+        rest = [x for x in labels.rstrip("}").split(",") if x and not x.startswith(("model_name=", "engine="))]
+        out[name + ("{" + ",".join(rest) + "}" if rest else "")] = float(value)
+    return out
+
+
+def finished(m: dict[str, float], reasons=("stop", "length")) -> float:
+    return sum(m[f'vllm:request_success_total{{finished_reason="{r}"}}'] for r in reasons)
 
 
 def settle(base: str, timeout: float = 20.0) -> dict[str, float]:
@@ -51,7 +65,7 @@ def settle(base: str, timeout: float = 20.0) -> dict[str, float]:
     deadline = time.time() + timeout
     while True:
         m = metrics(base)
-        if m["lab:num_requests_running"] == m["lab:num_requests_waiting"] == 0 or time.time() > deadline:
+        if m["vllm:num_requests_running"] == m["vllm:num_requests_waiting"] == 0 or time.time() > deadline:
             return m
         time.sleep(0.05)
 
@@ -97,12 +111,13 @@ def test_n_samples_stop_strings_and_logprobs(client):
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["smollm2"]
     assert httpx.get(server[0] + "/health").status_code == 200
-    text = httpx.get(server[0] + "/metrics").text
-    for name in ("num_requests_running", "num_requests_waiting", "num_requests_swapped", "kv_cache_blocks_used",
-                 "kv_cache_blocks_free", "prefix_cache_hit_rate", "num_preemptions_total",
-                 "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",
-                 "e2e_request_latency_seconds_sum"):  # fmt: skip
-        assert f"lab:{name}" in text, name
+    m = metrics(server[0])
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", 'vllm:time_to_first_token_seconds_bucket{le="0.1"}',
+                 "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum",
+                 "lab:num_requests_swapped", "lab:kv_cache_blocks_used", "lab:kv_cache_blocks_total"):  # fmt: skip
+        assert name in m, name
 
 
 @pytest.mark.parametrize("path, body, status, param", [
@@ -176,7 +191,7 @@ def test_a_streamed_text_of_multi_token_characters_is_the_whole_text(client):
 def test_a_failed_step_fails_only_the_requests_it_touched(smol):
     """A step that raises aborts the requests in it; the server fails those and no other: a request still waiting
     (max_num_seqs 1) is served afterwards, and /metrics no longer counts the aborted request's blocks."""
-    from reference.server import serve_in_thread
+    from reference.server.run import serve_in_thread
 
     llm = LLM.from_loaded(*smol[:2], num_gpu_blocks=64, block_size=16, max_num_seqs=1)
     execute, armed = llm.executor.execute, threading.Event()
@@ -198,12 +213,12 @@ def test_a_failed_step_fails_only_the_requests_it_touched(smol):
         first = threading.Thread(target=post, args=("first", {"prompt": "Once", "max_tokens": 400, "ignore_eos": True,
                                                               "temperature": 0}))  # fmt: skip
         first.start()
-        while metrics(base)["lab:num_requests_running"] < 1:
+        while metrics(base)["vllm:num_requests_running"] < 1:
             time.sleep(0.01)
         second = threading.Thread(target=post, args=("second", {"prompt": "Water boils at", "max_tokens": 4,
                                                                 "temperature": 0}))  # fmt: skip
         second.start()
-        while metrics(base)["lab:num_requests_waiting"] < 1:
+        while metrics(base)["vllm:num_requests_waiting"] < 1:
             time.sleep(0.01)
         armed.set()
         first.join(120), second.join(120)
@@ -212,7 +227,7 @@ def test_a_failed_step_fails_only_the_requests_it_touched(smol):
         expected = llm_text(smol, "Water boils at", 4)
         assert results["second"].json()["choices"][0]["text"] == expected
         after = settle(base)
-        assert after["lab:kv_cache_blocks_used"] == 0 and after["lab:num_requests_running"] == 0
+        assert after["lab:kv_cache_blocks_used"] == 0 and after["vllm:num_requests_running"] == 0
     finally:
         srv.should_exit = True
 
@@ -224,7 +239,7 @@ def llm_text(smol, prompt: str, max_tokens: int) -> str:
 
 def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server):
     base = server[0]
-    before = metrics(base)["lab:request_success_total"]
+    before = finished(metrics(base))
 
     async def one(http: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> str:
         body = {"model": "smollm2", "prompt": f"Request {i}: the number {i} is", "max_tokens": 1 + i % 6,
@@ -253,13 +268,13 @@ def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server
     reasons = asyncio.run(main())
     assert len(reasons) == 240 and set(reasons) <= {"length", "stop"}
     after = settle(base)
-    assert after["lab:request_success_total"] - before == 240
-    assert after["lab:kv_cache_blocks_used"] == 0 and after["lab:num_requests_running"] == 0
+    assert finished(after) - before == 240
+    assert after["lab:kv_cache_blocks_used"] == 0 and after["vllm:num_requests_running"] == 0
 
 
 def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
     base = server[0]
-    before = metrics(base)["lab:request_success_total"]
+    before, aborts = finished(metrics(base)), finished(metrics(base), ("abort",))
     body = {"model": "smollm2", "prompt": "Tell me a long story about a dragon.", "max_tokens": 2000,
             "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
@@ -267,59 +282,23 @@ def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
             if n >= 6:
                 break  # leave mid-stream
     after = settle(base)
-    assert after["lab:num_requests_running"] == 0 and after["lab:kv_cache_blocks_used"] == 0
-    assert after["lab:request_success_total"] == before  # aborted, not finished
+    assert after["vllm:num_requests_running"] == 0 and after["lab:kv_cache_blocks_used"] == 0
+    assert finished(after) == before  # aborted, not finished
+    assert finished(after, ("abort",)) == aborts + 1  # as vLLM counts it: finished_reason="abort"
 
 
 def test_a_client_that_gives_up_on_a_whole_response_is_aborted_too(server):
     """Not streamed: the client times out and closes the connection; the server notices, aborts, frees the blocks."""
     base = server[0]
-    before = metrics(base)["lab:request_success_total"]
+    before, aborts = finished(metrics(base)), finished(metrics(base), ("abort",))
     body = {"model": "smollm2", "prompt": "Write a very long essay.", "max_tokens": 2000, "temperature": 0,
             "ignore_eos": True}  # fmt: skip
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(base + "/v1/completions", json=body, timeout=1.0)
     after = settle(base)
-    assert after["lab:num_requests_running"] == 0 and after["lab:kv_cache_blocks_used"] == 0
-    assert after["lab:request_success_total"] == before
-
-
-def test_the_command_line_serves_and_stops_cleanly_on_sigterm(tmp_path):
-    """`python -m reference serve --port 0`: up, answering, then SIGTERM with a stream open: the stream ends (its
-    request aborted) rather than hanging, and the process shuts down without a traceback."""
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-m", "reference", "serve", "--port", "0", "--num-gpu-blocks", "64"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        port, deadline, seen = None, time.time() + 120, []
-        while port is None:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(seen)
-            seen.append(line)
-            found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-            port = int(found.group(1)) if found else None
-            assert time.time() < deadline, "".join(seen)
-        base = f"http://127.0.0.1:{port}"
-        assert httpx.get(base + "/health").status_code == 200
-        body = {"model": "smollm2", "prompt": "Count slowly:", "max_tokens": 4000, "temperature": 0, "stream": True,
-                "ignore_eos": True}  # fmt: skip
-        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
-            lines = r.iter_lines()
-            next(lines)
-            proc.send_signal(signal.SIGTERM)
-            rest = list(lines)  # ends: the server aborts the request while shutting down
-        assert "data: [DONE]" not in rest
-        # uvicorn shuts down gracefully, then re-raises the signal it caught: the conventional status, 128 + 15
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-        output = "".join(seen) + proc.stdout.read()
-        assert "Traceback" not in output and "Shutting down" in output and "Finished server process" in output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert after["vllm:num_requests_running"] == 0 and after["lab:kv_cache_blocks_used"] == 0
+    assert finished(after) == before
+    assert finished(after, ("abort",)) == aborts + 1
 
 
 def test_a_bad_flag_is_one_line_and_exit_2():

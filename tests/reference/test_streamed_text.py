@@ -4,7 +4,7 @@ emoji) and stop strings that a later token completes.
 The engine's text of a running sample is its tokens decoded so far: a character whose bytes are split over two
 tokens shows as U+FFFD until its last byte arrives, and a stop string cuts the text only once it is complete. A
 stream that sends whatever is new at each step sends the U+FFFD (and never the character), and sends a stop
-string's first characters before the cut removes them. So the server's ChunkRenderer and the CLI send only
+string's first characters before the cut removes them. So the server's Renderer and the CLI send only
 `settled_text`, and the engine searches again for stop strings over a character that completed.
 
 The property runs over random texts made of such pieces, tokenized by SmolLM2's real tokenizer, with random stop
@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 
 from reference.engine import check_stop_strings  # noqa: E402
 from reference.outputs import CompletionOutput, RequestOutput, settled_text  # noqa: E402
-from reference.server import ChunkRenderer  # noqa: E402
+from reference.server.streams import Renderer  # noqa: E402
 
 PIECES = ["a", " the", " history", "中", "文", "😊", "🌸", "é", "？", " ", ".", "\n", "ab", "ß"]
 STOPS = [" the ", "中文", "😊", ". ", "a", "？？", "🌸 ", "é"]
@@ -56,12 +56,12 @@ def _sent(frames: list[str], chat: bool) -> str:
 def test_a_stream_adds_up_to_the_whole_text(smol, pieces, stop, include, chat):
     tokenizer = smol[1]
     ids = tokenizer.encode("".join(pieces), add_special_tokens=False)
-    renderer = ChunkRenderer("cmpl-0", "smollm2", chat, 1, {"stop": stop})
+    renderer = Renderer("cmpl-0", "smollm2", chat, 1, {"stop": stop})
     streamed, printed = "", ""
     for k, (text, reason) in enumerate(_engine_texts(tokenizer, ids, stop, include), 1):
         out = RequestOutput("0", None, [1], None, [CompletionOutput(0, text, ids[:k], None, finish_reason=reason)],
                             reason is not None)  # fmt: skip
-        piece = _sent(renderer.step(out), chat)
+        piece = _sent(renderer.step(0, out), chat)
         assert "\ufffd" not in piece, (piece, text)
         streamed += piece
         shown = settled_text(text, reason is not None, max(map(len, stop), default=0))  # what the CLI prints
@@ -75,14 +75,14 @@ def test_a_character_split_over_two_tokens_is_sent_once_whole(smol):
     tokenizer = smol[1]
     ids = tokenizer.encode(" 😇", add_special_tokens=False)
     assert len(ids) > 1 and "\ufffd" in tokenizer.decode(ids[:1])  # the case exists in this tokenizer
-    renderer = ChunkRenderer("cmpl-0", "smollm2", False, 1, {})
+    renderer = Renderer("cmpl-0", "smollm2", False, 1, {})
     sent = []
     for k in range(1, len(ids) + 1):
         reason = "length" if k == len(ids) else None
         text = tokenizer.decode(ids[:k])
         out = RequestOutput("0", None, [1], None, [CompletionOutput(0, text, ids[:k], None, finish_reason=reason)],
                             reason is not None)  # fmt: skip
-        sent.append(_sent(renderer.step(out), False))
+        sent.append(_sent(renderer.step(0, out), False))
     assert "".join(sent) == " 😇" and "\ufffd" not in "".join(sent), sent
 
 
