@@ -2,23 +2,39 @@
 `python -m reference serve` (GET /pool: the engine's last steps, then each new step as a server-sent event) and
 written as a file that replays a simulator run (`python -m sim run ... --pool-page run.html`: every step of the run
 embedded, no server), so the engine's pool and the simulator's can be watched side by side. Each step is a snapshot of
-sim.viewer (the pool through the KV contract, the queues) as JSON (`snapshot_json`):
+sim.viewer (the pool through the KV contract, the queues) as JSON (`snapshot_json`). The page fills the window, the
+pool's map on the left and the rest beside it (under it in a narrow window), so nothing needs scrolling at any size:
+
+    +-- head: step, blocks held; the slider, Play, live ------------------------------+
+    | the pool                                  | shares (the chart)                  |
+    |   a grid of cells, each as large as the   +-------------------------------------+
+    |   map's panel allows for the pool's       | block tables                        |
+    |   number of cells                         +-------------------------------------+
+    |                                           | queues                              |
+    |                                           +-------------------------------------+
+    |                                           | events                              |
+    +-------------------------------------------+-------------------------------------+
 
     the pool        a grid of cells (a cell is a block, or a run of blocks where the pool has more than MAX_CELLS
-                    blocks), coloured by the request whose sequence holds it: solid for token states, half for a
-                    block's unfilled slots (internal fragmentation), pale for slots reserved and not yet written (the
-                    contiguous baselines' reservations); a block several sequences share (a prompt under n > 1
-                    samples, beams) is outlined and shows its reference count
+                    blocks; the legend says how many), coloured by the request whose sequence holds it: solid for
+                    token states, half for a block's unfilled slots (internal fragmentation), pale for slots reserved
+                    and not yet written (the contiguous baselines' reservations); a block several sequences share (a
+                    prompt under n > 1 samples, beams) is outlined and shows its reference count
+    shares          the five shares of the memory breakdown (sim.kv.SHARE_NAMES) over the steps kept, one column a
+                    step, on an axis labelled in % of the whole pool: zoomed to the shares in use (CHART_TOPS), free
+                    slots not drawn, unless "whole pool" is ticked; the legend gives each share at the step shown
     block tables    each running sequence's, logical block i -> physical block (runs of ids as a..b)
     queues          waiting / running / swapped request ids
-    shares          the five shares of the memory breakdown (sim.kv.SHARE_NAMES) over the steps kept
     events          preemptions and finishes, newest first
     the slider      scrubs back through the steps kept; Play runs them forward; "live" follows the engine again
 
 What is drawn is what the KV manager holds (its `slot_segments`, reservations included), so a block a contiguous
 policy reserved is drawn as held although no block table lists it. Each drawn cell carries `data-cell` and
 `data-blocks` (the held blocks in it), the page `data-step` / `data-used`, so a script (the tests' headless Chromium)
-can read what is drawn and compare it with the KV manager's own count of used blocks.
+can read what is drawn and compare it with the KV manager's own count of used blocks. After each layout the page
+writes where it put things: each panel's `data-rect` (left, top, right, bottom in px; the grid of cells has its own),
+and the root element's `data-viewport` and `data-scroll` (the window's inner size and the document's), so the same
+script can check that everything lies inside the window.
 """
 from __future__ import annotations
 
@@ -32,46 +48,90 @@ MAX_STEPS = 500  # steps a replay page keeps by default: a longer run keeps even
 STEPS_RANGE = (2, 2000)  # what ReplayRecorder's max_steps may be (`python -m sim run --pool-page-steps`)
 MAX_CELLS = 2048  # cells drawn at most: a larger pool is drawn a run of blocks per cell
 TABLE_ENTRIES = 48  # a block table's entries shown at most (the rest counted)
+# The chart's y axis, unless "whole pool" is ticked: free slots are not drawn and the axis ends at the first of these
+# at or above the largest share of the pool any step kept used, so a mostly idle pool still shows what holds memory.
+CHART_TOPS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1)
 
 POOL_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>KV block pool: __TITLE__</title>
 <style>
-body { font: 14px system-ui, sans-serif; margin: 16px; color: #222; }
-h1 { font-size: 18px; margin: 0 0 8px; }
-#head { margin-bottom: 8px; }
-#grid { display: grid; grid-template-columns: repeat(__COLUMNS__, 18px); gap: 2px; margin: 8px 0; }
-.block { width: 18px; height: 18px; background: #eee; font-size: 10px; line-height: 18px; text-align: center;
-         border-radius: 2px; }
+* { box-sizing: border-box; }
+body { font: 13px system-ui, sans-serif; margin: 0; padding: 10px 14px; color: #222; height: 100vh; display: flex;
+       flex-direction: column; gap: 6px; }
+h1 { font-size: 17px; margin: 0; }
+#controls { display: flex; gap: 8px; align-items: center; }
+#slider { flex: 0 1 480px; min-width: 120px; }
+#panels { flex: 1; min-height: 0; display: grid; gap: 10px; grid-template-columns: minmax(0, 1fr) clamp(340px, 36vw, 560px); }
+.panel { border: 1px solid #ddd; border-radius: 4px; padding: 6px 8px; display: flex; flex-direction: column; gap: 4px;
+         min-height: 0; min-width: 0; }
+#side { display: flex; flex-direction: column; gap: 10px; min-height: 0; min-width: 0; }
+#chart { flex: none; }
+#tables-panel { flex: 1 1 0; min-height: 90px; }
+#queues-panel, #events-panel { flex: 0 1 auto; max-height: 170px; }
+.text { font: 12px monospace; white-space: pre-wrap; word-break: break-word; overflow: auto; flex: 1 1 auto; min-height: 0; }
+#gridbox { flex: 1 1 0; min-height: 0; overflow: hidden; }
+#grid { display: grid; width: fit-content; --cell: 18px; }
+.block { width: var(--cell); height: var(--cell); background: #eee; font-size: min(calc(var(--cell) * 0.55), 22px);
+         line-height: var(--cell); text-align: center; border-radius: 2px; overflow: hidden; }
+#grid.tiny .block { font-size: 0; border-radius: 0; }
 .block.used { color: #fff; }
 .block.internal { opacity: 0.6; }
 .block.reserved { opacity: 0.3; }
-.block.shared { outline: 2px solid #000; }
-#cols { display: flex; gap: 24px; align-items: flex-start; }
-#tables, #events, #queues { font: 12px monospace; white-space: pre-wrap; word-break: break-word; max-height: 320px;
-                            overflow: auto; width: 420px; }
-#shares { border: 1px solid #ccc; }
-.legend span { display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 12px; vertical-align: middle; }
+.block.shared { outline: 2px solid #000; outline-offset: -1px; }
+#shares { width: 100%; height: 190px; display: block; }
+.legend { font-size: 12px; }
+.legend .item { white-space: nowrap; margin-right: 10px; display: inline-block; }
+.sw { display: inline-block; width: 11px; height: 11px; margin: 0 5px 0 2px; vertical-align: middle; }
+#axis { font-size: 11px; color: #555; }
+@media (max-width: 860px) {  /* a narrow window: the map above, the rest below it, the page scrolls */
+  body { height: auto; }
+  #panels { display: flex; flex-direction: column; }
+  #map { height: min(75vh, 100vw); }
+  #tables-panel { flex: none; max-height: 40vh; }
+}
 </style></head>
 <body data-step="-1" data-used="0">
 <h1>KV block pool of <code>__TITLE__</code>, __MODE__</h1>
 <div id="head">waiting for the first step</div>
-<div><input id="slider" type="range" min="0" max="0" value="0" style="width: 480px">
+<div id="controls"><input id="slider" type="range" min="0" max="0" value="0">
 <button id="play">play</button>
 <label id="livebox"><input id="live" type="checkbox" checked> live</label></div>
-<div id="grid"></div>
-<div class="legend">cells: <span style="background:#555"></span>token states
-<span style="background:#555; opacity: 0.6"></span>unfilled slots of a block
-<span style="background:#555; opacity: 0.3"></span>reserved, not yet written
-<span style="background:#eee; outline: 2px solid #000"></span>shared (reference count)</div>
-<canvas id="shares" width="480" height="90"></canvas>
+<div id="panels">
+<section id="map" class="panel" data-panel="map">
+<div class="legend"><b>the pool</b>: <span id="scale">one cell a block</span><br>
+<span class="item"><i class="sw" style="background:#555"></i>token states</span>
+<span class="item"><i class="sw" style="background:#555; opacity: 0.6"></i>unfilled slots of a block</span>
+<span class="item"><i class="sw" style="background:#555; opacity: 0.3"></i>reserved, not yet written</span>
+<span class="item"><i class="sw" style="background:#eee"></i>free</span>
+<span class="item"><i class="sw" style="background:#eee; outline: 2px solid #000"></i>shared (its reference count)</span>
+</div>
+<div id="gridbox"><div id="grid"></div></div>
+</section>
+<div id="side">
+<section id="chart" class="panel" data-panel="chart">
+<div><b>memory breakdown</b> over the steps kept
+<label style="float: right"><input id="whole" type="checkbox"> whole pool (free too)</label></div>
+<div id="axis"></div>
+<canvas id="shares"></canvas>
 <div class="legend" id="legend"></div>
-<div id="cols"><div><b>block tables</b><div id="tables"></div></div>
-<div><b>queues</b><div id="queues"></div><br><b>events</b><div id="events"></div></div></div>
+</section>
+<section id="tables-panel" class="panel" data-panel="tables"><b>block tables</b><div id="tables" class="text"></div>
+</section>
+<section id="queues-panel" class="panel" data-panel="queues"><b>queues</b><div id="queues" class="text"></div></section>
+<section id="events-panel" class="panel" data-panel="events"><b>events</b><div id="events" class="text"></div></section>
+</div></div>
 <script>
 const SHARES = __SHARES__, COLORS = __COLORS__, KEEP = __KEEP__, LIVE = __LIVE__, KIND = ["", "reserved", "internal"];
+const FREE = SHARES.length - 1;  // the last share is the free one
+const TOPS = __TOPS__;  // the zoomed chart's top: the first at or above the largest share used
+const MAX_PITCH = 96;  // px: a cell and its gap at most, however few the blocks
 let history = [], shown = -1, timer = null;
 const $ = id => document.getElementById(id);
 function colour(rid) { return rid < 0 ? "#999" : `hsl(${(rid * 137.508) % 360}, 55%, 45%)`; }
+function shares(snap) {
+  const total = snap.counts.reduce((a, b) => a + b, 0) || 1;
+  return snap.counts.map(count => count / total);
+}
 function show(i) {
   if (i < 0 || i >= history.length) return;
   shown = i;
@@ -100,34 +160,98 @@ function show(i) {
   }
   document.body.dataset.step = snap.step;
   document.body.dataset.used = snap.used_blocks;
-  const numBlocks = Math.floor(snap.num_slots / snap.block_size);
+  const numBlocks = Math.floor(snap.num_slots / snap.block_size), bs = snap.block_size, per = snap.cell_blocks;
   $("head").textContent = `step ${snap.step} at ${snap.time.toFixed(3)} s: ${snap.num_prefills} prompt entries, ` +
-    `${snap.num_decodes} decodes; ${snap.used_blocks} of ${numBlocks} blocks held (block size ${snap.block_size}` +
-    `${snap.cell_blocks > 1 ? ", " + snap.cell_blocks + " blocks a cell" : ""}, policy ${snap.policy})` +
-    (snap.preempted.length ? `; preempted ${snap.preempted}` : "");
+    `${snap.num_decodes} decodes; ${snap.used_blocks} of ${numBlocks} blocks held (block size ${bs}, policy ` +
+    `${snap.policy})` + (snap.preempted.length ? `; preempted ${snap.preempted}` : "");
+  $("scale").textContent = `${numBlocks} blocks of ${bs} token slots, ` + (per > 1 ?
+    `${per} blocks a cell (${snap.num_cells} cells; a cell takes the colour of the first request in it)` :
+    "one cell a block");
   $("tables").textContent = snap.tables.map(([rid, seq, table]) => `r${rid} seq ${seq}: [${table}]`).join("\\n")
     || "(none)";
-  $("queues").textContent = `waiting ${JSON.stringify(snap.waiting)}\\nrunning ${JSON.stringify(snap.running)}\\n` +
-    `swapped ${JSON.stringify(snap.swapped)}`;
+  $("queues").textContent = ["waiting", "running", "swapped"].map(q => `${q} (${snap[q].length}): ${snap[q].join(", ") || "-"}`)
+    .join("\\n");
   $("slider").max = history.length - 1;
   $("slider").value = i;
   drawShares();
+  layout();
+}
+function fitCells() {
+  // The largest pitch p (a cell and its gap) at which rows of floor(W / p) cells hold every cell in the map's box.
+  const box = $("gridbox"), grid = $("grid"), n = Math.max(grid.childElementCount, 1);
+  const W = box.clientWidth, H = box.clientHeight, columns = p => Math.max(Math.floor(W / p), 1);
+  let p = MAX_PITCH;
+  while (p > 2 && Math.ceil(n / columns(p)) * p > H) p--;
+  const gap = p >= 10 ? 2 : p >= 5 ? 1 : 0;
+  grid.style.setProperty("--cell", `${p - gap}px`);
+  grid.style.gap = `${gap}px`;
+  grid.style.gridTemplateColumns = `repeat(${columns(p)}, ${p - gap}px)`;
+  grid.classList.toggle("tiny", p < 10);  // too small for a reference count's digits (the cell's title keeps it)
+}
+function layout() {
+  // Size the map's cells to its box, then write down where each panel lies (for a script: the tests' browser).
+  fitCells();
+  const rect = el => { const r = el.getBoundingClientRect();
+    return [Math.floor(r.left), Math.floor(r.top), Math.ceil(r.right), Math.ceil(r.bottom)].join(","); };
+  for (const panel of document.querySelectorAll("[data-panel]")) panel.dataset.rect = rect(panel);
+  $("grid").dataset.rect = rect($("grid"));
+  const root = document.documentElement;
+  root.dataset.viewport = `${root.clientWidth}x${root.clientHeight}`;
+  root.dataset.scroll = `${root.scrollWidth}x${root.scrollHeight}`;
 }
 function drawShares() {
-  const c = $("shares"), g = c.getContext("2d"), n = history.length;
-  g.clearRect(0, 0, c.width, c.height);
-  const w = c.width / Math.max(n, 1);
+  // The breakdown of each step kept, one column a step, stacked in SHARE_NAMES order from the bottom. Unless
+  // "whole pool" is ticked, the free share is left out and the y axis ends at the first of TOPS at or above the
+  // largest share any kept step used, so a mostly idle pool still shows what holds its memory.
+  const c = $("shares"), dpr = window.devicePixelRatio || 1, W = c.clientWidth, H = c.clientHeight;
+  if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) {
+    c.width = Math.round(W * dpr);
+    c.height = Math.round(H * dpr);
+  }
+  const g = c.getContext("2d"), n = history.length, whole = $("whole").checked;
+  g.setTransform(dpr, 0, 0, dpr, 0, 0);
+  g.clearRect(0, 0, W, H);
+  const left = 44, top = 6, pw = W - left - 6, ph = H - top - 18, w = pw / Math.max(n, 1);
+  const most = Math.max(0, ...history.map(snap => 1 - shares(snap)[FREE]));
+  const ceiling = whole ? 1 : TOPS.find(t => t >= most - 1e-9);
   history.forEach((snap, i) => {
-    const total = snap.counts.reduce((a, b) => a + b, 0) || 1;
-    let y = c.height;
-    snap.counts.forEach((count, k) => {
-      const h = c.height * count / total;
+    const x = Math.floor(left + i * w), x1 = Math.max(Math.floor(left + (i + 1) * w), x + 1);  // no seams between
+    let y = top + ph;
+    shares(snap).forEach((share, k) => {
+      if (k === FREE && !whole) return;
+      const h = ph * share / ceiling;
       g.fillStyle = COLORS[k];
-      g.fillRect(i * w, y - h, Math.ceil(w), h);
+      g.fillRect(x, y - h, x1 - x, h);
       y -= h;
     });
   });
-  if (shown >= 0) { g.strokeStyle = "#000"; g.strokeRect(shown * w, 0, Math.max(w, 1), c.height); }
+  g.font = "11px system-ui, sans-serif";
+  g.fillStyle = "#333";
+  g.strokeStyle = "rgba(0, 0, 0, 0.25)";
+  g.textAlign = "right";
+  g.textBaseline = "middle";
+  for (let t = 0; t <= 4; t++) {  // the y axis: % of the whole pool
+    const y = Math.round(top + ph - ph * t / 4) + 0.5;
+    g.beginPath(); g.moveTo(left, y); g.lineTo(left + pw, y); g.stroke();
+    g.fillText(`${+(ceiling * t * 25).toFixed(1)}%`, left - 4, y);
+  }
+  g.textBaseline = "top";
+  if (n) {
+    g.textAlign = "left";
+    g.fillText(`step ${history[0].step}`, left, top + ph + 4);
+    g.textAlign = "right";
+    g.fillText(`step ${history[n - 1].step}`, left + pw, top + ph + 4);
+  }
+  if (shown >= 0) { g.strokeStyle = "#000"; g.strokeRect(left + shown * w, top, Math.max(w, 1), ph); }
+  $("axis").textContent = `y: share of the whole KV pool, 0 to ${Math.round(ceiling * 100)}%` + (whole ? "" :
+    `${ceiling < 1 ? ", zoomed to the most any step here used" : ""}; free slots (the rest) not drawn`);
+  const now = shown >= 0 ? shares(history[shown]) : SHARES.map(() => 0);
+  $("legend").innerHTML = SHARES.map((name, k) =>
+    `<span class="item"><i class="sw" style="background:${COLORS[k]}"></i>${name} ${(100 * now[k]).toFixed(1)}%</span>`)
+    .join(" ");
+  listEvents();
+}
+function listEvents() {
   const events = [];
   for (let i = history.length - 1; i >= 0 && events.length < 30; i--) {
     const s = history[i];
@@ -142,9 +266,10 @@ function add(snap) {
   if ($("live").checked) show(history.length - 1); else { $("slider").max = history.length - 1; drawShares(); }
 }
 function stop() { clearInterval(timer); timer = null; $("play").textContent = "play"; }
-$("legend").innerHTML = SHARES.map((name, k) => `<span style="background:${COLORS[k]}"></span>${name}`).join("");
 $("slider").addEventListener("input", e => { $("live").checked = false; stop(); show(Number(e.target.value)); });
 $("live").addEventListener("change", e => { if (e.target.checked) { stop(); show(history.length - 1); } });
+$("whole").addEventListener("change", drawShares);
+window.addEventListener("resize", () => { drawShares(); layout(); });
 $("play").addEventListener("click", () => {
   if (timer) return stop();
   $("live").checked = false;
@@ -153,14 +278,16 @@ $("play").addEventListener("click", () => {
   timer = setInterval(() => { if (shown >= history.length - 1) stop(); else show(shown + 1); }, 100);
 });
 __HISTORY__.forEach(s => history.push(s));  // the steps kept when the page was made, drawn at once
-if (LIVE) {
-  show(history.length - 1);
-  const events = new EventSource("pool/events");
-  events.onmessage = e => add(JSON.parse(e.data));
-} else {
+if (!LIVE) {
   $("live").checked = false;
   $("livebox").style.display = "none";
-  show(0);
+}
+drawShares();
+layout();
+show(LIVE ? history.length - 1 : 0);
+if (LIVE) {
+  const events = new EventSource("pool/events");
+  events.onmessage = e => add(JSON.parse(e.data));
 }
 </script></body></html>
 """
@@ -174,9 +301,9 @@ def pool_html(title: str, keep: int, history: list[dict], *, live: bool = True) 
 
     steps = json.dumps(history, separators=(",", ":")).replace("</", "<\\/")  # in <script>: no "</script>"
     mode = "live" if live else f"a replay of {len(history)} steps"
-    return (POOL_HTML.replace("__HISTORY__", steps).replace("__TITLE__", _escape(title)).replace("__COLUMNS__", "32")
+    return (POOL_HTML.replace("__HISTORY__", steps).replace("__TITLE__", _escape(title))
             .replace("__MODE__", mode).replace("__KEEP__", str(max(keep, len(history))))
-            .replace("__LIVE__", "true" if live else "false")
+            .replace("__LIVE__", "true" if live else "false").replace("__TOPS__", json.dumps(CHART_TOPS))
             .replace("__SHARES__", json.dumps([SHARE_LABELS[n] for n in SHARE_NAMES]))
             .replace("__COLORS__", json.dumps([_css(SHARE_COLORS[n]) for n in SHARE_NAMES])))  # fmt: skip
 
@@ -358,9 +485,10 @@ def _chromium(url: str, *flags: str, timeout_s: float = 90) -> str:
     return done.stdout
 
 
-def page_dom(url: str) -> str:
-    """The page's DOM once its script has drawn (what a reader's browser shows); `url` may be a file:// URL."""
-    return _chromium(url, "--dump-dom")
+def page_dom(url: str, size: tuple[int, int] | None = None) -> str:
+    """The page's DOM once its script has drawn (what a reader's browser shows) in a window of `size` pixels (default:
+    Chromium's); `url` may be a file:// URL."""
+    return _chromium(url, *([f"--window-size={size[0]},{size[1]}"] if size else []), "--dump-dom")
 
 
 def screenshot(url: str, path: str, size: tuple[int, int] = (1000, 720)) -> None:

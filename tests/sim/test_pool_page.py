@@ -1,6 +1,7 @@
 """The pool page (sim/pool_page.py): what it draws of a step is what the KV manager holds, under every policy (the
 contiguous baselines' reservations included); a replay of a long run keeps evenly spread steps and loses no event;
-`python -m sim run --pool-page` writes it whole or not at all; a browser draws it."""
+`python -m sim run --pool-page` writes it whole or not at all; a browser draws it, and at any pool size the map, the
+chart and the tables all lie inside a 1400x1000 window."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from sim.api import run
 from sim.cli import main
-from sim.pool_page import MAX_CELLS, ReplayRecorder, snapshot_json
+from sim.pool_page import CHART_TOPS, MAX_CELLS, ReplayRecorder, pool_html, snapshot_json
 from sim.viewer import snapshot
 
 SMALL = dict(workload="uniform", arrival="offline", prompt_len_range=(8, 80), output_len_range=(4, 60),
@@ -133,3 +134,105 @@ def test_a_browser_draws_the_replayed_steps_blocks(tmp_path):
     png = tmp_path / "run.png"
     screenshot(page.as_uri(), str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+WINDOW = (1400, 1000)
+PANELS = ("map", "chart", "tables", "queues", "events")  # the page's panels (data-panel), each with its data-rect
+
+
+def _replay_frames(html: str) -> list[dict]:
+    return json.loads(re.search(r"^(\[.*\])\.forEach\(s => history", html, re.M).group(1))
+
+
+def _layout(dom: str) -> tuple[tuple[int, int], tuple[int, int], dict[str, tuple[int, ...]]]:
+    """What the page wrote down after its layout: the viewport's size, the document's scroll size, and the rectangle
+    (left, top, right, bottom, in px) of each panel and of the grid of cells."""
+    size = lambda name: tuple(int(v) for v in re.search(rf'data-{name}="(\d+)x(\d+)"', dom).groups())  # noqa: E731
+    rects = {name: tuple(int(v) for v in rect.split(","))
+             for name, rect in re.findall(r'data-panel="(\w+)" data-rect="(-?[\d,-]+)"', dom)}  # fmt: skip
+    rects["grid"] = tuple(int(v) for v in re.search(r'id="grid" data-rect="(-?[\d,-]+)"', dom).group(1).split(","))
+    return size("viewport"), size("scroll"), rects
+
+
+def _inside(inner, outer) -> bool:
+    return outer[0] <= inner[0] < inner[2] <= outer[2] and outer[1] <= inner[1] < inner[3] <= outer[3]
+
+
+def _check_fits(dom: str, frame: dict | None, frames: list[dict]) -> None:
+    """The page as Chromium laid it out in a WINDOW-sized window fits it: nothing to scroll, every panel inside the
+    viewport (Chromium's window frame takes some of the 1000 px), no two panels overlapping, every cell inside the
+    map; what the map draws of `frame` (the step shown) is its used blocks, and the chart's axis says its scale."""
+    viewport, scroll, rects = _layout(dom)
+    width, height = viewport
+    assert width == WINDOW[0] and 800 <= height <= WINDOW[1] and scroll == viewport, (viewport, scroll)
+    assert set(PANELS) <= set(rects), rects
+    whole = (0, 0, width, height)
+    for name in PANELS:
+        assert _inside(rects[name], whole), (name, rects[name], viewport)
+    for i, a in enumerate(PANELS):  # side by side, not on top of each other
+        for b in PANELS[i + 1:]:
+            ra, rb = rects[a], rects[b]
+            assert ra[2] <= rb[0] or rb[2] <= ra[0] or ra[3] <= rb[1] or rb[3] <= ra[1], (a, ra, b, rb)
+    map_w, map_h = rects["map"][2] - rects["map"][0], rects["map"][3] - rects["map"][1]
+    chart_w, chart_h = rects["chart"][2] - rects["chart"][0], rects["chart"][3] - rects["chart"][1]
+    assert map_w >= 600 and map_h >= 600 and chart_w >= 300 and chart_h >= 150, rects
+    assert rects["tables"][3] - rects["tables"][1] >= 100, rects
+    if frame is None:
+        return
+    assert _inside(rects["grid"], rects["map"]), (rects["grid"], rects["map"])
+    cell = int(re.search(r'id="grid"[^>]*--cell: (\d+)px', dom).group(1))
+    assert len(re.findall(r"data-cell=", dom)) == frame["num_cells"] and cell >= 8, cell
+    drawn = sum(int(n) for n in re.findall(r'class="block used[^"]*"[^>]*data-blocks="(\d+)"', dom))
+    assert f'data-step="{frame["step"]}" data-used="{frame["used_blocks"]}"' in dom and drawn == frame["used_blocks"]
+    per = frame["cell_blocks"]
+    assert (f"{per} blocks a cell" if per > 1 else "one cell a block") in dom
+    most = max(1 - f["counts"][-1] / sum(f["counts"]) for f in frames)  # the largest share not free
+    top = next(t for t in CHART_TOPS if t >= most - 1e-9)
+    assert f"y: share of the whole KV pool, 0 to {round(top * 100)}%" in dom
+
+
+# pool size in blocks (of 16 slots) -> the workload that runs on it
+POOL_SIZES = {64: ["--prompt-len-range", "8,60", "--output-len-range", "4,40", "--num-requests", "12"],
+              2048: ["--prompt-len-range", "40,400", "--output-len-range", "20,200", "--num-requests", "30"],
+              50_000: ["--prompt-len-range", "200,1600", "--output-len-range", "50,400", "--num-requests", "40"]}
+
+
+@pytest.mark.parametrize("num_blocks", sorted(POOL_SIZES))
+def test_the_page_fits_a_window_at_any_pool_size(tmp_path, num_blocks):
+    """The replay `sim run --pool-page` writes, and the live page the server serves (pool_html, live: the same
+    function, here fed the run's steps from a file, no server), at 1400x1000: map, chart and tables in view."""
+    from tests.browser import need_chromium
+
+    need_chromium()
+    from sim.pool_page import page_dom
+
+    page = tmp_path / "run.html"
+    assert main(["run", "--workload", "uniform", "--arrival", "offline", "--block-size", "16", "--kv-slots",
+                 str(16 * num_blocks), "--pool-page", str(page), "--pool-page-steps", "60",
+                 *POOL_SIZES[num_blocks]]) == 0  # fmt: skip
+    frames = _replay_frames(page.read_text())
+    first = frames[0]
+    assert first["num_slots"] == 16 * num_blocks and first["num_cells"] == -(-num_blocks // first["cell_blocks"])
+    _check_fits(page_dom(page.as_uri(), WINDOW), first, frames)  # a replay shows its first step
+    live = tmp_path / "live.html"
+    live.write_text(pool_html("live", 300, frames[-40:], live=True))
+    _check_fits(page_dom(live.as_uri(), WINDOW), frames[-1], frames[-40:])  # the live page its latest
+    if num_blocks == 2048:  # a narrow window: the panels go under the map, which fits the window's width
+        dom = page_dom(page.as_uri(), (800, 1000))
+        viewport, scroll, rects = _layout(dom)  # the page scrolls down: a scroll bar takes some of the 800 px
+        assert 760 <= viewport[0] == scroll[0] <= 800 and rects["map"][2] <= viewport[0], (viewport, scroll, rects)
+        assert _inside(rects["grid"], rects["map"]), rects
+        assert rects["chart"][1] >= rects["map"][3], rects
+
+
+def test_the_live_page_fits_the_window_before_the_first_step(tmp_path):
+    from tests.browser import need_chromium
+
+    need_chromium()
+    from sim.pool_page import page_dom
+
+    page = tmp_path / "live.html"
+    page.write_text(pool_html("a server just started", 300, [], live=True))
+    dom = page_dom(page.as_uri(), WINDOW)
+    assert "waiting for the first step" in dom
+    _check_fits(dom, None, [])
