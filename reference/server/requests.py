@@ -113,6 +113,7 @@ COMPLETION_FIELDS = {
     "add_special_tokens": _h("tokenize the prompt with the tokenizer's special tokens (the default) or without"),
     "echo": _refused("the prompt is not echoed back", True, False),
     "suffix": _refused("the model has no fill-in-the-middle template", "}"),
+    "prompt_embeds": _refused("prompts are text or token ids, not embeddings", "AAAAAA=="),
     **(OPENAI_ONLY := {  # OpenAI's fields that vLLM 0.32's model no longer has: refused too, never passed over
         "best_of": _refused("one sample per choice: use n", 3, None, 1),
     }),
