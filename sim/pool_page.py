@@ -48,6 +48,7 @@ MAX_STEPS = 500  # steps a replay page keeps by default: a longer run keeps even
 STEPS_RANGE = (2, 2000)  # what ReplayRecorder's max_steps may be (`python -m sim run --pool-page-steps`)
 MAX_CELLS = 2048  # cells drawn at most: a larger pool is drawn a run of blocks per cell
 TABLE_ENTRIES = 48  # a block table's entries shown at most (the rest counted)
+WINDOW = (1400, 1000)  # px: the window the page is made to fit and is pictured in (screenshot, the tests)
 # The chart's y axis, unless "whole pool" is ticked: free slots are not drawn and the axis ends at the first of these
 # at or above the largest share of the pool any step kept used, so a mostly idle pool still shows what holds memory.
 CHART_TOPS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1)
@@ -491,6 +492,6 @@ def page_dom(url: str, size: tuple[int, int] | None = None) -> str:
     return _chromium(url, *([f"--window-size={size[0]},{size[1]}"] if size else []), "--dump-dom")
 
 
-def screenshot(url: str, path: str, size: tuple[int, int] = (1000, 720)) -> None:
+def screenshot(url: str, path: str, size: tuple[int, int] = WINDOW) -> None:
     """A PNG of the page at `url`, `size` pixels."""
     _chromium(url, f"--window-size={size[0]},{size[1]}", f"--screenshot={path}")

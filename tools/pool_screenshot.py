@@ -2,9 +2,10 @@
 
     python tools/pool_screenshot.py [--out figures/pool_live.png]
 
-Serves SmolLM2 on a small pool (96 blocks of 4 tokens) in this process, sends six streamed requests (two with n = 2,
-whose samples share their prompt's blocks), waits until the pool is mostly used, and saves the page as Chromium
-draws it. Needs Debian's chromium package (sim.pool_page.find_chromium).
+Serves SmolLM2 on a pool of NUM_BLOCKS blocks of 4 tokens in this process, sends eight streamed requests (three with
+n = 2, whose samples share their prompt's blocks), waits until the pool is mostly used, and saves the page as Chromium
+draws it in a 1400x1000 window (sim.pool_page.WINDOW, the window the page is made to fit). Needs Debian's chromium
+package (sim.pool_page.find_chromium).
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PROMPTS = [("Tell me a story about a lighthouse.", 2), ("List some rivers:", 1), ("Write a poem about snow.", 2),
-           ("Explain paging in one sentence.", 1), ("The history of bread", 1), ("Name colours:", 1)]  # fmt: skip
+           ("Explain paging in one sentence.", 1), ("The history of bread", 1), ("Name colours:", 1),
+           ("A recipe for soup:", 2), ("Why is the sky blue?", 1)]  # fmt: skip
+NUM_BLOCKS = 256  # 11 sequences of up to ~110 tokens: about 300 blocks at the end, so the pool fills
+WAIT_S = 600  # for the pool to fill (SmolLM2 on a CPU: a step takes longer on a busy machine)
 
 
 def main() -> int:
@@ -35,10 +39,10 @@ def main() -> int:
     if find_chromium() is None:
         print("error: no Chromium (allowed: apt-get install chromium)", file=sys.stderr)
         return 2
-    server, base = serve_in_thread(LLM("smollm2", num_gpu_blocks=96, block_size=4), "smollm2")
+    server, base = serve_in_thread(LLM("smollm2", num_gpu_blocks=NUM_BLOCKS, block_size=4), "smollm2")
 
     def read(prompt: str, n: int) -> None:
-        body = {"model": "smollm2", "prompt": prompt, "max_tokens": 60, "temperature": 0.8, "n": n, "seed": 1,
+        body = {"model": "smollm2", "prompt": prompt, "max_tokens": 100, "temperature": 0.8, "n": n, "seed": 1,
                 "ignore_eos": True, "stream": True}  # fmt: skip
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=300) as r:
             for _ in r.iter_lines():
@@ -46,14 +50,14 @@ def main() -> int:
 
     for prompt, n in PROMPTS:
         threading.Thread(target=read, args=(prompt, n), daemon=True).start()
-    deadline = time.time() + 120
+    deadline = time.time() + WAIT_S
     while time.time() < deadline:
         history = httpx.get(base + "/pool/history").json()
-        if history and history[-1]["used_blocks"] >= 60 and len(history) >= 40:
+        if history and history[-1]["used_blocks"] >= 0.75 * NUM_BLOCKS and len(history) >= 60:
             break
         time.sleep(0.05)
     screenshot(base + "/pool", args.out)
-    print(f"wrote {args.out} (step {history[-1]['step']}, {history[-1]['used_blocks']} of 96 blocks used)")
+    print(f"wrote {args.out} (step {history[-1]['step']}, {history[-1]['used_blocks']} of {NUM_BLOCKS} blocks used)")
     server.should_exit = True
     return 0
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sim.api import run
 from sim.cli import main
-from sim.pool_page import CHART_TOPS, MAX_CELLS, ReplayRecorder, pool_html, snapshot_json
+from sim.pool_page import CHART_TOPS, MAX_CELLS, WINDOW, ReplayRecorder, pool_html, snapshot_json
 from sim.viewer import snapshot
 
 SMALL = dict(workload="uniform", arrival="offline", prompt_len_range=(8, 80), output_len_range=(4, 60),
@@ -136,7 +136,6 @@ def test_a_browser_draws_the_replayed_steps_blocks(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-WINDOW = (1400, 1000)
 PANELS = ("map", "chart", "tables", "queues", "events")  # the page's panels (data-panel), each with its data-rect
 
 
