@@ -62,14 +62,16 @@ body { font: 13px system-ui, sans-serif; margin: 0; padding: 10px 14px; color: #
 h1 { font-size: 17px; margin: 0; }
 #controls { display: flex; gap: 8px; align-items: center; }
 #slider { flex: 0 1 480px; min-width: 120px; }
-#panels { flex: 1; min-height: 0; display: grid; gap: 10px; grid-template-columns: minmax(0, 1fr) clamp(340px, 36vw, 560px); }
+#panels { flex: 1; min-height: 0; display: grid; gap: 10px;
+          grid-template-columns: minmax(0, 1fr) clamp(340px, 36vw, 560px); }
 .panel { border: 1px solid #ddd; border-radius: 4px; padding: 6px 8px; display: flex; flex-direction: column; gap: 4px;
          min-height: 0; min-width: 0; }
 #side { display: flex; flex-direction: column; gap: 10px; min-height: 0; min-width: 0; }
 #chart { flex: none; }
 #tables-panel { flex: 1 1 0; min-height: 90px; }
 #queues-panel, #events-panel { flex: 0 1 auto; max-height: 170px; }
-.text { font: 12px monospace; white-space: pre-wrap; word-break: break-word; overflow: auto; flex: 1 1 auto; min-height: 0; }
+.text { font: 12px monospace; white-space: pre-wrap; word-break: break-word; overflow: auto; flex: 1 1 auto;
+        min-height: 0; }
 #gridbox { flex: 1 1 0; min-height: 0; overflow: hidden; }
 #grid { display: grid; width: fit-content; --cell: 18px; }
 .block { width: var(--cell); height: var(--cell); background: #eee; font-size: min(calc(var(--cell) * 0.55), 22px);
@@ -104,7 +106,8 @@ h1 { font-size: 17px; margin: 0; }
 <span class="item"><i class="sw" style="background:#555; opacity: 0.6"></i>unfilled slots of a block</span>
 <span class="item"><i class="sw" style="background:#555; opacity: 0.3"></i>reserved, not yet written</span>
 <span class="item"><i class="sw" style="background:#eee"></i>free</span>
-<span class="item"><i class="sw" style="background:#eee; outline: 2px solid #000"></i>shared (its reference count)</span>
+<span class="item"><i class="sw" style="background:#eee; outline: 2px solid #000"></i>shared (its reference count)
+</span>
 </div>
 <div id="gridbox"><div id="grid"></div></div>
 </section>
@@ -170,8 +173,8 @@ function show(i) {
     "one cell a block");
   $("tables").textContent = snap.tables.map(([rid, seq, table]) => `r${rid} seq ${seq}: [${table}]`).join("\\n")
     || "(none)";
-  $("queues").textContent = ["waiting", "running", "swapped"].map(q => `${q} (${snap[q].length}): ${snap[q].join(", ") || "-"}`)
-    .join("\\n");
+  $("queues").textContent = ["waiting", "running", "swapped"]
+    .map(q => `${q} (${snap[q].length}): ${snap[q].join(", ") || "-"}`).join("\\n");
   $("slider").max = history.length - 1;
   $("slider").value = i;
   drawShares();
