@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer install install-light install-report clean
+.PHONY: demo test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
 
 install: $(STAMP)
 
@@ -91,6 +91,23 @@ $(VLLM_VENV)/.installed:
 
 peer: $(STAMP) $(VLLM_VENV)/.installed
 	$(BIN)/python tools/peer_vllm.py
+
+# The server under the load generators people point at vLLM, guidellm and aiperf, in a venv of their own (their
+# dependencies are not the engine's): 3 constant rates x 2 clients, ~6 minutes on 2 cores; saves
+# figures/serve_bench.csv and rewrites its README block. Not part of the tests.
+BENCH_VENV := .venv-bench
+GUIDELLM_SPEC := guidellm==0.8.1
+AIPERF_SPEC := aiperf==0.13.0
+$(BENCH_VENV)/.installed:
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	# guidellm needs torch: TORCH_SPEC's build (the CPU one here) rather than whatever the registry resolves to
+	$(BENCH_VENV)/bin/pip install -q "$(TORCH_SPEC)" "$(GUIDELLM_SPEC)" "$(AIPERF_SPEC)"
+	touch $@
+
+serve-bench: $(STAMP) $(BENCH_VENV)/.installed
+	$(BIN)/python tools/serve_bench.py
+	$(BIN)/python -m sim readme-numbers --write
 
 # The whole suite in .venv, then the light install's part of it in .venv-light.
 test: $(STAMP)
