@@ -64,20 +64,22 @@ def type_name(t) -> str:
 
 
 def fields_of(model) -> list[dict]:
-    return [{"name": name, "required": info.is_required(), "default": _default(info), "type": type_name(info.annotation)}
-            for name, info in model.model_fields.items()]
+    return [{"name": name, "required": info.is_required(), "default": _default(info),
+             "type": type_name(info.annotation)} for name, info in model.model_fields.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT, help=f"the data file (default: {OUT.relative_to(OUT.parents[3])})")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help=f"the data file (default: {OUT.relative_to(OUT.parents[3])})")
     args = parser.parse_args(argv)
     try:
         import importlib
 
         import vllm
     except ImportError:
-        print("error: vLLM is not installed in this Python (allowed: run it with .venv-vllm/bin/python)", file=sys.stderr)
+        print("error: vLLM is not installed in this Python (allowed: run it with .venv-vllm/bin/python)",
+              file=sys.stderr)
         return 2
     models = []
     for route, module, name in MODELS:

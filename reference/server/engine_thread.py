@@ -22,7 +22,7 @@ from reference.outputs import RequestOutput
 from reference.server.metrics import ServerMetrics
 
 POOL_STEPS = 300  # the steps the pool page can scrub back through
-KEEP_RECORDS = 1000  # the engine's step log and finished metrics are cut to their last KEEP_RECORDS (a server runs long)
+KEEP_RECORDS = 1000  # the engine's step log and finished metrics keep their last KEEP_RECORDS (a server runs long)
 
 Sink = Callable[[RequestOutput | BaseException], None]
 

@@ -1,5 +1,5 @@
-"""Responses out: OpenAI's objects for the engine's RequestOutputs, whole or as server-sent events, and the open streams'
-registry that lets a shutdown end every one at once.
+"""Responses out: OpenAI's objects for the engine's RequestOutputs, whole or as server-sent events, and the open
+streams' registry that lets a shutdown end every one at once.
 
 A completion request may carry several prompts (one engine request each) and n samples per prompt: its choices are
 numbered as vLLM numbers them, prompt * n + sample. A stream sends, per step with new tokens, one chunk per choice

@@ -114,7 +114,8 @@ def test_models_health_and_metrics(server, client):
     m = metrics(server[0])
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", 'vllm:time_to_first_token_seconds_bucket{le="0.1"}',
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 'vllm:time_to_first_token_seconds_bucket{le="0.1"}',
                  "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum",
                  "lab:num_requests_swapped", "lab:kv_cache_blocks_used", "lab:kv_cache_blocks_total"):  # fmt: skip
         assert name in m, name

@@ -129,7 +129,9 @@ def test_the_table_names_every_field_of_vllms_models_and_no_other():
 def test_a_refused_field_is_a_400_naming_it(server, kind, name):
     route, base = BASE[kind]
     rule = FIELDS[kind][name]
-    body = {**base, "stream_options": {name: rule.example}} if kind == "StreamOptions" else {**base, name: rule.example}
+    body = {**base, name: rule.example}
+    if kind == "StreamOptions":
+        body = {**base, "stream_options": {name: rule.example}}
     r = post(server[0], route, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
     for value in rule.no_op:  # what asks for nothing is accepted
@@ -140,7 +142,8 @@ def test_a_refused_field_is_a_400_naming_it(server, kind, name):
 @pytest.mark.parametrize("kind, name", walk((NO_EFFECT,)))
 def test_a_field_of_no_effect_changes_nothing(server, kind, name):
     route, base = BASE[kind]
-    plain, given = post(server[0], route, base).json(), post(server[0], route, {**base, name: FIELDS[kind][name].example})
+    plain = post(server[0], route, base).json()
+    given = post(server[0], route, {**base, name: FIELDS[kind][name].example})
     assert given.status_code == 200, given.text
     assert [c.get("text", c.get("message")) for c in given.json()["choices"]] == \
         [c.get("text", c.get("message")) for c in plain["choices"]]  # fmt: skip

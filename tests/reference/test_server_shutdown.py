@@ -106,9 +106,9 @@ def test_a_signal_ends_every_open_stream_with_an_error_event_and_done(sig):
         for s in [*streams, pool]:
             assert s.started.wait(120) and s.data, (s.path, s.failure, "".join(served.log))
         whole: dict = {}
-        waiting = threading.Thread(target=lambda: whole.update(r=httpx.post(
-            base + "/v1/completions", json={"prompt": "Write an essay:", **LONG, "stream": False}, timeout=ENDED_WITHIN_S)),
-            daemon=True)
+        essay = {"prompt": "Write an essay:", **LONG, "stream": False}
+        waiting = threading.Thread(target=lambda: whole.update(r=httpx.post(base + "/v1/completions", json=essay,
+                                                                            timeout=ENDED_WITHIN_S)), daemon=True)
         waiting.start()
         time.sleep(1.0)  # (the whole response is queued and running)
         signalled = time.monotonic()
