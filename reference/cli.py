@@ -134,6 +134,7 @@ def _add_serve_parser(sub) -> None:
                    "memory and reloaded on a hit (with --enable-prefix-caching; default: 0, none)")
     g.add_argument("--kv-dtype", default="auto", metavar="{auto,int8}",
                    help="how the cache stores K/V: auto (the model's dtype) or int8 (default: %(default)s)")
+    g.add_argument("--kv-cache-dtype", metavar="{auto,int8}", help="vLLM's name for --kv-dtype")
     g.add_argument("--seed", type=int, default=0, help="seeds the requests that bring none (default: 0)")
 
 
@@ -143,6 +144,7 @@ def run_serve(a: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         raise UsageError("serve needs FastAPI and uvicorn (allowed: pip install -e '.[serve]', or make install)")
+    _check_kv_dtype(a)  # (the flags first: before the address is tried, and the model loaded)
     if not 0 <= a.port <= 65535:
         raise UsageError(f"--port {a.port} (allowed: an integer from 0 to 65535)")
     _check_address(a.host, a.port)
@@ -153,7 +155,7 @@ def run_serve(a: argparse.Namespace) -> int:
                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                     max_model_len=a.max_model_len, enable_prefix_caching=a.enable_prefix_caching,
                     preemption=a.preemption, swap_space=a.swap_space, seed=a.seed, kv_dtype=a.kv_dtype,
-                    num_offload_blocks=a.num_offload_blocks)  # fmt: skip
+                    kv_cache_dtype=a.kv_cache_dtype, num_offload_blocks=a.num_offload_blocks)  # fmt: skip
     try:
         llm = LLM(a.model, **settings)
     except (TypeError, ValueError) as exc:
@@ -226,9 +228,14 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("--kv-dtype", default="auto", metavar="{auto,int8}",
                    help="how the cache stores K/V: auto (the model's dtype) or int8 (8 bits and a float32 scale per "
                    "token and KV head: ~3.8x the tokens of float32 in the same bytes) (default: %(default)s)")
+    g.add_argument("--kv-cache-dtype", metavar="{auto,int8}", help="vLLM's name for --kv-dtype")
     g.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
                    help="speculative decoding: up to K draft tokens a step from an n-gram (prompt-lookup) draft, "
                    "verified by the model; greedy output unchanged (default: 0, off)")
+    g.add_argument("--speculative-config", type=_json_object, metavar="JSON",
+                   help="vLLM's spelling, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                   "\"prompt_lookup_max\": 3, \"prompt_lookup_min\": 1}': the n-gram draft's K and the longest and "
+                   "shortest suffix it matches (without the last two, vLLM's 5 and 5); method ngram only")
     p.add_argument("--chrome-trace", metavar="PATH",
                    help="also write the engine's steps and the request's spans as a Chrome trace (JSON; open in "
                    "ui.perfetto.dev or chrome://tracing)")
@@ -245,6 +252,48 @@ def _choice(allowed: tuple[str, ...]):
         return text
 
     return parse
+
+
+def _json_object(text: str) -> dict:
+    """A flag's JSON object (vLLM's --speculative-config): one key once, no NaN or Infinity."""
+    from sim.trace_files import json_object, no_constant
+
+    try:
+        value = json.loads(text, object_pairs_hook=json_object, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {exc.msg} at character {exc.pos} (allowed: a JSON "
+                                         f"object)") from None  # fmt: skip
+    except ValueError as exc:  # the hooks: a key given twice, NaN or Infinity
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is a JSON {type(value).__name__} (allowed: a JSON object)")
+    return value
+
+
+def _check_kv_dtype(a: argparse.Namespace) -> None:
+    """--kv-cache-dtype (vLLM's name) beside --kv-dtype: a value the engine has, and no disagreement."""
+    from reference.config import kv_dtype_of
+
+    if a.kv_cache_dtype is not None:
+        try:
+            kv_dtype_of(a.kv_dtype, a.kv_cache_dtype, ("--kv-dtype", "--kv-cache-dtype"))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def _check_speculative_config(a: argparse.Namespace) -> None:
+    """--speculative-config (vLLM's spelling) as the engine reads it, and beside --num-speculative-tokens."""
+    from reference.config import ngram_settings
+
+    if a.speculative_config is None:
+        return
+    try:
+        k = ngram_settings(a.speculative_config, "--speculative-config").num_speculative_tokens
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if a.num_speculative_tokens not in (0, k):
+        raise UsageError(f"--num-speculative-tokens {a.num_speculative_tokens} with --speculative-config's "
+                         f"num_speculative_tokens {k} (allowed: one of them, or both the same)")  # fmt: skip
 
 
 def _check_generate_args(a: argparse.Namespace) -> None:
@@ -295,6 +344,8 @@ def _check_generate_args(a: argparse.Namespace) -> None:
     for ok, what, allowed in rules:
         if not ok:
             raise UsageError(f"{what} (allowed: {allowed})")
+    _check_kv_dtype(a)
+    _check_speculative_config(a)
     try:  # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
         check_text(a.prompt, "the prompt")
     except ValueError:
@@ -357,8 +408,9 @@ def _build_engine(a: argparse.Namespace):
                                     a.block_size, config.max_position_embeddings, spec)  # fmt: skip
     try:
         llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
-                              seed=a.seed, kv_dtype=a.kv_dtype,
-                              num_speculative_tokens=a.num_speculative_tokens)  # fmt: skip
+                              seed=a.seed, kv_dtype=a.kv_dtype, kv_cache_dtype=a.kv_cache_dtype,
+                              num_speculative_tokens=a.num_speculative_tokens,
+                              speculative_config=a.speculative_config)  # fmt: skip
     except (MemoryError, RuntimeError) as exc:  # torch's allocator: the pool does not fit this machine
         if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
             raise

@@ -12,21 +12,97 @@ engine's own:
     max_model_len None             the model's context
     kv_dtype "auto"                 K/V in the model's dtype (the bit-exact cache); "int8": 8-bit K/V with a float32
                                     scale per token and KV head (reference/attention/quant.py)
+    prompt_lookup_max 3, _min 1     the n-gram draft's longest and shortest suffix (reference/speculative.py)
     device / dtype / backend None   the best the machine has (reference/executor.py)
 
 `EngineConfig(...)` checks every value that needs no model (types, ranges, vLLM's keywords that change nothing here):
 TypeError for a wrong type, ValueError for a wrong value, naming the setting. What needs the model (the pool in GPU or
 CPU memory, max_model_len against the context, the policy against the model's layers) `LLM` checks once it has it.
+
+vLLM's spellings of the engine's own settings are folded into them here, once, so the rest of the engine reads one
+name: `kv_cache_dtype` ("auto" | "int8") into `kv_dtype`, and `speculative_config={"method": "ngram",
+"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}` (vLLM's SpeculativeConfig) into
+`num_speculative_tokens`, `prompt_lookup_max` and `prompt_lookup_min`; both are None afterwards. A value vLLM takes and
+this engine has no path for (an fp8 cache, an EAGLE or draft-model speculator) is refused, never approximated.
+NOTE: a project keyword at its default counts as not given (as num_cpu_blocks=0 beside swap_space); given with
+another value beside vLLM's spelling, the two must agree.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from reference.attention.quant import check_kv_dtype
 from reference.sampling import check_bool, check_int, check_real
+from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
 from sim.config import MAX_SPECULATIVE_TOKENS, RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
 from sim.kv import POLICIES, takes_block_allocator
 from sim.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
+
+# vLLM's kv_cache_dtype values this engine has, each the kv_dtype of the same name. vLLM's others are refused: its fp8
+# caches (fp8, fp8_e4m3, fp8_e5m2, ...) have no path here (reference/attention/quant.py says why int8, not fp8), and
+# "float16" / "bfloat16" name the model's dtype, which is `dtype=`'s to choose ("auto" then follows it)
+VLLM_KV_CACHE_DTYPES = ("auto", "int8")
+# the keys of vLLM's speculative_config this engine takes: its draft is vLLM's "ngram" method (prompt lookup)
+SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+
+
+def kv_dtype_of(kv_dtype: object, kv_cache_dtype: object, names: tuple[str, str] = ("kv_dtype", "kv_cache_dtype")
+                ) -> str:  # fmt: skip
+    """The cache's kv_dtype from the project's keyword and vLLM's (`kv_cache_dtype`, None: not given); ValueError
+    naming `names` (the CLI passes its flags) for a value this engine has no cache for, or for two that disagree."""
+    if kv_cache_dtype is None:
+        return check_kv_dtype(kv_dtype)
+    ours, theirs = names
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in VLLM_KV_CACHE_DTYPES:
+        raise ValueError(f"{theirs} must be one of {', '.join(VLLM_KV_CACHE_DTYPES)} (auto: the model's dtype; int8: "
+                         f"8-bit K/V with a float32 scale per token and KV head; vLLM's fp8 caches are not in this "
+                         f"engine), got {kv_cache_dtype!r}")  # fmt: skip
+    if kv_dtype != ENGINE_DEFAULTS.kv_dtype and kv_dtype != kv_cache_dtype:
+        raise ValueError(f"{ours} {kv_dtype!r} and {theirs} {kv_cache_dtype!r} (vLLM's name for the same setting) "
+                         f"disagree (allowed: one of them, or both the same)")  # fmt: skip
+    return kv_cache_dtype
+
+
+class NgramSettings(NamedTuple):
+    """The n-gram draft's settings, under the engine's (and vLLM's) names."""
+
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
+
+
+def ngram_settings(speculative_config: object, name: str = "speculative_config") -> NgramSettings:
+    """vLLM's `speculative_config` dict as the engine's settings, completed by vLLM's rules (SpeculativeConfig):
+    num_speculative_tokens is required (>= 1); without prompt_lookup_max and _min both are 5, with one the other equals
+    it. TypeError / ValueError in one line naming `name` and the key: a method other than "ngram" (EAGLE, Medusa, MTP,
+    a draft model: weights this engine does not have), a key it does not take, a value out of range."""
+    if not isinstance(speculative_config, Mapping):
+        raise TypeError(f"{name} must be a dict such as {{\"method\": \"ngram\", \"num_speculative_tokens\": 4}}, got "
+                        f"{type(speculative_config).__name__}")  # fmt: skip
+    for key in speculative_config:
+        if key not in SPECULATIVE_CONFIG_KEYS:
+            raise ValueError(f"{name}: key {key!r} is not taken here: the engine's draft is vLLM's n-gram one "
+                             f"(allowed keys: {', '.join(SPECULATIVE_CONFIG_KEYS)})")  # fmt: skip
+    method = speculative_config.get("method")
+    if method != "ngram":
+        raise ValueError(f"{name}: method {method!r}: this engine drafts by prompt lookup only; EAGLE, Medusa, MTP and "
+                         f"draft models need weights it does not have (allowed: 'ngram')")  # fmt: skip
+    if "num_speculative_tokens" not in speculative_config:
+        raise ValueError(f"{name}: num_speculative_tokens is missing (allowed: an integer from 1 to "
+                         f"{MAX_SPECULATIVE_TOKENS})")  # fmt: skip
+    k = check_int(f"{name} num_speculative_tokens", speculative_config["num_speculative_tokens"], 1,
+                  MAX_SPECULATIVE_TOKENS)  # fmt: skip
+    longest, shortest = (speculative_config.get(key) for key in ("prompt_lookup_max", "prompt_lookup_min"))
+    if longest is None and shortest is None:
+        longest = shortest = 5  # vLLM's defaults for its ngram method
+    longest = check_int(f"{name} prompt_lookup_max", shortest if longest is None else longest, 1, MAX_TOKENS)
+    shortest = check_int(f"{name} prompt_lookup_min", longest if shortest is None else shortest, 1, MAX_TOKENS)
+    if shortest > longest:
+        raise ValueError(f"{name}: prompt_lookup_min {shortest} is more than prompt_lookup_max {longest} (allowed: "
+                         f"1 <= prompt_lookup_min <= prompt_lookup_max)")  # fmt: skip
+    return NgramSettings(k, longest, shortest)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +117,7 @@ class EngineConfig:
     kv_budget_bytes: int | None = None  # the pool in bytes (vLLM's kv_cache_memory_bytes is the same)
     gpu_memory_utilization: float | None = None  # the share of the GPU the model and pool may take, in (0, 1]
     kv_dtype: str = "auto"  # "auto": the model's dtype; "int8": quantized K/V (reference.attention.quant)
+    kv_cache_dtype: str | None = None  # vLLM's name for kv_dtype ("auto" | "int8"); folded into it, then None
     num_cpu_blocks: int = 0  # CPU swap space in blocks
     swap_space: float | None = None  # CPU swap space in GiB (vLLM's keyword), instead of num_cpu_blocks
     num_offload_blocks: int = 0  # the prefix cache's CPU offload tier in blocks (sim/kv/offload.py; paged); 0: none
@@ -57,9 +134,13 @@ class EngineConfig:
     victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.preemption.VICTIM_POLICIES, or a function
     scheduling_policy: str = SCHEDULER_DEFAULTS.scheduling_policy  # "fcfs" | "priority" (vLLM's scheduling_policy)
     # speculative decoding with an n-gram (prompt-lookup) draft (reference/speculative.py): draft tokens per step, 0 =
-    # off. NOTE: vLLM takes it inside speculative_config={"method": "ngram", "num_speculative_tokens": k, ...}; here
-    # the one number, the draft being always the n-gram one
+    # off; the draft matches the sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min
     num_speculative_tokens: int = SCHEDULER_DEFAULTS.num_speculative_tokens
+    prompt_lookup_max: int = PROMPT_LOOKUP_MAX
+    prompt_lookup_min: int = PROMPT_LOOKUP_MIN
+    # vLLM's spelling of those three: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n,
+    # "prompt_lookup_min": m} (ngram_settings); folded into them, then None
+    speculative_config: dict | None = None
     # the model and the machine
     max_model_len: int | None = None
     device: str | None = None
@@ -93,8 +174,14 @@ class EngineConfig:
         for name, minimum, maximum in (("block_size", 1, None), ("max_num_seqs", 1, MAX_COUNT),
                                        ("num_cpu_blocks", 0, None), ("num_offload_blocks", 0, None),
                                        ("num_speculative_tokens", 0, MAX_SPECULATIVE_TOKENS),
+                                       ("prompt_lookup_max", 1, MAX_TOKENS), ("prompt_lookup_min", 1, MAX_TOKENS),
                                        ("seed", 0, MAX_SEED)):  # fmt: skip
             checked[name] = check_int(name, getattr(self, name), minimum, maximum)
+        if checked["prompt_lookup_min"] > checked["prompt_lookup_max"]:
+            raise ValueError(f"prompt_lookup_min {checked['prompt_lookup_min']} is more than prompt_lookup_max "
+                             f"{checked['prompt_lookup_max']} (allowed: 1 <= prompt_lookup_min <= prompt_lookup_max)")
+        if self.speculative_config is not None:
+            checked.update(self._fold_speculative_config(checked))
         for name, maximum in (("num_gpu_blocks", None), ("kv_budget_bytes", None),
                               ("max_num_batched_tokens", MAX_TOKENS), ("max_model_len", MAX_TOKENS)):  # fmt: skip
             value = checked.get(name, getattr(self, name))
@@ -108,7 +195,8 @@ class EngineConfig:
                 takes = ", ".join(p for p in POLICIES if takes_block_allocator(p))
                 raise ValueError(f"block_allocator: policy {self.policy!r} runs its own allocator (allowed with "
                                  f"block_allocator: {takes})")  # fmt: skip
-        check_kv_dtype(self.kv_dtype)
+        checked["kv_dtype"] = kv_dtype_of(self.kv_dtype, self.kv_cache_dtype)
+        checked["kv_cache_dtype"] = None
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy: got {self.scheduling_policy!r} (allowed: "
                              f"{', '.join(SCHEDULING_POLICIES)})")  # fmt: skip
@@ -117,6 +205,17 @@ class EngineConfig:
             checked["enable_chunked_prefill"] = check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
         for name, value in checked.items():  # frozen: the checked, converted values replace the given ones
             object.__setattr__(self, name, value)
+
+    def _fold_speculative_config(self, checked: dict) -> dict:
+        """The three n-gram settings from vLLM's speculative_config; ValueError where a project keyword given beside it
+        (not at its default) disagrees."""
+        settings = ngram_settings(self.speculative_config)
+        for name, value in settings._asdict().items():
+            given = checked[name]
+            if given != getattr(ENGINE_DEFAULTS, name) and given != value:
+                raise ValueError(f"{name} {given} and speculative_config's {name} {value} disagree (allowed: one of "
+                                 f"them, or both the same)")  # fmt: skip
+        return {**settings._asdict(), "speculative_config": None}
 
     @property
     def chunked(self) -> bool:

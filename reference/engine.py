@@ -55,7 +55,7 @@ from reference.outputs import (CompletionOutput, EngineSnapshot, EngineStats, Lo
 from reference.prompt_logprobs import PromptLogprobs
 from reference.request_ids import RequestIds
 from reference.sampling import BeamSearchParams, RowContext, SamplingParams, sample, sample_generator
-from reference.speculative import accept_greedy, propose_ngram
+from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, accept_greedy, propose_ngram
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
 from sim.scheduler import Scheduler
@@ -137,7 +137,8 @@ class LLMEngine:
     thread."""
 
     def __init__(self, scheduler: Scheduler, executor: ex.ModelExecutor, config, tokenizer=None, *,
-                 seed: int = 0) -> None:
+                 seed: int = 0, prompt_lookup_max: int = PROMPT_LOOKUP_MAX,
+                 prompt_lookup_min: int = PROMPT_LOOKUP_MIN) -> None:
         self.scheduler, self.kv_manager, self.executor = scheduler, scheduler.kv, executor
         self.config, self.tokenizer = config, tokenizer  # the model's config (eos ids, vocabulary); its tokenizer
         self._max_token_chars: int | None = None  # the vocabulary's longest token, in characters (when first asked)
@@ -153,8 +154,10 @@ class LLMEngine:
         # one thread at a time (_one_thread): reentrant, so generate() may call step() and abort() in its thread
         self._lock = threading.RLock()
         self._running: str | None = None  # the outermost call holding the lock, for the refusal's message
-        # speculative decoding: each sequence's draft tokens proposed for the step being planned (draft_len)
+        # speculative decoding: each sequence's draft tokens proposed for the step being planned (draft_len), by
+        # matching its last n tokens, n from prompt_lookup_max down to prompt_lookup_min (reference/speculative.py)
         self._drafts: dict[int, list[int]] = {}
+        self._prompt_lookup = (prompt_lookup_max, prompt_lookup_min)
 
     # --- requests in: a request that passed LLM's checks joins the scheduler's queue ------------------------
     def _enqueue(self, checked: CheckedRequest, name: str | None = None) -> str:
@@ -352,7 +355,8 @@ class LLMEngine:
         if state.beam is not None or not p.greedy or p.has_penalties or p.min_tokens or p.logprobs is not None:
             return 0
         k = self.scheduler.config.num_speculative_tokens
-        self._drafts[seq_id] = propose_ngram(state.prompt_token_ids + state.seqs[seq_id].token_ids, k)
+        self._drafts[seq_id] = propose_ngram(state.prompt_token_ids + state.seqs[seq_id].token_ids, k,
+                                             *self._prompt_lookup)
         return len(self._drafts[seq_id])
 
     def _tokens_to_feed(self, entry: ScheduledSeq) -> list[int]:

@@ -58,9 +58,13 @@ class LLM(LLMEngine):
                  kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
                  enforce_eager: bool = D.enforce_eager, tensor_parallel_size: int = D.tensor_parallel_size,
                  trust_remote_code: bool = D.trust_remote_code, kv_dtype: str = D.kv_dtype,
-                 num_offload_blocks: int = D.num_offload_blocks) -> None:
+                 num_offload_blocks: int = D.num_offload_blocks, kv_cache_dtype: str | None = D.kv_cache_dtype,
+                 prompt_lookup_max: int = D.prompt_lookup_max, prompt_lookup_min: int = D.prompt_lookup_min,
+                 speculative_config: dict | None = D.speculative_config) -> None:
         """vLLM's keywords, each with its default in one place (reference/config.py, EngineConfig: the scheduler's
-        and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded."""
+        and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded. vLLM's
+        `kv_cache_dtype` and `speculative_config` are its spellings of kv_dtype and of the n-gram draft's three
+        settings (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min): EngineConfig folds them in."""
         c = self.engine_config = EngineConfig(
             model=model, policy=policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
             kv_budget_bytes=kv_budget_bytes, gpu_memory_utilization=gpu_memory_utilization,
@@ -68,11 +72,12 @@ class LLM(LLMEngine):
             watermark=watermark, scheduler=scheduler, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             preemption=preemption, victim=victim, scheduling_policy=scheduling_policy, max_model_len=max_model_len,
-            num_speculative_tokens=num_speculative_tokens,
+            num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=prompt_lookup_max,
+            prompt_lookup_min=prompt_lookup_min, speculative_config=speculative_config,
             device=device, dtype=dtype,
             backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
-            block_allocator=block_allocator, kv_dtype=kv_dtype,
+            block_allocator=block_allocator, kv_dtype=kv_dtype, kv_cache_dtype=kv_cache_dtype,
             num_offload_blocks=num_offload_blocks)  # every value checked
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
@@ -146,7 +151,8 @@ class LLM(LLMEngine):
         # (the prefix cache's CPU offload tier: the manager decides its copies, the executor makes them each step)
         self.executor = ex.ModelExecutor(self.model, self.kv_cache, self.backend, self.kv_manager.group_tables,
                                          self.kv_manager.take_tier_copies if c.num_offload_blocks else None)
-        super().__init__(self.scheduler, self.executor, self.config, self.tokenizer, seed=c.seed)
+        super().__init__(self.scheduler, self.executor, self.config, self.tokenizer, seed=c.seed,
+                         prompt_lookup_max=c.prompt_lookup_max, prompt_lookup_min=c.prompt_lookup_min)
 
     def _cpu_pool_blocks(self, block_size: int, num_cpu_blocks: int, swap_space: float | None) -> int:
         """The CPU swap pool in blocks: num_cpu_blocks, or what swap_space (GiB, vLLM's keyword) holds; ValueError

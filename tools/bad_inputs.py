@@ -301,6 +301,32 @@ def reference_cases() -> list[Case]:
         (["loadtest", "--trace", "t.jsonl", "--url", "http://127.0.0.1:1"], "no server at --url", {"t.jsonl": GOOD_JSONL}),
         (["bench-gpu"], "needs a CUDA GPU", {}),
         (["bench-kernels"], "needs a CUDA GPU", {}),
+        # vLLM's spellings (--kv-cache-dtype, --speculative-config): a value vLLM takes that this engine has no path
+        # for, a bad JSON object, and a disagreement with the project's own flag
+        *[([*command, "--kv-cache-dtype", value], "vLLM value the engine lacks", {})
+          for command in (["generate", "hi", "--model", "random"], ["serve", "--model", "random"])
+          for value in ("fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")],
+        (["generate", "hi", "--model", "random", "--kv-dtype", "int8", "--kv-cache-dtype", "auto"], "conflicting flags",
+         {}),
+        (["serve", "--model", "random", "--kv-dtype", "int8", "--kv-cache-dtype", "auto"], "conflicting flags", {}),
+        *[(["generate", "hi", "--model", "random", "--speculative-config", config], kind, {}) for config, kind in (
+            ('{"method": "eagle", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
+            ('{"method": "medusa", "model": "m", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
+            ('{"method": "draft_model", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
+            ('{"num_speculative_tokens": 3}', "flag value"),
+            ('{"method": "ngram"}', "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": 0}', "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": 65}', "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": 2.5}', "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}',
+             "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0}', "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}', "flag value"),
+            ('{"method": "ngram", "num_speculative_tokens": NaN}', "flag value"),
+            ('{"method": "ngram", "method": "ngram", "num_speculative_tokens": 2}', "flag value"),
+            ("{method: ngram}", "flag value"), ("[]", "flag value"), ("", "flag value"))],
+        (["generate", "hi", "--model", "random", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": '
+          '2}', "--num-speculative-tokens", "3"], "conflicting flags", {}),
     ]
     cases += [Case("reference", argv, kind, files) for argv, kind, files in combos]
     return cases

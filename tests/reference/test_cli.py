@@ -152,7 +152,8 @@ def test_help_explains_every_flag():
     code, out, _ = finish(start(["generate", "--help"]))
     assert code == 0
     for flag in ("--n", "--beam-width", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--policy",
-                 "--block-size", "--kv-blocks", "--chat", "--json", "--model"):  # fmt: skip
+                 "--block-size", "--kv-blocks", "--chat", "--json", "--model", "--kv-dtype", "--kv-cache-dtype",
+                 "--num-speculative-tokens", "--speculative-config"):  # fmt: skip
         assert flag in out
 
 
@@ -224,6 +225,62 @@ def test_parallel_samples_and_beams_through_the_cli(capsys):
     printed = capsys.readouterr().out
     assert sorted(line.split(" (")[0] for line in printed.splitlines() if line.startswith("---")) == [
         "--- completion 0", "--- completion 1", "--- completion 2"]
+
+
+def test_vllms_flag_names_give_the_project_flags_run(capsys):
+    """--kv-cache-dtype and --speculative-config (vLLM serve's spellings) give the same engine settings and the same
+    greedy tokens as --kv-dtype and --num-speculative-tokens. In this process, as above."""
+    args = ["generate", "5 6 7 8 5 6 7 8 5 6", "--model", "random", "--max-tokens", "12", "--json"]
+    ngram = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    pairs = [(["--kv-cache-dtype", "int8"], ["--kv-dtype", "int8"]),
+             (["--speculative-config", ngram], ["--num-speculative-tokens", "3"]),
+             (["--kv-cache-dtype", "int8", "--kv-dtype", "int8"], ["--kv-dtype", "int8"])]
+    for theirs, ours in pairs:
+        runs = []
+        for flags in (theirs, ours):
+            assert main([*args, *flags]) == 0
+            runs.append(json.loads(capsys.readouterr().out)["outputs"][0]["token_ids"])
+        assert runs[0] == runs[1], theirs
+
+
+VLLM_FLAGS_BAD = {  # arguments after `generate IDS --model random` -> the error line
+    "fp8": (["--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype must be one of auto, int8 (auto: the model's dtype; "
+            "int8: 8-bit K/V with a float32 scale per token and KV head; vLLM's fp8 caches are not in this engine), got "
+            "'fp8'"),
+    "kv dtypes disagree": (["--kv-dtype", "int8", "--kv-cache-dtype", "auto"], "error: --kv-dtype 'int8' and "
+                           "--kv-cache-dtype 'auto' (vLLM's name for the same setting) disagree (allowed: one of them, "
+                           "or both the same)"),
+    "eagle": (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'],
+              "error: --speculative-config: method 'eagle': this engine drafts by prompt lookup only; EAGLE, Medusa, "
+              "MTP and draft models need weights it does not have (allowed: 'ngram')"),
+    "unknown key": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "model": "[ngram]"}'],
+                    "error: --speculative-config: key 'model' is not taken here"),
+    "k disagree": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+                    "--num-speculative-tokens", "3"], "error: --num-speculative-tokens 3 with --speculative-config's "
+                   "num_speculative_tokens 2 (allowed: one of them, or both the same)"),
+    "not JSON": (["--speculative-config", "{method: ngram}"], "error: argument --speculative-config: '{method: ngram}' "
+                 "is not JSON: Expecting property name enclosed in double quotes at character 1 (allowed: a JSON "
+                 "object)"),
+    "a list": (["--speculative-config", "[]"], "error: argument --speculative-config: '[]' is a JSON list (allowed: a "
+               "JSON object)"),
+    "a key twice": (["--speculative-config", '{"method": "ngram", "method": "ngram"}'],
+                    "error: argument --speculative-config: field method appears twice in one object"),
+    "k out of range": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 65}'],
+                       "error: --speculative-config num_speculative_tokens must be <= 64, got 65 (allowed: 1 .. 64)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", VLLM_FLAGS_BAD)
+def test_vllms_flag_names_refuse_bad_values_in_one_line(case, capsys):
+    flags, line = VLLM_FLAGS_BAD[case]
+    try:
+        code = main(["generate", IDS, "--model", "random", *flags])
+    except SystemExit as exc:  # argparse's own refusals (a flag's type) exit from inside parse_args
+        code = exc.code
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(line) and len(captured.err.strip().splitlines()) == 1, \
+        captured.err
 
 
 @pytest.mark.slow

@@ -40,11 +40,23 @@ def test_the_settings_shared_with_the_simulator_take_its_defaults():
     ({"enable_chunked_prefill": "yes"}, TypeError, "enable_chunked_prefill must be True or False"),
     ({"block_allocator": 3}, TypeError, "block_allocator must be a class or function (num_blocks, block_size)"),
     ({"policy": "max", "block_allocator": dict}, ValueError, "block_allocator: policy 'max' runs its own allocator"),
+    ({"prompt_lookup_min": 0}, ValueError, "prompt_lookup_min must be >= 1, got 0"),
+    ({"prompt_lookup_max": 2, "prompt_lookup_min": 3}, ValueError,
+     "prompt_lookup_min 3 is more than prompt_lookup_max 2 (allowed: 1 <= prompt_lookup_min <= prompt_lookup_max)"),
 ])  # fmt: skip
 def test_a_bad_setting_is_one_line_naming_it(settings, error, message):
     with pytest.raises(error) as info:
         EngineConfig(**settings)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_vllms_spellings_are_folded_into_the_engines_names():
+    """kv_cache_dtype and speculative_config leave the config once read: the engine reads one name for each setting."""
+    config = EngineConfig(kv_cache_dtype="int8", speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                                                      "prompt_lookup_max": 4, "prompt_lookup_min": 2})
+    assert config == EngineConfig(kv_dtype="int8", num_speculative_tokens=2, prompt_lookup_max=4, prompt_lookup_min=2)
+    assert config.kv_cache_dtype is None and config.speculative_config is None
+    assert dataclasses.replace(config, kv_dtype="auto").kv_dtype == "auto"  # nothing left over to disagree with
 
 
 def test_values_are_converted_once_and_keyword_only():

@@ -140,3 +140,103 @@ def test_vllms_keywords_refused_with_one_message(kwargs, exc, fragment):
                                          ("bfloat16", torch.bfloat16), (torch.float32, torch.float32)])
 def test_dtype_names_are_vllms(name, dtype):
     assert LLM("random", dtype=name, num_gpu_blocks=4).dtype == dtype
+
+
+# ---- vLLM's spellings of the engine's own settings: kv_cache_dtype, speculative_config --------------------------
+REPETITIVE = [[5, 6, 7, 8, 9] * 3 + [5, 6], [1, 2, 3, 4] * 6, list(range(30, 60))]
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(REPETITIVE, params)]
+
+
+@pytest.mark.parametrize("value", ["auto", "int8"])
+def test_kv_cache_dtype_is_vllms_name_for_kv_dtype(value):
+    from reference.models import random_model
+
+    tiny = random_model(seed=1)
+    theirs = LLM.from_loaded(tiny, num_gpu_blocks=64, kv_cache_dtype=value)
+    ours = LLM.from_loaded(tiny, num_gpu_blocks=64, kv_dtype=value)
+    # the same settings (vLLM's name folded into kv_dtype), the same cache, the same greedy tokens
+    assert theirs.engine_config == ours.engine_config and theirs.engine_config.kv_cache_dtype is None
+    assert theirs.kv_cache.cache_dtype == ours.kv_cache.cache_dtype == (torch.int8 if value == "int8" else tiny.dtype)
+    assert _greedy(theirs) == _greedy(ours)
+    both = LLM.from_loaded(tiny, num_gpu_blocks=64, kv_dtype=value, kv_cache_dtype=value)  # agreeing: allowed
+    assert both.engine_config == ours.engine_config
+
+
+def test_speculative_config_is_vllms_spelling_of_the_ngram_settings():
+    from reference.models import random_model
+
+    tiny = random_model(seed=1)
+    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    theirs = LLM.from_loaded(tiny, num_gpu_blocks=64, speculative_config=config)
+    ours = LLM.from_loaded(tiny, num_gpu_blocks=64, num_speculative_tokens=3, prompt_lookup_max=2, prompt_lookup_min=1)
+    plain = LLM.from_loaded(tiny, num_gpu_blocks=64)
+    assert theirs.engine_config == ours.engine_config and theirs.engine_config.speculative_config is None
+    assert _greedy(theirs) == _greedy(ours) == _greedy(plain)  # greedy verification: plain decoding's tokens
+    assert theirs.stats.num_draft_tokens == ours.stats.num_draft_tokens > 0  # the same drafts, step by step
+    # the lookup sizes reach the draft: only 20-grams may match now, which these short texts rarely repeat
+    longest = LLM.from_loaded(tiny, num_gpu_blocks=64,
+                              speculative_config={**config, "prompt_lookup_max": 20, "prompt_lookup_min": 20})
+    assert _greedy(longest) == _greedy(plain) and longest.stats.num_draft_tokens < ours.stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("config, settings", [
+    ({"method": "ngram", "num_speculative_tokens": 4}, (4, 5, 5)),  # vLLM's defaults for its ngram method
+    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}, (4, 3, 3)),  # one: the other equals it
+    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}, (4, 2, 2)),
+    ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, (1, 4, 2)),
+])  # fmt: skip
+def test_speculative_config_is_completed_by_vllms_rules(config, settings):
+    from reference.config import EngineConfig
+
+    c = EngineConfig(speculative_config=config)
+    assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == settings
+    # the same keys given both ways, agreeing, are allowed
+    assert EngineConfig(speculative_config=config, num_speculative_tokens=settings[0]) == c
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("kwargs, exc, fragment", [
+    # a cache vLLM has and this engine has not: refused, never approximated by another
+    (dict(kv_cache_dtype="fp8"), ValueError, "kv_cache_dtype must be one of auto, int8 (auto: the model's dtype; "),
+    (dict(kv_cache_dtype="fp8_e4m3"), ValueError, "vLLM's fp8 caches are not in this engine), got 'fp8_e4m3'"),
+    (dict(kv_cache_dtype="fp8_e5m2"), ValueError, "got 'fp8_e5m2'"),
+    (dict(kv_cache_dtype="bfloat16"), ValueError, "kv_cache_dtype must be one of auto, int8"),
+    (dict(kv_cache_dtype=8), ValueError, "kv_cache_dtype must be one of auto, int8"),
+    (dict(kv_dtype="int8", kv_cache_dtype="auto"), ValueError,
+     "kv_dtype 'int8' and kv_cache_dtype 'auto' (vLLM's name for the same setting) disagree (allowed: one of them"),
+    (dict(kv_dtype="fp8"), ValueError, "kv_dtype must be one of auto, int8"),
+    # speculative_config: the n-gram method only, vLLM's keys for it only, in range, agreeing with the keywords
+    (dict(speculative_config={"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B",
+                              "num_speculative_tokens": 3}), ValueError, "speculative_config: key 'model' is not"),
+    (dict(speculative_config={"method": "eagle", "num_speculative_tokens": 3}), ValueError,
+     "speculative_config: method 'eagle': this engine drafts by prompt lookup only"),
+    (dict(speculative_config={"method": "medusa", "num_speculative_tokens": 3}), ValueError, "(allowed: 'ngram')"),
+    (dict(speculative_config={"method": "draft_model", "num_speculative_tokens": 3}), ValueError, "'draft_model'"),
+    (dict(speculative_config={"num_speculative_tokens": 3}), ValueError, "method None"),
+    (dict(speculative_config={**NGRAM, "disable_logprobs": False}), ValueError,
+     "key 'disable_logprobs' is not taken here: the engine's draft is vLLM's n-gram one (allowed keys: method, "),
+    (dict(speculative_config={"method": "ngram"}), ValueError, "num_speculative_tokens is missing (allowed: an int"),
+    (dict(speculative_config={**NGRAM, "num_speculative_tokens": 0}), ValueError,
+     "speculative_config num_speculative_tokens must be >= 1, got 0"),
+    (dict(speculative_config={**NGRAM, "num_speculative_tokens": 65}), ValueError, "(allowed: 1 .. 64)"),
+    (dict(speculative_config={**NGRAM, "num_speculative_tokens": 2.5}), TypeError,
+     "speculative_config num_speculative_tokens must be an integer, got float 2.5"),
+    (dict(speculative_config={**NGRAM, "prompt_lookup_max": 0}), ValueError, "prompt_lookup_max must be >= 1"),
+    (dict(speculative_config={**NGRAM, "prompt_lookup_max": 2, "prompt_lookup_min": 3}), ValueError,
+     "speculative_config: prompt_lookup_min 3 is more than prompt_lookup_max 2 (allowed: 1 <= prompt_lookup_min"),
+    (dict(speculative_config='{"method": "ngram"}'), TypeError, "speculative_config must be a dict such as"),
+    (dict(speculative_config=NGRAM, num_speculative_tokens=2), ValueError,
+     "num_speculative_tokens 2 and speculative_config's num_speculative_tokens 3 disagree (allowed: one of them"),
+    (dict(speculative_config=NGRAM, prompt_lookup_max=4), ValueError,
+     "prompt_lookup_max 4 and speculative_config's prompt_lookup_max 5 disagree"),
+])  # fmt: skip
+def test_vllms_spellings_refused_with_one_message(kwargs, exc, fragment):
+    with pytest.raises(exc) as info:
+        LLM("random", **kwargs)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
