@@ -413,10 +413,13 @@ def _bench_alloc(args: argparse.Namespace) -> int:
 
 
 def add_figures_parser(sub) -> None:
+    from .figures import FIGURES  # the registry make_figures reads (paper-sensitivity's flags import sim.figures too)
+
     p = sub.add_parser("figures", help="regenerate the paper-style figures (PNG + CSV) into figures/",
                        description="Simulate and draw the vLLM paper's utilization and throughput figures "
-                       "(sim.figures): each NAME.png beside the NAME.csv it was drawn from.")  # fmt: skip
-    p.add_argument("--only", nargs="+", metavar="NAME", help="just these figures (default: all; see sim.figures)")
+                       "(sim.figures): each NAME.png beside the NAME.csv it was drawn from.",
+                       epilog=f"NAME (for --only), one of: {', '.join(FIGURES)}")  # fmt: skip
+    p.add_argument("--only", nargs="+", metavar="NAME", help="just these figures (default: all; the names are below)")
     p.add_argument("--out", default="figures", metavar="DIR", help="output folder (default: figures)")
     p.add_argument("--quick", action="store_true", help="short traces, few points: a reduced version of each figure")
     p.add_argument("--jobs", type=int, help="worker processes (default: the usable CPU cores)")

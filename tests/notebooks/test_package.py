@@ -31,6 +31,23 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = "20"  # keeps each grade to seconds; the grader's default is 200
 
 
+def test_the_command_lists_both_its_commands_and_passes_grades_flags_through(capsys) -> None:
+    """`python -m reference.exercises --help` names `grade` and `package`; `grade`'s flags stay sim.exercises'."""
+    from reference.exercises.__main__ import run
+
+    with pytest.raises(SystemExit) as done:
+        run(["--help"])
+    top = capsys.readouterr().out
+    assert done.value.code == 0 and "{grade,package}" in top and "package " in top and "grade --help" in top
+    with pytest.raises(SystemExit) as done:
+        run(["grade", "--help"])
+    assert done.value.code == 0 and "--check-timeout" in capsys.readouterr().out
+    assert run(["grade", "no_such_file.py", "--exercise", "buddy"]) == 2  # sim.exercises' refusal, one line
+    assert capsys.readouterr().err.startswith("error: no such file: no_such_file.py (expected a .py module")
+    assert run(["package", "--exercise", "all", "--out", "x", "--bogus"]) == 2
+    assert capsys.readouterr().err.strip() == "python -m reference.exercises package: unrecognized arguments: --bogus"
+
+
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("package")

@@ -48,6 +48,15 @@ def test_help_explains_every_flag():
         assert flag in out.stdout, flag
 
 
+def test_figures_help_lists_the_names_only_takes():
+    from sim.figures import FIGURES  # the registry `figures` reads: every name it knows, and no other
+
+    out = sim("figures", "--help")
+    assert out.returncode == 0
+    listed = " ".join(out.stdout.split()).split("NAME (for --only), one of: ")[1]
+    assert listed.split(", ") == list(FIGURES)
+
+
 def _trace(tmp_path: Path, requests: list[Request]) -> str:
     path = tmp_path / "trace.jsonl"
     write_jsonl(requests, path)
