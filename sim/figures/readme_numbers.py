@@ -24,6 +24,7 @@ The blocks, in README order (BLOCKS):
     spec-engine      figures/speculative_engine.csv  the engine's n-gram draft on a repetitive workload: tokens/s
     cpu-offload      figures/cpu_offload.csv         the prefix cache's CPU offload tier: hits per tier, TTFT
     offload-engine   figures/offload_engine.csv      the tier on the engine: hits per tier, TTFT, tokens identical
+    serve-bench      figures/serve_bench.csv         the server under guidellm and aiperf: req/s, TTFT, ITL per rate
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
     kv-accuracy      figures/kv_accuracy.csv         its accuracy cost on the engine: greedy agreement, logit error
@@ -335,6 +336,29 @@ def offload_engine(f: Files) -> tuple[Table, ...]:
                    f"{'identical' if same else 'DIFFERENT'} with and without the tier):",
                    ("engine", "prompt tokens hit on the GPU", "hit in the CPU tier", "blocks reloaded",
                     "mean time to first token, turns 2+", "p90"), *rows),)  # fmt: skip
+
+
+SERVE_BENCH_QUIET = 0.5  # load average before the run above which serve_bench's caption says the machine was busy
+
+
+def serve_bench(f: Files) -> tuple[Table, ...]:
+    """The server under the outside load generators guidellm and aiperf (tools/serve_bench.py), each client's own
+    measures at each constant rate."""
+    comments = f.comments("serve_bench")
+    cpu, cores = comments["machine"].split(", ")[:2]
+    load = float(comments["load average before the run"].split(" ")[0])
+    busy = (f"load average {load:.2f} before the run: the machine was busy with other work, so these are that busy "
+            f"machine's numbers" if load > SERVE_BENCH_QUIET else f"load average {load:.2f} before the run")
+    rows = [(f"{r['client']}.{r['rate_req_per_s']}", f"{r['client']} {r['client_version']}", r["rate_req_per_s"],
+             f"{r['num_requests']} ({r['errors']})", f"{float(r['request_throughput']):.2f}",
+             f"{float(r['output_tokens_per_s']):.1f}",
+             f"{float(r['ttft_p50_ms']):,.0f} / {float(r['ttft_p99_ms']):,.0f} ms",
+             f"{float(r['itl_p50_ms']):,.0f} / {float(r['itl_p99_ms']):,.0f} ms") for r in f.rows("serve_bench")]
+    caption = (f"From `figures/serve_bench.csv` (`{comments['command']}`, {comments['date'][:10]}; the server "
+               f"`{comments['server'].split(' (')[0]}` at one engine thread and the clients on one machine, {cpu}, "
+               f"{cores}; {busy}):")
+    return (_table(caption, ("client", "rate (req/s)", "requests (errors)", "completed req/s", "output tokens/s",
+                             "TTFT p50 / p99", "inter-token p50 / p99"), *rows),)  # fmt: skip
 
 
 def speculative(f: Files) -> tuple[Table, ...]:
@@ -687,6 +711,7 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "spec-engine": spec_engine,
     "cpu-offload": cpu_offload,
     "offload-engine": offload_engine,
+    "serve-bench": serve_bench,
     "bench-hybrid": bench_hybrid,
     "kv-dtype": kv_dtype,
     "kv-accuracy": kv_accuracy,
