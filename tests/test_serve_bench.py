@@ -179,21 +179,44 @@ def test_without_the_clients_it_says_how_to_get_them(tmp_path, capsys):
     assert not (tmp_path / "x.csv").exists()
 
 
-def test_a_server_that_does_not_start_is_one_line_and_exit_2(tmp_path, capsys):
-    """The port is taken: the server refuses it before loading the model, and the run says why."""
+def fake_clients(tmp_path: Path) -> Path:
+    """A client venv whose clients are never reached (each would fail)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    for client in serve_bench.CLIENTS:  # clients that are never reached
+    for client in serve_bench.CLIENTS:
         (venv / "bin" / client).write_text("#!/bin/sh\nexit 3\n")
         (venv / "bin" / client).chmod(0o755)
+    return venv
+
+
+def test_a_server_that_does_not_start_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """The server command exits at once (here a policy it does not know): the run says why in one line."""
+    command = serve_bench.server_command
+    monkeypatch.setattr(serve_bench, "server_command", lambda a: [*command(a), "--policy", "nope"])
+    code = serve_bench.main(["--client-venv", str(fake_clients(tmp_path)), "--port", str(free_port()),
+                             "--out", str(tmp_path / "x.csv")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: the server did not start (exit 2): ") and err.count("\n") == 1
+    assert "nope" in err and not (tmp_path / "x.csv").exists()
+
+
+def test_a_port_in_use_is_refused_before_the_server_starts(tmp_path, capsys):
+    """Another server there could answer /health for one that never started."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = serve_bench.main(["--client-venv", str(venv), "--port", str(port), "--out", str(tmp_path / "x.csv")])
+        code = serve_bench.main(["--client-venv", str(fake_clients(tmp_path)), "--port", str(port),
+                                 "--out", str(tmp_path / "x.csv")])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: the server did not start (exit 2): ") and err.count("\n") == 1
-    assert "Address already in use" in err and not (tmp_path / "x.csv").exists()
+    assert code == 2 and err == (f"error: --port {port}: cannot listen there (Address already in use; another server? "
+                                 "give a free port)\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # --- the tokenizer folder -----------------------------------------------------------------------------------------

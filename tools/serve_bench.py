@@ -47,6 +47,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -282,7 +283,7 @@ def write_tokenizer(folder: str | Path) -> Path:
     to a temporary sibling, then renamed). A folder holding anything but tokenizer files is refused."""
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(p.name not in TOKENIZER_FILES for p in folder.iterdir())):
-        raise ValueError(f"--write-tokenizer {folder}: exists and is not a tokenizer folder (give a new path)")
+        raise ValueError(f"{folder}: exists and is not a tokenizer folder (give a new path)")
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
 
@@ -313,8 +314,19 @@ def _get(url: str, timeout: float = 5.0) -> int:
         return response.status
 
 
+def check_port_free(port: int) -> None:
+    """BenchError (exit 2) if something listens on 127.0.0.1:port already: its /health could answer for ours."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise BenchError(f"--port {port}: cannot listen there ({exc.strerror}; another server? give a free port)",
+                             code=2) from None  # fmt: skip
+
+
 def start_server(a: argparse.Namespace, log: Path) -> subprocess.Popen:
     """The server in a session of its own (its log in `log`), once /health answers; BenchError (exit 2) otherwise."""
+    check_port_free(a.port)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}  # its default: 1
     with open(log, "w") as out:
         server = subprocess.Popen([sys.executable, *server_command(a)[1:]], cwd=ROOT, env=env, stdout=out,
