@@ -692,7 +692,7 @@ def grader_load(f: Files) -> tuple[Table, ...]:
                       f"{full} of {len(graded)}", f"{sum(float(r['seconds']) for r in graded):,.0f} s",
                       f"{slowest['lab']}, {float(slowest['seconds']):.0f} s",
                       f"{min(slowness):.1f}x to {max(slowness):.1f}x"))  # fmt: skip
-    caption = (f"From `figures/grader_load.csv` (`python tools/grade_under_load.py`, on a {machine}; each solution "
+    caption = (f"From `figures/grader_load.csv` (`python tools/grade_under_load.py`; {machine}; each solution "
                f"graded in a fresh process with the default limits, the capstone with the engine's compiled kernels "
                f"cleared first):")  # fmt: skip
     return (_table(caption, ("beside the grader", "solutions at full marks", "all graded in", "the slowest",
