@@ -106,7 +106,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
                            "model", "model_not_found")  # fmt: skip
         return model_card()
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: aiperf asks it first, and vLLM's answers 200
     async def prometheus():
         return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 

@@ -172,6 +172,7 @@ def test_unknown_paths_and_methods_get_openai_errors(server):
     for response, status in ((httpx.get(base + "/v1/nope"), 404), (httpx.put(base + "/v1/completions"), 405)):
         assert response.status_code == status and response.json()["error"]["message"], response.text
     assert httpx.head(base + "/health").status_code == 200
+    assert httpx.head(base + "/metrics").status_code == 200  # aiperf asks HEAD /metrics first, as vLLM answers it
 
 
 def test_a_no_op_value_of_an_unserved_field_is_accepted(server):
