@@ -155,4 +155,4 @@ test-light: $(LIGHT_STAMP)
 		-k "not ($(LIGHT_SKIP))"
 
 clean:
-	rm -rf $(VENV) $(LIGHT_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LIGHT_VENV) $(BENCH_VENV) $(VLLM_VENV) .pytest_cache .hypothesis
