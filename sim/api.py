@@ -21,6 +21,7 @@ from .cost import PiecewiseCostModel, RooflineCostModel
 from .cost_file import cost_model_for
 from .kv import has_prefix_cache, make_kv_manager, pages_in_kib, simulator_block_size
 from .limits import MAX_POOL_BLOCKS
+from .fast.loop import FastSimulator
 from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
@@ -170,13 +171,13 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
                                                                        block_size=sched.kv.gather_block_size)
     block_bytes = kv_block_size * model_spec.kv_bytes_per_token
     calibrated = cost if isinstance(cost, PiecewiseCostModel) else None  # a fitted c.model knows what it measured
-    result = Simulator(sched, cost, requests, block_bytes=block_bytes, seed=c.seed, jump=c.jump,
-                       validate=c.validate, progress=c.progress, on_step=c.on_step, stop_at=c.stop_at,
-                       in_range=calibrated.in_range if calibrated is not None else None,
-                       shared_reads=calibrated is not None and calibrated.uses_shared_reads,
-                       step_table=c.step_table,
-                       acceptance=AcceptanceModel(c.acceptance_rate, c.seed) if c.num_speculative_tokens else None,
-                       ).run()  # fmt: skip
+    # jump=False: the plain loop alone; else the fast plane's (sim/fast/), with exactly its results
+    fast = {"validate": c.validate, "stop_at": c.stop_at} if c.jump else {}
+    result = (FastSimulator if c.jump else Simulator)(
+        sched, cost, requests, block_bytes=block_bytes, seed=c.seed, progress=c.progress, on_step=c.on_step,
+        in_range=calibrated.in_range if calibrated is not None else None,
+        shared_reads=calibrated is not None and calibrated.uses_shared_reads, step_table=c.step_table,
+        acceptance=AcceptanceModel(c.acceptance_rate, c.seed) if c.num_speculative_tokens else None, **fast).run()
     extras = {
         "model": c.model, "gpu": c.gpu, "num_gpus": c.num_gpus, "workload": source,
         "rate": c.rate if (synthetic or kind == "sharegpt") and c.arrival != "offline" else None, "arrival": c.arrival,

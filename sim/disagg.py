@@ -47,13 +47,14 @@ import dataclasses
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .arguments import check_arguments, check_given_requests
 from .config import RunConfig, require
 from .cost import RooflineCostModel
+from .fast.loop import FastSimulator
 from .kv import make_kv_manager, simulator_block_size
 from .kv.base import SHARE_NAMES
 from .limits import MAX_TIME_S, is_int, is_real
@@ -153,7 +154,7 @@ def route(works: list[int], num_instances: int, router: str) -> list[int]:
     return chosen
 
 
-class KVLoadingSimulator(Simulator):
+class KVLoadingSimulator(FastSimulator):
     """A decode instance: the event loop, with a step's price changed for the prompt positions whose K/V arrives
     over the link. `loaded[request_id]` = those positions (0 .. P - 1); the first time a plan feeds one of them it
     is priced as the link's time for its bytes, not compute. A position fed again (the request was preempted by
@@ -166,7 +167,7 @@ class KVLoadingSimulator(Simulator):
         self.transfer_s = 0.0  # link seconds booked, in all
         self.num_transfers = 0  # entries that loaded K/V (a chunked prompt loads in several)
 
-    def _price(self, plan: StepPlan, epoch_step=None) -> float:
+    def price(self, plan: StepPlan) -> float:
         prefills, link_s, loads = [], 0.0, 0
         for entry in plan.prefills:
             start, end = entry.num_computed_tokens, entry.num_computed_tokens + entry.num_new_tokens
@@ -185,11 +186,10 @@ class KVLoadingSimulator(Simulator):
             if entry.num_new_tokens or not load:  # (a chunk wholly loaded computes nothing)
                 prefills.append(entry)
         if not loads:
-            return super()._price(plan, epoch_step)
+            return super().price(plan)
         self.transfer_s += link_s
-        computed = StepPlan(prefills, plan.decodes, plan.blocks_to_swap_out, plan.blocks_to_swap_in,
-                            plan.blocks_to_copy, plan.preempted)  # fmt: skip
-        return super()._price(computed, epoch_step) + link_s
+        computed = replace(plan, prefills=prefills)  # (a plan's subclass keeps what it adds: sim.fast.epoch.EpochStep)
+        return super().price(computed) + link_s
 
 
 def _instance(config: RunConfig, requests: list[Request], loading: dict | None = None) -> tuple[LoopResult, Simulator]:
@@ -206,7 +206,7 @@ def _instance(config: RunConfig, requests: list[Request], loading: dict | None =
                          watermark=c.watermark, model=model)  # fmt: skip
     scheduler = Scheduler(kv, c.scheduler_config(model.max_seq_len))
     cost = RooflineCostModel(model, gpu, c.num_gpus, block_size=scheduler.kv.gather_block_size)
-    kind = Simulator if loading is None else KVLoadingSimulator
+    kind = FastSimulator if loading is None else KVLoadingSimulator
     simulator = kind(scheduler, cost, requests, block_bytes=block_size * model.kv_bytes_per_token, seed=c.seed,
                      jump=c.jump, step_table=False, **(loading or {}))  # fmt: skip
     return simulator.run(), simulator

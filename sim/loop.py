@@ -10,16 +10,14 @@ makes around a real forward pass. Three kinds of event live on one heap, ordered
     STEP_END  a step's forward pass is done: scheduler.finish_step          next step sees every request
     SCHEDULE  start the next step: scheduler.schedule, priced               that arrived by then)
 
-Fast-forward (sim/fastforward.py): when the next steps are plain decodes of the same batch, the loop applies
-a whole run of them at once and books its steps one by one with cheap arithmetic; the results are those of
-stepping token by token (`jump=False`), bit for bit.
+This loop steps one step at a time (`sim.run(..., jump=False)`). The fast plane's loop (sim/fast/loop.py,
+`sim.run`'s default) is this class with runs of plain decode steps applied at once: the same results, bit for bit.
 
 Per request the loop records when it arrived, was first scheduled, produced its first token, each later
 token (the largest gap) and its last: the latency metrics of sim/metrics.py.
 """
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from dataclasses import dataclass
@@ -27,17 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from . import fastforward
 from .cost import check_step_time
 from .kv.base import SHARE_NAMES, as_seen
 from .limits import MAX_TIME_S
 from .metrics import StepLog, StepTotals, Table, request_table
-from .plan import StepOutcome, StepPlan
+from .plan import StepOutcome, StepPlan, StepResult
 from .request import Request
 from .scheduler import Scheduler
 
 ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lower first)
-EPOCH_TRIM = 4096  # an open decode epoch's step ends kept before the first ones no member reads are dropped
 
 
 @dataclass(slots=True)
@@ -48,7 +44,7 @@ class LoopResult:
     memory_integral: dict[str, float]  # slot-seconds of each kind over [start_time, end_time]
     start_time: float  # the first arrival
     end_time: float  # the end of the last step
-    num_events: int  # events popped from the heap (an implementation counter: how much the jump saved)
+    num_events: int  # events handled (an implementation counter: how much the fast plane saved)
     extrapolated_steps: int = 0  # steps priced outside the cost model's calibrated range (`in_range`; 0 without one)
     extrapolated_time: float = 0.0  # their simulated seconds
     # speculative decoding: draft tokens verified, of them accepted, and lookahead slot-seconds (the slots the drafts
@@ -56,7 +52,7 @@ class LoopResult:
     speculation: tuple[int, int, float] = (0, 0, 0.0)
 
 
-class _RequestTimes:
+class RequestTimes:
     """Per request (by index): the times the latency metrics are made of; NaN until they happen. NOTE: plain
     Python lists, not numpy arrays: the loop touches single items millions of times (arrays() at the end)."""
 
@@ -87,14 +83,13 @@ class _RequestTimes:
 
 
 class Simulator:
-    """Serve `requests` (any order; sorted by arrival here) with `scheduler`, timing steps with `cost`.
+    """Serve `requests` (any order; sorted by arrival here) with `scheduler`, timing steps with `cost`, one step at a
+    time.
 
     `block_bytes`: bytes of one KV block (block_size * kv_bytes_per_token), to price swaps.
-    `seed`: the beam-search scores' generator. `jump`: fast-forward over runs of identical decode steps.
-    `validate`: after each run, check the booked memory against the KV manager's own breakdown (O(seqs); tests).
-    `on_step(simulator, step)`: an observer called after every step ends, with its `StepPlan`, or after a
-    fast-forwarded run with its `fastforward.DecodeRun`; it may read `simulator.now`, `.kv` and `.scheduler`
-    (the figures' probes). `stop_at`: times the fast-forward never jumps across, like arrivals.
+    `seed`: the beam-search scores' generator.
+    `on_step(simulator, step)`: an observer called after every step ends, with its `StepPlan`; it may read
+    `simulator.now`, `.kv` and `.scheduler` (the figures' probes).
     `in_range(num_prefill_tokens, num_decode_seqs, num_context_tokens, num_prefill_pairs)`: the cost model's
     calibrated range (sim.cost.PiecewiseCostModel.in_range); the steps priced outside it are counted.
     `shared_reads`: give the cost model each step's num_shared_context_tokens (O(blocks) a step; else 0).
@@ -104,9 +99,8 @@ class Simulator:
     tokens each verify entry keeps; needed when the scheduler plans drafts (num_speculative_tokens > 0).
     """
 
-    def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int,
-                 seed: int = 0, jump: bool = True, validate: bool = False, progress: bool = False,
-                 on_step=None, stop_at=(), in_range=None, shared_reads: bool = False,
+    def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int, seed: int = 0,
+                 progress: bool = False, on_step=None, in_range=None, shared_reads: bool = False,
                  step_table: bool = True, acceptance=None) -> None:  # fmt: skip
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
         if scheduler.config.num_speculative_tokens and acceptance is None:
@@ -119,51 +113,31 @@ class Simulator:
         self.index = {r.request_id: i for i, r in enumerate(self.requests)}
         if len(self.index) != len(self.requests):
             raise ValueError("request ids must be unique")
-        self.block_bytes, self.jump, self.validate = block_bytes, jump, validate
+        self.block_bytes = block_bytes
         self.on_step = on_step
-        self.stop_at = sorted(stop_at)
         self.rng = np.random.default_rng([seed, 0xBEA])  # beam scores: a stream apart from the workload's
         self.progress = tqdm(total=len(requests), unit="req", disable=not progress)
-        self.times = _RequestTimes(len(self.requests))
+        self.times = RequestTimes(len(self.requests))
         self.beam_scores: dict[int, float] = {}  # seq id -> cumulative log-prob of a beam
         self.log = StepLog() if step_table else StepTotals()
         self.integral = dict.fromkeys(SHARE_NAMES, 0.0)
         self.now = 0.0
+        self.num_events = 0  # events handled
         self.busy = False  # a step is in flight or about to start
         self.idle_since: float | None = None
         self.idle_counts: tuple[int, ...] = ()
-        self.next_arrival = math.inf
-        self.next_index = 0  # the next request to arrive
-        self.arrival_times = [r.arrival_time for r in self.requests]
         self.last_step_end = 0.0
-        # NOTE: a hint only: skipping a fast-forward attempt never changes results (the step is then scheduled
-        # normally); it saves the attempt's O(seqs) cost where a run is known or likely to be impossible.
-        self.may_run = True
-        # Decode epochs (Scheduler.open_decode_epoch): runs whose cost does not grow with the batch, where nothing
-        # watches every step (no observer, no check, no range, no shared reads). The token times of the epoch's
-        # requests are then booked when each finishes or the epoch closes, from the end of every step in it.
-        self.epochs = (jump and not validate and on_step is None and in_range is None and not shared_reads
-                       and self.kv.has_decode_epochs)  # fmt: skip
-        self.epoch_members: dict[int, int] = {}  # the open epoch's unfinished requests (index -> the step they joined)
-        self.epoch_ends: list[float] = []  # the end of each of its steps
-        # the differences of consecutive step ends (step j's end minus step j - 1's) that no later one reaches or
-        # passes, as (j, difference), differences decreasing: the largest from any step on is the first with j beyond
-        self.epoch_gaps: list[tuple[int, float]] = []
-        self.epoch_trim_at = EPOCH_TRIM  # its lists lose the steps no member needs once they are this long
-        self.epoch_running = False  # inside a run of the epoch
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> LoopResult:
         heap: list[tuple[float, int, int, object]] = []
-        handlers = {ARRIVAL: self._on_arrival, STEP_END: self._on_step_end, SCHEDULE: self._on_schedule}
+        handlers = {ARRIVAL: self.on_arrival, STEP_END: self.on_step_end, SCHEDULE: self.on_schedule}
         seq = 0
         if self.requests:
-            self.next_arrival = self.requests[0].arrival_time
-            heap.append((self.next_arrival, ARRIVAL, seq, 0))
-        num_events, self.inline_events = 0, 0
+            heap.append((self.requests[0].arrival_time, ARRIVAL, seq, 0))
         while heap:
             self.now, kind, _, payload = heapq.heappop(heap)
-            num_events += 1
+            self.num_events += 1
             for time, new_kind, new_payload in handlers[kind](payload):
                 seq += 1
                 heapq.heappush(heap, (time, new_kind, seq, new_payload))
@@ -173,69 +147,38 @@ class Simulator:
         start = self.requests[0].arrival_time if self.requests else 0.0
         table = request_table(self.requests, self.times.arrays())
         return LoopResult(table, self.log.to_table(), self.log.totals(), self.integral, start,
-                          max(self.last_step_end, start), num_events + self.inline_events, self.extrapolated_steps,
+                          max(self.last_step_end, start), self.num_events, self.extrapolated_steps,
                           self.extrapolated_time, tuple(self.speculation))  # fmt: skip
 
-    def _on_arrival(self, index: int) -> list:
+    def on_arrival(self, index: int) -> list:
         self.scheduler.add_request(self.requests[index])
         events = []
-        self.next_index = index + 1
         if index + 1 < len(self.requests):
-            self.next_arrival = self.requests[index + 1].arrival_time
-            events.append((self.next_arrival, ARRIVAL, index + 1))
-        else:
-            self.next_arrival = math.inf
-        self.may_run = False  # the next step most likely admits it: don't try a decode run first
+            events.append((self.requests[index + 1].arrival_time, ARRIVAL, index + 1))
         if not self.busy:  # wake the idle engine (after any other arrival at this very time)
             self.busy = True
             events.append((self.now, SCHEDULE, None))
         return events
 
-    def _on_schedule(self, _) -> list:
-        if self.idle_since is not None:  # close the idle period: the pool sat as it was
-            self._integrate(self.now - self.idle_since, self.idle_counts)
-            self.idle_since = None
-        while self.jump and (self.may_run or self.scheduler.decode_epoch_open):
-            while self.stop_at and self.stop_at[0] <= self.now:
-                self.stop_at.pop(0)
-            stop = self.stop_at[0] if self.stop_at else math.inf
-            horizon = min(self.next_arrival, stop)
-            run = self._epoch_run(self.next_arrival, stop) if self.epochs else False
-            if run is False:  # run by run: no epoch here, or none for these sequences now
-                run = fastforward.decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
-                if run is not None:
-                    self._book_run(run)
-            if run is None:
-                break
-            if not run.durations:  # an epoch's run that preempted every member has no step: schedule again
-                return [(self.now, SCHEDULE, None)]
-            if not (run.finished_request_ids and run.end < horizon and self.on_step is None
-                    and not self.scheduler.num_waiting + self.scheduler.num_swapped):  # fmt: skip
-                return [(run.end, STEP_END, run)]
-            # A finish with nobody waiting and no arrival before the run's end: the events would be the run's end, then
-            # a schedule at once (nothing else happens meanwhile), so both are taken here, without the event queue.
-            self.now = run.end
-            self._run_ended(run)
-            self.inline_events += 2  # (counted: num_events stays the events of the loop's logic, however taken)
-        self.may_run = True
-        plan = self.scheduler.schedule()  # (it closes an open epoch, or takes its decodes: _settle_epoch books)
-        epoch_step = self.scheduler.pending_epoch_step  # (sequences, K/V read) of decodes the plan does not list
+    def on_schedule(self, _) -> list:
+        self.end_idle()
+        plan = self.schedule()
         for request_id in plan.preempted:
             self.times.preemptions[self.index[request_id]] += 1
-        if plan.is_empty and epoch_step is None:
-            self.scheduler.finish_step(plan, StepOutcome())
+        if plan.is_empty:
+            self.finish_step(plan, StepOutcome())
             if plan.preempted:  # a preemption freed memory: try again at once
                 return [(self.now, SCHEDULE, None)]
             self.busy = False
-            self.idle_since, self.idle_counts = self.now, self._counts()
+            self.idle_since, self.idle_counts = self.now, self.counts()
             return []
         first_scheduled = self.times.first_scheduled
         for entry in plan.prefills:
             i = self.index[entry.request_id]
             if entry.num_new_tokens and math.isnan(first_scheduled[i]):
                 first_scheduled[i] = self.now
-        counts = self._counts()
-        duration = self._price(plan, epoch_step)
+        counts = self.counts()
+        duration = self.price(plan)
         # A CPU offload tier's reloads (sim/kv/offload.py) are priced as swaps are: over PCIe, before the forward pass,
         # so the whole step waits for them (the admitted requests' TTFT included). NOTE: its offloads (GPU -> CPU
         # copies of evicted blocks) are not charged: a modelling approximation, taken as overlapped with compute on
@@ -243,24 +186,13 @@ class Simulator:
         reloads = sum(not copy.to_cpu for copy in self.kv.take_tier_copies())
         if reloads:
             duration += self.cost.swap_time(reloads * self.block_bytes, reloads)
-        self._record(duration, plan, counts, epoch_step)
-        return [(self.now + duration, STEP_END, (plan, *self._outcome(plan), epoch_step))]
+        self.record(duration, plan, counts)
+        return [(self.now + duration, STEP_END, (plan, *self.outcome(plan)))]
 
-    def _on_step_end(self, payload) -> list:
+    def on_step_end(self, payload) -> list:
         self.last_step_end = self.now
-        if isinstance(payload, (fastforward.DecodeRun, fastforward.EpochRun)):  # applied and booked, but its finishes
-            self._run_ended(payload)
-            return [(self.now, SCHEDULE, None)]
-        plan, outcome, beam_scores, epoch_step = payload
-        if epoch_step is not None:  # the epoch's members sampled in this step too (booked before it may close)
-            self._epoch_ends([self.now])
-        result = self.scheduler.finish_step(plan, outcome)
-        if epoch_step is not None:
-            members = self.epoch_members
-            for request_id in result.finished_request_ids:
-                i = self.index[request_id]
-                if i in members:  # (gone if the epoch closed: then all were booked)
-                    self._settle(i, members.pop(i), len(self.epoch_ends))
+        plan, outcome, beam_scores = payload
+        result = self.finish_step(plan, outcome)
         if plan.num_draft_tokens:  # a verify step: a request's tokens count (1 + its accepted drafts)
             kept: dict[int, int] = {}
             for entry in plan.entries:
@@ -280,34 +212,32 @@ class Simulator:
             self.beam_scores.update(zip(seq_ids, scores))
         for request_id in result.finished_request_ids:
             self.times.finish[self.index[request_id]] = self.now
-        if result.finished_request_ids and self.scheduler.num_waiting:
-            self.may_run = False  # freed memory: the next step most likely admits a waiting request
         self.progress.update(len(result.finished_request_ids))
         if self.on_step is not None:
             self.on_step(self, plan)
         return [(self.now, SCHEDULE, None)]
 
-    def _run_ended(self, run: fastforward.DecodeRun | fastforward.EpochRun) -> None:
-        """A fast-forwarded run (applied and booked) ends now: its finishes."""
-        self.last_step_end = self.now
-        for request_id in run.finished_request_ids:
-            self.times.finish[self.index[request_id]] = self.now
-        self.progress.update(len(run.finished_request_ids))
-        if self.on_step is not None:
-            self.on_step(self, run)
+    # --- the loop's calls into the scheduler and the pool (the fast plane's loop routes them through its epochs) ---
+    def schedule(self) -> StepPlan:
+        return self.scheduler.schedule()
+
+    def finish_step(self, plan: StepPlan, outcome: StepOutcome) -> StepResult:
+        return self.scheduler.finish_step(plan, outcome)
+
+    def counts(self) -> tuple[int, ...]:
+        """The pool's five slot counts now; free slots count as external waste while a request waits."""
+        return as_seen(self.kv.breakdown(False).counts(), self.scheduler.num_waiting + self.scheduler.num_swapped > 0)
 
     # --- the executor's part: price a plan, decide its outcome ----------------------------------------
-    def _price(self, plan: StepPlan, epoch_step: tuple[int, int] | None = None) -> float:
+    def price(self, plan: StepPlan) -> float:
         """Forward pass (if any sequence runs) plus swap traffic. NOTE: swaps are not overlapped with compute
         (vLLM v0 waits for them before the forward pass); copy-on-write block copies are GPU-internal and
-        cost ~microseconds, so they are not priced (a modelling approximation). `epoch_step`: decodes a decode
-        epoch takes in this step, not listed in the plan (Scheduler.pending_epoch_step)."""
+        cost ~microseconds, so they are not priced (a modelling approximation)."""
         duration = 0.0
-        if plan.prefills or plan.decodes or epoch_step:
+        if plan.num_seqs:
             shared = plan.num_shared_context_tokens(self.kv.block_size) if self.shared_reads else 0
-            num_decodes, context = epoch_step or (0, 0)
-            shape = (plan.num_prefill_tokens, len(plan.decodes) + num_decodes, plan.num_context_tokens + context,
-                     plan.num_prefill_pairs, shared)  # fmt: skip
+            shape = (plan.num_prefill_tokens, plan.num_decode_seqs, plan.num_context_tokens, plan.num_prefill_pairs,
+                     shared)  # fmt: skip
             if plan.num_draft_tokens:  # speculative decoding: a verify entry's drafts are priced as a chunk after it
                 shape = (shape[0] + plan.num_draft_tokens, shape[1], shape[2], shape[3] + plan.num_draft_pairs, shared)
             duration = self.cost.step_time(*shape)
@@ -323,7 +253,7 @@ class Simulator:
                 check_step_time(duration, (f"{swapped} blocks swapped",))
         return duration
 
-    def _outcome(self, plan: StepPlan) -> tuple[StepOutcome, dict]:
+    def outcome(self, plan: StepPlan) -> tuple[StepOutcome, dict]:
         """Every sampling entry samples one token; a sequence finishes when it reaches its true output length.
         Beam search re-chooses its k beams each step (except the last: all k end together). Also returns
         per beam search (its current seq ids, the survivors' scores in beam_parents order)."""
@@ -358,169 +288,24 @@ class Simulator:
         return [seq_ids[c // 2] for c in best.tolist()], candidates[best].tolist()
 
     # --- bookkeeping -----------------------------------------------------------------------------------
-    def _book_run(self, run: fastforward.DecodeRun) -> None:
-        """Book every step of a fast-forwarded run: memory, the step table, and each request's token times."""
-        # Hints for the next attempt: a run ends at a finish, an arrival or a memory shortage; after a finish with
-        # nobody waiting the next step is likely a plain decode again, else most likely not. NOTE: a hint only.
-        self.may_run = run.frees
-        if self.validate and not run.frees:  # (a finish frees memory after the last step)
-            self._check_pool(run.counts[-1])
-        seen = run.seen_counts()
-        durations = run.durations
-        if self.in_range is not None:  # step j of the run reads the K/V held before it plus j + 1 tokens a sequence
-            num_seqs, context = len(run.seq_ids), sum(run.num_tokens_before)
-            for j, duration in enumerate(durations):
-                if not self.in_range(0, num_seqs, context + num_seqs * (j + 1), 0, run.shared_context_tokens):
-                    self.extrapolated_steps += 1
-                    self.extrapolated_time += duration
-        self._book_steps(run.starts, durations, seen, len(run.seq_ids), run.num_running, run.num_waiting)
-        # Token times: each step ends with a token for every running request, so the gaps are the first step's
-        # end minus the last token before, then the differences of consecutive step ends (the same float
-        # subtractions stepping makes).
-        ends = [start + duration for start, duration in zip(run.starts, run.durations)]
-        first_end = ends[0]
-        later = max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
-        times, index = self.times, self.index
-        for request_id in run.request_ids:
-            i = index[request_id]
-            gap = max(first_end - times.last_token[i], later)
-            if gap > times.max_gap[i]:
-                times.max_gap[i] = gap
-            times.last_token[i] = run.end
-            times.token_steps[i] += run.num_steps
+    def end_idle(self) -> None:
+        """Close an idle period (nothing ran since idle_since): the pool sat as it was."""
+        if self.idle_since is not None:
+            self.integrate(self.now - self.idle_since, self.idle_counts)
+            self.idle_since = None
 
-    def _epoch_run(self, next_arrival: float, stop: float) -> fastforward.EpochRun | bool | None:
-        """The next run of the open decode epoch (opened here if the hint allows and the scheduler can), applied and
-        booked; None: the step is scheduled normally (which closes the epoch); False: a plain decode run the epoch
-        cannot take (the KV manager has none for these sequences now): run by run."""
-        scheduler = self.scheduler
-        if not scheduler.decode_epoch_open:
-            if not self.may_run:
-                return None
-            opened = scheduler.open_decode_epoch(self._settle_epoch)
-            if not opened:
-                return opened
-            self.epoch_members = {self.index[rid]: 0 for rid in scheduler.running_request_ids()}
-        num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
-        waiting = num_waiting + scheduler.num_swapped > 0
-        self.epoch_running = True  # an epoch closing inside (its last members left) is settled below, once booked
-        joined_at = len(self.epoch_ends)
-        try:
-            run = fastforward.epoch_run(scheduler, self.cost, self.now, next_arrival, stop)
-        finally:
-            self.epoch_running = False
-        for request_id in scheduler.joined_requests():  # admitted while it was open, joined before this run
-            self.epoch_members[self.index[request_id]] = joined_at
-        if run is None:
-            if not scheduler.decode_epoch_open:  # it closed (a group that could not join)
-                self._settle_epoch()
-            return None
-        self.may_run = True
-        members, ends = self.epoch_members, self.epoch_ends
-        if run.preempted:  # a step that preempted (the run's only one, if any): its counts are those after it
-            waiting, num_running = True, scheduler.num_running + len(run.finished_request_ids)
-            num_waiting = scheduler.num_waiting
-            for request_id in run.preempted:  # their tokens until now, booked
-                i = self.index[request_id]
-                self.times.preemptions[i] += 1
-                self._settle(i, members.pop(i), len(ends))
-            if not run.durations:  # nobody left to step: the epoch closed
-                self._settle_epoch()
-                return run
-        seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
-        durations = run.durations
-        if run.starts[-1] >= next_arrival and self.log.kept:  # requests arrived during it, queueing: step by step
-            arrivals, first = self.arrival_times, self.next_index
-            num_waiting = [num_waiting + bisect.bisect_right(arrivals, t, first) - first for t in run.starts]
-        self._book_steps(run.starts, durations, seen, run.num_seqs, num_running, num_waiting, len(run.preempted))
-        self._epoch_ends(run.starts[1:] + [run.end])  # (a step starts where the one before ended: the same floats)
-        for request_id in run.finished_request_ids:
-            i = self.index[request_id]
-            self._settle(i, members.pop(i), len(ends))
-        if not scheduler.decode_epoch_open:  # the last members left: it closed
-            self._settle_epoch()
-        return run
-
-    def _epoch_ends(self, new_ends: list[float]) -> None:
-        """The ends of the open epoch's next steps, and the differences no later one reaches (see epoch_gaps)."""
-        ends, gaps = self.epoch_ends, self.epoch_gaps
-        for end in new_ends:
-            if ends:
-                diff = end - ends[-1]
-                while gaps and gaps[-1][1] <= diff:
-                    gaps.pop()
-                gaps.append((len(ends), diff))
-            ends.append(end)
-        if len(ends) > self.epoch_trim_at:  # an epoch may stay open for a whole run: keep what members still read
-            first = min(self.epoch_members.values(), default=len(ends))
-            del ends[:first]
-            for i in self.epoch_members:
-                self.epoch_members[i] -= first
-            gaps[:] = [(j - first, diff) for j, diff in gaps if j > first]  # (a member reads those after its first)
-            self.epoch_trim_at = max(EPOCH_TRIM, 2 * len(ends))
-
-    def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
-                    num_running: int, num_waiting: int, num_preempted: int = 0) -> None:  # fmt: skip
-        """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each;
-        `num_preempted`: the requests a one-step run preempted)."""
-        integral = self.integral
-        t0, t1, t2, t3, t4 = (integral[name] for name in SHARE_NAMES)
-        for duration, (c0, c1, c2, c3, c4) in zip(durations, seen):  # each kind's float sum in stepping's order
-            t0 += duration * c0
-            t1 += duration * c1
-            t2 += duration * c2
-            t3 += duration * c3
-            t4 += duration * c4
-        integral.update(zip(SHARE_NAMES, (t0, t1, t2, t3, t4)))
-        self.log.extend_run(starts, durations, seen, num_seqs, num_running, num_waiting, num_preempted)
-
-    def _settle(self, i: int, first: int, end: int) -> None:
-        """Request i's token times after the epoch's steps first .. end - 1 (end: all so far), each of which sampled
-        a token for it: the gaps are the first one's end minus its last token before, then the differences of
-        consecutive step ends (the same float subtractions stepping makes, and the same largest)."""
-        if first >= end:
-            return
-        times, ends, gaps = self.times, self.epoch_ends, self.epoch_gaps
-        later = bisect.bisect_right(gaps, (first, math.inf))  # the first difference after step `first`
-        gap = max(ends[first] - times.last_token[i], gaps[later][1] if later < len(gaps) else 0.0)
-        if gap > times.max_gap[i]:
-            times.max_gap[i] = gap
-        times.last_token[i] = ends[end - 1]
-        times.token_steps[i] += end - first
-
-    def _settle_epoch(self, _steps: int | None = None) -> None:
-        """The epoch closed (on_close passes its `_steps`, every one of them in epoch_ends, whose start may have been
-        trimmed): book the token times of the requests still in it."""
-        if self.epoch_running:
-            return
-        end = len(self.epoch_ends)
-        for i, first in self.epoch_members.items():
-            self._settle(i, first, end)
-        self.epoch_members, self.epoch_ends, self.epoch_gaps = {}, [], []
-        self.epoch_trim_at = EPOCH_TRIM
-
-    def _check_pool(self, expected: tuple[int, ...]) -> None:
-        found = self.kv.breakdown(False).counts()
-        if found != tuple(expected):
-            raise RuntimeError(f"decode run bookkeeping: expected pool counts {tuple(expected)}, found {found}")
-
-    def _counts(self) -> tuple[int, ...]:
-        """The pool's five slot counts now; free slots count as external waste while a request waits."""
-        return as_seen(self.kv.breakdown(False).counts(), self.scheduler.num_waiting + self.scheduler.num_swapped > 0)
-
-    def _integrate(self, duration: float, counts: tuple[int, ...]) -> None:
+    def integrate(self, duration: float, counts: tuple[int, ...]) -> None:
         integral = self.integral
         for name, count in zip(SHARE_NAMES, counts):
             integral[name] += duration * count
 
-    def _record(self, duration: float, plan: StepPlan, counts: tuple[int, ...],
-                epoch_step: tuple[int, int] | None = None) -> None:  # fmt: skip
-        self._integrate(duration, counts)
+    def record(self, duration: float, plan: StepPlan, counts: tuple[int, ...]) -> None:
+        """One step into the memory integral and the step log."""
+        self.integrate(duration, counts)
         if plan.num_draft_tokens:
             self.speculation[2] += duration * plan.num_draft_tokens
         scheduler = self.scheduler
-        num_decodes = epoch_step[0] if epoch_step else 0
-        self.log.append((self.now, duration, len(plan.prefills), len(plan.decodes) + num_decodes, scheduler.num_running,
-                         plan.num_batched_tokens + num_decodes, plan.num_prefill_tokens, *counts, scheduler.num_waiting,
+        self.log.append((self.now, duration, len(plan.prefills), plan.num_decode_seqs, scheduler.num_running,
+                         plan.num_batched_tokens, plan.num_prefill_tokens, *counts, scheduler.num_waiting,
                          len(plan.preempted), len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in),
                          len(plan.blocks_to_copy)))  # copies: copy-on-write and beam forks  # fmt: skip

@@ -181,7 +181,7 @@ class StepTotals:
 
 
 def request_table(requests: list, times: dict[str, np.ndarray]) -> Table:
-    """Per-request results from the loop's record of `times` (sim.loop._RequestTimes.arrays()); unfinished requests
+    """Per-request results from the loop's record of `times` (sim.loop.RequestTimes.arrays()); unfinished requests
     keep NaN times and latencies. A request with one token step has no inter-token latency (NaN)."""
     arrival = np.array([r.arrival_time for r in requests], dtype=float)
     output_len = np.array([r.output_len for r in requests], dtype=np.int64)

@@ -78,6 +78,11 @@ class StepPlan:
         return sum(s.num_new_tokens for s in self.prefills)
 
     @property
+    def num_decode_seqs(self) -> int:
+        """Sequences that decode in the step (the cost model's decode term)."""
+        return len(self.decodes)
+
+    @property
     def num_seqs(self) -> int:
         """Sequences in the step (sample-only siblings included)."""
         return len(self.prefills) + len(self.decodes)

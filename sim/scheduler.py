@@ -27,15 +27,16 @@ budget runs out; none for beam search), its drafts in lookahead slots of the KV 
 and reports how many it accepted (`StepOutcome.num_accepted`); the sequence keeps those, samples one more token (the
 target's own next token), and `rollback` gives back the rejected drafts' slots. Who proposes the drafts is the
 executor's business (the engine's n-gram draft; the simulator's acceptance model). No run of plain decode steps is
-jumped over while it is on (sim/fastforward.py and decode epochs assume one token per step).
+jumped over while it is on (the fast plane, sim/fast/, assumes one token per step).
 
 The same object serves the simulator and the reference engine: `schedule()` returns a `StepPlan` whose blocks
 are already allocated; the executor runs it and reports a `StepOutcome` to `finish_step()`. The scheduler
 touches memory only through the KV contract (sim/kv/base.py) and never knows the policy behind it.
 
 The class reads top to bottom: requests in and out; what executors and metrics may read; one iteration
-(`schedule`); the executor's report (`finish_step`, `abandon_step`); and last the runs of plain decode steps
-that the simulator's fast-forward (sim/fastforward.py) applies at once.
+(`schedule`); the executor's report (`finish_step`, `abandon_step`). It steps one step at a time, and every field is
+true at every moment. (The simulator's fast plane, sim/fast/, jumps over runs of plain decode steps with exactly
+these results, calling only the public methods listed in docs/ARCHITECTURE.md, "The fast plane".)
 """
 from __future__ import annotations
 
@@ -61,8 +62,7 @@ FINISHED = SequenceStatus.FINISHED
 class Scheduler:
     """FCFS iteration-level scheduler over one KV manager. Queues: waiting (deque), running and swapped
     (lists kept in arrival order). Sequence ids come from a counter inside the instance. What executors and
-    metrics may read (queue lengths, ids, a sequence's progress) is in the views section; the runs of plain
-    decode steps the simulator jumps over, in the last section."""
+    metrics may read (queue lengths, ids, a sequence's progress) is in the views section."""
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None, *, draft_len=None) -> None:
         """`draft_len(request_id, seq_id)`: with speculative decoding, how many draft tokens the executor has for the
@@ -90,19 +90,11 @@ class Scheduler:
         # (group, its sequences, the admission's specs or None): the allocation in flight, its group open too
         self._open_allocation: tuple[SequenceGroup, tuple[Sequence, ...], list[NewSequence] | None] | None = None
         self._reported: StepPlan | None = None  # the plan finish_step() was given: its K/V was written
-        # NOTE: the last plain_decode_seqs() answer (its sequences, their ids by request, the fewest steps any has
-        # left), kept until the next call that changes the scheduler (each of them clears it), so that
-        # advance_decodes right after it does not ask again: a speed-up only.
-        self._plain_decodes_cache: tuple[list[Sequence], list[list[int]], int] | None = None
-        self._epoch: _DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
-        self._joined: list[int] = []  # requests that joined an epoch since joined_requests() last asked
-        self._refused: tuple | None = None  # (head group, members, free slots) when decode_epoch_run last refused it
 
     # --- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a request; ValueError "request <id>: <why>" if it can never be served (check_request)."""
         rid = request.request_id
-        self._plain_decodes_cache = None
         if rid in self._groups:
             raise ValueError(f"request {rid} was already added (request ids must be unique)")
         problem = self.check_request(request)
@@ -140,11 +132,9 @@ class Scheduler:
 
     def abort(self, request_id: int) -> None:
         """Drop a request wherever it is and free its memory (GPU or CPU). Aborting a finished request does nothing."""
-        self._close_epoch()
         group = self._group(request_id)
         if group.status is FINISHED:
             return
-        self._plain_decodes_cache = None
         if group.status is WAITING:
             self._waiting.remove(group)
             group.set_status(FINISHED)
@@ -189,9 +179,6 @@ class Scheduler:
 
     @property
     def num_running_seqs(self) -> int:
-        epoch = self._epoch
-        if epoch is not None:  # the running groups: its members and the groups admitted to join it
-            return epoch.num_seqs + sum(len(g.live) for g in epoch.joining if g.status is RUNNING)
         return sum(len(g.live) for g in self._running)
 
     @property
@@ -217,15 +204,10 @@ class Scheduler:
         return None if seq is None else seq.request_id
 
     def num_generated(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_generated + self._lag(seq_id)
+        return self._seqs[seq_id].num_generated
 
     def num_computed_tokens(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_computed_tokens + self._lag(seq_id)
-
-    def _lag(self, seq_id: int) -> int:
-        """What an open decode epoch has not yet added to a member's counts (0 for anyone else)."""
-        epoch = self._epoch
-        return epoch.steps if epoch is not None and seq_id in epoch.kv.members else 0
+        return self._seqs[seq_id].num_computed_tokens
 
     def group_status(self, request_id: int) -> SequenceStatus:
         return self._group(request_id).status
@@ -236,10 +218,29 @@ class Scheduler:
     def request(self, request_id: int) -> Request:
         return self._group(request_id).request
 
-    def _group(self, request_id: int) -> SequenceGroup:
+    def group(self, request_id: int) -> SequenceGroup:
+        """The request's group (its sequences are public records: read them, never change them but as the fast plane's
+        contract says, docs/ARCHITECTURE.md)."""
         if request_id not in self._groups:
             raise KeyError(f"unknown request {request_id}")
         return self._groups[request_id]
+
+    _group = group
+
+    @property
+    def running(self) -> list[SequenceGroup]:
+        """The running groups, in queue order (the list itself: never change it)."""
+        return self._running
+
+    @property
+    def waiting(self) -> deque[SequenceGroup]:
+        """The waiting groups, in queue order (the deque itself: never change it)."""
+        return self._waiting
+
+    @property
+    def in_flight(self) -> StepPlan | None:
+        """The plan schedule() returned that finish_step() (or abandon_step()) has not seen yet, if any."""
+        return self._outstanding
 
     # --- one iteration -------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -251,49 +252,40 @@ class Scheduler:
         (3) waiting groups are admitted FCFS while they fit in memory, max_num_seqs and the budget.
         v0 / static: (3) first, with whole prompts; if anything was admitted the step is prefill-only;
         otherwise (1) without a budget, then (2).
-        An open decode epoch stays open through a v0 step that admits (the running groups are not touched; the
-        admitted ones join it after their prompts, decode_epoch_run), and through a v1 step whose running groups are
-        all members with memory for their tokens: their decodes are then the epoch's next step (not listed in the
-        plan: pending_epoch_step gives their number and reads, for the executor's price), then admissions as usual.
-        Any other step closes it first.
         """
-        epoch_step = self._epoch is not None and self.config.mode == "v1" and self._epoch_may_step()
-        if not epoch_step and (self.config.mode == "v1" or not self._may_admit()):
-            self._close_epoch()
-        if self._outstanding is not None and not self._outstanding.is_empty:
-            raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
-        self._plain_decodes_cache, self._reported = None, None
-        # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
-        # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
-        # (with an epoch open no running group has copies waiting: a fork or new beams closed it; skip the scan)
-        copying = self._running if self._epoch is None else ()
-        plan = StepPlan(blocks_to_copy=[c for g in copying for c in g.pending_copies])
-        self._outstanding = plan  # from here on: should this raise midway, abandon_step() undoes what it did
-        for group in copying:
-            group.pending_copies.clear()
+        plan = self.begin_step()
         budget = self.config.max_num_batched_tokens
-        if epoch_step:  # v1: the running groups (all members) decode as the epoch's next step, then admissions
-            budget = self._take_epoch_step(budget)
-            if self._may_admit():
-                self._admit_waiting(plan, budget, first=False)
-        elif self.config.mode == "v1":
+        if self.config.mode == "v1":
             budget = self._schedule_running(plan, budget)
             if not plan.preempted:
                 budget = self._swap_in(plan, budget)
-                if self._may_admit():
-                    self._admit_waiting(plan, budget)
-        elif not (self._may_admit() and self._admit_waiting(plan, budget)):
-            self._close_epoch()  # nothing admitted: this step decodes every running group
-            self._schedule_running(plan, None)
+                if self.may_admit():
+                    self.admit_waiting(plan, budget, self.num_running_seqs)
+        elif not (self.may_admit() and self.admit_waiting(plan, budget, self.num_running_seqs)):
+            self._schedule_running(plan, None)  # nothing admitted: this step decodes every running group
             if not plan.preempted:
                 self._swap_in(plan, None)
         return plan
 
-    def _may_admit(self) -> bool:
-        # NOTE: nothing is admitted while a group waits in swap space (it would be starved). Static batching
-        # (FasterTransformer) admits a new batch only once the previous one has left entirely: a finished
-        # request frees its memory at once, but its place stays idle until the whole batch is done (the
-        # baseline's cost). A batch member preempted by recompute waits at the front and opens the next batch.
+    def begin_step(self) -> StepPlan:
+        """The next step's plan, begun: the fork copies the last report queued come first. RuntimeError while the
+        last plan is not reported. schedule() begins with it (and the fast plane, for a step it takes part in)."""
+        if self._outstanding is not None and not self._outstanding.is_empty:
+            raise RuntimeError("schedule() called twice: expected finish_step() for the previous plan first")
+        self._reported = None
+        # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
+        # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
+        plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
+        self._outstanding = plan  # from here on: should this raise midway, abandon_step() undoes what it did
+        for group in self._running:
+            group.pending_copies.clear()
+        return plan
+
+    def may_admit(self) -> bool:
+        """Is admission open? NOTE: nothing is admitted while a group waits in swap space (it would be starved).
+        Static batching (FasterTransformer) admits a new batch only once the previous one has left entirely: a
+        finished request frees its memory at once, but its place stays idle until the whole batch is done (the
+        baseline's cost). A batch member preempted by recompute waits at the front and opens the next batch."""
         return not self._swapped and (self.config.mode != "static" or not self._running)
 
     def _schedule_running(self, plan: StepPlan, budget: int | None) -> int | None:
@@ -370,7 +362,6 @@ class Scheduler:
         seqs = group.kv_seqs
         ids = [s.seq_id for s in seqs]
         self._num_preemptions += 1
-        self._refused = None  # (the group may come back to the head in another state)
         self._open.add(group.request_id)
         plan.preempted.append(group.request_id)
         if self.config.preemption == "swap" and self.kv.can_swap_out(ids):
@@ -387,6 +378,16 @@ class Scheduler:
             else:  # (every waiting group arrived after every running one)
                 self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
         self._open.discard(group.request_id)
+
+    def preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
+        """Preempt a running group now, as a step short of memory does (swap or recompute), recorded in `plan`; it
+        leaves the running queue. (schedule() preempts through _preempt; the fast plane, for a step it takes.)"""
+        running = self._running
+        if running and running[-1] is group:
+            running.pop()
+        else:
+            del running[next(i for i, g in enumerate(running) if g is group)]
+        self._preempt(group, plan)
 
     def _swap_in(self, plan: StepPlan, budget: int | None) -> int | None:
         num_seqs = self.num_running_seqs
@@ -440,9 +441,12 @@ class Scheduler:
         forks = tuple(s.final_len for s in group.siblings_to_fork)
         return NewSequence(seq.prompt_len, seq.final_len, ids, cached, forks, skip)
 
-    def _admit_waiting(self, plan: StepPlan, budget: int, first: bool = True) -> bool:
-        """`first` False: the step feeds tokens the plan does not list (a decode epoch's step)."""
-        num_seqs, admitted = self.num_running_seqs, False
+    def admit_waiting(self, plan: StepPlan, budget: int, num_running_seqs: int, first: bool = True) -> bool:
+        """Admit waiting groups into `plan` FCFS, with no overtaking, while `budget` tokens, max_num_seqs (beside
+        `num_running_seqs` running sequences) and memory allow; True if any was. `first` False: the step feeds tokens
+        the plan does not list (the fast plane's decode epoch, sim/fast/epoch.py), so no group runs alone over the
+        budget."""
+        num_seqs, admitted = num_running_seqs, False
         while self._waiting:
             group = self._waiting[0]
             if num_seqs + group.num_seqs > self.config.max_num_seqs:
@@ -460,8 +464,6 @@ class Scheduler:
             self._waiting.popleft()
             group.set_status(RUNNING)
             bisect.insort(self._running, group, key=_queue_key)
-            if self._epoch is not None:
-                self._epoch.joining.append(group)
             for seq, spec in zip(seqs, new):
                 seq.num_computed_tokens = spec.num_cached_tokens
             self._add_entries(plan, group, seqs, counts, allocation.copies)
@@ -470,6 +472,31 @@ class Scheduler:
             budget -= sum(counts)
             admitted = True
         return admitted
+
+    def can_admit_head(self) -> bool:
+        """Would the first waiting group be admitted if a step started now with the whole budget (max_num_seqs,
+        budget and memory, watermark included)? False when nothing waits or admission is closed."""
+        if not self._waiting or not self.may_admit():
+            return False
+        return self.head_may_be_admitted(self.config.max_num_batched_tokens, self.num_running_seqs, nothing_fed=True)
+
+    def head_may_be_admitted(self, budget: int, num_running_seqs: int, nothing_fed: bool) -> bool:
+        """Would the first waiting group be admitted with `budget` tokens left and `num_running_seqs` running?
+        `nothing_fed`: the step admits before it feeds anything (v0's prefill-only steps, or an observer asking of a
+        fresh step), so the answer is exact; else (v1, after the decodes) a guess that errs towards yes. Changes
+        nothing."""
+        group = self._waiting[0]
+        if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
+            return False
+        asked = self._admission(group, budget, first=nothing_fed)
+        if asked is None:
+            return False
+        new, counts = asked
+        # NOTE: with chunking, losing a prefix-cache hit to eviction can SHRINK the chunk's memory need, so a
+        # blocked group with hits might fit later: treat it as admissible (the cautious answer).
+        if not nothing_fed and self.config.chunked and any(spec.num_cached_tokens for spec in new):
+            return True
+        return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
 
     def _add_entries(self, plan: StepPlan, group: SequenceGroup, seqs, counts: list[int], copies,
                      drafts: list[int] | None = None) -> None:  # fmt: skip
@@ -503,12 +530,7 @@ class Scheduler:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         if plan.num_draft_tokens:
             _check_accepted(plan, outcome)
-        # the members' decodes of a v1 step taken by the epoch: sampled now (some finish), then the plan's entries
-        epoch_finished = self._epoch_steps_done(1) if self._epoch is not None and self._epoch.pending else []
-        if self._epoch is not None and (outcome.beam_parents or any(not e.num_new_tokens for e in plan.entries)):
-            self._close_epoch()  # a fork or beams change sharing; an open epoch's step is otherwise an admission
         self._outstanding, self._reported = None, plan
-        self._plain_decodes_cache = None
         seqs, groups = self._seqs, self._groups
         touched: dict[int, SequenceGroup] = {}  # the groups that sampled: only they can finish
         for entry in plan.entries:
@@ -544,8 +566,7 @@ class Scheduler:
         self._open.update(outcome.beam_parents)
         beams_done = {seqs[i].request_id for i in outcome.finished_seq_ids}
         new_beams = {rid: self._reselect_beams(rid, parents) for rid, parents in outcome.beam_parents.items()}
-        result = StepResult(epoch_finished + self._finish(touched.values(), outcome.finished_seq_ids, beams_done),
-                            new_beams)  # fmt: skip
+        result = StepResult(self._finish(touched.values(), outcome.finished_seq_ids, beams_done), new_beams)
         self._open.clear()
         return result
 
@@ -565,16 +586,8 @@ class Scheduler:
         the prefix cache (a full block is registered when allocated, before the executor writes it), so no later
         prompt reuses K/V that was never computed.
         """
-        epoch = self._epoch
-        pending = epoch is not None and epoch.pending  # a v1 step the epoch took: its members failed too
-        members = {s.request_id for seqs in epoch.by_last.values() for s in seqs} if pending else set()
-        if epoch is not None:
-            epoch.pending = False  # (its sequences hold the step's slots, as stepping's allocation left them)
-        self._close_epoch()
-        self._open.update(members)
         if plan is None or plan is self._outstanding:
             plan, self._outstanding = self._outstanding, None
-        self._plain_decodes_cache = None
         opened, self._open = self._open, set()
         allocation, self._open_allocation = self._open_allocation, None
         if allocation is not None:
@@ -617,6 +630,12 @@ class Scheduler:
             if seq_id in held:  # on the GPU: the plan's entries and an allocation are never swapped out
                 self.kv.uncache(self.kv.block_table(seq_id)[start // bs:])
 
+    def finish_sampled(self, groups) -> list[int]:
+        """Finish the sequences of these running groups that have sampled their output_len tokens, freeing their
+        memory at once (finish_step's rule); returns the requests now finished. (For the fast plane, which adds the
+        tokens of the decode steps it applies to the sequences itself.)"""
+        return self._finish(groups)
+
     def _finish(self, groups, done_ids: set[int] = frozenset(), beams_done: set[int] = frozenset()) -> list[int]:
         """Finish the sequences of `groups` that are done (named in done_ids, or output_len tokens sampled; all
         beams of a beam search together), freeing their memory at once. Returns the requests now finished."""
@@ -647,318 +666,6 @@ class Scheduler:
             del self._seqs[dropped.seq_id]
         return [s.seq_id for s in group.seqs]
 
-    # --- runs of plain decode steps ------------------------------------------------------------------
-    # When the next steps are certain to decode exactly the running sequences, the simulator's fast-forward
-    # (sim/fastforward.py) applies many of them at once, with exactly the results of stepping.
-    def plain_decode_seqs(self) -> list[Sequence] | None:
-        """The running sequences, if the next schedule() is certain to be a plain decode of exactly them and
-        stays so while memory lasts and none finishes: every running group decodes all its sequences (no prompt
-        chunk, beam search or copy waiting), nothing is swapped out, the budget holds them all, and the first
-        waiting group could not be admitted now (advance_decodes stops a run before free memory grows). Else None."""
-        self._close_epoch()
-        if self._outstanding is not None or not self._running or self._swapped or self._num_drafts:
-            return None  # (speculative decoding: a step samples a random number of tokens, no run is plain)
-        seqs: list[Sequence] = []
-        seq_groups: list[list[int]] = []  # the sequence ids of each request, as a step allocates them
-        steps_left = None  # the fewest tokens a sequence has still to sample
-        for group in self._running:
-            if group.is_beam_search or group.pending_copies or not group.forked:
-                return None
-            ids = []
-            for seq in group.live:
-                if seq.prefilling or seq.num_computed_tokens != seq.num_tokens - 1:
-                    return None
-                seqs.append(seq)
-                ids.append(seq.seq_id)
-                left = seq.output_len - seq.num_generated
-                if steps_left is None or left < steps_left:
-                    steps_left = left
-            seq_groups.append(ids)
-        budget = self.config.max_num_batched_tokens
-        if self.config.mode == "v1":
-            budget -= len(seqs)
-            if budget < 0:
-                return None
-        if self._waiting and self._may_admit() and self._head_may_be_admitted(
-                budget, len(seqs), nothing_fed=self.config.mode != "v1"):
-            return None
-        self._plain_decodes_cache = (seqs, seq_groups, steps_left)
-        return seqs
-
-    def can_admit_head(self) -> bool:
-        """Would the first waiting group be admitted if a step started now with the whole budget (max_num_seqs,
-        budget and memory, watermark included)? False when nothing waits or admission is closed."""
-        if not self._waiting or not self._may_admit():
-            return False
-        return self._head_may_be_admitted(self.config.max_num_batched_tokens, self.num_running_seqs, nothing_fed=True)
-
-    def _head_may_be_admitted(self, budget: int, num_running_seqs: int, nothing_fed: bool) -> bool:
-        """Would the first waiting group be admitted with `budget` tokens left and `num_running_seqs` running?
-        `nothing_fed`: the step admits before it feeds anything (v0's prefill-only steps, or an observer asking of a
-        fresh step), so the answer is exact; else (v1, after the decodes) a guess that errs towards yes."""
-        group = self._waiting[0]
-        if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
-            return False
-        asked = self._admission(group, budget, first=nothing_fed)
-        if asked is None:
-            return False
-        new, counts = asked
-        # NOTE: with chunking, losing a prefix-cache hit to eviction can SHRINK the chunk's memory need, so a
-        # blocked group with hits might fit later in the run: treat it as admissible (no run; always safe).
-        if not nothing_fed and self.config.chunked and any(spec.num_cached_tokens for spec in new):
-            return True
-        return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
-
-    def advance_decodes(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
-        """Apply as many plain decode steps as memory allows, at most `max_steps`, at once: the state as many
-        rounds of schedule() and finish_step() with nothing reported would leave, with the same block ids. No
-        sequence may reach its output_len before step `max_steps`; those that reach it in the last step applied
-        finish then (the finish rule of finish_step). Returns the pool's five raw slot counts during each step
-        applied (the KV manager's advance_decodes; none if memory allows no step) and the requests finished."""
-        self._close_epoch()
-        if self._plain_decodes_cache is None:
-            self.plain_decode_seqs()
-        cached, self._plain_decodes_cache = self._plain_decodes_cache, None
-        if cached is None or not 1 <= max_steps <= cached[2]:
-            raise ValueError(f"advance_decodes({max_steps}): expected a plain decode state and no sequence finishing "
-                             "before the last step")  # fmt: skip
-        # a step allocates request by request: the same calls, so that a pool freeing blocks mid-run (hybrid) finds
-        # the same room and hands out the block ids stepping would (the groups: built by plain_decode_seqs)
-        seqs, seq_groups, _ = cached
-        # a waiting group refused now stays refused while free memory does not grow (in a paged pool it only
-        # shrinks during a run; a hybrid pool's sliding groups give blocks back): the run stops before it grows
-        waiting = bool(self._waiting) and self._may_admit()
-        num_steps = self.kv.max_decode_steps(seq_groups, max_steps, waiting)
-        if num_steps < 1:
-            return [], []
-        counts = self.kv.advance_decodes(seq_groups, num_steps, checked=True)
-        for seq in seqs:
-            seq.num_generated += num_steps
-            seq.num_computed_tokens += num_steps
-        if num_steps < cached[2]:  # none reached its output_len
-            return counts, []
-        ending = {s.request_id: self._groups[s.request_id] for s in seqs if s.num_generated >= s.output_len}
-        return counts, self._finish(ending.values())
-
-    # --- decode epochs: the same runs, lazily ----------------------------------------------------------
-    # Where the KV manager can (the paged one without prefix caching), the simulator keeps the running sequences in a
-    # decode epoch: run after run of plain decode steps applied without touching every sequence each run (their
-    # counts are brought up to date when one finishes, or when anything else happens: the epoch then closes). An
-    # arrival does not close it (it only queues the request; whether it may be admitted is asked before each run).
-    def open_decode_epoch(self, on_close=None) -> bool | None:
-        """Open a decode epoch if the next steps are plain decodes of the running sequences (plain_decode_seqs) and
-        the KV manager has the lazy form: True if one is open; False if they are plain decodes but the manager has
-        no epoch for them now (run them with advance_decodes); None if they are not. `on_close(steps)`: called when
-        it closes, with the steps it applied (the loop then books what it kept lazy too). Every other call closes it
-        first, except add_request, the read-only queue views and the epoch's own calls below."""
-        if self._epoch is not None:
-            return True
-        seqs = self.plain_decode_seqs()
-        if seqs is None:
-            return None
-        _, seq_groups, _ = self._plain_decodes_cache
-        lasts = [s.output_len - s.num_generated - 1 for s in seqs]  # the epoch step that samples its last token
-        keys = [(g.queue_key, j) for g in self._running for j in range(len(g.live))]  # plan order
-        kv_epoch = self.kv.open_decode_epoch(seq_groups, lasts, keys)
-        if kv_epoch is None:
-            return False
-        self._plain_decodes_cache = None
-        by_last: dict[int, list[Sequence]] = {}
-        for seq, last in zip(seqs, lasts):
-            by_last.setdefault(last, []).append(seq)
-        self._epoch = _DecodeEpoch(kv_epoch, by_last, sorted(by_last), sum(s.num_computed_tokens for s in seqs),
-                                   len(seqs), on_close)  # fmt: skip
-        return True
-
-    @property
-    def decode_epoch_open(self) -> bool:
-        return self._epoch is not None
-
-    def joined_requests(self) -> list[int]:
-        """The requests whose sequences joined a decode epoch since the last call (their counts lazy from then; the
-        epoch may have closed since, when they left it in the same run)."""
-        joined, self._joined = self._joined, []
-        return joined
-
-    def decode_epoch_run(self, admission: bool = True) -> tuple[int, int, int, bool] | None:
-        """The open epoch's next run: (sequences, the K/V tokens they hold, steps until the first of them samples its
-        last token, whether a request waits that no step of the run admits), or None when no epoch is open or the
-        next step would admit the first waiting request (plain_decode_seqs' question, for the members now; not asked
-        with `admission` False: a step that preempts admits nothing). With a request waiting that is refused (or
-        admission closed), a request arriving during the run queues behind it: it cannot change the run's steps
-        (admission is FCFS, and free memory only shrinks in a run). Not under priority scheduling: an arrival may
-        head the queue."""
-        epoch = self._epoch
-        if epoch is None:
-            return None
-        if epoch.joining and not self._join_epoch(epoch):
-            self._close_epoch()
-            return None
-        blocked = bool(self._waiting) and not self._by_priority
-        if admission and self._waiting and self._may_admit():
-            # NOTE: a head refused stays refused while it stays the head, the members the same and free memory does
-            # not grow (the question is monotone in free memory: no prefix cache in an epoch); asked once per such
-            # stretch instead of before every run (free memory shrinks during runs and grows when a member leaves)
-            head, free, refused = self._waiting[0], epoch.kv.counts[4], self._refused
-            if refused is None or refused[0] is not head or refused[1] != epoch.num_seqs or free > refused[2]:
-                budget = self.config.max_num_batched_tokens - (epoch.num_seqs if self.config.mode == "v1" else 0)
-                if self._head_may_be_admitted(budget, epoch.num_seqs, nothing_fed=self.config.mode != "v1"):
-                    return None
-                self._refused = (head, epoch.num_seqs, free)
-        return epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1, blocked
-
-    def preempt_in_decode_epoch(self) -> list[int] | None:
-        """The open epoch's next step, when memory runs out in it (advance_decode_epoch applies none): preempt as
-        schedule() would, inside the epoch. The step's groups take their blocks in plan order, and a group that finds
-        too few preempts the latest arrival still running (itself last) until it can, by recompute; the victims leave
-        the epoch and wait in front. Returns them (latest first); the survivors' blocks for the step are open and
-        advance_decode_epoch(1) takes it (with none left, the epoch has closed). None where the epoch cannot do
-        this (swap preemption, another victim policy, memory for the step after all): schedule() then does it."""
-        epoch = self._epoch
-        if (epoch is None or self.config.preemption != "recompute" or self._victim is not latest_arrival
-                or epoch.kv.max_steps(1)):
-            return None
-        plan = StepPlan()  # collects the victims (_preempt's record)
-        seqs, groups, running = self._seqs, self._groups, self._running
-        opening = epoch.kv.opening()
-        i = 0
-        while i < len(opening):
-            group = groups[seqs[opening[i]].request_id]
-            n = 1  # a group's members are adjacent in plan order
-            while i + n < len(opening) and seqs[opening[i + n]].request_id == group.request_id:
-                n += 1
-            i += n
-            if group.status is not RUNNING:  # preempted earlier in this step
-                continue
-            while not epoch.kv.open_ahead(n):
-                victim = running.pop()  # the latest arrival among the groups not yet served in this step, or this one
-                self._leave_epoch(epoch, victim)
-                self._preempt(victim, plan)
-                if victim is group:
-                    break
-        if not epoch.num_seqs:
-            self._close_epoch()
-        return plan.preempted
-
-    def _leave_epoch(self, epoch: _DecodeEpoch, group: SequenceGroup) -> None:
-        """The group's sequences leave the epoch early (preempted): counts made current, out of its by_last lists."""
-        steps = epoch.steps
-        for seq in group.live:
-            last = seq.output_len - seq.num_generated - 1  # its last step (num_generated lazy): not passed yet
-            same = epoch.by_last[last]
-            del same[next(i for i, s in enumerate(same) if s is seq)]  # by identity (siblings' states may be equal)
-            if not same:  # nobody leaves then any more: no run stops there (it stands after next_last)
-                del epoch.by_last[last], epoch.lasts[bisect.bisect_left(epoch.lasts, last, epoch.next_last)]
-            seq.num_generated += steps
-            seq.num_computed_tokens += steps
-            epoch.context -= seq.num_computed_tokens
-        epoch.num_seqs -= len(group.live)
-
-    def _join_epoch(self, epoch: _DecodeEpoch) -> bool:
-        """The groups admitted while the epoch was open join it, if each now decodes plainly (as plain_decode_seqs
-        asks) and the KV manager takes its sequences; False (the caller closes the epoch) otherwise."""
-        joining, epoch.joining = epoch.joining, []
-        steps = epoch.steps
-        for group in joining:
-            if group.status is not RUNNING:  # finished with its prompt (a one-token output)
-                continue
-            if group.is_beam_search or group.pending_copies or not group.forked:
-                return False
-            seqs = group.live
-            if any(s.prefilling or s.num_computed_tokens != s.num_tokens - 1 for s in seqs):
-                return False
-            if self.config.mode == "v1" and epoch.num_seqs + len(seqs) > self.config.max_num_batched_tokens:
-                return False  # the budget no longer holds a token for every member
-            lasts = [steps + s.output_len - s.num_generated - 1 for s in seqs]
-            keys = [(group.queue_key, j) for j in range(len(seqs))]
-            if not self.kv.join_decode_epoch([s.seq_id for s in seqs], lasts, keys):
-                return False
-            for seq, last in zip(seqs, lasts):
-                if last not in epoch.by_last:
-                    bisect.insort(epoch.lasts, last)  # after every last already passed: last >= steps
-                epoch.by_last.setdefault(last, []).append(seq)
-                epoch.context += seq.num_computed_tokens
-                seq.num_generated -= steps  # lazy from now on: the epoch adds its steps when the sequence leaves
-                seq.num_computed_tokens -= steps
-            epoch.num_seqs += len(seqs)
-            self._joined.append(group.request_id)
-        return True
-
-    def advance_decode_epoch(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
-        """advance_decodes for the open epoch (at most `max_steps`, never past the first member's last token): the
-        pool's counts during each step applied (none if memory allows no step) and the requests finished."""
-        epoch = self._epoch
-        if epoch is None or max_steps < 1:
-            raise ValueError(f"advance_decode_epoch({max_steps}): expected an open epoch and max_steps >= 1")
-        last = epoch.lasts[epoch.next_last]
-        num_steps = epoch.kv.max_steps(min(max_steps, last - epoch.steps + 1))
-        if num_steps < 1:
-            return [], []
-        return epoch.kv.advance(num_steps), self._epoch_steps_done(num_steps)
-
-    def _epoch_may_step(self) -> bool:
-        """Can the open epoch take the next v1 step's decodes (schedule)? Its admitted groups joined, every running
-        group a member (nothing swapped), the budget and memory enough for one token each."""
-        epoch = self._epoch
-        if epoch.joining and not self._join_epoch(epoch):
-            return False
-        return (not self._swapped and epoch.num_seqs <= self.config.max_num_batched_tokens
-                and epoch.kv.max_steps(1) >= 1)  # fmt: skip
-
-    def _take_epoch_step(self, budget: int) -> int:
-        """The members' decodes of this step: their blocks now, in plan order (before any admission's); their counts
-        when the step is reported (finish_step). Returns the budget left."""
-        epoch = self._epoch
-        epoch.kv.advance(1)
-        epoch.pending = True
-        return budget - epoch.num_seqs
-
-    @property
-    def pending_epoch_step(self) -> tuple[int, int] | None:
-        """The decodes a decode epoch takes in the step schedule() just planned, not listed in the plan: (sequences,
-        the K/V they read: what they hold plus the token each feeds); None when it takes none."""
-        epoch = self._epoch
-        if epoch is None or not epoch.pending:
-            return None
-        return epoch.num_seqs, epoch.context + epoch.num_seqs
-
-    def _epoch_steps_done(self, num_steps: int) -> list[int]:
-        """The members sampled `num_steps` more tokens (applied in the pool already): those whose last token it was
-        leave and finish (requests returned; all of a group's sequences leave together)."""
-        epoch = self._epoch
-        epoch.pending = False
-        epoch.context += epoch.num_seqs * num_steps
-        epoch.steps += num_steps
-        last = epoch.lasts[epoch.next_last]
-        if epoch.steps <= last:
-            return []
-        epoch.next_last += 1
-        leaving = epoch.by_last.pop(last)
-        for seq in leaving:  # made current, then finished (all of a group's sequences leave together)
-            seq.num_generated += epoch.steps
-            seq.num_computed_tokens += epoch.steps
-            epoch.context -= seq.num_computed_tokens
-        epoch.num_seqs -= len(leaving)
-        finished = self._finish({s.request_id: self._groups[s.request_id] for s in leaving}.values())
-        if not epoch.num_seqs:
-            self._close_epoch()
-        return finished
-
-    def _close_epoch(self) -> None:
-        epoch = self._epoch
-        if epoch is None:
-            return
-        if epoch.pending:
-            raise RuntimeError("a decode epoch's step is in flight: finish_step() (or abandon_step()) first")
-        self._epoch = None
-        for seqs in epoch.by_last.values():
-            for seq in seqs:
-                seq.num_generated += epoch.steps
-                seq.num_computed_tokens += epoch.steps
-        self.kv.close_decode_epoch()
-        if epoch.on_close is not None:
-            epoch.on_close(epoch.steps)
-
 
 def _queue_key(group: SequenceGroup) -> int | tuple[int, int]:
     return group.queue_key
@@ -973,19 +680,3 @@ def _check_accepted(plan: StepPlan, outcome: StepOutcome) -> None:
             if not (isinstance(accepted, int) and 0 <= accepted <= entry.num_draft_tokens):
                 raise ValueError(f"num_accepted[{entry.seq_id}]: expected 0 to {entry.num_draft_tokens} (the entry's "
                                  f"draft tokens), found {accepted!r}")  # fmt: skip
-
-
-@dataclass(slots=True)
-class _DecodeEpoch:
-    """The scheduler's side of an open decode epoch: its members' counts are those at its start until they leave."""
-
-    kv: object  # the KV manager's side (max_steps, advance)
-    by_last: dict[int, list[Sequence]]  # the members still in, by the epoch step that samples their last token
-    lasts: list[int]  # those steps, ascending
-    context: int  # the K/V tokens the members hold now
-    num_seqs: int  # members
-    on_close: object  # the caller's on_close(steps), or None
-    steps: int = 0  # steps applied
-    next_last: int = 0  # index in lasts of the next members to leave
-    joining: list = field(default_factory=list)  # groups admitted while it is open, to join before the next run
-    pending: bool = False  # a v1 step's decodes taken (in the pool) and not yet reported (finish_step)

@@ -9,6 +9,9 @@
 - mixins: classes that read a private attribute (`self._x`) that neither they nor any class they inherit from
   (followed through the project's imports) defines: they borrow the state of a class they are mixed into;
 - private names imported across modules: `from m import _name` where m is a module of this project;
+- the fast plane's private reads: in sim/fast/ (the speed machinery beside the core), any private name it imports
+  from outside the package or reads on an object other than its own (`obj._x`, not `self._x`): the fast plane
+  reaches the core through public calls only (docs/ARCHITECTURE.md, "The fast plane");
 - import circles: groups of modules of `sim/` or `reference/` that import each other (imports inside functions
   count: they hide a circle, they do not remove it).
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sim", "reference")
+FAST = "sim.fast"  # the fast plane's package
 # the concepts of the core path, each a glob: a concept cut into several files counts them all
 CORE = ("sim/blocks.py", "sim/kv/base.py", "sim/kv/paged*.py", "sim/scheduler*.py", "sim/sequence.py", "sim/plan.py",
         "sim/preemption.py", "sim/loop.py", "reference/engine*.py")  # fmt: skip
@@ -87,6 +91,20 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, str]]]:
 def private_imports(mods, edges) -> list[str]:
     return sorted(f"{m}: from {t} import {n}" for m, es in edges.items() for t, n in es
                   if n.startswith("_") and not n.startswith("__") and t in mods)  # fmt: skip
+
+
+def fast_plane_private(mods, edges) -> list[str]:
+    """Private names the fast plane imports from outside its package, or reads on another object."""
+    found = [f"{m}: from {t} import {n}" for m, es in edges.items() if m == FAST or m.startswith(FAST + ".")
+             for t, n in es if n.startswith("_") and not n.startswith("__") and not t.startswith(FAST)]  # fmt: skip
+    for name, path in mods.items():
+        if not (name == FAST or name.startswith(FAST + ".")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):  # fmt: skip
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
 
 
 def circles(mods, edges) -> list[list[str]]:
@@ -184,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     mods = modules()
     edges = imports(mods)
     report = {"core_files": core(), "mixins": mixins(mods), "private_imports": private_imports(mods, edges),
-              "circles": circles(mods, edges)}  # fmt: skip
+              "fast_plane_private": fast_plane_private(mods, edges), "circles": circles(mods, edges)}  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -193,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for path, lines, code in files:
         print(f"  {path:32s} {lines:5d} lines {code:5d} code")
     for key, title in (("mixins", "mixins"), ("private_imports", "private names imported across modules"),
+                       ("fast_plane_private", "private names the fast plane reads"),
                        ("circles", "import circles")):  # fmt: skip
         print(f"{title}: {len(report[key])}")
         for item in report[key]:

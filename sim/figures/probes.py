@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fastforward import DecodeRun
+from ..fast.runs import DecodeRun
 from ..kv.base import SHARE_NAMES
 from .memory_map import SlotMap, seq_owners, slot_map
 

@@ -5,8 +5,7 @@ is the ONLY way the scheduler touches memory, in the shape of vLLM v1's `KVCache
 (vllm/v1/core/kv_cache_manager.py): the scheduler names sequences by integer ids it chooses and asks for
 slots for the tokens it is about to compute; the manager keeps, per sequence, a block table and a token
 count, and answers with the copies to make or `None`. Everything policy-specific (block arithmetic,
-copy-on-write, reservations, the watermark, swap space, prefix caching, how a run of decode steps moves
-memory) lives behind these methods, so a new policy is one file in `sim/kv/`.
+copy-on-write, reservations, the watermark, swap space, prefix caching) lives behind these methods, so a new policy is one file in `sim/kv/`.
 
 KV cache groups. Every manager keeps one or more KV cache groups (vLLM's `KVCacheGroupSpec`): `windows` gives each
 group's attention window (None: full attention), and `group_tables(seq_id)` a sequence's table in every group. A
@@ -228,49 +227,6 @@ class KVManager(Protocol):
 
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None: ...
 
-    # --- runs of plain decode steps (the simulator's fast-forward) ----------------------------------
-    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
-        """The most decode steps (at most `limit`), each appending one token to every sequence, that need no copy and
-        find memory, as if every step called allocate_slots(group, [1, ...]) for each of `seq_groups` in order (the
-        sequences as a step allocates them: the scheduler's request groups). `waiting`: a request waits for memory, so
-        also end the run before any step after which more blocks would be free than at the run's start (it might fit
-        then). A policy whose free blocks never grow during a run meets `waiting` by construction; one that frees
-        blocks mid-run (hybrid) stops there, and follows the groups' order."""
-        ...
-
-    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
-        """Apply `num_steps` such steps at once (the same end state and block ids as stepping, one allocate_slots per
-        group per step) and return the pool's five raw slot counts (SHARE_NAMES order) DURING each step, i.e. after its
-        allocation. Raises if max_decode_steps would not allow it (`checked`: the caller has just asked)."""
-        ...
-
-    @property
-    def has_decode_epochs(self) -> bool:
-        """Whether open_decode_epoch can ever open one (else it always answers None)."""
-        ...
-
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int],
-                          keys: Sequence | None = None):  # fmt: skip
-        """Runs of such steps over these sequences, one after another, at a cost that does not grow with their number
-        (the paged manager: sim/kv/paged_runs.DecodeEpoch, with max_steps(limit) and advance(num_steps) as above, and
-        for a step that preempts, opening() and open_ahead(count): its blocks opened group by group between frees),
-        or None: this manager has no such form (the scheduler then calls max_decode_steps / advance_decodes run by
-        run). `lasts[i]`: the epoch step (from 0) in which sequence i samples its last token; the scheduler frees it
-        after that step. Until close_decode_epoch, the scheduler only frees members and asks questions that read no
-        sequence's state (the admission of new sequences)."""
-        ...
-
-    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
-        """Add these live sequences (admitted while the epoch is open, now decoding plainly) to it, leaving after the
-        epoch steps `lasts`, placed among the members by `keys` (a step's order); False, with none added, where the
-        manager cannot take them (paged: a shared partly filled last block). Raises without an open epoch."""
-        ...
-
-    def close_decode_epoch(self) -> None:
-        """Close the open epoch, if any: every sequence's state as stepping would have left it."""
-        ...
-
     # --- what the executor and the metrics read ---------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]: ...
 
@@ -402,20 +358,3 @@ class NoPrefixCache:
 
     def take_tier_copies(self) -> list:
         return []  # no prefix cache: nothing to offload
-
-
-class NoDecodeEpochs:
-    """The decode-epoch half of the contract for a manager without the lazy form: none is ever opened, so the
-    scheduler applies each run with max_decode_steps / advance_decodes. Mixed into such managers (contiguous,
-    vattention, hybrid)."""
-
-    has_decode_epochs = False
-
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys=None) -> None:
-        return None
-
-    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
-        raise RuntimeError("no decode epoch is open (this manager never opens one)")
-
-    def close_decode_epoch(self) -> None:
-        pass  # none is ever open

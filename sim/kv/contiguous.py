@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
                    as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead,
                    with_lookahead)  # fmt: skip
 
@@ -54,7 +54,7 @@ def next_power_of_two(n: int) -> int:
     return 0 if n == 0 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
+class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
     """KV manager for the contiguous policies `max`, `pow2` and `oracle` (see the module docstring)."""
 
     # NOTE: contiguous policies reserve everything at admission, so a running sequence never needs more memory and

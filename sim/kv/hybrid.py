@@ -61,7 +61,7 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator
 from . import hybrid_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
                    cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 from .groups import group_size
 
@@ -95,7 +95,7 @@ class _Seq:
     num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback
 
 
-class HybridKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
+class HybridKVManager(NoSwapSpace, NoPrefixCache):
     """Per-group block tables over one shared pool of pages (see the module docstring).
 
     `windows`: one per KV cache group, None for full attention, full groups first (`block_table` is the first group's).

@@ -1,6 +1,6 @@
-"""Runs of plain decode steps in a hybrid pool: how long one can last, and applying it (the simulator's fast-forward).
+"""Runs of plain decode steps in a hybrid pool: how long one can last, and applying it (the simulator's fast plane).
 
-In a paged pool free memory only shrinks during a run of decode steps (paged_runs.py). In a hybrid pool it also grows:
+In a paged pool free memory only shrinks during a run of decode steps (sim/fast/paged.py). In a hybrid pool it grows:
 a sliding group frees a block each time the window passes a block boundary. Step j of a run (j = 1, 2, ...) feeds
 position p = n + j - 1 of a sequence holding n tokens:
 
@@ -18,7 +18,7 @@ decodes, so with `waiting` the run also ends before a step that would leave more
 
 `step_decodes` applies a run one allocate_slots per request group per step, recording the breakdown during each step:
 the same end state, block ids and counts as stepping, by construction. NOTE: O(steps x sequences x groups), slower
-than the paged manager's closed forms (paged_runs.py), which a hybrid pool's frees would complicate.
+than the paged pool's closed forms (sim/fast/paged.py), which a hybrid pool's frees would complicate.
 """
 from __future__ import annotations
 

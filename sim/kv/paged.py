@@ -16,9 +16,9 @@ may be partly filled. For block_size 4 and 6 tokens:
 
 `allocate_slots` grows tables chunk by chunk (a whole prompt, a chunk of one, or one decode token) and is
 all-or-nothing over the sequences it is given; on out-of-memory it returns None and changes nothing.
-The manager is one class, in the contract's order: admission and allocation, swapping, runs of decode steps, what
-the executor and the metrics read (the memory breakdown), then the invariants. Only the closed forms behind the
-simulator's fast-forward (`max_decode_steps`, `advance_decodes`) live apart, in `paged_runs.py`, with their own tests.
+The manager is one class, in the contract's order: admission and allocation, swapping, what the executor and the
+metrics read (the memory breakdown), then the invariants. (The simulator's fast plane, sim/fast/paged.py, applies
+runs of decode steps to the records `seq_state` gives, in closed form; docs/ARCHITECTURE.md, "The fast plane".)
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
-from . import paged_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_lookahead,
                    check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
 from .offload import CpuOffloadTier, TierCopy
@@ -92,7 +91,6 @@ class PagedKVManager:
 
     policy = "paged"
     windows: tuple[int | None, ...] = (None,)  # one KV cache group, full attention
-    _epoch: paged_runs.DecodeEpoch | None = None  # the decode epoch open (open_decode_epoch), if any
     offload: CpuOffloadTier | None = None  # the CPU offload tier of the prefix cache, if any
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
@@ -182,7 +180,6 @@ class PagedKVManager:
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _gpu_seq(self, seq_id: int) -> SeqState:
-        self._no_epoch((seq_id,))
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
@@ -280,8 +277,6 @@ class PagedKVManager:
         registered in the prefix cache as soon as they are allocated: this step computes their K/V. Lookahead slots
         (num_lookahead_tokens) are allocated as tokens but registered only once `rollback` has kept them.
         """
-        if new is None:  # while a decode epoch is open, sequences grow only in its runs (admissions may happen)
-            self._no_epoch()
         if num_lookahead_tokens is not None and (lookahead := check_lookahead(seq_ids, num_lookahead_tokens, new)):
             totals = self._with_lookahead(seq_ids, num_new_tokens, lookahead)
             if self._plan(seq_ids, totals, None) is None:
@@ -323,9 +318,6 @@ class PagedKVManager:
                 self._stats.hit_tokens += spec.num_cached_tokens
         if tier is not None:
             tier.unpin_all()
-        if self._epoch is not None:  # the epoch carries the pool's counts: the new blocks join them
-            for seq in seqs:
-                self._epoch.changed(seq, +1)
         return Allocation([])
 
     def _reload(self, seq: SeqState, hashes: list[int]) -> None:
@@ -419,7 +411,6 @@ class PagedKVManager:
 
     def fork(self, parent_id: int, child_id: int, final_len: int) -> list[BlockCopy] | None:
         """The child points at every block of the parent (one more reference each); nothing is copied yet."""
-        self._no_epoch()
         parent = self._gpu_seq(parent_id)
         no_pending_lookahead(parent_id, parent.num_lookahead)
         if child_id in self._seqs:
@@ -440,23 +431,15 @@ class PagedKVManager:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
-        epoch = self._epoch
-        if epoch is not None:  # a member's num_tokens made current; a non-member's partly filled block may be shared
-            if epoch.leave(seq_id) is None and (seq.swapped or (seq.num_tokens % self.block_size and
-                                                                self.allocator.ref_count(seq.block_table[-1]) > 1)):
-                raise RuntimeError(f"free({seq_id}): a decode epoch is open (close it first)")
         allocator = self.cpu_allocator if seq.swapped else self.allocator
         allocator.free(seq.block_table[::-1])  # first: should it raise (it then changes nothing), the seq stays
         del self._seqs[seq_id]
-        if epoch is not None:
-            epoch.changed(seq, -1)
 
     # --- swapping (paper 4.5) -----------------------------------------------------------------------
     # A preempted group's blocks move to CPU memory and come back when GPU memory allows, keeping the sharing
     # inside the group. While a sequence is swapped out its block table holds CPU block ids.
     def _distinct_blocks(self, seq_ids: Sequence[int], swapped: bool) -> list[int]:
         """The distinct blocks the group's tables point at, in first-seen order; checks every id's location."""
-        self._no_epoch()
         seen: dict[int, None] = {}
         for seq_id in seq_ids:
             seq = self._seqs.get(seq_id)
@@ -536,105 +519,26 @@ class PagedKVManager:
             raise
         return list(mapping.items())
 
-    # --- runs of plain decode steps (closed forms in paged_runs.py) ---------------------------------
-    def _gpu_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[SeqState]:
-        """The states of these live, on-GPU sequences, the groups concatenated (one pass; the fast-forward asks for
-        many at once)."""
-        self._no_epoch([i for ids in seq_groups for i in ids])
-        try:
-            seqs = [self._seqs[i] for ids in seq_groups for i in ids]
-        except KeyError as err:
-            raise KeyError(f"sequence {err.args[0]} is not live") from None
-        if any(s.swapped for s in seqs):
-            raise RuntimeError(f"sequences {[i for ids in seq_groups for i in ids if self._seqs[i].swapped]} are "
-                               "swapped out")  # fmt: skip
-        return seqs
-
-    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
-        """Free blocks only shrink during a run (nothing is freed), so `waiting` holds by construction, and the groups
-        allocate the same blocks as one call with all of them: they are just concatenated."""
-        return paged_runs.max_decode_steps(self.allocator, self.block_size, self._gpu_seqs(seq_groups), limit)
-
-    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
-        """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
-        seqs = self._gpu_seqs(seq_groups)
-        if len(set(map(id, seqs))) != len(seqs):
-            raise ValueError(f"duplicate sequence ids {[i for ids in seq_groups for i in ids]}")
-        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
-            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
-        counts = paged_runs.advance(self.allocator, self.block_size, seqs, num_steps, self.breakdown().counts())
-        for seq in seqs:
-            if seq.token_ids is not None:
-                self._register(seq)
-        return counts
-
-    @property
-    def has_decode_epochs(self) -> bool:
-        return not self.enable_prefix_caching and type(self.allocator) is BlockAllocator
-
-    def open_decode_epoch(self, seq_groups: Sequence[Sequence[int]], lasts: Sequence[int], keys: Sequence = None):
-        """Open a decode epoch over these sequences (paged_runs.DecodeEpoch: runs in O(steps + blocks opened); `keys`:
-        their order in a step, default the order given), or None where this manager cannot: with prefix caching
-        (every full block would be registered), a student's allocator, or a sequence whose partly filled last block
-        is shared (its next write copies). Until close_decode_epoch, members may only be freed, have their (exact)
-        block tables read, or be read through the epoch; other sequences may be admitted (allocate_slots of new ones)
-        and joined to it (join_decode_epoch)."""
-        if self._epoch is not None:
-            raise RuntimeError("a decode epoch is open already")
-        if not self.has_decode_epochs:
-            return None
-        seqs = self._gpu_seqs(seq_groups)
-        bs, ref_count = self.block_size, self.allocator.ref_count
-        if any(s.num_tokens % bs and ref_count(s.block_table[-1]) > 1 for s in seqs):
-            return None
-        ids = [i for ids in seq_groups for i in ids]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"duplicate sequence ids {ids}")
-        epoch = paged_runs.DecodeEpoch(self.allocator, bs, self.breakdown().counts())
-        for i, (seq_id, seq, last) in enumerate(zip(ids, seqs, lasts)):
-            epoch.join(seq_id, seq, last, i if keys is None else keys[i])
-        self._epoch = epoch
-        return epoch
-
-    def join_decode_epoch(self, seq_ids: Sequence[int], lasts: Sequence[int], keys: Sequence) -> bool:
-        """Add these live, current sequences (not yet members) to the open epoch; False, with none added, if one's
-        partly filled last block is shared."""
-        epoch = self._epoch
-        seqs = [self._seqs[i] for i in seq_ids]
-        if epoch is None or any(i in epoch.members for i in seq_ids) or any(s.swapped for s in seqs):
-            raise ValueError(f"join_decode_epoch({list(seq_ids)}): expected an open epoch and live non-members")
-        bs, ref_count = self.block_size, self.allocator.ref_count
-        if any(s.num_tokens % bs and ref_count(s.block_table[-1]) > 1 for s in seqs):
-            return False
-        for seq_id, seq, last, key in zip(seq_ids, seqs, lasts, keys):
-            epoch.join(seq_id, seq, last, key)
-        return True
-
-    def close_decode_epoch(self) -> None:
-        """Close the open decode epoch (if any): every member's state current again."""
-        if self._epoch is not None:
-            epoch, self._epoch = self._epoch, None
-            epoch.close()
-
-    def _no_epoch(self, seq_ids=None) -> None:
-        """Raise if a decode epoch is open (with `seq_ids`: and holds one of them, whose token count is lazy)."""
-        epoch = self._epoch
-        if epoch is not None and (seq_ids is None or any(i in epoch.members for i in seq_ids)):
-            raise RuntimeError("a decode epoch is open: close_decode_epoch() first (sequences' token counts are lazy)")
-
     # --- what the executor and the metrics read ------------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (CPU block ids while it is swapped out)."""
-        # (exact in a decode epoch too: its runs append every block as stepping would)
         return list(self._seqs[seq_id].block_table)
+
+    def seq_state(self, seq_id: int) -> SeqState | None:
+        """The manager's own record of a live sequence (None if it holds none): what the fast plane reads, and grows
+        as allocate_slots would (docs/ARCHITECTURE.md, "The fast plane")."""
+        return self._seqs.get(seq_id)
+
+    def register_blocks(self, seq_id: int) -> None:
+        """Register the sequence's newly full blocks of known token ids in the prefix cache, as allocate_slots does
+        for the slots it hands out (for the fast plane, which grows tables itself); no-op without a prefix cache."""
+        self._register(self._seqs[seq_id])
 
     def group_tables(self, seq_id: int) -> list[list[int | None]]:
         """One KV cache group (`windows`): its table is the block table."""
         return [self.block_table(seq_id)]
 
     def num_tokens(self, seq_id: int) -> int:
-        self._no_epoch((seq_id,))
         return self._seqs[seq_id].num_tokens
 
     def is_swapped(self, seq_id: int) -> bool:
@@ -657,7 +561,6 @@ class PagedKVManager:
     def slot_segments(self) -> list[tuple[int, int, int, int]]:
         """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
         block is listed once, under its first owner. The breakdown below, slot by slot."""
-        self._no_epoch()
         bs, segments, last = self.block_size, [], {}
         seen: set[int] = set()
         for seq_id, seq in self._seqs.items():
@@ -692,9 +595,6 @@ class PagedKVManager:
 
         Swapped-out sequences hold no GPU memory; freed cached blocks count as free. Cost: O(live sequences).
         """
-        if self._epoch is not None:  # the epoch carries the counts (its members' token counts are lazy)
-            result = MemoryBreakdown(*self._epoch.counts)
-            return result.with_waiting() if waiting else result
         bs = self.block_size
         partial: dict[int, list[int]] = {}  # partly filled last block -> [filled, reach over its owners]
         for seq in self._seqs.values():
@@ -723,7 +623,6 @@ class PagedKVManager:
     def check_invariants(self) -> None:
         """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens;
         the breakdown equals a slow block-by-block recount."""
-        self._no_epoch()
         self.allocator.check_invariants()
         if self.cpu_allocator is not None:
             self.cpu_allocator.check_invariants()

@@ -150,7 +150,7 @@ class RadixTree:
 
         Lock counts above do not change: the lock moves inside node's subtree. O(pages): no walk from the root.
         NOTE: the grown node is touched (LRU), its ancestors are not; a run of decode steps taken at once
-        (sim/kv/paged_runs.py) therefore leaves the same tree, and the same eviction order, as stepping."""
+        (sim/fast/paged.py) therefore leaves the same tree, and the same eviction order, as stepping."""
         ps = self.page_size
         if len(token_ids) != len(pages) * ps or not pages:
             raise ValueError(f"expected {len(pages) * ps} token ids for {len(pages)} pages (at least one), "

@@ -60,7 +60,7 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoDecodeEpochs, NoPrefixCache, NoSwapSpace,
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
                    as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead,
                    with_lookahead)  # fmt: skip
 
@@ -124,7 +124,7 @@ class _Seq:
     num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback
 
 
-class VAttentionKVManager(NoSwapSpace, NoPrefixCache, NoDecodeEpochs):
+class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
     """vAttention's KV memory for sequences named by integer ids (see the module docstring).
 
     `watermark`: the share of pages an admission must leave free (as the paged manager's)."""

@@ -1,8 +1,8 @@
 """Runs of plain decode steps in a vAttention pool, in closed form: how long one can last, and what it does to memory.
 
-The simulator's fast-forward (sim/fastforward.py) asks the KV manager how many identical decode steps memory allows
+The simulator's fast plane (sim/fast/) asks the KV manager how many identical decode steps memory allows
 (`max_decode_steps`) and applies them at once (`advance_decodes`); the answers must equal stepping one token at a
-time, block ids included (checked by the KV state machine, sim/testing/kv.py). This is sim/kv/paged_runs.py with
+time, block ids included (checked by the KV state machine, sim/testing/kv.py). This is sim/fast/paged.py with
 two differences: nothing is shared (no copy-on-write ever stops a run), and a sequence with w - 1 siblings not
 forked yet maps w pages whenever it opens one (see sim/kv/vattention.py).
 

@@ -14,8 +14,9 @@ checks the paged manager and the contiguous baselines. After every step:
   (`token_bounds`: a slot per KV cache group, none for K/V that left a sliding window);
 - every refused action (`None`) left block tables, `num_free_blocks` and the breakdown unchanged;
 - check-first answers (`can_allocate_slots`, `can_swap_*`) agree with what the action then does;
-- a bulk decode run (`max_decode_steps`, `advance_decodes`) equals stepping one token at a time, one allocate_slots
-  per group of sequences, and is as long as stepping allows; asked with `waiting=True`, no step of it leaves more
+- a bulk decode run (the fast plane's arithmetic for the manager, sim.fast.runs.kv_runs: `max_decode_steps`,
+  `advance_decodes`) equals stepping one token at a time, one allocate_slots per group of sequences, and is as long
+  as stepping allows; asked with `waiting=True`, no step of it leaves more
   blocks free than at its start (and it is as long as that allows);
 - every sequence has a table in each KV cache group (`windows`, `group_tables`), covering its tokens; a full-attention
   group's has no freed (None) entry, and a one-group manager's is its `block_table`.
@@ -32,6 +33,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ..fast.runs import kv_runs
 from ..kv.base import NewSequence, cdiv
 from .blocks import machine_settings
 
@@ -42,6 +44,7 @@ class KVManagerMachine(RuleBasedStateMachine):
     """Model: live sequence id -> [num_tokens, final_len, prompt_len]; siblings waiting to be forked; swapped ids."""
 
     factory: Callable[[], Any]  # builds the manager under test; set by make_kv_manager_test
+    runs: Callable[[Any], Any]  # the manager's bulk decode arithmetic (sim.fast.runs.kv_runs); set there too
     token_bounds: Callable[[int], tuple[int, int]]  # (fewest, most) token-state slots of a sequence of n tokens
 
     def __init__(self) -> None:
@@ -217,7 +220,8 @@ class KVManagerMachine(RuleBasedStateMachine):
         room = min(self.seqs[s][1] - self.seqs[s][0] for s in ids)
         limit = data.draw(st.integers(1, room), label="limit")
         free = self.kv.num_free_blocks
-        k = self.kv.max_decode_steps(groups, limit, waiting)
+        runs = type(self).runs(self.kv)
+        k = runs.max_decode_steps(groups, limit, waiting)
         assert 0 <= k <= limit, f"max_decode_steps: expected 0..{limit}, found {k}"
         stepped = copy.deepcopy(self.kv)
 
@@ -241,7 +245,7 @@ class KVManagerMachine(RuleBasedStateMachine):
             assert not fits, f"max_decode_steps said {k} < {limit}, but step {k + 1} fits"
         if k == 0:
             return
-        found = self.kv.advance_decodes(groups, k)
+        found = runs.advance_decodes(groups, k)
         note(f"advance_decodes({groups}, {k}){' (waiting)' if waiting else ''}")
         assert found == expected, f"advance_decodes counts: expected {expected}, found {found}"
         for s in ids:
@@ -358,15 +362,17 @@ class KVManagerMachine(RuleBasedStateMachine):
 
 def make_kv_manager_test(
     factory: Callable[[], Any], max_examples: int = 500, stateful_step_count: int = 30, derandomize: bool = True,
-    token_bounds: Callable[[int], tuple[int, int]] | None = None,
+    token_bounds: Callable[[int], tuple[int, int]] | None = None, runs: Callable[[Any], Any] = kv_runs,
 ) -> type:
     """A unittest.TestCase class running `KVManagerMachine` on managers built by `factory()`.
 
     `token_bounds(n)`: the fewest and the most token-state slots a sequence of n tokens accounts for (default n and n;
-    a hybrid pool counts a slot per KV cache group, and none for K/V out of a sliding window).
+    a hybrid pool counts a slot per KV cache group, and none for K/V out of a sliding window). `runs(kv)`: the bulk
+    decode arithmetic the decode_run rule checks (default: the fast plane's for the manager).
     Assign the result to a module-level name starting with `Test` so pytest collects it.
     """
     bounds = staticmethod(token_bounds or (lambda n: (n, n)))
-    machine = type("KVManagerMachine", (KVManagerMachine,), {"factory": staticmethod(factory), "token_bounds": bounds})
+    machine = type("KVManagerMachine", (KVManagerMachine,), {"factory": staticmethod(factory), "token_bounds": bounds,
+                                                             "runs": staticmethod(runs)})  # fmt: skip
     machine.TestCase.settings = machine_settings(max_examples, stateful_step_count, derandomize)
     return machine.TestCase

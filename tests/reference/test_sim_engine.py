@@ -6,11 +6,13 @@ samples tokens) make the same allocation and preemption decisions, step for step
 the same prompt chunks and decode, with the same block tables, the same requests are preempted, the same
 blocks move (swap, copy), and the same number of blocks is free after every step.
 
-How the decisions are observed: on BOTH sides the scheduler's `add_request`, `schedule`, `finish_step` and
-`advance_decodes` / `advance_decode_epoch` / `preempt_in_decode_epoch` are wrapped (an instance attribute over the
-method, the same wrapper on each side) to record every call: the requests added, every plan handed out (empty ones
-included) with the free blocks after the executor reports back, and every fast-forwarded run of k plain decode steps
-as the k plans stepping would have made (a decode epoch's step that preempts: its victims in that step's plan). The wrappers only record: every call goes through untouched.
+How the decisions are observed: the calls that change the scheduler are wrapped (an instance attribute over the
+method, the same wrapper on each side) to record every one: the requests added (`add_request`), every plan handed
+out (empty ones included) with the free blocks after the executor reports back (the engine's `schedule` and
+`finish_step`; the simulator's loop's own `schedule` and `finish_step`, which go through its decode epochs), and
+every fast-forwarded run of k plain decode steps as the k plans stepping would have made (the fast plane's
+`sim.fast.runs.advance`, `DecodeEpochs.advance` and `DecodeEpochs.preempt`: a decode epoch's step that preempts
+gives its victims in that step's plan). The wrappers only record: every call goes through untouched.
 
 Arrivals may be staggered: the simulator adds a request when its arrival time comes, between steps. The engine
 then replays the simulator's calls in the same order: it adds each request right where the simulator added it,
@@ -32,9 +34,11 @@ import torch
 
 from reference import LLM, SamplingParams
 from reference.models import load_model, random_model
+from sim.fast import runs as fast_runs
 from sim.cost import RooflineCostModel
+from sim.fast.epoch import EpochStep
+from sim.fast.loop import FastSimulator
 from sim.kv import allocates_blocks_on_demand, make_kv_manager
-from sim.loop import Simulator
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
 
@@ -71,15 +75,16 @@ def entry(e) -> tuple:
     return (e.request_id, e.seq_id, e.num_computed_tokens, e.num_new_tokens, list(e.block_table), e.sample)
 
 
-def record_calls(scheduler: Scheduler) -> list[tuple]:
-    """Record every call that changes `scheduler` (see the module docstring): ("add", request_id) and
-    ("step", record) items, a fast-forwarded run giving one ("step", record) per step."""
+def record_calls(scheduler: Scheduler, simulator: FastSimulator | None = None) -> list[tuple]:
+    """Record every call that changes `scheduler` (see the module docstring): ("add", request_id) and ("step", record)
+    items, a fast-forwarded run giving one ("step", record) per step. `simulator`: the loop that drives it (its own
+    schedule / finish_step and its fast plane are recorded; run it with `run_recorded`), else the engine's calls."""
     calls: list[tuple] = []
-    add_request, schedule, finish_step = scheduler.add_request, scheduler.schedule, scheduler.finish_step
-    advance_decodes, advance_decode_epoch = scheduler.advance_decodes, scheduler.advance_decode_epoch
-    preempt_in_decode_epoch = scheduler.preempt_in_decode_epoch
+    target = scheduler if simulator is None else simulator
+    add_request, schedule, finish_step = scheduler.add_request, target.schedule, target.finish_step
     current: list[dict] = []  # the record of the plan in flight (arrivals may be recorded while it runs)
     preempted: list[int] = []  # requests an epoch preempted for its next step (the next run's only step)
+    kv = scheduler.kv
 
     def recording_add_request(request):
         add_request(request)
@@ -88,9 +93,9 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
     def recording_schedule():
         plan = schedule()
         decodes = [entry(e) for e in plan.decodes]
-        if scheduler.pending_epoch_step:  # a v1 step whose decodes a decode epoch took: its members, in plan order
-            listed = set(plan.request_ids())
-            decodes = [(rid, sid, scheduler.num_computed_tokens(sid), 1, scheduler.kv.block_table(sid), True)
+        if isinstance(plan, EpochStep):  # a v1 step whose decodes a decode epoch took: its members, in plan order
+            listed, epochs = set(plan.request_ids()), simulator.epochs
+            decodes = [(rid, sid, epochs.num_computed_tokens(sid), 1, kv.block_table(sid), True)
                        for rid in scheduler.running_request_ids() if rid not in listed
                        for sid in scheduler.seq_ids(rid)] + decodes  # fmt: skip
         calls.append(("step", {
@@ -104,65 +109,54 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
 
     def recording_finish_step(plan, outcome):
         result = finish_step(plan, outcome)
-        current[0]["num_free_blocks"] = scheduler.kv.num_free_blocks
+        current[0]["num_free_blocks"] = kv.num_free_blocks
         current[0]["finished"] = sorted(result.finished_request_ids)
         return result
 
-    def recording_advance_decodes(num_steps):
-        before = [(s.request_id, s.seq_id, s.num_computed_tokens) for s in scheduler.plain_decode_seqs()]
-        kv, tables = scheduler.kv, {}
-        kv_advance = kv.advance_decodes
+    def capturing_tables(body, before):
+        """Run `body()` (a run); the tables of `before`'s sequences at its end, read before its finishes free them."""
+        tables, finish_sampled = {}, scheduler.finish_sampled
 
-        def capture(seq_groups, k, checked=False):  # the tables at the end of the run, before finishes free
-            counts = kv_advance(seq_groups, k, checked)
-            tables.update({i: kv.block_table(i) for ids in seq_groups for i in ids})
-            return counts
+        def capture(groups):
+            groups = list(groups)
+            tables.update({s.seq_id: kv.block_table(s.seq_id) for g in groups for s in g.live})
+            return finish_sampled(groups)
 
-        kv.advance_decodes = capture
+        scheduler.finish_sampled = capture
         try:
-            counts, finished = advance_decodes(num_steps)
+            counts, finished = body()
         finally:
-            del kv.advance_decodes  # the class's method again
-        return record_run(before, tables, counts, finished)
-
-    def recording_advance_decode_epoch(max_steps):
-        # a decode epoch's run (paged): every running group is a member when one is asked (decode_epoch_run joined
-        # the admitted ones first); their counts through the scheduler's views, their tables (exact in an epoch)
-        # read just before a finish frees them, or after the run
-        before = [(rid, sid, scheduler.num_computed_tokens(sid)) for rid in scheduler.running_request_ids()
-                  for sid in scheduler.seq_ids(rid)]  # fmt: skip
-        kv, tables = scheduler.kv, {}
-        kv_free = kv.free
-
-        def capture(seq_id):
-            tables[seq_id] = kv.block_table(seq_id)
-            kv_free(seq_id)
-
-        kv.free = capture
-        try:
-            counts, finished = advance_decode_epoch(max_steps)
-        finally:
-            del kv.free
+            del scheduler.finish_sampled  # the class's method again
         for _, sid, _ in before:
             if sid not in tables:
                 tables[sid] = kv.block_table(sid)
         return record_run(before, tables, counts, finished)
 
-    def recording_preempt_in_decode_epoch():
+    def recording_advance(sched, decodes, num_steps):
+        before = [(s.request_id, s.seq_id, s.num_computed_tokens) for s in decodes.seqs]
+        return capturing_tables(lambda: advance(sched, decodes, num_steps), before)
+
+    def recording_epoch_advance(max_steps):
+        # a decode epoch's run (paged): every running group is a member when one is asked (run_shape joined the
+        # admitted ones first); their counts through the epoch (the scheduler holds those at their joining)
+        before = [(rid, sid, epochs.num_computed_tokens(sid)) for rid in scheduler.running_request_ids()
+                  for sid in scheduler.seq_ids(rid)]  # fmt: skip
+        return capturing_tables(lambda: epoch_advance(max_steps), before)
+
+    def recording_epoch_preempt():
         # a step of an epoch that preempts: recorded with the run of that one step, or alone (an empty plan, as
         # stepping makes) if no member is left to step
-        result = preempt_in_decode_epoch()
-        if result and scheduler.decode_epoch_open:
+        result = epoch_preempt()
+        if result and epochs.is_open:
             preempted[:] = result
         elif result:
             calls.append(("step", {"prefills": [], "decodes": [], "preempted": list(result), "blocks_to_swap_out": [],
                                    "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": True,
-                                   "num_free_blocks": scheduler.kv.num_free_blocks, "finished": []}))  # fmt: skip
+                                   "num_free_blocks": kv.num_free_blocks, "finished": []}))  # fmt: skip
         return result
 
     def record_run(before, tables, counts, finished):
         """A run of k plain decode steps as the k step records stepping would have made."""
-        kv = scheduler.kv
         bs = kv.block_size
         for j, step_counts in enumerate(counts):
             last = j == len(counts) - 1
@@ -174,12 +168,26 @@ def record_calls(scheduler: Scheduler) -> list[tuple]:
                                    "finished": sorted(finished) if last else []}))  # fmt: skip
         return counts, finished
 
-    scheduler.add_request, scheduler.schedule, scheduler.finish_step = (recording_add_request, recording_schedule,
-                                                                        recording_finish_step)  # fmt: skip
-    scheduler.advance_decodes = recording_advance_decodes
-    scheduler.advance_decode_epoch = recording_advance_decode_epoch
-    scheduler.preempt_in_decode_epoch = recording_preempt_in_decode_epoch
+    scheduler.add_request = recording_add_request
+    target.schedule, target.finish_step = recording_schedule, recording_finish_step
+    if simulator is not None:
+        advance = fast_runs.advance
+        simulator.recording_advance = recording_advance  # (run_recorded puts it in the fast plane's place)
+        epochs = simulator.epochs
+        if epochs is not None:
+            epoch_advance, epoch_preempt = epochs.advance, epochs.preempt
+            epochs.advance, epochs.preempt = recording_epoch_advance, recording_epoch_preempt
     return calls
+
+
+def run_recorded(simulator: FastSimulator) -> None:
+    """Run a simulator whose calls record_calls records: its runs of plain decode steps through the recorder too."""
+    real = fast_runs.advance
+    fast_runs.advance = simulator.recording_advance
+    try:
+        simulator.run()
+    finally:
+        fast_runs.advance = real
 
 
 def config(mode: str, preemption: str, scheduling_policy: str = "fcfs") -> dict:
@@ -194,10 +202,11 @@ def simulate(requests: list[Request], policy: str, preemption: str, mode: str, m
     kv = make_kv_manager(policy, NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
                          num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, model=model)  # fmt: skip
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption, scheduling_policy)))
-    calls = record_calls(scheduler)
     # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
-    # Paged runs go through decode epochs (advance_decode_epoch), the others run by run (advance_decodes).
-    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True).run()
+    # Paged runs go through decode epochs (DecodeEpochs.advance), the others run by run (sim.fast.runs.advance).
+    simulator = FastSimulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1)
+    calls = record_calls(scheduler, simulator)
+    run_recorded(simulator)
     return calls
 
 
@@ -397,9 +406,10 @@ def test_speculative_decoding_decides_alike(tiny, mode):
     kv = make_kv_manager("paged", NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN)
     scheduler = Scheduler(kv, SchedulerConfig(**cfg, num_speculative_tokens=k),
                           draft_len=lambda rid, sid: offered.get((sid, scheduler.num_computed_tokens(sid)), 0))
-    sim = record_calls(scheduler)
-    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True,
-              acceptance=ReplayedAcceptance(verified)).run()  # fmt: skip
+    simulator = FastSimulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1,
+                              acceptance=ReplayedAcceptance(verified))  # fmt: skip
+    sim = record_calls(scheduler, simulator)
+    run_recorded(simulator)
     assert_same_decisions(sim, engine)
     check_step_log(llm, engine)
     assert len(verified) > 20 and sum(a for _, a in verified) > 0, "expected verify steps that keep some drafts"
@@ -422,9 +432,10 @@ def test_the_cpu_offload_tier_decides_alike(tiny, mode):
     kv = make_kv_manager("paged", NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
                          enable_prefix_caching=True, num_offload_blocks=32)  # fmt: skip
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, "recompute")))
-    sim = record_calls(scheduler)
+    simulator = FastSimulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1)
+    sim = record_calls(scheduler, simulator)
     tiers["sim"] = record_tier_copies(kv)
-    Simulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1, jump=True).run()
+    run_recorded(simulator)
     # NOTE: the simulator takes the copies when it prices a step: offloads made by a last run of decode steps (their
     # new blocks evicting cached ones) are still in the manager's log when the run ends; the engine takes every step's
     kv.take_tier_copies()  # (recorded by the wrapper)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv.paged import PagedKVManager
 from sim.plan import StepOutcome, StepPlan
 from sim.request import Request
@@ -69,25 +70,25 @@ def step(sched: Scheduler, rng: np.random.Generator | None = None) -> tuple[Step
 def run_length(sched: Scheduler) -> int:
     """How many plain decode steps the fast-forward may ask for now: 0 if none, else up to the step in which the
     first sequence samples its last token (a run may end with that step: it finishes there)."""
-    seqs = sched.plain_decode_seqs()
-    return min(s.output_len - s.num_generated for s in seqs) if seqs else 0
+    decodes = plain_decodes(sched)
+    return decodes.steps_left if decodes else 0
 
 
 def advance_run(sched: Scheduler) -> int:
-    """Jump over the plain decode run that starts now, as the simulator's fast-forward does, and return its length
-    (0: no run; take a normal step). The KV manager's max_decode_steps says how long memory lets it last, and the
-    scheduler must apply exactly that many steps."""
-    seqs = sched.plain_decode_seqs()
-    if not seqs:
+    """Jump over the plain decode run that starts now, as the simulator's fast plane does, and return its length
+    (0: no run; take a normal step). The pool's arithmetic (max_decode_steps) says how long memory lets it last, and
+    the fast plane must apply exactly that many steps."""
+    decodes = plain_decodes(sched)
+    if not decodes:
         return 0
-    limit = min(s.output_len - s.num_generated for s in seqs)
+    seqs, limit = decodes.seqs, decodes.steps_left
     # asked as the scheduler's step allocates (one call per request) and, while a request waits, only for steps after
     # which no more blocks are free than now (the scheduler would admit it after such a step's decodes)
     groups = [[s.seq_id for s in seqs if s.request_id == r] for r in dict.fromkeys(s.request_id for s in seqs)]
-    k = sched.kv.max_decode_steps(groups, limit, waiting=bool(sched.num_waiting))
+    k = kv_runs(sched.kv).max_decode_steps(groups, limit, waiting=bool(sched.num_waiting))
     if k == 0:
         return 0
-    counts, _ = sched.advance_decodes(k)
+    counts, _ = advance(sched, decodes, k)
     assert len(counts) == k, f"the scheduler applied {len(counts)} of the {k} steps memory allows"
     sched.kv.check_invariants()
     return k

@@ -1,8 +1,8 @@
-"""The fast-forward (sim/fastforward.py) gives the same run as stepping token by token.
+"""The fast plane (sim/fast/) gives the same run as the plain core stepping token by token.
 
-Each case simulates one workload three times: `jump=False` (one schedule()/finish_step() per token), `jump=True`
-with `validate=True` (run by run: after every run the loop checks its booked memory against the KV manager), and
-`jump=True` alone (where the KV manager can, decode epochs: the same runs applied lazily, sim/kv/paged_runs.py's
+Each case simulates one workload three times: `jump=False` (the plain loop: one schedule()/finish_step() per token),
+`jump=True` with `validate=True` (run by run: after every run the loop checks its booked memory against the KV
+manager), and `jump=True` alone (where the pool allows, decode epochs: the same runs applied lazily, sim/fast/paged.py's
 DecodeEpoch, with each request's token times booked when it finishes or the epoch closes). Everything
 per request and per step must be identical: times are the same float sums in the same order, and the memory
 counts are integers. The time-weighted memory shares may differ only by summation order: rel 1e-9. Every case
@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.api import run
+from sim.fast.epoch import DecodeEpochs, EpochStep
+from sim.fast.paged import DecodeEpoch, run_capacity
+from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv.paged import PagedKVManager
-from sim.kv.paged_runs import run_capacity
 from sim.plan import StepOutcome
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -122,8 +124,8 @@ def test_jump_equals_stepping_on_random_small_workloads(data):
 @pytest.mark.parametrize("case", ["v0-paged-small-pool", "v1-paged-parallel-sampling-preempt", "v0-paged-short-joiners"])
 def test_an_epoch_that_trims_its_step_ends_books_the_same_times(case, monkeypatch):
     """An epoch may stay open for a whole run: its list of step ends drops the steps no member reads any more once it
-    is long (sim.loop.EPOCH_TRIM steps). Trimming every few steps changes nothing in what is booked."""
-    monkeypatch.setattr("sim.loop.EPOCH_TRIM", 4)
+    is long (sim.fast.loop.EPOCH_TRIM steps). Trimming every few steps changes nothing in what is booked."""
+    monkeypatch.setattr("sim.fast.loop.EPOCH_TRIM", 4)
     policy, extra = CASES[case]
     _assert_same_run(_simulate(policy, True, True, **extra), _simulate(policy, False, **extra))
 
@@ -140,7 +142,7 @@ def test_decode_epochs_are_taken_where_the_manager_can(monkeypatch):
     """Without validate, the paged runs go through decode epochs (opened, and holding several runs each); with a
     prefix cache or under validate they do not (the run-by-run path)."""
     opened, runs = [], []
-    real_open, real_advance = Scheduler.open_decode_epoch, Scheduler.advance_decode_epoch
+    real_open, real_advance = DecodeEpochs.open, DecodeEpochs.advance
 
     def spy_open(self, on_close=None):
         opened.append(real_open(self, on_close))
@@ -150,8 +152,8 @@ def test_decode_epochs_are_taken_where_the_manager_can(monkeypatch):
         runs.append(real_advance(self, max_steps))
         return runs[-1]
 
-    monkeypatch.setattr(Scheduler, "open_decode_epoch", spy_open)
-    monkeypatch.setattr(Scheduler, "advance_decode_epoch", spy_advance)
+    monkeypatch.setattr(DecodeEpochs, "open", spy_open)
+    monkeypatch.setattr(DecodeEpochs, "advance", spy_advance)
     _simulate("paged", True, epochs=True)
     num_opened = opened.count(True)
     assert num_opened > 0 and len(runs) > 1.5 * num_opened  # several runs an epoch
@@ -197,12 +199,13 @@ def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
     """A multi-sequence group preempted by recompute waits, too big for the memory left: the run of request 0's
     decodes goes on, and stepping confirms the group stays out for as long as the run says."""
     jumped, stepped = _preempted_sampling_group(), _preempted_sampling_group()
-    seqs = jumped.plain_decode_seqs()
+    decodes = plain_decodes(jumped)
+    seqs = decodes.seqs
     assert [s.request_id for s in seqs] == [0]
-    until_finish = min(s.output_len - s.num_generated for s in seqs) - 1  # the simulator's finish rule
-    k = jumped.kv.max_decode_steps([[s.seq_id for s in seqs]], until_finish)
+    until_finish = decodes.steps_left - 1  # the simulator's finish rule
+    k = kv_runs(jumped.kv).max_decode_steps([[s.seq_id for s in seqs]], until_finish)
     assert k > 20
-    counts, finished = jumped.advance_decodes(k)
+    counts, finished = advance(jumped, decodes, k)
     assert len(counts) == k and finished == []
     for _ in range(k):
         plan = stepped.schedule()
@@ -214,7 +217,7 @@ def test_decode_runs_go_on_while_a_preempted_sampling_group_cannot_return():
     assert jumped.waiting_request_ids() == stepped.waiting_request_ids() == [1]
 
 
-def _v1_epoch_step() -> tuple[Scheduler, object]:
+def _v1_epoch_step() -> tuple[Scheduler, DecodeEpochs, EpochStep]:
     """Requests 0 and 1 decode in an open epoch; request 2 arrives: the next v1 step admits it, and the epoch takes
     the members' decodes (not in the plan)."""
     sched = Scheduler(PagedKVManager(64, 4), SchedulerConfig(mode="v1", max_num_batched_tokens=64, max_num_seqs=8))
@@ -223,17 +226,19 @@ def _v1_epoch_step() -> tuple[Scheduler, object]:
     for _ in range(3):
         plan = sched.schedule()
         sched.finish_step(plan, StepOutcome())
-    assert sched.open_decode_epoch() is True
+    epochs = DecodeEpochs(sched)
+    assert epochs.open() is True
     sched.add_request(Request(2, 0.0, prompt_len=6, output_len=20))
-    plan = sched.schedule()
-    assert sched.decode_epoch_open and sched.pending_epoch_step == (2, 2 * 7 + 2)  # 7 K/V each, plus the token fed
-    assert plan.request_ids() == [2] and not plan.decodes
-    return sched, plan
+    plan = epochs.schedule()
+    assert epochs.is_open and isinstance(plan, EpochStep)
+    assert (plan.num_member_seqs, plan.member_context) == (2, 2 * 7 + 2)  # 7 K/V each, plus the token fed
+    assert plan.request_ids() == [2] and not plan.decodes and plan.num_decode_seqs == 2
+    return sched, epochs, plan
 
 
 def test_a_v1_step_the_epoch_takes_is_the_step_stepping_takes():
     """The members' blocks open before the admission's (plan order), and the report applies their tokens."""
-    sched, plan = _v1_epoch_step()
+    sched, epochs, plan = _v1_epoch_step()
     twin = Scheduler(PagedKVManager(64, 4), SchedulerConfig(mode="v1", max_num_batched_tokens=64, max_num_seqs=8))
     for rid in (0, 1):
         twin.add_request(Request(rid, 0.0, prompt_len=5, output_len=20))
@@ -243,10 +248,12 @@ def test_a_v1_step_the_epoch_takes_is_the_step_stepping_takes():
     stepped = twin.schedule()
     assert [e.request_id for e in stepped.decodes] == [0, 1] and stepped.prefills == plan.prefills
     assert [sched.kv.block_table(e.seq_id) for e in stepped.decodes] == [e.block_table for e in stepped.decodes]
-    for scheduler, p in ((sched, plan), (twin, stepped)):
-        scheduler.finish_step(p, StepOutcome())
-    sched.plain_decode_seqs()  # (any call but the epoch's own closes it)
-    assert not sched.decode_epoch_open
+    assert plan.num_batched_tokens == stepped.num_batched_tokens
+    assert plan.num_context_tokens == stepped.num_context_tokens
+    epochs.finish_step(plan, StepOutcome())
+    twin.finish_step(stepped, StepOutcome())
+    epochs.close()
+    assert not epochs.is_open
     for seq_id in (0, 1, 2):
         assert sched.num_computed_tokens(seq_id) == twin.num_computed_tokens(seq_id)
         assert sched.kv.block_table(seq_id) == twin.kv.block_table(seq_id)
@@ -256,23 +263,23 @@ def test_a_v1_step_the_epoch_takes_is_the_step_stepping_takes():
 def test_a_failed_step_the_epoch_took_part_in_aborts_its_members_too():
     """abandon_step after a v1 step whose decodes the epoch took: the members were in the step (their K/V may be half
     written), so they are aborted with the admitted request, and every block returns to the pool."""
-    sched, plan = _v1_epoch_step()
-    assert sorted(sched.abandon_step(plan)) == [0, 1, 2]
-    assert not sched.decode_epoch_open and sched.kv.num_free_blocks == 64
+    sched, epochs, plan = _v1_epoch_step()
+    assert sorted(epochs.abandon_step(plan)) == [0, 1, 2]
+    assert not epochs.is_open and sched.kv.num_free_blocks == 64
     sched.kv.check_invariants()
 
 
 def test_advance_decodes_stops_where_memory_does_and_refuses_what_is_not_a_plain_run():
     sched = _preempted_sampling_group()
-    seqs = sched.plain_decode_seqs()
-    until_finish = min(s.output_len - s.num_generated for s in seqs)
+    decodes = plain_decodes(sched)
+    until_finish = decodes.steps_left
     with pytest.raises(ValueError, match="no sequence finishing before the last step"):
-        sched.advance_decodes(until_finish + 1)
-    room = sched.kv.max_decode_steps([[s.seq_id for s in seqs]], until_finish)
-    counts, _ = sched.advance_decodes(until_finish)
+        advance(sched, decodes, until_finish + 1)
+    room = kv_runs(sched.kv).max_decode_steps([[s.seq_id for s in decodes.seqs]], until_finish)
+    counts, _ = advance(sched, decodes, until_finish)
     assert len(counts) == room  # as many steps as memory allows, no more
-    plan = sched.schedule()  # a plan in flight: the next step is not the scheduler's to skip
-    assert sched.plain_decode_seqs() is None
+    plan = sched.schedule()  # a plan in flight: the next step is not the fast plane's to skip
+    assert plain_decodes(sched) is None
     sched.finish_step(plan, StepOutcome())
 
 
@@ -293,7 +300,7 @@ def test_figure_probes_see_what_stepping_shows(mode):
     np.testing.assert_array_equal(jumped["snapshot"].owner, stepped["snapshot"].owner)
 
 
-# --- a decode epoch in a paged pool (sim/kv/paged_runs.DecodeEpoch) against the run-by-run path ---------------------
+# --- a decode epoch in a paged pool (sim/fast/paged.py's DecodeEpoch) against the run-by-run path ---------------------
 @settings(deadline=None)  # an example is a whole epoch of draws: its time says nothing (it passed 200 ms on a busy box)
 @given(st.data())
 def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
@@ -301,12 +308,14 @@ def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
     ones are admitted and join between runs; where memory runs out, a step preempts the latest members while the
     others open their blocks one by one (open_ahead). A twin manager applies the same runs one by one
     (advance_decodes, checked against stepping above) and such a step sequence by sequence (allocate_slots), to the
-    same sequences: every run's counts and length limit, the breakdown after every change, and at the end every block
+    same sequences: every run's counts and length limit, the counts after every change (told to the epoch, as the
+    fast plane tells it: `leave` before a free, `changed` after a free or an admission), and at the end every block
     table are the same."""
     bs = data.draw(st.sampled_from([1, 2, 4, 16]), "block_size")
     num_blocks = data.draw(st.integers(4, 60), "num_blocks")
     managers = [PagedKVManager(num_blocks, bs) for _ in range(2)]
     lazy, twin = managers
+    runs = kv_runs(twin)
     alive: dict[int, int] = {}  # seq id -> the epoch step after which it leaves
     steps, epoch = 0, None
     fresh_ids = itertools.count()
@@ -322,31 +331,39 @@ def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
                 break
             for kv in managers:
                 kv.allocate_slots([seq_id], [tokens], spec)
+            if epoch is not None:
+                epoch.changed(lazy.seq_state(seq_id), +1)
             alive[seq_id] = steps + left
             added.append(seq_id)
         return added
 
+    def free(seq_id: int, between_steps: bool = True) -> None:
+        del alive[seq_id]
+        state = epoch.leave(seq_id)  # its count made current, out of the epoch
+        lazy.free(seq_id)
+        epoch.changed(state, -1)
+        twin.free(seq_id)
+        if between_steps:  # (inside a step that preempts, blocks opened ahead count as free until it)
+            assert epoch.counts == twin.breakdown().counts()
+
     admit(data.draw(st.integers(1, 6), "first"))
     if not alive:
         return
-    epoch = lazy.open_decode_epoch([[i] for i in alive], list(alive.values()))
+    epoch = DecodeEpoch(lazy.allocator, bs, lazy.breakdown().counts())
+    for key, (seq_id, last) in enumerate(alive.items()):
+        assert epoch.join(seq_id, lazy.seq_state(seq_id), last, key)
     key = len(alive)
-    assert lazy.breakdown() == twin.breakdown()
+    assert epoch.counts == twin.breakdown().counts()
     while alive:
-        with pytest.raises(RuntimeError, match="epoch is open"):  # a member's token count is lazy; its table exact
-            lazy.num_tokens(next(iter(alive)))
-        assert all(lazy.block_table(i) == twin.block_table(i) for i in alive)
+        assert all(lazy.block_table(i) == twin.block_table(i) for i in alive)  # tables exact, counts held
         limit = data.draw(st.integers(1, min(alive.values()) - steps + 1), "steps asked")
         k = epoch.max_steps(limit)
-        assert k == twin.max_decode_steps([[i] for i in alive], limit)
-        if k < 1:  # memory runs out: one step that preempts the latest (the scheduler's preempt_in_decode_epoch)
+        assert k == runs.max_decode_steps([[i] for i in alive], limit)
+        if k < 1:  # memory runs out: one step that preempts the latest (sim.fast.epoch.DecodeEpochs.preempt)
             opening = epoch.opening()
             for i in sorted(alive):  # plan order: the keys grow with the ids
                 while i in alive and not (i not in opening or epoch.open_ahead(1)):
-                    victim = max(alive)
-                    del alive[victim]
-                    lazy.free(victim)
-                    twin.free(victim)
+                    free(max(alive), between_steps=False)
                 if i in alive:  # stepping's call for this sequence, in the twin
                     assert twin.allocate_slots([i], [1]) is not None
             if not alive:
@@ -354,25 +371,19 @@ def test_a_paged_decode_epoch_is_the_runs_it_replaces(data):
             k = 1
             assert epoch.advance(1) == [twin.breakdown().counts()]
         else:
-            assert epoch.advance(k) == twin.advance_decodes([[i] for i in alive], k)
+            assert epoch.advance(k) == runs.advance_decodes([[i] for i in alive], k)
         steps += k
         for i in data.draw(st.lists(st.sampled_from(sorted(alive)), max_size=2, unique=True), "preempted"):
             if alive[i] >= steps:  # leaves early (preempted at a step boundary): its final block may be unopened
-                del alive[i]
-                lazy.free(i)
-                twin.free(i)
-                assert lazy.breakdown() == twin.breakdown()
+                free(i)
         for i in [i for i, last in alive.items() if last == steps - 1]:
-            del alive[i]
-            lazy.free(i)
-            twin.free(i)
-            assert lazy.breakdown() == twin.breakdown()
+            free(i)
         joining = admit(data.draw(st.integers(0, 2), "joining"))
-        assert lazy.breakdown() == twin.breakdown()
-        if joining:
-            assert lazy.join_decode_epoch(joining, [alive[i] for i in joining], list(range(key, key + len(joining))))
-            key += len(joining)
-    lazy.close_decode_epoch()
+        assert epoch.counts == twin.breakdown().counts()
+        for i in joining:
+            assert epoch.join(i, lazy.seq_state(i), alive[i], key)
+            key += 1
+    epoch.close()
     for i in alive:
         assert lazy.block_table(i) == twin.block_table(i) and lazy.num_tokens(i) == twin.num_tokens(i)
     assert lazy.breakdown() == twin.breakdown() and lazy.num_free_blocks == twin.num_free_blocks

@@ -50,7 +50,7 @@ class _RunsIgnoreFrees(HybridKVManager):
     """Broken on purpose: a decode run counts the blocks it opens but not those the window frees (as a paged pool)."""
 
     def max_decode_steps(self, seq_groups, limit, waiting=False):
-        from sim.kv.paged_runs import run_capacity
+        from sim.fast.paged import run_capacity
 
         seq_ids = [i for ids in seq_groups for i in ids]
         if not seq_ids or not super().max_decode_steps(seq_groups, 1, waiting):

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.fast.runs import kv_runs
 from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
 from sim.kv.paged import PagedKVManager
 
@@ -306,14 +307,14 @@ def test_a_decode_run_stops_at_a_shared_last_block_and_where_memory_does():
     admit(kv, 0, 6, 40)
     admit(kv, 1, 3, 40)  # tables [0, 1] (2 empty slots) and [2] (1 empty slot): 3 free blocks
     # b opens a block at steps 2, 6, 10, ...; a at steps 3, 7, ...: the 4th new block is needed at step 7
-    assert kv.max_decode_steps([[0, 1]], 100) == 6
-    counts = kv.advance_decodes([[0, 1]], 2)
+    assert kv_runs(kv).max_decode_steps([[0, 1]], 100) == 6
+    counts = kv_runs(kv).advance_decodes([[0, 1]], 2)
     assert [c[4] for c in counts] == [12, 8]  # free slots during each step: block 3 taken in step 2
     assert kv.block_table(1) == [2, 3] and kv.breakdown().counts() == counts[-1]
     kv.fork(1, 2, 40)  # now sequence 1's partly filled last block (1 token of 4) is shared: its next write copies
-    assert kv.max_decode_steps([[0, 1]], 100) == 0
+    assert kv_runs(kv).max_decode_steps([[0, 1]], 100) == 0
     with pytest.raises(RuntimeError, match="expected room"):
-        kv.advance_decodes([[0, 1]], 1)
+        kv_runs(kv).advance_decodes([[0, 1]], 1)
     kv.check_invariants()
 
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import Phase, settings
 
 import sim
+from sim.fast.runs import kv_runs
 from sim.kv import NewSequence, make_kv_manager
 from sim.kv.paged import PagedKVManager
 from sim.kv.radix import RadixKVManager
@@ -193,14 +194,14 @@ def test_a_decode_run_that_evicts_equals_stepping():
     admit(kv, 3, [40, 41], final_len=20)
     admit(kv, 4, [50, 51, 52], final_len=20)  # it evicted one cached page: the free queue is empty
     assert (len(kv.allocator._free), kv.tree.evictable_pages) == (0, 11)
-    steps = kv.max_decode_steps([[3, 4]], 20)
+    steps = kv_runs(kv).max_decode_steps([[3, 4]], 20)
     assert steps == 5  # 11 evictable pages, 2 per step: every page of the run is evicted on its way
     stepped = copy.deepcopy(kv)
     expected = []
     for _ in range(steps):
         assert stepped.allocate_slots([3, 4], [1, 1]).copies == []
         expected.append(stepped.breakdown().counts())
-    assert kv.advance_decodes([[3, 4]], steps) == expected
+    assert kv_runs(kv).advance_decodes([[3, 4]], steps) == expected
     assert [kv.block_table(s) for s in (3, 4)] == [stepped.block_table(s) for s in (3, 4)]
     assert kv.tree.pages() == stepped.tree.pages()
     kv.check_invariants()

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import Phase, settings
 
 import sim
+from sim.fast.runs import kv_runs
 from sim.kv import NewSequence
 from sim.kv.paged import PagedKVManager
 from sim.kv.radix import RadixKVManager
@@ -78,11 +79,11 @@ def test_a_decode_run_that_caches_known_outputs_equals_stepping():
     admit(kv, 1, [1, 2, 3, 4] + list(range(200, 220)), prompt_len=4, final_len=24)  # hits [1 2 3], locks it too
     admit(kv, 2, [7, 7, 7], final_len=30)  # ids of its outputs unknown: they are never cached
     ids = [0, 1, 2]
-    steps = kv.max_decode_steps([ids], 12)
+    steps = kv_runs(kv).max_decode_steps([ids], 12)
     assert steps == 12
     stepped = copy.deepcopy(kv)
     expected = [stepped.allocate_slots(ids, [1, 1, 1]) and stepped.breakdown().counts() for _ in range(steps)]
-    assert kv.advance_decodes([ids], steps) == expected
+    assert kv_runs(kv).advance_decodes([ids], steps) == expected
     shape = [[(n.key, n.pages, n.lock_ref) for n in t.tree._nodes()] for t in (kv, stepped)]
     assert shape[0] == shape[1]  # the same nodes: seq 0 grew a child of [1 2 3] once, then in place
     assert [kv.block_table(s) for s in ids] == [stepped.block_table(s) for s in ids]

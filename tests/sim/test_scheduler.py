@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv import POLICIES, allocates_blocks_on_demand, make_kv_manager
 from sim.plan import StepOutcome, StepPlan
 from sim.scheduler import Scheduler, SchedulerConfig
@@ -237,7 +238,7 @@ def test_a_plain_decode_run_equals_stepping_token_by_token(policy, num_slots, bo
     # samples its last (request 3: output 20), unless memory stops it first
     until_finish = run_length(jumped)
     assert until_finish == 20 - 1
-    counts, finished = jumped.advance_decodes(until_finish)
+    counts, finished = advance(jumped, plain_decodes(jumped), until_finish)
     k = len(counts)
     assert 0 < k and (k == until_finish if bound == "length" else k < until_finish)
     assert finished == ([3] if k == until_finish else [])  # request 3 finished in the run's last step
@@ -255,20 +256,19 @@ def test_a_plain_decode_run_equals_stepping_token_by_token(policy, num_slots, bo
 def test_no_plain_decode_run_when_the_next_step_differs():
     sched = twin("paged", 256, "v0")
     sched.add_request(req(9, 4, 4))  # it fits: the next step is a prefill
-    assert sched.plain_decode_seqs() is None
-    with pytest.raises(ValueError, match="advance_decodes"):
-        sched.advance_decodes(1)
+    assert plain_decodes(sched) is None
     sched = Scheduler(paged(32), V0)
     sched.add_request(req(0, 6, 8, n=2))  # siblings share a half-full last block: the next decode copies it
     step(sched)
-    assert sched.plain_decode_seqs() is not None and sched.kv.max_decode_steps([sched.seq_ids(0)], 100) == 0
-    assert sched.advance_decodes(7) == ([], [])  # nothing applied: memory allows no step without a copy
+    decodes = plain_decodes(sched)
+    assert decodes is not None and kv_runs(sched.kv).max_decode_steps([sched.seq_ids(0)], 100) == 0
+    assert advance(sched, decodes, 7) == ([], [])  # nothing applied: memory allows no step without a copy
     step(sched)
     assert run_length(sched) == 8 - 2
     v1 = Scheduler(paged(32), SchedulerConfig(max_num_batched_tokens=4))
     v1.add_request(req(0, 10, 8))
     step(v1)  # a chunk of 4: the prompt is not computed yet, so the next step is not a plain decode
-    assert v1.plain_decode_seqs() is None
+    assert plain_decodes(v1) is None
 
 
 # --- whole runs: every policy, every feature ----------------------------------------------------------

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 import sim
 from sim.cli import main
 from sim.config import SchedulerConfig
+from sim.fast.epoch import DecodeEpochs
+from sim.fast.runs import plain_decodes
 from sim.kv.paged import PagedKVManager
 from sim.plan import StepOutcome
 from sim.request import Request
@@ -75,10 +77,10 @@ def test_speculation_off_is_the_default_and_opens_no_run_when_on():
     assert SchedulerConfig().num_speculative_tokens == 0
     sched = one_request(k=2)
     sched.finish_step(sched.schedule(), StepOutcome())
-    assert sched.plain_decode_seqs() is None and sched.open_decode_epoch() is None  # no fast-forward with drafts
+    assert plain_decodes(sched) is None and DecodeEpochs(sched).open() is None  # no fast-forward with drafts
     plain = one_request(k=0)
     plain.finish_step(plain.schedule(), StepOutcome())
-    assert plain.plain_decode_seqs() is not None
+    assert plain_decodes(plain) is not None
 
 
 @pytest.mark.parametrize("k", [-1, 65, 1.5, True])

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import Phase, settings
 
 from sim.blocks import BlockAllocator
+from sim.fast.paged import PagedRuns, run_capacity
 from sim.kv.paged import PagedKVManager
 from sim.testing import make_block_allocator_test, make_kv_manager_test
 
@@ -66,14 +67,12 @@ class _RollbackKeepsTheDraftBlocks(PagedKVManager):
         seq.num_tokens, seq.num_lookahead = num_tokens, 0
 
 
-class _RunsIgnoreSharedBlocks(PagedKVManager):
+class _RunsIgnoreSharedBlocks(PagedRuns):
     """Broken on purpose: a bulk decode run does not notice that a shared last block must be copied first."""
 
     def max_decode_steps(self, seq_groups, limit, waiting=False):
-        from sim.kv.paged_runs import run_capacity
-
-        tokens = [self.num_tokens(i) for ids in seq_groups for i in ids]
-        return min(limit, run_capacity(tokens, self.block_size, self.num_free_blocks)) if tokens else limit
+        tokens = [self.kv.num_tokens(i) for ids in seq_groups for i in ids]
+        return min(limit, run_capacity(tokens, self.kv.block_size, self.kv.num_free_blocks)) if tokens else limit
 
 
 @pytest.mark.parametrize(
@@ -83,7 +82,7 @@ class _RunsIgnoreSharedBlocks(PagedKVManager):
         lambda: make_block_allocator_test(lambda: _CopyOnWriteKeepsTheOldReference(6, 4), max_examples=200),
         lambda: make_block_allocator_test(lambda: _EvictsMostRecentlyFreed(6, 4, True), max_examples=200),
         lambda: make_kv_manager_test(lambda: _OptimisticPagedKVManager(4, 4), max_examples=200),
-        lambda: make_kv_manager_test(lambda: _RunsIgnoreSharedBlocks(12, 4), max_examples=300),
+        lambda: make_kv_manager_test(lambda: PagedKVManager(12, 4), max_examples=300, runs=_RunsIgnoreSharedBlocks),
         lambda: make_kv_manager_test(lambda: _RollbackKeepsTheDraftBlocks(12, 2), max_examples=300),
     ],
     ids=["free-forgets-shared", "cow-keeps-old-ref", "evicts-most-recent", "can-allocate-lies", "run-skips-copy",

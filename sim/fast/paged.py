@@ -1,10 +1,12 @@
-"""Runs of plain decode steps in a paged pool, in closed form: how long one can last, and what it does to memory.
-Also the lazy form of the same runs (`DecodeEpoch`), whose cost does not grow with the number of sequences.
+"""The fast plane's paged pool: runs of plain decode steps in closed form, and their lazy form (`DecodeEpoch`).
 
-The simulator's fast-forward (sim/fastforward.py) jumps over runs of identical decode steps: every running
-sequence appends one token per step, nothing is admitted, copied or finished. It asks the KV manager two
-questions through the KV contract (`max_decode_steps`, `advance_decodes`); for the paged manager this module
-answers them without stepping, and `tests/sim/test_fastforward.py` checks every answer against stepping.
+The fast plane (sim/fast/) jumps over runs of identical decode steps: every running sequence appends one token per
+step, nothing is admitted, copied or finished. For a paged pool (sim/kv/paged.py, and the radix pool built on it)
+this module says how long such a run can last and applies it without stepping (`PagedRuns`), through the manager's
+own records (`PagedKVManager.seq_state`: block_table, num_tokens, final_len, token_ids) and its `allocator`, growing
+each record exactly as allocate_slots(ids, [1, ...]) would step by step: the same block ids, in the same order
+(docs/ARCHITECTURE.md, "The fast plane"). `tests/sim/test_fastforward.py` and the KV state machine
+(sim/testing/kv.py) check every answer against stepping.
 
 How long. Free memory only shrinks during such a run, so a run is cut where the appends would need more blocks
 than are free. Only tokens that open a block take one; a sequence whose last block has r empty slots opens
@@ -34,6 +36,7 @@ import bisect
 from typing import Sequence
 
 from ..blocks import BlockAllocator
+from ..kv.paged import PagedKVManager
 
 
 def run_capacity(tokens: Sequence[int], block_size: int, num_free_blocks: int) -> int:
@@ -82,11 +85,68 @@ def advance(allocator: BlockAllocator, block_size: int, seqs: Sequence, num_step
     return counts
 
 
+class PagedRuns:
+    """Runs of plain decode steps over a paged manager's sequences (the fast plane's run-by-run path): how many memory
+    allows (`max_decode_steps`) and all of them at once (`advance_decodes`), each step as one
+    allocate_slots(group, [1, ...]) per group of `seq_groups`, in order (the groups only order the sequences here)."""
+
+    def __init__(self, kv: PagedKVManager) -> None:
+        self.kv = kv
+
+    def _states(self, seq_groups: Sequence[Sequence[int]]) -> list:
+        """The records of these live, on-GPU sequences, the groups concatenated."""
+        state = self.kv.seq_state
+        seqs = []
+        for ids in seq_groups:
+            for seq_id in ids:
+                seq = state(seq_id)
+                if seq is None:
+                    raise KeyError(f"sequence {seq_id} is not live")
+                seqs.append(seq)
+        if any(s.swapped for s in seqs):
+            raise RuntimeError(f"sequences {[i for ids in seq_groups for i in ids if state(i).swapped]} are swapped out")
+        return seqs
+
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Free blocks only shrink during a run (nothing is freed), so `waiting` holds by construction, and the groups
+        allocate the same blocks as one call with all of them: they are just concatenated."""
+        return max_decode_steps(self.kv.allocator, self.kv.block_size, self._states(seq_groups), limit)
+
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+        """Apply `num_steps` steps; the pool's five raw counts during each. `checked`: the caller has just asked
+        max_decode_steps for these ids (skips asking again)."""
+        seqs = self._states(seq_groups)
+        if len(set(map(id, seqs))) != len(seqs):
+            raise ValueError(f"duplicate sequence ids {[i for ids in seq_groups for i in ids]}")
+        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        kv = self.kv
+        counts = advance(kv.allocator, kv.block_size, seqs, num_steps, kv.breakdown().counts())
+        for seq_id, seq in zip((i for ids in seq_groups for i in ids), seqs):
+            if seq.token_ids is not None:
+                kv.register_blocks(seq_id)
+        return counts
+
+
+def opens_epochs(kv) -> bool:
+    """Can a decode epoch run over this manager? A paged pool of its own BlockAllocator without prefix caching (every
+    full block would be registered; a student's allocator offers no more than lab 03's methods)."""
+    return (isinstance(kv, PagedKVManager) and not kv.enable_prefix_caching
+            and type(kv.allocator) is BlockAllocator)  # fmt: skip
+
+
+def partly_filled_and_shared(kv: PagedKVManager, seqs) -> bool:
+    """Is some sequence's partly filled last block shared (its next write copies: no run, no epoch for it)?"""
+    bs, ref_count = kv.block_size, kv.allocator.ref_count
+    return any(s.num_tokens % bs and ref_count(s.block_table[-1]) > 1 for s in seqs)
+
+
 class DecodeEpoch:
     """Runs of plain decode steps of the same sequences, one run after another, in O(steps + blocks opened) a run
-    instead of O(sequences): the paged manager's side of the simulator's decode epochs (PagedKVManager.
-    open_decode_epoch; the scheduler opens one, sim/scheduler.py). The same block ids, end state and counts as
-    `advance` run after run (tests/sim/test_fastforward.py compares every number with stepping).
+    instead of O(sequences): the KV side of the fast plane's decode epochs (sim/fast/epoch.py opens one). The same
+    block ids, end state and counts as `advance` run after run (tests/sim/test_fastforward.py compares every number
+    with stepping).
 
     While it is open, a member's `num_tokens` is stale (its tokens at the epoch's start, or at its joining, minus the
     epoch's steps then: the true count adds the epoch's steps now): only the block tables are kept current, one
@@ -95,7 +155,8 @@ class DecodeEpoch:
     joined); each step, one class opens, in plan order (members keyed by the scheduler's order). The pool's counts
     are carried from run to run, and corrected when memory changes otherwise: a member leaving (its partly filled
     last block's empty slots leave the breakdown; its blocks go back to the pool), new sequences allocated (an
-    admission: their partly filled last blocks join it). Members join between runs (`join`).
+    admission: their partly filled last blocks join it): the fast plane reports each such change (`changed`), since
+    the manager itself knows nothing of the epoch. Members join between runs (`join`).
     """
 
     def __init__(self, allocator: BlockAllocator, block_size: int, start: tuple[int, ...]) -> None:
@@ -203,7 +264,7 @@ class DecodeEpoch:
     def open_ahead(self, count: int) -> bool:
         """Open now, in one allocation, the blocks of the next `count` members of opening() not yet opened: the calls a
         step makes group by group in plan order, when memory runs out in it and groups are preempted between them
-        (Scheduler.preempt_in_decode_epoch); the next advance() then takes the step without opening them again.
+        (sim/fast/epoch.py, DecodeEpochs.preempt); the next advance() then takes the step without opening them again.
         False, and nothing changed, if fewer blocks are free. Those members may not leave before that step."""
         opening = self.by_class[self.steps % self.block_size]
         if self.ahead + count > len(opening):
