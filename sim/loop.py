@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -50,6 +51,14 @@ class LoopResult:
     # speculative decoding: draft tokens verified, of them accepted, and lookahead slot-seconds (the slots the drafts
     # held during their steps: token states of the breakdown while they exist)
     speculation: tuple[int, int, float] = (0, 0, 0.0)
+
+
+class StepEnd(NamedTuple):
+    """A step in flight (a STEP_END event's payload): what the loop decided will happen when it ends."""
+
+    plan: StepPlan
+    outcome: StepOutcome  # from the true lengths (sim.loop.Simulator.outcome)
+    beam_scores: dict  # beam-search request id -> (its current seq ids, the survivors' scores in beam_parents order)
 
 
 class RequestTimes:
@@ -187,11 +196,11 @@ class Simulator:
         if reloads:
             duration += self.cost.swap_time(reloads * self.block_bytes, reloads)
         self.record(duration, plan, counts)
-        return [(self.now + duration, STEP_END, (plan, *self.outcome(plan)))]
+        return [(self.now + duration, STEP_END, self.outcome(plan))]
 
-    def on_step_end(self, payload) -> list:
+    def on_step_end(self, payload: StepEnd) -> list:
         self.last_step_end = self.now
-        plan, outcome, beam_scores = payload
+        plan, outcome, beam_scores = payload.plan, payload.outcome, payload.beam_scores
         result = self.finish_step(plan, outcome)
         if plan.num_draft_tokens:  # a verify step: a request's tokens count (1 + its accepted drafts)
             kept: dict[int, int] = {}
@@ -235,14 +244,10 @@ class Simulator:
         cost ~microseconds, so they are not priced (a modelling approximation)."""
         duration = 0.0
         if plan.num_seqs:
-            shared = plan.num_shared_context_tokens(self.kv.block_size) if self.shared_reads else 0
-            shape = (plan.num_prefill_tokens, plan.num_decode_seqs, plan.num_context_tokens, plan.num_prefill_pairs,
-                     shared)  # fmt: skip
-            if plan.num_draft_tokens:  # speculative decoding: a verify entry's drafts are priced as a chunk after it
-                shape = (shape[0] + plan.num_draft_tokens, shape[1], shape[2], shape[3] + plan.num_draft_pairs, shared)
+            shape = plan.shape(plan.num_shared_context_tokens(self.kv.block_size) if self.shared_reads else 0)
             duration = self.cost.step_time(*shape)
             if not duration <= MAX_TIME_S:  # (NaN too) a cost model that is no machine's: one line, not a run
-                check_step_time(duration, shape)
+                check_step_time(duration, tuple(shape))
             if self.in_range is not None and not self.in_range(*shape):
                 self.extrapolated_steps += 1
                 self.extrapolated_time += duration
@@ -253,10 +258,9 @@ class Simulator:
                 check_step_time(duration, (f"{swapped} blocks swapped",))
         return duration
 
-    def outcome(self, plan: StepPlan) -> tuple[StepOutcome, dict]:
+    def outcome(self, plan: StepPlan) -> StepEnd:
         """Every sampling entry samples one token; a sequence finishes when it reaches its true output length.
-        Beam search re-chooses its k beams each step (except the last: all k end together). Also returns
-        per beam search (its current seq ids, the survivors' scores in beam_parents order)."""
+        Beam search re-chooses its k beams each step (except the last: all k end together)."""
         outcome, beam_scores = StepOutcome(), {}
         beams: dict[int, list[int]] = {}
         for entry in plan.entries:
@@ -276,7 +280,7 @@ class Simulator:
             parents, scores = self._choose_beams(seq_ids)
             outcome.beam_parents[request_id] = parents
             beam_scores[request_id] = (seq_ids, scores)
-        return outcome, beam_scores
+        return StepEnd(plan, outcome, beam_scores)
 
     def _choose_beams(self, seq_ids: list[int]) -> tuple[list[int], list[float]]:
         """Each of the k beams proposes 2 next tokens with random log-probs; the k best candidates survive.

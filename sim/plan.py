@@ -31,8 +31,19 @@ entry always follows its leader's entry in `prefills`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .kv.base import BlockCopy
+
+
+class StepShape(NamedTuple):
+    """What a cost model prices a step by (sim/cost.py: `step_time(*shape)`)."""
+
+    num_prefill_tokens: int  # prompt (or recompute) tokens fed, a verify entry's drafts included
+    num_decode_seqs: int  # sequences that decode (one token each, before any drafts)
+    num_context_tokens: int  # K/V the attention reads (StepPlan.num_context_tokens)
+    num_prefill_pairs: int = 0  # query-key pairs of the prompt chunks' (and drafts') attention
+    num_shared_context_tokens: int = 0  # of the K/V read, what another sequence of the step reads too
 
 
 @dataclass(slots=True)
@@ -105,6 +116,14 @@ class StepPlan:
         is num_context_tokens, one query each). What makes a long prompt cost more than its tokens (sim.cost)."""
         return sum(s.num_new_tokens * s.num_computed_tokens + s.num_new_tokens * (s.num_new_tokens + 1) // 2
                    for s in self.prefills)
+
+    def shape(self, num_shared_context_tokens: int = 0) -> StepShape:
+        """The step as a cost model prices it (`num_shared_context_tokens`: when the model reads them, else 0). A verify
+        entry's drafts are priced as a chunk after its decode."""
+        prefill, pairs = self.num_prefill_tokens, self.num_prefill_pairs
+        if self.num_draft_tokens:
+            prefill, pairs = prefill + self.num_draft_tokens, pairs + self.num_draft_pairs
+        return StepShape(prefill, self.num_decode_seqs, self.num_context_tokens, pairs, num_shared_context_tokens)
 
     def num_shared_context_tokens(self, block_size: int) -> int:
         """Of num_context_tokens, those read from a block that an earlier fed entry of this step also reads: a prompt

@@ -42,16 +42,32 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .preemption import latest_arrival, victim_policy
 from .config import SchedulerConfig
 from .request import Request
+from .request_queue import FCFSRequestQueue, PriorityRequestQueue
 from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepResult"]
+
+
+class Admission(NamedTuple):
+    """What admitting a waiting group now asks of the KV manager."""
+
+    new: list[NewSequence]  # one per sequence that takes memory (its prefix-cache hits included)
+    counts: list[int]  # tokens each computes in this step (a chunk, or the rest of its prompt)
+
+
+class Allocating(NamedTuple):
+    """A KV call in flight (abandon_step's record): its group, the sequences it allocates for, an admission's specs."""
+
+    group: SequenceGroup
+    seqs: tuple[Sequence, ...]
+    new: list[NewSequence] | None  # None: the sequences are live already (they grow, or come back from swap)
 
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
@@ -60,9 +76,9 @@ FINISHED = SequenceStatus.FINISHED
 
 
 class Scheduler:
-    """FCFS iteration-level scheduler over one KV manager. Queues: waiting (deque), running and swapped
-    (lists kept in arrival order). Sequence ids come from a counter inside the instance. What executors and
-    metrics may read (queue lengths, ids, a sequence's progress) is in the views section."""
+    """Iteration-level scheduler over one KV manager. Queues: waiting (sim/request_queue.py: FCFS or priority),
+    running and swapped (lists kept in the same order). Sequence ids come from a counter inside the instance. What
+    executors and metrics may read (queue lengths, ids, a sequence's progress) is in the views section."""
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None, *, draft_len=None) -> None:
         """`draft_len(request_id, seq_id)`: with speculative decoding, how many draft tokens the executor has for the
@@ -72,9 +88,9 @@ class Scheduler:
         self.config = config if config is not None else SchedulerConfig()
         self._draft_len = draft_len
         self._victim = victim_policy(self.config.victim)
-        self._by_priority = self.config.scheduling_policy == "priority"
         self._num_drafts = self.config.num_speculative_tokens  # k: draft tokens per decode and step (0: off)
-        self._waiting: deque[SequenceGroup] = deque()
+        priority = self.config.scheduling_policy == "priority"
+        self._waiting = PriorityRequestQueue() if priority else FCFSRequestQueue()
         self._running: list[SequenceGroup] = []
         self._swapped: list[SequenceGroup] = []
         self._groups: dict[int, SequenceGroup] = {}  # every request ever added, finished ones included
@@ -88,7 +104,7 @@ class Scheduler:
         # the specs of an admission), whose blocks the prefix cache may hold before their K/V is written.
         self._open: set[int] = set()
         # (group, its sequences, the admission's specs or None): the allocation in flight, its group open too
-        self._open_allocation: tuple[SequenceGroup, tuple[Sequence, ...], list[NewSequence] | None] | None = None
+        self._open_allocation: Allocating | None = None
         self._reported: StepPlan | None = None  # the plan finish_step() was given: its K/V was written
 
     # --- requests in and out ---------------------------------------------------------------------------
@@ -101,14 +117,11 @@ class Scheduler:
         if problem is not None:
             raise ValueError(f"request {rid}: {problem}")
         seqs = [self._new_seq(request, 0) for _ in range(request.num_seqs)]
-        key = (request.priority, self._num_added) if self._by_priority else self._num_added
+        key = self._waiting.queue_key(request, self._num_added)
         group = SequenceGroup(request, seqs, arrival_order=self._num_added, queue_key=key)
         self._num_added += 1
         self._groups[rid] = group
-        if self._by_priority:
-            bisect.insort(self._waiting, group, key=_queue_key)
-        else:
-            self._waiting.append(group)
+        self._waiting.add(group)
 
     def check_request(self, request: Request) -> str | None:
         """Why `request` could never be served, in one line (a prompt over the token budget without chunked prefill,
@@ -147,11 +160,11 @@ class Scheduler:
         sequence of theirs the KV manager holds freed (a beam forked before its group listed it, one already freed
         left alone). Asks the manager only for its live sequences and to free them."""
         rids = set(request_ids)
-        for queue in (self._waiting, self._running, self._swapped):
+        self._waiting.keep(lambda g: g.request_id not in rids)
+        for queue in (self._running, self._swapped):
             kept = [g for g in queue if g.request_id not in rids]
             if len(kept) != len(queue):
-                queue.clear()
-                queue.extend(kept)
+                queue[:] = kept
         for seq_id in self.kv.seq_ids:
             seq = self._seqs.get(seq_id)
             if seq is not None and seq.request_id in rids:
@@ -233,8 +246,8 @@ class Scheduler:
         return self._running
 
     @property
-    def waiting(self) -> deque[SequenceGroup]:
-        """The waiting groups, in queue order (the deque itself: never change it)."""
+    def waiting(self) -> FCFSRequestQueue:
+        """The waiting queue (the queue itself: never change it)."""
         return self._waiting
 
     @property
@@ -303,7 +316,7 @@ class Scheduler:
             ids = [s.seq_id for s in seqs]
             drafts = self._drafts(group, seqs, counts, budget) if self._num_drafts else None
             while True:  # NOTE: the transaction's brackets (see abandon_step), inline: this loop runs every step
-                self._open_allocation = (group, seqs, None)
+                self._open_allocation = Allocating(group, seqs, None)
                 if drafts is None:
                     allocation = allocate(ids, counts)
                 else:
@@ -373,10 +386,7 @@ class Scheduler:
                 self.kv.free(seq.seq_id)
                 seq.num_computed_tokens, seq.prefilling = 0, True
             group.set_status(WAITING)
-            if self._by_priority:
-                bisect.insort(self._waiting, group, key=_queue_key)
-            else:  # (every waiting group arrived after every running one)
-                self._waiting.appendleft(group)  # latest-arrival victims go latest-first: the earliest ends up in front
+            self._waiting.prepend(group)
         self._open.discard(group.request_id)
 
     def preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
@@ -402,7 +412,7 @@ class Scheduler:
                 break
             self._open.add(group.request_id)
             plan.blocks_to_swap_in += self.kv.swap_in(ids)
-            self._open_allocation = (group, seqs, None)
+            self._open_allocation = Allocating(group, seqs, None)
             allocation = self.kv.allocate_slots(ids, counts)
             if allocation is None:
                 raise RuntimeError(f"request {group.request_id}: expected room after swap-in (checked), found none")
@@ -416,18 +426,18 @@ class Scheduler:
             budget = None if budget is None else budget - sum(counts)
         return budget
 
-    def _admission(self, group: SequenceGroup, budget: int, first: bool) -> tuple[list[NewSequence], list[int]] | None:
-        """What admitting `group` now would ask of the KV manager (specs, tokens per sequence), or None if the
-        budget does not allow it. NOTE: `first` (nothing fed yet this step) lets a group over the budget run
-        alone: without chunking, a recompute (prompt + generated tokens) may exceed it."""
+    def _admission(self, group: SequenceGroup, budget: int, first: bool) -> Admission | None:
+        """What admitting `group` now would ask of the KV manager, or None if the budget does not allow it. NOTE:
+        `first` (nothing fed yet this step) lets a group over the budget run alone: without chunking, a recompute
+        (prompt + generated tokens) may exceed it."""
         new = [self._new_spec(group, s) for s in group.kv_seqs]
         needs = [s.num_tokens - spec.num_cached_tokens for s, spec in zip(group.kv_seqs, new)]
         if sum(needs) <= budget or (first and not self.config.chunked):
-            return new, needs
+            return Admission(new, needs)
         if not self.config.chunked or budget <= 0:
             return None
         counts = split_budget(group, needs, budget)
-        return (new, counts) if any(counts) else None
+        return Admission(new, counts) if any(counts) else None
 
     def _new_spec(self, group: SequenceGroup, seq: Sequence) -> NewSequence:
         request = group.request
@@ -448,20 +458,20 @@ class Scheduler:
         budget."""
         num_seqs, admitted = num_running_seqs, False
         while self._waiting:
-            group = self._waiting[0]
+            group = self._waiting.peek()
             if num_seqs + group.num_seqs > self.config.max_num_seqs:
                 break
             asked = self._admission(group, budget, first=first and plan.num_batched_tokens == 0)
             if asked is None:
                 break
-            new, counts = asked
+            new, counts = asked.new, asked.counts
             seqs = group.kv_seqs
-            self._open_allocation = (group, seqs, new)
+            self._open_allocation = Allocating(group, seqs, new)
             allocation = self.kv.allocate_slots([s.seq_id for s in seqs], counts, new)
             if allocation is None:  # nothing changed
                 self._open_allocation = None
                 break
-            self._waiting.popleft()
+            self._waiting.pop()
             group.set_status(RUNNING)
             bisect.insort(self._running, group, key=_queue_key)
             for seq, spec in zip(seqs, new):
@@ -485,13 +495,13 @@ class Scheduler:
         `nothing_fed`: the step admits before it feeds anything (v0's prefill-only steps, or an observer asking of a
         fresh step), so the answer is exact; else (v1, after the decodes) a guess that errs towards yes. Changes
         nothing."""
-        group = self._waiting[0]
+        group = self._waiting.peek()
         if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
             return False
         asked = self._admission(group, budget, first=nothing_fed)
         if asked is None:
             return False
-        new, counts = asked
+        new, counts = asked.new, asked.counts
         # NOTE: with chunking, losing a prefix-cache hit to eviction can SHRINK the chunk's memory need, so a
         # blocked group with hits might fit later: treat it as admissible (the cautious answer).
         if not nothing_fed and self.config.chunked and any(spec.num_cached_tokens for spec in new):
@@ -591,14 +601,14 @@ class Scheduler:
         opened, self._open = self._open, set()
         allocation, self._open_allocation = self._open_allocation, None
         if allocation is not None:
-            opened.add(allocation[0].request_id)
+            opened.add(allocation.group.request_id)
         reported = plan is not None and plan is self._reported
         self._reported = None
         # a step stopped midway may leave a group in a queue it was leaving: each queue keeps its own status only
         # (a group caught between two queues is one of `opened`, dropped below)
         self._running = [g for g in self._running if g.status is RUNNING]
         self._swapped = [g for g in self._swapped if g.status is SWAPPED]
-        self._waiting = deque(g for g in self._waiting if g.status is WAITING)
+        self._waiting.keep(lambda g: g.status is WAITING)
         if plan is None and not opened:
             return []
         held = set(self.kv.seq_ids)
@@ -623,7 +633,7 @@ class Scheduler:
         starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.entries if plan else ())
                   if e.num_new_tokens]  # fmt: skip
         if allocation is not None:
-            _, seqs, new = allocation
+            seqs, new = allocation.seqs, allocation.new
             starts += [(s.seq_id, s.num_computed_tokens if new is None else spec.num_cached_tokens)
                        for s, spec in zip(seqs, new or seqs)]  # fmt: skip
         for seq_id, start in starts:

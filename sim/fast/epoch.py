@@ -180,7 +180,7 @@ class DecodeEpochs:
         config = sched.config
         blocked = bool(sched.num_waiting) and config.scheduling_policy != "priority"
         if admission and sched.num_waiting and sched.may_admit():
-            head, free, refused = sched.waiting[0], epoch.kv.counts[4], self.refused
+            head, free, refused = sched.waiting.peek(), epoch.kv.counts[4], self.refused
             if (refused is None or refused[0] is not head or refused[1] != epoch.num_seqs or free > refused[2]
                     or refused[3] != sched.num_preemptions):  # fmt: skip
                 budget = config.max_num_batched_tokens - (epoch.num_seqs if config.mode == "v1" else 0)

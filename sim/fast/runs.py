@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..cost import check_step_time
 from ..kv.base import as_seen
 from ..limits import MAX_TIME_S
-from ..plan import shared_context_tokens
+from ..plan import StepShape, shared_context_tokens
 from .paged import PagedKVManager, PagedRuns
 
 
@@ -149,7 +149,7 @@ def price_steps(cost, now: float, next_arrival: float, max_steps: int, num_seqs:
     while len(durations) < max_steps and t < next_arrival:
         d = cost.step_time(0, num_seqs, context, 0, shared)
         if not d <= MAX_TIME_S:  # (NaN too) as Simulator.price refuses it
-            check_step_time(d, (0, num_seqs, context, 0, shared))
+            check_step_time(d, tuple(StepShape(0, num_seqs, context, 0, shared)))
         starts.append(t)
         durations.append(d)
         t += d

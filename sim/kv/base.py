@@ -50,7 +50,7 @@ of five kinds. Counts are integers, so the shares always sum to 1:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 SHARE_NAMES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
@@ -95,6 +95,15 @@ def as_seen(counts: tuple[int, ...], waiting: bool) -> tuple[int, ...]:
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: the blocks of `b` slots that `a` tokens take (cdiv(6, 4) == 2, cdiv(0, 4) == 0)."""
     return -(-a // b)
+
+
+class SlotSegment(NamedTuple):
+    """A run of held slots of one kind (slot_segments): what the memory-map figure draws."""
+
+    seq_id: int  # the owner (a shared block: its first owner)
+    start: int  # first slot
+    end: int  # one past the last slot
+    kind: int  # an index of SHARE_NAMES
 
 
 BlockCopy = tuple[int, int]  # (src_block, dst_block): copy a block's K/V before the step writes into dst
@@ -239,7 +248,7 @@ class KVManager(Protocol):
 
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown: ...
 
-    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+    def slot_segments(self) -> list[SlotSegment]:
         """The breakdown slot by slot: (seq id, first slot, end slot, kind as an index of SHARE_NAMES) for every
         held slot; slots not listed are free. What the memory-map figure draws."""
         ...

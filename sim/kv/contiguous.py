@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead,
-                   with_lookahead)  # fmt: skip
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment,
+                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
@@ -304,7 +303,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             for fork in run.forks:
                 yield seq_id, fork
 
-    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+    def slot_segments(self) -> list[SlotSegment]:
         """(seq id, first slot, end slot, kind) of every held slot, kinds as indices of SHARE_NAMES; a run
         reserved for a sibling not forked yet belongs to its parent. The breakdown, slot by slot."""
         segments, bs = [], self.block_size
@@ -314,7 +313,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             for kind, lo, hi in ((0, 0, run.num_tokens), (1, run.num_tokens, reach), (2, reach, run.reserved_tokens),
                                  (3, run.reserved_tokens, size)):  # fmt: skip
                 if hi > lo:
-                    segments.append((seq_id, start + lo, start + hi, kind))
+                    segments.append(SlotSegment(seq_id, start + lo, start + hi, kind))
         return segments
 
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown:

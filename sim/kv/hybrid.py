@@ -61,8 +61,8 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator
 from . import hybrid_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
-                   cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment, cdiv,
+                   check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 from .groups import group_size
 
 
@@ -413,14 +413,14 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
                     view[2], view[3] = min(view[2], dead), max(view[3], reach)
         return views
 
-    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+    def slot_segments(self) -> list[SlotSegment]:
         """(seq id, first slot, end slot, kind) of every held slot, kinds as indices of SHARE_NAMES; a shared block is
         listed once, under its first owner. The breakdown above, slot by slot."""
         bs, segments = self.block_size, []
         for b, (seq_id, fill, dead, reach) in self._block_views().items():
             for kind, lo, hi in ((2, 0, dead), (0, dead, fill), (1, fill, reach), (2, reach, bs)):
                 if hi > lo:
-                    segments.append((seq_id, b * bs + lo, b * bs + hi, kind))
+                    segments.append(SlotSegment(seq_id, b * bs + lo, b * bs + hi, kind))
         return segments
 
     # --- invariants ----------------------------------------------------------------------------------

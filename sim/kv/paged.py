@@ -23,11 +23,11 @@ runs of decode steps to the records `seq_state` gives, in closed form; docs/ARCH
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, cdiv, check_lookahead,
-                   check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, SlotSegment, cdiv,
+                   check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
 from .offload import CpuOffloadTier, TierCopy
 
 
@@ -73,6 +73,21 @@ class SeqState:
     hashes: list[int] = field(default_factory=list)  # chained hashes of its first full known blocks, registered
     swapped: bool = False
     num_lookahead: int = 0  # the last of num_tokens that are lookahead slots (drafts), until rollback; never cached
+
+
+class Lookup(NamedTuple):
+    """What a prefix-cache lookup of a sequence's known tokens finds."""
+
+    hashes: list[int]  # chained hashes of its full blocks that may hit (never the block of its last token)
+    hits: int  # how many leading ones are cached (on the GPU, or in the offload tier)
+
+
+class AdmissionNeed(NamedTuple):
+    """What admitting new sequences takes from the pool (`_admission_need`)."""
+
+    lookups: list  # per sequence, what its lookup found (a Lookup; the radix manager's own kind)
+    blocks: int  # blocks taken from the free ones (fresh, revived cached ones, offload-tier reloads)
+    watermark_blocks: int  # blocks the watermark counts: every block, hits too (as vLLM v0 counted)
 
 
 class PagedKVManager:
@@ -161,11 +176,11 @@ class PagedKVManager:
             hashes.append(parent)
         return hashes
 
-    def _lookup_blocks(self, token_ids: Sequence[int] | None, num_tokens: int) -> tuple[list[int], int]:
-        """(hashes of the blocks that may hit, leading hits). NOTE: like vLLM, only blocks lying wholly inside
-        the first num_tokens - 1 tokens may hit, so the last token is always computed and never shared."""
+    def _lookup_blocks(self, token_ids: Sequence[int] | None, num_tokens: int) -> Lookup:
+        """The blocks that may hit, and the leading hits. NOTE: like vLLM, only blocks lying wholly inside the first
+        num_tokens - 1 tokens may hit, so the last token is always computed and never shared."""
         if not self.enable_prefix_caching or not token_ids:
-            return [], 0
+            return Lookup([], 0)
         hashes = self._prompt_hashes(token_ids, min(len(token_ids), num_tokens - 1) // self.block_size)
         hits, tier = 0, self.offload
         for block_hash in hashes:  # a block hits on the GPU, else in the offload tier (if any), else the hits end
@@ -173,10 +188,10 @@ class PagedKVManager:
                                                                   tier.cached_block(block_hash) is None):  # fmt: skip
                 break
             hits += 1
-        return hashes, hits
+        return Lookup(hashes, hits)
 
     def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
-        return self._lookup_blocks(token_ids, num_tokens)[1] * self.block_size
+        return self._lookup_blocks(token_ids, num_tokens).hits * self.block_size
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def _gpu_seq(self, seq_id: int) -> SeqState:
@@ -208,15 +223,16 @@ class PagedKVManager:
                 left[last] = r - 1
         return need
 
-    def _admission_need(self, new: Sequence[NewSequence], counts: Sequence[int]) -> tuple[list, int, int]:
-        """(per sequence: (hashes, hits), blocks taken from the free queue, blocks the watermark counts)."""
+    def _admission_need(self, new: Sequence[NewSequence], counts: Sequence[int]) -> AdmissionNeed:
+        """What admitting these new sequences, `counts[i]` tokens each after their hits, takes."""
         bs, found, revived, need, watermark_need = self.block_size, [], set(), 0, 0
         reloaded: set[int] = set()  # hashes hit in the offload tier only: one fresh GPU block each (shared after)
         for spec, k in zip(new, counts):
             total = spec.num_cached_tokens + k
             # the lookup of get_computed_tokens, bounded by this step's tokens (a hit is never the last token)
-            hashes, hits = ([], 0) if spec.skip_reading_prefix_cache else self._lookup_blocks(
+            lookup = Lookup([], 0) if spec.skip_reading_prefix_cache else self._lookup_blocks(
                 spec.token_ids, spec.num_cached_tokens + max(k, 1))
+            hashes, hits = lookup
             if spec.num_cached_tokens != hits * bs:
                 raise RuntimeError(f"expected num_cached_tokens {spec.num_cached_tokens} to be the cache's current "
                                    f"hits, found {hits * bs} (look up and allocate in the same step)")  # fmt: skip
@@ -230,8 +246,8 @@ class PagedKVManager:
                     revived.add(block)  # a freed cached block leaves the free queue when it is hit
             need += cdiv(total, bs) - hits
             watermark_need += cdiv(total, bs)  # NOTE: before hits, as vLLM v0 counted (conservative)
-            found.append((hashes, hits))
-        return found, need + len(revived) + len(reloaded), watermark_need
+            found.append(lookup)
+        return AdmissionNeed(found, need + len(revived) + len(reloaded), watermark_need)
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
@@ -239,7 +255,9 @@ class PagedKVManager:
         lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
         if lookahead is not None:
             num_new_tokens = self._with_lookahead(seq_ids, num_new_tokens, lookahead)
-        return self._plan(seq_ids, num_new_tokens, new) is not None
+        if new is None:
+            return self._fits(seq_ids, num_new_tokens)
+        return self._admission(seq_ids, num_new_tokens, new) is not None
 
     def _with_lookahead(self, seq_ids, num_new_tokens, lookahead) -> list[int]:
         """The tokens each sequence grows by, drafts included (each checked: no lookahead pending)."""
@@ -247,21 +265,24 @@ class PagedKVManager:
             no_pending_lookahead(seq_id, self._gpu_seq(seq_id).num_lookahead)
         return [k + la for k, la in zip(num_new_tokens, lookahead)]
 
-    def _plan(self, seq_ids, num_new_tokens, new) -> tuple | None:
-        """None if the allocation does not fit; else a 1-tuple holding the admission lookups (None for growth)."""
+    def _fits(self, seq_ids, num_new_tokens) -> bool:
+        """Room for live sequences to grow by these tokens?"""
+        check_request_args(seq_ids, num_new_tokens, None)
+        seqs = [self._gpu_seq(i) for i in seq_ids]
+        need = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.allocator.ref_count)
+        return need <= self.allocator.num_free_blocks
+
+    def _admission(self, seq_ids, num_new_tokens, new) -> AdmissionNeed | None:
+        """What admitting these new sequences takes, or None if it does not fit or would leave less than the
+        watermark free."""
         check_request_args(seq_ids, num_new_tokens, new)
-        free = self.allocator.num_free_blocks
-        if new is None:
-            seqs = [self._gpu_seq(i) for i in seq_ids]
-            need = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.allocator.ref_count)
-            return (None,) if need <= free else None
         for seq_id in seq_ids:
             if seq_id in self._seqs:
                 raise ValueError(f"sequence {seq_id} is already live")
-        found, need, watermark_need = self._admission_need(new, num_new_tokens)
-        if need > free or (self.watermark_blocks and free - watermark_need < self.watermark_blocks):
+        need, free = self._admission_need(new, num_new_tokens), self.allocator.num_free_blocks
+        if need.blocks > free or (self.watermark_blocks and free - need.watermark_blocks < self.watermark_blocks):
             return None
-        return (found,)
+        return need
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
@@ -279,18 +300,20 @@ class PagedKVManager:
         """
         if num_lookahead_tokens is not None and (lookahead := check_lookahead(seq_ids, num_lookahead_tokens, new)):
             totals = self._with_lookahead(seq_ids, num_new_tokens, lookahead)
-            if self._plan(seq_ids, totals, None) is None:
+            if not self._fits(seq_ids, totals):
                 return None
             return Allocation([c for i, k, la in zip(seq_ids, totals, lookahead)
                                for c in self._grow(self._seqs[i], k, la)])  # fmt: skip
         if new is None and len(seq_ids) == 1:  # the hot path: one sequence grows (a decode, a chunk)
             return self._grow_one(seq_ids[0], num_new_tokens[0])
-        plan = self._plan(seq_ids, num_new_tokens, new)
-        if plan is None:
-            return None
         if new is None:
+            if not self._fits(seq_ids, num_new_tokens):
+                return None
             return Allocation([c for i, k in zip(seq_ids, num_new_tokens) for c in self._grow(self._seqs[i], k)])
-        found = plan[0]
+        need = self._admission(seq_ids, num_new_tokens, new)
+        if need is None:
+            return None
+        found = need.lookups
         # NOTE: each sequence is registered before it takes a block and holds each block as it is taken: should a
         # call below raise, free(seq_id) gives back what it took (the scheduler aborts the request).
         seqs = [SeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids, hashes[:hits])
@@ -558,7 +581,7 @@ class PagedKVManager:
     # The memory breakdown (after the paper's Figure 2). Every block but a sequence's last is full, so only
     # partly filled last blocks hold empty slots; each empty slot is reservation if some owner will still
     # write it, else internal fragmentation.
-    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+    def slot_segments(self) -> list[SlotSegment]:
         """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
         block is listed once, under its first owner. The breakdown below, slot by slot."""
         bs, segments, last = self.block_size, [], {}
@@ -575,13 +598,13 @@ class PagedKVManager:
                     continue
                 seen.add(b)
                 if filled == bs:
-                    segments.append((seq_id, b * bs, (b + 1) * bs, 0))
+                    segments.append(SlotSegment(seq_id, b * bs, (b + 1) * bs, 0))
                 else:
                     last[b] = [seq_id, filled, reach]
         for b, (seq_id, filled, reach) in last.items():
             for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
                 if hi > lo:
-                    segments.append((seq_id, b * bs + lo, b * bs + hi, kind))
+                    segments.append(SlotSegment(seq_id, b * bs + lo, b * bs + hi, kind))
         return segments
 
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv, check_lookahead, no_pending_lookahead
-from .paged import PagedKVManager, SeqState, note_fill, recounted_breakdown
+from .paged import AdmissionNeed, PagedKVManager, SeqState, note_fill, recounted_breakdown
 from .radix_tree import RadixNode, RadixTree
 
 
@@ -211,9 +211,9 @@ class RadixKVManager(PagedKVManager):
     def get_computed_tokens(self, token_ids: Sequence[int] | None, num_tokens: int) -> int:
         return self.tree.match(token_ids, self._usable_pages(token_ids, num_tokens))[0] * self.block_size if token_ids else 0
 
-    def _admission_need(self, new: Sequence[NewSequence], counts: Sequence[int]) -> tuple[list, int, int]:
-        """(per sequence: (pages it could have hit, hits), pages it takes from the free ones, pages the watermark
-        counts). Hit pages of unlocked nodes count too: locking them takes them out of the evictable ones."""
+    def _admission_need(self, new: Sequence[NewSequence], counts: Sequence[int]) -> AdmissionNeed:
+        """What admitting these new sequences takes; each lookup: (pages it could have hit, hits). Hit pages of
+        unlocked nodes count too: locking them takes them out of the evictable ones."""
         bs, found, revived, need, watermark_need = self.block_size, [], {}, 0, 0
         for spec, k in zip(new, counts):
             total = spec.num_cached_tokens + k
@@ -230,7 +230,7 @@ class RadixKVManager(PagedKVManager):
             need += cdiv(total, bs) - hits
             watermark_need += cdiv(total, bs)  # NOTE: before hits, as the paged manager (vLLM v0) counts
             found.append((usable, hits))
-        return found, need + sum(revived.values()), watermark_need
+        return AdmissionNeed(found, need + sum(revived.values()), watermark_need)
 
     # --- admission, forks, release -------------------------------------------------------------------
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
@@ -242,14 +242,14 @@ class RadixKVManager(PagedKVManager):
         if new is None:
             return super().allocate_slots(seq_ids, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
         check_lookahead(seq_ids, num_lookahead_tokens, new)  # (refuses lookahead slots for an admission)
-        plan = self._plan(seq_ids, num_new_tokens, new)
-        if plan is None:
+        admission = self._admission(seq_ids, num_new_tokens, new)
+        if admission is None:
             return None
         # NOTE: each sequence is registered as soon as it holds its lock, and its table grows as it takes pages:
         # should a call below raise (it then changes nothing), free(seq_id) gives back what it took (the scheduler
         # aborts the request). free copes with a table shorter than its tokens.
         seqs = []
-        for seq_id, spec, k, (usable, hits) in zip(seq_ids, new, num_new_tokens, plan[0]):
+        for seq_id, spec, k, (usable, hits) in zip(seq_ids, new, num_new_tokens, admission.lookups):
             node, pages = self.tree.lock_prefix(spec.token_ids, hits) if hits else (self.tree.root, [])
             seq = self._seqs[seq_id] = _RadixSeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids,
                                                       node=node)  # fmt: skip

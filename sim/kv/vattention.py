@@ -60,9 +60,8 @@ from typing import Sequence
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
 from . import vattention_runs
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace,
-                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead,
-                   with_lookahead)  # fmt: skip
+from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment,
+                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 
 KiB = 1024
 # NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size
@@ -378,13 +377,13 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
                 for i, page in enumerate(sibling.pages):
                     yield seq_id, i, page, 0, _split(sibling.final_len, i * bs, bs)
 
-    def slot_segments(self) -> list[tuple[int, int, int, int]]:
+    def slot_segments(self) -> list[SlotSegment]:
         """(seq id, first slot, end slot, kind) of every mapped slot, kinds as indices of SHARE_NAMES, page by page."""
         bs, segments = self.block_size, []
         for seq_id, _, page, filled, reach in self._pages_by_owner():
             for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
                 if hi > lo:
-                    segments.append((seq_id, page * bs + lo, page * bs + hi, kind))
+                    segments.append(SlotSegment(seq_id, page * bs + lo, page * bs + hi, kind))
         return segments
 
     # --- invariants ----------------------------------------------------------------------------------
