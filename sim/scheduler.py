@@ -121,7 +121,7 @@ class Scheduler:
         group = SequenceGroup(request, seqs, arrival_order=self._num_added, queue_key=key)
         self._num_added += 1
         self._groups[rid] = group
-        self._waiting.add(group)
+        self._waiting.add_request(group)
 
     def check_request(self, request: Request) -> str | None:
         """Why `request` could never be served, in one line (a prompt over the token budget without chunked prefill,
@@ -149,7 +149,7 @@ class Scheduler:
         if group.status is FINISHED:
             return
         if group.status is WAITING:
-            self._waiting.remove(group)
+            self._waiting.remove_request(group)
             group.set_status(FINISHED)
             group.pending_copies.clear()
         else:
@@ -288,10 +288,12 @@ class Scheduler:
         self._reported = None
         # NOTE: fork copies from the last finish_step go first. Only contiguous forks copy, and contiguous
         # groups are never swapped, so no swap-out of this step can read a block before its copy lands.
-        plan = StepPlan(blocks_to_copy=[c for g in self._running for c in g.pending_copies])
+        plan = StepPlan()
         self._outstanding = plan  # from here on: should this raise midway, abandon_step() undoes what it did
         for group in self._running:
-            group.pending_copies.clear()
+            if group.pending_copies:
+                plan.blocks_to_copy += group.pending_copies
+                group.pending_copies = []
         return plan
 
     def may_admit(self) -> bool:
@@ -386,7 +388,7 @@ class Scheduler:
                 self.kv.free(seq.seq_id)
                 seq.num_computed_tokens, seq.prefilling = 0, True
             group.set_status(WAITING)
-            self._waiting.prepend(group)
+            self._waiting.prepend_request(group)
         self._open.discard(group.request_id)
 
     def preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
@@ -458,7 +460,7 @@ class Scheduler:
         budget."""
         num_seqs, admitted = num_running_seqs, False
         while self._waiting:
-            group = self._waiting.peek()
+            group = self._waiting.peek_request()
             if num_seqs + group.num_seqs > self.config.max_num_seqs:
                 break
             asked = self._admission(group, budget, first=first and plan.num_batched_tokens == 0)
@@ -471,7 +473,7 @@ class Scheduler:
             if allocation is None:  # nothing changed
                 self._open_allocation = None
                 break
-            self._waiting.pop()
+            self._waiting.pop_request()
             group.set_status(RUNNING)
             bisect.insort(self._running, group, key=_queue_key)
             for seq, spec in zip(seqs, new):
@@ -495,7 +497,7 @@ class Scheduler:
         `nothing_fed`: the step admits before it feeds anything (v0's prefill-only steps, or an observer asking of a
         fresh step), so the answer is exact; else (v1, after the decodes) a guess that errs towards yes. Changes
         nothing."""
-        group = self._waiting.peek()
+        group = self._waiting.peek_request()
         if num_running_seqs + group.num_seqs > self.config.max_num_seqs:
             return False
         asked = self._admission(group, budget, first=nothing_fed)

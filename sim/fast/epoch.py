@@ -98,6 +98,7 @@ class _Epoch:
     steps: int = 0  # steps applied
     next_last: int = 0  # index in lasts of the next members to leave
     joining: list = field(default_factory=list)  # groups admitted while it is open, to join before the next run
+    admitted: list = field(default_factory=list)  # (seq id, pool record) of the last step's admissions
     pending: bool = False  # a v1 step's decodes taken (in the pool) and not yet reported (finish_step)
 
 
@@ -108,6 +109,8 @@ class DecodeEpochs:
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.possible = opens_epochs(self.kv)  # whether an epoch can ever open over this manager
+        # an arrival cannot head the waiting queue (it queues behind a refused head): not under priority scheduling
+        self.fcfs = scheduler.config.scheduling_policy != "priority"
         # the victims an epoch can choose itself: recompute, the latest arrival (else the scheduler's own step does)
         self.preempts = (scheduler.config.preemption == "recompute"
                          and victim_policy(scheduler.config.victim) is latest_arrival)  # fmt: skip
@@ -177,17 +180,18 @@ class DecodeEpochs:
         if epoch.joining and not self._join(epoch):
             self.close()
             return None
-        config = sched.config
-        blocked = bool(sched.num_waiting) and config.scheduling_policy != "priority"
-        if admission and sched.num_waiting and sched.may_admit():
-            head, free, refused = sched.waiting.peek(), epoch.kv.counts[4], self.refused
-            if (refused is None or refused[0] is not head or refused[1] != epoch.num_seqs or free > refused[2]
+        waiting, num_seqs = sched.waiting, epoch.num_seqs
+        blocked = bool(waiting) and self.fcfs
+        if admission and waiting and sched.may_admit():
+            head, free, refused = waiting[0], epoch.kv.counts[4], self.refused
+            if (refused is None or refused[0] is not head or refused[1] != num_seqs or free > refused[2]
                     or refused[3] != sched.num_preemptions):  # fmt: skip
-                budget = config.max_num_batched_tokens - (epoch.num_seqs if config.mode == "v1" else 0)
-                if sched.head_may_be_admitted(budget, epoch.num_seqs, nothing_fed=config.mode != "v1"):
+                config = sched.config
+                budget = config.max_num_batched_tokens - (num_seqs if config.mode == "v1" else 0)
+                if sched.head_may_be_admitted(budget, num_seqs, nothing_fed=config.mode != "v1"):
                     return None
-                self.refused = (head, epoch.num_seqs, free, sched.num_preemptions)
-        return RunShape(epoch.num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1, blocked)
+                self.refused = (head, num_seqs, free, sched.num_preemptions)
+        return RunShape(num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1, blocked)
 
     def advance(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
         """Apply the open epoch's next steps (at most `max_steps`, never past the first member's last token): the
@@ -279,13 +283,14 @@ class DecodeEpochs:
         epoch = self.epoch
         if epoch is None:
             result = sched.finish_step(plan, outcome)
-        else:  # the plan's sequences that finish now free their blocks: the epoch's counts follow
-            kv = self.kv
-            states = [(s.seq_id, kv.seq_state(s.seq_id)) for r in plan.request_ids() for s in sched.group(r).kv_seqs]
+        else:  # the step's admissions that finish now (a one-token output) free their blocks: the counts follow
+            admitted, epoch.admitted = epoch.admitted, []
             result = sched.finish_step(plan, outcome)
-            for seq_id, state in states:
-                if state is not None and kv.seq_state(seq_id) is None:
-                    epoch.kv.changed(state, -1)
+            if result.finished_request_ids:
+                seq_state = self.kv.seq_state
+                for seq_id, state in admitted:
+                    if seq_state(seq_id) is None:
+                        epoch.kv.changed(state, -1)
         return StepResult(finished + result.finished_request_ids, result.new_beam_seq_ids)
 
     def abandon_step(self, plan: StepPlan | None = None) -> list[int]:
@@ -333,12 +338,18 @@ class DecodeEpochs:
     def _admitted(self, epoch: _Epoch, plan: StepPlan) -> None:
         """A step taken while the epoch is open admitted the plan's requests: they join before the next run, and the
         pool's counts take their new blocks."""
-        sched, kv = self.scheduler, self.kv
-        for request_id in plan.request_ids():
-            group = sched.group(request_id)
-            epoch.joining.append(group)
-            for seq in group.kv_seqs:
-                epoch.kv.changed(kv.seq_state(seq.seq_id), +1)
+        group, seq_state, changed = self.scheduler.group, self.kv.seq_state, epoch.kv.changed
+        admitted = epoch.admitted = []
+        request_id = None
+        for entry in plan.prefills:  # (only admissions: a group's entries are adjacent)
+            if entry.request_id == request_id:
+                continue
+            request_id = entry.request_id
+            epoch.joining.append(group(request_id))
+            for seq in epoch.joining[-1].kv_seqs:
+                state = seq_state(seq.seq_id)
+                admitted.append((seq.seq_id, state))
+                changed(state, +1)
 
     def _join(self, epoch: _Epoch) -> bool:
         """The groups admitted while the epoch was open join it, if each now decodes plainly (as plain_decodes asks)

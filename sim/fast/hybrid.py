@@ -1,4 +1,4 @@
-"""Runs of plain decode steps in a hybrid pool: how long one can last, and applying it (the simulator's fast plane).
+"""The fast plane's hybrid pools: runs of plain decode steps, how long one can last, and applying them.
 
 In a paged pool free memory only shrinks during a run of decode steps (sim/fast/paged.py). In a hybrid pool it grows:
 a sliding group frees a block each time the window passes a block boundary. Step j of a run (j = 1, 2, ...) feeds
@@ -25,11 +25,13 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
-from .base import cdiv
+from ..kv.base import cdiv
+from ..kv.hybrid import HybridKVManager
+from .records import records
 
 
 def max_decode_steps(kv, seq_groups: Sequence[Sequence], limit: int, waiting: bool = False) -> int:
-    """The most plain decode steps (at most `limit`) that the sequences of `seq_groups` (the manager's _Seq records, as
+    """The most plain decode steps (at most `limit`) that the sequences of `seq_groups` (the manager's records, as
     a step allocates them: one allocate_slots call per group, in order) can take, each one token per sequence, with no
     copy and the memory the pool has; 0 if a partly filled last block is shared (the next write copies it, which a
     plain decode step may not). `waiting`: stop before a step after whose allocations more blocks would be free than
@@ -88,3 +90,28 @@ def step_decodes(kv, seq_groups: Sequence[Sequence[int]], num_steps: int) -> lis
                 raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
         counts.append(kv.breakdown().counts())
     return counts
+
+
+class HybridRuns:
+    """Runs of plain decode steps over a hybrid manager (its records, `seq_state`: num_tokens, tables, starts)."""
+
+    def __init__(self, kv: HybridKVManager) -> None:
+        self.kv = kv
+
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Sliding groups free blocks during a run: each step is modelled as its allocate_slots calls, one per group of
+        `seq_groups` in order, and with `waiting` the run ends before a step that would leave more blocks free than
+        at its start."""
+        records(self.kv, seq_groups)  # every id live, none twice
+        state = self.kv.seq_state
+        return max_decode_steps(self.kv, [[state(i) for i in ids] for ids in seq_groups], limit, waiting)
+
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+        """Steps one token at a time, one allocate_slots per group of `seq_groups` (the same end state and block ids as
+        stepping, by construction); `checked`: the caller has just asked max_decode_steps for these groups (skips
+        asking again)."""
+        records(self.kv, seq_groups)
+        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        return step_decodes(self.kv, seq_groups, num_steps)

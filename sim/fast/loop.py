@@ -58,17 +58,18 @@ def epoch_run(epochs: DecodeEpochs, cost, now: float, next_arrival: float, stop:
     shape = epochs.run_shape()
     if shape is None:
         return None
-    horizon = stop if shape.blocked else min(next_arrival, stop)
-    starts, durations = price_steps(cost, now, horizon, shape.steps_left, shape.num_seqs, shape.context)
+    num_seqs, context, steps_left, blocked = shape
+    starts, durations = price_steps(cost, now, stop if blocked else min(next_arrival, stop), steps_left, num_seqs,
+                                    context)  # fmt: skip
     counts, finished = epochs.advance(len(durations))
     k = len(counts)
     if k >= 1:
         del starts[k:], durations[k:]
-        return EpochRun(starts, durations, counts, shape.num_seqs, finished)
+        return EpochRun(starts, durations, counts, num_seqs, finished)
     preempted = epochs.preempt()
     if not preempted:
         return None
-    if not epochs.is_open:  # every member was preempted: no step (stepping's plan is empty too)
+    if epochs.epoch is None:  # every member was preempted: no step (stepping's plan is empty too)
         return EpochRun([], [], [], 0, [], preempted)
     shape = epochs.run_shape(admission=False)
     starts, durations = price_steps(cost, now, next_arrival, 1, shape.num_seqs, shape.context)
@@ -117,9 +118,10 @@ class FastSimulator(Simulator):
         return super().on_arrival(index)
 
     def on_schedule(self, payload) -> list:
-        self.end_idle()
+        if self.idle_since is not None:
+            self.end_idle()  # (before any run: the pool sat idle until now)
         epochs = self.epochs
-        while self.jump and (self.may_run or (epochs is not None and epochs.is_open)):
+        while self.jump and (self.may_run or (epochs is not None and epochs.epoch is not None)):
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
             stop = self.stop_at[0] if self.stop_at else math.inf
@@ -225,7 +227,7 @@ class FastSimulator(Simulator):
         booked; None: the step is scheduled normally (which closes the epoch); False: a plain decode run the epoch
         cannot take (the KV manager has none for these sequences now): run by run."""
         scheduler, epochs = self.scheduler, self.epochs
-        if not epochs.is_open:
+        if epochs.epoch is None:
             if not self.may_run:
                 return None
             opened = epochs.open(self._settle_epoch)
@@ -243,7 +245,7 @@ class FastSimulator(Simulator):
         for request_id in epochs.joined_requests():  # admitted while it was open, joined before this run
             self.epoch_members[self.index[request_id]] = joined_at
         if run is None:
-            if not epochs.is_open:  # it closed (a group that could not join)
+            if epochs.epoch is None:  # it closed (a group that could not join)
                 self._settle_epoch()
             return None
         self.may_run = True
@@ -258,7 +260,8 @@ class FastSimulator(Simulator):
             if not run.durations:  # nobody left to step: the epoch closed
                 self._settle_epoch()
                 return run
-        seen = [as_seen(c, True) for c in run.counts] if waiting else run.counts
+        # as the breakdown reports them: while a request waits, free slots are external waste (kv.base.as_seen)
+        seen = [(t, r, i, e + f, 0) for t, r, i, e, f in run.counts] if waiting else run.counts
         durations = run.durations
         if run.starts[-1] >= next_arrival and self.log.kept:  # requests arrived during it, queueing: step by step
             arrivals, first = self.arrival_times, self.next_index
@@ -268,7 +271,7 @@ class FastSimulator(Simulator):
         for request_id in run.finished_request_ids:
             i = self.index[request_id]
             self._settle(i, members.pop(i), len(ends))
-        if not epochs.is_open:  # the last members left: it closed
+        if epochs.epoch is None:  # the last members left: it closed
             self._settle_epoch()
         return run
 

@@ -27,15 +27,26 @@ from ..cost import check_step_time
 from ..kv.base import as_seen
 from ..limits import MAX_TIME_S
 from ..plan import StepShape, shared_context_tokens
+from .contiguous import ContiguousKVManager, ContiguousRuns
+from .hybrid import HybridKVManager, HybridRuns
 from .paged import PagedKVManager, PagedRuns
+from .vattention import VAttentionKVManager, VAttentionRuns
+
+# NOTE: the fast plane knows each policy's arithmetic (its closed forms need the pool's shape), so it names the
+# managers' classes; it reads them through their public records only (docs/ARCHITECTURE.md, "The fast plane")
+_RUNS = ((PagedKVManager, PagedRuns), (ContiguousKVManager, ContiguousRuns), (VAttentionKVManager, VAttentionRuns),
+         (HybridKVManager, HybridRuns))  # fmt: skip
 
 
 def kv_runs(kv):
     """The arithmetic of plain decode runs for this manager: `max_decode_steps(seq_groups, limit, waiting)` and
     `advance_decodes(seq_groups, k, checked)`, each equal to stepping, one allocate_slots(group, [1, ...]) per group
-    and step. The paged pool's (and the radix pool's, built on it) are this package's closed forms; the other
-    policies (contiguous, vattention, hybrid) answer them themselves."""
-    return PagedRuns(kv) if isinstance(kv, PagedKVManager) else kv
+    and step (the paged pool's also serves the radix pool, built on it). None for a manager the fast plane does not
+    know: the simulator then steps it one step at a time."""
+    for kind, runs in _RUNS:
+        if isinstance(kv, kind):
+            return runs(kv)
+    return None
 
 
 @dataclass(slots=True)
@@ -56,6 +67,8 @@ def plain_decodes(scheduler) -> PlainDecodes | None:
     running, config = scheduler.running, scheduler.config
     if scheduler.in_flight is not None or not running or scheduler.num_swapped or config.num_speculative_tokens:
         return None  # (speculative decoding: a step samples a random number of tokens, no run is plain)
+    if kv_runs(scheduler.kv) is None:
+        return None
     seqs: list = []
     seq_groups: list[list[int]] = []
     steps_left = None

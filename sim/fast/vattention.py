@@ -1,8 +1,9 @@
-"""Runs of plain decode steps in a vAttention pool, in closed form: how long one can last, and what it does to memory.
+"""The fast plane's vAttention pools: runs of plain decode steps in closed form, how long one can last, what it does.
 
-The simulator's fast plane (sim/fast/) asks the KV manager how many identical decode steps memory allows
-(`max_decode_steps`) and applies them at once (`advance_decodes`); the answers must equal stepping one token at a
-time, block ids included (checked by the KV state machine, sim/testing/kv.py). This is sim/fast/paged.py with
+The fast plane asks how many identical decode steps memory allows (`max_decode_steps`) and applies them at once
+(`advance_decodes`), through the manager's own records (`VAttentionKVManager.seq_state`: num_tokens, final_len,
+pages, siblings) and its page allocator; the answers must equal stepping one token at a time, page ids included
+(checked by the KV state machine, sim/testing/kv.py). This is sim/fast/paged.py with
 two differences: nothing is shared (no copy-on-write ever stops a run), and a sequence with w - 1 siblings not
 forked yet maps w pages whenever it opens one (see sim/kv/vattention.py).
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..blocks import BlockAllocator
+from ..kv.vattention import VAttentionKVManager
+from .records import records
 
 
 def run_capacity(seqs: Sequence[tuple[int, int]], page_tokens: int, num_free_pages: int) -> int:
@@ -91,3 +94,29 @@ def decode_run_counts(start: tuple[int, ...], page_tokens: int, seqs: Sequence,
         internal -= past
         counts.append((tokens, reservation, internal, external, free))
     return counts
+
+
+class VAttentionRuns:
+    """Runs of plain decode steps over a vAttention manager's records."""
+
+    def __init__(self, kv: VAttentionKVManager) -> None:
+        self.kv = kv
+
+    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
+        """Pages are only mapped during a run, never unmapped, so `waiting` holds by construction, and the groups map
+        the same pages as one call with all of them: they are just concatenated."""
+        kv, seqs = self.kv, records(self.kv, seq_groups)
+        room = min((kv.max_seq_len - s.num_tokens for s in seqs), default=limit)  # the end of a virtual range
+        capacity = run_capacity([(s.num_tokens, 1 + len(s.siblings)) for s in seqs], kv.block_size,
+                                kv.allocator.num_free_blocks) if seqs else limit  # fmt: skip
+        return max(0, min(limit, room, capacity))
+
+    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
+                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+        """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
+        kv, seqs = self.kv, records(self.kv, seq_groups)
+        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
+            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
+        counts = decode_run_counts(kv.breakdown().counts(), kv.block_size, seqs, num_steps)
+        map_decode_steps(kv.allocator, kv.block_size, seqs, num_steps)
+        return counts

@@ -248,38 +248,6 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         self.allocator.free(run.start)
         del self._seqs[seq_id]
 
-    # --- runs of plain decode steps ------------------------------------------------------------------
-    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
-        """Each sequence grows inside its own reservation, which usually holds the whole run. Nothing is allocated or
-        freed during a run, so `waiting` holds by construction and the groups' order changes nothing."""
-        room = min((self._run(i).reserved_tokens - self._run(i).num_tokens for ids in seq_groups for i in ids),
-                   default=limit)  # fmt: skip
-        return max(0, min(limit, room))
-
-    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
-        """Nothing allocates: each step turns one reserved slot per sequence into a token. A slot is
-        reservation up to the sequence's final length and internal fragmentation past it (an engine may
-        write beyond a final length that is only max_tokens)."""
-        seq_ids = [i for ids in seq_groups for i in ids]
-        room = num_steps if checked else self.max_decode_steps(seq_groups, num_steps)
-        if room < num_steps or len(set(seq_ids)) != len(seq_ids):
-            raise RuntimeError(f"advance_decodes: expected room for {num_steps} steps of distinct sequences")
-        tokens, reservation, internal, external, free = self.breakdown().counts()
-        leaves_reservation = [0] * (num_steps + 1)  # at step j, this many sequences write past their final length
-        for seq_id in seq_ids:
-            run = self._run(seq_id)
-            leaves_reservation[min(num_steps, max(0, run.final_len - run.num_tokens))] += 1
-            run.num_tokens += num_steps
-        counts, past = [], 0
-        for j in range(num_steps):
-            past += leaves_reservation[j]
-            tokens += len(seq_ids)
-            reservation -= len(seq_ids) - past
-            internal -= past
-            counts.append((tokens, reservation, internal, external, free))
-        return counts
-
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
         """The blocks that hold tokens: the used prefix of the run, like a paged table ([40, 41, 42])."""
@@ -354,6 +322,11 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         if seq_id not in self._seqs:
             raise KeyError(f"sequence {seq_id} is not live")
         return self._seqs[seq_id]
+
+    def seq_state(self, seq_id: int) -> _Run | None:
+        """The manager's own record of a live sequence (None if it holds none): its run's `reserved_tokens`,
+        `num_tokens` and `final_len`, what the fast plane reads and grows (docs/ARCHITECTURE.md, "The fast plane")."""
+        return self._seqs.get(seq_id)
 
     def __repr__(self) -> str:
         return (

@@ -50,9 +50,8 @@ NOTE: a step's whole chunk gets slots in every group, even tokens the chunk itse
 allocates them too); they are freed by the sequence's next step. So the memory a sequence needs at its peak depends on
 the scheduler's chunks, and `check_request` asks for what an unchunked prefill of the whole sequence would take.
 
-The manager is one class, in the contract's order: allocation, runs of decode steps, what the executor and the metrics
-read (the memory breakdown), then the invariants. Only runs of decode steps (the simulator's fast-forward) live apart,
-in `hybrid_runs.py`, with their own tests.
+The manager is one class, in the contract's order: allocation, what the executor and the metrics read (the memory
+breakdown), then the invariants. Runs of decode steps are the fast plane's (sim/fast/hybrid.py), with their own tests.
 """
 from __future__ import annotations
 
@@ -60,7 +59,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..blocks import BlockAllocator
-from . import hybrid_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment, cdiv,
                    check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 from .groups import group_size
@@ -153,6 +151,12 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
         return seq
+
+    def seq_state(self, seq_id: int) -> _Seq | None:
+        """The manager's own record of a live sequence (None if it holds none): its `num_tokens`, one table and the
+        first logical block per KV cache group (`tables`, `starts`), what the fast plane reads (docs/ARCHITECTURE.md,
+        "The fast plane")."""
+        return self._seqs.get(seq_id)
 
     def _drops(self, seq: _Seq, k: int) -> list[int]:
         """Per group: how many leading blocks a step feeding k > 0 tokens frees (its first query is num_tokens)."""
@@ -298,29 +302,6 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
             self.allocator.free(reversed(table))
             table.clear()
         del self._seqs[seq_id]
-
-    # --- runs of plain decode steps (hybrid_runs.py) -----------------------------------------------
-    def _run_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[list[_Seq]]:
-        seq_ids = [i for ids in seq_groups for i in ids]
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {seq_ids}")
-        return [[self._seq(i) for i in ids] for ids in seq_groups]
-
-    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
-        """Sliding groups free blocks during a run: each step is modelled as its allocate_slots calls, one per group of
-        `seq_groups` in order, and with `waiting` the run ends before a step that would leave more blocks free than
-        at its start (hybrid_runs.py)."""
-        return hybrid_runs.max_decode_steps(self, self._run_seqs(seq_groups), limit, waiting)
-
-    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
-        """Steps one token at a time, one allocate_slots per group of `seq_groups` (the same end state and block ids as
-        stepping, by construction); `checked`: the caller has just asked max_decode_steps for these groups (skips
-        asking again)."""
-        self._run_seqs(seq_groups)  # every id live, none twice
-        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
-            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
-        return hybrid_runs.step_decodes(self, seq_groups, num_steps)
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:

@@ -82,6 +82,9 @@ class Lookup(NamedTuple):
     hits: int  # how many leading ones are cached (on the GPU, or in the offload tier)
 
 
+NO_PREFIX_CACHE = Lookup((), 0)  # every lookup of a pool without a prefix cache (nothing to hit, nothing registered)
+
+
 class AdmissionNeed(NamedTuple):
     """What admitting new sequences takes from the pool (`_admission_need`)."""
 
@@ -179,7 +182,9 @@ class PagedKVManager:
     def _lookup_blocks(self, token_ids: Sequence[int] | None, num_tokens: int) -> Lookup:
         """The blocks that may hit, and the leading hits. NOTE: like vLLM, only blocks lying wholly inside the first
         num_tokens - 1 tokens may hit, so the last token is always computed and never shared."""
-        if not self.enable_prefix_caching or not token_ids:
+        if not self.enable_prefix_caching:
+            return NO_PREFIX_CACHE
+        if not token_ids:
             return Lookup([], 0)
         hashes = self._prompt_hashes(token_ids, min(len(token_ids), num_tokens - 1) // self.block_size)
         hits, tier = 0, self.offload

@@ -45,9 +45,9 @@ Page size. A page is given in bytes per layer per K/V buffer; tokens per page = 
 head_dim x dtype_bytes / num_gpus): tensor parallelism splits the heads, so each GPU maps pages of its share.
 A page must hold a whole number of tokens (`page_tokens`).
 
-The manager is one class, in the contract's order: mapping, runs of decode steps, what the executor and the metrics
-read (the memory breakdown), then the invariants. Only the closed forms behind runs of decode steps (the simulator's
-fast-forward) live apart, in `vattention_runs.py`, with their own tests.
+The manager is one class, in the contract's order: mapping, what the executor and the metrics read (the memory
+breakdown), then the invariants. The closed forms behind runs of decode steps are the fast plane's
+(sim/fast/vattention.py), with their own tests.
 """
 from __future__ import annotations
 
@@ -59,7 +59,6 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
-from . import vattention_runs
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment,
                    as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
 
@@ -173,6 +172,11 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         if seq is None:
             raise KeyError(f"sequence {seq_id} is not live")
         return seq
+
+    def seq_state(self, seq_id: int) -> _Seq | None:
+        """The manager's own record of a live sequence (None if it holds none): its `num_tokens`, `final_len`, `pages`
+        and unforked `siblings`, what the fast plane reads and grows (docs/ARCHITECTURE.md, "The fast plane")."""
+        return self._seqs.get(seq_id)
 
     def _need(self, seq_ids, num_new_tokens, new) -> int | None:
         """Pages the allocation maps, or None if it does not fit (for an admission: also the watermark)."""
@@ -301,32 +305,6 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         its pages go (vAttention reserves one such range per request slot of the batch)."""
         start = self._seq(seq_id).request_slot * self.max_seq_len
         return range(start, start + self.max_seq_len)
-
-    # --- runs of plain decode steps (closed forms in vattention_runs.py) ----------------------------
-    def _run_seqs(self, seq_groups: Sequence[Sequence[int]]) -> list[_Seq]:
-        seq_ids = [i for ids in seq_groups for i in ids]
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {seq_ids}")
-        return [self._seq(i) for i in seq_ids]
-
-    def max_decode_steps(self, seq_groups: Sequence[Sequence[int]], limit: int, waiting: bool = False) -> int:
-        """Pages are only mapped during a run, never unmapped, so `waiting` holds by construction, and the groups map
-        the same pages as one call with all of them: they are just concatenated."""
-        seqs = self._run_seqs(seq_groups)
-        room = min((self.max_seq_len - s.num_tokens for s in seqs), default=limit)  # the end of a virtual range
-        capacity = vattention_runs.run_capacity([(s.num_tokens, 1 + len(s.siblings)) for s in seqs], self.block_size,
-                                                self.allocator.num_free_blocks) if seqs else limit  # fmt: skip
-        return max(0, min(limit, room, capacity))
-
-    def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
-        """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
-        seqs = self._run_seqs(seq_groups)
-        if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:
-            raise RuntimeError(f"advance_decodes: expected room for {num_steps} plain decode steps, found less")
-        counts = vattention_runs.decode_run_counts(self.breakdown().counts(), self.block_size, seqs, num_steps)
-        vattention_runs.map_decode_steps(self.allocator, self.block_size, seqs, num_steps)
-        return counts
 
     # --- what the executor and the metrics read ----------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:

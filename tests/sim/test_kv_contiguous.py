@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.fast.runs import kv_runs
 from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
 from sim.kv.contiguous import ContiguousKVManager, next_power_of_two
 from sim.testing.kv import make_kv_manager_test
@@ -149,7 +150,7 @@ def test_append_beyond_reservation_is_refused(allocator):
     before = _state(kv)
     assert not kv.can_allocate_slots([0], [1])
     assert kv.allocate_slots([0], [1]) is None  # a contiguous run cannot grow
-    assert kv.max_decode_steps([[0]], 10) == 0
+    assert kv_runs(kv).max_decode_steps([[0]], 10) == 0
     assert _state(kv) == before and kv.num_tokens(0) == 6
 
 
@@ -165,8 +166,8 @@ def test_max_may_grow_past_final_len_within_reservation():
 def test_a_bulk_decode_run_moves_reservation_then_internal_fragmentation():
     kv = ContiguousKVManager(16, 1, reserve="max", allocator="buddy", max_seq_len=8)
     admit(kv, 0, 5, 6)  # reservation: token 5; internal: tokens 6 and 7
-    assert kv.max_decode_steps([[0]], 10) == 3
-    assert kv.advance_decodes([[0]], 3) == [(6, 0, 2, 0, 8), (7, 0, 1, 0, 8), (8, 0, 0, 0, 8)]
+    assert kv_runs(kv).max_decode_steps([[0]], 10) == 3
+    assert kv_runs(kv).advance_decodes([[0]], 3) == [(6, 0, 2, 0, 8), (7, 0, 1, 0, 8), (8, 0, 0, 0, 8)]
     kv.check_invariants()
 
 

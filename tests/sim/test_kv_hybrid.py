@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 import sim
 import tests.sim.test_scheduler_properties as props
+from sim.fast.hybrid import HybridRuns
+from sim.fast.runs import kv_runs
 from sim.cli import main
 from sim.cost import RooflineCostModel
 from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
@@ -46,7 +48,7 @@ class _FreesInsideTheWindow(HybridKVManager):
         return 0 if window is None else max(0, first_query - window + 1 + self.block_size)
 
 
-class _RunsIgnoreFrees(HybridKVManager):
+class _RunsIgnoreFrees(HybridRuns):
     """Broken on purpose: a decode run counts the blocks it opens but not those the window frees (as a paged pool)."""
 
     def max_decode_steps(self, seq_groups, limit, waiting=False):
@@ -55,11 +57,11 @@ class _RunsIgnoreFrees(HybridKVManager):
         seq_ids = [i for ids in seq_groups for i in ids]
         if not seq_ids or not super().max_decode_steps(seq_groups, 1, waiting):
             return min(limit, super().max_decode_steps(seq_groups, limit, waiting))
-        tokens = [self.num_tokens(i) for i in seq_ids]
-        return min(limit, run_capacity(tokens, self.block_size, self.num_free_blocks // len(self.windows)))
+        tokens = [self.kv.num_tokens(i) for i in seq_ids]
+        return min(limit, run_capacity(tokens, self.kv.block_size, self.kv.num_free_blocks // len(self.kv.windows)))
 
 
-class _RunsIgnoreWaiting(HybridKVManager):
+class _RunsIgnoreWaiting(HybridRuns):
     """Broken on purpose: a decode run asked with `waiting` goes on past a step that frees blocks (a request waiting
     for memory might fit after it)."""
 
@@ -67,11 +69,12 @@ class _RunsIgnoreWaiting(HybridKVManager):
         return super().max_decode_steps(seq_groups, limit)
 
 
-@pytest.mark.parametrize("broken", [_FreesInsideTheWindow, _RunsIgnoreFrees, _RunsIgnoreWaiting],
+@pytest.mark.parametrize("broken, runs", [(_FreesInsideTheWindow, kv_runs), (HybridKVManager, _RunsIgnoreFrees),
+                                          (HybridKVManager, _RunsIgnoreWaiting)],
                          ids=["frees-in-window", "run-no-frees", "run-ignores-waiting"])  # fmt: skip
-def test_the_machine_catches_broken_hybrid_managers(broken):
+def test_the_machine_catches_broken_hybrid_managers(broken, runs):
     test_case = make_kv_manager_test(lambda: broken(20, 2, (None, 5, 5), max_seq_len=24), max_examples=300,
-                                     token_bounds=_bounds(1, 2, 5))  # fmt: skip
+                                     token_bounds=_bounds(1, 2, 5), runs=runs)  # fmt: skip
     test_case.settings = settings(test_case.settings, phases=[Phase.generate], report_multiple_bugs=False)
     with pytest.raises(AssertionError):
         test_case("runTest").runTest()
@@ -129,11 +132,11 @@ def test_a_decode_run_equals_stepping_after_a_long_chunk_and_with_shared_blocks(
     kv.allocate_slots([0, 1], [12, 2], [NewSequence(12, 40), NewSequence(2, 40)])  # seq 0's first decode will free
     kv.fork(1, 2, 40)  # 5 blocks per sliding group at once (a long chunk); seq 2 shares seq 1's blocks
     kv.allocate_slots([2], [1])  # seq 2's first token opens blocks of its own; positions 0, 1 stay shared
-    ids, k = [0, 1, 2], kv.max_decode_steps([[0, 1, 2]], 30)
+    ids, k = [0, 1, 2], kv_runs(kv).max_decode_steps([[0, 1, 2]], 30)
     stepped = copy.deepcopy(kv)
     expected = [stepped.allocate_slots(ids, [1, 1, 1]) and stepped.breakdown().counts() for _ in range(k)]
     assert 0 < k < 30 and stepped.allocate_slots(ids, [1, 1, 1]) is None  # the run ends where memory does
-    assert kv.advance_decodes([ids], k) == expected
+    assert kv_runs(kv).advance_decodes([ids], k) == expected
     assert all(kv.group_tables(i) == stepped.group_tables(i) for i in ids)
     kv.check_invariants()
 

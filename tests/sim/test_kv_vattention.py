@@ -10,6 +10,8 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import sim
+from sim.fast.runs import kv_runs
+from sim.fast.vattention import VAttentionRuns
 from sim.cli import main
 from sim.kv import MemoryBreakdown, NewSequence, pool_blocks_for
 from sim.kv.vattention import VAttentionKVManager, page_tokens
@@ -26,14 +28,14 @@ TestVAttentionWatermark = make_kv_manager_test(lambda: VAttentionKVManager(12, 2
                                                max_examples=200)  # fmt: skip
 
 
-class _RunsIgnoreSiblings(VAttentionKVManager):
+class _RunsIgnoreSiblings(VAttentionRuns):
     """Broken on purpose: a decode run forgets that a sequence maps a page for each sibling not forked yet."""
 
     def max_decode_steps(self, seq_groups, limit, waiting=False):
-        from sim.kv.vattention_runs import run_capacity
+        from sim.fast.vattention import run_capacity
 
-        seqs = [(self.num_tokens(i), 1) for ids in seq_groups for i in ids]
-        return min(limit, run_capacity(seqs, self.block_size, self.num_free_blocks)) if seqs else limit
+        seqs = [(self.kv.num_tokens(i), 1) for ids in seq_groups for i in ids]
+        return min(limit, run_capacity(seqs, self.kv.block_size, self.kv.num_free_blocks)) if seqs else limit
 
 
 class _GrowthForgetsSiblings(VAttentionKVManager):
@@ -50,7 +52,8 @@ class _GrowthForgetsSiblings(VAttentionKVManager):
 
 
 @pytest.mark.parametrize("make_test", [
-    lambda: make_kv_manager_test(lambda: _RunsIgnoreSiblings(12, 2, max_seq_len=24), max_examples=300),
+    lambda: make_kv_manager_test(lambda: VAttentionKVManager(12, 2, max_seq_len=24), max_examples=300,
+                                 runs=_RunsIgnoreSiblings),
     lambda: make_kv_manager_test(lambda: _GrowthForgetsSiblings(8, 4, max_seq_len=32), max_examples=300),
 ], ids=["run-ignores-siblings", "growth-forgets-siblings"])  # fmt: skip
 def test_the_machine_catches_broken_vattention(make_test):
@@ -172,13 +175,13 @@ def test_a_decode_run_equals_stepping_with_siblings_and_past_final_lengths():
     kv.allocate_slots([0], [5], [NewSequence(5, 9, fork_final_lens=(30,))])  # one sibling waits: 2 pages per page
     kv.allocate_slots([1], [8], [NewSequence(8, 10)])  # writes past its final length after 2 steps
     kv.allocate_slots([2], [1], [NewSequence(1, 40)])
-    steps = kv.max_decode_steps([[0, 1, 2]], 100)
+    steps = kv_runs(kv).max_decode_steps([[0, 1, 2]], 100)
     stepped, expected = copy.deepcopy(kv), []
     for _ in range(steps):
         assert stepped.allocate_slots([0, 1, 2], [1, 1, 1]).copies == []
         expected.append(stepped.breakdown().counts())
     assert stepped.allocate_slots([0, 1, 2], [1, 1, 1]) is None  # the run stops exactly where memory does
-    assert kv.advance_decodes([[0, 1, 2]], steps) == expected
+    assert kv_runs(kv).advance_decodes([[0, 1, 2]], steps) == expected
     assert [kv.block_table(i) for i in range(3)] == [stepped.block_table(i) for i in range(3)]
     assert kv.breakdown() == stepped.breakdown()
     kv.check_invariants()
