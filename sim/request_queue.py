@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from operator import attrgetter
 from typing import Callable
 
 from .request import Request
+
+
+_queue_key = attrgetter("queue_key")
 
 
 class FCFSRequestQueue(deque):
@@ -55,6 +59,6 @@ class PriorityRequestQueue(FCFSRequestQueue):
         return request.priority, arrival_order
 
     def add_request(self, group) -> None:
-        bisect.insort(self, group, key=lambda g: g.queue_key)
+        bisect.insort(self, group, key=_queue_key)
 
     prepend_request = add_request

@@ -42,17 +42,21 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from operator import attrgetter
 from typing import NamedTuple
 
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
-from .preemption import latest_arrival, victim_policy
+from .preemption import victim_policy
 from .config import SchedulerConfig
 from .request import Request
 from .request_queue import FCFSRequestQueue, PriorityRequestQueue
+from .speculative import check_accepted, draft_counts
 from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepResult"]
+
+_queue_key = attrgetter("queue_key")  # a group's place in every queue (the bisections' key)
 
 
 class Admission(NamedTuple):
@@ -316,7 +320,8 @@ class Scheduler:
                 kept.append(group)
                 continue
             ids = [s.seq_id for s in seqs]
-            drafts = self._drafts(group, seqs, counts, budget) if self._num_drafts else None
+            drafts = draft_counts(group, seqs, counts, budget, self._num_drafts, self.config.max_model_len,
+                                  self._draft_len) if self._num_drafts else None  # fmt: skip
             while True:  # NOTE: the transaction's brackets (see abandon_step), inline: this loop runs every step
                 self._open_allocation = Allocating(group, seqs, None)
                 if drafts is None:
@@ -339,31 +344,6 @@ class Scheduler:
                 self._open_allocation = None
         self._running = kept
         return budget
-
-    def _drafts(self, group: SequenceGroup, seqs, counts: list[int], budget: int | None) -> list[int] | None:
-        """Draft tokens each sequence of the group verifies this step (speculative decoding), or None for none: k for a
-        plain decode (one token fed: the last sampled one), fewer where its output would end first (it samples at most
-        1 + its drafts, never past output_len: its K/V then stays within its final length), past max_model_len, or
-        where the budget left after the group's own tokens runs out. None for beam search (its beams branch each
-        step)."""
-        if group.is_beam_search:
-            return None
-        k, max_len = self._num_drafts, self.config.max_model_len
-        left = None if budget is None else budget - sum(counts)
-        drafts = []
-        for seq, count in zip(seqs, counts):
-            d = 0
-            if count == 1 and not seq.prefilling and seq.num_computed_tokens == seq.num_tokens - 1:
-                d = min(k, seq.output_len - seq.num_generated - 1)
-                if max_len:
-                    d = min(d, max_len - seq.num_tokens)
-                if d > 0 and self._draft_len is not None:
-                    d = min(d, self._draft_len(seq.request_id, seq.seq_id))
-                if left is not None:
-                    d = min(d, left)
-                    left -= max(d, 0)
-            drafts.append(max(d, 0))
-        return drafts if any(drafts) else None
 
     def _choose_victim(self, group: SequenceGroup, remaining: deque[SequenceGroup]) -> SequenceGroup:
         """Among the group that needs memory and the running groups not yet scheduled in this step."""
@@ -541,7 +521,7 @@ class Scheduler:
         if plan is not self._outstanding:
             raise ValueError("finish_step() expects the plan the last schedule() returned")
         if plan.num_draft_tokens:
-            _check_accepted(plan, outcome)
+            check_accepted(plan, outcome)
         self._outstanding, self._reported = None, plan
         seqs, groups = self._seqs, self._groups
         touched: dict[int, SequenceGroup] = {}  # the groups that sampled: only they can finish
@@ -677,18 +657,3 @@ class Scheduler:
         for dropped in reselect_beams(self.kv, group, parents, lambda n: self._new_seq(group.request, n)):
             del self._seqs[dropped.seq_id]
         return [s.seq_id for s in group.seqs]
-
-
-def _queue_key(group: SequenceGroup) -> int | tuple[int, int]:
-    return group.queue_key
-
-
-def _check_accepted(plan: StepPlan, outcome: StepOutcome) -> None:
-    """ValueError unless the outcome names, for every verify entry of the plan, how many of its drafts were accepted
-    (0 .. its drafts): checked before finish_step changes anything."""
-    for entry in plan.decodes:
-        if entry.num_draft_tokens:
-            accepted = outcome.num_accepted.get(entry.seq_id)
-            if not (isinstance(accepted, int) and 0 <= accepted <= entry.num_draft_tokens):
-                raise ValueError(f"num_accepted[{entry.seq_id}]: expected 0 to {entry.num_draft_tokens} (the entry's "
-                                 f"draft tokens), found {accepted!r}")  # fmt: skip

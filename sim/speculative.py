@@ -9,7 +9,7 @@ accepted with the same probability alpha, independently, as long as every draft 
     tokens per step:    E[1 + a] = (1 - alpha^(k+1)) / (1 - alpha)        (k + 1 when alpha = 1)
 
 The scheduler (sim/scheduler.py, `num_speculative_tokens`) gives each decoding sequence up to k lookahead slots for
-its drafts; the loop (sim/loop.py) draws the accepted count of each verify entry from `AcceptanceModel` and reports
+its drafts (how many: `draft_counts`, below); the loop (sim/loop.py) draws the accepted count of each verify entry from `AcceptanceModel` and reports
 it (`StepOutcome.num_accepted`); the scheduler rolls the rest back through the KV contract.
 
 Cost. The verify step is priced by the cost model's ordinary `step_time`: a verify entry is a decode (its last
@@ -47,3 +47,41 @@ class AcceptanceModel:
 def expected_tokens_per_step(rate: float, k: int) -> float:
     """E[1 + accepted] for k drafts at acceptance rate `rate` (Leviathan et al., eq. 1)."""
     return float(k + 1) if rate == 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - rate)
+
+
+def draft_counts(group, seqs, counts: list[int], budget: int | None, k: int, max_model_len: int,
+                 draft_len=None) -> list[int] | None:  # fmt: skip
+    """The scheduler's rule: draft tokens each sequence `seqs` of the group verifies this step, after the `counts`
+    tokens it is fed, or None for none. k for a plain decode (one token fed: the last sampled one), fewer where its
+    output would end first (it samples at most 1 + its drafts, never past output_len: its K/V then stays within its
+    final length), past `max_model_len` (0: no limit), where `draft_len(request_id, seq_id)` (the engine's n-gram
+    draft) has fewer, or where the `budget` left after the group's own tokens runs out (None: no budget). None for
+    beam search (its beams branch each step)."""
+    if group.is_beam_search:
+        return None
+    left = None if budget is None else budget - sum(counts)
+    drafts = []
+    for seq, count in zip(seqs, counts):
+        d = 0
+        if count == 1 and not seq.prefilling and seq.num_computed_tokens == seq.num_tokens - 1:
+            d = min(k, seq.output_len - seq.num_generated - 1)
+            if max_model_len:
+                d = min(d, max_model_len - seq.num_tokens)
+            if d > 0 and draft_len is not None:
+                d = min(d, draft_len(seq.request_id, seq.seq_id))
+            if left is not None:
+                d = min(d, left)
+                left -= max(d, 0)
+        drafts.append(max(d, 0))
+    return drafts if any(drafts) else None
+
+
+def check_accepted(plan, outcome) -> None:
+    """ValueError unless the outcome names, for every verify entry of the plan, how many of its drafts were accepted
+    (0 .. its drafts): the scheduler checks it before finish_step changes anything."""
+    for entry in plan.decodes:
+        if entry.num_draft_tokens:
+            accepted = outcome.num_accepted.get(entry.seq_id)
+            if not (isinstance(accepted, int) and 0 <= accepted <= entry.num_draft_tokens):
+                raise ValueError(f"num_accepted[{entry.seq_id}]: expected 0 to {entry.num_draft_tokens} (the entry's "
+                                 f"draft tokens), found {accepted!r}")  # fmt: skip

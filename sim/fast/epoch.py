@@ -193,6 +193,12 @@ class DecodeEpochs:
                 self.refused = (head, num_seqs, free, sched.num_preemptions)
         return RunShape(num_seqs, epoch.context, epoch.lasts[epoch.next_last] - epoch.steps + 1, blocked)
 
+    def room(self, max_steps: int) -> int:
+        """How many of the open epoch's next steps (at most `max_steps`, never past the first member's last token)
+        memory allows."""
+        epoch = self.epoch
+        return epoch.kv.max_steps(min(max_steps, epoch.lasts[epoch.next_last] - epoch.steps + 1))
+
     def advance(self, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
         """Apply the open epoch's next steps (at most `max_steps`, never past the first member's last token): the
         pool's counts during each step applied (none if memory allows no step) and the requests finished."""

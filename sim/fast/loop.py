@@ -26,7 +26,7 @@ from ..kv.base import SHARE_NAMES, as_seen
 from ..loop import SCHEDULE, STEP_END, Simulator
 from ..plan import StepOutcome, StepPlan, StepResult
 from .epoch import DecodeEpochs, EpochStep
-from .runs import DecodeRun, decode_run, price_steps
+from .runs import DecodeRun, decode_run, kv_runs, price_steps
 
 EPOCH_TRIM = 4096  # an open decode epoch's step ends kept before the first ones no member reads are dropped
 
@@ -59,12 +59,11 @@ def epoch_run(epochs: DecodeEpochs, cost, now: float, next_arrival: float, stop:
     if shape is None:
         return None
     num_seqs, context, steps_left, blocked = shape
-    starts, durations = price_steps(cost, now, stop if blocked else min(next_arrival, stop), steps_left, num_seqs,
-                                    context)  # fmt: skip
-    counts, finished = epochs.advance(len(durations))
-    k = len(counts)
-    if k >= 1:
-        del starts[k:], durations[k:]
+    allowed = epochs.room(steps_left)  # (asked first: no step is priced that memory does not allow)
+    if allowed:
+        starts, durations = price_steps(cost, now, stop if blocked else min(next_arrival, stop), allowed, num_seqs,
+                                        context)  # fmt: skip
+        counts, finished = epochs.advance(len(durations))
         return EpochRun(starts, durations, counts, num_seqs, finished)
     preempted = epochs.preempt()
     if not preempted:
@@ -96,6 +95,7 @@ class FastSimulator(Simulator):
         # NOTE: a hint only: skipping a fast-forward attempt never changes results (the step is then scheduled
         # normally); it saves the attempt's O(seqs) cost where a run is known or likely to be impossible.
         self.may_run = True
+        self.runs = kv_runs(self.kv)  # the pool's arithmetic of runs (None: a manager the fast plane does not know)
         # Decode epochs: runs whose cost does not grow with the batch, where nothing watches every step (no observer,
         # no check, no range, no shared reads). The token times of the epoch's requests are then booked when each
         # finishes or the epoch closes, from the end of every step in it.
@@ -121,14 +121,15 @@ class FastSimulator(Simulator):
         if self.idle_since is not None:
             self.end_idle()  # (before any run: the pool sat idle until now)
         epochs = self.epochs
-        while self.jump and (self.may_run or (epochs is not None and epochs.epoch is not None)):
+        jumps = self.jump and self.runs is not None
+        while jumps and (self.may_run or (epochs is not None and epochs.epoch is not None)):
             while self.stop_at and self.stop_at[0] <= self.now:
                 self.stop_at.pop(0)
             stop = self.stop_at[0] if self.stop_at else math.inf
             horizon = min(self.next_arrival, stop)
             run = self._epoch_run(self.next_arrival, stop) if epochs is not None else False
             if run is False:  # run by run: no epoch here, or none for these sequences now
-                run = decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads)
+                run = decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads, self.runs)
                 if run is not None:
                     self._book_run(run)
             if run is None:

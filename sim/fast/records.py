@@ -7,13 +7,12 @@ from typing import Sequence
 def records(kv, seq_groups: Sequence[Sequence[int]]) -> list:
     """The records of the sequences of `seq_groups`, the groups concatenated: KeyError for a sequence the manager does
     not hold, ValueError for one named twice."""
-    seq_ids = [i for ids in seq_groups for i in ids]
-    if len(set(seq_ids)) != len(seq_ids):
+    state = kv.seq_state
+    found = [state(seq_id) for ids in seq_groups for seq_id in ids]
+    if None in found or len(set(map(id, found))) != len(found):  # (the common case checked in C)
+        seq_ids = [i for ids in seq_groups for i in ids]
+        missing = [i for i, seq in zip(seq_ids, found) if seq is None]
+        if missing:
+            raise KeyError(f"sequence {missing[0]} is not live")
         raise ValueError(f"duplicate sequence ids {seq_ids}")
-    state, found = kv.seq_state, []
-    for seq_id in seq_ids:
-        seq = state(seq_id)
-        if seq is None:
-            raise KeyError(f"sequence {seq_id} is not live")
-        found.append(seq)
     return found

@@ -53,21 +53,23 @@ def kv_runs(kv):
 class PlainDecodes:
     """The running sequences when the next steps are plain decodes of exactly them (plain_decodes)."""
 
+    runs: object  # the pool's arithmetic of runs (kv_runs)
     groups: list  # the running groups, in queue order
     seqs: list  # their sequences, in plan order
     seq_groups: list[list[int]]  # the sequence ids of each group, as a step allocates them
     steps_left: int  # the fewest tokens a sequence has still to sample
 
 
-def plain_decodes(scheduler) -> PlainDecodes | None:
+def plain_decodes(scheduler, runs=None) -> PlainDecodes | None:
     """The running sequences, if the next schedule() is certain to be a plain decode of exactly them and stays so
     while memory lasts and none finishes: every running group decodes all its sequences (no prompt chunk, beam search
     or copy waiting), nothing is swapped out, the budget holds them all, and the first waiting group could not be
-    admitted now (advance stops a run before free memory grows). Else None."""
+    admitted now (advance stops a run before free memory grows). Else None. `runs`: kv_runs(scheduler.kv), if known."""
     running, config = scheduler.running, scheduler.config
     if scheduler.in_flight is not None or not running or scheduler.num_swapped or config.num_speculative_tokens:
         return None  # (speculative decoding: a step samples a random number of tokens, no run is plain)
-    if kv_runs(scheduler.kv) is None:
+    runs = kv_runs(scheduler.kv) if runs is None else runs
+    if runs is None:
         return None
     seqs: list = []
     seq_groups: list[list[int]] = []
@@ -93,26 +95,31 @@ def plain_decodes(scheduler) -> PlainDecodes | None:
     if scheduler.num_waiting and scheduler.may_admit() and scheduler.head_may_be_admitted(
             budget, len(seqs), nothing_fed=config.mode != "v1"):
         return None
-    return PlainDecodes(list(running), seqs, seq_groups, steps_left)
+    return PlainDecodes(runs, list(running), seqs, seq_groups, steps_left)
 
 
-def advance(scheduler, decodes: PlainDecodes, max_steps: int) -> tuple[list[tuple[int, ...]], list[int]]:
+def room(scheduler, decodes: PlainDecodes, max_steps: int) -> int:
+    """How many of the next `max_steps` plain decode steps memory allows (the pool's arithmetic, kv_runs). A waiting
+    group refused now stays refused while free memory does not grow (in a paged pool it only shrinks during a run; a
+    hybrid pool's sliding groups give blocks back): the run stops before it grows."""
+    waiting = bool(scheduler.num_waiting) and scheduler.may_admit()
+    return decodes.runs.max_decode_steps(decodes.seq_groups, max_steps, waiting)
+
+
+def advance(scheduler, decodes: PlainDecodes, max_steps: int,
+            allowed: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:  # fmt: skip
     """Apply as many plain decode steps as memory allows, at most `max_steps`, at once: the state as many rounds of
     schedule() and finish_step() with nothing reported would leave, with the same block ids. No sequence may reach
     its output_len before step `max_steps`; those that reach it in the last step applied finish then (finish_step's
-    rule). Returns the pool's five raw slot counts during each step applied (none if memory allows no step) and the
-    requests finished."""
+    rule). `allowed`: what room() answered just before, for at least `max_steps` (not asked again). Returns the pool's
+    five raw slot counts during each step applied (none if memory allows no step) and the requests finished."""
     if not 1 <= max_steps <= decodes.steps_left:
         raise ValueError(f"advance({max_steps}): expected a plain decode state and no sequence finishing before the "
                          "last step")  # fmt: skip
-    # a waiting group refused now stays refused while free memory does not grow (in a paged pool it only shrinks
-    # during a run; a hybrid pool's sliding groups give blocks back): the run stops before it grows
-    waiting = bool(scheduler.num_waiting) and scheduler.may_admit()
-    runs = kv_runs(scheduler.kv)
-    num_steps = runs.max_decode_steps(decodes.seq_groups, max_steps, waiting)
+    num_steps = room(scheduler, decodes, max_steps) if allowed is None else min(allowed, max_steps)
     if num_steps < 1:
         return [], []
-    counts = runs.advance_decodes(decodes.seq_groups, num_steps, checked=True)
+    counts = decodes.runs.advance_decodes(decodes.seq_groups, num_steps, checked=True)
     for seq in decodes.seqs:  # the tokens finish_step would have added, step by step
         seq.num_generated += num_steps
         seq.num_computed_tokens += num_steps
@@ -170,13 +177,14 @@ def price_steps(cost, now: float, next_arrival: float, max_steps: int, num_seqs:
     return starts, durations
 
 
-def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: bool = False) -> DecodeRun | None:
+def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: bool = False,
+               runs=None) -> DecodeRun | None:  # fmt: skip
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
     return it; None when the next step is not such a run (the loop then schedules it normally). `shared_reads`: price
     each step with its shared K/V reads (sim.plan.StepPlan.num_shared_context_tokens), which a run cannot change:
     a block that several sequences read is full (writing into a shared block copies it first, and a run has no
-    copy), and every block a run fills is its sequence's own."""
-    decodes = plain_decodes(scheduler)
+    copy), and every block a run fills is its sequence's own. `runs`: kv_runs(scheduler.kv), if known."""
+    decodes = plain_decodes(scheduler, runs)
     if decodes is None:
         return None
     seqs = decodes.seqs
@@ -189,15 +197,15 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     kv = scheduler.kv
     shared = shared_context_tokens(((kv.block_table(s.seq_id), s.num_computed_tokens + 1) for s in seqs),
                                    kv.block_size) if shared_reads else 0  # fmt: skip
-    starts, durations = price_steps(cost, now, next_arrival, steps_left, num_seqs, sum(before), shared)
+    allowed = room(scheduler, decodes, steps_left)  # (asked first: no step is priced that memory does not allow)
+    if allowed < 1:
+        return None
+    starts, durations = price_steps(cost, now, next_arrival, allowed, num_seqs, sum(before), shared)
     ids = [s.seq_id for s in seqs]
     num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
     waiting = num_waiting + scheduler.num_swapped > 0
-    counts, finished = advance(scheduler, decodes, len(durations))
+    counts, finished = advance(scheduler, decodes, len(durations), allowed)
     k = len(counts)
-    if k < 1:
-        return None
-    del starts[k:], durations[k:]
     frees = k == steps_left
     request_ids = list(dict.fromkeys(s.request_id for s in seqs))
     return DecodeRun(starts, durations, counts, waiting, ids, request_ids, before, num_running, num_waiting, finished,

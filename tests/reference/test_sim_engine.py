@@ -132,9 +132,9 @@ def record_calls(scheduler: Scheduler, simulator: FastSimulator | None = None) -
                 tables[sid] = kv.block_table(sid)
         return record_run(before, tables, counts, finished)
 
-    def recording_advance(sched, decodes, num_steps):
+    def recording_advance(sched, decodes, num_steps, allowed=None):
         before = [(s.request_id, s.seq_id, s.num_computed_tokens) for s in decodes.seqs]
-        return capturing_tables(lambda: advance(sched, decodes, num_steps), before)
+        return capturing_tables(lambda: advance(sched, decodes, num_steps, allowed), before)
 
     def recording_epoch_advance(max_steps):
         # a decode epoch's run (paged): every running group is a member when one is asked (run_shape joined the
