@@ -23,13 +23,13 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 from tqdm import tqdm
 
+from .beam import BeamScores
 from .cost import check_step_time
 from .kv.base import SHARE_NAMES, as_seen
 from .limits import MAX_TIME_S
-from .metrics import StepLog, StepTotals, Table, request_table
+from .metrics import RequestTimes, StepLog, StepTotals, Table, request_table
 from .plan import StepOutcome, StepPlan, StepResult
 from .request import Request
 from .scheduler import Scheduler
@@ -59,36 +59,6 @@ class StepEnd(NamedTuple):
     plan: StepPlan
     outcome: StepOutcome  # from the true lengths (sim.loop.Simulator.outcome)
     beam_scores: dict  # beam-search request id -> (its current seq ids, the survivors' scores in beam_parents order)
-
-
-class RequestTimes:
-    """Per request (by index): the times the latency metrics are made of; NaN until they happen. NOTE: plain
-    Python lists, not numpy arrays: the loop touches single items millions of times (arrays() at the end)."""
-
-    def __init__(self, count: int) -> None:
-        nan = math.nan
-        self.first_scheduled = [nan] * count  # start of the first step that feeds one of its tokens
-        self.first_token = [nan] * count  # end of the first step that samples for it
-        self.last_token = [nan] * count
-        self.max_gap = [0.0] * count  # the largest time between two of its consecutive token steps
-        self.token_steps = [0] * count  # steps that sampled at least one token for it (a verify step: its tokens kept)
-        self.finish = [nan] * count
-        self.preemptions = [0] * count
-
-    def sampled(self, i: int, now: float, tokens: int = 1) -> None:
-        if self.token_steps[i]:
-            gap = now - self.last_token[i]
-            if gap > self.max_gap[i]:
-                self.max_gap[i] = gap
-        else:
-            self.first_token[i] = now
-        self.last_token[i] = now
-        self.token_steps[i] += tokens
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        ints = ("token_steps", "preemptions")
-        return {name: np.array(getattr(self, name), dtype=np.int64 if name in ints else float)
-                for name in ("first_scheduled", "first_token", "last_token", "max_gap", *ints, "finish")}  # fmt: skip
 
 
 class Simulator:
@@ -124,10 +94,9 @@ class Simulator:
             raise ValueError("request ids must be unique")
         self.block_bytes = block_bytes
         self.on_step = on_step
-        self.rng = np.random.default_rng([seed, 0xBEA])  # beam scores: a stream apart from the workload's
+        self.beams = BeamScores(seed)
         self.progress = tqdm(total=len(requests), unit="req", disable=not progress)
         self.times = RequestTimes(len(self.requests))
-        self.beam_scores: dict[int, float] = {}  # seq id -> cumulative log-prob of a beam
         self.log = StepLog() if step_table else StepTotals()
         self.integral = dict.fromkeys(SHARE_NAMES, 0.0)
         self.now = 0.0
@@ -216,9 +185,7 @@ class Simulator:
                 self.times.sampled(self.index[request_id], self.now)
         for request_id, seq_ids in result.new_beam_seq_ids.items():
             old_ids, scores = beam_scores[request_id]
-            for seq_id in old_ids:
-                self.beam_scores.pop(seq_id, None)
-            self.beam_scores.update(zip(seq_ids, scores))
+            self.beams.update(old_ids, seq_ids, scores)
         for request_id in result.finished_request_ids:
             self.times.finish[self.index[request_id]] = self.now
         self.progress.update(len(result.finished_request_ids))
@@ -277,19 +244,10 @@ class Simulator:
             elif request.beam_width > 1:
                 beams.setdefault(entry.request_id, []).append(entry.seq_id)
         for request_id, seq_ids in beams.items():
-            parents, scores = self._choose_beams(seq_ids)
+            parents, scores = self.beams.choose(seq_ids)
             outcome.beam_parents[request_id] = parents
             beam_scores[request_id] = (seq_ids, scores)
         return StepEnd(plan, outcome, beam_scores)
-
-    def _choose_beams(self, seq_ids: list[int]) -> tuple[list[int], list[float]]:
-        """Each of the k beams proposes 2 next tokens with random log-probs; the k best candidates survive.
-        Modelling approximation: log-probs are -Exponential(1) draws, not a model's (shapes forks and frees only)."""
-        k = len(seq_ids)
-        base = np.array([self.beam_scores.get(s, 0.0) for s in seq_ids])
-        candidates = np.repeat(base, 2) - self.rng.standard_exponential(2 * k)
-        best = np.argsort(-candidates, kind="stable")[:k]
-        return [seq_ids[c // 2] for c in best.tolist()], candidates[best].tolist()
 
     # --- bookkeeping -----------------------------------------------------------------------------------
     def end_idle(self) -> None:

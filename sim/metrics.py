@@ -33,6 +33,7 @@ Definitions used in the summary (`python -m sim run --json`):
 from __future__ import annotations
 
 import csv
+import math
 from array import array
 from itertools import chain
 from dataclasses import dataclass
@@ -180,8 +181,38 @@ class StepTotals:
         return None
 
 
+class RequestTimes:
+    """Per request (by index): the times the latency metrics are made of; NaN until they happen. NOTE: plain
+    Python lists, not numpy arrays: the loop touches single items millions of times (arrays() at the end)."""
+
+    def __init__(self, count: int) -> None:
+        nan = math.nan
+        self.first_scheduled = [nan] * count  # start of the first step that feeds one of its tokens
+        self.first_token = [nan] * count  # end of the first step that samples for it
+        self.last_token = [nan] * count
+        self.max_gap = [0.0] * count  # the largest time between two of its consecutive token steps
+        self.token_steps = [0] * count  # steps that sampled at least one token for it (a verify step: its tokens kept)
+        self.finish = [nan] * count
+        self.preemptions = [0] * count
+
+    def sampled(self, i: int, now: float, tokens: int = 1) -> None:
+        if self.token_steps[i]:
+            gap = now - self.last_token[i]
+            if gap > self.max_gap[i]:
+                self.max_gap[i] = gap
+        else:
+            self.first_token[i] = now
+        self.last_token[i] = now
+        self.token_steps[i] += tokens
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        ints = ("token_steps", "preemptions")
+        return {name: np.array(getattr(self, name), dtype=np.int64 if name in ints else float)
+                for name in ("first_scheduled", "first_token", "last_token", "max_gap", *ints, "finish")}  # fmt: skip
+
+
 def request_table(requests: list, times: dict[str, np.ndarray]) -> Table:
-    """Per-request results from the loop's record of `times` (sim.loop.RequestTimes.arrays()); unfinished requests
+    """Per-request results from the loop's record of `times` (RequestTimes.arrays()); unfinished requests
     keep NaN times and latencies. A request with one token step has no inter-token latency (NaN)."""
     arrival = np.array([r.arrival_time for r in requests], dtype=float)
     output_len = np.array([r.output_len for r in requests], dtype=np.int64)

@@ -45,6 +45,7 @@ from collections import deque
 from operator import attrgetter
 from typing import NamedTuple
 
+from .failed_step import Allocating, touched_requests, uncache_unwritten
 from .kv.base import KVManager, NewSequence
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .preemption import victim_policy
@@ -52,7 +53,8 @@ from .config import SchedulerConfig
 from .request import Request
 from .request_queue import FCFSRequestQueue, PriorityRequestQueue
 from .speculative import check_accepted, draft_counts
-from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, reselect_beams, split_budget
+from .beam import reselect_beams
+from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, split_budget
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepResult"]
 
@@ -65,13 +67,6 @@ class Admission(NamedTuple):
     new: list[NewSequence]  # one per sequence that takes memory (its prefix-cache hits included)
     counts: list[int]  # tokens each computes in this step (a chunk, or the rest of its prompt)
 
-
-class Allocating(NamedTuple):
-    """A KV call in flight (abandon_step's record): its group, the sequences it allocates for, an admission's specs."""
-
-    group: SequenceGroup
-    seqs: tuple[Sequence, ...]
-    new: list[NewSequence] | None  # None: the sequences are live already (they grow, or come back from swap)
 
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
@@ -582,45 +577,17 @@ class Scheduler:
             plan, self._outstanding = self._outstanding, None
         opened, self._open = self._open, set()
         allocation, self._open_allocation = self._open_allocation, None
-        if allocation is not None:
-            opened.add(allocation.group.request_id)
-        reported = plan is not None and plan is self._reported
-        self._reported = None
+        reported, self._reported = plan is not None and plan is self._reported, None
         # a step stopped midway may leave a group in a queue it was leaving: each queue keeps its own status only
         # (a group caught between two queues is one of `opened`, dropped below)
         self._running = [g for g in self._running if g.status is RUNNING]
         self._swapped = [g for g in self._swapped if g.status is SWAPPED]
         self._waiting.keep(lambda g: g.status is WAITING)
-        if plan is None and not opened:
-            return []
-        held = set(self.kv.seq_ids)
-        touched = dict.fromkeys(plan.request_ids() if plan is not None else ())
-        if plan is not None:
-            touched.update(dict.fromkeys(r for r in plan.preempted if self._groups[r].status is SWAPPED))
-            written = {dst for _, dst in plan.blocks_to_copy}
-            for group in self._running if written else ():
-                if any(b in written for s in group.kv_seqs if s.seq_id in held for b in self.kv.block_table(s.seq_id)):
-                    touched[group.request_id] = None
-        touched.update(dict.fromkeys(sorted(opened)))
-        if not reported:
-            self._uncache_unwritten(plan, allocation, held)
+        touched = touched_requests(self.kv, plan, opened, allocation, self._running, self._groups)
+        if touched and not reported:
+            uncache_unwritten(self.kv, plan, allocation)
         self._drop(touched)
-        return list(touched)
-
-    def _uncache_unwritten(self, plan: StepPlan | None, allocation, held: set[int]) -> None:
-        """Unregister the blocks a failed plan (and the allocation in flight) were to write from the prefix cache:
-        from each sequence's first position the step computes (those before it were written by earlier steps).
-        `held`: the sequences the manager holds."""
-        bs = self.kv.block_size
-        starts = [(e.seq_id, e.num_computed_tokens) for e in (plan.entries if plan else ())
-                  if e.num_new_tokens]  # fmt: skip
-        if allocation is not None:
-            seqs, new = allocation.seqs, allocation.new
-            starts += [(s.seq_id, s.num_computed_tokens if new is None else spec.num_cached_tokens)
-                       for s, spec in zip(seqs, new or seqs)]  # fmt: skip
-        for seq_id, start in starts:
-            if seq_id in held:  # on the GPU: the plan's entries and an allocation are never swapped out
-                self.kv.uncache(self.kv.block_table(seq_id)[start // bs:])
+        return touched
 
     def finish_sampled(self, groups) -> list[int]:
         """Finish the sequences of these running groups that have sampled their output_len tokens, freeing their

@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable
-
-from .kv.base import KVManager
 from .request import Request
 
 
@@ -174,41 +171,3 @@ def queue_copies(group: SequenceGroup, copies: list[tuple[int, int]]) -> None:
         if src != dst:
             origin[dst] = src
     group.pending_copies = [(src, dst) for dst, src in origin.items()]
-
-
-def reselect_beams(
-    kv: KVManager, group: SequenceGroup, parents: list[int], new_seq: Callable[[int], Sequence]
-) -> list[Sequence]:
-    """One beam-search step's bookkeeping (paper 4.4): keep the k beams `parents` names. Unlisted beams are
-    freed FIRST (their memory makes room), then each repeated parent is forked: its first occurrence keeps the
-    parent's id, later ones get a new sequence from `new_seq(num_generated)`. The fork's copies (contiguous
-    policies copy; paged ones share) wait in group.pending_copies for the next plan. Returns the dropped beams.
-    """
-    live = {s.seq_id: s for s in group.live}
-    width = group.request.beam_width
-    valid = group.is_beam_search and group.status is SequenceStatus.RUNNING and len(parents) == width
-    if not valid or not set(parents) <= live.keys():
-        raise ValueError(
-            f"beam_parents[{group.request_id}]: expected {width} of the running beams {sorted(live)}, got {parents}"
-        )
-    dropped = [seq for seq_id, seq in live.items() if seq_id not in parents]
-    for seq in dropped:
-        # a copy still waiting to fill a dropped beam (its fork in this same report) is moot: its blocks go
-        gone = set(kv.block_table(seq.seq_id))
-        group.pending_copies = [(src, dst) for src, dst in group.pending_copies if dst not in gone]
-        kv.free(seq.seq_id)
-        seq.status = SequenceStatus.FINISHED
-    beams: list[Sequence] = []
-    for i, parent_id in enumerate(parents):
-        beam = live[parent_id]
-        if parent_id in parents[:i]:  # a repeated parent: fork a new beam from it
-            parent = beam
-            beam = new_seq(parent.num_generated)
-            beam.status, beam.num_computed_tokens, beam.prefilling = SequenceStatus.RUNNING, parent.num_computed_tokens, False
-            copies = kv.fork(parent_id, beam.seq_id, beam.final_len)
-            if copies is None:
-                raise RuntimeError(f"fork of seq {parent_id}: expected room once dropped beams are freed, found none")
-            queue_copies(group, copies)
-        beams.append(beam)
-    group.set_seqs(beams)  # refreshes the cached live tuple: dropped beams are gone, forks are in
-    return dropped
