@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from sim.kv.base import BlockCopy, MemoryBreakdown, PrefixCacheStats
 from sim.plan import StepPlan
+from sim.step_shape import prefill_pairs, shared_context_tokens
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -159,7 +160,7 @@ class StepRecord:
     sampled_request_ids: list[int] = field(default_factory=list)  # requests that got a token from this step
     # The simulator's cost-model inputs for this plan (sim.cost.CostModel.step_time), so that measured steps fit it:
     # prompt tokens computed, decode entries, K/V tokens the attention reads (StepPlan.num_context_tokens), and the
-    # query-key pairs of the prompt chunks' attention (StepPlan.num_prefill_pairs).
+    # query-key pairs of the prompt chunks' attention (sim.step_shape.prefill_pairs).
     num_prefill_tokens: int = 0
     num_context_tokens: int = 0
     num_prefill_pairs: int = 0
@@ -178,8 +179,8 @@ class StepRecord:
             num_running_requests=len(plan.request_ids()), num_batched_tokens=plan.num_batched_tokens,
             num_free_blocks=num_free_blocks, memory=memory, step_time_s=step_time_s, start_s=start_s,
             num_waiting=num_waiting, num_prefill_tokens=plan.num_prefill_tokens,
-            num_context_tokens=plan.num_context_tokens, num_prefill_pairs=plan.num_prefill_pairs,
-            num_shared_context_tokens=plan.num_shared_context_tokens(block_size) if block_size else 0,
+            num_context_tokens=plan.num_context_tokens, num_prefill_pairs=prefill_pairs(plan),
+            num_shared_context_tokens=shared_context_tokens(plan, block_size) if block_size else 0,
             sampled_request_ids=list(dict.fromkeys(e.request_id for e in plan.entries if e.sample)))
 
 

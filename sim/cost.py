@@ -31,9 +31,9 @@ class CostModel(Protocol):
         """Seconds for one iteration. num_prefill_tokens: prompt tokens computed this step; num_decode_seqs:
         sequences generating one token; num_context_tokens: tokens whose K/V the batch's attention reads
         (a decoding sequence's whole context; a prefilling prompt counts its own tokens, cached prefix included);
-        num_prefill_pairs: query-key pairs of the prompt chunks' attention (sim.plan.StepPlan.num_prefill_pairs:
+        num_prefill_pairs: query-key pairs of the prompt chunks' attention (sim.step_shape.prefill_pairs:
         quadratic in a prompt's length); num_shared_context_tokens: those of the context tokens read from blocks
-        another sequence of the step reads too (StepPlan.num_shared_context_tokens; counting them costs O(blocks) a
+        another sequence of the step reads too (sim.step_shape.shared_context_tokens; counting them costs O(blocks) a
         step, so sim.run counts them only for a fitted model that prices them, PiecewiseCostModel.uses_shared_reads,
         and passes 0 otherwise). A model may ignore the last two, as the roofline does."""
         ...

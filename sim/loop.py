@@ -33,6 +33,7 @@ from .metrics import RequestTimes, StepLog, StepTotals, Table, request_table
 from .plan import StepOutcome, StepPlan, StepResult
 from .request import Request
 from .scheduler import Scheduler
+from .step_shape import shared_context_tokens, step_shape
 
 ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lower first)
 
@@ -211,7 +212,7 @@ class Simulator:
         cost ~microseconds, so they are not priced (a modelling approximation)."""
         duration = 0.0
         if plan.num_seqs:
-            shape = plan.shape(plan.num_shared_context_tokens(self.kv.block_size) if self.shared_reads else 0)
+            shape = step_shape(plan, shared_context_tokens(plan, self.kv.block_size) if self.shared_reads else 0)
             duration = self.cost.step_time(*shape)
             if not duration <= MAX_TIME_S:  # (NaN too) a cost model that is no machine's: one line, not a run
                 check_step_time(duration, tuple(shape))

@@ -31,19 +31,8 @@ entry always follows its leader's entry in `prefills`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from .kv.base import BlockCopy
-
-
-class StepShape(NamedTuple):
-    """What a cost model prices a step by (sim/cost.py: `step_time(*shape)`)."""
-
-    num_prefill_tokens: int  # prompt (or recompute) tokens fed, a verify entry's drafts included
-    num_decode_seqs: int  # sequences that decode (one token each, before any drafts)
-    num_context_tokens: int  # K/V the attention reads (StepPlan.num_context_tokens)
-    num_prefill_pairs: int = 0  # query-key pairs of the prompt chunks' (and drafts') attention
-    num_shared_context_tokens: int = 0  # of the K/V read, what another sequence of the step reads too
 
 
 @dataclass(slots=True)
@@ -75,16 +64,6 @@ class StepPlan:
         return sum(s.num_new_tokens for s in self.prefills) + len(self.decodes) + self.num_draft_tokens
 
     @property
-    def num_draft_pairs(self) -> int:
-        """Query-key pairs of the draft tokens' attention: a verify entry after c cached tokens feeds its last token
-        and d drafts, the j-th draft attending to c + 1 + j keys (as a chunk does; sim.cost prices a verify entry as a
-        decode plus a d-token chunk)."""
-        if not self.num_draft_tokens:
-            return 0
-        return sum(s.num_draft_tokens * (s.num_computed_tokens + 1) + s.num_draft_tokens * (s.num_draft_tokens + 1) // 2
-                   for s in self.decodes)  # fmt: skip
-
-    @property
     def num_prefill_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.prefills)
 
@@ -110,29 +89,6 @@ class StepPlan:
         return sum(s.num_computed_tokens + s.num_new_tokens for s in self.entries if s.num_new_tokens)
 
     @property
-    def num_prefill_pairs(self) -> int:
-        """Query-key pairs of the prompt chunks' attention: a chunk of k tokens after c cached ones has its j-th token
-        (j = 1..k) attend to c + j keys, k * c + k * (k + 1) / 2 pairs in all. Decodes count none (their attention
-        is num_context_tokens, one query each). What makes a long prompt cost more than its tokens (sim.cost)."""
-        return sum(s.num_new_tokens * s.num_computed_tokens + s.num_new_tokens * (s.num_new_tokens + 1) // 2
-                   for s in self.prefills)
-
-    def shape(self, num_shared_context_tokens: int = 0) -> StepShape:
-        """The step as a cost model prices it (`num_shared_context_tokens`: when the model reads them, else 0). A verify
-        entry's drafts are priced as a chunk after its decode."""
-        prefill, pairs = self.num_prefill_tokens, self.num_prefill_pairs
-        if self.num_draft_tokens:
-            prefill, pairs = prefill + self.num_draft_tokens, pairs + self.num_draft_pairs
-        return StepShape(prefill, self.num_decode_seqs, self.num_context_tokens, pairs, num_shared_context_tokens)
-
-    def num_shared_context_tokens(self, block_size: int) -> int:
-        """Of num_context_tokens, those read from a block that an earlier fed entry of this step also reads: a prompt
-        shared by n samples or k beams, a cached system prompt. On a CPU a block read twice in one pass is read the
-        second time from cache, at about half the cost (sim.cost.PiecewiseCostModel.d_shared). O(blocks read)."""
-        return shared_context_tokens(((s.block_table, s.num_computed_tokens + s.num_new_tokens)
-                                      for s in self.entries if s.num_new_tokens), block_size)
-
-    @property
     def is_empty(self) -> bool:
         """Nothing to run and nothing to copy: an executor may skip the step."""
         work = (self.prefills, self.decodes, self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy)
@@ -141,20 +97,6 @@ class StepPlan:
     def request_ids(self) -> list[int]:
         """The requests with a sequence in this step, in plan order, each once."""
         return list(dict.fromkeys(s.request_id for s in self.entries))
-
-
-def shared_context_tokens(reads, block_size: int) -> int:
-    """For (block_table, tokens read) per sequence, in order: the tokens read from a block an earlier sequence read
-    (StepPlan.num_shared_context_tokens; the fast-forward counts a run's the same way)."""
-    seen: set[int] = set()
-    shared = 0
-    for table, read in reads:
-        for j, block in enumerate(table[:-(-read // block_size)]):
-            if block in seen:
-                shared += min(block_size, read - j * block_size)
-            else:
-                seen.add(block)
-    return shared
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ it (`StepOutcome.num_accepted`); the scheduler rolls the rest back through the K
 
 Cost. The verify step is priced by the cost model's ordinary `step_time`: a verify entry is a decode (its last
 sampled token) plus a chunk of its d drafts after its context (sim.plan.StepPlan.num_draft_tokens and
-num_draft_pairs): d more new tokens (weights are read once either way: on a memory-bound GPU the drafts come almost
+sim.step_shape.draft_pairs): d more new tokens (weights are read once either way: on a memory-bound GPU the drafts come almost
 free, until the batch's tokens make the step compute-bound) and its K/V read once. NOTE: the draft's own cost is not
 charged: an n-gram (prompt-lookup) draft, as the reference engine's, matches token ids on the CPU and costs ~nothing
 next to a forward pass; a draft MODEL would add its own k small forward passes per step (not modelled).

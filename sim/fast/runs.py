@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..cost import check_step_time
 from ..kv.base import as_seen
 from ..limits import MAX_TIME_S
-from ..plan import StepShape, shared_context_tokens
+from ..step_shape import StepShape, shared_tokens
 from .contiguous import ContiguousKVManager, ContiguousRuns
 from .hybrid import HybridKVManager, HybridRuns
 from .paged import PagedKVManager, PagedRuns
@@ -181,7 +181,7 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
                runs=None) -> DecodeRun | None:  # fmt: skip
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
     return it; None when the next step is not such a run (the loop then schedules it normally). `shared_reads`: price
-    each step with its shared K/V reads (sim.plan.StepPlan.num_shared_context_tokens), which a run cannot change:
+    each step with its shared K/V reads (sim.step_shape.shared_context_tokens), which a run cannot change:
     a block that several sequences read is full (writing into a shared block copies it first, and a run has no
     copy), and every block a run fills is its sequence's own. `runs`: kv_runs(scheduler.kv), if known."""
     decodes = plain_decodes(scheduler, runs)
@@ -195,7 +195,7 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     before = [s.num_computed_tokens for s in seqs]
     # the first step's shared reads, as StepPlan counts them: each sequence reads its K/V and the token it feeds
     kv = scheduler.kv
-    shared = shared_context_tokens(((kv.block_table(s.seq_id), s.num_computed_tokens + 1) for s in seqs),
+    shared = shared_tokens(((kv.block_table(s.seq_id), s.num_computed_tokens + 1) for s in seqs),
                                    kv.block_size) if shared_reads else 0  # fmt: skip
     allowed = room(scheduler, decodes, steps_left)  # (asked first: no step is priced that memory does not allow)
     if allowed < 1:

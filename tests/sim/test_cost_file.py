@@ -378,14 +378,15 @@ def test_shared_reads_are_priced_apart_and_the_fast_forward_still_equals_steppin
 
 def test_a_plan_counts_the_reads_of_blocks_another_entry_reads():
     from sim.plan import ScheduledSeq, StepPlan
+    from sim.step_shape import shared_context_tokens
 
     # two samples sharing blocks 0 and 1 (a 20-token prompt, block size 16), each with its own third block
     plan = StepPlan(decodes=[ScheduledSeq(0, 0, 33, 1, [0, 1, 2]), ScheduledSeq(1, 0, 33, 1, [0, 1, 3])])
-    assert plan.num_context_tokens == 68 and plan.num_shared_context_tokens(16) == 32
+    assert plan.num_context_tokens == 68 and shared_context_tokens(plan, 16) == 32
     # a chunk after a cached prefix shared with a decode: the decode reads 5 tokens of block 4, the chunk all 16
     plan = StepPlan(prefills=[ScheduledSeq(2, 1, 16, 8, [4, 5])], decodes=[ScheduledSeq(3, 2, 4, 1, [4])])
-    assert plan.num_shared_context_tokens(16) == 5
-    assert StepPlan(decodes=[ScheduledSeq(0, 0, 33, 1, [0, 1, 2])]).num_shared_context_tokens(16) == 0
+    assert shared_context_tokens(plan, 16) == 5
+    assert shared_context_tokens(StepPlan(decodes=[ScheduledSeq(0, 0, 33, 1, [0, 1, 2])]), 16) == 0
 
 
 _HOSTILE_JSON = ["-1", "0", "1e400", "NaN", "Infinity", "true", "false", "null", '"x"', "[]", "{}", "[1, 0.5, -3]",
