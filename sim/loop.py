@@ -33,6 +33,7 @@ from .metrics import RequestTimes, StepLog, StepTotals, Table, request_table
 from .plan import StepOutcome, StepPlan, StepResult
 from .request import Request
 from .scheduler import Scheduler
+from .speculative import tokens_kept
 from .step_shape import shared_context_tokens, step_shape
 
 ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lower first)
@@ -173,12 +174,7 @@ class Simulator:
         plan, outcome, beam_scores = payload.plan, payload.outcome, payload.beam_scores
         result = self.finish_step(plan, outcome)
         if plan.num_draft_tokens:  # a verify step: a request's tokens count (1 + its accepted drafts)
-            kept: dict[int, int] = {}
-            for entry in plan.entries:
-                if entry.sample:
-                    tokens = 1 + outcome.num_accepted.get(entry.seq_id, 0)
-                    kept[entry.request_id] = max(tokens, kept.get(entry.request_id, 0))
-            for request_id, tokens in kept.items():
+            for request_id, tokens in tokens_kept(plan, outcome).items():
                 self.times.sampled(self.index[request_id], self.now, tokens)
         else:
             sampled = {entry.request_id for entry in plan.entries if entry.sample}

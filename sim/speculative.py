@@ -85,3 +85,14 @@ def check_accepted(plan, outcome) -> None:
             if not (isinstance(accepted, int) and 0 <= accepted <= entry.num_draft_tokens):
                 raise ValueError(f"num_accepted[{entry.seq_id}]: expected 0 to {entry.num_draft_tokens} (the entry's "
                                  f"draft tokens), found {accepted!r}")  # fmt: skip
+
+
+def tokens_kept(plan, outcome) -> dict[int, int]:
+    """After a verify step: per request that sampled, the tokens it kept (1 + its accepted drafts; the most of its
+    sequences'), what its token-step count grows by (sim.metrics.RequestTimes)."""
+    kept: dict[int, int] = {}
+    for entry in plan.entries:
+        if entry.sample:
+            tokens = 1 + outcome.num_accepted.get(entry.seq_id, 0)
+            kept[entry.request_id] = max(tokens, kept.get(entry.request_id, 0))
+    return kept
