@@ -289,14 +289,14 @@ class DecodeEpochs:
         epoch = self.epoch
         if epoch is None:
             result = sched.finish_step(plan, outcome)
-        else:  # the step's admissions that finish now (a one-token output) free their blocks: the counts follow
+        else:  # the step's admitted sequences that finish now free their blocks (a one-token output; a sample that ends
+            # before its siblings, its request still running): the counts follow
             admitted, epoch.admitted = epoch.admitted, []
             result = sched.finish_step(plan, outcome)
-            if result.finished_request_ids:
-                seq_state = self.kv.seq_state
-                for seq_id, state in admitted:
-                    if seq_state(seq_id) is None:
-                        epoch.kv.changed(state, -1)
+            seq_state = self.kv.seq_state
+            for seq_id, state in admitted:
+                if seq_state(seq_id) is None:
+                    epoch.kv.changed(state, -1)
         return StepResult(finished + result.finished_request_ids, result.new_beam_seq_ids)
 
     def abandon_step(self, plan: StepPlan | None = None) -> list[int]:

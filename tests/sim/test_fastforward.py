@@ -62,6 +62,12 @@ CASES["v1-paged-priority"] = ("paged", {"scheduler": "v1", "max_num_batched_toke
 CASES["v0-paged-short-joiners"] = ("paged", {"scheduler": "v0", "workload": "uniform", "rate": 30.0,
                                              "prompt_len_range": (1, 40), "output_len_range": (1, 12),
                                              "num_requests": 120, "kv_slots": 2048})
+# parallel samples re-admitted while an epoch is open, one of which ends in its first step while its siblings go on:
+# its blocks leave the epoch's counts though its request still runs (found by the random workloads below)
+CASES["v1-paged-a-sample-ends-alone"] = ("paged", {"scheduler": "v1", "workload": "uniform", "prompt_len_range": (1, 1),
+                                                   "output_len_range": (1, 48), "num_requests": 23, "n": 3,
+                                                   "block_size": 1, "rate": 20.0, "kv_slots": 189, "seed": 0,
+                                                   "max_num_batched_tokens": 64})
 
 
 def _simulate(policy: str, jump: bool, epochs: bool = False, **extra):
