@@ -124,7 +124,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     watermark: float = 0.0
     block_allocator: object = None  # paged: a class or function (num_blocks, block_size) -> the GPU pool's allocator
-    # (a student's own, lab 03; sim.kv.paged.plugged_allocator checks it); None: sim.blocks.BlockAllocator
+    # (a student's own, lab 03; sim.kv.plug.plugged_allocator checks it); None: sim.blocks.BlockAllocator
     # the scheduler
     scheduler: str = SCHEDULER_DEFAULTS.mode
     max_num_seqs: int = SCHEDULER_DEFAULTS.max_num_seqs

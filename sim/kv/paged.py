@@ -16,8 +16,10 @@ may be partly filled. For block_size 4 and 6 tokens:
 
 `allocate_slots` grows tables chunk by chunk (a whole prompt, a chunk of one, or one decode token) and is
 all-or-nothing over the sequences it is given; on out-of-memory it returns None and changes nothing.
-The manager is one class, in the contract's order: admission and allocation, swapping, what the executor and the
-metrics read (the memory breakdown), then the invariants. (The simulator's fast plane, sim/fast/paged.py, applies
+The manager is one class, in the contract's order: admission and allocation, swapping (the block moves themselves in
+sim/kv/swap.py), what the executor and the metrics read (the memory breakdown; slot by slot in sim/kv/views.py), then
+the invariants (checked the slow way in sim/kv/invariants.py). A student's own block allocator plugs in through
+sim/kv/plug.py. (The simulator's fast plane, sim/fast/paged.py, applies
 runs of decode steps to the records `seq_state` gives, in closed form; docs/ARCHITECTURE.md, "The fast plane".)
 """
 from __future__ import annotations
@@ -28,38 +30,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 from ..blocks import BlockAllocator, hash_block_tokens
 from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, SlotSegment, cdiv,
                    check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+from .invariants import check_paged_invariants
 from .offload import CpuOffloadTier, TierCopy
-
-
-# What the manager calls on its GPU allocator without prefix caching: lab 03's block allocator, exactly.
-ALLOCATOR_METHODS = ("num_blocks", "block_size", "num_free_blocks", "num_used_blocks", "can_allocate", "ref_count",
-                     "allocate", "share", "free", "copy_on_write", "check_invariants")  # fmt: skip
-# ... and with it: lab 04's cache_block and lookup, and two more (cached_block: a lookup that counts nothing and
-# revives nothing; uncache: forget blocks whose K/V will be overwritten, after an abort mid-prompt)
-PREFIX_ALLOCATOR_METHODS = ALLOCATOR_METHODS + ("cached_block", "cache_block", "lookup", "uncache")
-
-
-def plugged_allocator(block_allocator: Callable[[int, int], Any], num_blocks: int, block_size: int,
-                      enable_prefix_caching: bool) -> Any:  # fmt: skip
-    """`block_allocator(num_blocks, block_size)`, checked once: its sizes, and every method the manager will call
-    (a missing one is one line of TypeError now, not an AttributeError in the middle of a run). Every list it is
-    handed is a fresh list (never an iterator), so an allocator may read its argument twice."""
-    if not callable(block_allocator):
-        raise TypeError(f"block_allocator must be a class or function (num_blocks, block_size) -> an allocator, "
-                        f"got {type(block_allocator).__name__}")  # fmt: skip
-    allocator = block_allocator(num_blocks, block_size)
-    name = getattr(block_allocator, "__name__", type(allocator).__name__)
-    needed = PREFIX_ALLOCATOR_METHODS if enable_prefix_caching else ALLOCATOR_METHODS
-    missing = [m for m in needed if not hasattr(allocator, m)]
-    if missing:
-        why = " (prefix caching is on)" if enable_prefix_caching else ""
-        raise TypeError(f"block_allocator {name}: its allocator has no {', '.join(missing)}{why}")
-    if (allocator.num_blocks, allocator.block_size) != (num_blocks, block_size):
-        raise ValueError(f"block_allocator {name}({num_blocks}, {block_size}) says num_blocks "
-                         f"{allocator.num_blocks}, block_size {allocator.block_size}")  # fmt: skip
-    if enable_prefix_caching and not getattr(allocator, "enable_prefix_caching", False):
-        raise ValueError(f"block_allocator {name}: prefix caching is on, and its enable_prefix_caching is not True")
-    return allocator
+from .plug import plugged_allocator
+from .swap import distinct_blocks, move_blocks
+from .views import paged_slot_segments
 
 
 @dataclass(slots=True)
@@ -466,39 +441,20 @@ class PagedKVManager:
     # --- swapping (paper 4.5) -----------------------------------------------------------------------
     # A preempted group's blocks move to CPU memory and come back when GPU memory allows, keeping the sharing
     # inside the group. While a sequence is swapped out its block table holds CPU block ids.
-    def _distinct_blocks(self, seq_ids: Sequence[int], swapped: bool) -> list[int]:
-        """The distinct blocks the group's tables point at, in first-seen order; checks every id's location."""
-        seen: dict[int, None] = {}
-        for seq_id in seq_ids:
-            seq = self._seqs.get(seq_id)
-            if seq is None:
-                raise KeyError(f"sequence {seq_id} is not live")
-            if seq.swapped != swapped:
-                where = {True: "swapped out", False: "on the GPU"}
-                raise RuntimeError(f"sequence {seq_id} is {where[seq.swapped]}, expected it {where[swapped]}")
-            seen.update(dict.fromkeys(seq.block_table))
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
-        return list(seen)
-
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        blocks = self._distinct_blocks(seq_ids, swapped=False)
+        blocks = distinct_blocks(self._seqs, seq_ids, swapped=False)
         return self.cpu_allocator is not None and self.cpu_allocator.can_allocate(len(blocks))
 
     def swap_out(self, seq_ids: Sequence[int]) -> list[BlockCopy] | None:
-        """Move the group's blocks to CPU memory: returns (gpu_block, cpu_block) copies, or None if CPU memory is short.
-
-        A block shared inside the group is copied once and stays shared on the CPU. A block also held by a
-        sequence outside the group (a cached prefix, a beam left running) is copied too, and stays on the GPU
-        for its other owners: the group only drops its references there.
-        """
-        return self._move(seq_ids, swapped=False)
+        """Move the group's blocks to CPU memory: returns (gpu_block, cpu_block) copies, or None if CPU memory is short
+        (sim.kv.swap.move_blocks: sharing inside the group is kept; a block held outside it stays on the GPU too)."""
+        return move_blocks(self._seqs, seq_ids, False, self.allocator, self.cpu_allocator)
 
     def can_swap_in(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> bool:
         """Room for the group's blocks AND the growth that follows, leaving the watermark free (vLLM v0's
         can_swap_in reserves one block per sequence; here the need is exact). Sharing inside the group
         survives a swap, so the CPU tables and reference counts tell the growth."""
-        blocks = self._distinct_blocks(seq_ids, swapped=True)
+        blocks = distinct_blocks(self._seqs, seq_ids, swapped=True)
         seqs = [self._seqs[i] for i in seq_ids]
         grow = self._growth([(s.block_table, s.num_tokens) for s in seqs], num_new_tokens, self.cpu_allocator.ref_count)
         return len(blocks) + grow + self.watermark_blocks <= self.allocator.num_free_blocks
@@ -508,44 +464,7 @@ class PagedKVManager:
 
         NOTE: blocks come back as fresh GPU blocks, not re-registered in the prefix cache (a simplification).
         """
-        return self._move(seq_ids, swapped=True)
-
-    def _move(self, seq_ids: Sequence[int], swapped: bool) -> list[BlockCopy] | None:
-        """Copy the group's distinct blocks from one pool to the other, keeping sharing inside the group.
-
-        NOTE: exception-safe (the scheduler aborts the group if a call raises): each sequence moves whole (its old
-        blocks freed, then its table switched), and the new blocks of the sequences not yet moved are given back."""
-        src_pool, dst_pool = (self.cpu_allocator, self.allocator) if swapped else (self.allocator, self.cpu_allocator)
-        blocks = self._distinct_blocks(seq_ids, swapped)
-        if dst_pool is None:
-            return None
-        fresh = dst_pool.allocate(len(blocks))
-        if fresh is None:
-            return None
-        mapping = dict(zip(blocks, fresh))
-        seqs = [self._seqs[i] for i in seq_ids]
-        tables = [[mapping[b] for b in seq.block_table] for seq in seqs]
-        # Each dst block came with one reference; a block shared by k group members needs k - 1 more.
-        extra_refs: list[int] = []
-        seen: set[int] = set()
-        for table in tables:
-            extra_refs += [b for b in table if b in seen]
-            seen.update(table)
-        try:
-            dst_pool.share(extra_refs)
-        except BaseException:
-            dst_pool.free(fresh)
-            raise
-        moved = 0
-        try:
-            for seq, table in zip(seqs, tables):
-                src_pool.free(seq.block_table[::-1])
-                seq.block_table, seq.swapped = table, not swapped
-                moved += 1
-        except BaseException:
-            dst_pool.free([b for table in tables[moved:] for b in table])
-            raise
-        return list(mapping.items())
+        return move_blocks(self._seqs, seq_ids, True, self.cpu_allocator, self.allocator)
 
     # --- what the executor and the metrics read ------------------------------------------------------
     def block_table(self, seq_id: int) -> list[int]:
@@ -587,30 +506,8 @@ class PagedKVManager:
     # partly filled last blocks hold empty slots; each empty slot is reservation if some owner will still
     # write it, else internal fragmentation.
     def slot_segments(self) -> list[SlotSegment]:
-        """(seq id, first slot, end slot, kind) of every held GPU slot, kinds as indices of SHARE_NAMES; a shared
-        block is listed once, under its first owner. The breakdown below, slot by slot."""
-        bs, segments, last = self.block_size, [], {}
-        seen: set[int] = set()
-        for seq_id, seq in self._seqs.items():
-            if seq.swapped:  # its blocks are in CPU memory
-                continue
-            for i, b in enumerate(seq.block_table):
-                filled = min(bs, seq.num_tokens - i * bs)
-                reach = max(filled, min(bs, seq.final_len - i * bs))
-                if b in seen:
-                    if b in last:
-                        last[b][2] = max(last[b][2], reach)
-                    continue
-                seen.add(b)
-                if filled == bs:
-                    segments.append(SlotSegment(seq_id, b * bs, (b + 1) * bs, 0))
-                else:
-                    last[b] = [seq_id, filled, reach]
-        for b, (seq_id, filled, reach) in last.items():
-            for kind, lo, hi in ((0, 0, filled), (1, filled, reach), (2, reach, bs)):
-                if hi > lo:
-                    segments.append(SlotSegment(seq_id, b * bs + lo, b * bs + hi, kind))
-        return segments
+        """(seq id, first slot, end slot, kind) of every held GPU slot (sim/kv/views.py): the breakdown slot by slot."""
+        return paged_slot_segments(self)
 
     def breakdown(self, waiting: bool = False) -> MemoryBreakdown:
         """The pool in five kinds of slot, exact from each sequence's true final length; shared blocks count once.
@@ -649,62 +546,12 @@ class PagedKVManager:
 
     # --- invariants ----------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens;
-        the breakdown equals a slow block-by-block recount."""
-        self.allocator.check_invariants()
-        if self.cpu_allocator is not None:
-            self.cpu_allocator.check_invariants()
-        if self.offload is not None:
-            self.offload.check_invariants()
-        bs = self.block_size
-        refs: dict[bool, dict[int, int]] = {False: {}, True: {}}
-        fill: dict[int, tuple[int, int]] = {}  # GPU block -> (filled slots, slots some owner will reach)
-        for seq_id, seq in self._seqs.items():
-            n = cdiv(seq.num_tokens, bs)
-            if len(seq.block_table) != n or len(set(seq.block_table)) != n:
-                raise RuntimeError(
-                    f"sequence {seq_id}: expected {n} distinct blocks for "
-                    f"{seq.num_tokens} tokens, found block table {seq.block_table}"
-                )
-            for i, b in enumerate(seq.block_table):
-                refs[seq.swapped][b] = refs[seq.swapped].get(b, 0) + 1
-                if seq.swapped:
-                    continue
-                note_fill(fill, b, seq, i, bs, "block")
-        for pool, held, name in ((self.allocator, refs[False], "GPU"), (self.cpu_allocator, refs[True], "CPU")):
-            size = 0 if pool is None else pool.num_blocks
-            for b in set(range(size)) | set(held):
-                found = pool.ref_count(b) if b < size else None
-                if found != held.get(b, 0):
-                    raise RuntimeError(f"{name} block {b}: expected ref count {held.get(b, 0)} (owners), found {found}")
-        expected = recounted_breakdown(fill, bs, self.allocator.num_free_blocks)
-        if self.breakdown() != expected:
-            raise RuntimeError(f"expected breakdown {expected} (block by block), found {self.breakdown()}")
+        """Ref counts equal the owners in every table (GPU and CPU); each table covers exactly its tokens; the breakdown
+        equals a slow block-by-block recount (sim/kv/invariants.py)."""
+        check_paged_invariants(self)
 
     def __repr__(self) -> str:
         return (
             f"PagedKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
             f"seqs={len(self._seqs)}, free_blocks={self.num_free_blocks})"
         )
-
-
-def note_fill(fill: dict[int, tuple[int, int]], block: int, seq, i: int, bs: int, word: str) -> None:
-    """Record in `fill` (block -> (filled slots, slots some owner will reach)) what logical block `i` of `seq` (its
-    num_tokens, final_len) holds in physical `block`; every owner of a shared block must see the same fill."""
-    filled = min(bs, seq.num_tokens - i * bs)
-    reach = max(filled, min(bs, seq.final_len - i * bs))
-    if block in fill and fill[block][0] != filled:
-        raise RuntimeError(f"{word} {block}: owners disagree on its fill ({fill[block][0]} vs {filled} tokens)")
-    fill[block] = (filled, max(reach, fill.get(block, (0, 0))[1]))
-
-
-def recounted_breakdown(fill: dict[int, tuple[int, int]], bs: int, num_free_blocks: int) -> MemoryBreakdown:
-    """The breakdown a block-by-block recount gives (no external fragmentation: blocks fit anywhere)."""
-    return MemoryBreakdown(
-        token_states=sum(f for f, _ in fill.values()),
-        reservation=sum(r - f for f, r in fill.values()),
-        internal_fragmentation=sum(bs - r for _, r in fill.values()),
-        external_fragmentation=0,
-        free=num_free_blocks * bs,
-    )
-

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv, check_lookahead, no_pending_lookahead
-from .paged import AdmissionNeed, PagedKVManager, SeqState, note_fill, recounted_breakdown
+from .invariants import note_fill, recounted_breakdown
+from .paged import AdmissionNeed, PagedKVManager, SeqState
 from .radix_tree import RadixNode, RadixTree
 
 

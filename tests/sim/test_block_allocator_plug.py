@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import sim
 from sim.kv import make_kv_manager, takes_block_allocator
 from sim.kv.base import NewSequence
-from sim.kv.paged import ALLOCATOR_METHODS, PagedKVManager
+from sim.kv.paged import PagedKVManager
+from sim.kv.plug import ALLOCATOR_METHODS
 from sim.request import Request
 from sim.specs import MODELS
 
