@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..slots import ALLOCATORS
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment,
-                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
+from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, as_seen, cdiv
+from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
+from .no_sharing import NoPrefixCache, NoSwapSpace
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
@@ -160,7 +161,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
         return count <= reserved and self._num_blocks_for(reserved) <= self.allocator.largest_free_run
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
-        """(tokens each sequence grows by, drafts included; the drafts, or None), checked (base.with_lookahead)."""
+        """(tokens each sequence grows by, drafts included; the drafts, or None), checked (checks.with_lookahead)."""
         return with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
                               lambda seq_id: self._run(seq_id).num_lookahead)  # fmt: skip
 

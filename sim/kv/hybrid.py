@@ -59,8 +59,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..blocks import BlockAllocator
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment, cdiv,
-                   check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
+from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, cdiv
+from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
+from .no_sharing import NoPrefixCache, NoSwapSpace
 from .groups import group_size
 
 
@@ -204,7 +205,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         return self._need(seq_ids, num_new_tokens, new) is not None
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
-        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (base.with_lookahead)."""
+        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (checks.with_lookahead)."""
         grown, lookahead = with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
                                           lambda seq_id: self._seq(seq_id).num_lookahead)  # fmt: skip
         return grown, lookahead if lookahead is not None else [0] * len(seq_ids)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, SlotSegment, cdiv,
-                   check_lookahead, check_request_args, check_rollback, no_pending_lookahead)  # fmt: skip
+from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, SlotSegment, cdiv
+from .checks import check_lookahead, check_request_args, check_rollback, no_pending_lookahead
 from .invariants import check_paged_invariants
 from .offload import CpuOffloadTier, TierCopy
 from .plug import plugged_allocator

@@ -45,7 +45,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv, check_lookahead, no_pending_lookahead
+from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv
+from .checks import check_lookahead, no_pending_lookahead
 from .invariants import note_fill, recounted_breakdown
 from .paged import AdmissionNeed, PagedKVManager, SeqState
 from .radix_tree import RadixNode, RadixTree

@@ -59,8 +59,9 @@ from typing import Sequence
 
 from ..blocks import BlockAllocator
 from ..specs import ModelSpec
-from .base import (Allocation, BlockCopy, MemoryBreakdown, NewSequence, NoPrefixCache, NoSwapSpace, SlotSegment,
-                   as_seen, cdiv, check_request_args, check_rollback, no_pending_lookahead, with_lookahead)  # fmt: skip
+from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, as_seen, cdiv
+from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
+from .no_sharing import NoPrefixCache, NoSwapSpace
 
 KiB = 1024
 # NOTE: the default page is the smallest page of whole tokens of at least 64 KiB, vAttention's smallest page size
@@ -212,7 +213,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         return self._need(seq_ids, num_new_tokens, new) is not None
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
-        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (base.with_lookahead)."""
+        """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (checks.with_lookahead)."""
         grown, lookahead = with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
                                           lambda seq_id: self._seq(seq_id).num_lookahead)  # fmt: skip
         return grown, lookahead if lookahead is not None else [0] * len(seq_ids)
