@@ -95,3 +95,21 @@ class BeamSearchState:
             self.done = True
             return BeamStepResult([], [], True)
         return BeamStepResult([b for _, b, _ in best], [p for _, _, p in best], False)
+
+
+def step_beams(request_id: int, state, row_of: dict[int, int], logits: torch.Tensor, outcome) -> tuple[list[Beam], str | None]:
+    """One beam-search step of the request `state` (the engine's RequestState): every beam's row of `logits` (`row_of`:
+    seq id -> row) scored, the survivors chosen; the step's outcome told which sequences finished or which parents
+    survive (sim.plan.StepOutcome). Returns the surviving beams and, when the search ends, its finish reason."""
+    if set(row_of) != set(state.seqs):
+        raise RuntimeError(f"request {request_id}: expected all beams {sorted(state.seqs)} in the step, "
+                           f"found {sorted(row_of)}")  # fmt: skip
+    order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
+    beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
+    step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1).cpu())
+    if step.done:
+        outcome.finished_seq_ids.update(order)
+        return step.beams, state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length"
+    if state.beam.width > 1:  # the scheduler re-chooses beams; a single beam simply goes on (a plain group)
+        outcome.beam_parents[request_id] = step.parents
+    return step.beams, None

@@ -14,8 +14,9 @@ block table, and only an entry that reaches the end of its sequence (`entry.samp
 
 Two classes, as vLLM's `LLM` over its `LLMEngine`. `LLMEngine` (this file) is the engine proper, and reads top to
 bottom in the order a request meets it: a checked request queued (`_enqueue`: the scheduler's queue), aborts, one
-iteration (`step`), what the engine makes of a step's logits (prompt log-probs, sampling and stop rules, beam
-steps), and last the outputs and the step's record. `LLM` (reference/llm.py) builds one from settings (the model,
+iteration (`step`), what the engine makes of a step's logits (prompt log-probs, sampling, verify entries), and last
+the step's record. Beside it: what it keeps per request and the outputs it makes of it (reference/request_state.py),
+the stop rules (reference/stops.py), a beam step (reference/beam.py), its two guards (reference/threads.py). `LLM` (reference/llm.py) builds one from settings (the model,
 the pool, the KV manager, the scheduler, the executor) and adds vLLM's offline API on top of `step`: `generate`,
 `chat`, `beam_search`, and `add_request` with every check of a request's input.
 
@@ -34,97 +35,31 @@ Bad input and failures:
   touched (`Scheduler.abandon_step`: their blocks return to the pool), counts itself in
   `stats.num_failed_steps` and re-raises; the engine stays usable and the other requests stay queued.
   `generate()` / `beam_search()` interrupted or failing abort every request they queued before re-raising;
-- one thread at a time: a second thread calling in while one runs gets a RuntimeError at once (`_one_thread`).
+- one thread at a time: a second thread calling in while one runs gets a RuntimeError at once (`OneThread`).
 """
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from reference import executor as ex
-from reference.beam import Beam, BeamSearchState
-from reference.outputs import (CompletionOutput, EngineSnapshot, EngineStats, Logprob, RequestMetrics, RequestOutput,
-                               StepRecord)
+from reference.beam import BeamSearchState, step_beams
+from reference.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, StepRecord
 from reference.prompt_logprobs import PromptLogprobs
 from reference.request_ids import RequestIds
-from reference.sampling import BeamSearchParams, RowContext, SamplingParams, sample, sample_generator
+from reference.request_state import CheckedRequest, Params, RequestState, SampleState, request_output
+from reference.sampling import BeamSearchParams, RowContext, sample, sample_generator
 from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, accept_greedy, propose_ngram
+from reference.stops import check_stop, stop_ids
+from reference.threads import OneThread, held_interrupts
 from sim.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.request import Request
 from sim.scheduler import Scheduler
 
-Params = SamplingParams | BeamSearchParams
+__all__ = ["CheckedRequest", "LLMEngine", "Params"]
 
-
-@dataclass(slots=True)
-class _Seq:
-    index: int  # position among the request's samples / beams
-    token_ids: list[int]  # generated so far
-    cum_logprob: float = 0.0
-    finish_reason: str | None = None
-    generator: torch.Generator | None = None  # None: greedy (or a beam)
-    logprobs: list[dict] | None = None  # per token {id: (logprob, rank)}, when the params ask for them
-    stop_reason: int | str | None = None
-    stop_token: bool = False  # stopped by an end-of-sequence or stop token: its text is left out of the text
-    text_len: int = 0  # characters of the text searched for stop strings so far (check_stop_strings: only new text)
-    text_end: int | None = None  # a stop string cut the text here
-
-
-@dataclass(slots=True)
-class _RequestState:
-    request_id: str  # the public id (the engine's dicts key it by the scheduler's int)
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: Params
-    max_tokens: int  # params.max_tokens, cut to what the model context leaves
-    seqs: dict[int, _Seq]  # scheduler seq id -> state: samples, or the current beams
-    beam: BeamSearchState | None = None
-    num_cached_tokens: int | None = None  # set at the first admission
-    prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs set: collected as computed
-    metrics: RequestMetrics | None = None  # set when queued; updated after every step it is in
-
-
-@dataclass(slots=True)
-class CheckedRequest:
-    """One request as add_request would queue it, every check passed (nothing queued yet)."""
-
-    prompt: str | None  # the text, None when given as token ids
-    prompt_token_ids: list[int]
-    params: Params
-    max_tokens: int  # params.max_tokens, cut to what the model context leaves
-    request_id: str | None  # None: the engine's next id
-    priority: int = 0  # its place under scheduling_policy="priority": the lower value first (vLLM's priority)
-
-
-@contextmanager
-def held_interrupts() -> Iterator[None]:
-    """Hold Ctrl-C back while the scheduler changes its queues and the KV manager (a few microseconds to
-    milliseconds): a SIGINT arriving then is delivered as the block ends, so a KeyboardInterrupt never lands
-    between a KV call's return and the scheduler recording it. The scheduler still undoes a step that raises
-    anywhere (Scheduler.abandon_step); this only keeps an interrupt out of the KV manager's own statements.
-    Only in the main thread (the only one Python delivers signals to) and over a Python-level SIGINT handler."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler):  # SIG_IGN, SIG_DFL or a handler set outside Python: nothing to hold
-        yield
-        return
-    held: list = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-        if held:
-            handler(*held[0])  # the default handler raises KeyboardInterrupt here
 
 class LLMEngine:
     """The engine proper: the scheduler's plans executed on a real model, one `step` at a time, with the requests'
@@ -146,14 +81,12 @@ class LLMEngine:
         self.step_log: list[StepRecord] = []
         self.arrivals: dict[int, tuple[float, int, int]] = {}  # scheduler id -> (arrival s, prompt len, max tokens)
         self.finished_metrics: list[RequestMetrics] = []  # every finished request's, in finishing order
-        self._requests: dict[int, _RequestState] = {}  # by scheduler id: the requests not finished
+        self._requests: dict[int, RequestState] = {}  # by scheduler id: the requests not finished
         self._ids = RequestIds()  # public str id <-> scheduler int id, for every request ever queued
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
         self._start = time.perf_counter()
         self.started_at = time.time()  # the wall clock (epoch seconds) when the engine's clock (metrics, logs) read 0
-        # one thread at a time (_one_thread): reentrant, so generate() may call step() and abort() in its thread
-        self._lock = threading.RLock()
-        self._running: str | None = None  # the outermost call holding the lock, for the refusal's message
+        self._one_thread = OneThread()  # `with self._one_thread("step()"):` one thread at a time (reference/threads.py)
         # speculative decoding: each sequence's draft tokens proposed for the step being planned (draft_len), by
         # matching its last n tokens, n from prompt_lookup_max down to prompt_lookup_min (reference/speculative.py)
         self._drafts: dict[int, list[int]] = {}
@@ -184,7 +117,7 @@ class LLMEngine:
         try:
             self._ids.add(public, rid)
             eos = () if params.ignore_eos else self.config.eos_token_ids
-            state = _RequestState(public, checked.prompt, ids, params, max_tokens, {},
+            state = RequestState(public, checked.prompt, ids, params, max_tokens, {},
                                   metrics=RequestMetrics(arrival))
             if prompt_logprobs is not None:
                 state.prompt_logprobs = PromptLogprobs(ids, prompt_logprobs)
@@ -193,7 +126,7 @@ class LLMEngine:
             seed = None if beam or params.greedy else (params.seed if params.seed is not None
                                                        else int(self._rng.integers(2**62)))
             for i, seq_id in enumerate(self.scheduler.seq_ids(rid)):
-                state.seqs[seq_id] = _Seq(i, [], generator=None if seed is None else sample_generator(seed, i),
+                state.seqs[seq_id] = SampleState(i, [], generator=None if seed is None else sample_generator(seed, i),
                                           logprobs=None if beam or params.logprobs is None else [])
             self._requests[rid] = state
         except BaseException:  # an interrupt right here: the scheduler must not keep a request the engine lacks
@@ -278,24 +211,6 @@ class LLMEngine:
         with self._one_thread("step()"):
             return self._step()
 
-    @contextmanager
-    def _one_thread(self, call: str) -> Iterator[None]:
-        """Run `call` (e.g. "generate()") as the only call into this engine. The thread already inside may enter
-        again (generate() steps and aborts); another thread gets a RuntimeError at once, nothing changed.
-        NOTE: a refusal, not a wait: waiting behind another thread's whole generate() would look like a hang, and
-        the engine's state (the scheduler's queues, the requests' tokens) is not safe to share between steps of
-        two callers anyway. The cost: about 1 us a call on one CPU core, against milliseconds a step."""
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"this LLM is already running {self._running or 'a call'} in another thread; "
-                               "use one LLM per thread or call it from one thread")
-        outer = self._running
-        self._running = outer or call
-        try:
-            yield
-        finally:
-            self._running = outer
-            self._lock.release()
-
     def _step(self) -> list[RequestOutput]:
         plan = None
         try:
@@ -318,11 +233,12 @@ class LLMEngine:
                 for rid, beams in pending.items():  # the surviving beams under their (possibly new) seq ids
                     # NOTE: a search of width 1 reports no beam_parents (its one beam always goes on): same seq id
                     ids = result.new_beam_seq_ids.get(rid) or list(self._requests[rid].seqs)
-                    self._requests[rid].seqs = {i: _Seq(n, b.token_ids, b.cum_logprob) for n, (i, b) in
+                    self._requests[rid].seqs = {i: SampleState(n, b.token_ids, b.cum_logprob) for n, (i, b) in
                                                 enumerate(zip(ids, beams))}
                 self._time_step(plan, result.finished_request_ids, start - self._start,
                                 time.perf_counter() - self._start)
-                outputs = [self._output(rid) for rid in plan.request_ids()]
+                outputs = [request_output(self._requests[rid], self.scheduler.is_finished(rid), self._decode)
+                           for rid in plan.request_ids()]  # fmt: skip
                 for rid in result.finished_request_ids:
                     del self._requests[rid]
                 self._record(plan, result.finished_request_ids, time.perf_counter() - start, start - self._start)
@@ -417,7 +333,9 @@ class LLMEngine:
         if plain:
             self._sample_plain(plain, logits, outcome)
         for rid, row_of in beam_rows.items():
-            survivors = self._step_beams(rid, row_of, logits, outcome)
+            survivors, finish_reason = step_beams(rid, self._requests[rid], row_of, logits, outcome)
+            if finish_reason is not None:
+                self._count_finish(finish_reason)
             if survivors:
                 pending[rid] = survivors
         return outcome, pending
@@ -428,7 +346,7 @@ class LLMEngine:
         params = [st.params for st in states]
         contexts = None
         if any(p.has_penalties or p.min_tokens for p in params):
-            contexts = [RowContext(st.prompt_token_ids, seq.token_ids, self._stop_ids(st.params))
+            contexts = [RowContext(st.prompt_token_ids, seq.token_ids, stop_ids(st.params, self.config.eos_token_ids))
                         for st, seq in zip(states, seqs)]  # fmt: skip
         tokens, logprobs, top = sample(logits[[r for _, r in plain]], params, [s.generator for s in seqs], contexts)
         for (entry, _), state, seq, token, logprob, best in zip(plain, states, seqs, tokens, logprobs, top):
@@ -437,7 +355,7 @@ class LLMEngine:
                 seq.cum_logprob += logprob
             if best is not None:
                 seq.logprobs.append(best)
-            self._check_stop(state, seq, token)
+            check_stop(state, seq, token, self.config.eos_token_ids, self._decode)
             if seq.finish_reason is not None:
                 outcome.finished_seq_ids.add(entry.seq_id)
                 self._count_finish(seq.finish_reason)
@@ -454,7 +372,7 @@ class LLMEngine:
         for token in kept:
             seq.token_ids.append(token)
             appended += 1
-            self._check_stop(state, seq, token)
+            check_stop(state, seq, token, self.config.eos_token_ids, self._decode)
             if seq.finish_reason is not None:
                 outcome.finished_seq_ids.add(entry.seq_id)
                 self._count_finish(seq.finish_reason)
@@ -464,43 +382,6 @@ class LLMEngine:
         self.stats.num_accepted_tokens += appended - 1
         self.stats.num_generated_tokens += appended - 1  # (add_step counts the step's one token per sampling entry)
 
-    def _stop_ids(self, params) -> tuple[int, ...]:
-        eos = () if params.ignore_eos else tuple(self.config.eos_token_ids)
-        return eos + tuple(params.stop_token_ids)
-
-    def _check_stop(self, state, seq, token: int) -> None:
-        """vLLM v1's stop rules: no stop before min_tokens; an end-of-sequence id (unless ignore_eos) or a stop id
-        stops ("stop", stop_reason = the id); a stop string in the new text stops and cuts the text (checked from
-        min_tokens + 1 tokens on, as vLLM's detokenizer); else max_tokens ends it ("length")."""
-        p, n = state.params, len(seq.token_ids)
-        if n >= p.min_tokens:
-            if not p.ignore_eos and token in self.config.eos_token_ids:
-                seq.finish_reason, seq.stop_token = "stop", True
-            elif token in p.stop_token_ids:
-                seq.finish_reason, seq.stop_token, seq.stop_reason = "stop", True, token
-        if p.stop and n > p.min_tokens and not seq.stop_token:
-            text = self._decode(seq.token_ids, p.skip_special_tokens)
-            hit, seq.text_len = check_stop_strings(text, seq.text_len, p.stop, p.include_stop_str_in_output)
-            if hit is not None:
-                seq.finish_reason, (seq.stop_reason, seq.text_end) = "stop", hit
-        if seq.finish_reason is None and n >= state.max_tokens:
-            seq.finish_reason = "length"
-
-    def _step_beams(self, rid: int, row_of: dict[int, int], logits: torch.Tensor, outcome: StepOutcome) -> list[Beam]:
-        state = self._requests[rid]
-        if set(row_of) != set(state.seqs):
-            raise RuntimeError(f"request {rid}: expected all beams {sorted(state.seqs)} in the step, "
-                               f"found {sorted(row_of)}")
-        order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
-        beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
-        step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1).cpu())
-        if step.done:
-            outcome.finished_seq_ids.update(order)
-            self._count_finish(state.beam.hypotheses[0].finish_reason if state.beam.hypotheses else "length")
-        elif state.beam.width > 1:  # the scheduler re-chooses beams; a single beam simply goes on (a plain group)
-            outcome.beam_parents[rid] = step.parents
-        return step.beams
-
     def _count_finish(self, reason: str) -> None:
         self.stats.finish_reasons[reason] = self.stats.finish_reasons.get(reason, 0) + 1
 
@@ -508,36 +389,6 @@ class LLMEngine:
     def _decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(token_ids,
                                                                        skip_special_tokens=skip_special_tokens)
-
-    def _completion(self, seq, params) -> CompletionOutput:
-        """A sample's CompletionOutput, its text cut as vLLM cuts it (a stop token's or stop string's text is left
-        out unless include_stop_str_in_output)."""
-        ids = list(seq.token_ids)  # (beams in progress have BeamSearchParams: vLLM's defaults)
-        skip = getattr(params, "skip_special_tokens", True)
-        keep_stop = getattr(params, "include_stop_str_in_output", False)
-        text = self._decode(ids[:-1] if seq.stop_token and not keep_stop else ids, skip)
-        if seq.text_end is not None and seq.text_end >= 0:
-            text = text[:seq.text_end]
-        # decoded_token shows special tokens as they are (vLLM converts ids to tokens for logprobs)
-        logprobs = None if seq.logprobs is None else [
-            {t: Logprob(lp, rank, self._decode([t], False)) for t, (lp, rank) in step.items()} for step in seq.logprobs]
-        # vLLM: no cumulative_logprob for a sample that asked for no logprobs (beams always score theirs)
-        cumulative = seq.cum_logprob if getattr(params, "logprobs", 0) is not None else None
-        return CompletionOutput(seq.index, text, ids, cumulative, logprobs, seq.finish_reason, seq.stop_reason)
-
-    def _output(self, request_id: int) -> RequestOutput:
-        """The RequestOutput of the request the scheduler knows as `request_id`, under its public id."""
-        state = self._requests[request_id]
-        if state.beam is not None and state.beam.done:  # the finished hypotheses, best first
-            outputs = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids, h.cum_logprob, None, h.finish_reason)
-                       for i, h in enumerate(state.beam.hypotheses)]
-        else:
-            seqs = sorted(state.seqs.values(), key=lambda s: s.index)
-            outputs = [self._completion(s, state.params) for s in seqs]
-        finished = self.scheduler.is_finished(request_id)
-        prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs.entries)
-        return RequestOutput(state.request_id, state.prompt, list(state.prompt_token_ids), prompt_logprobs, outputs,
-                             finished, state.num_cached_tokens or 0, replace(state.metrics))
 
     def _time_step(self, plan: StepPlan, finished: list[int], start_s: float, end_s: float) -> None:
         """The step's times in its requests' metrics: scheduled at its start (the first time), a token step at its end
@@ -564,25 +415,3 @@ class LLMEngine:
                                                   self.scheduler.num_waiting, self.kv_manager.block_size))
 
 
-def check_stop_strings(text: str, checked: int, stop: list[str], include: bool) -> tuple[tuple[str, int] | None, int]:
-    """A step's stop-string check: find_stop_string over the text past its first `checked` characters; (the hit,
-    the characters checked from now on). A trailing partly decoded character (U+FFFD until its last byte comes) is
-    not counted as checked: when it completes, the text's length may not change, yet a stop string may end there."""
-    return find_stop_string(text, len(text) - checked, stop, include), len(text.rstrip("\ufffd"))
-
-
-def find_stop_string(text: str, new_chars: int, stop: list[str], include: bool) -> tuple[str, int] | None:
-    """vLLM's check_stop_strings: the first stop string (in the list's order) found in the text's newest
-    `new_chars` characters (or overlapping them); (the string, where the text ends: -1 for no cut)."""
-    if new_chars <= 0:
-        return None
-    for s in stop:
-        index = text.find(s, 1 - new_chars - len(s))
-        if index == -1:
-            continue
-        if include:
-            index += len(s)
-            if index >= len(text):
-                return s, -1
-        return s, index
-    return None

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reference import LLM, SamplingParams
-from reference.engine import find_stop_string
+from reference.stops import find_stop_string
 from reference.sampling import RowContext, filter_logits, process_row
 
 QUESTION = "Name three colours, separated by commas."

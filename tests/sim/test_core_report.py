@@ -21,7 +21,7 @@ core_report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(core_report)
 
 # The core path's code lines at most (tools/core_report.py's count): a ratchet, lowered as the core is simplified.
-CORE_BUDGET = 1906
+CORE_BUDGET = 1775
 CORE_FILES = 10
 
 
