@@ -9,7 +9,8 @@ def records(kv, seq_groups: Sequence[Sequence[int]]) -> list:
     not hold, ValueError for one named twice."""
     state = kv.seq_state
     found = [state(seq_id) for ids in seq_groups for seq_id in ids]
-    if None in found or len(set(map(id, found))) != len(found):  # (the common case checked in C)
+    distinct = set(map(id, found))  # (the common case checked in C: `None in found` would call each record's __eq__)
+    if id(None) in distinct or len(distinct) != len(found):
         seq_ids = [i for ids in seq_groups for i in ids]
         missing = [i for i, seq in zip(seq_ids, found) if seq is None]
         if missing:
