@@ -16,8 +16,9 @@ import pytest
 
 from sim.cli import main
 from sim.figures import readme_numbers
-from sim.figures.readme_numbers import BLOCKS, Files, current_block, make_block, markers, readme_blocks
+from sim.figures.readme_numbers import BLOCKS, Files, current_block, make_block, markers, page_block, readme_blocks
 from sim.kv import allocates_blocks_on_demand
+from tests.docs_book import book_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
@@ -38,10 +39,10 @@ def lab(files: Files, block: str, key: str, column: str = "lab") -> str:
 
 
 def test_readme_blocks_are_generated_from_the_committed_files(files):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, block in readme_blocks(files).items():
-        assert current_block(readme, name) == block, name
-    assert list(BLOCKS) == sorted(BLOCKS, key=lambda name: readme.index(markers(name)[0]))  # in README order
+    for name, block in readme_blocks(files).items():  # each on its page: README.md or docs/*.md, exactly one
+        assert page_block(name) == block, name
+    book = book_text()  # README.md, then mkdocs.yml's nav
+    assert list(BLOCKS) == sorted(BLOCKS, key=lambda name: book.index(markers(name)[0]))  # in reading order
 
 
 # --- each number, by hand -----------------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def empty_blocks(names=tuple(BLOCKS), inside: str = "") -> str:
 def test_check_passes_on_the_committed_readme():
     out = sim("readme-numbers", "--check")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "README.md: the README's numbers are the files'"
+    assert out.stdout.strip() == "README.md and docs/*.md: the README's numbers are the files'"
 
 
 def test_a_stale_block_is_found_and_write_rewrites_a_copy(tmp_path, capsys):
@@ -227,7 +228,7 @@ def test_a_readme_without_markers_is_one_line(tmp_path, capsys):
 def test_print_gives_every_block_between_its_markers(capsys):
     assert main(["readme-numbers"]) == 0
     out = capsys.readouterr().out
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = book_text()
     for name in BLOCKS:
         begin, end = markers(name)
         assert f"{begin}\n{current_block(readme, name)}\n{end}" in out
