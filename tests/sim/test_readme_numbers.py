@@ -248,3 +248,31 @@ def test_bad_input_is_one_error_line(args, message, tmp_path):
 def test_a_missing_file_names_itself(tmp_path):
     with pytest.raises(FileNotFoundError, match="memory_waste.csv: no such file"):
         readme_numbers.make_block("memory-waste", Files(tmp_path))
+
+
+def test_blocks_are_found_on_whichever_page_holds_them(tmp_path, files):
+    """The pages (README.md, docs/*.md) share the blocks: --write rewrites each on its own page, the changed pages
+    only; a block on no page, or on two, is one line naming it (and nothing is written)."""
+    from sim.figures.readme_numbers import _write, locate, read_pages
+
+    blocks = readme_blocks(files)
+    names = list(BLOCKS)
+    front, page, other = tmp_path / "README.md", tmp_path / "page.md", tmp_path / "other.md"
+    front.write_text("front\n\n" + empty_blocks(names[:1], inside="stale\n") + "\n")
+    page.write_text("a page\n\n" + empty_blocks(names[1:], inside="stale\n") + "\n")
+    other.write_text("no blocks here\n")
+    changed, _ = _write([front, page, other], names, blocks)
+    assert changed == [front, page] and other.read_text() == "no blocks here\n"
+    texts = read_pages([front, page, other])
+    assert locate(texts, names) == {name: [front] if name == names[0] else [page] for name in names}
+    assert all(page_block(name, texts) == blocks[name] for name in names)
+    assert _write([front, page, other], names, blocks)[0] == []  # unchanged: nothing written
+
+    other.write_text(empty_blocks(names[:1]) + "\n")  # the first block on two pages
+    with pytest.raises(ValueError, match=f"{markers(names[0])[0]} is on .*README.md and .*other.md"):
+        _write([front, page, other], names, blocks)
+    other.write_text("no blocks here\n")
+    page.write_text("a page\n")  # the others on none
+    with pytest.raises(ValueError, match=rf"no {markers(names[1])[0]} .* block \(nor "):
+        _write([front, page, other], names, blocks)
+    assert front.read_text().startswith("front\n")
