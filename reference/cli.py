@@ -103,7 +103,8 @@ def _add_readme_numbers_parser(sub) -> None:
     mode.add_argument("--write", action="store_true", help="rewrite the README's blocks between their markers")
     mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
     p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the results files (default: figures)")
-    p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
+    p.add_argument("--readme", default=None, metavar="PATH",
+                   help="for --write/--check: this one file (default: README.md and docs/*.md, each block on its page)")
 
 
 def _add_serve_parser(sub) -> None:

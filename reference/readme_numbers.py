@@ -4,14 +4,15 @@ as generated blocks.
 The same markers and rules as sim/figures/readme_numbers.py (`python -m sim readme-numbers`), which makes every other
 block of the README but cannot make these: sim imports nothing of reference. The text is what the commands
 themselves print (reference.calibrate's fit_sentence and stability_sentence, reference.validate_sim's readme_table
-and targets_sentence), made here from the committed files; nothing is measured. A test checks that each block of
-README.md is exactly what this module makes of those files, so no number there is typed by hand.
+and targets_sentence), made here from the committed files; nothing is measured. Each block lives on its section's
+page (docs/serving.md, docs/calibration.md; looked for in README.md and every docs/*.md, as sim's are). A test checks
+that each block is exactly what this module makes of those files, so no number there is typed by hand.
 
     python -m reference readme-numbers              # print every block, between its markers
-    python -m reference readme-numbers --write      # rewrite README.md's blocks
-    python -m reference readme-numbers --check      # exit 1 if a block of README.md is not what the files give
+    python -m reference readme-numbers --write      # rewrite the blocks, on whichever page each is
+    python -m reference readme-numbers --check      # exit 1 if a block is not what the files give
 
-The blocks, in README order (BLOCKS):
+The blocks, in reading order (BLOCKS):
     serving       figures/validate_online*.csv  the server under a trace over HTTP: latencies at the client, the HTTP
                                                 overhead, the simulator's error against the client and the engine
     calibration   figures/cost_model_cpu.json   the machine it was measured on, how well it fits, how stable the fit is
@@ -28,7 +29,7 @@ from typing import Callable
 from reference.calibrate import fit_sentence, stability_sentence
 from reference.validate_sim import readme_table, targets_sentence
 from sim.figures import readme_numbers as sim_numbers
-from sim.figures.readme_numbers import README, Row, Table
+from sim.figures.readme_numbers import Row, Table
 
 COMMAND = "python -m reference readme-numbers"
 COST_MODEL = "cost_model_cpu.json"  # under figures/: written by `python -m reference calibrate`
@@ -166,16 +167,10 @@ def missing_blocks(text: str) -> list[str]:
     return sim_numbers.missing_blocks(text, BLOCKS)
 
 
-def update_readme(readme: str | Path = README, files: Files | None = None) -> bool:
-    """Rewrite README's blocks from the committed files (atomically); True if it changed."""
-    from sim.outfiles import write_text
-
-    readme = Path(readme)
-    text = readme.read_text(encoding="utf-8")
-    new = sim_numbers.replace_blocks(text, readme_blocks(files), readme)
-    if new != text:
-        write_text(readme, new, encoding="utf-8")
-    return new != text
+def update_readme(readme: str | Path | None = None, files: Files | None = None) -> bool:
+    """Rewrite the blocks from the committed files (atomically), on the page of each (README.md, docs/*.md), or all in
+    the one file `readme`; True if any changed."""
+    return sim_numbers._write(sim_numbers._targets(readme), BLOCKS, readme_blocks(files))[0] != []
 
 
 # --- the command -------------------------------------------------------------------------------------------------

@@ -490,7 +490,8 @@ def add_paper_table_parser(sub) -> None:
     mode.add_argument("--check", action="store_true", help="exit 1 if the README's block is not what the CSVs give")
     p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the figure CSVs (default: figures)")
     p.add_argument("--sensitivity", metavar="CSV", help="the sweep's CSV (default: DIR/paper_sensitivity.csv)")
-    p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
+    p.add_argument("--readme", default="docs/paper.md", metavar="PATH",
+                   help="for --write/--check (default: docs/paper.md)")
     p.set_defaults(func=cmd_paper_table)
 
 
@@ -525,7 +526,8 @@ def add_readme_numbers_parser(sub) -> None:
     mode.add_argument("--write", action="store_true", help="rewrite the README's blocks between their markers")
     mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
     p.add_argument("--figures", default="figures", metavar="DIR", help="folder of the results files (default: figures)")
-    p.add_argument("--readme", default="README.md", metavar="PATH", help="for --write/--check (default: README.md)")
+    p.add_argument("--readme", default=None, metavar="PATH",
+                   help="for --write/--check: this one file (default: README.md and docs/*.md, each block on its page)")
     p.set_defaults(func=cmd_readme_numbers)
 
 

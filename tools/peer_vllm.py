@@ -381,7 +381,7 @@ def compare_api(args, argv: list[str] | None) -> None:
         print(f"{r['check']:28} {r['verdict']:14} {r['note'][:70]}")
     print(f"wrote {args.api_out}")
     if Path(args.api_out).resolve() == (ROOT / API_OUT).resolve():
-        print(f"{'rewrote' if api_table.update_readme() else 'unchanged:'} README.md's table (tools/peer/api_table.py)")
+        print(f"{'rewrote' if api_table.update_readme() else 'unchanged:'} docs/vllm.md's table (tools/peer/api_table.py)")
 
 
 if __name__ == "__main__":

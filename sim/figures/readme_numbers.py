@@ -3,15 +3,17 @@
 The README's prose explains; the numbers stand beside it in blocks between marker comments
 (`<!-- readme-numbers:NAME:begin -->` ... `<!-- readme-numbers:NAME:end -->`), each block made here from the
 committed files under figures/ (figure CSVs, benchmark CSVs, the GPU test log), each table naming the files it
-reads. Nothing is simulated or measured here. A test checks that every block of README.md is exactly what this module
-makes of the committed files, so no number there is typed by hand (as sim/figures/paper.py does for "The paper,
-side by side" and tools/peer/api_table.py for the vLLM API table).
+reads. Nothing is simulated or measured here. A block lives on whichever page its section does: README.md or a page
+under docs/ (PAGES: each block is looked for in all of them, and must be in exactly one). A test checks that every
+block is exactly what this module makes of the committed files, so no number there is typed by hand (as
+sim/figures/paper.py does for "The paper, side by side" and tools/peer/api_table.py for the vLLM API table).
 
     python -m sim readme-numbers              # print every block, between its markers
-    python -m sim readme-numbers --write      # rewrite README.md's blocks
-    python -m sim readme-numbers --check      # exit 1 if a block of README.md is not what the files give
+    python -m sim readme-numbers --write      # rewrite the blocks, on whichever page each is
+    python -m sim readme-numbers --check      # exit 1 if a block is not what the files give
+    python -m sim readme-numbers --check --readme FILE   # one file only: every block must be in it
 
-The blocks, in README order (BLOCKS):
+The blocks, in reading order (BLOCKS: README.md, then the pages in mkdocs.yml's nav):
     memory-waste     figures/memory_waste.csv        Fig. 1: token states among the memory in use
     memory-map       figures/memory_map.csv          Fig. 3: the pool at one moment
     figures          figures/{batch_size,sampling_latency,chatbot,vattention_pages,hybrid_memory,memory_managers,
@@ -24,8 +26,8 @@ The blocks, in README order (BLOCKS):
     spec-engine      figures/speculative_engine.csv  the engine's n-gram draft on a repetitive workload: tokens/s
     cpu-offload      figures/cpu_offload.csv         the prefix cache's CPU offload tier: hits per tier, TTFT
     offload-engine   figures/offload_engine.csv      the tier on the engine: hits per tier, TTFT, tokens identical
-    serve-bench      figures/serve_bench.csv         the server under guidellm and aiperf: req/s, TTFT, ITL per rate
     bench-hybrid     figures/bench_hybrid_cpu.csv, bench_hybrid_steps_cpu.csv   Gemma 3 270M, paged vs hybrid
+    serve-bench      figures/serve_bench.csv         the server under guidellm and aiperf: req/s, TTFT, ITL per rate
     kv-dtype         figures/kv_dtype.csv            an 8-bit KV cache at paper scale: slots, batch, latency, throughput
     kv-accuracy      figures/kv_accuracy.csv         its accuracy cost on the engine: greedy agreement, logit error
     peer             figures/peer_vllm.csv           this engine's speed against vLLM's
@@ -52,6 +54,8 @@ from .tensor_parallel import gain
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES_LABEL = "README.md and docs/*.md"  # how messages name the pages together
 COMMAND = "python -m sim readme-numbers"
 PREFIX = "readme-numbers"
 
@@ -711,8 +715,8 @@ BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
     "spec-engine": spec_engine,
     "cpu-offload": cpu_offload,
     "offload-engine": offload_engine,
-    "serve-bench": serve_bench,
     "bench-hybrid": bench_hybrid,
+    "serve-bench": serve_bench,
     "kv-dtype": kv_dtype,
     "kv-accuracy": kv_accuracy,
     "peer": peer,
@@ -779,55 +783,116 @@ def stale_blocks(text: str, blocks: dict[str, str]) -> list[str]:
     return [name for name, block in blocks.items() if block_span(text, name) is None or current_block(text, name) != block]
 
 
-def update_readme(readme: str | Path = README, files: Files | None = None) -> bool:
-    """Rewrite README's blocks from the committed files (atomically); True if it changed."""
-    from ..outfiles import write_text
+def pages(root: str | Path = ROOT) -> list[Path]:
+    """Where the blocks live: README.md and every page under docs/ (the site `make docs` builds)."""
+    root = Path(root)
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
-    readme = Path(readme)
-    text = readme.read_text(encoding="utf-8")
-    absent = missing_blocks(text)
-    if absent:
-        raise ValueError(missing_line(readme, absent))
-    new = replace_blocks(text, readme_blocks(files))
-    if new != text:
-        write_text(readme, new, encoding="utf-8")
-    return new != text
+
+def read_pages(paths: list[Path] | None = None) -> dict[Path, str]:
+    """{page: its text}, README.md and docs/*.md by default."""
+    return {path: Path(path).read_text(encoding="utf-8") for path in (pages() if paths is None else paths)}
+
+
+def _shown(path: Path) -> str:
+    path = Path(path)
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)
+
+
+def locate(texts: dict[Path, str], names) -> dict[str, list[Path]]:
+    """{block name: the pages that carry its two markers (in order)}, for every name in `names`."""
+    return {name: [path for path, text in texts.items() if block_span(text, name) is not None] for name in names}
+
+
+def twice_line(found: dict[str, list[Path]]) -> str | None:
+    """One line naming the blocks found on more than one page; None if every block is on at most one."""
+    twice = {name: paths for name, paths in found.items() if len(paths) > 1}
+    if not twice:
+        return None
+    return "; ".join(f"{markers(name)[0]} is on {' and '.join(map(_shown, paths))}" for name, paths in twice.items()) \
+        + " (a block must be on exactly one page)"
+
+
+def page_block(name: str, texts: dict[Path, str] | None = None) -> str:
+    """Block `name`'s current text, on whichever page (README.md, docs/*.md) carries it; ValueError if none does or
+    more than one does."""
+    texts = read_pages() if texts is None else texts
+    found = locate(texts, [name])
+    if len(found[name]) != 1:
+        raise ValueError(twice_line(found) or missing_line(PAGES_LABEL, [name]))
+    return current_block(texts[found[name][0]], name)
+
+
+def update_readme(readme: str | Path | None = None, files: Files | None = None) -> bool:
+    """Rewrite the blocks from the committed files (atomically), on the page of each (README.md, docs/*.md), or all in
+    the one file `readme`; True if any changed."""
+    return _write(_targets(readme), BLOCKS, readme_blocks(files))[0] != []
+
+
+def _targets(readme: str | Path | None) -> list[Path]:
+    return pages() if readme is None else [Path(readme)]
+
+
+def _problems(texts: dict[Path, str], names, label: str) -> tuple[dict[str, list[Path]], str | None]:
+    """Where each block is, and one line saying what is wrong (a block on no page, or on two), or None."""
+    found = locate(texts, names)
+    missing = [name for name, paths in found.items() if not paths]
+    return found, (missing_line(label, missing) if missing else twice_line(found))
+
+
+def _write(paths: list[Path], names, blocks: dict[str, str]) -> tuple[list[Path], dict[Path, str]]:
+    """Each page with its blocks replaced, the changed ones written together (atomically: all or none); the changed
+    pages, and every page's text as read. ValueError (nothing written) if a block is on no page or on two."""
+    from ..outfiles import atomic_files
+
+    texts = read_pages(paths)
+    label = _shown(paths[0]) if len(paths) == 1 else PAGES_LABEL
+    found, problem = _problems(texts, names, label)
+    if problem:
+        raise ValueError(problem)
+    new = {path: replace_blocks(text, {n: blocks[n] for n in names if found[n] == [path]}, _shown(path))
+           for path, text in texts.items()}  # fmt: skip
+    changed = [path for path in paths if new[path] != texts[path]]
+    with atomic_files() as out:
+        for path in changed:
+            with out.open(path, encoding="utf-8") as f:
+                f.write(new[path])
+    return changed, texts
 
 
 def print_blocks(blocks: dict[str, str]) -> str:
     return "\n\n".join(f"{markers(name)[0]}\n{block}\n{markers(name)[1]}" for name, block in blocks.items())
 
 
-def readme_command(readme: str | Path, write: bool, check: bool, names, make_blocks: Callable[[], dict[str, str]],
-                   command: str, done: str) -> int:
+def readme_command(readme: str | Path | None, write: bool, check: bool, names,
+                   make_blocks: Callable[[], dict[str, str]], command: str, done: str) -> int:
     """The `readme-numbers` command, for the blocks `names` that `make_blocks()` makes (this module's, or the engine's
-    calibration blocks in reference/readme_numbers.py): print them; or `write` them into README `readme` between
-    their markers (atomically); or `check` it (exit status 1, one line, when a block is stale or has no markers;
-    `done` is the line printed when none is). Bad input (no markers to write into, a file that cannot be read) is a
-    ValueError / OSError for the caller's one `error:` line."""
-    from ..outfiles import write_text
-
-    if write or check:  # the README and its markers first, before reading the files
-        text = Path(readme).read_text(encoding="utf-8")
-        missing = missing_blocks(text, names)
-        if missing and check:  # the check fails: the README does not carry the block
-            print(missing_line(readme, missing), file=sys.stderr)
+    calibration blocks in reference/readme_numbers.py): print them; or `write` them between their markers, on the page
+    of each (README.md or docs/*.md; with `readme`, all in that one file), the changed pages together and atomically;
+    or `check` them (exit status 1, one line, when a block is stale, on no page or on two; `done` is the line printed
+    when none is). Bad input (no markers to write into, a page that cannot be read) is a ValueError / OSError for the
+    caller's one `error:` line."""
+    paths = _targets(readme)
+    label = _shown(paths[0]) if readme is not None else PAGES_LABEL
+    if write or check:  # the pages and their markers first, before reading the files
+        texts = read_pages(paths)
+        found, problem = _problems(texts, names, label)
+        if problem and check:  # the check fails: no page carries the block (or two do)
+            print(problem, file=sys.stderr)
             return 1
-        if missing:  # nowhere to write: bad input, one `error:` line and exit 2 (as paper-table)
-            raise ValueError(missing_line(readme, missing))
+        if problem:  # nowhere to write: bad input, one `error:` line and exit 2 (as paper-table)
+            raise ValueError(problem)
     blocks = make_blocks()
     if write:
-        new = replace_blocks(text, blocks, readme)
-        if new != text:
-            write_text(Path(readme), new, encoding="utf-8")
-        print(f"{'rewrote' if new != text else 'unchanged:'} {readme}")
+        changed, _ = _write(paths, names, blocks)
+        print(f"rewrote {', '.join(map(_shown, changed))}" if changed else f"unchanged: {label}")
     elif check:
-        stale = stale_blocks(text, blocks)
+        stale = [name for name in names if current_block(texts[found[name][0]], name) != blocks[name]]
         if stale:
-            print(f"{readme}: its blocks {', '.join(stale)} are not what the files give (run: {command} --write)",
+            print(f"{label}: its blocks {', '.join(stale)} are not what the files give (run: {command} --write)",
                   file=sys.stderr)  # fmt: skip
             return 1
-        print(f"{readme}: {done}")
+        print(f"{label}: {done}")
     else:
         print(print_blocks(blocks))
     return 0

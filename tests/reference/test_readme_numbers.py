@@ -17,6 +17,7 @@ from reference.cli import main
 from reference.readme_numbers import BLOCKS, Files, make_block, readme_blocks
 from sim.figures import readme_numbers as sim_numbers
 from sim.figures.readme_numbers import current_block, markers
+from tests.docs_book import book_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
@@ -32,16 +33,16 @@ def empty_blocks(names=tuple(BLOCKS), inside: str = "") -> str:
     return "\n\n".join(f"{markers(n)[0]}\n{inside}{markers(n)[1]}" for n in names)
 
 
-def test_the_blocks_are_in_readme_order_beside_sims():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert list(BLOCKS) == sorted(BLOCKS, key=lambda name: readme.index(markers(name)[0]))
+def test_the_blocks_are_in_reading_order_beside_sims():
+    book = book_text()  # README.md, then mkdocs.yml's nav
+    assert list(BLOCKS) == sorted(BLOCKS, key=lambda name: book.index(markers(name)[0]))
     assert not set(BLOCKS) & set(sim_numbers.BLOCKS)  # one command per block: sim's never touches these
 
 
 def test_check_passes_on_the_committed_readme():
     out = reference("readme-numbers", "--check")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"README.md: {OK}"
+    assert out.stdout.strip() == f"README.md and docs/*.md: {OK}"
 
 
 def test_the_blocks_follow_the_files(tmp_path, capsys):
@@ -66,9 +67,9 @@ def test_the_blocks_follow_the_files(tmp_path, capsys):
     assert f"{met - 1} of {total} traces meet the targets" in changed["validation"]
     assert f"{cells[0]} misses median E2E" in changed["validation"]
 
-    # --check of the committed README against those files names the stale block, and only it; --write rewrites a copy
+    # --check of the committed pages (in one file) against those files names the stale block, and only it; --write rewrites a copy
     readme = tmp_path / "README.md"
-    shutil.copy(ROOT / "README.md", readme)
+    readme.write_text(book_text())  # every page in one file: --readme checks that one file
     assert main(["readme-numbers", "--check", "--readme", str(readme), "--figures", str(figures)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"{readme}: its blocks validation are not what the files give (run: python -m reference "
@@ -76,8 +77,8 @@ def test_the_blocks_follow_the_files(tmp_path, capsys):
     assert main(["readme-numbers", "--write", "--readme", str(readme), "--figures", str(figures)]) == 0
     assert capsys.readouterr().out.strip() == f"rewrote {readme}"
     assert current_block(readme.read_text(encoding="utf-8"), "validation") == changed["validation"]
-    # the README around the block, sim's blocks among it, is as it was
-    before, after = (ROOT / "README.md").read_text(encoding="utf-8"), readme.read_text(encoding="utf-8")
+    # the pages around the block, sim's blocks among them, are as they were
+    before, after = book_text(), readme.read_text(encoding="utf-8")
     begin, end = markers("validation")
     assert before[:before.index(begin)] == after[:after.index(begin)]
     assert before[before.index(end):] == after[after.index(end):]
@@ -132,7 +133,7 @@ def test_a_readme_without_markers_is_one_line(tmp_path, capsys):
 def test_print_gives_every_block_between_its_markers(capsys):
     assert main(["readme-numbers"]) == 0
     out = capsys.readouterr().out
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = book_text()
     for name in BLOCKS:
         begin, end = markers(name)
         assert f"{begin}\n{current_block(readme, name)}\n{end}" in out

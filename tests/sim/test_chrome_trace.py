@@ -90,5 +90,5 @@ def test_the_committed_example_is_a_trace_of_that_command():
     names = {e["name"] for e in trace["traceEvents"]}
     assert {"waiting", "to first token", "decoding", "KV pool (slots)"} <= names
     assert any(n.startswith("swap out") for n in names) and any(n.startswith("copy ") for n in names)
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "schedulers.md").read_text().split())  # README's section, now its page
     assert "python -m sim " + " ".join(EXAMPLE_ARGS) + " --chrome-trace figures/chrome_trace_sim.json" in readme

@@ -45,8 +45,8 @@ def sustained_by_hand(curve: list[tuple[float, float]]) -> float:
 
 
 def test_readme_block_is_generated_from_the_committed_csvs(data):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert paper.current_block(readme) == readme_block(data)
+    page = (ROOT / "docs" / "paper.md").read_text(encoding="utf-8")  # "The paper, side by side": its page
+    assert paper.current_block(page) == readme_block(data)
 
 
 def test_the_table_quotes_the_csvs_numbers(data):

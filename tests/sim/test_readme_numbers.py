@@ -16,8 +16,9 @@ import pytest
 
 from sim.cli import main
 from sim.figures import readme_numbers
-from sim.figures.readme_numbers import BLOCKS, Files, current_block, make_block, markers, readme_blocks
+from sim.figures.readme_numbers import BLOCKS, Files, current_block, make_block, markers, page_block, readme_blocks
 from sim.kv import allocates_blocks_on_demand
+from tests.docs_book import book_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
@@ -38,10 +39,10 @@ def lab(files: Files, block: str, key: str, column: str = "lab") -> str:
 
 
 def test_readme_blocks_are_generated_from_the_committed_files(files):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, block in readme_blocks(files).items():
-        assert current_block(readme, name) == block, name
-    assert list(BLOCKS) == sorted(BLOCKS, key=lambda name: readme.index(markers(name)[0]))  # in README order
+    for name, block in readme_blocks(files).items():  # each on its page: README.md or docs/*.md, exactly one
+        assert page_block(name) == block, name
+    book = book_text()  # README.md, then mkdocs.yml's nav
+    assert list(BLOCKS) == sorted(BLOCKS, key=lambda name: book.index(markers(name)[0]))  # in reading order
 
 
 # --- each number, by hand -----------------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def empty_blocks(names=tuple(BLOCKS), inside: str = "") -> str:
 def test_check_passes_on_the_committed_readme():
     out = sim("readme-numbers", "--check")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "README.md: the README's numbers are the files'"
+    assert out.stdout.strip() == "README.md and docs/*.md: the README's numbers are the files'"
 
 
 def test_a_stale_block_is_found_and_write_rewrites_a_copy(tmp_path, capsys):
@@ -227,7 +228,7 @@ def test_a_readme_without_markers_is_one_line(tmp_path, capsys):
 def test_print_gives_every_block_between_its_markers(capsys):
     assert main(["readme-numbers"]) == 0
     out = capsys.readouterr().out
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = book_text()
     for name in BLOCKS:
         begin, end = markers(name)
         assert f"{begin}\n{current_block(readme, name)}\n{end}" in out
@@ -247,3 +248,31 @@ def test_bad_input_is_one_error_line(args, message, tmp_path):
 def test_a_missing_file_names_itself(tmp_path):
     with pytest.raises(FileNotFoundError, match="memory_waste.csv: no such file"):
         readme_numbers.make_block("memory-waste", Files(tmp_path))
+
+
+def test_blocks_are_found_on_whichever_page_holds_them(tmp_path, files):
+    """The pages (README.md, docs/*.md) share the blocks: --write rewrites each on its own page, the changed pages
+    only; a block on no page, or on two, is one line naming it (and nothing is written)."""
+    from sim.figures.readme_numbers import _write, locate, read_pages
+
+    blocks = readme_blocks(files)
+    names = list(BLOCKS)
+    front, page, other = tmp_path / "README.md", tmp_path / "page.md", tmp_path / "other.md"
+    front.write_text("front\n\n" + empty_blocks(names[:1], inside="stale\n") + "\n")
+    page.write_text("a page\n\n" + empty_blocks(names[1:], inside="stale\n") + "\n")
+    other.write_text("no blocks here\n")
+    changed, _ = _write([front, page, other], names, blocks)
+    assert changed == [front, page] and other.read_text() == "no blocks here\n"
+    texts = read_pages([front, page, other])
+    assert locate(texts, names) == {name: [front] if name == names[0] else [page] for name in names}
+    assert all(page_block(name, texts) == blocks[name] for name in names)
+    assert _write([front, page, other], names, blocks)[0] == []  # unchanged: nothing written
+
+    other.write_text(empty_blocks(names[:1]) + "\n")  # the first block on two pages
+    with pytest.raises(ValueError, match=f"{markers(names[0])[0]} is on .*README.md and .*other.md"):
+        _write([front, page, other], names, blocks)
+    other.write_text("no blocks here\n")
+    page.write_text("a page\n")  # the others on none
+    with pytest.raises(ValueError, match=rf"no {markers(names[1])[0]} .* block \(nor "):
+        _write([front, page, other], names, blocks)
+    assert front.read_text().startswith("front\n")

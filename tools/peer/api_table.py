@@ -1,10 +1,10 @@
 """The table "Moves to vLLM by changing the import": tools/peer/api_checks.py's results from both systems, compared
-check by check, saved as figures/peer_api.csv (by tools/peer_vllm.py) and written into README.md between two
-marker comments. The README's table is generated, never typed: tests/test_peer.py checks that it equals what
+check by check, saved as figures/peer_api.csv (by tools/peer_vllm.py) and written into docs/vllm.md between two
+marker comments. The page's table is generated, never typed: tests/test_peer.py checks that it equals what
 `render` makes of the committed CSV.
 
-    python tools/peer/api_table.py            # rewrite README.md's table from figures/peer_api.csv
-    python tools/peer/api_table.py --check    # exit 1 if README.md's table is not the CSV's
+    python tools/peer/api_table.py            # rewrite docs/vllm.md's table from figures/peer_api.csv
+    python tools/peer/api_table.py --check    # exit 1 if docs/vllm.md's table is not the CSV's
 
 Verdicts: "same" (equal results; floats within 1e-3 relative: two float32 programs), "runs, differs" (both run;
 the note names the first difference), "fails here" / "fails in vLLM" / "fails in both" (the note has the error).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "figures" / "peer_api.csv"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "vllm.md"  # the page of "Measured against vLLM itself"
 COLUMNS = ("check", "what", "vllm", "engine", "verdict", "note")
 BEGIN, END = "<!-- peer-api-table:begin -->", "<!-- peer-api-table:end -->"
 SAME, DIFFERS = "same", "runs, differs"
@@ -132,14 +132,14 @@ def replace_block(text: str, block: str) -> str:
     """`text` with what stands between BEGIN and END replaced by `block`. ValueError without both markers."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+        raise ValueError(f"{README.relative_to(ROOT)} has no {BEGIN} ... {END} block")
     return f"{text[:start + len(BEGIN)]}\n{block}\n{text[end:]}"
 
 
 def readme_block(text: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+        raise ValueError(f"{README.relative_to(ROOT)} has no {BEGIN} ... {END} block")
     return text[start + len(BEGIN):end].strip("\n")
 
 
