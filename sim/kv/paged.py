@@ -22,7 +22,7 @@ runs of decode steps to the records `seq_state` gives, in closed form; docs/ARCH
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
@@ -82,7 +82,7 @@ class Lookup(NamedTuple):
     hits: int  # how many leading ones are cached (on the GPU, or in the offload tier)
 
 
-NO_PREFIX_CACHE = Lookup((), 0)  # every lookup of a pool without a prefix cache (nothing to hit, nothing registered)
+NO_PREFIX_CACHE = Lookup([], 0)  # every lookup of a pool without a prefix cache (nothing to hit, nothing registered)
 
 
 class AdmissionNeed(NamedTuple):
@@ -127,8 +127,8 @@ class PagedKVManager:
                              "told of every eviction), not a block_allocator given")  # fmt: skip
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-        if block_allocator is None:
-            self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        if block_allocator is None:  # (Any: a plugged block_allocator, radix's page pool have its methods only)
+            self.allocator: Any = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
         else:
             self.allocator = plugged_allocator(block_allocator, num_blocks, block_size, enable_prefix_caching)
         self.cpu_allocator = BlockAllocator(num_cpu_blocks, block_size) if num_cpu_blocks else None
@@ -577,7 +577,7 @@ class PagedKVManager:
         return list(self._seqs)
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        stats = PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
+        stats = replace(self._stats)  # a copy
         if self.offload is not None:
             stats.offloaded_blocks = self.offload.stats.offloaded_blocks
             stats.reloaded_blocks = self.offload.stats.reloaded_blocks
