@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: demo docs test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
+.PHONY: fast demo docs test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
 
 install: $(STAMP)
 
@@ -56,6 +56,13 @@ bench: $(STAMP)
 		$(BIN)/python -m reference bench-gpu; else echo "bench-kernels, bench-gpu: skipped (no CUDA GPU)"; fi
 	$(BIN)/python -m sim readme-numbers --write
 	$(BIN)/python -m reference readme-numbers --write
+
+# The optional compiled build (docs/benchmarks.md, "An optional compiled build"): sim's core and fast plane compiled with mypyc
+# into build/fast/ (never beside the .py files), used only by a process started with LAB_FAST=1 and only while the
+# sources are those it was built from. The .py files stay the default everywhere. A few minutes on 2 cores.
+fast: $(STAMP)
+	$(BIN)/pip install -q -e ".[fast]"
+	$(BIN)/python tools/build_fast.py
 
 # Does the simulator predict the engine? Fit its cost model to the engine's measured steps (each timed 3 times; ~7
 # min), then replay 11 held-out traces through both (real time; ~9 min) and compare latencies request by request,
@@ -161,4 +168,4 @@ test-light: $(LIGHT_STAMP)
 		-k "not ($(LIGHT_SKIP))"
 
 clean:
-	rm -rf $(VENV) $(LIGHT_VENV) $(BENCH_VENV) $(VLLM_VENV) .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(LIGHT_VENV) $(BENCH_VENV) $(VLLM_VENV) .pytest_cache .hypothesis site build/fast

@@ -11,6 +11,12 @@ What a student types comes from here:
 
 docs/ARCHITECTURE.md draws the layers; each module's docstring names the paper or system it follows.
 """
+import os as _os
+
+if _os.environ.get("LAB_FAST"):  # the optional compiled build (`make fast`; sim/compiled.py): never by default
+    from .compiled import enable as _enable
+
+    _enable(_os.environ["LAB_FAST"])
 from .api import SimResult, run
 from .blocks import BlockAllocator
 from .kv import POLICIES, Allocation, KVManager, MemoryBreakdown, NewSequence, make_kv_manager

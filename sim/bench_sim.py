@@ -16,12 +16,18 @@ imports included, about 100 MiB). Targets (benchmark only, never asserted in tes
 and v1), 100k requests < 10 s, 1M requests < 60 s and < 2 GiB peak, one core. `--quick` shrinks every run (600 s of
 arrivals, 10k and 20k requests) to check the command itself. Writes figures/bench_sim.csv (or --csv PATH) with a
 description of the machine, and prints each row as it ends, then a table.
+
+Builds: with a current compiled build in build/fast/ (`make fast`), every run is timed twice side by side, the .py
+files (build "interpreted", LAB_FAST=0) and the compiled modules (build "compiled", LAB_FAST=require), each in its
+own fresh process, the order flipping from run to run; the CSV's `build` column names each row's. `--builds
+interpreted` times the .py files alone (the default without a current build).
 """
 from __future__ import annotations
 
 import argparse
 import heapq
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -30,6 +36,7 @@ import time
 from pathlib import Path
 
 from .api import run
+from .compiled import ENV, check_build
 from .outfiles import check_outputs, write_csv as write_csv_file
 
 DEFAULT_CSV = "figures/bench_sim.csv"
@@ -39,11 +46,15 @@ TARGETS_S = {"paper-scale paged": 1.0, "paper-scale paged v1": 1.0, "100k paged 
 TARGET_RSS_MIB = {"1M paged v0": 2048}
 COLUMNS = ("run", "policy", "scheduler", "rate", "num_requests", "sim_time_s", "num_steps", "num_events", "wall_time_s",
            "cpu_time_s", "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib", "platform",
-           "python", "cpu")  # fmt: skip
+           "python", "cpu", "build")  # fmt: skip
+BUILDS = ("interpreted", "compiled")  # the .py files; the optional mypyc build (`make fast`, sim/compiled.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small runs (600 s of arrivals, 10k requests)")
+    parser.add_argument("--builds", nargs="+", choices=BUILDS, default=None, metavar="BUILD",
+                        help="which builds to time: interpreted, compiled (default: both when `make fast` built a "
+                             "current compiled build, else interpreted)")  # fmt: skip
     parser.add_argument("--csv", default=DEFAULT_CSV, metavar="PATH",
                         help=f"where to write the results (default: {DEFAULT_CSV})")  # fmt: skip
 
@@ -77,17 +88,33 @@ def timed_run(name: str, **kwargs) -> dict:
     }  # fmt: skip
 
 
-def _run_apart(name: str, **kwargs) -> dict:
-    """timed_run in a fresh Python process: its peak memory is the run's alone, not an earlier run's."""
+def _run_apart(name: str, build: str = "interpreted", **kwargs) -> dict:
+    """timed_run in a fresh Python process: its peak memory is the run's alone, not an earlier run's. `build`:
+    "interpreted" (the .py files) or "compiled" (build/fast/; the process refuses to start without a current one)."""
     code = ("import json, sys; from sim.bench_sim import timed_run; "
             "name, kwargs = json.load(sys.stdin); print(json.dumps(timed_run(name, **kwargs)))")
+    env = {**os.environ, ENV: "require" if build == "compiled" else "0"}
     done = subprocess.run([sys.executable, "-c", code], input=json.dumps([name, kwargs]), capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+                          text=True, cwd=Path(__file__).resolve().parents[1], env=env)  # fmt: skip
     if done.returncode:
-        raise RuntimeError(f"bench run {name!r} failed (exit {done.returncode}):\n{done.stderr.strip()}")
-    row = json.loads(done.stdout.splitlines()[-1])
-    print(f"  {name}: {row['wall_time_s']} s wall, peak {row['peak_rss_mib']} MiB", flush=True)
+        raise RuntimeError(f"bench run {name!r} ({build}) failed (exit {done.returncode}):\n{done.stderr.strip()}")
+    row = json.loads(done.stdout.splitlines()[-1]) | {"build": build}
+    print(f"  {name} ({build}): {row['wall_time_s']} s wall, peak {row['peak_rss_mib']} MiB", flush=True)
     return row
+
+
+def _side_by_side(builds: tuple[str, ...], runs: list[tuple[str, dict]]) -> list[dict]:
+    """Every run once per build, in fresh processes, the builds' order flipping from one run to the next."""
+    rows = []
+    for i, (name, kwargs) in enumerate(runs):
+        for build in builds if i % 2 == 0 else builds[::-1]:
+            rows.append(_run_apart(name, build, **kwargs))
+    return rows
+
+
+def default_builds() -> tuple[str, ...]:
+    """Both builds when build/fast/ holds a compiled build of today's sources, else the .py files alone."""
+    return BUILDS if check_build()[0] is not None else ("interpreted",)
 
 
 def heapq_yardstick(num_events: int) -> dict:
@@ -102,17 +129,19 @@ def heapq_yardstick(num_events: int) -> dict:
             "target_wall_s": ""}  # fmt: skip
 
 
-def bench(quick: bool = False) -> list[dict]:
+def bench(quick: bool = False, builds: tuple[str, ...] | None = None) -> list[dict]:
     duration, count, million = (600.0, 10_000, 20_000) if quick else (3600.0, 100_000, 1_000_000)
-    rows = [_run_apart(f"paper-scale {p}", policy=p, scheduler="v0", rate=2.0, duration=duration)
-            for p in POLICY_ORDER]  # fmt: skip
-    rows.append(_run_apart("paper-scale paged v1", policy="paged", scheduler="v1", rate=2.0, duration=duration))
+    builds = tuple(builds) if builds else default_builds()
+    runs = [(f"paper-scale {p}", dict(policy=p, scheduler="v0", rate=2.0, duration=duration)) for p in POLICY_ORDER]
+    runs.append(("paper-scale paged v1", dict(policy="paged", scheduler="v1", rate=2.0, duration=duration)))
     for scheduler in ("v0", "v1"):
-        rows.append(_run_apart(f"100k paged {scheduler}", policy="paged", scheduler=scheduler, rate=RATE_100K,
-                               num_requests=count, duration=None))  # fmt: skip
-    rows.append(_run_apart("1M paged v0", policy="paged", scheduler="v0", rate=RATE_100K, num_requests=million,
-                           duration=None, step_table=False))  # fmt: skip
-    rows.append(heapq_yardstick(rows[POLICY_ORDER.index("paged")]["num_events"]))
+        runs.append((f"100k paged {scheduler}", dict(policy="paged", scheduler=scheduler, rate=RATE_100K,
+                                                     num_requests=count, duration=None)))  # fmt: skip
+    runs.append(("1M paged v0", dict(policy="paged", scheduler="v0", rate=RATE_100K, num_requests=million,
+                                     duration=None, step_table=False)))  # fmt: skip
+    rows = _side_by_side(builds, runs)
+    paged = next(r for r in rows if r["run"] == "paper-scale paged")
+    rows.append(heapq_yardstick(paged["num_events"]) | {"build": "interpreted"})
     info = machine()
     return [{name: {**row, **info}.get(name, "") for name in COLUMNS} for row in rows]
 
@@ -123,7 +152,7 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    shown = ("run", "num_requests", "num_steps", "num_events", "wall_time_s", "cpu_time_s",
+    shown = ("run", "build", "num_requests", "num_steps", "num_events", "wall_time_s", "cpu_time_s",
              "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib")  # fmt: skip
     widths = [max(len(name), *(len(str(r[name])) for r in rows)) for name in shown]
     lines = ["  ".join(name.ljust(w) for name, w in zip(shown, widths))]
@@ -136,7 +165,11 @@ def format_table(rows: list[dict]) -> str:
 def run_from_args(args: argparse.Namespace) -> int:
     # the output is checked before minutes of runs; a folder is created only for the default path
     check_outputs({"--csv": args.csv}, make_parents=args.csv == DEFAULT_CSV)
-    rows = bench(quick=args.quick)
+    builds = tuple(dict.fromkeys(args.builds)) if args.builds else None
+    if builds and "compiled" in builds and check_build()[0] is None:
+        print(f"error: --builds compiled: {check_build()[1]}", file=sys.stderr)
+        return 2
+    rows = bench(quick=args.quick, builds=builds)
     print(format_table(rows))  # first: a disk that fails the write below does not lose the numbers
     write_csv(rows, args.csv)
     print(f"wrote {args.csv}")

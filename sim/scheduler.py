@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from operator import attrgetter
-from typing import NamedTuple
+from typing import AbstractSet, NamedTuple
 
 from .failed_step import Allocating, touched_requests, uncache_unwritten
 from .kv.base import KVManager, NewSequence
@@ -144,7 +144,7 @@ class Scheduler:
 
     def abort(self, request_id: int) -> None:
         """Drop a request wherever it is and free its memory (GPU or CPU). Aborting a finished request does nothing."""
-        group = self._group(request_id)
+        group = self.group(request_id)
         if group.status is FINISHED:
             return
         if group.status is WAITING:
@@ -208,7 +208,7 @@ class Scheduler:
 
     def seq_ids(self, request_id: int) -> list[int]:
         """The request's current sequences (finished ones included, dropped beams not), in beam order."""
-        return [s.seq_id for s in self._group(request_id).seqs]
+        return [s.seq_id for s in self.group(request_id).seqs]
 
     def request_of(self, seq_id: int) -> int | None:
         """The request sequence `seq_id` belongs to; None if the scheduler holds no such sequence (a dropped beam)."""
@@ -222,13 +222,13 @@ class Scheduler:
         return self._seqs[seq_id].num_computed_tokens
 
     def group_status(self, request_id: int) -> SequenceStatus:
-        return self._group(request_id).status
+        return self.group(request_id).status
 
     def is_finished(self, request_id: int) -> bool:
-        return self._group(request_id).status is FINISHED
+        return self.group(request_id).status is FINISHED
 
     def request(self, request_id: int) -> Request:
-        return self._group(request_id).request
+        return self.group(request_id).request
 
     def group(self, request_id: int) -> SequenceGroup:
         """The request's group (its sequences are public records: read them, never change them but as the fast plane's
@@ -236,8 +236,6 @@ class Scheduler:
         if request_id not in self._groups:
             raise KeyError(f"unknown request {request_id}")
         return self._groups[request_id]
-
-    _group = group
 
     @property
     def running(self) -> list[SequenceGroup]:
@@ -595,7 +593,7 @@ class Scheduler:
         tokens of the decode steps it applies to the sequences itself.)"""
         return self._finish(groups)
 
-    def _finish(self, groups, done_ids: set[int] = frozenset(), beams_done: set[int] = frozenset()) -> list[int]:
+    def _finish(self, groups, done_ids: AbstractSet[int] = frozenset(), beams_done: AbstractSet[int] = frozenset()):
         """Finish the sequences of `groups` that are done (named in done_ids, or output_len tokens sampled; all
         beams of a beam search together), freeing their memory at once. Returns the requests now finished."""
         finished: list[int] = []
@@ -603,7 +601,7 @@ class Scheduler:
             live = group.live
             ending = [s for s in live if s.num_generated >= s.output_len or s.seq_id in done_ids]
             if group.is_beam_search and (ending or group.request_id in beams_done):
-                ending = live
+                ending = list(live)
             if not ending:
                 continue
             for seq in ending:
@@ -620,7 +618,7 @@ class Scheduler:
         return finished
 
     def _reselect_beams(self, request_id: int, parents: list[int]) -> list[int]:
-        group = self._group(request_id)
+        group = self.group(request_id)
         for dropped in reselect_beams(self.kv, group, parents, lambda n: self._new_seq(group.request, n)):
             del self._seqs[dropped.seq_id]
         return [s.seq_id for s in group.seqs]

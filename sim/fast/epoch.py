@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..plan import StepOutcome, StepPlan, StepResult
 from ..preemption import latest_arrival, victim_policy
@@ -94,7 +94,7 @@ class _Epoch:
     joined_at: dict[int, int]  # member seq id -> the epoch's steps when it joined (its counts are those of then)
     context: int  # the K/V tokens the members hold now
     num_seqs: int  # members
-    on_close: object  # the caller's on_close(steps), or None
+    on_close: Any  # the caller's on_close(steps), or None
     steps: int = 0  # steps applied
     next_last: int = 0  # index in lasts of the next members to leave
     joining: list = field(default_factory=list)  # groups admitted while it is open, to join before the next run

@@ -127,6 +127,7 @@ class FastSimulator(Simulator):
                 self.stop_at.pop(0)
             stop = self.stop_at[0] if self.stop_at else math.inf
             horizon = min(self.next_arrival, stop)
+            run: EpochRun | DecodeRun | bool | None  # an epoch's run, False (none here), then a run's or None
             run = self._epoch_run(self.next_arrival, stop) if epochs is not None else False
             if run is False:  # run by run: no epoch here, or none for these sequences now
                 run = decode_run(self.scheduler, self.cost, self.now, horizon, self.shared_reads, self.runs)
@@ -235,7 +236,8 @@ class FastSimulator(Simulator):
             if not opened:
                 return opened
             self.epoch_members = {self.index[rid]: 0 for rid in scheduler.running_request_ids()}
-        num_running, num_waiting = scheduler.num_running, scheduler.num_waiting
+        num_running = scheduler.num_running
+        num_waiting: int | list[int] = scheduler.num_waiting  # per step (a list) when requests arrive during the run
         waiting = num_waiting + scheduler.num_swapped > 0
         self.epoch_running = True  # an epoch closing inside (its last members left) is settled below, once booked
         joined_at = len(self.epoch_ends)
@@ -295,7 +297,7 @@ class FastSimulator(Simulator):
             self.epoch_trim_at = max(EPOCH_TRIM, 2 * len(ends))
 
     def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
-                    num_running: int, num_waiting: int, num_preempted: int = 0) -> None:  # fmt: skip
+                    num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:  # fmt: skip
         """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each;
         `num_preempted`: the requests a one-step run preempted)."""
         integral = self.integral

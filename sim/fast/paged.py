@@ -33,7 +33,7 @@ are reservation and the rest internal fragmentation:
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..blocks import BlockAllocator
 from ..kv.paged import PagedKVManager
@@ -49,9 +49,10 @@ def run_capacity(tokens: Sequence[int], block_size: int, num_free_blocks: int) -
     return rounds * block_size + empty[left]
 
 
-def max_decode_steps(allocator: BlockAllocator, block_size: int, seqs: Sequence, limit: int) -> int:
+def max_decode_steps(allocator: Any, block_size: int, seqs: Sequence, limit: int) -> int:
     """At most `limit` steps; 0 if a sequence's partly filled last block is shared (its next write copies).
-    `seqs`: objects with `.num_tokens` and `.block_table`."""
+    `seqs`: objects with `.num_tokens` and `.block_table`; `allocator`: a BlockAllocator or any with its methods (radix's
+    page pool, a plugged one)."""
     if limit < 1:
         return 0
     if not seqs:
@@ -62,7 +63,7 @@ def max_decode_steps(allocator: BlockAllocator, block_size: int, seqs: Sequence,
     return min(limit, run_capacity([s.num_tokens for s in seqs], block_size, allocator.num_free_blocks))
 
 
-def advance(allocator: BlockAllocator, block_size: int, seqs: Sequence, num_steps: int,
+def advance(allocator: Any, block_size: int, seqs: Sequence, num_steps: int,
             start: tuple[int, ...]) -> list[tuple[int, ...]]:  # fmt: skip
     """`num_steps` decode steps at once, each appending one token to every sequence in order: the same end state and
     block ids as that many rounds of one-token appends (room checked by the caller). Returns the pool's five raw slot
@@ -159,7 +160,7 @@ class DecodeEpoch:
     the manager itself knows nothing of the epoch. Members join between runs (`join`).
     """
 
-    def __init__(self, allocator: BlockAllocator, block_size: int, start: tuple[int, ...]) -> None:
+    def __init__(self, allocator: Any, block_size: int, start: tuple[int, ...]) -> None:
         """`start`: the pool's raw counts (SHARE_NAMES order)."""
         self.allocator, self.block_size, self.steps = allocator, block_size, 0
         self.by_class: list[list] = [[] for _ in range(block_size)]  # each class's members, in plan order

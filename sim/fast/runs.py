@@ -22,6 +22,7 @@ seen first), or where memory runs out. The loop (sim/fast/loop.py) books the run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..cost import check_step_time
 from ..kv.base import as_seen
@@ -53,7 +54,7 @@ def kv_runs(kv):
 class PlainDecodes:
     """The running sequences when the next steps are plain decodes of exactly them (plain_decodes)."""
 
-    runs: object  # the pool's arithmetic of runs (kv_runs)
+    runs: Any  # the pool's arithmetic of runs (kv_runs)
     groups: list  # the running groups, in queue order
     seqs: list  # their sequences, in plan order
     seq_groups: list[list[int]]  # the sequence ids of each group, as a step allocates them

@@ -19,9 +19,8 @@ sibling's final length.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from ..blocks import BlockAllocator
 from ..kv.vattention import VAttentionKVManager
 from .records import records
 
@@ -47,10 +46,11 @@ def _openings(seqs: Sequence, page_tokens: int, num_steps: int) -> list[tuple[in
     return sorted(found)
 
 
-def map_decode_steps(allocator: BlockAllocator, page_tokens: int, seqs: Sequence, num_steps: int) -> None:
+def map_decode_steps(allocator: Any, page_tokens: int, seqs: Sequence, num_steps: int) -> None:
     """`num_steps` decode steps at once, each appending one token to every sequence in order: the same end state and
     page ids as stepping, which maps, step by step and sequence by sequence, a page and then one per sibling.
-    Room is checked by the caller. `seqs`: objects with `.num_tokens`, `.pages` and `.siblings` (with `.pages`)."""
+    Room is checked by the caller. `seqs`: objects with `.num_tokens`, `.pages` and `.siblings` (with `.pages`);
+    `allocator`: what allocates the pages (a BlockAllocator or any with its methods)."""
     openings = _openings(seqs, page_tokens, num_steps)
     fresh = allocator.allocate(sum(1 + len(seqs[j].siblings) for _, j in openings))
     if fresh is None:
@@ -84,8 +84,8 @@ def decode_run_counts(start: tuple[int, ...], page_tokens: int, seqs: Sequence,
     counts, past = [], 0
     for t in range(num_steps):
         past += past_final[t]
-        add = opened.get(t)
-        if add is not None:
+        if t in opened:
+            add = opened[t]
             reservation += add[0]
             internal += add[1]
             free -= add[0] + add[1]

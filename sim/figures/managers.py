@@ -23,7 +23,7 @@ panel "hybrid" in `_panel`) and its axis into `draw_managers` beside (a) and (b)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class _PrefixCountsRecorder:
 
     def finish(self, result) -> dict:
         stats = self.kv.prefix_cache_stats() if self.kv is not None else PrefixCacheStats()
-        return {name: getattr(stats, name) for name in PrefixCacheStats.__slots__}
+        return {f.name: getattr(stats, f.name) for f in fields(PrefixCacheStats)}
 
 
 def _system_task(policy: str, extra: dict, quick: bool) -> Task:

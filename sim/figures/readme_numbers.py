@@ -607,8 +607,16 @@ def gpu(f: Files) -> tuple[Table, ...]:
 
 def benchmarks(f: Files) -> tuple[Table, ...]:
     """The table of `make bench`: what each command measures and what it measured."""
-    sim = {r["run"]: r for r in f.rows("bench_sim") if r["run"] != "heapq"}
+    # rows of the .py files (a CSV from before the `build` column has only those), and of the compiled build if timed
+    sim = {r["run"]: r for r in f.rows("bench_sim")
+           if r["run"] != "heapq" and r.get("build") in (None, "", "interpreted")}  # fmt: skip
     wall = {run: float(r["wall_time_s"]) for run, r in sim.items()}
+    fast = {r["run"]: float(r["wall_time_s"]) for r in f.rows("bench_sim") if r.get("build") == "compiled"}
+    compiled_rows = [("sim_compiled", "", "the same runs compiled (`make fast`, then `LAB_FAST=1`; docs/benchmarks.md, "
+                      "\"An optional compiled build\"), timed side by side with the rows above in one run", "; ".join(
+                          f"{label} {fast[run]:.2f} s ({wall[run] / fast[run]:.2f}x)" for run, label in (
+                              ("paper-scale paged", "paper-scale paged"), ("100k paged v0", "100k v0"),
+                              ("1M paged v0", "1M")) if run in fast))] if fast else []  # fmt: skip
     paper, big, huge = sim["paper-scale paged"], sim["100k paged v0"], sim["1M paged v0"]
     target = lambda r: f"{float(r['target_wall_s']):g}"  # noqa: E731
     paper_scale = "; ".join([f"paged {wall['paper-scale paged']:.2f} s (target < {target(paper)} s)",
@@ -640,6 +648,7 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
                     "per-step table (`step_table=False`)", f"{wall['1M paged v0']:.1f} s, peak memory "
                     f"{float(huge['peak_rss_mib']):,.0f} MiB (targets < {target(huge)} s, < "
                     f"{float(huge['target_peak_rss_mib']):,.0f} MiB)"),
+                   *compiled_rows,
                    ("alloc", "`python -m sim bench-alloc`", "KV-manager operations per second (admission through the "
                     "contract, one-token growth, free)", f"BlockAllocator allocate/free "
                     f"{alloc['blocks', '', 'block']:.2f} M/s; paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s; "

@@ -63,6 +63,7 @@ from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegme
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
 from .no_sharing import NoPrefixCache, NoSwapSpace
 from .groups import group_size
+from .invariants import check_breakdown
 
 
 def kv_cache_groups(model) -> tuple[int, tuple[int | None, ...]]:
@@ -440,8 +441,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
             external_fragmentation=0,
             free=self.allocator.num_free_blocks * bs,
         )
-        if self.breakdown() != expected:
-            raise RuntimeError(f"expected breakdown {expected} (block by block), found {self.breakdown()}")
+        check_breakdown(self, expected, "block")
 
     def __repr__(self) -> str:
         return (f"HybridKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, windows={self.windows}, "

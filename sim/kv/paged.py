@@ -24,7 +24,7 @@ runs of decode steps to the records `seq_state` gives, in closed form; docs/ARCH
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..blocks import BlockAllocator, hash_block_tokens
@@ -35,6 +35,9 @@ from .offload import CpuOffloadTier, TierCopy
 from .plug import plugged_allocator
 from .swap import distinct_blocks, move_blocks
 from .views import paged_slot_segments
+
+
+TIER_HIT = -1  # a table entry that the offload tier's reload fills, in the same allocate_slots (_reload)
 
 
 @dataclass(slots=True)
@@ -57,7 +60,7 @@ class Lookup(NamedTuple):
     hits: int  # how many leading ones are cached (on the GPU, or in the offload tier)
 
 
-NO_PREFIX_CACHE = Lookup((), 0)  # every lookup of a pool without a prefix cache (nothing to hit, nothing registered)
+NO_PREFIX_CACHE = Lookup([], 0)  # every lookup of a pool without a prefix cache (nothing to hit, nothing registered)
 
 
 class AdmissionNeed(NamedTuple):
@@ -102,8 +105,8 @@ class PagedKVManager:
                              "told of every eviction), not a block_allocator given")  # fmt: skip
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-        if block_allocator is None:
-            self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        if block_allocator is None:  # (Any: a plugged block_allocator, radix's page pool have its methods only)
+            self.allocator: Any = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
         else:
             self.allocator = plugged_allocator(block_allocator, num_blocks, block_size, enable_prefix_caching)
         self.cpu_allocator = BlockAllocator(num_cpu_blocks, block_size) if num_cpu_blocks else None
@@ -304,7 +307,7 @@ class PagedKVManager:
             for block_hash in hashes[:hits]:
                 if tier is not None and self.allocator.cached_block(block_hash) is None:
                     tier.pin(block_hash)  # an offload-tier hit: reloaded below, kept in the tier until then
-                    seq.block_table.append(None)
+                    seq.block_table.append(TIER_HIT)
                     continue
                 seq.block_table.append(self.allocator.lookup(block_hash))
             if hits < len(hashes):
@@ -324,10 +327,10 @@ class PagedKVManager:
         return Allocation([])
 
     def _reload(self, seq: SeqState, hashes: list[int]) -> None:
-        """Fill the table's offload-tier hits (None) with GPU blocks: the block another sequence of this admission has
+        """Fill the table's offload-tier hits (TIER_HIT) with GPU blocks: the block another sequence of this admission has
         reloaded already (shared), else a fresh block that the tier copies the K/V into, cached under its hash."""
         for i, block in enumerate(seq.block_table):
-            if block is not None:
+            if block != TIER_HIT:
                 continue
             block_hash = hashes[i]
             shared = self.allocator.cached_block(block_hash)
@@ -496,7 +499,7 @@ class PagedKVManager:
         return list(self._seqs)
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        stats = PrefixCacheStats(**{f: getattr(self._stats, f) for f in PrefixCacheStats.__slots__})
+        stats = replace(self._stats)  # a copy
         if self.offload is not None:
             stats.offloaded_blocks = self.offload.stats.offloaded_blocks
             stats.reloaded_blocks = self.offload.stats.reloaded_blocks

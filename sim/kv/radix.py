@@ -47,7 +47,7 @@ from typing import Sequence
 
 from .base import Allocation, BlockCopy, NewSequence, PrefixCacheStats, cdiv
 from .checks import check_lookahead, no_pending_lookahead
-from .invariants import note_fill, recounted_breakdown
+from .invariants import check_breakdown, note_fill, recounted_breakdown
 from .paged import AdmissionNeed, PagedKVManager, SeqState
 from .radix_tree import RadixNode, RadixTree
 
@@ -410,9 +410,7 @@ class RadixKVManager(PagedKVManager):
                 note_fill(fill, page, seq, i, bs, "page")
         self.tree.check_invariants(locks)
         self.allocator.check_invariants(holders)
-        expected = recounted_breakdown(fill, bs, self.allocator.num_free_blocks)
-        if self.breakdown() != expected:
-            raise RuntimeError(f"expected breakdown {expected} (page by page), found {self.breakdown()}")
+        check_breakdown(self, recounted_breakdown(fill, bs, self.allocator.num_free_blocks), "page")
 
     def __repr__(self) -> str:
         return (f"RadixKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, seqs={len(self._seqs)}, "

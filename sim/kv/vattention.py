@@ -279,9 +279,10 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
             parent.siblings.remove(sibling)
             pages = sibling.pages
         else:
-            pages = self.allocator.allocate(len(parent.pages))
-            if pages is None:
+            fresh = self.allocator.allocate(len(parent.pages))
+            if fresh is None:
                 return None
+            pages = fresh
         self._seqs[child_id] = _Seq(pages, parent.num_tokens, final_len, self._take_slot())
         return list(zip(parent.pages, pages))
 

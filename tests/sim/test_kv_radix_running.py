@@ -12,7 +12,7 @@ import sim
 from sim.fast.runs import kv_runs
 from sim.kv import NewSequence
 from sim.kv.paged import PagedKVManager
-from sim.kv.radix import RadixKVManager
+from sim.kv.radix import RadixKVManager, RadixPagePool
 from sim.kv.radix_tree import RadixTree
 from sim.request import Request
 from sim.testing import make_kv_manager_test
@@ -128,15 +128,30 @@ def test_requests_arriving_together_share_a_prefix_in_a_whole_run():
 
 
 # --- broken variants: the state machine must catch them -----------------------------------------------------
+class _PoolThatCanForget(RadixPagePool):
+    """A page pool whose `share` does nothing while `forgetting` (a subclass, not a patched instance: the compiled
+    build's instances take no new attributes)."""
+
+    forgetting = False
+
+    def share(self, pages):
+        if not self.forgetting:
+            super().share(pages)
+
+
 class _GrowsWithoutTheTreesReference(RadixKVManager):
     """Broken on purpose: a running sequence's pages go into the tree, but the tree holds no reference to them."""
 
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.allocator = _PoolThatCanForget(num_blocks, self.tree)
+
     def _register(self, seq):
-        share, self.allocator.share = self.allocator.share, lambda pages: None
+        self.allocator.forgetting = True
         try:
             super()._register(seq)
         finally:
-            self.allocator.share = share
+            self.allocator.forgetting = False
 
 
 class _GrowsOverOtherLocks(RadixTree):
