@@ -30,7 +30,7 @@ another value beside vLLM's spelling, the two must agree.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from reference.attention.quant import check_kv_dtype
@@ -224,3 +224,5 @@ class EngineConfig:
 
 
 ENGINE_DEFAULTS = EngineConfig()
+# LLM's keywords besides `model` (and `tokenizer`, which is no setting): EngineConfig's fields are the one list
+ENGINE_SETTINGS = tuple(f.name for f in fields(EngineConfig) if f.name != "model")

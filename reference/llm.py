@@ -13,14 +13,14 @@ ValueError for a wrong value, with what is allowed.
 """
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+import inspect
 
 import numpy as np
-import torch
 
 from reference import executor as ex
 from reference.config import ENGINE_DEFAULTS as D
-from reference.config import EngineConfig
+from reference.config import ENGINE_SETTINGS, EngineConfig
 from reference.cpu_allocator import keep_freed_memory
 from reference.engine import CheckedRequest, LLMEngine, Params
 from reference.kv_cache import KVCache, kv_bytes_per_block
@@ -35,6 +35,7 @@ from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manage
 from sim.metrics import LATENCY_METRICS, Table, latency_summary
 from sim.scheduler import Scheduler
 
+
 class LLM(LLMEngine):
     """`LLM(model).generate(prompts, params)`, `beam_search`, and the streaming add_request/step API.
 
@@ -42,43 +43,16 @@ class LLM(LLMEngine):
     abort(), the same call from another thread raises RuntimeError at once (nothing changed, and the running call
     completes as if alone); it never waits. Use one LLM per thread, or call it from one thread."""
 
-    def __init__(self, model: str | LlamaForwardModel = D.model, *, policy: str = D.policy,
-                 block_size: int = D.block_size, num_gpu_blocks: int | None = D.num_gpu_blocks,
-                 kv_budget_bytes: int | None = D.kv_budget_bytes, num_cpu_blocks: int = D.num_cpu_blocks,
-                 preemption: str = D.preemption, max_num_seqs: int = D.max_num_seqs,
-                 max_num_batched_tokens: int | None = D.max_num_batched_tokens,
-                 enable_prefix_caching: bool = D.enable_prefix_caching, scheduler: str = D.scheduler,
-                 backend: str | None = D.backend, device: str | None = D.device,
-                 dtype: torch.dtype | str | None = D.dtype, seed: int = D.seed, max_model_len: int | None = D.max_model_len,
-                 tokenizer=None, enable_chunked_prefill: bool | None = D.enable_chunked_prefill,
-                 watermark: float = D.watermark, victim: str | Callable = D.victim,
-                 scheduling_policy: str = D.scheduling_policy, num_speculative_tokens: int = D.num_speculative_tokens,
-                 block_allocator: Callable | None = D.block_allocator,
-                 gpu_memory_utilization: float | None = D.gpu_memory_utilization,
-                 kv_cache_memory_bytes: int | None = D.kv_cache_memory_bytes, swap_space: float | None = D.swap_space,
-                 enforce_eager: bool = D.enforce_eager, tensor_parallel_size: int = D.tensor_parallel_size,
-                 trust_remote_code: bool = D.trust_remote_code, kv_dtype: str = D.kv_dtype,
-                 num_offload_blocks: int = D.num_offload_blocks, kv_cache_dtype: str | None = D.kv_cache_dtype,
-                 prompt_lookup_max: int = D.prompt_lookup_max, prompt_lookup_min: int = D.prompt_lookup_min,
-                 speculative_config: dict | None = D.speculative_config) -> None:
-        """vLLM's keywords, each with its default in one place (reference/config.py, EngineConfig: the scheduler's
-        and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded. vLLM's
-        `kv_cache_dtype` and `speculative_config` are its spellings of kv_dtype and of the n-gram draft's three
-        settings (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min): EngineConfig folds them in."""
-        c = self.engine_config = EngineConfig(
-            model=model, policy=policy, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-            kv_budget_bytes=kv_budget_bytes, gpu_memory_utilization=gpu_memory_utilization,
-            num_cpu_blocks=num_cpu_blocks, swap_space=swap_space, enable_prefix_caching=enable_prefix_caching,
-            watermark=watermark, scheduler=scheduler, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            preemption=preemption, victim=victim, scheduling_policy=scheduling_policy, max_model_len=max_model_len,
-            num_speculative_tokens=num_speculative_tokens, prompt_lookup_max=prompt_lookup_max,
-            prompt_lookup_min=prompt_lookup_min, speculative_config=speculative_config,
-            device=device, dtype=dtype,
-            backend=backend, seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
-            tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
-            block_allocator=block_allocator, kv_dtype=kv_dtype, kv_cache_dtype=kv_cache_dtype,
-            num_offload_blocks=num_offload_blocks)  # every value checked
+    def __init__(self, model: str | LlamaForwardModel = D.model, *, tokenizer=None, **settings) -> None:
+        """vLLM's keywords: EngineConfig's fields, each with its default in one place (reference/config.py; the
+        scheduler's and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded.
+        vLLM's `kv_cache_dtype` and `speculative_config` are its spellings of kv_dtype and of the n-gram draft's three
+        settings (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min): EngineConfig folds them in. The
+        signature `inspect.signature(LLM)` and `help(LLM)` show is built from those fields (`_signature` below)."""
+        for name in settings:
+            if name not in ENGINE_SETTINGS:  # Python's own words for a keyword a signature does not have
+                raise TypeError(f"LLM.__init__() got an unexpected keyword argument {name!r}")
+        c = self.engine_config = EngineConfig(model=model, **settings)  # every value checked
         if isinstance(model, LlamaForwardModel):  # already loaded (tests, notebooks): see from_loaded
             self.model, self.tokenizer = model, tokenizer
             self.device, self.dtype = model.device, model.dtype
@@ -428,3 +402,18 @@ class LLM(LLMEngine):
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: give prompts as lists of token ids")
         return list(self.tokenizer(text).input_ids)
+
+
+def _signature() -> inspect.Signature:
+    """LLM.__init__'s signature as inspect.signature and help() show it: model, tokenizer, then every EngineConfig
+    field, keyword-only, with its default (the one list of the engine's keywords)."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD),
+              P("model", P.POSITIONAL_OR_KEYWORD, default=D.model, annotation="str | LlamaForwardModel"),
+              P("tokenizer", P.KEYWORD_ONLY, default=None)]  # fmt: skip
+    params += [P(f.name, P.KEYWORD_ONLY, default=f.default, annotation=f.type)
+               for f in dataclasses.fields(EngineConfig) if f.name in ENGINE_SETTINGS]  # fmt: skip
+    return inspect.Signature(params, return_annotation="None")
+
+
+LLM.__init__.__signature__ = _signature()

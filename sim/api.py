@@ -1,36 +1,39 @@
 """`sim.run(...)`: one simulated serving run, from arguments to the summary the paper reports.
 
-It wires the layers together (docs/ARCHITECTURE.md): specs -> KV pool size (vLLM's rule, paper Table 1) -> KV manager
-for the policy -> scheduler -> workload (or a trace) -> event loop -> metrics. Every argument is checked up
-front: a bad one raises ValueError naming it and what is allowed, before any simulation starts.
+It reads in one direction, each step in the layer that owns it (docs/ARCHITECTURE.md, "The layers"):
+
+    1. settings   sim.arguments.run_settings: every field checked once where RunConfig is built, the combinations
+                  and a generated workload's size before anything is drawn; the model and GPU specs; the cost model
+    2. workload   sim.workload_source.workload_for: a list, a trace, a ShareGPT import or a generated workload
+    3. pool       sim.kv.pool.kv_pool: token slots (vLLM's rule, paper Table 1), block size, CPU blocks, checked
+                  against sim.limits; the KV manager and the scheduler over it, every request checked to fit
+    4. loop       sim.loop (or the fast plane's, sim.fast), then the summary (sim.metrics)
+
+A bad argument raises ValueError naming it and what is allowed, before any simulation starts.
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arguments import check_arguments, check_given_requests, check_pool
-from .config import RUN_DEFAULTS, RunConfig, require
-from .conversation import flatten, generate_sessions
-from .conversation_import import import_conversations
-from .cost import PiecewiseCostModel, RooflineCostModel
+from .arguments import run_settings
+from .config import RUN_DEFAULTS, RunConfig
+from .cost import PiecewiseCostModel, RooflineCostModel, check_cost_model
 from .cost_file import cost_model_for
-from .kv import has_prefix_cache, make_kv_manager, pages_in_kib, simulator_block_size
-from .limits import MAX_POOL_BLOCKS
 from .fast.loop import FastSimulator
+from .kv import make_kv_manager, pages_in_kib
+from .kv.pool import kv_pool
+from .limits import require
 from .loop import Simulator
 from .metrics import Table, summarize
 from .request import Request
 from .scheduler import Scheduler
 from .speculative import AcceptanceModel
-from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
-from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
-from .trace import read_trace, request_lines
-from .workload import assign_priorities, generate_requests
+from .specs import get_gpu, get_model
+from .trace import request_lines
+from .workload_source import workload_for
 
 
 @dataclass(slots=True)
@@ -85,117 +88,57 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     (see `sim.loop.Simulator`). `step_table=False`: keep no per-step table (the result's steps are None; the summary
     is the same), for runs of millions of steps.
     """
-    if config is None:
-        config = RunConfig(**settings)
-    elif not isinstance(config, RunConfig):
-        raise TypeError(f"run: config must be a sim.config.RunConfig, got {type(config).__name__}")
-    elif settings:
-        config = dataclasses.replace(config, **settings)
-    c = config
     started = time.perf_counter()
-    kind = check_arguments(c)  # every check that needs no simulation, first
-    cost_model, requests = c.cost_model, c.requests
-    cost_file = str(cost_model) if isinstance(cost_model, (str, Path)) else None
-    if cost_file is not None:  # a file `python -m reference calibrate` wrote
-        cost_model = cost_model_for(cost_file, c.model, c.num_gpus, c.kv_dtype)
-    elif cost_model is not None:
-        _check_cost_object(cost_model)
-    model_spec, gpu_spec = get_model(c.model), get_gpu(c.gpu)
-    if c.kv_dtype != "auto":  # an 8-bit KV cache: fewer bytes per token for the pool, the K/V reads and swaps
-        model_spec = dataclasses.replace(model_spec, kv_dtype=c.kv_dtype)
-    num_slots = c.kv_slots if c.kv_slots is not None else kv_capacity_tokens(model_spec, gpu_spec, c.num_gpus)
-    synthetic = requests is None and c.trace is None
-    source = c.workload if synthetic else ("requests" if requests is not None else str(c.trace))
-    notes = {}
-    if synthetic:
-        if c.workload == "conversation":
-            sessions = generate_sessions(
-                c.num_requests, rate=None if c.arrival == "offline" else c.rate,
-                duration=None if c.num_requests is not None else c.duration, arrival=c.arrival, burstiness=c.burstiness,
-                max_seq_len=model_spec.max_seq_len, turns=c.turns, think_time=c.think_time,
-                history_limit=c.history_limit,
-                seed=c.seed,
-            )  # fmt: skip
-            requests, notes = flatten(sessions), {"num_sessions": len(sessions)}
-        else:
-            requests = generate_requests(
-                c.workload, c.num_requests, rate=c.rate, duration=None if c.num_requests is not None else c.duration,
-                arrival=c.arrival, burstiness=c.burstiness, max_seq_len=model_spec.max_seq_len, n=c.n,
-                beam_width=c.beam_width, prefix_len=c.prefix_len, num_prefixes=c.num_prefixes, seed=c.seed,
-                prompt_len=c.prompt_len, output_len=c.output_len, prompt_len_range=c.prompt_len_range,
-                output_len_range=c.output_len_range,
-            )  # fmt: skip
-        if not requests:  # (the message formats `rate`, None with offline arrivals, which always bring requests)
-            require(False, "duration", c.duration, f"long enough for a request to arrive at {c.rate:g} req/s "
-                    f"(none did; or give num_requests)")  # fmt: skip
-        if c.priority_share > 0:
-            assign_priorities(requests, c.priority_share, c.seed)
-    elif kind == "sharegpt" and c.conversations:
-        requests, notes = _import_conversations(c.trace, model_spec, None if c.arrival == "offline" else c.rate, c.seed,
-                                                c.think_time, c.history_limit)  # fmt: skip
-    elif kind == "sharegpt":
-        requests, notes = _import_sharegpt(c.trace, model_spec, None if c.arrival == "offline" else c.rate, c.seed)
-    elif requests is None:
-        requests = read_trace(c.trace)
-    else:
-        check_given_requests(requests)
-    # auto: on for a shared prefix in a paged pool (contiguous policies have no prefix cache)
-    caching = c.enable_prefix_caching
-    if caching is None:  # (a CPU offload tier keeps evicted prefix-cache blocks: it turns the cache on)
-        caching = (c.prefix_len > 0 or c.cpu_offload_gib > 0) and has_prefix_cache(c.policy)
-    kv_block_size = simulator_block_size(c.policy, c.block_size, model=model_spec, num_gpus=c.num_gpus,
-                                         page_kib=c.page_kib)
-    num_cpu_blocks = int(c.num_gpus * c.swap_space_gib * GiB // (kv_block_size * model_spec.kv_bytes_per_token))
-    check_pool(c.policy, num_slots, kv_block_size, num_cpu_blocks, c.kv_slots, model_spec)
-    num_offload_blocks = offload_blocks(c.cpu_offload_gib, c.num_gpus, kv_block_size * model_spec.kv_bytes_per_token)
+    c, kind = run_settings(config, settings)  # 1. settings: every field and combination checked, nothing simulated
+    model_spec, gpu_spec = run_specs(c)
+    cost_model, cost_file = _given_cost_model(c)
     sched_config = c.scheduler_config(model_spec.max_seq_len)
+    requests, notes = workload_for(c, kind, model_spec)  # 2. the workload (sim.workload_source)
+    pool = kv_pool(c.policy, model_spec, gpu_spec, num_gpus=c.num_gpus, kv_slots=c.kv_slots, block_size=c.block_size,
+                   page_kib=c.page_kib, swap_space_gib=c.swap_space_gib, cpu_offload_gib=c.cpu_offload_gib,
+                   enable_prefix_caching=c.enable_prefix_caching, prefix_len=c.prefix_len)  # 3. the pool (sim.kv.pool)
 
     def make_scheduler() -> Scheduler:
-        kv = make_kv_manager(c.policy, num_slots, block_size=kv_block_size, max_seq_len=model_spec.max_seq_len,
-                             allocator=c.allocator, enable_prefix_caching=caching, num_cpu_blocks=num_cpu_blocks,
-                             watermark=c.watermark, model=model_spec, block_allocator=c.block_allocator,
-                             num_offload_blocks=num_offload_blocks)  # fmt: skip
+        kv = make_kv_manager(c.policy, pool.num_slots, block_size=pool.block_size, max_seq_len=model_spec.max_seq_len,
+                             allocator=c.allocator, enable_prefix_caching=pool.enable_prefix_caching,
+                             num_cpu_blocks=pool.num_cpu_blocks, watermark=c.watermark, model=model_spec,
+                             block_allocator=c.block_allocator, num_offload_blocks=pool.num_offload_blocks)  # fmt: skip
         return Scheduler(kv, sched_config)
 
-    try:
-        _check_requests(requests, model_spec, make_scheduler())
-    except ValueError as e:  # "request 7: ..." from a c.trace file: name the file and the line that holds it
-        found = re.match(r"request (\d+): ", str(e))
-        if found is None or c.trace is None or kind == "sharegpt":
-            raise
-        line = request_lines(c.trace).get(int(found.group(1)))
-        raise ValueError(f"{c.trace}{'' if line is None else f' line {line}'}: {e}") from None
+    _check_requests(requests, model_spec, make_scheduler(), c.trace if kind != "sharegpt" else None)
     sched = make_scheduler()
-    # The paged kernel gathers K/V block by block; the contiguous baselines read one run (no block overhead).
+    # 4. the loop. The paged kernel gathers K/V block by block; the contiguous baselines read one run (no block
+    # overhead).
     cost = cost_model if cost_model is not None else RooflineCostModel(model_spec, gpu_spec, c.num_gpus,
                                                                        block_size=sched.kv.gather_block_size)
-    block_bytes = kv_block_size * model_spec.kv_bytes_per_token
     calibrated = cost if isinstance(cost, PiecewiseCostModel) else None  # a fitted c.model knows what it measured
     # jump=False: the plain loop alone; else the fast plane's (sim/fast/), with exactly its results
     fast = {"validate": c.validate, "stop_at": c.stop_at} if c.jump else {}
     result = (FastSimulator if c.jump else Simulator)(
-        sched, cost, requests, block_bytes=block_bytes, seed=c.seed, progress=c.progress, on_step=c.on_step,
+        sched, cost, requests, block_bytes=pool.block_bytes, seed=c.seed, progress=c.progress, on_step=c.on_step,
         in_range=calibrated.in_range if calibrated is not None else None,
         shared_reads=calibrated is not None and calibrated.uses_shared_reads, step_table=c.step_table,
         acceptance=AcceptanceModel(c.acceptance_rate, c.seed) if c.num_speculative_tokens else None, **fast).run()
+    synthetic = c.requests is None and c.trace is None
     extras = {
-        "model": c.model, "gpu": c.gpu, "num_gpus": c.num_gpus, "workload": source,
+        "model": c.model, "gpu": c.gpu, "num_gpus": c.num_gpus,
+        "workload": c.workload if synthetic else ("requests" if c.requests is not None else str(c.trace)),
         "rate": c.rate if (synthetic or kind == "sharegpt") and c.arrival != "offline" else None, "arrival": c.arrival,
         "seed": c.seed,
-        "block_size": kv_block_size, "num_kv_slots": sched.kv.num_slots, "preemption": c.preemption,
+        "block_size": pool.block_size, "num_kv_slots": sched.kv.num_slots, "preemption": c.preemption,
         "scheduler": c.scheduler, "n": c.n, "beam_width": c.beam_width, "prefix_len": c.prefix_len,
         "enable_prefix_caching": sched.kv.enable_prefix_caching, "max_num_seqs": c.max_num_seqs,
         "watermark": c.watermark, "max_num_batched_tokens": sched_config.max_num_batched_tokens,
         "enable_chunked_prefill": sched_config.chunked,
         "victim": function_name(c.victim), "jump": c.jump, "num_events": result.num_events, **notes,
         **({"kv_dtype": c.kv_dtype} if c.kv_dtype != "auto" else {}),
-        **(offload_summary(c.cpu_offload_gib, num_offload_blocks, sched.kv.prefix_cache_stats(), cost, block_bytes)
-           if num_offload_blocks else {}),
+        **(offload_summary(c.cpu_offload_gib, pool.num_offload_blocks, sched.kv.prefix_cache_stats(), cost,
+                           pool.block_bytes) if pool.num_offload_blocks else {}),
         **({"scheduling_policy": c.scheduling_policy} if c.scheduling_policy != "fcfs" else {}),
         **({"priority_share": c.priority_share} if c.priority_share > 0 else {}),
         **(_speculation_summary(c, result, sched.kv.num_slots) if c.num_speculative_tokens else {}),
         # a c.policy that maps pages (vattention): its page in KiB per layer per K/V buffer on each GPU
-        **({"page_kib": kv_block_size * model_spec.kv_bytes_per_token / (2 * model_spec.num_layers * c.num_gpus * 1024)}
+        **({"page_kib": pool.block_bytes / (2 * model_spec.num_layers * c.num_gpus * 1024)}
            if pages_in_kib(c.policy) else {}),
         **({"block_allocator": function_name(c.block_allocator)} if c.block_allocator is not None else {}),
         **({"cost_model": cost_file} if cost_file is not None else {}),  # absent: the roofline (or an object given)
@@ -212,15 +155,23 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     return SimResult(summary, result.requests, result.steps)
 
 
-def offload_blocks(gib: float, num_gpus: int, block_bytes: int) -> int:
-    """Blocks of `block_bytes` that a CPU offload tier of `gib` GiB per GPU holds; a tier holding none is refused."""
-    blocks = int(num_gpus * gib * GiB // block_bytes)
-    if gib > 0 and blocks < 1:
-        raise ValueError(f"cpu_offload_gib: {gib:g} GiB per GPU holds no KV block of {block_bytes:,} bytes (allowed: "
-                         f"0 for none, or at least {block_bytes / GiB / num_gpus:.3g})")  # fmt: skip
-    if blocks > MAX_POOL_BLOCKS:
-        raise ValueError(f"cpu_offload_gib: {blocks:,} CPU blocks (allowed: at most {MAX_POOL_BLOCKS:,} blocks)")
-    return blocks
+def run_specs(c: RunConfig):
+    """The model and GPU specs a run names (sim.specs); an 8-bit KV cache (`kv_dtype`) makes fewer bytes per token
+    for the pool, the K/V reads and the swaps."""
+    model_spec = get_model(c.model)
+    if c.kv_dtype != "auto":
+        model_spec = dataclasses.replace(model_spec, kv_dtype=c.kv_dtype)
+    return model_spec, get_gpu(c.gpu)
+
+
+def _given_cost_model(c: RunConfig) -> tuple[object | None, str | None]:
+    """The cost model the settings give, checked (None: the roofline, built once the pool is), and the calibrated
+    model's file if it came from one (`python -m reference calibrate` wrote it; sim.cost_file)."""
+    if isinstance(c.cost_model, (str, Path)):
+        return cost_model_for(str(c.cost_model), c.model, c.num_gpus, c.kv_dtype), str(c.cost_model)
+    if c.cost_model is not None:
+        check_cost_model(c.cost_model)
+    return c.cost_model, None
 
 
 def offload_summary(gib: float, num_blocks: int, stats, cost, block_bytes: int) -> dict:
@@ -260,59 +211,21 @@ def _share(seconds: float, steps, totals: tuple[int, int, float | None]) -> floa
     return seconds / busy if busy > 0 else 0.0
 
 
-def _check_cost_object(cost) -> None:
-    """A cost object must price a step from its four numbers and a swap from its bytes (sim.cost.CostModel)."""
-    for name, args in (("step_time", (0, 1, 1, 0, 0)), ("swap_time", (0, 0))):
-        method = getattr(cost, name, None)
-        try:
-            inspect.signature(method).bind(*args)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"cost_model: {type(cost).__name__}.{name} must take {len(args)} positional numbers (allowed: a "
-                f"sim.cost.CostModel, with step_time(num_prefill_tokens, num_decode_seqs, num_context_tokens, "
-                f"num_prefill_pairs=0, num_shared_context_tokens=0) and swap_time(num_bytes, num_blocks=0), or the "
-                f"path of a calibrated model)"
-            ) from None
-
-
-def _import_sharegpt(trace, model_spec, rate: float | None, seed: int) -> tuple[list[Request], dict]:
-    """A ShareGPT conversation file as requests, and what happened, for the summary (`trace_import`)."""
-    pairs = load_sharegpt_pairs(trace, default_count_tokens(), model_spec.max_seq_len)
-    requests = sharegpt_requests(trace, pairs, rate=rate, seed=seed)
-    arrivals = "all at t = 0" if rate is None else f"Poisson arrivals at {rate:g} req/s (seed {seed})"
-    note = (f"{trace} is a ShareGPT conversation file: imported {pairs.describe()}; too long means over "
-            f"{model_spec.name}'s {model_spec.max_seq_len}-token context; tokens counted by SmolLM2's tokenizer; "
-            f"{arrivals}")  # fmt: skip
-    return requests, {"trace_format": "sharegpt", "trace_import": note}
-
-
-def _import_conversations(trace, model_spec, rate: float | None, seed: int, think_time: float,
-                          history_limit: int | None) -> tuple[list[Request], dict]:  # fmt: skip
-    """A ShareGPT file's conversations as multi-turn sessions, and what happened, for the summary."""
-    sessions, imported = import_conversations(trace, max_seq_len=model_spec.max_seq_len, history_limit=history_limit,
-                                              rate=rate, think_time=think_time, seed=seed)  # fmt: skip
-    arrivals = "all at t = 0" if rate is None else f"sessions start by Poisson at {rate:g} sessions/s (seed {seed})"
-    cut = "" if history_limit is None else f"; prompts cut to their last {history_limit} tokens"
-    note = (f"{trace} is a ShareGPT conversation file, imported as multi-turn sessions: {imported.describe()}; "
-            f"context: {model_spec.name}'s {model_spec.max_seq_len} tokens{cut}; tokens by SmolLM2's tokenizer; "
-            f"{arrivals}, then mean think time {think_time:g} s between turns")  # fmt: skip
-    return flatten(sessions), {"trace_format": "sharegpt", "trace_import": note, "num_sessions": len(sessions)}
-
-
-def _check_requests(requests: list[Request], model_spec, probe: Scheduler) -> None:
+def _check_requests(requests: list[Request], model_spec, probe: Scheduler, trace=None) -> None:
     """Every request must fit the model's context and, alone, the whole KV pool; checked before simulating,
-    once per distinct shape, on a throwaway scheduler (its check_request is the rule add_request will apply)."""
+    once per distinct shape, on a throwaway scheduler (its check_request is the rule add_request will apply).
+    `trace`: the JSONL or CSV file the requests came from, whose line a refusal then names."""
     require(len(requests) >= 1, "requests", len(requests), "at least one request")
     seen: set[tuple[int, int, int, int]] = set()
     for r in requests:
+        problem = None
         if r.total_len > model_spec.max_seq_len:
-            raise ValueError(
-                f"request {r.request_id}: prompt_len + output_len = {r.total_len} exceeds {model_spec.name}'s context "
-                f"(allowed: <= {model_spec.max_seq_len} tokens)"
-            )
-        shape = (r.prompt_len, r.output_len, r.n, r.beam_width)
-        if shape not in seen:
+            problem = (f"prompt_len + output_len = {r.total_len} exceeds {model_spec.name}'s context (allowed: <= "
+                       f"{model_spec.max_seq_len} tokens)")  # fmt: skip
+        elif (shape := (r.prompt_len, r.output_len, r.n, r.beam_width)) not in seen:
             seen.add(shape)
             problem = probe.check_request(r)  # add_request's rule, without queueing anything
-            if problem is not None:
-                raise ValueError(f"request {r.request_id}: {problem}")
+        if problem is not None:
+            line = None if trace is None else request_lines(trace).get(r.request_id)
+            where = "" if trace is None else f"{trace}{'' if line is None else f' line {line}'}: "
+            raise ValueError(f"{where}request {r.request_id}: {problem}")

@@ -1,20 +1,22 @@
-"""What `sim.run` accepts: every argument's type and range (sim.limits), the choices, the combinations that mean
-nothing (refused, not ignored), and the workload and pool sizes, all checked before a simulation starts.
+"""A run's settings step: what `sim.run` accepts, checked before a simulation starts. Each field's type, range
+(sim.limits) and choices are checked once, where RunConfig is built (sim.config); here are the combinations that mean
+nothing (refused, not ignored), and the checks a setting's owner makes (a vattention page, a hybrid model, a
+generated workload's size: sim.kv, sim.workload_source). What needs the workload or the pool is checked in those
+steps (sim.workload_source.workload_for, sim.kv.pool.kv_pool).
 
 The command line (sim.cli) and the sweep (sim.sweep) call the same checks, spelling arguments as their flags.
 """
 from __future__ import annotations
 
-import numbers
+import dataclasses
 
-from .config import RUN_DEFAULTS, RUN_FIELDS, RunConfig, choices, require
-from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, gpu_pool_blocks,
-                 has_prefix_cache, has_swap_space, offload_tier_refusal, pages_in_kib, simulator_block_size,
-                 takes_block_allocator)  # fmt: skip
-from .limits import MAX_KV_SLOTS, MAX_NUM_REQUESTS, MAX_POOL_BLOCKS, MAX_TIME_S, is_int
-from .request import Request
+from .config import RUN_DEFAULTS, RUN_FIELDS, RunConfig, choices
+from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, has_prefix_cache,
+                 has_swap_space, offload_tier_refusal, pages_in_kib, simulator_block_size, takes_block_allocator)
+from .limits import require
 from .specs import MODELS
-from .trace import JSON_FIELDS, parse_record, trace_format
+from .trace import trace_format
+from .workload_source import check_workload_size
 
 # What a generated workload is made of: meaningless when the requests come from a trace or a list.
 WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival", "burstiness", "n", "beam_width",
@@ -39,8 +41,21 @@ def check_arguments(params: RunConfig | dict, given: set[str] | None = None, say
     require(p["n"] == 1 or p["beam_width"] == 1, "n and beam_width", (p["n"], p["beam_width"]),
             "at most one of them > 1")  # fmt: skip
     if p["trace"] is None and p["requests"] is None:
-        _check_workload(p)
+        check_workload_size(workload=p["workload"], rate=p["rate"], duration=p["duration"],
+                            num_requests=p["num_requests"], arrival=p["arrival"], turns=p["turns"])  # fmt: skip
     return kind
+
+
+def run_settings(config: RunConfig | None, changes: dict) -> tuple[RunConfig, str | None]:
+    """sim.run's settings: `config` (None: the defaults) with `changes` (RunConfig fields by name), every field and
+    combination checked (`check_arguments`); and the trace's format, if there is a trace."""
+    if config is None:
+        config = RunConfig(**changes)
+    elif not isinstance(config, RunConfig):
+        raise TypeError(f"run: config must be a sim.config.RunConfig, got {type(config).__name__}")
+    elif changes:
+        config = dataclasses.replace(config, **changes)
+    return config, check_arguments(config)
 
 
 def _say(name: str, value) -> str:
@@ -151,59 +166,3 @@ def check_combinations(params: dict, given: set[str] | None = None, say=_say) ->
         if name in given:
             raise ValueError(f"{say(name, params[name])}: {why[name]}")
     return kind
-
-
-def _check_workload(p: dict) -> None:
-    """A generated workload's size, before numpy draws it: at most MAX_NUM_REQUESTS requests (expected), the
-    last arriving by MAX_TIME_S (expected)."""
-    rate, duration, num_requests, arrival = p["rate"], p["duration"], p["num_requests"], p["arrival"]
-    if arrival != "offline":
-        require(rate is not None, "rate", rate, "a finite number > 0 requests/s")
-    if num_requests is None:
-        require(arrival != "offline", "num_requests", None, "an integer >= 1; offline arrivals need a count")
-        require(duration is not None, "duration", duration, "a finite number > 0 seconds, or num_requests")
-        turns = p["turns"] if p["workload"] == "conversation" else 1  # requests per session, a mean
-        if rate * duration * turns > MAX_NUM_REQUESTS:
-            times = f" x turns: {rate:g} x {duration:g} x {turns:g}" if turns != 1 else f": {rate:g} x {duration:g}"
-            raise ValueError(f"rate x duration{times} = {rate * duration * turns:.3g} expected requests "
-                             f"(allowed: at most {MAX_NUM_REQUESTS:,}, the limit of one workload)")  # fmt: skip
-    elif arrival != "offline" and num_requests / rate > MAX_TIME_S:
-        raise ValueError(f"num_requests / rate: {num_requests} / {rate:g} = {num_requests / rate:.3g} s of arrivals "
-                         f"(allowed: at most {MAX_TIME_S:g} s of simulated time)")  # fmt: skip
-
-
-def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots, model=None) -> None:
-    """The KV pools fit the simulator's limits (sim.limits): slots, and blocks of a paged GPU or CPU pool (the blocks
-    the policy makes of those slots: `model`'s layer groups for hybrid)."""
-    name = "kv_slots" if kv_slots is not None else "the KV pool (what model, gpu and num_gpus leave)"
-    if num_slots > MAX_KV_SLOTS:
-        raise ValueError(f"{name}: {num_slots:,} token slots (allowed: at most {MAX_KV_SLOTS:,})")
-    paged = allocates_blocks_on_demand(policy)
-    blocks = gpu_pool_blocks(policy, model, num_slots, block_size) if paged else 0
-    if blocks > MAX_POOL_BLOCKS:
-        under = "" if blocks == num_slots // block_size else f" under {policy!r}"  # (hybrid: a page per layer group)
-        raise ValueError(f"{name}: {num_slots:,} token slots = {blocks:,} blocks of {block_size}{under} "
-                         f"(allowed: at most {MAX_POOL_BLOCKS:,} blocks: a larger block_size, or kv_slots)")
-    if paged and num_cpu_blocks > MAX_POOL_BLOCKS:
-        raise ValueError(f"swap_space_gib: {num_cpu_blocks:,} CPU blocks of {block_size} tokens (allowed: at most "
-                         f"{MAX_POOL_BLOCKS:,} blocks of swap space)")  # fmt: skip
-
-
-def check_given_requests(requests: list[Request]) -> None:
-    """A list given to run(): every request as a trace line would have to be (sim.trace), ids unique."""
-    seen: set[int] = set()
-    for i, r in enumerate(requests):
-        # numpy scalars are numbers here (a trace line's JSON is stricter: 3.0 is no integer there)
-        record = {name: v if type(v) is int or not is_int(v) else int(v)
-                  for name in JSON_FIELDS if (v := getattr(r, name)) is not None}  # fmt: skip
-        t = record["arrival_time"]
-        record["arrival_time"] = float(t) if isinstance(t, numbers.Real) and not is_int(t) else t
-        ids = record.get("prompt_token_ids")
-        if isinstance(ids, (list, tuple)) and (type(ids) is not list or {*map(type, ids)} - {int}):
-            record["prompt_token_ids"] = [int(i) if is_int(i) else i for i in ids]
-        try:
-            parse_record(record)
-        except ValueError as e:
-            raise ValueError(f"requests[{i}]: {e}") from None
-        require(r.request_id not in seen, f"requests[{i}]: request_id", r.request_id, "each request_id once")
-        seen.add(r.request_id)

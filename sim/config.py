@@ -24,7 +24,7 @@ from typing import Callable
 from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
 from .kv import POLICIES
 from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_SEED, MAX_SWAP_GIB,
-                     MAX_TIME_S, MAX_TOKENS, MAX_TURNS, MIN_BURSTINESS, is_int, is_real)  # fmt: skip
+                     MAX_TIME_S, MAX_TOKENS, MAX_TURNS, MIN_BURSTINESS, is_int, is_real, require)  # fmt: skip
 from .preemption import VICTIM_POLICIES, victim_policy
 from .request import Request
 from .slots import ALLOCATORS
@@ -37,12 +37,6 @@ PREEMPTION_MODES = ("recompute", "swap")
 # NOTE: speculative decoding's draft tokens per step at most: drafts past a few tens are almost never all accepted
 # (with acceptance rate a, the j-th draft survives with probability a^j), so a larger k only wastes slots and compute
 MAX_SPECULATIVE_TOKENS = 64
-
-
-def require(ok: bool, name: str, value, allowed: str) -> None:
-    """ValueError "name: got value (allowed: ...)" unless `ok`: the one line every refused argument gets."""
-    if not ok:
-        raise ValueError(f"{name}: got {value!r} (allowed: {allowed})")
 
 
 def default_max_num_batched_tokens(mode: str, chunked: bool, max_model_len: int = 0, *,

@@ -14,6 +14,7 @@ Both are called 10^5-10^6 times per simulation, so `step_time` is plain float ar
 from __future__ import annotations
 
 import csv
+import inspect
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,21 @@ class CostModel(Protocol):
         """Seconds to move `num_bytes` of KV cache, in `num_blocks` blocks, between GPU and CPU memory
         (one direction)."""
         ...
+
+
+def check_cost_model(cost) -> None:
+    """A cost object must price a step from its four numbers and a swap from its bytes (CostModel); else one line."""
+    for name, args in (("step_time", (0, 1, 1, 0, 0)), ("swap_time", (0, 0))):
+        method = getattr(cost, name, None)
+        try:
+            inspect.signature(method).bind(*args)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"cost_model: {type(cost).__name__}.{name} must take {len(args)} positional numbers (allowed: a "
+                f"sim.cost.CostModel, with step_time(num_prefill_tokens, num_decode_seqs, num_context_tokens, "
+                f"num_prefill_pairs=0, num_shared_context_tokens=0) and swap_time(num_bytes, num_blocks=0), or the "
+                f"path of a calibrated model)"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,20 +51,20 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .arguments import check_arguments, check_given_requests
-from .config import RunConfig, require
+from .arguments import check_arguments
+from .config import RunConfig
 from .cost import RooflineCostModel
 from .fast.loop import FastSimulator
 from .kv import make_kv_manager, simulator_block_size
 from .kv.base import SHARE_NAMES
-from .limits import MAX_TIME_S, is_int, is_real
+from .limits import MAX_TIME_S, is_int, is_real, require
 from .loop import LoopResult, Simulator
 from .metrics import Table, latency_summary, request_table, slo_summary
 from .plan import ScheduledSeq, StepPlan
 from .request import Request
 from .scheduler import Scheduler
 from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
-from .workload import generate_requests
+from .workload_source import workload_for
 
 ROUTERS = ("least-work", "round-robin")
 # One HDR InfiniBand port: 200 Gb/s = 25 GB/s each way, the A100 generation's network (a DGX A100 has eight, one per
@@ -212,25 +212,8 @@ def _instance(config: RunConfig, requests: list[Request], loading: dict | None =
     return simulator.run(), simulator
 
 
-def _requests(c: RunConfig) -> list[Request]:
-    """The workload: `c.requests` as given, or the synthetic workload sim.run would draw."""
-    if c.requests is not None:
-        check_given_requests(c.requests)
-        return list(c.requests)
-    model = get_model(c.model)
-    requests = generate_requests(
-        c.workload, c.num_requests, rate=c.rate, duration=None if c.num_requests is not None else c.duration,
-        arrival=c.arrival, burstiness=c.burstiness, max_seq_len=model.max_seq_len, seed=c.seed,
-        prompt_len=c.prompt_len, output_len=c.output_len, prompt_len_range=c.prompt_len_range,
-        output_len_range=c.output_len_range,
-    )  # fmt: skip
-    require(bool(requests), "duration", c.duration, f"long enough for a request to arrive at {c.rate:g} req/s "
-            "(none did; or give num_requests)")  # fmt: skip
-    return requests
-
-
-def _check(c: RunConfig, requests: list[Request]) -> None:
-    """What this cluster model does not cover, refused in one line each."""
+def _check(c: RunConfig) -> None:
+    """What this cluster model does not cover, refused in one line each, before the workload is drawn."""
     require(c.trace is None, "trace", c.trace, "None here: give requests or a synthetic workload")
     require(c.workload != "conversation" or c.requests is not None, "workload", c.workload,
             "a single-turn workload (sharegpt, alpaca, fixed, uniform): a conversation's turns share a prefix cache "
@@ -245,6 +228,10 @@ def _check(c: RunConfig, requests: list[Request]) -> None:
     for name in ("block_allocator", "on_step"):
         require(getattr(c, name) is None, name, getattr(c, name), "None: a cluster builds its instances' own")
     require(not c.validate, "validate", c.validate, "False")
+
+
+def _check_requests(c: RunConfig, requests: list[Request]) -> None:
+    """Requests this cluster model does not cover (a list given as `requests`), refused in one line each."""
     for r in requests:
         if r.num_seqs > 1 or r.prefix_len:
             raise ValueError(f"request {r.request_id}: n={r.n}, beam_width={r.beam_width}, prefix_len={r.prefix_len} "
@@ -271,9 +258,11 @@ def run_cluster(config: RunConfig | None = None, /, *, cluster: ClusterConfig = 
         config = dataclasses.replace(config, **settings)
     if not isinstance(cluster, ClusterConfig):
         raise TypeError(f"run_cluster: cluster must be a sim.disagg.ClusterConfig, got {type(cluster).__name__}")
-    check_arguments(config)
-    requests = sorted(_requests(config), key=lambda r: (r.arrival_time, r.request_id))
-    _check(config, requests)
+    kind = check_arguments(config)
+    _check(config)
+    requests, _ = workload_for(config, kind, get_model(config.model))  # (a trace is refused above)
+    requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    _check_requests(config, requests)
     if cluster.colocated:
         combined, instances, transfers = _colocated(config, cluster, requests)
     else:

@@ -71,3 +71,9 @@ def is_int(value) -> bool:
 def is_real(value) -> bool:
     """A finite number (an integer included), not a bool: what every time, rate and size above must be."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def require(ok: bool, name: str, value, allowed: str) -> None:
+    """ValueError "name: got value (allowed: ...)" unless `ok`: the one line every refused argument gets."""
+    if not ok:
+        raise ValueError(f"{name}: got {value!r} (allowed: {allowed})")

@@ -11,11 +11,13 @@ import csv
 import itertools
 import json
 import math
+import numbers
 import re
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sim.limits import MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_PRIORITY, MAX_TIME_S, MAX_TOKENS
+from sim.limits import (MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_PRIORITY, MAX_TIME_S, MAX_TOKENS,
+                        is_int, require)  # fmt: skip
 from sim.request import Request
 from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
 from .trace_files import LongInt, TraceError, json_object, open_trace, parse_int, show
@@ -336,3 +338,23 @@ def read_trace(
         pairs = load_sharegpt_pairs(path, count_tokens or default_count_tokens(), max_seq_len)
         return sharegpt_requests(path, pairs, rate=rate, seed=seed)
     return read_csv(path) if kind == "csv" else read_jsonl(path)
+
+
+def check_given_requests(requests: list[Request]) -> None:
+    """A list given to run(): every request as a trace line would have to be, ids unique."""
+    seen: set[int] = set()
+    for i, r in enumerate(requests):
+        # numpy scalars are numbers here (a trace line's JSON is stricter: 3.0 is no integer there)
+        record = {name: v if type(v) is int or not is_int(v) else int(v)
+                  for name in JSON_FIELDS if (v := getattr(r, name)) is not None}  # fmt: skip
+        t = record["arrival_time"]
+        record["arrival_time"] = float(t) if isinstance(t, numbers.Real) and not is_int(t) else t
+        ids = record.get("prompt_token_ids")
+        if isinstance(ids, (list, tuple)) and (type(ids) is not list or {*map(type, ids)} - {int}):
+            record["prompt_token_ids"] = [int(i) if is_int(i) else i for i in ids]
+        try:
+            parse_record(record)
+        except ValueError as e:
+            raise ValueError(f"requests[{i}]: {e}") from None
+        require(r.request_id not in seen, f"requests[{i}]: request_id", r.request_id, "each request_id once")
+        seen.add(r.request_id)

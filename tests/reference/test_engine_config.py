@@ -22,6 +22,39 @@ def test_every_llm_keyword_defaults_to_the_engine_config():
         assert default == fields[name], name
 
 
+def test_llm_lists_its_keywords_once_and_shows_them_all():
+    """LLM.__init__ takes **settings and hands them to EngineConfig; its signature, as inspect and help() show it, is
+    built from EngineConfig's fields, so a keyword is written once and still seen with its default."""
+    shown = inspect.signature(LLM).parameters  # the class, as help(LLM) shows it
+    assert list(shown)[:2] == ["model", "tokenizer"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in shown.items() if name != "model")
+    for f in dataclasses.fields(EngineConfig):
+        assert shown[f.name].default == f.default, f.name
+    import pydoc
+
+    shown_by_help = pydoc.render_doc(LLM, renderer=pydoc.plaintext)
+    assert "tokenizer=None, policy: 'str' = 'paged', block_size: 'int' = 16" in shown_by_help
+    assert "num_offload_blocks: 'int' = 0" in shown_by_help
+
+
+class LLMLike:  # a signature without the keyword: what Python itself says
+    def __init__(self, model="smollm2", *, policy="paged"):
+        pass
+
+
+def test_an_unknown_keyword_is_pythons_own_type_error():
+    """Refused before anything is built or loaded, in the words Python uses for a signature that lacks the keyword."""
+    with pytest.raises(TypeError) as python:
+        LLMLike(polcy="max")
+    for call in (lambda: LLM(polcy="max"), lambda: LLM("no-such-model", polcy="max"),
+                 lambda: LLM.from_loaded(None, polcy="max")):  # fmt: skip
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == str(python.value).replace("LLMLike", "LLM")
+    with pytest.raises(TypeError, match=r"takes from 1 to 2 positional arguments but 3 were given"):
+        LLM("smollm2", "paged")
+
+
 def test_the_settings_shared_with_the_simulator_take_its_defaults():
     for name in ("policy", "block_size"):
         assert getattr(ENGINE_DEFAULTS, name) == RUN_DEFAULTS[name], name
