@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: fast demo docs test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
+.PHONY: fast test-fast demo docs test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
 
 install: $(STAMP)
 
@@ -63,6 +63,10 @@ bench: $(STAMP)
 fast: $(STAMP)
 	$(BIN)/pip install -q -e ".[fast]"
 	$(BIN)/python tools/build_fast.py
+
+# The simulator's tests against that build (every compiled module in place, or the run refuses to start).
+test-fast: fast
+	LAB_FAST=require $(BIN)/python -m pytest -q -n 2 tests/sim
 
 # Does the simulator predict the engine? Fit its cost model to the engine's measured steps (each timed 3 times; ~7
 # min), then replay 11 held-out traces through both (real time; ~9 min) and compare latencies request by request,

@@ -14,18 +14,20 @@ from sim import compiled
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (sim.run keywords): the compiled KV managers, both schedulers, the fast plane and the plain loop. The managers whose
-# duck-typed values the compiled annotations still refuse (radix's page pool where paged declares a BlockAllocator,
-# None where a list is declared: docs/benchmarks.md, "An optional compiled build") are expected to fail until fixed.
-KNOWN_BROKEN = pytest.mark.xfail(reason="compiled annotations refuse a duck-typed value (TypeError)", strict=False)
+# (sim.run keywords): the compiled KV managers, both schedulers, the fast plane and the plain loop, a beam search and
+# parallel samples, the offload tier.
 WORKLOADS = [
     dict(policy="paged", scheduler="v0", rate=2.0, duration=300.0),
     dict(policy="paged", scheduler="v1", rate=2.0, duration=300.0),
     dict(policy="paged", scheduler="v0", rate=2.0, duration=120.0, jump=False),
     dict(policy="max", scheduler="v0", rate=2.0, duration=200.0),
     dict(policy="oracle", scheduler="v1", rate=2.0, duration=200.0),
-    pytest.param(dict(policy="vattention", scheduler="v1", rate=2.0, duration=200.0), marks=KNOWN_BROKEN),
-    pytest.param(dict(policy="radix", scheduler="v1", rate=2.0, duration=200.0), marks=KNOWN_BROKEN),
+    dict(policy="vattention", scheduler="v1", rate=2.0, duration=200.0),
+    dict(policy="radix", scheduler="v1", rate=2.0, duration=200.0, prefix_len=64),
+    dict(policy="hybrid", model="gemma3-270m", scheduler="v1", rate=2.0, duration=100.0),
+    dict(policy="paged", scheduler="v1", rate=1.0, duration=100.0, beam_width=3),
+    dict(policy="paged", scheduler="v0", rate=1.0, duration=100.0, n=3, swap_space_gib=4.0),
+    dict(policy="paged", scheduler="v1", rate=2.0, duration=100.0, prefix_len=256, cpu_offload_gib=1.0),
 ]
 CODE = """
 import json, sys
