@@ -128,6 +128,7 @@ serve-bench: $(STAMP) $(BENCH_VENV)/.installed
 
 # The whole suite in .venv, then the light install's part of it in .venv-light.
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2
 	$(MAKE) --no-print-directory test-light
 

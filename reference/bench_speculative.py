@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     engines = {0: LLM.from_loaded(model, tokenizer), k: LLM.from_loaded(model, tokenizer, num_speculative_tokens=k)}
     prompts = engines[0].render_chat(conversations(count))
     tokens, best, steps, drafted = {}, {}, {}, (0, 0)
-    for system, llm in engines.items():  # warm-up: one short batch each (allocations, numba's compilation)
+    for llm in engines.values():  # warm-up: one short batch each (allocations, numba's compilation)
         measure(llm, prompts[:1], 4)
     for r in range(rounds):
         for system in (0, k) if r % 2 == 0 else (k, 0):

@@ -22,7 +22,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 

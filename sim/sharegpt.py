@@ -143,17 +143,17 @@ def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]
             raise TraceError(f"{path} line {line}: conversation {index} has no 'conversations' list of turns "
                              '(expected {"conversations": [{"from": "human", "value": "..."}, ...]})')  # fmt: skip
         for k, turn in enumerate(turns):
-            for field in ("from", "value"):
-                value = turn.get(field)
+            for key in ("from", "value"):
+                value = turn.get(key)
                 try:
                     if isinstance(value, str):
                         value.encode("utf-8")
                 except UnicodeEncodeError:  # json.loads turns "\ud800" into a lone surrogate: not a character
-                    raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {field!r} holds a lone "
+                    raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {key!r} holds a lone "
                                      f"surrogate escape (allowed: Unicode text; a character past U+FFFF is a pair "
                                      f"of escapes)") from None  # fmt: skip
                 if isinstance(value, str) and _only_control(value):
-                    raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {field!r} holds only "
+                    raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {key!r} holds only "
                                      f"control characters, {_codes(value)} (allowed: text; an empty string or "
                                      "whitespace for an empty turn)")  # fmt: skip
         if index == MAX_NUM_REQUESTS:

@@ -82,7 +82,7 @@ def test_install_report_installs_what_the_makefile_installs():
     assert [r["has_torch"] for r in rows] == ["False", "True"]  # what the light install promises, measured
 
 
-def _run_tool(*argv: str) -> "subprocess.CompletedProcess":
+def _run_tool(*argv: str):
     import subprocess
 
     return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -93,7 +93,7 @@ def weights_from_state_dict(config: ModelConfig, state: dict[str, torch.Tensor])
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        bias = (lambda n: get(p + f"self_attn.{n}.bias")) if config.attention_bias else (lambda n: None)
+        bias = (lambda n, p=p: get(p + f"self_attn.{n}.bias")) if config.attention_bias else (lambda n: None)
         layers.append(fused_layer(
             input_norm=get(p + "input_layernorm.weight"),
             q_proj=get(p + "self_attn.q_proj.weight"),

@@ -54,7 +54,7 @@ def draw_block(runs, outdir, quick: bool):
         ax.set_ylim(0, 1)
         percent_axis(ax)
         ax.set_title(f"({'bc'[i]}) {label}: memory in use, time-weighted")
-        for (task, result), b in zip(mine, sizes):
+        for (_task, result), b in zip(mine, sizes):
             s = result.summary
             rows.append({"workload": workload, "rate": rate, "block_size": b, "trace_duration_s": durations[quick],
                          "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
@@ -98,7 +98,7 @@ def draw_preemption(runs, outdir, quick: bool):
         preemptions = [r.summary["num_preemptions"] / r.summary["num_requests"] for _, r in mine]
         lat.plot(sizes, latency, marker="o", color=MODE_COLORS[mode], label=mode)
         pre.plot(sizes, preemptions, marker="o", color=MODE_COLORS[mode], label=mode)
-        for (task, result), b in zip(mine, sizes):
+        for (_task, result), b in zip(mine, sizes):
             s = result.summary
             rows.append({"preemption": mode, "block_size": b, "rate": PRESSURE_RATE,
                          "trace_duration_s": PRESSURE_DURATION[quick],

@@ -676,7 +676,7 @@ def engine_profile(f: Files) -> tuple[Table, ...]:
         by = {r["section"]: r for r in f.rows(name) if r["section"] != "step"}
         total, decode = by["total"], by["decode_steps"]
         wall = float(total["wall_ms"])
-        share = lambda key: f"{float(total[key]) / wall:.0%}"  # noqa: E731
+        share = lambda key, total=total, wall=wall: f"{float(total[key]) / wall:.0%}"  # noqa: E731
         rows.append((label, label, f"{wall / 1e3:.1f} s", f"{share('gemm_ms')} ({float(total['gemm_gflops']):.0f} "
                      f"GFLOPS)", share("attention_ms"), share("other_ms"), share("outside_ms"),
                      f"{float(decode['weights_gbps']):.1f} / {float(decode['decode_kv_gbps']):.1f}",

@@ -51,7 +51,7 @@ def draw_sharing(runs, outdir, quick: bool):
         ax.set_title(KIND_LABELS[kind].split(" (")[0])
         ax.legend(loc="upper left", frameon=False)
         percent_axis(ax)
-        for (task, result), w, v in zip(mine, widths, savings):
+        for (_task, result), w, v in zip(mine, widths, savings):
             s = result.summary
             rows.append({"kind": kind, "width": w, "memory_saving": v, "paper_low": low, "paper_high": high,
                          "block_seconds_shared": result.probes["sharing"]["block_seconds_shared"],

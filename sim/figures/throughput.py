@@ -61,7 +61,7 @@ def draw_latency(runs, outdir, quick: bool):
             latency = [r.summary["normalized_latency_s_per_token"] for _, r in mine]
             ax.plot(rates, [np.nan if v is None else v for v in latency], marker=SYSTEM_MARKERS[system],
                     color=SYSTEM_COLORS[system], label=SYSTEM_LABELS[system], markersize=5)  # fmt: skip
-            for (task, result), value in zip(mine, latency):
+            for task, result in mine:
                 rows.append({"workload": workload, "system": system, **latency_row(task, result), "trace_duration_s":
                              DURATION[workload][quick]})  # fmt: skip
         ax.set_ylim(0, Y_LIMIT[workload])

@@ -138,7 +138,7 @@ def test_validate_replays_parallel_sampling_beams_and_a_cached_prefix(smol, quic
     summary, rows = validate(smol, "siblings", requests, model,
                              engine={"num_gpu_blocks": 64, "enable_prefix_caching": True})  # fmt: skip
     assert summary["n"] == 3 and summary["beam_width"] == 2 and summary["prefix_caching"]
-    for r, request in zip(rows, requests):
+    for r, _request in zip(rows, requests):
         assert 0 < r["measured_ttft"] <= r["measured_e2e_latency"] and 0 < r["simulated_ttft"] <= r["simulated_e2e_latency"]
         # one token time per step that sampled for the request, whatever its number of samples or beams
         assert r["measured_itl_mean"] > 0 and r["simulated_itl_mean"] > 0

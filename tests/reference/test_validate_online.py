@@ -42,7 +42,7 @@ def test_a_served_trace_is_measured_at_the_client_in_the_engine_and_simulated(tm
     assert summary["errors"] == "0" and summary["kv_blocks_used_after"] == "0" and summary["num_gpu_blocks"] == "128"
     rows = _csv(per_request)
     assert [int(r["request_id"]) for r in rows] == list(range(len(ROWS)))
-    for r, (_, _, output_len, _) in zip(rows, ROWS):
+    for r, (_, _, _output_len, _) in zip(rows, ROWS):
         assert r["status"] == "ok"
         values = {k: float(v) for k, v in r.items() if k.split("_")[0] in ("client", "engine", "simulated")}
         assert all(np.isfinite(v) and v > 0 for v in values.values()), r

@@ -21,6 +21,7 @@ WORKLOADS = [
     dict(policy="paged", scheduler="v1", rate=2.0, duration=300.0),
     dict(policy="paged", scheduler="v0", rate=2.0, duration=120.0, jump=False),
     dict(policy="max", scheduler="v0", rate=2.0, duration=200.0),
+    dict(policy="pow2", scheduler="v1", rate=2.0, duration=200.0),
     dict(policy="oracle", scheduler="v1", rate=2.0, duration=200.0),
     dict(policy="vattention", scheduler="v1", rate=2.0, duration=200.0),
     dict(policy="radix", scheduler="v1", rate=2.0, duration=200.0, prefix_len=64),

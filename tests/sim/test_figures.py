@@ -193,7 +193,7 @@ def test_hybrid_batches_more_as_prompts_outgrow_the_window(quick_figures):
     rows = {(r["system"], int(r["prompt_len"])): r for r in read_rows(quick_figures, "hybrid_memory")}
     longest = max(p for _, p in rows)
     assert float(rows["hybrid", longest]["mean_batch_size"]) > 2 * float(rows["paged", longest]["mean_batch_size"])
-    for system, prompt in rows:  # never fewer: the same bytes, and the hybrid pool frees what paged keeps
+    for _system, prompt in rows:  # never fewer: the same bytes, and the hybrid pool frees what paged keeps
         assert float(rows["hybrid", prompt]["mean_batch_size"]) >= float(rows["paged", prompt]["mean_batch_size"])
 
 

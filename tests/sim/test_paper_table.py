@@ -116,9 +116,9 @@ def test_every_difference_beyond_ten_percent_has_a_note(data):
     table = [line for line in block.splitlines() if line.startswith("| Fig.")]
     assert len(table) == len(ROWS)
     notes = [line for line in block.splitlines() if line[:1].isdigit() and ". **" in line]
-    for row, line in zip(ROWS, table):
-        value = row.lab(data)
-        d = difference(PAPER[row.key], value)
+    for paper_row, line in zip(ROWS, table):
+        value = paper_row.lab(data)
+        d = difference(PAPER[paper_row.key], value)
         flagged = (d is not None and abs(d) > 0.10) or value.verdict not in ("", "agrees")
         assert ("(note " in line) == flagged, line
     cited = {int(part.split(")")[0]) for line in table for part in line.split("(note ")[1:]}

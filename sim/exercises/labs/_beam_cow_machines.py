@@ -76,7 +76,7 @@ class _Run:
 
 
 def _random_program(run: _Run, ops: list[tuple[str, int, int]]) -> None:
-    for op, a, b in ops:
+    for op, a, _b in ops:
         live = sorted(run.beams.truth)
         if op == "new" or not live:
             run.new(1 + a % 6)
