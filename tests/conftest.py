@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
+import pytest
+
 T = TypeVar("T")
+RESCUED = pytest.StashKey[list]()  # the modules --quick kept through one slow test, for the summary line
 
 
 def pytest_addoption(parser):
@@ -54,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
         function=lambda item: f"{item.cls.__qualname__ + '.' if item.cls else ''}{getattr(item, 'originalname', item.name)}",
         slow=lambda item: item.get_closest_marker("slow") is not None,
     )
-    config._quick_rescued = rescued  # for the summary line below
+    config.stash[RESCUED] = rescued
     chosen = set(map(id, kept))
     deselected = [item for item in items if id(item) not in chosen]
     if deselected:
@@ -63,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    rescued = getattr(config, "_quick_rescued", [])
+    rescued = config.stash.get(RESCUED, [])
     if rescued:
         terminalreporter.write_line(f"--quick ran one slow test of each module whose tests are all slow: "
                                     f"{', '.join(rescued)}")  # fmt: skip

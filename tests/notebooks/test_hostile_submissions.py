@@ -62,6 +62,7 @@ def test_an_exception_whose_str_raises_is_feedback(tmp_path):
     assert any("<a OutOfSlots whose str() raised AttributeError>" in r.detail for r in report.results), report.text()
 
 
+@pytest.mark.slow
 def test_sys_exit_in_a_method_is_feedback_and_at_the_top_level_one_line(tmp_path):
     report, _ = _grade(_submission(tmp_path, "import sys\n" + CLASS.replace(ALLOCATE, ALLOCATE + "        sys.exit(0)\n")))
     assert report.score < report.max_score and any("your code called sys.exit(0)" in r.detail for r in report.results)

@@ -315,6 +315,7 @@ def test_a_closed_pipe_is_not_bad_input():
     assert proc.wait(timeout=300) == 141 and err == "", err
 
 
+@pytest.mark.slow
 def test_an_output_that_fails_late_is_one_line_and_keeps_the_others(tmp_path):
     """calibrate checks its outputs first, but a full disk (here /dev/full) fails only at the write: one line,
     exit 2, and the other output is neither created nor replaced."""
