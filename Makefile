@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Triton kernels run on CPU tensors through Triton's interpreter where there is no GPU.
 export TRITON_INTERPRET ?= $(shell $(PYTHON) -c "import shutil; print(0 if shutil.which('nvidia-smi') else 1)")
 
-.PHONY: fast test-fast demo docs test test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
+.PHONY: fast test-fast demo docs test check test-light test-lesser-cpu test-busy figures bench calibrate bad-inputs kv-faults peer serve-bench install install-light install-report clean
 
 install: $(STAMP)
 
@@ -132,6 +132,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2
 	$(MAKE) --no-print-directory test-light
 
+# The edit-test loop, a few minutes on 2 cores, in .venv only: every test module, each parametrized test on its first
+# case, no test marked slow (tests/conftest.py, --quick). `make test` before a commit runs everything.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n 2 --quick
+
 # The suite as a CPU with AVX but without AVX2 or AVX-512 runs it (the libraries' own switches, reference/cpu_paths.py:
 # torch's DEFAULT kernels, oneDNN and MKL at AVX, numba for a generic x86-64), and with every core kept busy beside
 # it (tools/busy.py). Both must pass as `make test` does; `make test` itself runs the CPU-path tests the first way.
@@ -142,17 +148,28 @@ test-busy: $(STAMP)
 	$(BIN)/python tools/busy.py -- $(MAKE) --no-print-directory test
 
 # The light install (README.md, "Which install?"): the simulator half only, ".[course]" (plus the test runner), no
-# torch, no triton. test-light builds it in .venv-light, checks that nothing pulled torch in, and runs there what
-# needs only sim: tests/sim, tests/test_install.py (every sim module imports without torch; the nine sim labs'
-# solutions graded by `python -m sim.exercises grade`) and the sim-only notebooks in a kernel (walkthroughs
-# 01-05, the sim labs' exercise notebooks). Tests that need torch, transformers or ray skip themselves there.
+# torch, no triton. test-light builds it in .venv-light, checks that nothing pulled torch in, and runs there what the
+# light install can break that .venv cannot show:
+#  - tests/test_install.py: every sim module imports without torch, triton or transformers, no sim source imports
+#    them (or any package the light extras lack) even inside a function, and the nine sim labs' solutions get full
+#    marks from `python -m sim.exercises grade`;
+#  - the sim-only notebooks in a kernel (walkthroughs 01-05, the sim labs' exercise notebooks);
+#  - whole, the sim tests of the paths that branch on what the light install has: the tokenizer from tokenizers and
+#    gguf without transformers (test_trace, test_conversation), the viewer without torch (test_viewer), sweeps without
+#    ray (test_sweep);
+#  - and every other sim test module once, --quick (tests/conftest.py): collected and run without torch.
+# NOTE: it no longer re-runs all of tests/sim. sim's code is the same in both venvs and `make test` runs every sim test
+# in .venv; what only this venv could catch (an import of torch, or of a package the light extras lack, that runs only
+# inside a function) is now read from every sim source statically, which also covers the paths no test reaches.
+# Tests that need torch, transformers or ray skip themselves here.
 LIGHT_VENV := .venv-light
 LIGHT_BIN := $(LIGHT_VENV)/bin
 LIGHT_STAMP := $(LIGHT_VENV)/.installed
 # what -k leaves out of tests/notebooks/test_walkthroughs.py: the notebooks that import torch or reference
 LIGHT_SKIP := 06_real_engine or 07_after_the_paper or 07_chunked_prefill or 09_block_table_attention \
 	or 10_triton_decode or 13_capstone
-LIGHT_TESTS := tests/sim tests/test_install.py tests/notebooks/test_walkthroughs.py
+LIGHT_TESTS := tests/test_install.py tests/notebooks/test_walkthroughs.py tests/sim/test_trace.py \
+	tests/sim/test_conversation.py tests/sim/test_viewer.py tests/sim/test_sweep.py
 
 install-light: $(LIGHT_STAMP)
 
@@ -171,6 +188,8 @@ test-light: $(LIGHT_STAMP)
 		echo "error: $(LIGHT_VENV) has the packages above; make clean and retry"; exit 1; fi
 	$(LIGHT_BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(LIGHT_TESTS) \
 		-k "not ($(LIGHT_SKIP))"
+	$(LIGHT_BIN)/python -m pytest -q -n 2 -p no:cacheprovider --quick tests/sim \
+		$(addprefix --ignore=,$(filter tests/sim/%,$(LIGHT_TESTS)))
 
 clean:
 	rm -rf $(VENV) $(LIGHT_VENV) $(BENCH_VENV) $(VLLM_VENV) .pytest_cache .hypothesis site build/fast

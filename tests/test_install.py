@@ -80,6 +80,48 @@ def test_every_sim_module_imports_without_torch_triton_or_transformers():
     assert not pulled, f"sim must not import {', '.join(pulled)}: {pulled}"
 
 
+def _imports_in(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level package) of every import statement in the file, at any depth (a function's body too)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.partition(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.partition(".")[0]))
+    return found
+
+
+def test_no_sim_source_imports_an_engine_package_even_inside_a_function():
+    """The probe above imports every module; an import inside a function runs only when that function does. This reads
+    every import statement of sim/ instead, so a path no test reaches is covered too (and the light tier need not
+    re-run every sim test without torch to find one: Makefile, test-light)."""
+    forbidden = {*HEAVY, "numba", "reference"}  # the engine's packages, and the engine itself (imports go one way)
+    files = sorted((ROOT / "sim").rglob("*.py"))
+    assert len(files) > 30 and ROOT / "sim" / "sweep.py" in files
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {top}" for path in files for line, top in _imports_in(path)
+           if top in forbidden]  # fmt: skip
+    assert not bad, "sim must not import the engine's packages:\n" + "\n".join(bad)
+    # the scan sees an import inside a function: sweep.py imports the optional ray only in _run_ray
+    assert "ray" in {top for _, top in _imports_in(ROOT / "sim" / "sweep.py")}
+
+
+def test_every_package_sim_imports_is_one_the_light_install_has():
+    """Beyond the engine's packages: an import of anything the light extras do not install (say one the full install
+    brings in only as a dependency of torch or transformers) would break the light install on the path that runs it."""
+    data = _pyproject()
+    project, extras = data["project"]["name"], data["project"]["optional-dependencies"]
+    light = {_requirement_name(r) for r in data["project"]["dependencies"] + _expand(extras, "course", project)}
+    # pillow is matplotlib's own dependency; ray is its own extra, imported only by `--backend ray`, which says how to
+    # install it where it is missing (tests/sim/test_sweep.py)
+    allowed = light | {"PIL", "ray", "sim"} | set(sys.stdlib_module_names)
+    files = sorted((ROOT / "sim").rglob("*.py"))
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {top}" for path in files for line, top in _imports_in(path)
+           if top not in allowed]  # fmt: skip
+    assert not bad, "sim imports packages the light install (pyproject.toml: course) lacks:\n" + "\n".join(bad)
+
+
 def _sim_labs() -> dict:
     from sim.exercises import EXERCISES  # sim's own labs; reference.exercises adds the three tensor labs
 

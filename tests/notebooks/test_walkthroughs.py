@@ -104,6 +104,7 @@ def test_exercise_notebook_runs_and_reports_the_unfinished_skeleton(path, kernel
     assert nb.cells[-1].outputs[0]["text"].strip() == sys.executable
 
 
+@pytest.mark.slow
 def test_the_readme_commands_for_opening_and_exporting_notebooks_work(tmp_path, kernel_env):  # env: os.environ
     """notebooks/README.md: `.venv/bin/jupyter lab notebooks/` and `jupyter nbconvert --execute`, both from the
     project's own environment (JupyterLab and nbconvert are installed with it)."""

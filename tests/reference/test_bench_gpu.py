@@ -42,6 +42,7 @@ def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")
 def test_cpu_smoke_run_writes_equality_and_throughput(tmp_path):
     out = tmp_path / "engine.csv"

@@ -85,6 +85,7 @@ def test_committed_steps_add_up_to_the_summary():
         assert sum(int(s["num_finished"]) for s in mine) == int(row["num_requests"])
 
 
+@pytest.mark.slow
 @needs_gemma3
 def test_a_tiny_run_writes_the_tables_and_the_figure(tmp_path, capsys):
     import torch

@@ -145,6 +145,7 @@ def test_validate_replays_parallel_sampling_beams_and_a_cached_prefix(smol, quic
     assert 0 <= summary["all_step_error_median"] < float("inf") and summary["sim_extrapolated_steps"] >= 0
 
 
+@pytest.mark.slow
 def test_validate_replays_swap_preemption(smol, quick_model):
     path, _, _ = quick_model
     model, _ = read_cost_model(path)

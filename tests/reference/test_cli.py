@@ -82,6 +82,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2():
     """Every case at once (each process pays torch's import; together they overlap), then each is checked."""
     procs = {name: start(args) for name, (args, _) in BAD.items()}
@@ -157,6 +158,7 @@ def test_help_explains_every_flag():
         assert flag in out
 
 
+@pytest.mark.slow
 def test_json_generation_matches_llm_generate():
     """The CLI's greedy text is LLM.generate's greedy text for the same (chat-templated) prompt."""
     as_json, streaming = start([*GENERATE, "--json"]), start(GENERATE)  # they run while this process loads
@@ -185,6 +187,7 @@ def test_json_generation_matches_llm_generate():
     assert streamed == output["text"] + "\n"
 
 
+@pytest.mark.slow
 def test_a_stop_string_cuts_the_streamed_and_the_json_text():
     """--stop as vLLM's `stop`: the text ends before the string; streaming never prints what the cut removes."""
     args = ["generate", QUESTION, "--max-tokens", "24", "--stop", "Paris"]
@@ -312,6 +315,7 @@ def test_a_closed_pipe_is_not_bad_input():
     assert proc.wait(timeout=300) == 141 and err == "", err
 
 
+@pytest.mark.slow
 def test_an_output_that_fails_late_is_one_line_and_keeps_the_others(tmp_path):
     """calibrate checks its outputs first, but a full disk (here /dev/full) fails only at the write: one line,
     exit 2, and the other output is neither created nor replaced."""

@@ -228,6 +228,7 @@ def hf_long(hf_model, long_prompt):
     return hf_generate(hf_model, long_prompt, max_new_tokens=GREEDY_TOKENS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [16, 64, 512])
 def test_chunked_prefill_greedy_equals_unchunked_and_hf(smol, greedy_prompts, hf_greedy, long_prompt, hf_long, budget):
     """Three short prompts and a long one, together: with chunked prefill at this token budget the long prompt
@@ -248,6 +249,7 @@ def test_chunked_prefill_greedy_equals_unchunked_and_hf(smol, greedy_prompts, hf
     assert all(r.num_batched_tokens <= budget for r in chunked.step_log)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "torch_batched", "triton"])
 def test_every_backend_computes_chunks_over_the_cached_prefix(backend):
     """The tiny random model, every attention backend (Triton through its interpreter on CPU): prompts of

@@ -83,6 +83,7 @@ def test_the_model_is_left_as_it_was(rows, loaded):
     assert llama.paged_prefill_attention is attention.paged_prefill_attention
 
 
+@pytest.mark.slow
 def test_the_command_writes_its_csv_and_refuses_bad_flags(tmp_path, capsys):
     out = tmp_path / "profile.csv"
     assert engine_profile.main(["--num-requests", "2", "--out", str(out)]) == 0
@@ -101,6 +102,7 @@ def test_the_command_writes_its_csv_and_refuses_bad_flags(tmp_path, capsys):
         assert exc.value.code == 2
 
 
+@pytest.mark.slow
 def test_an_output_that_cannot_be_written_is_one_line_after_the_numbers(tmp_path, monkeypatch, capsys):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

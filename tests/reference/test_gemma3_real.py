@@ -63,6 +63,7 @@ def test_config_is_gemma3_270m(gemma):
     assert [i for i in range(18) if config.layer_window(i) is None] == [5, 11, 17]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy, budget", [("hybrid", 256), ("paged", 4096)])
 def test_greedy_tokens_equal_transformers_past_the_window(gemma, prompt, expected, policy, budget):
     model, tokenizer, _ = gemma
@@ -73,6 +74,7 @@ def test_greedy_tokens_equal_transformers_past_the_window(gemma, prompt, expecte
     assert out == expected
 
 
+@pytest.mark.slow
 def test_hybrid_gives_back_the_sliding_layers_blocks_outside_the_window(gemma, prompt):
     model, tokenizer, _ = gemma
     held = {}

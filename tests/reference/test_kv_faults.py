@@ -40,12 +40,14 @@ def failures(name: str, sample: int | None, refs: dict) -> list[fi.Result]:
     return [r for r in results if r.outcome != "survived"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXHAUSTIVE)
 def test_every_point(name, references):
     bad = failures(name, None, references)
     assert not bad, [(r.outcome, r.point, r.detail) for r in bad[:5]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in fi.CONFIGS if n not in EXHAUSTIVE])
 def test_sampled_points(name, references):
     bad = failures(name, SAMPLE, references)

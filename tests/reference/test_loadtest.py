@@ -20,6 +20,7 @@ ROWS = [(0.0, 12, 6, 1), (0.05, 30, 4, 1), (0.1, 8, 8, 2), (0.15, 20, 5, 1), (0.
         (0.4, 9, 2, 1), (0.45, 25, 6, 1)]  # (arrival s, prompt, output, n)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_every_request_comes_back_measured(tmp_path):
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps({"request_id": i, "arrival_time": a, "prompt_len": p, "output_len": o, "n": n})

@@ -239,6 +239,7 @@ def llm_text(smol, prompt: str, max_tokens: int) -> str:
     return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0))[0].outputs[0].text
 
 
+@pytest.mark.slow
 def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server):
     base = server[0]
     before = finished(metrics(base))
@@ -382,6 +383,7 @@ def chromium():
     return need_chromium()
 
 
+@pytest.mark.slow
 def test_the_page_in_a_headless_browser_draws_the_engines_blocks(server, chromium, tmp_path):
     from sim.pool_page import page_dom, screenshot
 

@@ -133,6 +133,7 @@ def test_a_signal_ends_every_open_stream_with_an_error_event_and_done(sig):
         served.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_idle_server_stops_with_the_shells_status(sig):
     served = Served("--num-gpu-blocks", "64")

@@ -126,6 +126,7 @@ def test_bad_flags_are_one_line(argv, line, capsys):
     assert line in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_tokens_are_identical_in_the_spec_bench_quick_run(tmp_path):
     """`python -m reference spec-bench --quick`: SmolLM2 (chat template) on two repeat/edit prompts, 16 tokens, as one
     batch with and without the n-gram draft: greedy tokens identical (the command compares every token id and fails

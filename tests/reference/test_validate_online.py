@@ -28,6 +28,7 @@ def _csv(path: Path) -> list[dict]:
     return list(csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#")))
 
 
+@pytest.mark.slow
 def test_a_served_trace_is_measured_at_the_client_in_the_engine_and_simulated(tmp_path):
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps({"request_id": i, "arrival_time": a, "prompt_len": p, "output_len": o, "n": n})

@@ -57,6 +57,7 @@ VLLM_SCRIPTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VLLM_SCRIPTS)
 def test_a_vllm_script_runs_with_the_import_changed(name, smol, monkeypatch):
     code = textwrap.dedent(VLLM_SCRIPTS[name]).replace("from vllm", "from reference")

@@ -362,6 +362,7 @@ SHAREGPT = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, arrivals", [([], "Poisson arrivals at 2 req/s (seed 0)"),
                                              (["--rate", "5", "--seed", "3"], "Poisson arrivals at 5 req/s (seed 3)"),
                                              (["--arrival", "offline"], "all at t = 0")])  # fmt: skip

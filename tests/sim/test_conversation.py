@@ -69,6 +69,7 @@ def test_seeds_reproduce_and_the_rate_moves_only_arrivals():
     assert [s[0].arrival_time for s in fast] != [s[0].arrival_time for s in slow]
 
 
+@pytest.mark.slow
 def test_lengths_turns_and_think_times_follow_the_model():
     # A context far past any draw: no session ends early, no length is truncated.
     sessions = generate_sessions(rate=2.0, duration=2500.0, turns=5.0, think_time=30.0, max_seq_len=MAX_TOKENS, seed=1)
@@ -135,6 +136,7 @@ def write(path, data) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_import_makes_one_request_per_answered_human_turn(tmp_path):
     path = write(tmp_path / "chats.json", CONVERSATIONS)
     encode = default_encode()
@@ -248,6 +250,7 @@ def _sessions(requests: list[Request]) -> list[list[Request]]:
 
 
 # --- the chatbot figure (paper Fig. 17) --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_chatbot_figure_quick(tmp_path):
     from sim.figures import make_figures
 

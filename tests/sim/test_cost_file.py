@@ -418,6 +418,7 @@ def _mutated_cost_file(draw) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=_mutated_cost_file())
 def test_a_mutated_cost_model_file_is_a_model_that_cannot_be_absurd_or_one_line(data):

@@ -34,10 +34,13 @@ def _bounds(full: int, sliding: int, window: int):
 # --- the KV state machine: small pools and windows, so blocks leave the window and memory runs out often ----------
 TestHybrid = make_kv_manager_test(lambda: HybridKVManager(20, 2, (None, 5, 5), max_seq_len=24), max_examples=300,
                                   token_bounds=_bounds(1, 2, 5))  # fmt: skip
+TestHybrid = pytest.mark.slow(TestHybrid)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestHybridWindowBelowBlock = make_kv_manager_test(lambda: HybridKVManager(14, 4, (None, None, 3), max_seq_len=28),
                                                   max_examples=200, token_bounds=_bounds(2, 1, 3))  # fmt: skip
+TestHybridWindowBelowBlock = pytest.mark.slow(TestHybridWindowBelowBlock)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestHybridWatermark = make_kv_manager_test(lambda: HybridKVManager(24, 2, (None, 4), watermark=0.2, max_seq_len=20),
                                            max_examples=150, token_bounds=_bounds(1, 1, 4))  # fmt: skip
+TestHybridWatermark = pytest.mark.slow(TestHybridWatermark)  # hundreds of programs: `make test` only (tests/conftest.py)
 
 
 class _FreesInsideTheWindow(HybridKVManager):

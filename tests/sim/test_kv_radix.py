@@ -19,8 +19,11 @@ from sim.testing import make_kv_manager_test
 
 # Small pools so memory runs out often (and eviction with it); page size 1 (SGLang's) and 4.
 TestRadixPageSize1 = make_kv_manager_test(lambda: RadixKVManager(16, 1))
+TestRadixPageSize1 = pytest.mark.slow(TestRadixPageSize1)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestRadixPageSize4 = make_kv_manager_test(lambda: RadixKVManager(8, 4))
+TestRadixPageSize4 = pytest.mark.slow(TestRadixPageSize4)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestRadixWatermark = make_kv_manager_test(lambda: RadixKVManager(10, 2, watermark=0.2), max_examples=200)
+TestRadixWatermark = pytest.mark.slow(TestRadixWatermark)  # hundreds of programs: `make test` only (tests/conftest.py)
 
 
 def admit(kv, seq_id: int, ids: list[int], final_len: int | None = None, chunk: int | None = None):

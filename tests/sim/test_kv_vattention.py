@@ -23,9 +23,12 @@ from tests.sim.test_scheduler_properties import draw_config, draw_mode, workload
 
 # --- the KV state machine: small pools, so memory runs out often ------------------------------------------------
 TestVAttention = make_kv_manager_test(lambda: VAttentionKVManager(8, 4, max_seq_len=32))
+TestVAttention = pytest.mark.slow(TestVAttention)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestVAttentionOneTokenPages = make_kv_manager_test(lambda: VAttentionKVManager(24, 1, max_seq_len=24), max_examples=300)
+TestVAttentionOneTokenPages = pytest.mark.slow(TestVAttentionOneTokenPages)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestVAttentionWatermark = make_kv_manager_test(lambda: VAttentionKVManager(12, 2, watermark=0.2, max_seq_len=20),
                                                max_examples=200)  # fmt: skip
+TestVAttentionWatermark = pytest.mark.slow(TestVAttentionWatermark)  # hundreds of programs: `make test` only (tests/conftest.py)
 
 
 class _RunsIgnoreSiblings(VAttentionRuns):

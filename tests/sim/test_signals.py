@@ -123,6 +123,7 @@ def test_a_worker_killed_outright_ends_the_sweep_with_one_line(tmp_path):
     assert not [w for w in workers if _alive(w)], "a worker is still computing"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     ["sim", "run", "--rate", "3", "--duration", "200000", "--requests-csv", "R.csv", "--steps-csv", "S.csv"],
     ["reference", "calibrate", "--quick", "--passes", "9", "--out", "R.csv", "--steps-csv", "S.csv"],

@@ -169,6 +169,7 @@ def test_the_cli_runs_with_speculation(capsys):
     assert 0 < summary["draft_acceptance"] < 1
 
 
+@pytest.mark.slow
 def test_the_quick_figure_speculation_serves_past_the_plain_knee(tmp_path):
     """speculative (quick): at the higher rate, plain decoding queues while k = 4 at alpha 0.8 keeps its latency low
     and its batch smaller; the drafts hold slots only when there are drafts; every request finishes."""

@@ -15,10 +15,15 @@ from sim.testing import make_block_allocator_test, make_kv_manager_test
 
 # Small pools so memory runs out often.
 TestBlockAllocator = make_block_allocator_test(lambda: BlockAllocator(6, 4), num_blocks=6, block_size=4)
+TestBlockAllocator = pytest.mark.slow(TestBlockAllocator)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestBlockAllocatorPrefixCaching = make_block_allocator_test(lambda: BlockAllocator(8, 4, enable_prefix_caching=True))
+TestBlockAllocatorPrefixCaching = pytest.mark.slow(TestBlockAllocatorPrefixCaching)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestPagedKVManager = make_kv_manager_test(lambda: PagedKVManager(8, 4))
+TestPagedKVManager = pytest.mark.slow(TestPagedKVManager)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestPagedKVManagerPrefixCaching = make_kv_manager_test(lambda: PagedKVManager(10, 2, enable_prefix_caching=True))
+TestPagedKVManagerPrefixCaching = pytest.mark.slow(TestPagedKVManagerPrefixCaching)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestPagedKVManagerSwap = make_kv_manager_test(lambda: PagedKVManager(8, 4, True, num_cpu_blocks=6))
+TestPagedKVManagerSwap = pytest.mark.slow(TestPagedKVManagerSwap)  # hundreds of programs: `make test` only (tests/conftest.py)
 # a CPU offload tier of 3 blocks under the prefix cache (sim/kv/offload.py): both tiers' invariants after every rule
 TestPagedKVManagerOffloadTier = make_kv_manager_test(
     lambda: PagedKVManager(10, 2, enable_prefix_caching=True, num_cpu_blocks=4, num_offload_blocks=3))

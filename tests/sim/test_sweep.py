@@ -131,6 +131,7 @@ def test_a_local_ray_whose_start_times_out_is_started_again():
         _start_ray(SlowStartingRay(failures=1, message="something else"))
 
 
+@pytest.mark.slow
 def test_ray_backend_gives_the_local_rows():
     """A local Ray instance (Ray is a dev dependency): the same rows as the process pool, in grid order."""
     ray = pytest.importorskip("ray")

@@ -172,6 +172,7 @@ def tokenizers():
     return {match: load_smollm2_tokenizer(match) for match in ("transformers", "llama.cpp")}
 
 
+@pytest.mark.slow
 def test_tokenizer_ids_equal_transformers(tokenizers, reference_tokenizer):
     ours = tokenizers["transformers"]
     for text in TEXTS:
@@ -182,6 +183,7 @@ def test_tokenizer_ids_equal_transformers(tokenizers, reference_tokenizer):
     assert (ours.bos_token_id, ours.eos_token_id, ours.vocab_size) == (1, 2, 49152)
 
 
+@pytest.mark.slow
 def test_llama_cpp_reading_differs_only_on_non_ascii_numerals(tokenizers, reference_tokenizer):
     ours = tokenizers["llama.cpp"]
     for text in TEXTS:
