@@ -61,7 +61,8 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+def resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` in `module` names (relative imports made absolute)."""
     if not node.level:
         return node.module or ""
     base = module.split(".") if is_package else module.split(".")[:-1]
@@ -78,7 +79,7 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, str]]]:
             if isinstance(node, ast.Import):
                 edges += [(a.name, "") for a in node.names if a.name.split(".")[0] in PACKAGES]
             elif isinstance(node, ast.ImportFrom):
-                target = _resolve(name, path.name == "__init__.py", node)
+                target = resolve(name, path.name == "__init__.py", node)
                 if target.split(".")[0] not in PACKAGES:
                     continue
                 for alias in node.names:
@@ -150,7 +151,7 @@ def _class_facts(mods) -> dict[tuple[str, str], tuple[set[str], set[str], list[t
         imported = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                target = _resolve(name, path.name == "__init__.py", node)
+                target = resolve(name, path.name == "__init__.py", node)
                 for alias in node.names:
                     imported[alias.asname or alias.name] = (target, alias.name)
         for cls in [n for n in tree.body if isinstance(n, ast.ClassDef)]:

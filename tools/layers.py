@@ -32,6 +32,9 @@ import ast
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from core_report import resolve  # noqa: E402  (relative imports made absolute, as the core counter does)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Bottom first. A name covers the module and, for a package, everything under it.
@@ -77,14 +80,6 @@ def layer_of(module: str) -> int:
     raise KeyError(f"{module} is in no row of tools/layers.py's LAYERS (add it to the row it belongs to)")
 
 
-def _target(module: str, is_package: bool, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
 def imported(module: str, path: Path, mods: dict[str, Path]) -> list[tuple[int, str]]:
     """(line, module) of every sim module that `module` imports, at the top or inside a function. Importing
     a.b.c also runs the packages a.b's __init__: those count too (but not `sim`'s own, the top row)."""
@@ -93,7 +88,7 @@ def imported(module: str, path: Path, mods: dict[str, Path]) -> list[tuple[int, 
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = _target(module, path.name == "__init__.py", node)
+            base = resolve(module, path.name == "__init__.py", node)
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
         else:
             continue
