@@ -4,10 +4,10 @@ It reads in one direction, each step in the layer that owns it (docs/ARCHITECTUR
 
     1. settings   sim.arguments.run_settings: every field checked once where RunConfig is built, the combinations
                   and a generated workload's size before anything is drawn; the model and GPU specs; the cost model
-    2. workload   sim.workload_source.workload_for: a list, a trace, a ShareGPT import or a generated workload
+    2. workload   sim.workloads.workload_source.workload_for: a list, a trace, a ShareGPT import or a generated workload
     3. pool       sim.kv.pool.kv_pool: token slots (vLLM's rule, paper Table 1), block size, CPU blocks, checked
-                  against sim.limits; the KV manager and the scheduler over it, every request checked to fit
-    4. loop       sim.loop (or the fast plane's, sim.fast), then the summary (sim.metrics)
+                  against sim.base.limits; the KV manager and the scheduler over it, every request checked to fit
+    4. loop       sim.clock.loop (or the fast plane's, sim.fast), then the summary (sim.clock.metrics)
 
 A bad argument raises ValueError naming it and what is allowed, before any simulation starts.
 """
@@ -20,27 +20,27 @@ from pathlib import Path
 
 from .arguments import run_settings
 from .config import RUN_DEFAULTS, RunConfig
-from .cost import PiecewiseCostModel, RooflineCostModel, check_cost_model
-from .cost_file import cost_model_for
+from .clock.cost import PiecewiseCostModel, RooflineCostModel, check_cost_model
+from .clock.cost_file import cost_model_for
 from .fast.loop import FastSimulator
 from .kv import make_kv_manager, pages_in_kib
 from .kv.pool import kv_pool
-from .limits import require
-from .loop import Simulator
-from .metrics import Table, summarize
-from .request import Request
-from .scheduler import Scheduler
-from .speculative import AcceptanceModel
-from .specs import get_gpu, get_model
-from .trace import request_lines
-from .workload_source import workload_for
+from .base.limits import require
+from .clock.loop import Simulator
+from .clock.metrics import Table, summarize
+from .base.request import Request
+from .scheduling.scheduler import Scheduler
+from .scheduling.speculative import AcceptanceModel
+from .base.specs import get_gpu, get_model
+from .workloads.trace import request_lines
+from .workloads.workload_source import workload_for
 
 
 @dataclass(slots=True)
 class SimResult:
     summary: dict  # the `python -m sim run --json` object plus extras
-    requests: Table  # per request: sim.metrics.REQUEST_COLUMNS
-    steps: Table | None  # per step: sim.metrics.STEP_COLUMNS; None with step_table=False
+    requests: Table  # per request: sim.clock.metrics.REQUEST_COLUMNS
+    steps: Table | None  # per step: sim.clock.metrics.STEP_COLUMNS; None with step_table=False
 
 
 def function_name(value) -> str:
@@ -59,12 +59,12 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     Requests come from `requests` (a list), else `trace` (a .jsonl/.csv file, or a ShareGPT .json file: imported
     with Poisson arrivals at `rate`, or all at t = 0 with arrival="offline"), else the synthetic `workload`
     (`num_requests` of them if given, else every arrival in `duration` seconds at `rate` req/s). `workload`
-    "conversation" is multi-turn chat sessions (sim.conversation): `rate` and `duration` are then of session starts,
+    "conversation" is multi-turn chat sessions (sim.workloads.conversation): `rate` and `duration` are then of session starts,
     `turns` the mean turns per session, `think_time` the mean seconds between turns, `history_limit` the prompt's
     last tokens kept (None: a session ends where its history outgrows the context); `trace` with
-    `conversations=True` imports a ShareGPT file's conversations as such sessions (sim.conversation_import). An argument
+    `conversations=True` imports a ShareGPT file's conversations as such sessions (sim.workloads.conversation_import). An argument
     that means nothing with the others (a workload's with a trace, block_size with a contiguous policy, ...)
-    is refused, not ignored (sim.arguments.check_combinations); every size has a limit (sim.limits). The KV pool
+    is refused, not ignored (sim.arguments.check_combinations); every size has a limit (sim.base.limits). The KV pool
     holds `kv_slots` token slots (default: what vLLM would allocate for `model` on `num_gpus` x `gpu`).
     `policy` paged uses `block_size`; the contiguous baselines use block_size 1 (token-granular runs, as the
     paper's Orca reimplementation); vattention maps pages of `page_kib` KiB per layer per K/V buffer (default: the
@@ -72,20 +72,20 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     `scheduler`: "v1" (token budget, chunked prefill; `enable_chunked_prefill=False` turns chunking off), "v0"
     (the paper's prefill-only steps) or "static"; `max_num_batched_tokens` defaults by
     sim.config.default_max_num_batched_tokens (2048 in v1; the context, at least 2560, without chunking).
-    `victim`: who is preempted (a name of sim.preemption.VICTIM_POLICIES, or a function victim(candidates)).
+    `victim`: who is preempted (a name of sim.scheduling.preemption.VICTIM_POLICIES, or a function victim(candidates)).
     `block_allocator` (paged): the GPU pool's allocator is block_allocator(num_blocks, block_size), a class or
-    function, instead of sim.blocks.BlockAllocator (a student's own, lab 03; the capstone lab runs the paper's traces
+    function, instead of sim.kv.blocks.BlockAllocator (a student's own, lab 03; the capstone lab runs the paper's traces
     on it).
-    `slo_ttft` / `slo_tbt`: latency targets in seconds for SLO attainment and goodput (see sim.metrics).
+    `slo_ttft` / `slo_tbt`: latency targets in seconds for SLO attainment and goodput (see sim.clock.metrics).
     `stop_at`: times the fast-forward never jumps across (an observer then sees the pool after the step that
     contains each, exactly as stepping would show it).
     `jump`: jump over runs of identical decode steps (same results as stepping, faster); `validate`: check each
     jump's memory bookkeeping against the KV manager (slower). `cost_model`: any object with step_time and
-    swap_time, or the path of a calibrated model's JSON file (sim.cost_file; it must have been measured on
+    swap_time, or the path of a calibrated model's JSON file (sim.clock.cost_file; it must have been measured on
     `model`) (default: `RooflineCostModel(model, gpu, num_gpus, block_size=block_size)` for paged).
     `watermark`: fraction of KV blocks kept free at admission (vLLM v0's default 0.01; it curbs
     admit-then-preempt thrashing). `on_step`: an observer `f(simulator, plan_or_None)` called after every step
-    (see `sim.loop.Simulator`). `step_table=False`: keep no per-step table (the result's steps are None; the summary
+    (see `sim.clock.loop.Simulator`). `step_table=False`: keep no per-step table (the result's steps are None; the summary
     is the same), for runs of millions of steps.
     """
     started = time.perf_counter()
@@ -93,7 +93,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
     model_spec, gpu_spec = run_specs(c)
     cost_model, cost_file = _given_cost_model(c)
     sched_config = c.scheduler_config(model_spec.max_seq_len)
-    requests, notes = workload_for(c, kind, model_spec)  # 2. the workload (sim.workload_source)
+    requests, notes = workload_for(c, kind, model_spec)  # 2. the workload (sim.workloads.workload_source)
     pool = kv_pool(c.policy, model_spec, gpu_spec, num_gpus=c.num_gpus, kv_slots=c.kv_slots, block_size=c.block_size,
                    page_kib=c.page_kib, swap_space_gib=c.swap_space_gib, cpu_offload_gib=c.cpu_offload_gib,
                    enable_prefix_caching=c.enable_prefix_caching, prefix_len=c.prefix_len)  # 3. the pool (sim.kv.pool)
@@ -156,7 +156,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
 
 
 def run_specs(c: RunConfig):
-    """The model and GPU specs a run names (sim.specs); an 8-bit KV cache (`kv_dtype`) makes fewer bytes per token
+    """The model and GPU specs a run names (sim.base.specs); an 8-bit KV cache (`kv_dtype`) makes fewer bytes per token
     for the pool, the K/V reads and the swaps."""
     model_spec = get_model(c.model)
     if c.kv_dtype != "auto":
@@ -166,7 +166,7 @@ def run_specs(c: RunConfig):
 
 def _given_cost_model(c: RunConfig) -> tuple[object | None, str | None]:
     """The cost model the settings give, checked (None: the roofline, built once the pool is), and the calibrated
-    model's file if it came from one (`python -m reference calibrate` wrote it; sim.cost_file)."""
+    model's file if it came from one (`python -m reference calibrate` wrote it; sim.clock.cost_file)."""
     if isinstance(c.cost_model, (str, Path)):
         return cost_model_for(str(c.cost_model), c.model, c.num_gpus, c.kv_dtype), str(c.cost_model)
     if c.cost_model is not None:

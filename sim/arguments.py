@@ -1,10 +1,10 @@
 """A run's settings step: what `sim.run` accepts, checked before a simulation starts. Each field's type, range
-(sim.limits) and choices are checked once, where RunConfig is built (sim.config); here are the combinations that mean
+(sim.base.limits) and choices are checked once, where RunConfig is built (sim.config); here are the combinations that mean
 nothing (refused, not ignored), and the checks a setting's owner makes (a vattention page, a hybrid model, a
-generated workload's size: sim.kv, sim.workload_source). What needs the workload or the pool is checked in those
-steps (sim.workload_source.workload_for, sim.kv.pool.kv_pool).
+generated workload's size: sim.kv, sim.workloads.workload_source). What needs the workload or the pool is checked in those
+steps (sim.workloads.workload_source.workload_for, sim.kv.pool.kv_pool).
 
-The command line (sim.cli) and the sweep (sim.sweep) call the same checks, spelling arguments as their flags.
+The command line (sim.drivers.cli) and the sweep (sim.drivers.sweep) call the same checks, spelling arguments as their flags.
 """
 from __future__ import annotations
 
@@ -13,23 +13,23 @@ import dataclasses
 from .config import RUN_DEFAULTS, RUN_FIELDS, RunConfig, choices
 from .kv import (POLICIES, allocates_blocks_on_demand, always_caches_prefixes, check_model, has_prefix_cache,
                  has_swap_space, offload_tier_refusal, pages_in_kib, simulator_block_size, takes_block_allocator)
-from .limits import require
-from .specs import MODELS
-from .trace import trace_format
-from .workload_source import check_workload_size
+from .base.limits import require
+from .base.specs import MODELS
+from .workloads.trace import trace_format
+from .workloads.workload_source import check_workload_size
 
 # What a generated workload is made of: meaningless when the requests come from a trace or a list.
 WORKLOAD_ARGUMENTS = ("workload", "rate", "duration", "num_requests", "arrival", "burstiness", "n", "beam_width",
                       "prefix_len", "num_prefixes", "prompt_len", "output_len", "prompt_len_range",
                       "output_len_range", "turns", "think_time", "history_limit", "priority_share")  # fmt: skip
-CONVERSATION_ARGUMENTS = ("turns", "think_time", "history_limit")  # sim/conversation.py's options
+CONVERSATION_ARGUMENTS = ("turns", "think_time", "history_limit")  # sim/workloads/conversation.py's options
 
 
 def check_arguments(params: RunConfig | dict, given: set[str] | None = None, say=None) -> str | None:
-    """Every check of run()'s arguments that needs no simulation: each field's type, range (sim.limits) and choices
+    """Every check of run()'s arguments that needs no simulation: each field's type, range (sim.base.limits) and choices
     (building the RunConfig from a dict `params` checks them; keys that are not its fields are ignored), the
     combinations (`check_combinations`, with `given` and `say`), the workload's size. ValueError names the argument
-    and what is allowed. Returns the trace's format (sim.trace.trace_format) if there is one, else None."""
+    and what is allowed. Returns the trace's format (sim.workloads.trace.trace_format) if there is one, else None."""
     config = params if isinstance(params, RunConfig) else RunConfig(**{k: v for k, v in params.items()
                                                                        if k in RUN_FIELDS})  # fmt: skip
     p = config.as_dict()
@@ -71,7 +71,7 @@ def _why_not(p: dict, kind: str | None, say) -> dict[str, str]:
             why[name] = f"describes a generated workload, and {source} gives the requests"
         if kind == "sharegpt":
             del why["rate"], why["arrival"]
-            if p["conversations"]:  # imported as sessions (sim.conversation_import)
+            if p["conversations"]:  # imported as sessions (sim.workloads.conversation_import)
                 del why["think_time"], why["history_limit"]
             if p["arrival"] == "gamma":
                 why["arrival"] = (f"a ShareGPT file's requests arrive by Poisson at {say('rate', p['rate'])}, or all "
@@ -154,7 +154,7 @@ def check_combinations(params: dict, given: set[str] | None = None, say=_say) ->
     """Refuse an argument that means nothing with the others (a workload option with a trace, block_size with a
     contiguous policy, ...): one of `given` (default: those not None that differ from RunConfig's defaults, as nothing
     else can be told from a call). `params`: every RunConfig field by name. `say(name, value)` spells an argument in
-    the message (the CLI spells flags). Returns the trace's format (sim.trace.trace_format), or None without a trace."""
+    the message (the CLI spells flags). Returns the trace's format (sim.workloads.trace.trace_format), or None without a trace."""
     for name in ("policy", "scheduler", "arrival", "workload", "preemption"):
         require(params[name] in choices(name), name, params[name], ", ".join(choices(name)))
     kind = None if params["trace"] is None or params["requests"] is not None else trace_format(params["trace"])

@@ -32,8 +32,8 @@ ENV = "LAB_FAST"
 
 # What `make fast` compiles: the plain core and the fast plane (docs/ARCHITECTURE.md), as module names.
 MODULES = (
-    "sim.blocks", "sim.slots", "sim.sequence", "sim.plan", "sim.preemption", "sim.step_shape",
-    "sim.speculative", "sim.beam", "sim.failed_step", "sim.scheduler", "sim.loop", "sim.metrics", "sim.cost",
+    "sim.kv.blocks", "sim.kv.slots", "sim.scheduling.sequence", "sim.scheduling.plan", "sim.scheduling.preemption", "sim.scheduling.step_shape",
+    "sim.scheduling.speculative", "sim.scheduling.beam", "sim.scheduling.failed_step", "sim.scheduling.scheduler", "sim.clock.loop", "sim.clock.metrics", "sim.clock.cost",
     "sim.kv.base", "sim.kv.checks", "sim.kv.no_sharing", "sim.kv.swap", "sim.kv.groups", "sim.kv.paged",
     "sim.kv.offload", "sim.kv.contiguous", "sim.kv.vattention", "sim.kv.hybrid", "sim.kv.radix", "sim.kv.radix_tree",
     "sim.fast.records", "sim.fast.runs", "sim.fast.paged", "sim.fast.epoch", "sim.fast.contiguous",
@@ -60,6 +60,8 @@ def check_build() -> tuple[dict | None, str]:
     if manifest.get("cache_tag") != sys.implementation.cache_tag:
         tag = sys.implementation.cache_tag
         return None, f"the compiled build is for {manifest.get('cache_tag')}, this Python is {tag}"
+    if sorted(manifest.get("sources", ())) != sorted(MODULES):  # modules moved, added or dropped since the build
+        return None, "the compiled build is of other modules than sim.compiled.MODULES (run `make fast` again)"
     changed = sorted(m for m, h in source_hashes(manifest["sources"]).items() if h != manifest["sources"][m])
     if changed:
         shown = ", ".join(source_path(m).relative_to(ROOT).as_posix() for m in changed[:4])

@@ -1,6 +1,6 @@
 """Every setting of a simulated run, with its default, in one place: the scheduler's, the KV pool's, the workload's.
 
-    SchedulerConfig                 what sim.scheduler.Scheduler takes: mode, token budget, sequence cap, preemption,
+    SchedulerConfig                 what sim.scheduling.scheduler.Scheduler takes: mode, token budget, sequence cap, preemption,
                                     victim (the simulator and the engine both build one, by keyword)
     RunConfig                       everything `sim.run` takes; its field names are `sim.run`'s keyword shortcuts,
                                     and `python -m sim run`'s flags and `python -m sim sweep`'s grid read their
@@ -21,15 +21,15 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
 
-from .conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
+from .workloads.conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
 from .kv import POLICIES
-from .limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_SEED, MAX_SWAP_GIB,
+from .base.limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_SEED, MAX_SWAP_GIB,
                      MAX_TIME_S, MAX_TOKENS, MAX_TURNS, MIN_BURSTINESS, is_int, is_real, require)  # fmt: skip
-from .preemption import VICTIM_POLICIES, victim_policy
-from .request import Request
-from .slots import ALLOCATORS
-from .specs import GPUS, KV_CACHE_DTYPES, MODELS
-from .workload import ARRIVALS, DATASETS
+from .scheduling.preemption import VICTIM_POLICIES, victim_policy
+from .base.request import Request
+from .kv.slots import ALLOCATORS
+from .base.specs import GPUS, KV_CACHE_DTYPES, MODELS
+from .workloads.workload import ARRIVALS, DATASETS
 
 MODES = ("v1", "v0", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy: the queues' order
@@ -52,7 +52,7 @@ def default_max_num_batched_tokens(mode: str, chunked: bool, max_model_len: int 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SchedulerConfig:
-    """The scheduler's settings (see sim/scheduler.py for what each mode does). A bad value raises ValueError
+    """The scheduler's settings (see sim/scheduling/scheduler.py for what each mode does). A bad value raises ValueError
     naming the field."""
 
     mode: str = "v1"  # "v1" (token budget, chunked prefill) | "v0" (the paper's prefill-only steps) | "static"
@@ -62,7 +62,7 @@ class SchedulerConfig:
     max_model_len: int = 0  # the longest sequence (the context); only the default budget reads it
     enable_chunked_prefill: bool | None = None  # None: on in v1; v0 and static never chunk
     preemption: str = "recompute"  # "recompute" | "swap" (swap falls back to recompute when CPU memory is short)
-    victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.preemption.VICTIM_POLICIES, or a
+    victim: str | Callable = "latest_arrival"  # who is preempted: a name of sim.scheduling.preemption.VICTIM_POLICIES, or a
     # function
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority": queues ordered by (request.priority, arrival)
     num_speculative_tokens: int = 0  # speculative decoding: draft tokens a decode verifies per step (0 = off)
@@ -97,7 +97,7 @@ def _arg(default, kind: str, low=None, high=None, *, choices: tuple = (), functi
     """A RunConfig field: its default and what it accepts. Kinds: "int" (not a bool), "real" (a finite number, not a
     bool), "bool", "choice" (one of `choices`; with `function`, which says what it is, also any callable), "range"
     ((low, high) token counts), "times" (a tuple or list of finite numbers from `low` to `high`), "callable" (a class
-    or function, as `function` says), "any" (checked elsewhere); a trailing "?" also takes None. Limits: sim.limits."""
+    or function, as `function` says), "any" (checked elsewhere); a trailing "?" also takes None. Limits: sim.base.limits."""
     meta = {"kind": kind, "low": low, "high": high, "choices": choices, "function": function}
     return field(default=default, metadata=meta)
 
@@ -114,7 +114,7 @@ class RunConfig:
     gpu: str = _arg("a100-40gb", "choice", choices=tuple(GPUS))
     num_gpus: int = _arg(1, "int", 1, MAX_NUM_GPUS)
     kv_slots: int | None = _arg(None, "int?", 1, MAX_KV_SLOTS)  # None: what vLLM would allocate (paper Table 1)
-    cost_model: object = _arg(None, "any")  # a sim.cost.CostModel, or a calibrated model's JSON file; None: roofline
+    cost_model: object = _arg(None, "any")  # a sim.clock.cost.CostModel, or a calibrated model's JSON file; None: roofline
     # workload
     workload: str = _arg("sharegpt", "choice", choices=DATASETS)
     rate: float | None = _arg(2.0, "real?", 0, math.inf)  # requests/s (sessions/s for conversations)
@@ -150,7 +150,7 @@ class RunConfig:
     # a CPU offload tier per GPU for evicted prefix-cache blocks (sim/kv/offload.py; turns prefix caching on); 0: none
     cpu_offload_gib: float = _arg(0.0, "real", 0, MAX_SWAP_GIB)
     watermark: float = _arg(0.01, "real", 0, 1)  # blocks kept free at admission (vLLM v0's block manager)
-    # how the KV cache stores a token (sim.specs.KV_CACHE_DTYPES): "auto" is the model's 2 bytes; the 8-bit ones
+    # how the KV cache stores a token (sim.base.specs.KV_CACHE_DTYPES): "auto" is the model's 2 bytes; the 8-bit ones
     # shrink the bytes per token, so the pool's token slots and the cost model's K/V reads follow
     kv_dtype: str = _arg("auto", "choice", choices=tuple(KV_CACHE_DTYPES))
     # the scheduler (defaults: SchedulerConfig's)
@@ -164,7 +164,7 @@ class RunConfig:
     scheduling_policy: str = _arg(_S.scheduling_policy, "choice", choices=SCHEDULING_POLICIES)
     # synthetic workloads: the share of requests drawn (by `seed`) to priority 0, the rest 1 (a trace has its own)
     priority_share: float = _arg(0.0, "real", 0, 1)
-    # speculative decoding (sim.speculative): draft tokens a decode verifies per step (0 = off), and the chance that a
+    # speculative decoding (sim.scheduling.speculative): draft tokens a decode verifies per step (0 = off), and the chance that a
     # draft token is accepted when every draft before it was (an assumption of the run: measure your draft's)
     num_speculative_tokens: int = _arg(_S.num_speculative_tokens, "int", 0, MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float = _arg(0.7, "real", 0, 1)
@@ -187,7 +187,7 @@ class RunConfig:
         trace, requests = self.trace, self.requests
         require(trace is None or isinstance(trace, (str, os.PathLike)), "trace", trace, "a file path, or None")
         require(requests is None or (isinstance(requests, list) and all(isinstance(r, Request) for r in requests)),
-                "requests", type(requests).__name__, "a list of sim.request.Request, or None")  # fmt: skip
+                "requests", type(requests).__name__, "a list of sim.base.request.Request, or None")  # fmt: skip
         require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
 
     def as_dict(self) -> dict:

@@ -8,7 +8,7 @@ only softens), and each side can be sized for its own latency target: time to fi
 side, time per output token (TPOT, here TBT) on the decode side.
 
 Here every instance is one GPU running the lab's own serving system: its own `Scheduler` over its own KV manager
-built by `make_kv_manager`, driven by the event loop (`sim.loop.Simulator`), as `sim.run` builds one. A request goes
+built by `make_kv_manager`, driven by the event loop (`sim.clock.loop.Simulator`), as `sim.run` builds one. A request goes
 
     arrival --router--> prefill instance i    prompt P, 1 output token: its first token ends the prefill
             --router--> decode instance j     arrives when that token is sampled; holds P + 1 tokens' blocks from
@@ -53,22 +53,22 @@ import numpy as np
 
 from .arguments import check_arguments
 from .config import RunConfig
-from .cost import RooflineCostModel
+from .clock.cost import RooflineCostModel
 from .fast.loop import FastSimulator
 from .kv import make_kv_manager, simulator_block_size
 from .kv.base import SHARE_NAMES
-from .limits import MAX_TIME_S, is_int, is_real, require
-from .loop import LoopResult, Simulator
-from .metrics import Table, latency_summary, request_table, slo_summary
-from .plan import ScheduledSeq, StepPlan
-from .request import Request
-from .scheduler import Scheduler
-from .specs import GiB, get_gpu, get_model, kv_capacity_tokens
-from .workload_source import workload_for
+from .base.limits import MAX_TIME_S, is_int, is_real, require
+from .clock.loop import LoopResult, Simulator
+from .clock.metrics import Table, latency_summary, request_table, slo_summary
+from .scheduling.plan import ScheduledSeq, StepPlan
+from .base.request import Request
+from .scheduling.scheduler import Scheduler
+from .base.specs import GiB, get_gpu, get_model, kv_capacity_tokens
+from .workloads.workload_source import workload_for
 
 ROUTERS = ("least-work", "round-robin")
 # One HDR InfiniBand port: 200 Gb/s = 25 GB/s each way, the A100 generation's network (a DGX A100 has eight, one per
-# GPU); the paper-era link between two machines. Within one machine NVLink is 12x faster (sim.specs: 300 GB/s).
+# GPU); the paper-era link between two machines. Within one machine NVLink is 12x faster (sim.base.specs: 300 GB/s).
 DEFAULT_LINK_BANDWIDTH = 25e9  # bytes/s
 # Fixed seconds per transfer, however small: setting up the RDMA reads of one request's scattered blocks. An order of
 # magnitude, stated, not measured by this project.
@@ -129,7 +129,7 @@ class ClusterConfig:
 @dataclass(slots=True)
 class DisaggResult:
     summary: dict  # the cluster's summary: latencies, SLO attainment, goodput (see run_cluster)
-    requests: Table  # per request, both sides combined: sim.metrics.REQUEST_COLUMNS
+    requests: Table  # per request, both sides combined: sim.clock.metrics.REQUEST_COLUMNS
     instances: list[dict]  # per instance: role, requests served, steps, busy seconds, KV loads
 
 
@@ -158,7 +158,7 @@ class KVLoadingSimulator(FastSimulator):
     """A decode instance: the event loop, with a step's price changed for the prompt positions whose K/V arrives
     over the link. `loaded[request_id]` = those positions (0 .. P - 1); the first time a plan feeds one of them it
     is priced as the link's time for its bytes, not compute. A position fed again (the request was preempted by
-    recompute and its K/V dropped) is computed, as the instance then must. Everything else is sim.loop's."""
+    recompute and its K/V dropped) is computed, as the instance then must. Everything else is sim.clock.loop's."""
 
     def __init__(self, *args, link: KVLink, kv_bytes_per_token: int, loaded: dict[int, int], **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -361,7 +361,7 @@ def _disaggregated(c: RunConfig, cluster: ClusterConfig, requests: list[Request]
 
 
 def _empty_times(count: int) -> dict[str, np.ndarray]:
-    """The per-request times sim.metrics.request_table reads, NaN until filled."""
+    """The per-request times sim.clock.metrics.request_table reads, NaN until filled."""
     nan = np.full(count, np.nan)
     return {"first_scheduled": nan.copy(), "first_token": nan.copy(), "last_token": nan.copy(),
             "max_gap": np.zeros(count), "token_steps": np.zeros(count, dtype=np.int64),
@@ -385,7 +385,7 @@ def _instance_row(role: str, i: int, requests: list[Request], result: LoopResult
 # --- `python -m sim disagg` -------------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
     from .config import MODES, RUN_DEFAULTS as D
-    from .specs import GPUS, MODELS
+    from .base.specs import GPUS, MODELS
 
     parser.add_argument("--prefill", type=int, default=1, help="prefill instances, one GPU each (default: 1)")
     parser.add_argument("--decode", type=int, default=1, help="decode instances, one GPU each (default: 1)")
@@ -426,7 +426,7 @@ def add_arguments(parser) -> None:
 def run_from_args(args) -> int:
     import json
 
-    from .outfiles import check_outputs
+    from .base.outfiles import check_outputs
 
     check_outputs({"--requests-csv": args.requests_csv}, {})
     for flag, value in (("--prefill", args.prefill), ("--decode", args.decode)):

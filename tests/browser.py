@@ -10,7 +10,7 @@ import pytest
 
 
 def need_chromium() -> str:
-    from sim.pool_page import find_chromium
+    from sim.views.pool_page import find_chromium
 
     if find_chromium() is None and shutil.which("apt-get") and os.geteuid() == 0:
         subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900)

@@ -98,7 +98,7 @@ def test_the_check_sees_a_name_that_does_not_exist():
     assert check_span("sim/kv/nonexistent.py", files, classes) == "no file sim/kv/nonexistent.py"
     assert check_span("engine_gone.py", files, classes) == "no file named engine_gone.py in the project"
     assert check_span("Scheduler.no_such_method(plan)", files, classes).startswith("no Scheduler.no_such_method")
-    assert check_span("sim.cli.no_such_thing", files, classes) == "no sim.cli.no_such_thing"
+    assert check_span("sim.drivers.cli.no_such_thing", files, classes) == "no sim.drivers.cli.no_such_thing"
     assert check_span("Scheduler.schedule()", files, classes) is None
 
 
@@ -126,21 +126,50 @@ def test_the_contract_table_names_exactly_the_protocol():
     assert methods - named == set(), "the Protocol has methods the table leaves out"
 
 
+def _map_blocks(text: str) -> dict[str, dict[str, str]]:
+    """The map of the folders (a code block after "## Map of the folders"): top folder -> {entry: its text}, where an
+    entry is a name at a two-space indent (`kv/`, `config.py`) and its text runs on over the more indented lines."""
+    block = text.split("## Map of the folders", 1)[1].split("```", 2)[1]
+    tops: dict[str, dict[str, str]] = {}
+    top = entry = None
+    for line in block.splitlines():
+        if m := re.match(r"^(\S+/)(\s|$)", line):
+            top, entry = m.group(1), None
+            tops[top] = {}
+        elif (m := re.match(r"^ {2}(\S+)(.*)$", line)) and top:
+            entry = m.group(1)
+            tops[top][entry] = m.group(2)
+        elif top and entry:
+            tops[top][entry] += " " + line.strip()
+    return tops
+
+
 @pytest.mark.parametrize("path", ["docs/code.md", "docs/ARCHITECTURE.md"])
 def test_the_map_of_folders_names_existing_files(path):
-    """The map of the folders (a code block of `name   what it is` lines) names files that exist. README.md's map moved
-    to docs/code.md, which must have it."""
+    """The map of the folders names files that exist: each entry (`kv/`, `api.py`) in its folder, and each file its
+    text names (`paged.py` in kv/'s text: in kv/; `disagg.py` in api.py's: beside it). README.md's map moved to
+    docs/code.md, which must have it."""
     text = (ROOT / path).read_text()
     if "## Map of the folders" not in text and path != "docs/code.md":
         pytest.skip("no map")
-    block = text.split("## Map of the folders", 1)[1].split("```", 2)[1]
-    folder, missing = None, []
-    for line in block.splitlines():
-        m = re.match(r"^(\S+/)\s", line)
-        if m:
-            folder = m.group(1)
-            continue
-        m = re.match(r"^\s{2}(\w[\w.]*\.py)\b", line)
-        if m and folder and not (ROOT / folder / m.group(1)).exists():
-            missing.append(folder + m.group(1))
+    missing = []
+    for top, entries in _map_blocks(text).items():
+        for entry, words in entries.items():
+            if not (ROOT / top / entry).exists():
+                missing.append(top + entry)
+            here = top + entry if entry.endswith("/") else top
+            for name in re.findall(r"(?<![\w/.])([\w/]+\.py)\b", words):
+                if not ((ROOT / here / name).exists() or (ROOT / top / name).exists()):
+                    missing.append(f"{here}{name} (named in {top}{entry}'s text)")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("package", ["sim", "reference"])
+def test_the_map_of_folders_names_every_folder_and_module_at_the_top(package):
+    """`ls sim` and `ls reference` are what docs/code.md's map draws: every folder and module at the top of the package
+    is an entry of the map or named in an entry's text (its __init__.py and __main__.py aside)."""
+    entries = _map_blocks((ROOT / "docs" / "code.md").read_text())[package + "/"]
+    named = set(entries) | {n for words in entries.values() for n in re.findall(r"(?<![\w/.])([\w]+\.py)\b", words)}
+    on_disk = {p.name + "/" if p.is_dir() else p.name for p in (ROOT / package).iterdir()
+               if p.name not in ("__pycache__", "__init__.py", "__main__.py") and (p.is_dir() or p.suffix == ".py")}
+    assert on_disk - named == set(), f"{package}/ holds what docs/code.md's map does not name"

@@ -53,7 +53,7 @@ sys.meta_path.insert(0, Watch())
 import sim
 modules, failed, pulled = ["sim"], {{}}, {{}}
 for info in pkgutil.walk_packages(sim.__path__, "sim.", onerror=lambda name: failed.setdefault(name, "walk")):
-    if not info.name.endswith(".__main__"):  # running a __main__ runs its command (sim.cli is imported anyway)
+    if not info.name.endswith(".__main__"):  # running a __main__ runs its command (sim.drivers.cli is imported anyway)
         modules.append(info.name)
 for name in modules:
     before = {{m for m in HEAVY if m in sys.modules}}
@@ -99,12 +99,12 @@ def test_no_sim_source_imports_an_engine_package_even_inside_a_function():
     re-run every sim test without torch to find one: Makefile, test-light)."""
     forbidden = {*HEAVY, "numba", "reference"}  # the engine's packages, and the engine itself (imports go one way)
     files = sorted((ROOT / "sim").rglob("*.py"))
-    assert len(files) > 30 and ROOT / "sim" / "sweep.py" in files
+    assert len(files) > 30 and ROOT / "sim" / "drivers" / "sweep.py" in files
     bad = [f"{path.relative_to(ROOT)}:{line} imports {top}" for path in files for line, top in _imports_in(path)
            if top in forbidden]  # fmt: skip
     assert not bad, "sim must not import the engine's packages:\n" + "\n".join(bad)
     # the scan sees an import inside a function: sweep.py imports the optional ray only in _run_ray
-    assert "ray" in {top for _, top in _imports_in(ROOT / "sim" / "sweep.py")}
+    assert "ray" in {top for _, top in _imports_in(ROOT / "sim" / "drivers" / "sweep.py")}
 
 
 def test_every_package_sim_imports_is_one_the_light_install_has():

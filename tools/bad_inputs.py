@@ -80,8 +80,8 @@ def _flag_cases(command: str, sub: str, parser: argparse.ArgumentParser, base: l
 
 
 def sim_cases() -> list[Case]:
-    from sim import bench_alloc
-    from sim.cli import build_parser
+    from sim.drivers import bench_alloc
+    from sim.drivers.cli import build_parser
 
     subs = _subparsers(build_parser())
     cases = []
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if row["outcome"] != "clean" or row["files_lost"]:
                 print(f"[{i}/{len(cases)}] {row['outcome']}: {row['command']}\n    {row['message']}", file=sys.stderr)
-    from sim.outfiles import atomic_write
+    from sim.base.outfiles import atomic_write
 
     with atomic_write(out, newline="") as f:
         writer = csv.DictWriter(f, list(rows[0]))

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.bench_sim import RATE_100K, machine  # noqa: E402
-from sim.outfiles import check_outputs, write_csv  # noqa: E402
+from sim.drivers.bench_sim import RATE_100K, machine  # noqa: E402
+from sim.base.outfiles import check_outputs, write_csv  # noqa: E402
 
 DEFAULT_CSV = "figures/bench_sim_before_after.csv"
 COLUMNS = ("round", "code", "commit", "run", "scheduler", "num_requests", "num_steps", "wall_time_s", "cpu", "python")

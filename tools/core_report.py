@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sim", "reference")
 FAST = "sim.fast"  # the fast plane's package
 # the concepts of the core path, each a glob: a concept cut into several files counts them all
-CORE = ("sim/blocks.py", "sim/kv/base.py", "sim/kv/paged*.py", "sim/scheduler*.py", "sim/request_queue.py",
-        "sim/sequence.py", "sim/plan.py", "sim/preemption.py", "sim/loop.py", "reference/engine*.py")  # fmt: skip
+CORE = ("sim/kv/blocks.py", "sim/kv/base.py", "sim/kv/paged*.py", "sim/scheduling/scheduler*.py",
+        "sim/scheduling/request_queue.py", "sim/scheduling/sequence.py", "sim/scheduling/plan.py",
+        "sim/scheduling/preemption.py", "sim/clock/loop.py", "reference/engine*.py")  # fmt: skip
 
 
 def code_lines(source: str) -> int:

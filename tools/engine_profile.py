@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--threads {args.threads}: allowed 1..64")
     if args.num_requests is not None and not 1 <= args.num_requests <= 256:
         parser.error(f"--num-requests {args.num_requests}: allowed 1..256")
-    from sim.outfiles import check_outputs, write_csv
+    from sim.base.outfiles import check_outputs, write_csv
 
     try:
         check_outputs({"--out": args.out}, make_parents=args.out == DEFAULT_OUT)

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.outfiles import check_outputs, write_csv  # noqa: E402
+from sim.base.outfiles import check_outputs, write_csv  # noqa: E402
 from tools.busy import hogs as busy  # noqa: E402
 
 COLUMNS = ("lab", "hogs", "seconds", "score", "max_score", "failed", "slowness")

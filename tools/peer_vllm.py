@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT / "tools" / "peer"))
 from reference.bench import PEER_NEW_TOKENS, PEER_RAW as RAW  # noqa: E402
 from reference.bench import WORKLOADS, describe_workload, greedy_agreement, peer_prompt_ids, workload  # noqa: E402
 from reference.bench import cpu_description  # noqa: E402  (the CSV's `cpu:` line; tests/test_peer.py checks it here)
-from sim.outfiles import check_outputs, write_csv  # noqa: E402
+from sim.base.outfiles import check_outputs, write_csv  # noqa: E402
 import api_checks  # noqa: E402
 import api_table  # noqa: E402
 

@@ -4,8 +4,8 @@
 
 Serves SmolLM2 on a pool of NUM_BLOCKS blocks of 4 tokens in this process, sends eight streamed requests (three with
 n = 2, whose samples share their prompt's blocks), waits until the pool is mostly used, and saves the page as Chromium
-draws it in a 1400x1000 window (sim.pool_page.WINDOW, the window the page is made to fit). Needs Debian's chromium
-package (sim.pool_page.find_chromium).
+draws it in a 1400x1000 window (sim.views.pool_page.WINDOW, the window the page is made to fit). Needs Debian's chromium
+package (sim.views.pool_page.find_chromium).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def main() -> int:
     import httpx
 
     from reference import LLM
-    from sim.pool_page import find_chromium, screenshot
+    from sim.views.pool_page import find_chromium, screenshot
     from reference.server.run import serve_in_thread
 
     if find_chromium() is None:

@@ -60,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.outfiles import check_outputs, temp_prefix, write_csv  # noqa: E402
+from sim.base.outfiles import check_outputs, temp_prefix, write_csv  # noqa: E402
 
 DEFAULT_OUT = "figures/serve_bench.csv"
 CLIENT_VENV = ".venv-bench"  # relative to the repository root, as the Makefile names it
@@ -421,7 +421,7 @@ def measure(client: str, exe: str, a: argparse.Namespace, w: Workload, tokenizer
 
 # --- the command --------------------------------------------------------------------------------------------------
 def machine_line() -> str:
-    from sim.bench_sim import machine
+    from sim.drivers.bench_sim import machine
 
     m = machine()
     return f"{m['cpu']}, {os.cpu_count()} cores, {m['platform']}, python {m['python']}"

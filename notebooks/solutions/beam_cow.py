@@ -6,7 +6,7 @@ block), it gets its own copy; a full block is never written again, so it stays s
 """
 from __future__ import annotations
 
-from sim.blocks import BlockAllocator
+from sim.kv.blocks import BlockAllocator
 
 
 class MyBeamTables:

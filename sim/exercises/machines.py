@@ -120,7 +120,7 @@ def slot_machine(power_of_two: bool, placement: PlacementRule | None = None
                  ) -> Callable[[Callable[..., Any], int, int], type]:  # fmt: skip
     def build(make: Callable[..., Any], max_examples: int, steps: int) -> type:
         def factory(n: int) -> Referee:
-            # NOTE: the buddy exercise handles powers of two only (no top-level regions, unlike sim.slots), so
+            # NOTE: the buddy exercise handles powers of two only (no top-level regions, unlike sim.kv.slots), so
             # its machine gets the largest power of two <= the drawn size (8, 16 or 32 slots).
             n = (1 << (n.bit_length() - 1)) if power_of_two else n
             return Referee(make(n), SLOT_RULES, Placement(placement, n) if placement else None)

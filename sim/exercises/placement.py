@@ -6,7 +6,7 @@ which follow the same text, predict each answer exactly:
 
 - first fit: `allocate(size)` takes the LOWEST-addressed free run of at least `size` slots and hands out exactly
   `size` (the rest of the run stays free); `free` merges the run with the free runs touching it.
-- buddy (`sim.slots.BuddyAllocator` on a power-of-two space, the exercise's case): `allocate(size)` rounds `size`
+- buddy (`sim.kv.slots.BuddyAllocator` on a power-of-two space, the exercise's case): `allocate(size)` rounds `size`
   up to 2**k, takes the lowest-addressed free block of the smallest order >= k that has one and splits it in
   halves, keeping the LOWER half; so a block of 2**k slots always starts at a multiple of 2**k. `free` merges a
   block with its buddy (`start ^ 2**k`) while the buddy is free, and never with a neighbour that is not its buddy.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..slots import BuddyAllocator, FirstFitAllocator
+from ..kv.slots import BuddyAllocator, FirstFitAllocator
 from .referee import RuleBroken, format_call
 
 

@@ -31,9 +31,9 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..plan import StepOutcome, StepPlan, StepResult
-from ..preemption import latest_arrival, victim_policy
-from ..sequence import SequenceStatus
+from ..scheduling.plan import StepOutcome, StepPlan, StepResult
+from ..scheduling.preemption import latest_arrival, victim_policy
+from ..scheduling.sequence import SequenceStatus
 from .paged import DecodeEpoch, opens_epochs, partly_filled_and_shared
 from .runs import plain_decodes
 

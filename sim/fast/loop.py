@@ -1,8 +1,8 @@
-"""The fast plane's event loop: sim.loop's Simulator, with runs of plain decode steps applied at once.
+"""The fast plane's event loop: sim.clock.loop's Simulator, with runs of plain decode steps applied at once.
 
 When the next steps are plain decodes of the same batch (sim/fast/runs.py), the loop applies a whole run of them
 and books its steps one by one with cheap arithmetic; where the pool allows, it keeps the batch in a decode epoch
-(sim/fast/epoch.py) across runs and arrivals. The results are those of stepping token by token (sim.loop.Simulator,
+(sim/fast/epoch.py) across runs and arrivals. The results are those of stepping token by token (sim.clock.loop.Simulator,
 `sim.run(..., jump=False)`), bit for bit: every step's start and duration are the same float additions in the same
 order, every memory count the same integer, every token gap the same subtraction (tests/sim/test_fastforward.py).
 
@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..kv.base import SHARE_NAMES, as_seen
-from ..loop import SCHEDULE, STEP_END, Simulator
-from ..plan import StepOutcome, StepPlan, StepResult
+from ..clock.loop import SCHEDULE, STEP_END, Simulator
+from ..scheduling.plan import StepOutcome, StepPlan, StepResult
 from .epoch import DecodeEpochs, EpochStep
 from .runs import DecodeRun, decode_run, kv_runs, price_steps
 
@@ -77,7 +77,7 @@ def epoch_run(epochs: DecodeEpochs, cost, now: float, next_arrival: float, stop:
 
 
 class FastSimulator(Simulator):
-    """sim.loop.Simulator with the fast plane: the same arguments, and
+    """sim.clock.loop.Simulator with the fast plane: the same arguments, and
 
     `jump`: apply runs of plain decode steps at once (False: exactly the plain loop).
     `validate`: after each run, check the booked memory against the KV manager's own breakdown (O(seqs); tests).

@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Sequence
 
-from ..blocks import BlockAllocator
+from ..kv.blocks import BlockAllocator
 from ..kv.paged import PagedKVManager
 
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost import check_step_time
+from ..clock.cost import check_step_time
 from ..kv.base import as_seen
-from ..limits import MAX_TIME_S
-from ..step_shape import StepShape, shared_tokens
+from ..base.limits import MAX_TIME_S
+from ..scheduling.step_shape import StepShape, shared_tokens
 from .contiguous import ContiguousKVManager, ContiguousRuns
 from .hybrid import HybridKVManager, HybridRuns
 from .paged import PagedKVManager, PagedRuns
@@ -182,7 +182,7 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
                runs=None) -> DecodeRun | None:  # fmt: skip
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
     return it; None when the next step is not such a run (the loop then schedules it normally). `shared_reads`: price
-    each step with its shared K/V reads (sim.step_shape.shared_context_tokens), which a run cannot change:
+    each step with its shared K/V reads (sim.scheduling.step_shape.shared_context_tokens), which a run cannot change:
     a block that several sequences read is full (writing into a shared block copies it first, and a run has no
     copy), and every block a run fills is its sequence's own. `runs`: kv_runs(scheduler.kv), if known."""
     decodes = plain_decodes(scheduler, runs)

@@ -2,10 +2,10 @@
 
     python -m sim figures [--only NAME ...] [--out DIR] [--quick] [--jobs N]
 
-Each figure is a `FigureSpec`: the simulation points it needs (`sim.sweep.Task`s, each with its probes) and
+Each figure is a `FigureSpec`: the simulation points it needs (`sim.drivers.sweep.Task`s, each with its probes) and
 how to draw them. `make_figures` gathers the points of every figure asked for, merges equal ones (the same
 run() keywords run once, with the union of their probes: e.g. the ShareGPT 2 req/s runs feed Figs. 1, 2, 3,
-4 and 5), runs them all in parallel processes with one progress bar (sim.sweep.run_tasks), and draws each
+4 and 5), runs them all in parallel processes with one progress bar (sim.drivers.sweep.run_tasks), and draws each
 figure as soon as its last point is in. Every figure writes NAME.png beside NAME.csv, the data it draws.
 
     memory_waste       Fig. 2    memory breakdown per system (whole pool, and memory in use)
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..outfiles import check_output_folder
-from ..sweep import PointResult, SweepError, Task, run_tasks
+from ..base.outfiles import check_output_folder
+from ..drivers.sweep import PointResult, SweepError, Task, run_tasks
 from . import kv_dtype
 from . import ablations, chatbot, hybrid, managers, memory, pages, priority, sampling, scheduling, sharing, throughput
 from . import disagg

@@ -4,7 +4,7 @@ Block size trades two costs. Small blocks waste little (only a sequence's last b
 on a GPU, make the attention kernel gather many small pieces and swaps move many small copies; large blocks
 waste more of each last block and share less. The paper finds 16 a good default.
 
-NOTE (how the cost model prices blocks): the roofline (sim/cost.py) charges the paged kernel's block gather
+NOTE (how the cost model prices blocks): the roofline (sim/clock/cost.py) charges the paged kernel's block gather
 as 4 extra tokens' read per block (+25% attention at block size 16, the paper's measured kernel overhead;
 its Fig. 18a) and every swap copy a fixed 5 us, one copy per block, layer and K/V (Fig. 19a: many small PCIe
 transfers). Both are named approximations, not measurements; the captions say so.
@@ -14,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..kv.base import SHARE_NAMES
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, SHARE_COLORS, SHARE_LABELS, caption, new_figure, percent_axis, save
 
 BLOCK_SIZES = {False: (1, 2, 4, 8, 16, 32, 64, 128, 256), True: (4, 16, 64)}
 WORKLOADS = {"sharegpt": ("ShareGPT", 2.0, {False: 600.0, True: 40.0}),
              "alpaca": ("Alpaca", 30.0, {False: 60.0, True: 8.0})}  # name, rate (req/s), trace seconds  # fmt: skip
-BLOCK_COST = ("Cost model (sim/cost.py, stated approximations): the paged kernel's block gather costs 4 tokens' read "
+BLOCK_COST = ("Cost model (sim/clock/cost.py, stated approximations): the paged kernel's block gather costs 4 tokens' read "
               "per block (+25% attention at block 16, the paper's kernel overhead), each swap copy 5 us (one per "
               "block, layer and K/V): small blocks pay in kernel and copy time, large ones in fragmentation.")
 

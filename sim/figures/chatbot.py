@@ -7,7 +7,7 @@ vLLM sustains 2x the request rate of all three Orca baselines, which behave alik
 1024 tokens the buddy allocator reserves 1024 slots for the output whatever the predicted length (prompt + output
 past 1024 rounds up to a 2048-slot run, the whole context, as Orca (Max) reserves anyway).
 
-Here the conversations are sim.conversation's synthetic sessions: ShareGPT-shaped messages and replies, a
+Here the conversations are sim.workloads.conversation's synthetic sessions: ShareGPT-shaped messages and replies, a
 geometric number of turns with mean TURNS, `history_limit` 1024 (prompts keep their last 1024 tokens, replies at
 most 2048 - 1024), Poisson session starts, prefix caching off (no KV kept between rounds, as the paper). The x axis
 is the request rate, TURNS x the rate of session starts (a session's turns add its requests); the CSV also holds
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..conversation import DEFAULT_THINK_TIME, generate_conversations
-from ..specs import get_model
-from ..sweep import Task
+from ..workloads.conversation import DEFAULT_THINK_TIME, generate_conversations
+from ..base.specs import get_model
+from ..drivers.sweep import Task
 from .sampling import knee
 from .style import SETUP, SYSTEM_COLORS, SYSTEM_LABELS, SYSTEM_MARKERS, caption, new_figure, save
 
@@ -97,7 +97,7 @@ def draw_chatbot(runs, outdir, quick: bool):
     orca = [sustained_by[s] for s in SYSTEMS if s != "paged"]
     ratio = (sustained_by["paged"] / max(orca)) if sustained_by["paged"] and all(orca) else None
     fig.suptitle(f"Chatbot: prompts are the conversation's history, the paper's Fig. 17 ({SETUP})", fontsize=12)
-    caption(fig, f"Synthetic ShareGPT-shaped sessions (sim.conversation): mean {TURNS:g} turns, Poisson session "
+    caption(fig, f"Synthetic ShareGPT-shaped sessions (sim.workloads.conversation): mean {TURNS:g} turns, Poisson session "
                  f"starts for {DURATION[quick]:g} s, a turn every {DEFAULT_THINK_TIME:g} s on average; each prompt is "
                  f"the history and the new message cut to its last {HISTORY_LIMIT} tokens ({cut:.0%} of prompts reach the cut, mean "
                  f"{mean_prompt:.0f} tokens), at most {CONTEXT - HISTORY_LIMIT} tokens generated, no KV kept between "

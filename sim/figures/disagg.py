@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from ..disagg import DISTSERVE_ATTAINMENT, DISTSERVE_SLO_TBT, DISTSERVE_SLO_TTFT, ClusterConfig, run_cluster
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import caption, new_figure, percent_axis, save
 
 NAME = "disagg_goodput"

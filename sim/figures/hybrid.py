@@ -7,11 +7,11 @@ returns a sliding group's blocks to the pool once the window has passed them, so
 1/6 of the memory per token beyond the window. Both pools get the same bytes (what vLLM's 90% rule leaves on one
 H100 after the weights). The trace: 200 requests arriving at once (the paper's offline batch style), prompts drawn
 uniformly around each length (+-25%), outputs of 256-1,024 tokens, v1 scheduler; the roofline prices both alike
-(sliding layers read at most the window, sim/cost.py).
+(sliding layers read at most the window, sim/clock/cost.py).
 """
 from __future__ import annotations
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import caption, new_figure, save
 
 MODEL, GPU = "gemma3-27b", "h100"

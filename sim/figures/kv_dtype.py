@@ -2,8 +2,8 @@
 
 vLLM's `--kv-cache-dtype fp8` (and int8 KV in TensorRT-LLM and LMDeploy) stores each cached key and value in one
 byte instead of two. The pool has the same bytes (what vLLM's 90% rule leaves after the weights), so it holds about
-twice the token slots, and a decode step reads half the K/V bytes (sim/cost.py prices K/V traffic from
-`ModelSpec.kv_bytes_per_token`, which follows `kv_dtype`, sim/specs.py). The 8-bit scheme drawn is the reference
+twice the token slots, and a decode step reads half the K/V bytes (sim/clock/cost.py prices K/V traffic from
+`ModelSpec.kv_bytes_per_token`, which follows `kv_dtype`, sim/base/specs.py). The 8-bit scheme drawn is the reference
 engine's int8: 1 byte per element plus a float32 scale per token and KV head (OPT-13B: 130 bytes per token, head and
 K/V against 256), so 1.94x the slots rather than 2x; its accuracy cost is measured on the engine
 (figures/kv_accuracy.csv). The runs: the paper's Fig. 12 setup (OPT-13B, one A100-40GB, ShareGPT, the v0
@@ -14,7 +14,7 @@ operations per byte in a memory-bound decode); the roofline's compute side is un
 """
 from __future__ import annotations
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
 WORKLOAD = "sharegpt"

@@ -9,11 +9,11 @@ two page sizes that hold whole OPT-13B tokens), vLLM's paged blocks of 16 and SG
 
 Panel (b), the prefix caches: the share of prompt tokens found in the cache (tokens, as vLLM counts hits) against
 the block or page size (1, 16, 64), for vLLM's hashed full blocks (`paged`, enable_prefix_caching) and the radix
-tree (`radix`), on a conversation trace (sim.conversation: each turn's prompt is the whole history, replies' ids
+tree (`radix`), on a conversation trace (sim.workloads.conversation: each turn's prompt is the whole history, replies' ids
 known, no history limit, vLLM v1's scheduler). The CSV adds the prompt tokens actually computed (looked up minus
 hit), the mean batch size, the normalized latency and the preemptions.
 
-Cost model: sim.cost's roofline prices every step. It charges a paged kernel a gather overhead per block
+Cost model: sim.clock.cost's roofline prices every step. It charges a paged kernel a gather overhead per block
 (`block_gather_tokens`), so page size 1 reads K/V several times slower than blocks of 16: the radix runs at page
 1 are slower, which on a busy trace means larger batches, more memory pressure and fewer hits.
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..kv import allocates_blocks_on_demand, pages_in_kib
 from ..kv.base import SHARE_NAMES, PrefixCacheStats
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .memory import DURATION as WASTE_DURATION
 from .memory import RATE as WASTE_RATE
 from .style import SHARE_COLORS, SHARE_LABELS, SYSTEM_LABELS, caption, new_figure, percent_axis, save
@@ -198,10 +198,10 @@ def draw_managers(runs, outdir, quick: bool):
     fig.suptitle("KV memory managers on the same traces (OPT-13B, 1x A100-40GB)", fontsize=12)
     caption(fig, f"(a) ShareGPT-shaped requests, {WASTE_RATE:g} req/s for {WASTE_DURATION[quick]:g} s, the paper's "
                  "scheduler (memory_waste's runs); whole pool, time-weighted; external fragmentation includes free "
-                 "slots a waiting request cannot use. (b) Synthetic conversations (sim.conversation), "
+                 "slots a waiting request cannot use. (b) Synthetic conversations (sim.workloads.conversation), "
                  f"{SESSION_RATE:g} sessions/s for {CONVERSATION_DURATION[quick]:g} s, every prompt the whole history, "
                  "replies' ids known, vLLM v1's scheduler; hits counted in tokens over every admission, as vLLM. "
-                 "Steps are priced by sim.cost's roofline, which charges a per-block gather overhead: at page size 1 "
+                 "Steps are priced by sim.clock.cost's roofline, which charges a per-block gather overhead: at page size 1 "
                  f"attention reads K/V several times slower, so radix at page 1 runs at {radix['normalized_latency_s_per_token']:.3g} "
                  f"s/token against paged's {paged['normalized_latency_s_per_token']:.3g} in (a), batching "
                  f"{radix['mean_batch_size']:.1f} requests against {paged['mean_batch_size']:.1f}. "

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib import patheffects
 
 from ..kv.base import SHARE_NAMES
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .memory_map import draw_slot_map
 from .probes import Snapshot, Timeline
 from .style import SETUP, SHARE_COLORS, SHARE_LABELS, SYSTEM_LABELS, caption, new_figure, percent_axis, save

@@ -92,7 +92,7 @@ def kind_colors(kind: np.ndarray, owner_rgb: np.ndarray) -> np.ndarray:
     """THE palette of the five kinds, defined here once: the RGB of slots of kind codes `kind` [n] whose owners
     have colours `owner_rgb` [n, 3] (`owner_colors`). Token states solid in the owner's colour, a reservation and
     internal fragmentation pale, external fragmentation grey, free near-white; hatches in KIND_HATCHES. The map,
-    its legend and the pool viewer's share bar (sim/viewer_draw.py) all colour through this."""
+    its legend and the pool viewer's share bar (sim/views/viewer_draw.py) all colour through this."""
     kind = np.asarray(kind)
     colour = np.where((kind == TOKEN)[:, None], owner_rgb, pale(np.asarray(owner_rgb, dtype=float)))
     colour[kind == EXTERNAL] = EXTERNAL_RGB

@@ -11,7 +11,7 @@ Neither simulates a workload, so both figures have no simulation points:
   names the device and the command from the CSV's comment lines. The paper compares its kernel with
   FasterTransformer's contiguous one (20-26% slower, section 7.1); no FasterTransformer kernel was measured here:
   the identity table is the same kernel over a contiguous layout, and the copy is the bandwidth bound. Beside them,
-  the overhead sim/cost.py's roofline ASSUMES (RooflineEfficiency.block_gather_tokens per block).
+  the overhead sim/clock/cost.py's roofline ASSUMES (RooflineEfficiency.block_gather_tokens per block).
 - `swap_recompute_cost` (Fig. 19a) draws the COST MODEL's numbers, not measurements: for one sequence's KV cache,
   the roofline's time to swap it out to CPU memory (or back in: the model prices both directions alike) against its
   time to recompute it (a prefill step of its tokens alone), per block size, on the paper's setup.
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from ..cost import RooflineCostModel, RooflineEfficiency
-from ..specs import get_model
-from ..sweep import Task
+from ..clock.cost import RooflineCostModel, RooflineEfficiency
+from ..base.specs import get_model
+from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def draw_kernel(runs, outdir, quick: bool, source: str | Path = KERNEL_CSV):
     ax_t.set_title(f"(a) decode attention, batch {table[0]['batch']} x context {table[0]['context']}")
     for key, label, color in (("paging_overhead", "measured: shuffled over identity table", "#1f77b4"),
                               ("overhead_over_copy", "measured: shuffled over the copy bound", "#7f7f7f"),
-                              ("roofline_assumed_overhead", "sim/cost.py's roofline assumes (4 tokens' read a block)",
+                              ("roofline_assumed_overhead", "sim/clock/cost.py's roofline assumes (4 tokens' read a block)",
                                "#d62728")):  # fmt: skip
         ax_o.plot(x, [r[key] for r in table], marker="o", color=color, label=label)
     ax_o.axhspan(*PAPER_KERNEL_OVERHEAD, color="#d62728", alpha=0.12, label="the paper: its paged kernel over "
@@ -177,7 +177,7 @@ def draw_swap(runs, outdir, quick: bool):
     cheaper = {s: crossover([r for r in rows if r["seq_len"] == s]) for s in SEQ_LENS}
     fig.suptitle(f"Swap vs recompute per block size, the paper's Fig. 19a: the cost model's numbers "
                  f"({SETUP.split(', block')[0]})", fontsize=12)  # fmt: skip
-    caption(fig, "Not measured: sim/cost.py's roofline prices a swap at the KV bytes of the sequence's whole blocks "
+    caption(fig, "Not measured: sim/clock/cost.py's roofline prices a swap at the KV bytes of the sequence's whole blocks "
                  f"over PCIe ({e.pcie:.0%} of 32 GB/s) plus {1e6 * e.copy_overhead_s:g} us per copy (one per block, "
                  "layer and K/V, as vLLM v0's cudaMemcpyAsync per block), and recomputation as one prefill step of "
                  "the sequence's tokens. Swapping is the cheaper from block size "

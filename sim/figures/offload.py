@@ -1,7 +1,7 @@
 """A CPU offload tier for the prefix cache on multi-turn conversations (not a figure of the paper; vLLM's CPU
 offloading connector, LMCache, SGLang's hierarchical cache).
 
-In a conversation every turn's prompt repeats the history (sim/conversation.py), so the prefix cache could serve
+In a conversation every turn's prompt repeats the history (sim/workloads/conversation.py), so the prefix cache could serve
 most of it, if the history's blocks were still there when the user comes back after their think time. A GPU pool
 evicts them first, to make room for the requests running meanwhile; the tier (sim/kv/offload.py) keeps what the
 GPU evicts in host memory and reloads it over PCIe on a hit, the reload priced as a swap and added to the step. The
@@ -13,8 +13,8 @@ scheduler, at two session rates: below the knee and near it.
 """
 from __future__ import annotations
 
-from ..conversation import DEFAULT_TURNS as CONVERSATION_TURNS
-from ..sweep import Task
+from ..workloads.conversation import DEFAULT_TURNS as CONVERSATION_TURNS
+from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
 TIER_GIB = {False: (0.0, 4.0, 16.0, 64.0, 256.0), True: (0.0, 16.0, 64.0)}  # per GPU; 0: prefix caching without a tier

@@ -9,7 +9,7 @@ vAttention at pages of 1 to 2048 tokens (OPT-13B keeps 10 KiB of K, or of V, per
 640 KiB holds 64 tokens; vAttention's own sizes, 64 KiB and 2 MiB, are not whole tokens of OPT-13B) beside Orca
 (Max), Orca (Oracle) and the paged pool (block 16): the share of the memory in use that holds token states, and the
 mean batch size. Mapping a page costs no time here (sim/kv/vattention.py, NOTE), and the roofline prices
-vAttention's attention as a contiguous read (no block-gather overhead, sim/cost.py).
+vAttention's attention as a contiguous read (no block-gather overhead, sim/clock/cost.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..kv import pages_in_kib
 from ..kv.base import SHARE_NAMES
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .memory import DURATION, RATE
 from .style import SETUP, SHARE_COLORS, SHARE_LABELS, SYSTEM_COLORS, SYSTEM_LABELS, caption, new_figure, percent_axis, save
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..kv.contiguous import next_power_of_two
-from ..specs import get_model
-from ..workload import PUBLISHED_MEANS
+from ..base.specs import get_model
+from ..workloads.workload import PUBLISHED_MEANS
 from .chatbot import HISTORY_LIMIT, TURNS
 from .memory import PAPER_TOKEN_STATES
 from .paper_sensitivity import CHAT_TURNS, COMMAND as SENSITIVITY_COMMAND, CSV_PATH as SENSITIVITY_CSV
@@ -447,7 +447,7 @@ def note_sharing(d: Data) -> str:
             f"req/s (studies `seed`, `rate`; "
             f"the figure: {100 * d.one('sharing', 'memory_saving', kind='beam_width', width=6):.1f}%, the paper: "
             f"{paper_beam6:.1f}%). What neither trace nor load changes is the beam model: the lab draws beam scores at "
-            f"random (sim/loop.py, a stated approximation), not from a language model (not measured here).")  # fmt: skip
+            f"random (sim/clock/loop.py, a stated approximation), not from a language model (not measured here).")  # fmt: skip
 
 
 def note_chatbot(d: Data) -> str:
@@ -604,7 +604,7 @@ def replace_block(text: str, block: str) -> str:
 
 def update_readme(readme: str | Path = README, data: Data | None = None) -> bool:
     """Rewrite README's block from the CSVs; True if it changed."""
-    from ..outfiles import write_text
+    from ..base.outfiles import write_text
 
     readme = Path(readme)
     text = readme.read_text(encoding="utf-8")

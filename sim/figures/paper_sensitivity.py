@@ -11,7 +11,7 @@ one setting that plausibly explains the gap. One CSV row per run, `figures/paper
     allocator         Orca's buddy allocator -> first fit            a counterfactual: the paper's Orca used a buddy
                                                                      allocator (section 6.1); it prices the rounding
     length_shape      log-normal lengths -> uniform, same means      the lab's log-normal spread is chosen by eye
-                                                                     (sim/workload.py); the means are Fig. 11's
+                                                                     (sim/workloads/workload.py); the means are Fig. 11's
     duration          600 s (45 s) traces -> one hour (180 s)        the paper's 1-hour traces (section 6.1)
     pool              15,805 KV slots -> 15,700                      Table 1: 15.7K slots for OPT-13B on an A100-40GB
     watermark         vLLM v0's 0.01 -> none                         the paper names no watermark
@@ -34,10 +34,10 @@ from pathlib import Path
 
 from ..arguments import check_arguments
 from ..kv.contiguous import ContiguousKVManager
-from ..outfiles import check_outputs, write_csv
-from ..specs import get_model
-from ..sweep import Task, run_tasks
-from ..workload import PUBLISHED_MEANS
+from ..base.outfiles import check_outputs, write_csv
+from ..base.specs import get_model
+from ..drivers.sweep import Task, run_tasks
+from ..workloads.workload import PUBLISHED_MEANS
 from . import ablations, chatbot, memory, sampling, sharing, throughput
 from .probes import Sharing
 

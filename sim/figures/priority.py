@@ -4,7 +4,7 @@
 The paper's scheduler, and vLLM's default, serve requests first come, first served: under load every request
 queues alike. vLLM also offers a priority policy (vllm/v1/core/sched/request_queue.py and scheduler.py): each
 request carries an integer priority, the queues are ordered by (priority, arrival), the lower value first, and
-when memory runs out the latest arrival of the highest value is preempted first (sim/scheduler.py). Here a fifth of
+when memory runs out the latest arrival of the highest value is preempted first (sim/scheduling/scheduler.py). Here a fifth of
 the ShareGPT requests are of class 0 (interactive, say) and the rest of class 1 (batch), drawn with the seed; the
 same traces run under both policies on vLLM v1's scheduler:
 
@@ -16,7 +16,7 @@ every class wait, while priority keeps class 0 near its unloaded latency and cla
 """
 from __future__ import annotations
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
 POLICIES = ("fcfs", "priority")

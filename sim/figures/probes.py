@@ -3,7 +3,7 @@
 A probe is a frozen (hashable, picklable) description; `start()` makes a fresh recorder for one run, whose
 `on_step(simulator, step)` watches the run (`sim.run(on_step=...)`, called after every step, or after a
 fast-forwarded run of steps with its `DecodeRun`), whose `stop_at` names times the fast-forward must not jump
-across, and whose `finish(result)` returns something small to send back to the parent process (sim.sweep).
+across, and whose `finish(result)` returns something small to send back to the parent process (sim.drivers.sweep).
 Every probe measures exactly what it would with the fast-forward off.
 
     Timeline   the per-step memory counts, time-binned (Fig. 2-style breakdown over time)

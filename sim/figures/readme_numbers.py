@@ -852,7 +852,7 @@ def _problems(texts: dict[Path, str], names, label: str) -> tuple[dict[str, list
 def _write(paths: list[Path], names, blocks: dict[str, str]) -> tuple[list[Path], dict[Path, str]]:
     """Each page with its blocks replaced, the changed ones written together (atomically: all or none); the changed
     pages, and every page's text as read. ValueError (nothing written) if a block is on no page or on two."""
-    from ..outfiles import atomic_files
+    from ..base.outfiles import atomic_files
 
     texts = read_pages(paths)
     label = _shown(paths[0]) if len(paths) == 1 else PAGES_LABEL

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, SYSTEM_COLORS, SYSTEM_LABELS, SYSTEM_MARKERS, caption, new_figure, save
 
 # NOTE: Orca (Pow2) is left out. These traces hold requests whose output rounds up to 2,048 tokens: n reservations

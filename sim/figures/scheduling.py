@@ -12,7 +12,7 @@ Two panels on the same traces (same seed per rate):
 """
 from __future__ import annotations
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
 SYSTEMS = {  # name -> run() keywords

@@ -9,13 +9,13 @@ sharing), on OPT-13B serving Alpaca; the paper reports 6.1%-9.8% for parallel sa
 Fig. 16 serves a translation workload whose prompts all start with the same few-shot examples (LLaMA-13B,
 WMT16 En-De, a 1-shot prefix of 80 tokens and a 5-shot prefix of 341). Here the requests' own lengths are
 Alpaca-shaped (a modelling approximation: short sentences in, short sentences out, like WMT16), and the
-prefix is shared through vLLM's prefix caching (full blocks only, chained hashes: sim/blocks.py).
+prefix is shared through vLLM's prefix caching (full blocks only, chained hashes: sim/kv/blocks.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .probes import Sharing
 from .style import SYSTEM_COLORS, caption, new_figure, percent_axis, save
 

@@ -1,10 +1,10 @@
 """Speculative decoding under load: latency, batch and the KV memory the lookahead holds, k = 0, 2, 4, 8 (not a figure
 of the paper; vLLM's `num_speculative_tokens`, Leviathan et al., ICML 2023).
 
-Each decoding sequence verifies k draft tokens per step (sim/scheduler.py), each accepted with probability alpha while
-every draft before it was (sim/speculative.py; no draft cost: an n-gram draft), so a step samples
+Each decoding sequence verifies k draft tokens per step (sim/scheduling/scheduler.py), each accepted with probability alpha while
+every draft before it was (sim/scheduling/speculative.py; no draft cost: an n-gram draft), so a step samples
 (1 - alpha^(k+1)) / (1 - alpha) tokens per sequence on average instead of one. The verify step is priced by the
-roofline as a decode plus a k-token chunk (sim/loop.py): on a memory-bound A100 a few more tokens per sequence cost
+roofline as a decode plus a k-token chunk (sim/clock/loop.py): on a memory-bound A100 a few more tokens per sequence cost
 little next to reading the weights and the K/V, so requests finish in fewer steps and the pool turns over faster.
 The same ShareGPT traces run with every k, at two acceptance rates:
 
@@ -18,7 +18,7 @@ tokens are nearly free while the step is memory-bound: a GPU whose steps were co
 """
 from __future__ import annotations
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
 KS = (0, 2, 4, 8)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..outfiles import atomic_files, save_figure
+from ..base.outfiles import atomic_files, save_figure
 
 DPI = 120
 # The paper's default setup for section 6 (OPT-13B on one A100-40GB, Table 1), the same as sim.run's defaults.

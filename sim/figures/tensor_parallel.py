@@ -4,8 +4,8 @@ and OPT-175B on 8 A100-80GB (Kwon et al., SOSP 2023, section 6.1 and Table 1), S
 The same systems, traces and metric as `latency_vs_rate` (sim/figures/throughput.py, which draws the OPT-13B
 panels): static batching, Orca Max/Pow2/Oracle and vLLM (paged), the paper's scheduler. Both setups run tensor
 parallelism: the roofline divides each step's work over the GPUs and adds each layer's two all-reduces over
-NVLink (sim/cost.py's docstring), and the KV pool is what the GPUs' memory leaves after the weights
-(sim.specs.kv_capacity_tokens: 9.8K token slots for OPT-66B, 57K for OPT-175B, against Table 1's 9.7K and 60.1K).
+NVLink (sim/clock/cost.py's docstring), and the KV pool is what the GPUs' memory leaves after the weights
+(sim.base.specs.kv_capacity_tokens: 9.8K token slots for OPT-66B, 57K for OPT-175B, against Table 1's 9.7K and 60.1K).
 
 NOTE (rates): each panel's rates span every system's knee in this simulator, as the OPT-13B figure's do; each
 system is run up to a little past its knee (RATE_CAP). The paper's x-axes are not restated here.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .paper import PAPER
 from .sampling import knee
 from .style import SYSTEM_COLORS, SYSTEM_LABELS, SYSTEM_MARKERS, caption, new_figure, save
@@ -113,7 +113,7 @@ def draw_tp(runs, outdir, quick: bool):
                  "OPT-175B; block size 16, Poisson arrivals)", fontsize=12)  # fmt: skip
     oracle, most = (PAPER[f"fig12.sharegpt.{s}"].value for s in ("oracle", "max"))
     caption(fig, "Mean over requests of end-to-end latency / output length; the paper's scheduler; the roofline with "
-                 "tensor parallelism's all-reduces (sim/cost.py). vLLM's sustained rate over Orca (Oracle)'s / "
+                 "tensor parallelism's all-reduces (sim/clock/cost.py). vLLM's sustained rate over Orca (Oracle)'s / "
                  f"Orca (Max)'s: {'; '.join(gains)} (the paper, ShareGPT over OPT-13B, 66B and 175B: "
                  f"{oracle[0]:g}-{oracle[1]:g}x / {most[0]:g}-{most[1]:g}x). Traces are shorter than the paper's "
                  "1 hour; each system is run up to a little past its knee, points above the axis are in the CSV.",

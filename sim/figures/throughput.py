@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.patches import Patch
 
-from ..sweep import Task
+from ..drivers.sweep import Task
 from .style import SETUP, SYSTEM_COLORS, SYSTEM_LABELS, SYSTEM_MARKERS, caption, new_figure, save
 
 SYSTEMS = ("static", "max", "pow2", "oracle", "paged")

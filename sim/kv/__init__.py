@@ -96,7 +96,7 @@ def _hybrid(num_blocks: int, block_size: int, options: dict) -> KVManager:
 
     if options["model"] is None:
         raise ValueError("policy 'hybrid' needs the model whose sliding-window layers it serves (make_kv_manager(..., "
-                         "model=a sim.specs.ModelSpec))")  # fmt: skip
+                         "model=a sim.base.specs.ModelSpec))")  # fmt: skip
     _, windows = kv_cache_groups(options["model"])
     # num_slots counts all-layer token slots (a paged pool's): the same bytes hold more pages of one group each
     return HybridKVManager(pool_blocks(options["model"], options["num_slots"], block_size), block_size, windows,
@@ -192,7 +192,7 @@ def gpu_pool_blocks(policy: str, model, num_slots: int, block_size: int) -> int:
 
 
 def check_model(policy: str, model) -> None:
-    """One line of ValueError if `policy` cannot serve `model` (a sim.specs.ModelSpec): hybrid needs sliding windows."""
+    """One line of ValueError if `policy` cannot serve `model` (a sim.base.specs.ModelSpec): hybrid needs sliding windows."""
     spec = _policy(policy)
     if spec.check_model is not None:
         spec.check_model(model)
@@ -201,7 +201,7 @@ def check_model(policy: str, model) -> None:
 def simulator_block_size(policy: str, block_size: int, *, model=None, num_gpus: int = 1,
                          page_kib: float | None = None) -> int:  # fmt: skip
     """The block size `policy` runs at in the simulator: `block_size`, or 1 for token-granular baselines, or the
-    tokens of one `page_kib` page of `model` (a sim.specs.ModelSpec) for a policy that maps pages (vattention)."""
+    tokens of one `page_kib` page of `model` (a sim.base.specs.ModelSpec) for a policy that maps pages (vattention)."""
     spec = _policy(policy)
     if spec.page_tokens is not None:
         return spec.page_tokens(model, num_gpus, page_kib)
@@ -228,9 +228,9 @@ def make_kv_manager(
     `max_seq_len` shape the contiguous reservations; prefix caching (`kv.enable_prefix_caching`) exists only where
     `has_prefix_cache(policy)`, CPU swap space (`kv.num_cpu_blocks`) only where `has_swap_space(policy)`, and the
     admission `watermark` (a share of the blocks) only where `allocates_blocks_on_demand(policy)`. `model` (a
-    sim.specs.ModelSpec) is for a policy that needs the model's layers: hybrid groups them (sim.kv.hybrid), and turns
+    sim.base.specs.ModelSpec) is for a policy that needs the model's layers: hybrid groups them (sim.kv.hybrid), and turns
     the `num_slots` all-layer token slots into pages of the same bytes. `block_allocator`: a class or function
-    (num_blocks, block_size) -> the GPU pool's allocator, with sim.blocks.BlockAllocator's methods (a student's own,
+    (num_blocks, block_size) -> the GPU pool's allocator, with sim.kv.blocks.BlockAllocator's methods (a student's own,
     lab 03), only where `takes_block_allocator(policy)` (else ValueError). `num_offload_blocks`: a CPU offload tier of
     that many blocks for evicted prefix-cache blocks (sim/kv/offload.py), only where `offload_tier_refusal(policy)` is
     None (else ValueError).

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..slots import ALLOCATORS
+from .slots import ALLOCATORS
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, as_seen, cdiv
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
 from .no_sharing import NoPrefixCache, NoSwapSpace

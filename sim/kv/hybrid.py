@@ -39,7 +39,7 @@ exactly one of the five kinds, so the counts are integers that sum to num_slots:
 - external_fragmentation: 0 (any free page fits any group), until the contract's waiting rule;
 - free: free pages.
 
-Sizing (sim.run): `pool_blocks` turns the all-layer token slots vLLM's rule gives (sim.specs.kv_capacity_tokens, the
+Sizing (sim.run): `pool_blocks` turns the all-layer token slots vLLM's rule gives (sim.base.specs.kv_capacity_tokens, the
 pool a paged manager gets) into pages of the same bytes: floor(slots x num_layers / (group_size x block_size)). The
 comparison with `policy="paged"` on the same model is therefore apples to apples: the same bytes of KV memory, one
 pool treating all layers as full attention, the other freeing what the sliding layers no longer read.
@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..blocks import BlockAllocator
+from .blocks import BlockAllocator
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, cdiv
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
 from .no_sharing import NoPrefixCache, NoSwapSpace
@@ -67,7 +67,7 @@ from .invariants import check_breakdown
 
 
 def kv_cache_groups(model) -> tuple[int, tuple[int | None, ...]]:
-    """(layers per group, the window of each group: None = full attention, full groups first) for a sim.specs.ModelSpec,
+    """(layers per group, the window of each group: None = full attention, full groups first) for a sim.base.specs.ModelSpec,
     by vLLM's rule (see the module docstring; `groups.group_size`). Which layers each group serves is `groups.layer_groups`
     of these windows. One line of error for a model without sliding-window layers."""
     full, sliding = model.num_full_layers, model.num_sliding_layers

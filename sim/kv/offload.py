@@ -2,21 +2,21 @@
 
 vLLM's CPU offloading connector, LMCache and SGLang's hierarchical cache keep prefix blocks that the GPU pool
 evicts in a second, larger pool in host memory. Without the tier, a cached block that the GPU's free queue hands
-out again (sim/blocks.py: `allocate` evicts it) is simply forgotten, and a later prompt with the same prefix
+out again (sim/kv/blocks.py: `allocate` evicts it) is simply forgotten, and a later prompt with the same prefix
 computes its K/V again. With it:
 
     GPU pool evicts block g (hash h)  -->  offload: copy g's K/V into a CPU block c, c cached under h
     a prompt's lookup misses h on the GPU but finds it here  -->  reload: a fresh GPU block g' gets c's K/V;
                                                                  the tokens count as cached, not computed
 
-Each tier is least recently used first: the GPU's free queue as before (sim/blocks.py), and here an ordered map
+Each tier is least recently used first: the GPU's free queue as before (sim/kv/blocks.py), and here an ordered map
 from hash to CPU block whose front is evicted when an offload finds no free CPU block (a hit or a repeated offload
 moves its entry to the back). The tier is inclusive: a reloaded block keeps its CPU copy, so evicting it from the
 GPU again copies nothing.
 
 The tier only decides and counts; it holds no K/V. Every copy it decides is logged as a `TierCopy`, in the order
 decided, and the executor takes the log once per step (`take_copies`): the simulator prices the reloads over PCIe
-(sim/loop.py), the engine copies the tensors (reference/kv_cache.py), in that order. The order matters: a block
+(sim/clock/loop.py), the engine copies the tensors (reference/kv_cache.py), in that order. The order matters: a block
 evicted from the GPU is copied out before a reload overwrites it, and a CPU block read by a reload cannot have
 been overwritten before it, as long as the copies run as logged. CPU blocks hit by an admission are pinned
 (`pin`) until it has reloaded them, so that the offloads its own allocations cause never take them.

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..blocks import BlockAllocator, hash_block_tokens
+from .blocks import BlockAllocator, hash_block_tokens
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, SlotSegment, cdiv
 from .checks import check_lookahead, check_request_args, check_rollback, no_pending_lookahead
 from .invariants import check_paged_invariants

@@ -1,6 +1,6 @@
 """A run's pool step: the KV pool a simulated run gets, in numbers, each checked against the simulator's limits.
 
-    GPU token slots      `kv_slots`, or what vLLM would allocate for the model on num_gpus x gpu (sim.specs, paper
+    GPU token slots      `kv_slots`, or what vLLM would allocate for the model on num_gpus x gpu (sim.base.specs, paper
                          Table 1)
     block size           the policy's (sim.kv.simulator_block_size: 1 for the contiguous baselines, a page of
                          `page_kib` KiB for vattention)
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..limits import MAX_KV_SLOTS, MAX_POOL_BLOCKS
-from ..specs import GiB, kv_capacity_tokens
+from ..base.limits import MAX_KV_SLOTS, MAX_POOL_BLOCKS
+from ..base.specs import GiB, kv_capacity_tokens
 from . import allocates_blocks_on_demand, gpu_pool_blocks, has_prefix_cache, simulator_block_size
 
 
@@ -34,7 +34,7 @@ class KVPool:
 def kv_pool(policy: str, model, gpu, *, num_gpus: int, kv_slots: int | None, block_size: int,
             page_kib: float | None, swap_space_gib: float, cpu_offload_gib: float,
             enable_prefix_caching: bool | None, prefix_len: int) -> KVPool:  # fmt: skip
-    """The pools of a run under `policy` for `model` on `num_gpus` x `gpu` (sim.specs), checked (`check_pool`,
+    """The pools of a run under `policy` for `model` on `num_gpus` x `gpu` (sim.base.specs), checked (`check_pool`,
     `offload_blocks`): ValueError names the setting and what is allowed."""
     num_slots = kv_slots if kv_slots is not None else kv_capacity_tokens(model, gpu, num_gpus)
     caching = enable_prefix_caching
@@ -49,7 +49,7 @@ def kv_pool(policy: str, model, gpu, *, num_gpus: int, kv_slots: int | None, blo
 
 
 def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots, model=None) -> None:
-    """The KV pools fit the simulator's limits (sim.limits): slots, and blocks of a paged GPU or CPU pool (the blocks
+    """The KV pools fit the simulator's limits (sim.base.limits): slots, and blocks of a paged GPU or CPU pool (the blocks
     the policy makes of those slots: `model`'s layer groups for hybrid)."""
     name = "kv_slots" if kv_slots is not None else "the KV pool (what model, gpu and num_gpus leave)"
     if num_slots > MAX_KV_SLOTS:

@@ -59,7 +59,7 @@ class _RadixSeqState(SeqState):
 
 
 class RadixPagePool:
-    """Pages by integer id, with reference counts and a free queue (as sim/blocks.py), over a radix tree that holds
+    """Pages by integer id, with reference counts and a free queue (as sim/kv/blocks.py), over a radix tree that holds
     one reference to each page it owns. Pages of unlocked tree nodes count as free: `allocate` evicts them on demand.
 
         allocate() pops here ->  [3] [9] [4] [6]  <- pages the tree evicts join at the back

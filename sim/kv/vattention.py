@@ -37,7 +37,7 @@ their fork never runs out of memory (the scheduler counts on that, as it does wi
 admission); those pages are the siblings' reservation.
 
 NOTE: preemption is by recompute only (`num_cpu_blocks` 0). Swapping pages would be easy to account, but a fork's
-copies are made by the plan after the fork, and an executor swaps out before it copies (sim/scheduler.py assumes
+copies are made by the plan after the fork, and an executor swaps out before it copies (sim/scheduling/scheduler.py assumes
 that a policy whose forks copy never swaps): a group swapped out right after a fork would save its child's pages
 before the copy filled them.
 
@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Sequence
 
-from ..blocks import BlockAllocator
-from ..specs import ModelSpec
+from .blocks import BlockAllocator
+from ..base.specs import ModelSpec
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, as_seen, cdiv
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
 from .no_sharing import NoPrefixCache, NoSwapSpace
@@ -72,7 +72,7 @@ DEFAULT_MIN_PAGE_KIB = 64
 
 def kv_bytes_per_token_per_buffer(model: ModelSpec, num_gpus: int = 1) -> Fraction:
     """Bytes of one token's K (or V) in one layer on each GPU: num_kv_heads x head_dim x dtype_bytes / num_gpus.
-    NOTE: a fraction when the KV heads do not split evenly over the GPUs, as sim.specs.kv_capacity_tokens splits
+    NOTE: a fraction when the KV heads do not split evenly over the GPUs, as sim.base.specs.kv_capacity_tokens splits
     them (it ignores the replication real tensor parallelism would need)."""
     if num_gpus < 1:
         raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")

@@ -10,7 +10,7 @@ Use it for your own allocator (the classroom exercises do):
 
     TestMine = make_block_allocator_test(lambda: MyAllocator(8, 4, enable_prefix_caching=True))
 
-The allocator needs the surface of `sim.blocks.BlockAllocator`; the prefix-cache rules run when its
+The allocator needs the surface of `sim.kv.blocks.BlockAllocator`; the prefix-cache rules run when its
 `enable_prefix_caching` attribute is true. With prefix caching the model also checks the order of the free queue,
 vLLM v1's (BlockPool.free_blocks): a freed block that holds no cached prefix goes to the FRONT (reused first,
 the first one of a free() call first), a freed cached block to the BACK (evicted last, least recently freed

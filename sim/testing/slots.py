@@ -1,6 +1,6 @@
-"""A reusable Hypothesis state machine for slot allocators (`sim.slots`).
+"""A reusable Hypothesis state machine for slot allocators (`sim.kv.slots`).
 
-One machine runs against every allocator with the `sim.slots.SlotAllocator` surface (the pattern of
+One machine runs against every allocator with the `sim.kv.slots.SlotAllocator` surface (the pattern of
 Hypothesis's stateful testing docs): it allocates random sizes (often too big: the spaces are small,
 8..40 slots, so memory runs out often), frees random live allocations and unknown offsets, and keeps
 a model of what is live. After every step it checks:
@@ -22,7 +22,7 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ..slots import SlotAllocator
+from ..kv.slots import SlotAllocator
 from .blocks import machine_settings
 
 AllocatorFactory = Callable[[int], SlotAllocator]  # num_slots -> a fresh allocator

@@ -282,9 +282,9 @@ def test_lab_06_long_prefill_token_threshold():
     """The key's threshold plans come from the solution's schedule() with one changed line, driven by a loop that
     first reproduces the project's scheduler on the notebook's example (so the loop is not a model of its own)."""
     from sim.exercises.labs.token_budget import RequestState, oracle_plan, snapshot
-    from sim.plan import StepOutcome
-    from sim.request import Request
-    from sim.scheduler import Scheduler, SchedulerConfig
+    from sim.scheduling.plan import StepOutcome
+    from sim.base.request import Request
+    from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 
     base = solution("token_budget").MyTokenBudget
 
@@ -369,7 +369,7 @@ def test_lab_08_caps():
 def test_lab_09_bytes_per_decode_step():
     import dataclasses
 
-    from sim.specs import MODELS
+    from sim.base.specs import MODELS
 
     smol = MODELS["smollm2-135m"]
     assert (smol.num_layers, smol.num_kv_heads, smol.head_dim, smol.dtype_bytes) == (30, 3, 64, 2)

@@ -128,7 +128,7 @@ def replay_engine_blocks() -> dict[str, str]:
     running sequence; `a` finishes after 9 steps, and `c` = seq 4 holds 5 blocks two steps after it arrives.
     """
     from sim.kv import NewSequence, make_kv_manager
-    from sim.specs import get_model
+    from sim.base.specs import get_model
 
     smollm2 = get_model("smollm2-135m")
     lines = {"cell-01": f"K cache of layer 0: {(48, 8, smollm2.num_kv_heads, smollm2.head_dim)}"}

@@ -250,9 +250,9 @@ ENGINE = {  # id: (kwargs, exception, fragment)
     "seed negative": (dict(seed=-1), ValueError, "seed must be >= 0, got -1"),
     "max_model_len float": (dict(max_model_len=32.0), TypeError, "max_model_len must be an integer"),
     "watermark nan": (dict(watermark=math.nan), ValueError, "watermark must be a finite number"),
-    # pools past sim.limits.MAX_POOL_BLOCKS: once an OverflowError (or a Python list of 10**9 free blocks)
+    # pools past sim.base.limits.MAX_POOL_BLOCKS: once an OverflowError (or a Python list of 10**9 free blocks)
     "num_gpu_blocks huge": (dict(num_gpu_blocks=10**30), ValueError, "num_gpu_blocks 1,000,000,000,000,000,000,000,"
-                            "000,000,000 is more than the largest paged pool (sim.limits.MAX_POOL_BLOCKS) "
+                            "000,000,000 is more than the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS) "
                             "(allowed: 1 .. 8,388,608)"),
     "num_gpu_blocks one past": (dict(num_gpu_blocks=2**23 + 1), ValueError, "(allowed: 1 .. 8,388,608)"),
     # once accepted: a server started on 10**29 sequences, and one on a 10**29-token budget died at start-up
@@ -263,13 +263,13 @@ ENGINE = {  # id: (kwargs, exception, fragment)
     "max_model_len huge": (dict(max_model_len=10**29), ValueError, "max_model_len must be <= 1,048,576"),
     "kv_budget_bytes huge": (dict(num_gpu_blocks=None, kv_budget_bytes=10**30), ValueError,
                              "kv_budget_bytes (kv_cache_memory_bytes) 1,000,000,000,000,000,000,000,000,000,000 is "
-                             "more than the largest paged pool (sim.limits.MAX_POOL_BLOCKS) (allowed: at most "
+                             "more than the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS) (allowed: at most "
                              "17,179,869,184 bytes, 8,388,608 blocks of 2,048)"),
     "kv_cache_memory_bytes huge": (dict(num_gpu_blocks=None, kv_cache_memory_bytes=10**30), ValueError,
                                    "(allowed: at most 17,179,869,184 bytes"),
     "num_cpu_blocks huge": (dict(num_cpu_blocks=10**30), ValueError, "(allowed: 0 .. 8,388,608)"),
     "swap_space huge": (dict(swap_space=1e300), ValueError, "swap_space 1e+300 GiB is more than the largest paged pool "
-                        "(sim.limits.MAX_POOL_BLOCKS) (allowed: 0 .. 16 GiB, 8,388,608 blocks of 2,048 bytes)"),
+                        "(sim.base.limits.MAX_POOL_BLOCKS) (allowed: 0 .. 16 GiB, 8,388,608 blocks of 2,048 bytes)"),
     # 512 MiB a block of 2**20 tokens: 2**23 of them are 4 PiB, more than any machine's memory
     "a pool past the memory": (dict(block_size=2**20, num_gpu_blocks=2**23), ValueError,
                                "num_gpu_blocks 8,388,608 is more than the cpu memory of "),

@@ -17,8 +17,8 @@ import pytest
 
 from reference.calibrate import Scenario, Wave, calibrate, run_scenario
 from reference.validate_sim import measured_latencies, validate
-from sim.cost_file import read_cost_model, write_cost_model
-from sim.request import Request
+from sim.clock.cost_file import read_cost_model, write_cost_model
+from sim.base.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,7 +215,7 @@ def test_readme_blocks_are_the_committed_calibration_and_validation():
 
 def test_committed_traces_are_the_suites():
     from reference.validation_suite import SUITE, case_requests
-    from sim.trace import read_trace
+    from sim.workloads.trace import read_trace
 
     assert [r["trace"] for r in _committed_rows()] == [case.name for case in SUITE]
     for case in SUITE:

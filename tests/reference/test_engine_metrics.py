@@ -1,5 +1,5 @@
 """Every RequestOutput carries vLLM-shaped metrics (reference.outputs.RequestMetrics), and `LLM.latency_summary`
-reports them under the simulator's names (sim.metrics.latency_summary).
+reports them under the simulator's names (sim.clock.metrics.latency_summary).
 
 What must hold whatever the workload: arrival <= first scheduled <= first token <= last token = finished; one token
 step per generated token without preemption (a request's samples get theirs in the same step); TTFT, queueing delay,
@@ -15,7 +15,7 @@ import sim
 from reference import LLM
 from reference.models import random_model
 from reference.sampling import BeamSearchParams, SamplingParams
-from sim.metrics import LATENCY_METRICS
+from sim.clock.metrics import LATENCY_METRICS
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 4, 4, 4, 4, 4], [11, 12]]
 

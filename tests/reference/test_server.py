@@ -385,7 +385,7 @@ def chromium():
 
 @pytest.mark.slow
 def test_the_page_in_a_headless_browser_draws_the_engines_blocks(server, chromium, tmp_path):
-    from sim.pool_page import page_dom, screenshot
+    from sim.views.pool_page import page_dom, screenshot
 
     base = server[0]
     threads = _busy(base, ["Tell me a story about a ship.", "Write a poem about rain."], 200, n=2)
@@ -413,8 +413,8 @@ def test_the_page_in_a_headless_browser_draws_the_engines_blocks(server, chromiu
 def test_the_page_draws_every_block_the_engine_holds_under_every_policy(smol, policy):
     """A contiguous policy's reservations are held blocks no block table lists: the page draws them (from the KV
     manager's slot segments), so what it draws is the engine's own count of used blocks at every step."""
-    from sim.pool_page import snapshot_json
-    from sim.viewer import snapshot
+    from sim.views.pool_page import snapshot_json
+    from sim.views.viewer import snapshot
 
     llm = LLM.from_loaded(*smol[:2], policy=policy, num_gpu_blocks=64, block_size=16, max_model_len=256)
     for prompt in ("Once upon a time", "The sea is"):

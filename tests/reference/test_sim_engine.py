@@ -1,6 +1,6 @@
 """The central claim (docs/ARCHITECTURE.md): the simulator is the engine with a simulated clock.
 
-Given the same trace and the same block budget, the simulator's executor (sim.loop.Simulator, which decides
+Given the same trace and the same block budget, the simulator's executor (sim.clock.loop.Simulator, which decides
 outcomes from the trace's true lengths) and the reference engine (reference.LLM, which runs a model and
 samples tokens) make the same allocation and preemption decisions, step for step: the same sequences compute
 the same prompt chunks and decode, with the same block tables, the same requests are preempted, the same
@@ -35,12 +35,12 @@ import torch
 from reference import LLM, SamplingParams
 from reference.models import load_model, random_model
 from sim.fast import runs as fast_runs
-from sim.cost import RooflineCostModel
+from sim.clock.cost import RooflineCostModel
 from sim.fast.epoch import EpochStep
 from sim.fast.loop import FastSimulator
 from sim.kv import allocates_blocks_on_demand, make_kv_manager
-from sim.request import Request
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 
 BLOCK_SIZE = 4
 NUM_GPU_BLOCKS = 32  # 128 token slots for 12 requests of up to 59 tokens each: paged must preempt
@@ -198,7 +198,7 @@ def config(mode: str, preemption: str, scheduling_policy: str = "fcfs") -> dict:
 def simulate(requests: list[Request], policy: str, preemption: str, mode: str, model=None,
              scheduling_policy: str = "fcfs") -> list[tuple]:
     """The simulator's executor, fast-forward on, over the same scheduler configuration as the engine below.
-    `model`: the sim.specs.ModelSpec a policy that groups layers needs (hybrid)."""
+    `model`: the sim.base.specs.ModelSpec a policy that groups layers needs (hybrid)."""
     kv = make_kv_manager(policy, NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
                          num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, model=model)  # fmt: skip
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption, scheduling_policy)))

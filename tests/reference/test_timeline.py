@@ -9,7 +9,7 @@ from reference import LLM, SamplingParams
 from reference.cli import main
 from reference.models import load_model
 from reference.timeline import engine_rows, write_chrome_trace
-from sim.chrome_trace import REQUESTS_PID, SCHEDULER_PID
+from sim.views.chrome_trace import REQUESTS_PID, SCHEDULER_PID
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 11, 12, 13], [7, 7, 200, 31], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 12], [1, 2]]
 

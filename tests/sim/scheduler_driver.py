@@ -6,9 +6,9 @@ import numpy as np
 
 from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv.paged import PagedKVManager
-from sim.plan import StepOutcome, StepPlan
-from sim.request import Request
-from sim.scheduler import Scheduler
+from sim.scheduling.plan import StepOutcome, StepPlan
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler
 
 
 # --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------

@@ -1,7 +1,7 @@
 """Bad input, the classes of it: every numeric flag of `python -m sim` with values out of range or of the wrong
 kind, flags that mean nothing with the others, and every kind of broken trace file. Each gets exactly one line
 `error: ...` on stderr naming what is wrong and exit status 2, never a traceback (docs/ARCHITECTURE.md, "Bad
-input"); `sim.run(...)` raises ValueError with the same message. The table runs `sim.cli.main` in this process
+input"); `sim.run(...)` raises ValueError with the same message. The table runs `sim.drivers.cli.main` in this process
 (fast); a few cases run `python -m sim` in a subprocess to show that no traceback escapes the real command.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from sim import run
-from sim.cli import main
-from sim.limits import MAX_LINE_BYTES
-from sim.request import Request
+from sim.drivers.cli import main
+from sim.base.limits import MAX_LINE_BYTES
+from sim.base.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 HUGE = str(10**30)

@@ -22,8 +22,8 @@ from sim.kv import make_kv_manager, takes_block_allocator
 from sim.kv.base import NewSequence
 from sim.kv.paged import PagedKVManager
 from sim.kv.plug import ALLOCATOR_METHODS
-from sim.request import Request
-from sim.specs import MODELS
+from sim.base.request import Request
+from sim.base.specs import MODELS
 
 
 class StackAllocator:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sim.blocks import BlockAllocator, hash_block_tokens
+from sim.kv.blocks import BlockAllocator, hash_block_tokens
 
 
 def test_rejects_empty_pools():
@@ -148,7 +148,7 @@ def test_hash_chains_the_parent_and_is_stable_across_processes():
     assert hash_block_tokens(None, (1, 2, 3)) == h
     assert hash_block_tokens(h, [1, 2, 3]) != h  # same tokens, different prefix: a different block
     assert hash_block_tokens(None, [1, 2, 4]) != h
-    code = "from sim.blocks import hash_block_tokens as f; print(f(f(None, [1, 2, 3]), [7, 8]))"
+    code = "from sim.kv.blocks import hash_block_tokens as f; print(f(f(None, [1, 2, 3]), [7, 8]))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -168,7 +168,7 @@ def test_check_invariants_reports_corruption():
 
 
 def test_bench_alloc_command_writes_its_csv(tmp_path, capsys):
-    from sim import bench_alloc
+    from sim.drivers import bench_alloc
 
     out = tmp_path / "bench.csv"
     assert bench_alloc.main(["--ops", "300", "--csv", str(out)]) == 0
@@ -179,7 +179,7 @@ def test_bench_alloc_command_writes_its_csv(tmp_path, capsys):
 
 
 def test_bench_alloc_rejects_bad_flags_in_one_line(capsys):
-    from sim import bench_alloc
+    from sim.drivers import bench_alloc
 
     assert bench_alloc.main(["--ops", "0"]) == 2
     with pytest.raises(SystemExit) as exit_info:

@@ -1,4 +1,4 @@
-"""`python -m sim run --chrome-trace FILE` (sim/chrome_trace.py): the step and request timeline in the Trace Event
+"""`python -m sim run --chrome-trace FILE` (sim/views/chrome_trace.py): the step and request timeline in the Trace Event
 Format, checked against the run's own step and request tables, and the committed example under figures/."""
 import json
 import math
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.chrome_trace import REQUESTS_PID, SCHEDULER_PID, trace_events
+from sim.drivers.cli import main
+from sim.views.chrome_trace import REQUESTS_PID, SCHEDULER_PID, trace_events
 from sim.kv.base import SHARE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sim.kv.base import SHARE_NAMES
-from sim.request import Request
-from sim.trace import write_jsonl
+from sim.base.request import Request
+from sim.workloads.trace import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = {"policy", "num_requests", "num_finished", "throughput_req_per_s", "normalized_latency_s_per_token",
@@ -111,7 +111,7 @@ def test_trace_run_succeeds(tmp_path):
 
 def test_bench_pieces_write_a_csv_with_the_machine(tmp_path):
     """The benchmark's parts on a tiny input (the real runs take minutes: `python -m sim bench`)."""
-    from sim import bench_sim
+    from sim.drivers import bench_sim
 
     row = {name: "" for name in bench_sim.COLUMNS} | bench_sim.heapq_yardstick(1000) | bench_sim.machine()
     path = tmp_path / "out" / "bench.csv"

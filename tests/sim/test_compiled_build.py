@@ -72,21 +72,31 @@ def _fake_build(tmp_path, monkeypatch, sources: dict[str, str]) -> None:
 
 
 def test_a_build_of_other_sources_is_refused(tmp_path, monkeypatch, capsys):
-    hashes = compiled.source_hashes(["sim.blocks", "sim.plan"])
-    _fake_build(tmp_path, monkeypatch, {**hashes, "sim.blocks": "0" * 64})  # sim/blocks.py edited since the build
+    hashes = compiled.source_hashes(compiled.MODULES)
+    _fake_build(tmp_path, monkeypatch, {**hashes, "sim.kv.blocks": "0" * 64})  # sim/kv/blocks.py edited since the build
     manifest, why = compiled.check_build()
-    assert manifest is None and why == "sim/blocks.py changed since the compiled build (run `make fast` again)"
+    assert manifest is None and why == "sim/kv/blocks.py changed since the compiled build (run `make fast` again)"
     meta_path = list(sys.meta_path)
     assert compiled.enable("1") is False and not compiled.active() and sys.meta_path == meta_path
     assert capsys.readouterr().err == f"LAB_FAST: running the .py files: {why}\n"  # one line, then the .py files
-    with pytest.raises(ImportError, match="LAB_FAST=require: sim/blocks.py changed since"):
+    with pytest.raises(ImportError, match="LAB_FAST=require: sim/kv/blocks.py changed since"):
         compiled.enable("require")
 
 
 def test_a_current_build_is_accepted_and_nothing_happens_by_default(tmp_path, monkeypatch):
-    _fake_build(tmp_path, monkeypatch, compiled.source_hashes(["sim.blocks", "sim.plan"]))
+    _fake_build(tmp_path, monkeypatch, compiled.source_hashes(compiled.MODULES))
     assert compiled.check_build() == (json.loads(compiled.MANIFEST.read_text()), "")
     assert compiled.enable("") is False and compiled.enable("0") is False and not compiled.active()
+
+
+def test_a_build_of_modules_since_moved_is_refused(tmp_path, monkeypatch):
+    """A build made before a module moved (sim.blocks, now sim.kv.blocks) names a source that is gone: refused, with
+    one line, not a crash on the missing file."""
+    hashes = compiled.source_hashes(compiled.MODULES)
+    hashes["sim.blocks"] = hashes.pop("sim.kv.blocks")
+    _fake_build(tmp_path, monkeypatch, hashes)
+    assert compiled.check_build() == (None, "the compiled build is of other modules than sim.compiled.MODULES "
+                                            "(run `make fast` again)")  # fmt: skip
 
 
 def test_a_missing_build_or_another_python_is_refused(tmp_path, monkeypatch):

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.cli import FLAG_KEYWORDS, build_parser
+from sim.drivers.cli import FLAG_KEYWORDS, build_parser
 from sim.config import (RUN_DEFAULTS, RUN_FIELDS, SCHEDULER_DEFAULTS, RunConfig, SchedulerConfig, allowed,
                         check_field, default_max_num_batched_tokens)  # fmt: skip
-from sim.specs import MODELS
+from sim.base.specs import MODELS
 
 
 def _run_flags() -> dict[str, argparse.Action]:

@@ -1,4 +1,4 @@
-"""Conversation workloads (sim/conversation.py, sim/conversation_import.py): every turn's prompt is the session's
+"""Conversation workloads (sim/workloads/conversation.py, sim/workloads/conversation_import.py): every turn's prompt is the session's
 history, ids consistent across turns, lengths from the ShareGPT fit, the context rule, the multi-turn ShareGPT
 import, bad input refused in one line, prefix caching of prompts and of generated tokens, and the chatbot figure."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import sim
-from sim.cli import main
-from sim.conversation import flatten, generate_conversations, generate_sessions, session_turns
-from sim.conversation_import import import_conversations
-from sim.limits import MAX_TOKENS
-from sim.request import Request
-from sim.sharegpt import default_encode
-from sim.trace import TraceError
-from sim.workload import LOGNORMAL_PARAMS, generate_requests
+from sim.drivers.cli import main
+from sim.workloads.conversation import flatten, generate_conversations, generate_sessions, session_turns
+from sim.workloads.conversation_import import import_conversations
+from sim.base.limits import MAX_TOKENS
+from sim.base.request import Request
+from sim.workloads.sharegpt import default_encode
+from sim.workloads.trace import TraceError
+from sim.workloads.workload import LOGNORMAL_PARAMS, generate_requests
 
 FIT_TOLERANCE = 0.05  # relative: the sample means below have a standard error of 1-2% (heavy-tailed log-normals)
 
@@ -220,7 +220,7 @@ def test_output_token_ids_are_checked():
 # --- prefix caching ----------------------------------------------------------------------------------------------
 def test_prefix_caching_hits_most_of_a_conversation_and_more_with_generated_tokens():
     # A pool that never evicts a cached block, and long think times: a turn comes after the previous reply is
-    # finished (the open-loop caveat of sim.conversation). Then hits reach what was computed.
+    # finished (the open-loop caveat of sim.workloads.conversation). Then hits reach what was computed.
     kwargs = dict(policy="paged", enable_prefix_caching=True, kv_slots=2**18)
     workload = dict(rate=0.05, duration=1500.0, think_time=300.0, seed=5)
     requests = generate_conversations(**workload)

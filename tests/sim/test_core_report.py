@@ -40,7 +40,7 @@ def test_code_lines_are_lines_of_code_only():
 
 def test_the_core_path_stays_within_its_budget(report):
     files = report["core_files"]
-    assert {path for path, _, _ in files} >= {"sim/scheduler.py", "sim/loop.py", "sim/kv/paged.py"}
+    assert {path for path, _, _ in files} >= {"sim/scheduling/scheduler.py", "sim/clock/loop.py", "sim/kv/paged.py"}
     assert len(files) <= CORE_FILES, files
     total = sum(code for _, _, code in files)
     assert total <= CORE_BUDGET, f"the core path has {total} code lines, over its budget of {CORE_BUDGET}"
@@ -77,8 +77,8 @@ def test_the_fast_plane_check_sees_a_private_import_and_a_private_read(tmp_path)
     """The check is not vacuous: a fast-plane module that imports a private name of the core, or reads one on a core
     object, is named; its own private attributes (self._x) are its business."""
     module = tmp_path / "probe.py"
-    module.write_text("from sim.scheduler import _queue_key\n\n\nclass Probe:\n    def f(self, scheduler):\n"
+    module.write_text("from sim.scheduling.scheduler import _queue_key\n\n\nclass Probe:\n    def f(self, scheduler):\n"
                       "        self._mine = 1\n        return scheduler._running, self._mine\n")  # fmt: skip
-    mods = {"sim.fast.probe": module, "sim.scheduler": ROOT / "sim" / "scheduler.py"}
+    mods = {"sim.fast.probe": module, "sim.scheduling.scheduler": ROOT / "sim" / "scheduling" / "scheduler.py"}
     found = core_report.fast_plane_private(mods, core_report.imports(mods))
-    assert found == ["sim.fast.probe: from sim.scheduler import _queue_key", "sim.fast.probe:7: scheduler._running"]
+    assert found == ["sim.fast.probe: from sim.scheduling.scheduler import _queue_key", "sim.fast.probe:7: scheduler._running"]

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sim.api import run
-from sim.cost import CalibratedCostModel, PiecewiseCostModel
-from sim.cost_file import cost_model_for, cost_model_record, read_cost_model, write_cost_model
+from sim.clock.cost import CalibratedCostModel, PiecewiseCostModel
+from sim.clock.cost_file import cost_model_for, cost_model_record, read_cost_model, write_cost_model
 from sim.testing.blocks import machine_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -377,8 +377,8 @@ def test_shared_reads_are_priced_apart_and_the_fast_forward_still_equals_steppin
 
 
 def test_a_plan_counts_the_reads_of_blocks_another_entry_reads():
-    from sim.plan import ScheduledSeq, StepPlan
-    from sim.step_shape import shared_context_tokens
+    from sim.scheduling.plan import ScheduledSeq, StepPlan
+    from sim.scheduling.step_shape import shared_context_tokens
 
     # two samples sharing blocks 0 and 1 (a 20-token prompt, block size 16), each with its own third block
     plan = StepPlan(decodes=[ScheduledSeq(0, 0, 33, 1, [0, 1, 2]), ScheduledSeq(1, 0, 33, 1, [0, 1, 3])])

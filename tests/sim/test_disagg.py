@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sim import run
-from sim.cli import main
-from sim.cost import RooflineCostModel
+from sim.drivers.cli import main
+from sim.clock.cost import RooflineCostModel
 from sim.disagg import ClusterConfig, KVLink, route, run_cluster
 from sim.figures.disagg import goodput_per_gpu
 from sim.figures.readme_numbers import Files, make_block
 from sim.kv import simulator_block_size
-from sim.request import Request
-from sim.specs import get_model
+from sim.base.request import Request
+from sim.base.specs import get_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, GPU = "opt-13b", "a100-40gb"

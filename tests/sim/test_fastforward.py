@@ -22,11 +22,11 @@ from sim.fast.epoch import DecodeEpochs, EpochStep
 from sim.fast.paged import DecodeEpoch, run_capacity
 from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv.paged import PagedKVManager
-from sim.plan import StepOutcome
-from sim.request import Request
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.scheduling.plan import StepOutcome
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 from sim.kv.base import SHARE_NAMES, NewSequence
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+from sim.clock.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
 # (policy, extra arguments). Small pools (kv_slots) make memory run out: preemption for paged, long waits
 # for the contiguous policies. 4096 slots still hold the longest request (2048 tokens) twice.
@@ -294,7 +294,7 @@ def test_figure_probes_see_what_stepping_shows(mode):
     """The figures' probes measure the same with the fast-forward on as off: the sharing measure integrates
     the states after every step of a run from its record, and the snapshot time stops the fast-forward."""
     from sim.figures.probes import Sharing, Snapshot
-    from sim.sweep import Task, run_task
+    from sim.drivers.sweep import Task, run_task
 
     params = {"policy": "paged", "workload": "alpaca", "rate": 6.0, "num_requests": 60, "seed": 2, "n": 2,
               "kv_slots": 4096, **MODES[mode]}  # fmt: skip

@@ -16,7 +16,7 @@ from sim.figures.probes import Sharing, Timeline
 from sim.figures.style import new_figure
 from sim.kv import NewSequence, make_kv_manager
 from sim.kv.base import SHARE_NAMES
-from sim.sweep import Task
+from sim.drivers.sweep import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARE_TOLERANCE = 1e-4  # CSV floats carry 6 significant digits; five of them summed are within this of 1

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.cost import RooflineCostModel
+from sim.clock.cost import RooflineCostModel
 from sim.figures import make_figures
 from sim.figures.microbench import BLOCK_SIZES, KERNEL_CSV, SEQ_LENS, crossover, draw_kernel, swap_recompute_rows
-from sim.specs import get_model, kv_capacity_tokens
+from sim.base.specs import get_model, kv_capacity_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,7 @@ def test_the_tensor_parallel_figure_prices_all_reduces(panels):
     import dataclasses
 
     import sim.api
-    from sim.specs import get_gpu
+    from sim.base.specs import get_gpu
 
     row = next(r for r in read_rows(panels / "latency_vs_rate_tp.csv")
                if r["model"] == "opt-175b" and r["workload"] == "sharegpt" and r["system"] == "paged")  # fmt: skip

@@ -19,7 +19,7 @@ priority (priority scheduling), which added the case `v1-paged-priority`.
 
 NOTE: every case runs with a frozen copy of the roofline cost model as it stood when the golden copy was
 recorded (`FrozenRoofline`) and the pool size spelled out, so the golden copy guards the scheduler, the KV
-managers, the event loop and the metrics, and a deliberate change to sim/cost.py or sim/specs.py does not
+managers, the event loop and the metrics, and a deliberate change to sim/clock/cost.py or sim/base/specs.py does not
 break it.
 
 Re-record (only when a result is MEANT to change, saying why in the commit): `python -m tests.sim.test_golden --record`.
@@ -39,7 +39,7 @@ GOLDEN = Path(__file__).parent / "data" / "golden.json"
 
 
 class FrozenRoofline:
-    """sim.cost.RooflineCostModel("opt-13b", "a100-40gb") as recorded: its per-unit seconds, written out."""
+    """sim.clock.cost.RooflineCostModel("opt-13b", "a100-40gb") as recorded: its per-unit seconds, written out."""
 
     weights_s, kv_token_s, overhead_s = 0.020664748038585208, 6.585209003215434e-07, 0.002  # per step, per token
     token_flop_s, attn_flop_s = 0.00013732343247863248, 4.376068376068376e-09  # per new token, per context token

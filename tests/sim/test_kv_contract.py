@@ -10,7 +10,7 @@ from sim.kv import (POLICIES, NewSequence, allocates_blocks_on_demand, always_ca
 from sim.kv.base import cdiv
 from sim.kv.groups import group_size
 from sim.kv.hybrid import kv_cache_groups
-from sim.specs import get_model
+from sim.base.specs import get_model
 
 
 def layer_windows(model) -> list[int | None]:

@@ -1,4 +1,4 @@
-"""The simulator's KV cache dtype (`kv_dtype`, sim/specs.py): bytes per token, and what follows from them.
+"""The simulator's KV cache dtype (`kv_dtype`, sim/base/specs.py): bytes per token, and what follows from them.
 
 - bytes per token: 2 * layers * kv_heads * (head_dim * element bytes + scale bytes); "auto" is the model's dtype,
   so the default is what it always was;
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import sim
 from sim.config import RunConfig
-from sim.cost import RooflineCostModel
-from sim.specs import GPUS, KV_CACHE_DTYPES, MODELS, kv_capacity_tokens
+from sim.clock.cost import RooflineCostModel
+from sim.base.specs import GPUS, KV_CACHE_DTYPES, MODELS, kv_capacity_tokens
 
 
 def with_kv(model: str, kv_dtype: str):

@@ -15,12 +15,12 @@ import sim
 import tests.sim.test_scheduler_properties as props
 from sim.fast.hybrid import HybridRuns
 from sim.fast.runs import kv_runs
-from sim.cli import main
-from sim.cost import RooflineCostModel
+from sim.drivers.cli import main
+from sim.clock.cost import RooflineCostModel
 from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
 from sim.kv.hybrid import HybridKVManager, kv_cache_groups, pool_blocks
-from sim.scheduler import Scheduler
-from sim.specs import ModelSpec, get_model
+from sim.scheduling.scheduler import Scheduler
+from sim.base.specs import ModelSpec, get_model
 from sim.testing import make_kv_manager_test
 from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
 

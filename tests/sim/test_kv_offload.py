@@ -13,14 +13,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.cost import RooflineCostModel
+from sim.clock.cost import RooflineCostModel
 from sim.kv import NewSequence, make_kv_manager
 from sim.kv.offload import CpuOffloadTier, TierCopy
-from sim.loop import Simulator
-from sim.plan import StepOutcome
-from sim.request import Request
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.specs import get_model
+from sim.clock.loop import Simulator
+from sim.scheduling.plan import StepOutcome
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
+from sim.base.specs import get_model
 from tests.sim.test_scheduler_properties import Contents, check_state, draw_config, workloads
 
 BLOCK_SIZE = 4

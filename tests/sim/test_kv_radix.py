@@ -14,7 +14,7 @@ from sim.kv import NewSequence, make_kv_manager
 from sim.kv.paged import PagedKVManager
 from sim.kv.radix import RadixKVManager
 from sim.kv.radix_tree import RadixTree
-from sim.request import Request
+from sim.base.request import Request
 from sim.testing import make_kv_manager_test
 
 # Small pools so memory runs out often (and eviction with it); page size 1 (SGLang's) and 4.

@@ -14,7 +14,7 @@ from sim.kv import NewSequence
 from sim.kv.paged import PagedKVManager
 from sim.kv.radix import RadixKVManager, RadixPagePool
 from sim.kv.radix_tree import RadixTree
-from sim.request import Request
+from sim.base.request import Request
 from sim.testing import make_kv_manager_test
 
 SHARED = list(range(1000, 1037))  # 37 tokens two prompts share

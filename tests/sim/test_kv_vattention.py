@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 import sim
 from sim.fast.runs import kv_runs
 from sim.fast.vattention import VAttentionRuns
-from sim.cli import main
+from sim.drivers.cli import main
 from sim.kv import MemoryBreakdown, NewSequence, pool_blocks_for
 from sim.kv.vattention import VAttentionKVManager, page_tokens
-from sim.scheduler import Scheduler
-from sim.specs import get_model
+from sim.scheduling.scheduler import Scheduler
+from sim.base.specs import get_model
 from sim.testing import make_kv_manager_test
 from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
 from tests.sim.test_scheduler_properties import draw_config, draw_mode, workloads

@@ -46,7 +46,7 @@ def test_sim_run_sets_up_in_one_direction():
     """From run() to its event loop: run calls settings, workload, pool, then the loop's modules, and never goes
     back to one it had left; no call anywhere in the setup climbs to a higher layer."""
     found = layers.trace_setup(**layers.SETUP_RUN)
-    assert found["run_path"][:4] == ["sim.arguments", "sim.config", "sim.workload_source", "sim.kv.pool"]
+    assert found["run_path"][:4] == ["sim.arguments", "sim.config", "sim.workloads.workload_source", "sim.kv.pool"]
     assert found["run_path_returns"] == 0, found["run_path"]
     assert found["climbs"] == 0, found["climbs_seen"]
-    assert {"sim.api", "sim.workload", "sim.conversation", "sim.scheduler"} <= set(found["modules"])
+    assert {"sim.api", "sim.workloads.workload", "sim.workloads.conversation", "sim.scheduling.scheduler"} <= set(found["modules"])

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from sim.api import run
-from sim.cost import RooflineCostModel
+from sim.clock.cost import RooflineCostModel
 from sim.kv.base import SHARE_NAMES
-from sim.request import Request
-from sim.trace import write_jsonl
+from sim.base.request import Request
+from sim.workloads.trace import write_jsonl
 
 CONTRACT = {
     "policy": str, "num_requests": int, "num_finished": int, "throughput_req_per_s": float,
@@ -197,7 +197,7 @@ def test_a_run_without_its_step_table_has_the_same_summary_and_requests(settings
 
 
 def test_the_cli_keeps_the_step_table_only_for_the_outputs_that_read_it(tmp_path, capsys):
-    from sim.cli import main
+    from sim.drivers.cli import main
 
     args = ["run", "--rate", "2", "--duration", "20", "--json"]
     assert main(args) == 0

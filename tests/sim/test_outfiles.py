@@ -1,6 +1,6 @@
 """Nothing lost: outputs are written whole or not at all, and refused before any work when they could not be.
 
-sim.outfiles is tested with writers that fail midway (an exception, Ctrl-C, a file size limit in a child
+sim.base.outfiles is tested with writers that fail midway (an exception, Ctrl-C, a file size limit in a child
 process), then the command lines with the output paths of docs/ARCHITECTURE.md "Bad input": `main(argv)` in
 this process where the refusal comes before any work, a subprocess where a size limit is needed.
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from sim import bench_alloc
-from sim.cli import main
-from sim.outfiles import (OutputPathError, atomic_files, atomic_write, check_output_folder, check_outputs,
+from sim.drivers import bench_alloc
+from sim.drivers.cli import main
+from sim.base.outfiles import (OutputPathError, atomic_files, atomic_write, check_output_folder, check_outputs,
                           remove_stale_temps, temp_prefix, write_bytes, write_csv, write_text)
-from sim.request import Request
-from sim.trace import write_csv as write_trace_csv
+from sim.base.request import Request
+from sim.workloads.trace import write_csv as write_trace_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD = "old content\n"
@@ -81,7 +81,7 @@ def test_a_failing_group_replaces_none_of_its_files(tmp_path):
 
 SIZE_LIMIT_CHILD = textwrap.dedent("""
     import resource, signal, sys
-    from sim.outfiles import OutputWriteError, atomic_files, atomic_write
+    from sim.base.outfiles import OutputWriteError, atomic_files, atomic_write
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, not a kill
     resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 1024, 40 * 1024))  # `ulimit -f 40`
     big, small, other = sys.argv[1:]
@@ -141,7 +141,7 @@ def test_a_symlinked_output_stays_a_link_and_devices_are_written_in_place(tmp_pa
 
 def test_stale_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     name = "model-float32"
-    child = "import sys, tempfile; from sim.outfiles import temp_prefix; " \
+    child = "import sys, tempfile; from sim.base.outfiles import temp_prefix; " \
             "print(tempfile.mkdtemp(dir=sys.argv[1], prefix=temp_prefix(sys.argv[2])))"
     out = subprocess.run([sys.executable, "-c", child, str(tmp_path), name], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip
@@ -166,7 +166,7 @@ def test_stale_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_pa
 
 
 def test_the_next_write_removes_a_killed_writers_temporary(tmp_path):
-    child = "import os, signal, sys; from sim.outfiles import atomic_write\n" \
+    child = "import os, signal, sys; from sim.base.outfiles import atomic_write\n" \
             "with atomic_write(sys.argv[1]) as f:\n    f.write('half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)"
     path = tmp_path / "sharing.png"
     path.write_text(OLD)
@@ -260,13 +260,13 @@ def no_work(monkeypatch):
     """Every command's work (a simulation, a benchmark) fails the test if it starts."""
     import sim.api
     import sim.figures
-    import sim.sweep
-    from sim import bench_sim
+    import sim.drivers.sweep
+    from sim.drivers import bench_sim
 
     def work(*args, **kwargs):
         raise AssertionError("work started before the output paths were checked")
 
-    for module, name in ((sim.api, "run"), (sim.sweep, "run_tasks"), (sim.figures, "run_tasks"),
+    for module, name in ((sim.api, "run"), (sim.drivers.sweep, "run_tasks"), (sim.figures, "run_tasks"),
                          (bench_sim, "bench"), (bench_alloc, "bench")):  # fmt: skip
         monkeypatch.setattr(module, name, work)
 

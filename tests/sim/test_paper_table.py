@@ -14,7 +14,7 @@ import pytest
 from sim.figures import paper
 from sim.figures.paper import PAPER, ROWS, Data, PaperNumber, Value, difference, readme_block
 from sim.figures.paper_sensitivity import COLUMNS, PARAMS, points, read_sensitivity, row
-from sim.sweep import run_task
+from sim.drivers.sweep import run_task
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"

@@ -1,4 +1,4 @@
-"""The pool page (sim/pool_page.py): what it draws of a step is what the KV manager holds, under every policy (the
+"""The pool page (sim/views/pool_page.py): what it draws of a step is what the KV manager holds, under every policy (the
 contiguous baselines' reservations included); a replay of a long run keeps evenly spread steps and loses no event;
 `python -m sim run --pool-page` writes it whole or not at all; a browser draws it, and at any pool size the map, the
 chart and the tables all lie inside a 1400x1000 window."""
@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.api import run
-from sim.cli import main
-from sim.pool_page import CHART_TOPS, MAX_CELLS, WINDOW, ReplayRecorder, pool_html, snapshot_json
-from sim.viewer import snapshot
+from sim.drivers.cli import main
+from sim.views.pool_page import CHART_TOPS, MAX_CELLS, WINDOW, ReplayRecorder, pool_html, snapshot_json
+from sim.views.viewer import snapshot
 
 SMALL = dict(workload="uniform", arrival="offline", prompt_len_range=(8, 80), output_len_range=(4, 60),
              max_num_batched_tokens=128, max_num_seqs=8)  # fmt: skip
@@ -119,7 +119,7 @@ def test_a_browser_draws_the_replayed_steps_blocks(tmp_path):
     from tests.browser import need_chromium
 
     need_chromium()
-    from sim.pool_page import page_dom, screenshot
+    from sim.views.pool_page import page_dom, screenshot
 
     page = tmp_path / "run.html"
     assert main(["run", "--workload", "uniform", "--prompt-len-range", "40,80", "--output-len-range", "8,20",
@@ -203,7 +203,7 @@ def test_the_page_fits_a_window_at_any_pool_size(tmp_path, num_blocks):
     from tests.browser import need_chromium
 
     need_chromium()
-    from sim.pool_page import page_dom
+    from sim.views.pool_page import page_dom
 
     page = tmp_path / "run.html"
     assert main(["run", "--workload", "uniform", "--arrival", "offline", "--block-size", "16", "--kv-slots",
@@ -228,7 +228,7 @@ def test_the_live_page_fits_the_window_before_the_first_step(tmp_path):
     from tests.browser import need_chromium
 
     need_chromium()
-    from sim.pool_page import page_dom
+    from sim.views.pool_page import page_dom
 
     page = tmp_path / "live.html"
     page.write_text(pool_html("a server just started", 300, [], live=True))

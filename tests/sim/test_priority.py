@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from sim.api import run
 from sim.kv import make_kv_manager
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
-from sim.plan import StepOutcome
-from sim.request import Request
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.trace import read_trace, write_csv, write_jsonl
-from sim.workload import assign_priorities, generate_requests
+from sim.clock.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+from sim.scheduling.plan import StepOutcome
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
+from sim.workloads.trace import read_trace, write_csv, write_jsonl
+from sim.workloads.workload import assign_priorities, generate_requests
 
 
 def _same_run(a, b) -> None:

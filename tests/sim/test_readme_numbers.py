@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.drivers.cli import main
 from sim.figures import readme_numbers
 from sim.figures.readme_numbers import BLOCKS, Files, current_block, make_block, markers, page_block, readme_blocks
 from sim.kv import allocates_blocks_on_demand

@@ -1,4 +1,4 @@
-"""The scheduler (sim/scheduler.py): FCFS iteration-level scheduling with preemption by recompute or swap,
+"""The scheduler (sim/scheduling/scheduler.py): FCFS iteration-level scheduling with preemption by recompute or swap,
 static batching, the paper's prefill-only steps (v0) and vLLM v1's token budget, and the fast-forward's plain
 decode runs. Small pools, so memory runs out often; the KV manager's invariants are checked after every step.
 (Sequence groups: test_scheduler_groups.py; the v1 token budget and chunks: test_scheduler_v1.py.)"""
@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv import POLICIES, allocates_blocks_on_demand, make_kv_manager
-from sim.plan import StepOutcome, StepPlan
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.specs import get_model
+from sim.scheduling.plan import StepOutcome, StepPlan
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
+from sim.base.specs import get_model
 from sim.testing.blocks import machine_settings
-from sim.workload import generate_requests
+from sim.workloads.workload import generate_requests
 from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, run_length, step
 
 # The model the policies that need one are given (hybrid: sliding-window layers): Gemma 3's, a window these short

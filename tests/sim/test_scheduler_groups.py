@@ -1,4 +1,4 @@
-"""The scheduler's sequence groups (sim/scheduler.py): parallel sampling and beam search compute the prompt once
+"""The scheduler's sequence groups (sim/scheduling/scheduler.py): parallel sampling and beam search compute the prompt once
 (the leader), their siblings sample from its logits and are forked from it, forks and frees follow the
 executor's beam choices, and prefix sharing reports cached tokens."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sim.kv import make_kv_manager
-from sim.plan import StepOutcome
-from sim.request import Request
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.scheduling.plan import StepOutcome
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, step
 
 
@@ -121,7 +121,7 @@ def test_the_copies_of_one_plan_can_be_applied_at_once():
     copy_blocks, like vLLM's copy kernel). Under a contiguous policy, beam search (k = 2, prompt of 4): in the
     prompt's step s1 samples from the leader's logits and is forked into its reserved run (copies 0..3 -> 7..10,
     pending); if the executor keeps s1 twice, the leader s0 is dropped (its run 0..6 freed) and s1 forked into
-    it, copying 7..10 -> 0..3, which would read what the first copy writes. sim.sequence.queue_copies routes it
+    it, copying 7..10 -> 0..3, which would read what the first copy writes. sim.scheduling.sequence.queue_copies routes it
     from 0..3 instead: onto itself, so it is dropped (the freed run still holds the prompt's K/V)."""
     kv = make_kv_manager("oracle", 14, block_size=1, allocator="first_fit")
     sched = Scheduler(kv, SchedulerConfig(mode="v0"))

@@ -33,12 +33,12 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from sim.cost import RooflineCostModel
+from sim.clock.cost import RooflineCostModel
 from sim.kv import always_caches_prefixes, has_prefix_cache, has_swap_space, make_kv_manager
-from sim.loop import Simulator
-from sim.plan import StepOutcome
-from sim.request import Request
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.clock.loop import Simulator
+from sim.scheduling.plan import StepOutcome
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 
 BLOCK_SIZE = 4
 

@@ -1,4 +1,4 @@
-"""vLLM v1's scheduler shape (sim/scheduler.py, mode "v1"), narrated: a token budget per step, running requests
+"""vLLM v1's scheduler shape (sim/scheduling/scheduler.py, mode "v1"), narrated: a token budget per step, running requests
 first, chunked prefill mixing prompt chunks with decodes (or whole prompts waiting for room without it), the
 pluggable preemption victim, siblings forked when their prompt is computed, and a budget charged after
 prefix-cache hits."""
@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from sim.plan import StepOutcome
-from sim.scheduler import Scheduler, SchedulerConfig
+from sim.scheduling.plan import StepOutcome
+from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, step
 
 

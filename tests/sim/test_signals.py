@@ -70,7 +70,7 @@ def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="die_with_parent is Linux's PR_SET_PDEATHSIG")
 def test_a_sweep_killed_outright_leaves_no_worker(tmp_path):
-    """SIGKILL runs no cleanup in the parent: the kernel stops the workers (sim.sweep.die_with_parent)."""
+    """SIGKILL runs no cleanup in the parent: the kernel stops the workers (sim.drivers.sweep.die_with_parent)."""
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
                              "--jobs", "2", "--out", str(tmp_path / "X.csv")], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
@@ -147,7 +147,7 @@ def test_an_interrupt_a_c_extension_wrapped_is_still_one_line(capsys):
     """numba, interrupted while loading a compiled function from its cache (a cold cache: a fresh machine), turns
     the KeyboardInterrupt into a SystemError caused by it: still one line and status 130, not a traceback. Any other
     failure goes on as it was."""
-    from sim.cli import Terminated, interruptible
+    from sim.drivers.cli import Terminated, interruptible
 
     def wrapped(inner: BaseException):
         def body():

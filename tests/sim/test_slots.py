@@ -1,10 +1,10 @@
-"""Slot allocators (sim/slots.py): the shared state machine for both, then narrated examples."""
+"""Slot allocators (sim/kv/slots.py): the shared state machine for both, then narrated examples."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import Phase
 
-from sim.slots import BuddyAllocator, FirstFitAllocator
+from sim.kv.slots import BuddyAllocator, FirstFitAllocator
 from sim.testing.slots import make_slot_allocator_test
 
 TestBuddyMachine = make_slot_allocator_test(BuddyAllocator, max_examples=500)

@@ -1,11 +1,11 @@
-"""Specs, the paper's KV-capacity arithmetic, and the cost models (sim/specs.py, sim/cost.py)."""
+"""Specs, the paper's KV-capacity arithmetic, and the cost models (sim/base/specs.py, sim/clock/cost.py)."""
 import dataclasses
 
 import numpy as np
 import pytest
 
-from sim.cost import CalibratedCostModel, RooflineCostModel, RooflineEfficiency
-from sim.specs import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, kv_capacity_tokens
+from sim.clock.cost import CalibratedCostModel, RooflineCostModel, RooflineEfficiency
+from sim.base.specs import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, kv_capacity_tokens
 
 
 def test_opt13b_kv_bytes_per_token_is_800_kib():

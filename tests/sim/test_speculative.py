@@ -15,17 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.cli import main
+from sim.drivers.cli import main
 from sim.config import SchedulerConfig
 from sim.fast.epoch import DecodeEpochs
 from sim.fast.runs import plain_decodes
 from sim.kv.paged import PagedKVManager
-from sim.plan import StepOutcome
-from sim.request import Request
-from sim.scheduler import Scheduler
-from sim.cost import RooflineCostModel
-from sim.specs import get_gpu, get_model
-from sim.speculative import AcceptanceModel, expected_tokens_per_step
+from sim.scheduling.plan import StepOutcome
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler
+from sim.clock.cost import RooflineCostModel
+from sim.base.specs import get_gpu, get_model
+from sim.scheduling.speculative import AcceptanceModel, expected_tokens_per_step
 
 
 def one_request(k: int, prompt_len: int = 6, output_len: int = 10) -> Scheduler:

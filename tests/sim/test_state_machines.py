@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import Phase, settings
 
-from sim.blocks import BlockAllocator
+from sim.kv.blocks import BlockAllocator
 from sim.fast.paged import PagedRuns, run_capacity
 from sim.kv.paged import PagedKVManager
 from sim.testing import make_block_allocator_test, make_kv_manager_test

@@ -1,4 +1,4 @@
-"""sim.sweep: a grid of sim.run points, run in parallel, gives the rows sequential calls give, in grid order."""
+"""sim.drivers.sweep: a grid of sim.run points, run in parallel, gives the rows sequential calls give, in grid order."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sim.api import run
-from sim.sweep import RAY_MISSING, RAY_START_ATTEMPTS, SweepError, _start_ray, grid_points, parse_assignment, parse_value, summary_row, sweep
+from sim.drivers.sweep import RAY_MISSING, RAY_START_ATTEMPTS, SweepError, _start_ray, grid_points, parse_assignment, parse_value, summary_row, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = {"policy": ["max", "paged"], "rate": [1.0, 3.0]}

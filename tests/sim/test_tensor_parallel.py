@@ -1,5 +1,5 @@
-"""Tensor parallelism in the roofline (sim/cost.py): the all-reduce term, its GPU specs (sim/specs.py), and the
-calibrated model's refusal of num_gpus > 1 (sim/cost_file.py).
+"""Tensor parallelism in the roofline (sim/clock/cost.py): the all-reduce term, its GPU specs (sim/base/specs.py), and the
+calibrated model's refusal of num_gpus > 1 (sim/clock/cost_file.py).
 
 The perfect-division bound is built independently of the term: one imaginary GPU with n times the bandwidth and
 n times the FLOP/s of the real one, on which nothing is all-reduced. n real GPUs never beat it, and beat it by
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim.api
-from sim.cli import main
-from sim.cost import RooflineCostModel, RooflineEfficiency
-from sim.specs import GPUSpec, get_gpu, get_model
+from sim.drivers.cli import main
+from sim.clock.cost import RooflineCostModel, RooflineEfficiency
+from sim.base.specs import GPUSpec, get_gpu, get_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUPS = [("opt-13b", "a100-40gb"), ("opt-66b", "a100-40gb"), ("opt-175b", "a100-80gb"), ("llama-13b", "h100"),

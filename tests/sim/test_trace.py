@@ -1,4 +1,4 @@
-"""Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/trace.py, sim/sharegpt.py, sim/tokenizer.py)."""
+"""Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/workloads/trace.py, sim/workloads/sharegpt.py, sim/base/tokenizer.py)."""
 import dataclasses
 import os
 import re
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from sim.request import Request
-from sim.sharegpt import import_sharegpt, load_sharegpt_pairs
-from sim.trace import TraceError, read_csv, read_jsonl, read_trace, write_csv, write_jsonl
-from sim.workload import generate_requests
+from sim.base.request import Request
+from sim.workloads.sharegpt import import_sharegpt, load_sharegpt_pairs
+from sim.workloads.trace import TraceError, read_csv, read_jsonl, read_trace, write_csv, write_jsonl
+from sim.workloads.workload import generate_requests
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ TEXTS = [
     "١٢٣ ٤٥ ½ cup, ¾ tsp, Ⅻ ₀₁₂ ⁰¹² ①②",
     "",
 ]
-# Where the two readings of the "smollm" pre-tokenizer part (sim/tokenizer.py docstring): llama.cpp splits
+# Where the two readings of the "smollm" pre-tokenizer part (sim/base/tokenizer.py docstring): llama.cpp splits
 # every numeral off first, so a space before a non-ASCII numeral stays a token of its own (216 = "Ġ").
 LLAMA_CPP_DIFFERS = {
     "١٢٣ ٤٥ ½ cup, ¾ tsp, Ⅻ ₀₁₂ ⁰¹² ①②",
@@ -159,7 +159,7 @@ LLAMA_CPP_DIFFERS = {
 @pytest.fixture(scope="module")
 def reference_tokenizer():
     transformers = pytest.importorskip("transformers")
-    from sim.tokenizer import find_gguf_file
+    from sim.base.tokenizer import find_gguf_file
 
     gguf = find_gguf_file()
     return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -167,7 +167,7 @@ def reference_tokenizer():
 
 @pytest.fixture(scope="module")
 def tokenizers():
-    from sim.tokenizer import load_smollm2_tokenizer
+    from sim.base.tokenizer import load_smollm2_tokenizer
 
     return {match: load_smollm2_tokenizer(match) for match in ("transformers", "llama.cpp")}
 
@@ -194,7 +194,7 @@ def test_llama_cpp_reading_differs_only_on_non_ascii_numerals(tokenizers, refere
 
 
 def test_tokenizer_match_is_validated():
-    from sim.tokenizer import load_smollm2_tokenizer
+    from sim.base.tokenizer import load_smollm2_tokenizer
 
     with pytest.raises(ValueError, match="allowed: transformers, llama.cpp"):
         load_smollm2_tokenizer("sentencepiece")

@@ -1,4 +1,4 @@
-"""Fuzzing the trace readers: whatever bytes a file holds, `sim.trace.read_trace` returns valid requests or
+"""Fuzzing the trace readers: whatever bytes a file holds, `sim.workloads.trace.read_trace` returns valid requests or
 raises TraceError, one line that starts with the file's path and names a line (or the whole file). Never another
 exception: no OverflowError, RecursionError, UnicodeDecodeError, csv.Error, KeyError, MemoryError, ...
 
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.limits import MAX_ID, MAX_TIME_S, MAX_TOKENS
-from sim.request import Request
-from sim.trace import TraceError, read_trace
+from sim.base.limits import MAX_ID, MAX_TIME_S, MAX_TOKENS
+from sim.base.request import Request
+from sim.workloads.trace import TraceError, read_trace
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SUFFIXES = (".jsonl", ".csv", ".json")

@@ -1,4 +1,4 @@
-"""The pool viewer (sim/viewer.py): its snapshots say what the KV manager and the scheduler say, step by step;
+"""The pool viewer (sim/views/viewer.py): its snapshots say what the KV manager and the scheduler say, step by step;
 a frame draws them; the slider redraws; the GIF has one frame per step; bad arguments get one line."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import math
 import pytest
 from PIL import Image
 
-from sim import viewer
+from sim.views import viewer
 from sim.api import run
-from sim.cli import main
+from sim.drivers.cli import main
 from sim.figures.memory_map import HATCHES, KIND_HATCHES, legend_handles
 from sim.kv.base import SHARE_NAMES
-from sim.viewer_draw import bar_segments, slot_map_of
+from sim.views.viewer_draw import bar_segments, slot_map_of
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +259,7 @@ def test_another_policy_is_recorded_on_its_own_block_size():
 
 
 def test_the_callers_own_requests_replace_the_demo_workload():
-    from sim.request import Request
+    from sim.base.request import Request
 
     snaps = viewer.record(requests=[Request(0, 0.0, 5, 12), Request(1, 0.0, 3, 12)])
     assert len(snaps) == 12 and snaps[0].running == [0, 1] and snaps[-1].finished == [0, 1]

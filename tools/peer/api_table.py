@@ -145,7 +145,7 @@ def readme_block(text: str) -> str:
 
 def update_readme(readme: Path = README, path: Path = CSV) -> bool:
     """Rewrite README's table from the CSV; True if it changed."""
-    from sim.outfiles import write_text
+    from sim.base.outfiles import write_text
 
     text = readme.read_text(encoding="utf-8")
     new = replace_block(text, render(*read_csv(path)))

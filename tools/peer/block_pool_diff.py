@@ -15,7 +15,7 @@ import sys
 
 from vllm.v1.core.block_pool import BlockPool
 
-from sim.blocks import BlockAllocator
+from sim.kv.blocks import BlockAllocator
 
 BLOCK_SIZE = 16
 

@@ -3,7 +3,7 @@ project's paged pool with prefix caching, side by side.
 
 Random traces come from a tiny vocabulary, each request cut from an earlier one (a shared prefix, a repeat, a
 conversation's next turn) plus new tokens, so hits, misses at a divergent block, evictions and a prefix computed
-twice all happen in small caches. Conversation traces are sim.conversation's multi-turn chats. Before each request
+twice all happen in small caches. Conversation traces are sim.workloads.conversation's multi-turn chats. Before each request
 the student's `lookup` is compared, then what `serve` returns, the cached blocks and the hit rate after it.
 `note()` narrates the stream, so a shrunk failure reads as the requests that led to it.
 

@@ -7,7 +7,7 @@ module's name starts with "_", so the lab loader does not take it for a lab.
 """
 from __future__ import annotations
 
-from ...conversation import generate_conversations
+from ...workloads.conversation import generate_conversations
 from ...kv.base import NewSequence
 from ...kv.paged import PagedKVManager
 
@@ -48,7 +48,7 @@ class ProjectPrefixCache:
 
 
 def conversation_trace(num_requests: int, seed: int = 0, max_seq_len: int = 1024) -> list[Request]:
-    """Multi-turn chat requests in arrival order (sim.conversation): each turn's prompt repeats its session's history.
+    """Multi-turn chat requests in arrival order (sim.workloads.conversation): each turn's prompt repeats its session's history.
     A request's tokens with K/V are its prompt and all its reply but the last token (never fed back)."""
     requests = generate_conversations(num_requests, rate=1.0, max_seq_len=max_seq_len, seed=seed)
     return [(r.prompt_token_ids + r.output_token_ids[: r.output_len - 1], r.prompt_len) for r in requests]

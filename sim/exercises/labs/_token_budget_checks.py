@@ -2,7 +2,7 @@
 checked against it at every step.
 
 Each check draws a small serving run (a pool of blocks, a budget, max_num_seqs, requests arriving over the first
-steps) and drives `sim.scheduler.Scheduler` (mode "v1", chunked prefill, recompute) through it. Before each step
+steps) and drives `sim.scheduling.scheduler.Scheduler` (mode "v1", chunked prefill, recompute) through it. Before each step
 the student's `schedule` gets the scheduler's state as plain data (`snapshot`, _token_budget_oracle.py); its plan
 must obey the rules below, in the order a student should fix them, and then equal the scheduler's own plan:
 
@@ -24,9 +24,9 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from ...kv import make_kv_manager
-from ...plan import StepOutcome
-from ...request import Request
-from ...scheduler import Scheduler, SchedulerConfig
+from ...scheduling.plan import StepOutcome
+from ...base.request import Request
+from ...scheduling.scheduler import Scheduler, SchedulerConfig
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
 from ._token_budget_oracle import RequestState, oracle_plan, snapshot

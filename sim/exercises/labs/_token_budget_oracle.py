@@ -1,5 +1,5 @@
 """The oracle of lab `token_budget`: what the student's `schedule` is given and what it must answer, read off the
-project's own v1 scheduler (`sim.scheduler.Scheduler`).
+project's own v1 scheduler (`sim.scheduling.scheduler.Scheduler`).
 
 `snapshot` reads the running and waiting requests off a scheduler between two steps as `RequestState`s (the
 student's input); `oracle_plan` turns the scheduler's `StepPlan` into the lab's answer `{request_id: tokens}`.
@@ -32,7 +32,7 @@ class RequestState:
 
 
 def snapshot(scheduler) -> list[RequestState]:
-    """The running and waiting requests of a `sim.scheduler.Scheduler` between two steps, in arrival order,
+    """The running and waiting requests of a `sim.scheduling.scheduler.Scheduler` between two steps, in arrival order,
     read through its public views (one sequence per request)."""
     states = []
     for status, ids in (("running", scheduler.running_request_ids()), ("waiting", scheduler.waiting_request_ids())):

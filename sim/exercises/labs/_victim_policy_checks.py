@@ -7,7 +7,7 @@ Every call of the policy is watched (the scheduler preempts whatever it returns)
   preempted max_preemptions times is never chosen while a candidate below that count is offered; every request
   finishes, within a step limit, having generated exactly its output_len tokens (preemption changes no output).
 - "rule" (hidden): the same runs, tighter pools, and every choice exactly the policy's, composed from the
-  project's own policies (sim/preemption.py): `fewest_computed` among the candidates below the cap, else
+  project's own policies (sim/scheduling/preemption.py): `fewest_computed` among the candidates below the cap, else
   `latest_arrival` among all. Candidates come in the scheduler's order (the request needing memory LAST, though
   it arrived first), so a policy that reads arrival from list positions fails here.
 - "long" (hidden): as "model" with more and longer requests, preempting by swap (CPU blocks) or recompute.
@@ -21,10 +21,10 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from ...kv import make_kv_manager
-from ...plan import StepOutcome
-from ...preemption import fewest_computed, latest_arrival
-from ...request import Request
-from ...scheduler import Scheduler, SchedulerConfig
+from ...scheduling.plan import StepOutcome
+from ...scheduling.preemption import fewest_computed, latest_arrival
+from ...base.request import Request
+from ...scheduling.scheduler import Scheduler, SchedulerConfig
 from ...testing.blocks import machine_settings
 from ..referee import tag_exercise_call
 

@@ -1,6 +1,6 @@
 """Lab: copy-on-write block tables for beam search (notebook 12), vLLM paper section 4.4.
 
-The student writes the block-TABLE half of beam search over the project's ref-counted allocator (`sim.blocks.
+The student writes the block-TABLE half of beam search over the project's ref-counted allocator (`sim.kv.blocks.
 BlockAllocator`): `fork` (a child shares every block of its parent), `append_slot` (copy the last block first if
 it is shared and partly filled; open a new block when it is full) and `free`. Tokens go into a fake KV store,
 `kv[block][offset]`, so a beam's tokens can be read back through its table.

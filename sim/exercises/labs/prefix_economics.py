@@ -2,7 +2,7 @@
 
 The student replays requests one at a time through a cache of `num_blocks` blocks and says, per request, how many
 prompt tokens were found in the cache (their prefill is saved), and the hit rate so far. The semantics are the
-project's paged pool with prefix caching (sim/kv/paged.py over sim/blocks.py): FULL blocks named by a hash chained
+project's paged pool with prefix caching (sim/kv/paged.py over sim/kv/blocks.py): FULL blocks named by a hash chained
 with their parent's, a lookup that never covers a prompt's last token, the generated tokens' blocks cached too, and
 LRU eviction of freed cached blocks, a request's tail freed first.
 
@@ -134,7 +134,7 @@ EXERCISE = Exercise(
     (
         MachineCheck("model", "random traces: {n} request streams that share, repeat and extend prefixes, against the "
                      "project's paged pool", _lazy(), 4.0, "visible"),
-        MachineCheck("rule", "conversations: {n} multi-turn chat traces (sim.conversation) in tight caches",
+        MachineCheck("rule", "conversations: {n} multi-turn chat traces (sim.workloads.conversation) in tight caches",
                      _lazy(conversations=True), 3.0, "hidden"),
         MachineCheck("long", "long traces: {n} streams of 60 requests in bigger caches", _lazy(big=True), 2.0,
                      "hidden", scale=2, steps=60),

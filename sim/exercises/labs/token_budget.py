@@ -5,7 +5,7 @@ step hands out `max_num_batched_tokens` tokens: first to the RUNNING requests, i
 an unfinished chunked prompt takes what it still misses, cut to what is left of the budget), then to the
 WAITING requests, first come first served, each prompt cut to what is left. A request is scheduled only if the
 blocks its new tokens open are free; the first waiting request that cannot get them stops admission (nobody
-behind it overtakes), and so does `max_num_seqs`. The project's own version is `sim.scheduler.Scheduler` in
+behind it overtakes), and so does `max_num_seqs`. The project's own version is `sim.scheduling.scheduler.Scheduler` in
 mode "v1", the oracle of every check here.
 
 The student sees plain data: a list of `RequestState`s (what `snapshot` reads off a scheduler between two

@@ -2,7 +2,7 @@
 
 When a running request cannot get the blocks its next tokens need, the scheduler preempts running requests
 until it can (vLLM v1, vllm/v1/core/sched/scheduler.py; the paper, section 4.5). Who goes is a policy
-(sim/preemption.py): `victim(candidates) -> one of them`, passed as `SchedulerConfig(victim=...)`.
+(sim/scheduling/preemption.py): `victim(candidates) -> one of them`, passed as `SchedulerConfig(victim=...)`.
 
 The policy asked for here: the candidate with the FEWEST computed tokens (the cheapest to recompute), ties to
 the latest arrival, but a request already preempted `max_preemptions` times is PROTECTED while any candidate
@@ -21,10 +21,10 @@ from ..report import Story
 
 
 def candidate(request_id: int, num_computed_tokens: int, prompt_len: int = 64):
-    """A running request as the scheduler offers it: a `SequenceGroup` of one sequence (sim/sequence.py), its
+    """A running request as the scheduler offers it: a `SequenceGroup` of one sequence (sim/scheduling/sequence.py), its
     arrival order its id."""
-    from ...request import Request
-    from ...sequence import Sequence, SequenceGroup, SequenceStatus
+    from ...base.request import Request
+    from ...scheduling.sequence import Sequence, SequenceGroup, SequenceStatus
 
     seq = Sequence(request_id, request_id, prompt_len, 16, num_computed_tokens=num_computed_tokens,
                    status=SequenceStatus.RUNNING)  # fmt: skip
@@ -86,9 +86,9 @@ def alone_it_goes(make, t: Story) -> None:
 def on_the_scheduler(make, t: Story) -> None:
     """on the project's Scheduler: a pool of 6 blocks, 3 requests; every one finishes with all its tokens"""
     from ...kv import make_kv_manager
-    from ...plan import StepOutcome
-    from ...request import Request
-    from ...scheduler import Scheduler, SchedulerConfig
+    from ...scheduling.plan import StepOutcome
+    from ...base.request import Request
+    from ...scheduling.scheduler import Scheduler, SchedulerConfig
 
     policy = make(1)
     kv = make_kv_manager("paged", 6 * 4, block_size=4)
@@ -126,7 +126,7 @@ EXERCISE = Exercise(
     (
         MachineCheck("model", "serving runs: {n} runs on small pools; a candidate every time, nobody starved, "
                      "every request finishes with all its tokens", _lazy("model"), 4.0, "visible"),
-        MachineCheck("rule", "the rule: {n} runs, every choice against sim.preemption's fewest_computed and "
+        MachineCheck("rule", "the rule: {n} runs, every choice against sim.scheduling.preemption's fewest_computed and "
                      "latest_arrival", _lazy("rule"), 3.0, "hidden"),
         MachineCheck("long", "long runs: {n} runs, more and longer requests, preempted by swap or recompute",
                      _lazy("long"), 2.0, "hidden", scale=2, steps=60),
