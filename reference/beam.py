@@ -100,7 +100,7 @@ class BeamSearchState:
 def step_beams(request_id: int, state, row_of: dict[int, int], logits: torch.Tensor, outcome) -> tuple[list[Beam], str | None]:
     """One beam-search step of the request `state` (the engine's RequestState): every beam's row of `logits` (`row_of`:
     seq id -> row) scored, the survivors chosen; the step's outcome told which sequences finished or which parents
-    survive (sim.plan.StepOutcome). Returns the surviving beams and, when the search ends, its finish reason."""
+    survive (sim.scheduling.plan.StepOutcome). Returns the surviving beams and, when the search ends, its finish reason."""
     if set(row_of) != set(state.seqs):
         raise RuntimeError(f"request {request_id}: expected all beams {sorted(state.seqs)} in the step, "
                            f"found {sorted(row_of)}")  # fmt: skip

@@ -44,9 +44,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sim.outfiles import check_outputs, write_csv
-from sim.request import Request
-from sim.workload import generate_requests
+from sim.base.outfiles import check_outputs, write_csv
+from sim.base.request import Request
+from sim.workloads.workload import generate_requests
 
 DEFAULT_OUT = "figures/bench_engine_cpu.csv"
 DTYPES = ("float32", "bfloat16")  # --dtype: the engine's and HF's
@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def bench_workload(num_requests: int, *, quick: bool, seed: int, vocab_size: int) -> list[Request]:
-    """ShareGPT-shaped requests (sim.workload's log-normal fit), scaled down to fit a CPU.
+    """ShareGPT-shaped requests (sim.workloads.workload's log-normal fit), scaled down to fit a CPU.
 
     Modelling approximation: each ShareGPT length is divided (prompt by 4, output by 8; twice that with --quick)
     and clipped to [8, 128] prompt and [4, 64] output tokens ([8, 32] and [4, 16] with --quick): the heavy tail
@@ -455,8 +455,8 @@ def out_path(args: argparse.Namespace) -> str:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line, with the allowed range) for a bad flag or an --out that could not be written, before
-    any work starts (sim.outfiles.check_outputs; a missing folder is created only for the default path)."""
-    from sim.limits import MAX_POOL_BLOCKS, MAX_SEED
+    any work starts (sim.base.outfiles.check_outputs; a missing folder is created only for the default path)."""
+    from sim.base.limits import MAX_POOL_BLOCKS, MAX_SEED
 
     if args.dtype not in DTYPES:
         raise ValueError(f"--dtype {args.dtype} (allowed: {', '.join(DTYPES)})")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from reference.bench import bench_workload, result_row, time_engine, time_hf_batches, whole_workload_blocks
 from reference.cli_parser import Parser
-from sim.outfiles import check_outputs, write_csv
+from sim.base.outfiles import check_outputs, write_csv
 
 DEFAULT_OUT = "figures/bench_engine_gpu.csv"
 CSV_COLUMNS = ("section", "system", "dtype", "num_requests", "output_tokens", "wall_s", "tokens_per_s",
@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line, with the allowed range) before any work; --out checked as every output is."""
-    from sim.limits import MAX_SEED
+    from sim.base.limits import MAX_SEED
 
     for name, high in {"num_requests": 100_000, "hf_batch_size": 4096, "equality_prompts": 1000}.items():
         value = getattr(args, name)

@@ -110,8 +110,8 @@ def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line, with the allowed range) for a bad flag, a budget that holds no request, or an output
     that could not be written, before the model loads (reads Gemma 3's config only)."""
     from reference.models.loader import gemma3_checkpoint_dir, read_config
-    from sim.limits import MAX_SEED
-    from sim.outfiles import check_outputs
+    from sim.base.limits import MAX_SEED
+    from sim.base.outfiles import check_outputs
 
     count, (shortest, longest), output_len = workload(args)
     if not 1 <= count <= 1000:
@@ -287,7 +287,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def report(summaries: list[dict], steps: list[dict], header: dict[str, str], args: argparse.Namespace) -> None:
-    from sim.outfiles import atomic_files, save_figure, write_csv
+    from sim.base.outfiles import atomic_files, save_figure, write_csv
 
     print(f"{'policy':<8} {'reqs':>5} {'steps':>6} {'wall s':>8} {'tok/s':>7} {'max run':>8} {'mean run':>9} "
           f"{'preempt':>8} {'peak MiB':>9} {'mean MiB':>9}")

@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line) for a bad flag or an output that could not be written, before the model loads."""
-    from sim.outfiles import check_outputs
+    from sim.base.outfiles import check_outputs
 
     if args.quick:
         if (args.sessions, args.turns, args.max_tokens) != (6, 4, 24):
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from reference.bench import machine_description
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
-    from sim.outfiles import write_csv
+    from sim.base.outfiles import write_csv
 
     use_one_cpu_thread(torch.device("cpu"))
     model, tokenizer, _ = load_model("smollm2", dtype=torch.float32, device="cpu")

@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line) for a bad flag or an output that could not be written, before the model loads."""
-    from sim.outfiles import check_outputs
+    from sim.base.outfiles import check_outputs
 
     for flag, value, low, high in (("--num-speculative-tokens", args.num_speculative_tokens, 1, 64),
                                    ("--max-tokens", args.max_tokens, 1, 512), ("--rounds", args.rounds, 1, 10)):
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from reference.bench import machine_description
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
-    from sim.outfiles import write_csv
+    from sim.base.outfiles import write_csv
 
     import torch
 

@@ -1,7 +1,7 @@
 """`python -m reference calibrate`: time the engine step by step over a designed set of batch shapes, fit the
 simulator's cost model to the steps, and write it as JSON for `python -m sim run --cost-model FILE`.
 
-The simulator prices a step from four numbers of its plan (sim.cost.CostModel.step_time): prompt tokens computed,
+The simulator prices a step from four numbers of its plan (sim.clock.cost.CostModel.step_time): prompt tokens computed,
 decode sequences, K/V tokens the attention reads, and the prompt chunks' query-key pairs. The engine runs the very
 same plans (reference/engine.py), so its `step_log` records those numbers beside each step's wall time
 (StepRecord.num_prefill_tokens, decodes, num_context_tokens, num_prefill_pairs). The design makes them vary
@@ -21,7 +21,7 @@ independently and covers what the engine does with its defaults (a 4,096-token b
 Every step is timed `--passes` times (default 3; each pass serves the whole design once, with the same prompts, so
 the plans repeat exactly) and the fit takes each step's median; the file records the spread of the repeats, so a
 noisy calibration shows. (`--quick`: the same kinds, seconds in all; the tests run it.) The fit is
-sim.cost.PiecewiseCostModel: g, a non-decreasing piecewise-linear cost of the tokens a step computes, plus a cost
+sim.clock.cost.PiecewiseCostModel: g, a non-decreasing piecewise-linear cost of the tokens a step computes, plus a cost
 per decoding sequence, per K/V token read and per prompt attention pair, all >= 0, fitted to relative errors with
 Huber weights. The file says how good it is: in-sample errors per step, and each scenario predicted by a fit that
 never saw it (leave one scenario out), so a reader sees how the model extrapolates. `--repeat 2` calibrates twice
@@ -44,12 +44,12 @@ import numpy as np
 
 from reference.validation_suite import SUITE, case_requests, simulate_case
 from sim.config import RUN_DEFAULTS
-from sim.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
+from sim.clock.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
 DEFAULT_STEPS = "figures/calibration_steps_cpu.csv"
 QUICK_DIR = "figures/quick"  # --quick's outputs (ignored by git): a smoke run never overwrites the committed model
-MODEL_SPEC = "smollm2-135m"  # the sim.specs entry of the engine's embedded model
+MODEL_SPEC = "smollm2-135m"  # the sim.base.specs entry of the engine's embedded model
 FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 17)
 
 
@@ -293,8 +293,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    from sim.limits import MAX_SEED
-    from sim.outfiles import check_outputs
+    from sim.base.limits import MAX_SEED
+    from sim.base.outfiles import check_outputs
 
     for name, default in (("out", DEFAULT_OUT), ("steps_csv", DEFAULT_STEPS)):
         if getattr(args, name) is None:
@@ -314,12 +314,12 @@ def check_args(args: argparse.Namespace) -> None:
 
 def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, command: str = "", passes: int | None = None,
               repeat: int = 1, progress: bool = True) -> tuple[dict, list[dict]]:
-    """Measure, fit, and return the cost-model record (sim.cost_file) and the measured rows (one per step, pass and
+    """Measure, fit, and return the cost-model record (sim.clock.cost_file) and the measured rows (one per step, pass and
     repeat). `repeat` > 1: the whole measurement that many times; the record's `stability` compares the fits."""
     import torch
 
     from reference.executor import default_backend
-    from sim.cost_file import cost_model_record
+    from sim.clock.cost_file import cost_model_record
 
     scenarios = design(quick)
     passes = passes if passes is not None else (QUICK_PASSES if quick else PASSES)
@@ -373,8 +373,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The `python -m reference calibrate` command (flags checked by check_args first)."""
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
-    from sim.cost_file import write_cost_model
-    from sim.outfiles import atomic_files, write_csv
+    from sim.clock.cost_file import write_cost_model
+    from sim.base.outfiles import atomic_files, write_csv
     import torch
 
     use_one_cpu_thread(torch.device("cpu"))

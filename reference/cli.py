@@ -257,7 +257,7 @@ def _choice(allowed: tuple[str, ...]):
 
 def _json_object(text: str) -> dict:
     """A flag's JSON object (vLLM's --speculative-config): one key once, no NaN or Infinity."""
-    from sim.trace_files import json_object, no_constant
+    from sim.base.trace_files import json_object, no_constant
 
     try:
         value = json.loads(text, object_pairs_hook=json_object, parse_constant=no_constant)
@@ -425,7 +425,7 @@ def run_generate(a: argparse.Namespace) -> int:
     from reference import BeamSearchParams, SamplingParams
 
     if a.chrome_trace:  # before the model loads: an unwritable path is one line now, not after the run
-        from sim.outfiles import check_outputs
+        from sim.base.outfiles import check_outputs
 
         try:
             check_outputs({"--chrome-trace": a.chrome_trace})
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_gpu.main(argv[1:])
     args = build_parser().parse_args(argv)
-    from sim.cli import broken_pipe, interruptible
+    from sim.drivers.cli import broken_pipe, interruptible
 
     def body() -> int:
         try:

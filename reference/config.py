@@ -38,7 +38,7 @@ from reference.sampling import check_bool, check_int, check_real
 from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
 from sim.config import MAX_SPECULATIVE_TOKENS, RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
 from sim.kv import POLICIES, takes_block_allocator
-from sim.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
+from sim.base.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
 
 # vLLM's kv_cache_dtype values this engine has, each the kv_dtype of the same name. vLLM's others are refused: its fp8
 # caches (fp8, fp8_e4m3, fp8_e5m2, ...) have no path here (reference/attention/quant.py says why int8, not fp8), and
@@ -124,14 +124,14 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     watermark: float = 0.0
     block_allocator: object = None  # paged: a class or function (num_blocks, block_size) -> the GPU pool's allocator
-    # (a student's own, lab 03; sim.kv.plug.plugged_allocator checks it); None: sim.blocks.BlockAllocator
+    # (a student's own, lab 03; sim.kv.plug.plugged_allocator checks it); None: sim.kv.blocks.BlockAllocator
     # the scheduler
     scheduler: str = SCHEDULER_DEFAULTS.mode
     max_num_seqs: int = SCHEDULER_DEFAULTS.max_num_seqs
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = SCHEDULER_DEFAULTS.enable_chunked_prefill
     preemption: str = SCHEDULER_DEFAULTS.preemption
-    victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.preemption.VICTIM_POLICIES, or a function
+    victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.scheduling.preemption.VICTIM_POLICIES, or a function
     scheduling_policy: str = SCHEDULER_DEFAULTS.scheduling_policy  # "fcfs" | "priority" (vLLM's scheduling_policy)
     # speculative decoding with an n-gram (prompt-lookup) draft (reference/speculative.py): draft tokens per step, 0 =
     # off; the draft matches the sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min

@@ -1,7 +1,7 @@
 """The reference engine: vLLM's offline `LLM` API over the SIMULATOR's own scheduler and KV manager.
 
 The project's central claim, made concrete (docs/ARCHITECTURE.md): "the simulator is the engine with a
-simulated clock". This engine builds `sim.scheduler.Scheduler` over `sim.kv.make_kv_manager(...)`, exactly
+simulated clock". This engine builds `sim.scheduling.scheduler.Scheduler` over `sim.kv.make_kv_manager(...)`, exactly
 the objects the simulator drives, and executes their plans on a real model (vLLM's LLMEngine loop):
 
     plan    = scheduler.schedule()                 # who runs, block tables, swaps, copies (sim/)
@@ -54,9 +54,9 @@ from reference.sampling import BeamSearchParams, RowContext, sample, sample_gene
 from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, accept_greedy, propose_ngram
 from reference.stops import check_stop, stop_ids
 from reference.threads import OneThread, held_interrupts
-from sim.plan import ScheduledSeq, StepOutcome, StepPlan
-from sim.request import Request
-from sim.scheduler import Scheduler
+from sim.scheduling.plan import ScheduledSeq, StepOutcome, StepPlan
+from sim.base.request import Request
+from sim.scheduling.scheduler import Scheduler
 
 __all__ = ["CheckedRequest", "LLMEngine", "Params"]
 
@@ -171,7 +171,7 @@ class LLMEngine:
     def snapshot(self, pool: bool = False) -> EngineSnapshot:
         """The queues, the pool's counts, the running totals and the latest step's record, copied (EngineSnapshot): what
         a reader outside the engine (the HTTP server's /metrics) may look at. `pool`: also draw the pool after that
-        step as sim.viewer does (block owners and tables; its cost grows with the pool, so only when asked). A call of
+        step as sim.views.viewer does (block owners and tables; its cost grows with the pool, so only when asked). A call of
         the engine's: one thread at a time, as step()."""
         from dataclasses import replace
 
@@ -180,7 +180,7 @@ class LLMEngine:
             last = self.step_log[-1] if self.step_log else None
             view = None
             if pool and last is not None:
-                from sim.viewer import snapshot
+                from sim.views.viewer import snapshot
 
                 view = snapshot(scheduler, step=last.step, time=last.start_s + last.step_time_s,
                                 num_prefills=len(last.prefills), num_decodes=len(last.decodes), preempted=last.preempted,

@@ -2,7 +2,7 @@
 
 vLLM v0's worker / model runner (Kwon et al., SOSP 2023, section 4.5 and 5) in one small class. The plan's
 block tables are already allocated by the shared scheduler and KV manager (sim/); here they only become
-tensors. In the order sim/plan.py prescribes:
+tensors. In the order sim/scheduling/plan.py prescribes:
 
     1. swap out  (gpu_block -> cpu_block)   before anything can overwrite those GPU blocks
        then the prefix cache's offload-tier copies, in the order the KV manager decided (sim/kv/offload.py)
@@ -33,8 +33,8 @@ import torch
 from reference.batch import ForwardBatch
 from reference.kv_cache import KVCache, kv_bytes_per_block, total_device_memory_bytes
 from reference.models.llama import LlamaForwardModel
-from sim.limits import MAX_POOL_BLOCKS
-from sim.plan import ScheduledSeq, StepPlan
+from sim.base.limits import MAX_POOL_BLOCKS
+from sim.scheduling.plan import ScheduledSeq, StepPlan
 
 BACKENDS = ("torch", "torch_batched", "numba", "triton")
 # NOTE: the CPU default pool holds 64 requests of 512 tokens (a CPU pool sized for a class demo); SmolLM2 in float32
@@ -144,7 +144,7 @@ def num_gpu_blocks_for(config, block_size: int, dtype: torch.dtype, device: torc
 
 def max_pool_blocks(per_block_bytes: int, device: torch.device | str) -> tuple[int, str]:
     """The most blocks a KV pool on `device` may hold, and what that most is (for "N is more than ..."): the
-    simulator's limit on a paged pool (sim.limits.MAX_POOL_BLOCKS: the KV manager is the simulator's), and no more
+    simulator's limit on a paged pool (sim.base.limits.MAX_POOL_BLOCKS: the KV manager is the simulator's), and no more
     bytes than the device's whole memory. ValueError if one block is larger than that memory.
     NOTE: a sanity bound, not a promise that the pool fits: free memory is less than the total (and on a CPU the
     GPU and CPU pools share it); a pool between the two fails in torch's allocator."""
@@ -156,7 +156,7 @@ def max_pool_blocks(per_block_bytes: int, device: torch.device | str) -> tuple[i
                          "(allowed: a smaller block_size)")
     if total // per_block_bytes < MAX_POOL_BLOCKS:
         return total // per_block_bytes, f"{memory} holds at {per_block_bytes:,} bytes a block"
-    return MAX_POOL_BLOCKS, "the largest paged pool (sim.limits.MAX_POOL_BLOCKS)"
+    return MAX_POOL_BLOCKS, "the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS)"
 
 
 class StepLogits(NamedTuple):

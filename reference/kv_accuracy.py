@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """ValueError (one line) for a bad flag or an output that could not be written, before any model loads."""
-    from sim.outfiles import check_outputs
+    from sim.base.outfiles import check_outputs
 
     models = [m for m in args.models.split(",") if m]
     if not models or any(m not in MODELS for m in models) or len(set(models)) != len(models):
@@ -160,7 +160,7 @@ def measure(name: str, max_tokens: int, num_prompts: int | None) -> tuple[list[d
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from reference.bench import machine_description
     from reference.executor import use_one_cpu_thread
-    from sim.outfiles import write_csv
+    from sim.base.outfiles import write_csv
 
     import torch
 

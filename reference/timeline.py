@@ -1,5 +1,5 @@
 """The engine's run as a Chrome trace (Perfetto, chrome://tracing): the same picture as `python -m sim run
---chrome-trace`, drawn by sim/chrome_trace.py from the engine's step log instead of the simulator's tables.
+--chrome-trace`, drawn by sim/views/chrome_trace.py from the engine's step log instead of the simulator's tables.
 
 Time is wall-clock seconds since the engine was built. Per step (reference.outputs.StepRecord): when it began,
 how long it took (copies, forward pass, sampling), what it computed, what it preempted, swapped and copied, and
@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sim.chrome_trace import write_trace
+from sim.views.chrome_trace import write_trace
 from sim.kv.base import SHARE_NAMES
 
 
 def engine_rows(llm) -> tuple[list[dict], list[dict]]:
-    """(steps, requests) rows for sim.chrome_trace.trace_events from `llm.step_log` and `llm.arrivals`."""
+    """(steps, requests) rows for sim.views.chrome_trace.trace_events from `llm.step_log` and `llm.arrivals`."""
     steps, first_step, first_token, finish, preemptions = [], {}, {}, {}, {}
     for record in llm.step_log:
         end = record.start_s + record.step_time_s

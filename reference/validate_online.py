@@ -5,7 +5,7 @@ loadtest --url`, in a process of its own as a user's client would be: each reque
 streamed, exactly output_len tokens), and simulated with the calibrated cost model over the same requests, each
 arriving when the client actually sent it.
 
-Each request has three sets of latencies (TTFT, mean inter-token latency, end to end; sim.metrics' definitions):
+Each request has three sets of latencies (TTFT, mean inter-token latency, end to end; sim.clock.metrics' definitions):
     client      measured by the HTTP client: from sending the request to the first and last chunk with text; ITL is
                 (last - first) / (output_len - 1), tokens rather than chunks (a chunk may carry two tokens' text)
     engine      the engine's own RequestMetrics (reference/outputs.py), from the moment it queued the request
@@ -33,7 +33,7 @@ import numpy as np
 
 from reference.loadtest import prompt_ids
 from reference.validate_sim import METRICS, figure, relative_errors
-from sim.request import Request
+from sim.base.request import Request
 
 SIDES = ("client", "engine", "simulated")
 SUMMARY_COLUMNS = ("trace", "num_requests", "errors", "max_in_flight", "num_gpu_blocks", "max_num_batched_tokens",
@@ -205,8 +205,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from reference.loadtest import machine_line
     from reference.validate_sim import prepare, trace_cases
-    from sim.outfiles import atomic_files, write_csv
-    from sim.trace import jsonl_text
+    from sim.base.outfiles import atomic_files, write_csv
+    from sim.workloads.trace import jsonl_text
 
     ((name, requests, engine),) = trace_cases(args)
     cost_model, record, threads, loaded = prepare(args.cost_model)

@@ -2,8 +2,8 @@
 by the engine in real time (requests added at their arrival times on the wall clock) and by the simulator priced
 by a calibrated cost model (`python -m reference calibrate`), with the same scheduler settings and KV pool.
 
-Both run the same scheduler code (sim/scheduler.py), so they make the same decisions as long as their clocks
-agree; the comparison is per request, of what a user sees (sim.metrics): time to first token (TTFT), mean
+Both run the same scheduler code (sim/scheduling/scheduler.py), so they make the same decisions as long as their clocks
+agree; the comparison is per request, of what a user sees (sim.clock.metrics): time to first token (TTFT), mean
 inter-token latency (ITL) and end-to-end latency (E2E), each as |simulated - measured| / measured, reported as the
 median and p90 over the trace's requests, plus the error of the output throughput (tokens/s over the run).
 
@@ -32,8 +32,8 @@ import numpy as np
 
 from reference.validation_suite import (DEFAULT_BLOCKS, FIRST_ID, SERVED_ENGINE, SERVED_NAME, SUITE, VOCAB_SIZE,
                                         case_requests, served_requests, simulate)
-from sim.limits import MAX_SEED, MAX_TOKENS
-from sim.request import Request
+from sim.base.limits import MAX_SEED, MAX_TOKENS
+from sim.base.request import Request
 
 DEFAULT_COST_MODEL = "figures/cost_model_cpu.json"
 DEFAULT_OUT = "figures/validate_sim.csv"
@@ -76,7 +76,7 @@ def replay(llm, requests: list[Request], prompts: list[list[int]]) -> dict[int, 
     """Serve `requests` on the wall clock: each is added once its arrival time has passed (checked between steps,
     as a server's loop would), the engine steps while anything is unfinished and sleeps until the next arrival
     otherwise. Returns, per request id, the times (since the start) of the steps that gave it a token (one per step
-    whatever its number of samples or beams, as sim.metrics counts them)."""
+    whatever its number of samples or beams, as sim.clock.metrics counts them)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_time)
     times: dict[int, list[float]] = {r.request_id: [] for r in requests}
     by_scheduler_id: dict[int, int] = {}
@@ -101,7 +101,7 @@ def replay(llm, requests: list[Request], prompts: list[list[int]]) -> dict[int, 
 
 
 def measured_latencies(requests: list[Request], times: dict[int, list[float]]) -> dict[int, dict[str, float]]:
-    """TTFT, mean ITL and E2E per request from its token times (sim.metrics' definitions)."""
+    """TTFT, mean ITL and E2E per request from its token times (sim.clock.metrics' definitions)."""
     out = {}
     for r in requests:
         t = times[r.request_id]
@@ -193,7 +193,7 @@ def figure(rows: list[dict], path: str, files=None, *, xlabel: str = "measured o
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    from sim.outfiles import save_figure
+    from sim.base.outfiles import save_figure
 
     titles = {"ttft": "time to first token", "itl_mean": "mean inter-token latency", "e2e_latency": "end-to-end latency"}
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.4))
@@ -226,7 +226,7 @@ def figure(rows: list[dict], path: str, files=None, *, xlabel: str = "measured o
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", action="append", metavar="FILE",
-                   help="a .jsonl/.csv request trace (sim.trace) to replay; repeatable (default: the held-out suite)")
+                   help="a .jsonl/.csv request trace (sim.workloads.trace) to replay; repeatable (default: the held-out suite)")
     p.add_argument("--cost-model", default=DEFAULT_COST_MODEL,
                    help=f"calibrated cost model (default: {DEFAULT_COST_MODEL}, from `python -m reference calibrate`)")
     p.add_argument("--num-gpu-blocks", type=int, help=f"--trace: the engine's KV blocks (default: {DEFAULT_BLOCKS})")
@@ -264,9 +264,9 @@ def _default_paths(args: argparse.Namespace) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Every flag, the cost model and the traces, before the model loads."""
     _default_paths(args)
-    from sim.cost_file import cost_model_for
-    from sim.outfiles import check_outputs
-    from sim.trace import read_trace
+    from sim.clock.cost_file import cost_model_for
+    from sim.base.outfiles import check_outputs
+    from sim.workloads.trace import read_trace
 
     for flag, value, high in (("--num-gpu-blocks", args.num_gpu_blocks, MAX_BLOCKS),
                               ("--max-num-batched-tokens", args.max_num_batched_tokens, MAX_TOKENS)):
@@ -325,7 +325,7 @@ def check_args(args: argparse.Namespace) -> None:
 def trace_cases(args: argparse.Namespace) -> list[tuple[str, list[Request], dict]]:
     """(name, requests, engine settings) per trace: the --trace files, or the suite's (written with the results); with
     --online and no --trace, its ShareGPT-shaped trace."""
-    from sim.trace import read_trace
+    from sim.workloads.trace import read_trace
 
     if args.online and not args.trace:
         return [(SERVED_NAME, served_requests(args.seed), dict(SERVED_ENGINE))]
@@ -350,7 +350,7 @@ def prepare(cost_model_path: str):
     from reference.calibrate import measure
     from reference.executor import use_one_cpu_thread
     from reference.models import load_model
-    from sim.cost_file import read_cost_model
+    from sim.clock.cost_file import read_cost_model
 
     cost_model, record = read_cost_model(cost_model_path)  # check_args has checked it is SmolLM2's
     use_one_cpu_thread(torch.device("cpu"))
@@ -365,8 +365,8 @@ def prepare(cost_model_path: str):
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The `python -m reference validate-sim` command (flags checked by check_args first)."""
-    from sim.outfiles import atomic_files, write_csv
-    from sim.trace import jsonl_text
+    from sim.base.outfiles import atomic_files, write_csv
+    from sim.workloads.trace import jsonl_text
 
     cases = trace_cases(args)
     cost_model, record, threads, loaded = prepare(args.cost_model)

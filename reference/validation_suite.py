@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.request import Request
+from sim.base.request import Request
 
-MODEL = "smollm2-135m"  # the sim.specs entry of the engine's model
+MODEL = "smollm2-135m"  # the sim.base.specs entry of the engine's model
 CPU_TOKEN_BUDGET = 4096  # the engine's max_num_batched_tokens on a CPU (reference.executor.default_token_budget)
 DEFAULT_BLOCKS = 512  # KV blocks of the engine (and the simulated pool), unless a case or --num-gpu-blocks says
 
 
 @dataclass(frozen=True, slots=True)
 class Case:
-    """A held-out trace and the engine settings it runs under: `count` requests of sim.workload's uniform lengths
+    """A held-out trace and the engine settings it runs under: `count` requests of sim.workloads.workload's uniform lengths
     (`prompts`, `outputs`: inclusive ranges) with `workload`'s other arguments (arrivals, n, beam width, a shared
     prefix), CPU-sized."""
 
@@ -52,15 +52,15 @@ SUITE = (
     Case("preemption", {"rate": 1.5}, {"num_gpu_blocks": 40}),
     Case("preemption-swap", {"rate": 1.5}, {"num_gpu_blocks": 40, "preemption": "swap", "num_cpu_blocks": 256}),
 )
-VOCAB_SIZE = 49152  # SmolLM2's (sim.specs "smollm2-135m"); synthetic ids are mapped into [FIRST_ID, VOCAB_SIZE)
+VOCAB_SIZE = 49152  # SmolLM2's (sim.base.specs "smollm2-135m"); synthetic ids are mapped into [FIRST_ID, VOCAB_SIZE)
 FIRST_ID = 100  # past SmolLM2's special tokens (ids < 17)
 
 
 def case_requests(case: Case, *, quick: bool, seed: int) -> list[Request]:
     """The case's requests: uniform prompt and output lengths, arrivals shifted to start at 0. A shared prefix's
-    synthetic ids (sim.workload) are mapped into the model's vocabulary, the same map for the engine and the
+    synthetic ids (sim.workloads.workload) are mapped into the model's vocabulary, the same map for the engine and the
     simulator. `quick`: 6 short requests with the same sampling, prefix and arrivals."""
-    from sim.workload import generate_requests
+    from sim.workloads.workload import generate_requests
 
     workload = dict(case.workload)
     count, prompts, outputs = case.count, case.prompts, case.outputs
@@ -100,7 +100,7 @@ def simulate_case(case: Case, requests: list[Request], cost_model, block_size: i
 def _simulate(requests: list[Request], cost_model, *, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
               **settings):  # fmt: skip
     from sim.api import run
-    from sim.specs import get_model
+    from sim.base.specs import get_model
 
     # swap space in GiB that holds exactly num_cpu_blocks blocks (sim.run sizes it by bytes; +0.5 against rounding)
     if num_cpu_blocks:
@@ -110,7 +110,7 @@ def _simulate(requests: list[Request], cost_model, *, block_size: int, num_gpu_b
                scheduler="v1", cost_model=cost_model, **settings)  # fmt: skip
 
 
-# --online without --trace: ShareGPT-shaped lengths (sim.workload's log-normals, the paper's shape) cut to 1,024 tokens,
+# --online without --trace: ShareGPT-shaped lengths (sim.workloads.workload's log-normals, the paper's shape) cut to 1,024 tokens,
 # Poisson arrivals at 0.4 req/s for ~5 minutes: near the capacity of the engine at one thread on a 2-core machine (the
 # committed run says how many were in flight at once)
 SERVED_NAME = "served-sharegpt"
@@ -120,6 +120,6 @@ SERVED_ENGINE = {"num_gpu_blocks": 1024}
 
 def served_requests(seed: int) -> list[Request]:
     """The default trace of validate-sim's online mode (written under --traces-dir with the results)."""
-    from sim.workload import generate_requests
+    from sim.workloads.workload import generate_requests
 
     return generate_requests(seed=seed, **SERVED_WORKLOAD)

@@ -45,7 +45,7 @@ import torch
 from reference.attention import paged_decode_attention
 from reference.attention.triton_decode import DEFAULT_TUNING, DecodeTuning, choose_num_splits
 from reference.cli_parser import Parser  # one-line usage errors, as in every command line here
-from sim.outfiles import OutputPathError, check_outputs, write_csv
+from sim.base.outfiles import OutputPathError, check_outputs, write_csv
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
 DEFAULT_OUT = FIGURES / "bench_attention_gpu.csv"

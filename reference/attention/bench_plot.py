@@ -15,7 +15,7 @@ import io
 import sys
 from pathlib import Path
 
-from sim.outfiles import OutputPathError, atomic_write, check_outputs
+from sim.base.outfiles import OutputPathError, atomic_write, check_outputs
 
 DEFAULT_PNG = Path(__file__).resolve().parents[2] / "figures" / "kernel_bandwidth.png"
 TARGET_FRACTION = 0.85  # issue target: decode moves >= 0.85 of a copy's bytes per second at long context

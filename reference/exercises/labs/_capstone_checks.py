@@ -2,9 +2,9 @@
 and the comparison of the two, told in the engine's and the simulator's own words.
 
     the student's stack                         the project's stack (the reference run)
-    block_allocator(num_blocks, block_size)     sim.blocks.BlockAllocator
+    block_allocator(num_blocks, block_size)     sim.kv.blocks.BlockAllocator
     victim_policy(max_preemptions).victim       LabRule(max_preemptions): lab 08's rule, composed from
-                                                sim.preemption's fewest_computed and latest_arrival
+                                                sim.scheduling.preemption's fewest_computed and latest_arrival
 
 Where a physical block lands is the allocator's own choice, and nothing a request computes depends on it: the block
 table hides it. So with the same victim policy, the student's allocator must give the SAME tokens (bit for bit: the
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from sim.exercises.limits import beat
 from sim.exercises.report import ExpectationFailed, Story
-from sim.preemption import fewest_computed, latest_arrival
+from sim.scheduling.preemption import fewest_computed, latest_arrival
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "Water boils at",
            "The three primary colours are", "My favourite book is")  # fmt: skip
@@ -288,7 +288,7 @@ def simulator_story(stack, t: Story, what: str, settings: dict, max_preemptions:
 
 def pool_gib(model: str, num_blocks: int, block_size: int) -> float:
     """The swap space (GiB) that holds `num_blocks` blocks of `model`'s K/V."""
-    from sim.specs import MODELS
+    from sim.base.specs import MODELS
 
     return num_blocks * block_size * MODELS[model].kv_bytes_per_token / 2**30
 
@@ -299,7 +299,7 @@ def pool_gib(model: str, num_blocks: int, block_size: int) -> float:
 def _workloads():
     from hypothesis import strategies as st
 
-    from sim.request import Request
+    from sim.base.request import Request
 
     @st.composite
     def workload(draw) -> dict:

@@ -8,7 +8,7 @@ Both systems take the two pieces by keyword, as vLLM takes its options:
 
 `block_allocator` is called as block_allocator(num_blocks, block_size) for the GPU pool of the paged KV manager
 (sim/kv/paged.py, which calls only lab 03's methods); `victim` is called with the candidates whenever memory runs
-out (sim/preemption.py). What the student writes is the glue, `MyServingStack`: a fresh allocator and a fresh
+out (sim/scheduling/preemption.py). What the student writes is the glue, `MyServingStack`: a fresh allocator and a fresh
 policy on demand (a pool and a policy per run: sharing one instance between two runs carries blocks and
 preemption counts across them). The rest is their labs' work, pasted into the notebook.
 
