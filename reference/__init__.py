@@ -11,14 +11,14 @@ from reference.cpu_allocator import huge_pages as _huge_pages
 _huge_pages()  # before any model loads: torch reads its switch at its first large allocation (see there)
 
 _EXPORTS = {
-    "LLM": "reference.llm",
-    "SamplingParams": "reference.sampling",
-    "BeamSearchParams": "reference.sampling",
-    "RequestOutput": "reference.outputs",
-    "CompletionOutput": "reference.outputs",
-    "BeamSearchOutput": "reference.outputs",
-    "BeamSearchSequence": "reference.outputs",
-    "Logprob": "reference.outputs",
+    "LLM": "reference.engine.llm",
+    "SamplingParams": "reference.engine.sampling",
+    "BeamSearchParams": "reference.engine.sampling",
+    "RequestOutput": "reference.engine.outputs",
+    "CompletionOutput": "reference.engine.outputs",
+    "BeamSearchOutput": "reference.engine.outputs",
+    "BeamSearchSequence": "reference.engine.outputs",
+    "Logprob": "reference.engine.outputs",
     "TextPrompt": "reference.inputs",
     "TokensPrompt": "reference.inputs",
 }

@@ -43,17 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "real model: generate text, or benchmark the engine.")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     _add_generate_parser(sub)
-    from reference import bench  # light: heavy imports happen inside bench.run
+    from reference.bench import bench  # light: heavy imports happen inside bench.run
 
     bench.add_arguments(sub.add_parser(
         "bench", help="CPU benchmark: engine vs HF transformers static batching; paged vs contiguous concurrency",
         description=bench.__doc__.split("\n\n")[0]))  # fmt: skip
-    from reference import bench_hybrid
+    from reference.bench import bench_hybrid
 
     bench_hybrid.add_arguments(sub.add_parser(
         "bench-hybrid", help="CPU benchmark on the real Gemma 3 270M: the hybrid KV manager vs paged, same KV bytes",
         description=bench_hybrid.__doc__.split("\n\n")[0]))  # fmt: skip
-    from reference import calibrate, validate_sim
+    from reference.validation import calibrate, validate_sim
 
     calibrate.add_arguments(sub.add_parser(
         "calibrate", help="time the engine over designed batch shapes and fit the simulator's cost model (JSON)",
@@ -62,23 +62,23 @@ def build_parser() -> argparse.ArgumentParser:
         "validate-sim", help="replay traces through the engine (real time) and the calibrated simulator; latency errors",
         description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
     _add_readme_numbers_parser(sub)
-    from reference import kv_accuracy
+    from reference.validation import kv_accuracy
 
     kv_accuracy.add_arguments(sub.add_parser(
         "kv-accuracy", help="the 8-bit KV cache's accuracy cost: greedy agreement and logit error of int8 K/V against "
         "float32 on make peer's prompts (CSV)", description=kv_accuracy.__doc__.split("\n\n")[0]))  # fmt: skip
-    from reference import bench_speculative
+    from reference.bench import bench_speculative
 
     bench_speculative.add_arguments(sub.add_parser(
         "spec-bench", help="speculative decoding with the n-gram draft on a repetitive workload: tokens/s with and "
         "without, acceptance (CSV)", description=bench_speculative.__doc__.split("\n\n")[0]))  # fmt: skip
-    from reference import bench_offload
+    from reference.bench import bench_offload
 
     bench_offload.add_arguments(sub.add_parser(
         "offload-bench", help="the prefix cache's CPU offload tier on multi-turn conversations: prompt tokens found per "
         "tier and time to first token, with and without it (CSV)", description=bench_offload.__doc__.split("\n\n")[0]))
     _add_serve_parser(sub)
-    from reference import loadtest
+    from reference.bench import loadtest
 
     loadtest.add_arguments(sub.add_parser(
         "loadtest", help="drive the server with an HTTP client at a trace's arrival times; latencies at the client",
@@ -87,16 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
                    "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
     sub.add_parser("bench-gpu", add_help=False, help="GPU benchmark: the engine vs HF transformers on SmolLM2's "
-                   "shape (reference.bench_gpu; `bench-gpu --help` lists its flags)")  # fmt: skip
+                   "shape (reference.bench.bench_gpu; `bench-gpu --help` lists its flags)")  # fmt: skip
     return parser
 
 
 def _add_readme_numbers_parser(sub) -> None:
-    # the flags of reference/readme_numbers.py, kept here: that module imports sim.figures (matplotlib), and
+    # the flags of reference/validation/readme_numbers.py, kept here: that module imports sim.figures (matplotlib), and
     # `python -m reference --help` stays quick
     p = sub.add_parser("readme-numbers", help="the README's numbers of calibrate and validate-sim, from the committed "
                        "files (README blocks)", description="Print the README's generated blocks of `make calibrate` "
-                       "(reference.readme_numbers): the committed cost model's fit (figures/cost_model_cpu.json) and "
+                       "(reference.validation.readme_numbers): the committed cost model's fit (figures/cost_model_cpu.json) and "
                        "the simulator's errors against the engine (figures/validate_sim.csv). `python -m sim "
                        "readme-numbers` makes the README's other blocks.")  # fmt: skip
     mode = p.add_mutually_exclusive_group()
@@ -273,7 +273,7 @@ def _json_object(text: str) -> dict:
 
 def _check_kv_dtype(a: argparse.Namespace) -> None:
     """--kv-cache-dtype (vLLM's name) beside --kv-dtype: a value the engine has, and no disagreement."""
-    from reference.config import kv_dtype_of
+    from reference.engine.config import kv_dtype_of
 
     if a.kv_cache_dtype is not None:
         try:
@@ -284,7 +284,7 @@ def _check_kv_dtype(a: argparse.Namespace) -> None:
 
 def _check_speculative_config(a: argparse.Namespace) -> None:
     """--speculative-config (vLLM's spelling) as the engine reads it, and beside --num-speculative-tokens."""
-    from reference.config import ngram_settings
+    from reference.engine.config import ngram_settings
 
     if a.speculative_config is None:
         return
@@ -300,8 +300,8 @@ def _check_speculative_config(a: argparse.Namespace) -> None:
 def _check_generate_args(a: argparse.Namespace) -> None:
     """The flag rules, each with its allowed range (the engine checks again; this gives CLI wording)."""
     from reference.attention.quant import KV_DTYPES
-    from reference.prompts import check_text
-    from reference.sampling import REPETITION_PENALTY_RANGE  # (imports torch: not at the top, --help stays quick)
+    from reference.engine.prompts import check_text
+    from reference.engine.sampling import REPETITION_PENALTY_RANGE  # (imports torch: not at the top, --help stays quick)
 
     rules = [
         (a.prompt.strip() != "", "the prompt is empty", "a non-empty string"),
@@ -391,7 +391,7 @@ def blocks_for_request(policy: str, prompt_len: int, max_tokens: int, num_seqs: 
 def _build_engine(a: argparse.Namespace):
     """(llm, prompt): load the model once, shape the prompt, size the pool (--kv-blocks, else for this request)."""
     from reference import LLM
-    from reference import executor
+    from reference.engine import executor
     from reference.models import load_model
 
     device = executor.default_device(None)
@@ -400,7 +400,7 @@ def _build_engine(a: argparse.Namespace):
     blocks = a.kv_blocks
     if blocks is None:
         prompt_len = len(prompt) if isinstance(prompt, list) else len(tokenizer(prompt).input_ids)
-        from reference.kv_groups import model_spec
+        from reference.engine.kv_groups import model_spec
         from sim.kv import check_model
 
         spec = model_spec(config, model.dtype, a.model)  # hybrid groups its layers (and refuses a model without)
@@ -452,7 +452,7 @@ def run_generate(a: argparse.Namespace) -> int:
         raise UsageError(message) from None
     final = _run_steps(llm, request_id, stream=not a.json, hold=max(map(len, a.stop or [""]), default=0))
     if a.chrome_trace:
-        from reference.timeline import write_chrome_trace
+        from reference.engine.timeline import write_chrome_trace
 
         try:
             write_chrome_trace(llm, a.chrome_trace, title=f"python -m reference generate: {a.model}, policy {a.policy}")
@@ -468,7 +468,7 @@ def _run_steps(llm, request_id: str, *, stream: bool, hold: int = 0):
     prints each completion when it finishes. Returns the request's final RequestOutput (None if it never ran).
     hold: the longest stop string; while running, that many characters but one stay unprinted, since a stop
     string completed later cuts them."""
-    from reference.outputs import settled_text
+    from reference.engine.outputs import settled_text
 
     printed, done, final = "", set(), None
     while llm.has_unfinished_requests():
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return kernel_bench.main(argv[1:])
     if argv[:1] == ["bench-gpu"]:
-        from reference import bench_gpu
+        from reference.bench import bench_gpu
 
         return bench_gpu.main(argv[1:])
     args = build_parser().parse_args(argv)
@@ -562,7 +562,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "serve":
         return run_serve(args)
     if args.command == "bench":
-        from reference import bench
+        from reference.bench import bench
 
         try:
             bench.check_args(args)
@@ -570,7 +570,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             raise UsageError(str(exc)) from None
         return bench.run(args, argv=["python", "-m", "reference", *argv])
     if args.command == "readme-numbers":
-        from reference import readme_numbers
+        from reference.validation import readme_numbers
 
         try:
             return readme_numbers.run(args)
@@ -580,8 +580,8 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             raise UsageError(" ".join(str(exc).split())) from None
     if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy", "spec-bench",
                         "offload-bench"):  # fmt: skip
-        from reference import (bench_hybrid, bench_offload, bench_speculative, calibrate, kv_accuracy, loadtest,
-                               validate_online, validate_sim)  # fmt: skip
+        from reference.bench import bench_hybrid, bench_offload, bench_speculative, loadtest
+        from reference.validation import calibrate, kv_accuracy, validate_online, validate_sim
 
         command = {"bench-hybrid": bench_hybrid, "calibrate": calibrate, "loadtest": loadtest,
                    "kv-accuracy": kv_accuracy, "spec-bench": bench_speculative,

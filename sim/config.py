@@ -8,7 +8,7 @@
     default_max_num_batched_tokens  the token budget when none is given (vLLM's rule, for a server or an offline LLM)
 
 A default is written once, here (or, for a workload's own knobs, where the workload is defined, and imported here);
-the engine's settings (`reference.config.EngineConfig`, the keywords of `LLM`) take the scheduler and KV defaults they
+the engine's settings (`reference.engine.config.EngineConfig`, the keywords of `LLM`) take the scheduler and KV defaults they
 share with the simulator from these classes. Each
 class checks its fields when it is built: a bad value raises ValueError naming the field and what is allowed, the
 same one line whichever caller gave it. Checks across fields (an option that means nothing with the others, the
@@ -44,7 +44,7 @@ def default_max_num_batched_tokens(mode: str, chunked: bool, max_model_len: int 
     """The token budget of a step when none is given, by vLLM's rule (vllm/engine/arg_utils.py): a base of 2048 for
     an API server in v1 (the simulator's server) and 2560 for the paper's v0 and for static batching, or
     `offline_budget` for the offline `LLM` class (the engine: 4096 on a CPU, 8192 or 16384 on a GPU,
-    reference.executor.default_token_budget); without chunked prefill, at least the context (`max_model_len`),
+    reference.engine.executor.default_token_budget); without chunked prefill, at least the context (`max_model_len`),
     so that any prompt fits one step."""
     base = offline_budget if offline_budget is not None else (2048 if mode == "v1" else 2560)
     return base if chunked else max(base, max_model_len)

@@ -3,7 +3,7 @@
 
 What counts as a name: a span that is a path ending in .py or / (`sim/kv/paged.py`, `sim/testing/`), a bare file
 name (`paged_runs.py`, found somewhere in the project), a dotted name under sim or reference
-(`reference.threads.held_interrupts`), or Class.member (`Scheduler.abandon_step(plan)`: the class is found in the
+(`reference.engine.threads.held_interrupts`), or Class.member (`Scheduler.abandon_step(plan)`: the class is found in the
 project's sources). Paths of other projects (vllm/...) are left alone.
 """
 from __future__ import annotations

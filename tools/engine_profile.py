@@ -94,12 +94,12 @@ def profile(requests, threads: int, loaded: tuple | None = None) -> list[dict]:
     import torch
 
     from reference import LLM, SamplingParams
-    from reference.bench import whole_workload_blocks
+    from reference.bench.bench import whole_workload_blocks
     from reference.models import llama, load_model
 
     torch.set_num_threads(threads)
     model, tokenizer = loaded if loaded is not None else load_model("smollm2", dtype=torch.float32)[:2]
-    blocks = whole_workload_blocks(requests)  # as reference.bench.engine_throughput sizes it
+    blocks = whole_workload_blocks(requests)  # as reference.bench.bench.engine_throughput sizes it
 
     def serve(reqs, rows: list | None) -> None:
         llm = LLM.from_loaded(model, tokenizer, block_size=16, num_gpu_blocks=blocks)
@@ -194,7 +194,7 @@ def summary(rows: list[dict], peak: float, bandwidth: float) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/engine_profile.py", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="bench", choices=("bench", "long"),
-                        help="reference/bench.py's workload (default: bench)")  # fmt: skip
+                        help="reference/bench/bench.py's workload (default: bench)")  # fmt: skip
     parser.add_argument("--num-requests", type=int, help="requests (default: the workload's own, 64 or 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, 1..64 (default: 1)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"CSV to write (default: {DEFAULT_OUT})")
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     import torch
 
-    from reference.bench import describe_workload, machine_description, workload
+    from reference.bench.bench import describe_workload, machine_description, workload
 
     requests = workload(args.workload, args.num_requests, vocab_size=49152)
     torch.set_num_threads(args.threads)

@@ -2,12 +2,12 @@
 
     .venv/bin/python tools/kv_faults.py [--config NAME ...] [--sample N] [--csv figures/kv_faults.csv]
 
-For each configuration of reference/fault_injection.py (paged with recompute, swap, prefix caching and a chunked
+For each configuration of reference/validation/fault_injection.py (paged with recompute, swap, prefix caching and a chunked
 budget; the contiguous max and pow2; vattention; radix; hybrid on a tiny Gemma 3) the engine serves six requests
 (greedy, beam search, n = 2 sampling) once without a fault, then once per point: every call the scheduler makes
 into the KV manager, before it and just after it returned, and every call the manager makes into its own parts
 (allocator, radix tree) before it. The outcomes (survived, replaced, wedged, leaked, mismatch, over_aborted,
-broken_after) are defined in reference/fault_injection.py. Prints one line per configuration and saves the
+broken_after) are defined in reference/validation/fault_injection.py. Prints one line per configuration and saves the
 table. This is a probe, minutes long; tests/reference/test_kv_faults.py runs part of it in `make test`.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reference import fault_injection as fi  # noqa: E402
+from reference.validation import fault_injection as fi  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

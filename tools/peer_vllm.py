@@ -29,13 +29,13 @@ Three checks, printed as a table and saved to figures/peer_vllm.csv with the mac
 `--dtype bfloat16` (vLLM's CPU default on a CPU with bfloat16 instructions) runs the speed part (2) with both systems
 in bfloat16 instead: rows throughput_bf16, cold_start_bf16, throughput_ratio_bf16 (and _one_core), and in place of
 the equality check greedy_agreement_bf16 rows, engine vs vLLM and each against HF transformers in bfloat16 (HF at
-batch 1 in this process, reference.bench.hf_greedy): identical sequences and the mean share of tokens before the
+batch 1 in this process, reference.bench.bench.hf_greedy): identical sequences and the mean share of tokens before the
 first difference, reported and never a failure (two programs rounding to bfloat16 at different places part after a
 near-tie). No beams, block pool or API checks (they do not depend on the dtype): its default --out is
 figures/peer_vllm_bf16.csv, so the float32 run's figures/peer_vllm.csv stays as it was. `--dtype both` runs the
 float32 part and then the bfloat16 speed part, all rows in one --out, then the API checks.
 
-`--workload long` times reference/bench.py's long-prompt workload (long_workload: 8 requests, prompts 512-2,048
+`--workload long` times reference/bench/bench.py's long-prompt workload (long_workload: 8 requests, prompts 512-2,048
 tokens, outputs 64-256) instead of the bench one, both systems with a context (max_model_len) that holds its longest
 request; besides the 16 prompts' greedy check, it compares every timed request's greedy tokens (workload_equality: the
 first round of the first setting; long contexts are where float32 sums in another order would part first). No
@@ -65,9 +65,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "peer"))
 
-from reference.bench import PEER_NEW_TOKENS, PEER_RAW as RAW  # noqa: E402
-from reference.bench import WORKLOADS, describe_workload, greedy_agreement, peer_prompt_ids, workload  # noqa: E402
-from reference.bench import cpu_description  # noqa: E402  (the CSV's `cpu:` line; tests/test_peer.py checks it here)
+from reference.bench.bench import PEER_NEW_TOKENS, PEER_RAW as RAW  # noqa: E402
+from reference.bench.bench import WORKLOADS, describe_workload, greedy_agreement, peer_prompt_ids, workload  # noqa: E402
+from reference.bench.bench import cpu_description  # noqa: E402  (the CSV's `cpu:` line; tests/test_peer.py checks it here)
 from sim.base.outfiles import check_outputs, write_csv  # noqa: E402
 import api_checks  # noqa: E402
 import api_table  # noqa: E402
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--dtype", default="float32", help="both systems' dtype: float32 (default), bfloat16 (the speed "
                    f"part only, as agreement; default --out {BF16_OUT}) or both")
-    p.add_argument("--workload", default="bench", help="the timed workload (reference/bench.py): bench (default; 64 "
+    p.add_argument("--workload", default="bench", help="the timed workload (reference/bench/bench.py): bench (default; 64 "
                    "ShareGPT-shaped requests) or long (8 requests, prompts 512-2,048 tokens; speed and greedy only)")
     p.add_argument("--out", help=f"the CSV (default {DEFAULT_OUT}; {BF16_OUT} with --dtype bfloat16; with --workload "
                    "long, either with _long before .csv and _bf16)")
@@ -223,7 +223,7 @@ def compare_speed(args, argv: list[str] | None) -> None:
     comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
                 f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
                 f"{platform.python_version()}", f"cpu: {cpu_description()}", f"command: {shlex.join(['python', 'tools/peer_vllm.py', *(argv or sys.argv[1:])])}",
-                f"workload: {args.workload} (reference/bench.py, seed 0): {the_task['workload_description']}; "
+                f"workload: {args.workload} (reference/bench/bench.py, seed 0): {the_task['workload_description']}; "
                 f"max_model_len {the_task['max_model_len']}; SmolLM2-135M {' and '.join(dtypes)}",
                 f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
     write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=True)
@@ -263,7 +263,7 @@ def equality_rows(args, results: dict, the_task: dict, dtype: str) -> list[dict]
 def agreement_rows(args, results: dict, the_task: dict, dtype: str) -> list[dict]:
     """A 16-bit dtype: how far the greedy outputs agree (reported, not a pass or fail; module docstring), engine vs
     vLLM (the first setting's first round) and each against HF transformers in the same dtype, run here."""
-    from reference.bench import hf_greedy, load_hf
+    from reference.bench.bench import hf_greedy, load_hf
 
     prompts, max_tokens = the_task["greedy_prompts"], the_task["greedy_max_tokens"]
     ours, theirs = (results[(dtype, s, args.threads[0], False)][0]["greedy"] for s in ("engine", "vllm"))

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from reference.outputs import RequestOutput
+from reference.engine.outputs import RequestOutput
 from reference.server import requests as rq
 from reference.server.engine_thread import POOL_STEPS, EngineLoop, ShuttingDown
 from reference.server.metrics import ServerMetrics

@@ -18,7 +18,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
-from reference.outputs import RequestOutput
+from reference.engine.outputs import RequestOutput
 from reference.server.metrics import ServerMetrics
 
 POOL_STEPS = 300  # the steps the pool page can scrub back through

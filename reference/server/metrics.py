@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from reference.outputs import EngineSnapshot, RequestOutput
+from reference.engine.outputs import EngineSnapshot, RequestOutput
 
 # vLLM's bucket families (vllm/v1/metrics/buckets.py), seconds or counts
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

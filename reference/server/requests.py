@@ -237,7 +237,7 @@ def sampling_params(body: dict, *, logprobs: int | None, default_max_tokens: int
                     max_tokens_field: str = "max_tokens"):
     """SamplingParams from a request body's fields (OpenAI's defaults: temperature 1, max_tokens 16 for completions);
     an APIError 400 naming the field for a wrong type or value (the engine's own checks, in its words)."""
-    from reference.sampling import SamplingParams
+    from reference.engine.sampling import SamplingParams
 
     given = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
     if given.get("max_tokens", 0) > max_model_len:  # as vLLM: a request that could never get its tokens

@@ -14,7 +14,7 @@ import json
 import math
 import time
 
-from reference.outputs import RequestOutput, settled_text
+from reference.engine.outputs import RequestOutput, settled_text
 from reference.server.requests import APIError
 
 DONE = "data: [DONE]\n\n"

@@ -876,7 +876,7 @@ def print_blocks(blocks: dict[str, str]) -> str:
 def readme_command(readme: str | Path | None, write: bool, check: bool, names,
                    make_blocks: Callable[[], dict[str, str]], command: str, done: str) -> int:
     """The `readme-numbers` command, for the blocks `names` that `make_blocks()` makes (this module's, or the engine's
-    calibration blocks in reference/readme_numbers.py): print them; or `write` them between their markers, on the page
+    calibration blocks in reference/validation/readme_numbers.py): print them; or `write` them between their markers, on the page
     of each (README.md or docs/*.md; with `readme`, all in that one file), the changed pages together and atomically;
     or `check` them (exit status 1, one line, when a block is stale, on no page or on two; `done` is the line printed
     when none is). Bad input (no markers to write into, a page that cannot be read) is a ValueError / OSError for the

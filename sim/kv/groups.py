@@ -3,7 +3,7 @@
 A KV manager keeps one or more KV cache groups (sim/kv/base.py, `KVManager.windows` and `group_tables`). One group of
 full attention serves every layer; the hybrid manager (sim/kv/hybrid.py) groups a model's layers by attention window,
 as vLLM's hybrid KV cache manager does, and an engine lays its cache tensors out by these groups
-(reference/kv_groups.py) without knowing which policy made them.
+(reference/engine/kv_groups.py) without knowing which policy made them.
 """
 from __future__ import annotations
 

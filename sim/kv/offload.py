@@ -16,7 +16,7 @@ GPU again copies nothing.
 
 The tier only decides and counts; it holds no K/V. Every copy it decides is logged as a `TierCopy`, in the order
 decided, and the executor takes the log once per step (`take_copies`): the simulator prices the reloads over PCIe
-(sim/clock/loop.py), the engine copies the tensors (reference/kv_cache.py), in that order. The order matters: a block
+(sim/clock/loop.py), the engine copies the tensors (reference/engine/kv_cache.py), in that order. The order matters: a block
 evicted from the GPU is copied out before a reload overwrites it, and a CPU block read by a reload cannot have
 been overwritten before it, as long as the copies run as logged. CPU blocks hit by an admission are pinned
 (`pin`) until it has reloaded them, so that the offloads its own allocations cause never take them.

@@ -160,7 +160,7 @@ def split_budget(group: SequenceGroup, needs: list[int], budget: int | None) -> 
 def queue_copies(group: SequenceGroup, copies: list[tuple[int, int]]) -> None:
     """Add fork copies to those the group's next plan applies, as if applied one after another.
 
-    An executor applies a plan's copies at once, every source read before any write (reference/kv_cache.py,
+    An executor applies a plan's copies at once, every source read before any write (reference/engine/kv_cache.py,
     like vLLM's copy kernel). So a copy whose source is an earlier pending copy's destination (a beam forked
     from a beam whose own fork copy has not landed yet) is routed from that copy's source instead; a copy onto
     a destination already pending replaces it; a copy of a block onto itself is dropped."""

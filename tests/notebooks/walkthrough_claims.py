@@ -634,7 +634,7 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("and the text is the same", _NB7_KV_ENGINE, r"same tokens: (\w+)", stated=True, engine=True),
         Claim("the largest moved by about 0.6 to 0.8 here", _NB7_KV_ENGINE, r"largest logit error ([\d.]+)",
               within=(0.55, 0.85), engine=True, why="float32 sums differ in their last bits across CPUs and thread "
-              "counts, and a rounding to int8 can turn that into one step of a K/V element (reference/kv_accuracy.py):"
+              "counts, and a rounding to int8 can turn that into one step of a K/V element (reference/validation/kv_accuracy.py):"
               " 0.76 on a 2-core Intel Xeon, 0.62 on a 2-core AMD EPYC, 0.66 there with the AVX-only paths forced (LESSER_CPU); "
               "'about' allows 0.05 either side"),
     ],

@@ -1,9 +1,9 @@
-"""Beam search's rules (reference/beam.py), vLLM's, on hand-made log-probabilities: where they part from HF's."""
+"""Beam search's rules (reference/engine/beam.py), vLLM's, on hand-made log-probabilities: where they part from HF's."""
 import math
 
 import torch
 
-from reference.beam import Beam, BeamSearchState
+from reference.engine.beam import Beam, BeamSearchState
 
 
 def rows(*probs):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference import bench_gpu
+from reference.bench import bench_gpu
 from reference.attention import bench as kernel_bench
 from reference.attention.bench_plot import paging_ratios, read_commented_csv, read_table
 from sim.figures.readme_numbers import Files, make_block

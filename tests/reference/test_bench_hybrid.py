@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reference import bench_hybrid
+from reference.bench import bench_hybrid
 from reference.attention.bench_plot import read_commented_csv
 from reference.cli import main
 from reference.models.loader import GEMMA3_PACKAGE

@@ -1,4 +1,4 @@
-"""reference/bench_offload.py (python -m reference offload-bench): the same conversation with and without the CPU
+"""reference/bench/bench_offload.py (python -m reference offload-bench): the same conversation with and without the CPU
 tier gives the same tokens, and the tier finds the prefixes the small GPU pool evicted. On the tiny random Llama
 (its vocabulary of 256 ids): the sessions are token ids, as the command's are after the tokenizer."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 import pytest
 
-from reference.bench_offload import add_arguments, check_args, measure
+from reference.bench.bench_offload import add_arguments, check_args, measure
 from reference.models import random_model
 
 

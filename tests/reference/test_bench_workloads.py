@@ -1,4 +1,4 @@
-"""The benchmarks' two workloads (reference/bench.py): the ShareGPT-shaped bench one and the long-prompt one, how
+"""The benchmarks' two workloads (reference/bench/bench.py): the ShareGPT-shaped bench one and the long-prompt one, how
 `python -m reference bench --workload` and `tools/peer_vllm.py --workload` pick them, the bench's --threads, and
 their refusals. No model runs and no vLLM starts here: the timed runs take minutes."""
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reference import bench
+from reference.bench import bench
 from reference.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_the_committed_long_run_compares_the_same_tokens():
     path = ROOT / peer_vllm.default_out("long", "float32")
     if not path.exists():
         pytest.skip("no long-workload run committed")
-    assert comments(path)["workload"].startswith("long (reference/bench.py, seed 0): 8 long-prompt requests")
+    assert comments(path)["workload"].startswith("long (reference/bench/bench.py, seed 0): 8 long-prompt requests")
     with open(path) as f:
         sections = {r["section"] for r in csv.DictReader(line for line in f if not line.startswith("#"))}
     assert {"greedy_equality", "workload_equality", "throughput", "throughput_ratio"} <= sections

@@ -32,7 +32,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference import LLM, SamplingParams, bench
+from reference import LLM, SamplingParams
+from reference.bench import bench
 from reference.attention import cpu_numba, paged_decode_attention, paged_prefill_attention
 from reference.cpu_paths import cpu_paths
 from reference.cli import main

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference.calibrate import Scenario, Wave, calibrate, run_scenario
-from reference.validate_sim import measured_latencies, validate
+from reference.validation.calibrate import Scenario, Wave, calibrate, run_scenario
+from reference.validation.validate_sim import measured_latencies, validate
 from sim.clock.cost_file import read_cost_model, write_cost_model
 from sim.base.request import Request
 
@@ -43,7 +43,7 @@ def test_sampling_and_beam_scenarios_decode_siblings(smol):
 
 
 def test_repeated_timings_become_one_row_per_step():
-    from reference.calibrate import median_steps
+    from reference.validation.calibrate import median_steps
 
     shape = {"num_prefill_tokens": 0, "num_decode_seqs": 2, "num_context_tokens": 20, "num_prefill_pairs": 0,
              "num_shared_context_tokens": 0}
@@ -71,7 +71,7 @@ def quick_model(smol, tmp_path_factory):
 
 
 def test_quick_calibration_writes_a_model_that_explains_its_steps(quick_model):
-    from reference.calibrate import QUICK_PASSES, median_steps
+    from reference.validation.calibrate import QUICK_PASSES, median_steps
 
     path, record, rows = quick_model
     model, back = read_cost_model(path)
@@ -99,8 +99,8 @@ def test_quick_calibration_writes_a_model_that_explains_its_steps(quick_model):
 
 
 def test_quick_calibration_reports_how_stable_its_fit_is(quick_model):
-    from reference.calibrate import QUICK_PASSES
-    from reference.validation_suite import SUITE
+    from reference.validation.calibrate import QUICK_PASSES
+    from reference.validation.validation_suite import SUITE
 
     _, record, _ = quick_model
     stability = record["stability"]  # one fit per pass, each to that pass's timings alone
@@ -191,9 +191,9 @@ def _committed_rows() -> list[dict]:
 
 
 def test_readme_blocks_are_the_committed_calibration_and_validation():
-    from reference.calibrate import fit_sentence, stability_sentence
-    from reference.readme_numbers import BLOCKS, make_block
-    from reference.validate_sim import readme_table, targets_sentence
+    from reference.validation.calibrate import fit_sentence, stability_sentence
+    from reference.validation.readme_numbers import BLOCKS, make_block
+    from reference.validation.validate_sim import readme_table, targets_sentence
     from sim.figures.readme_numbers import page_block, read_pages
 
     # the README's numbers of calibrate and validate-sim are generated blocks, exactly what the committed files give
@@ -214,7 +214,7 @@ def test_readme_blocks_are_the_committed_calibration_and_validation():
 
 
 def test_committed_traces_are_the_suites():
-    from reference.validation_suite import SUITE, case_requests
+    from reference.validation.validation_suite import SUITE, case_requests
     from sim.workloads.trace import read_trace
 
     assert [r["trace"] for r in _committed_rows()] == [case.name for case in SUITE]
@@ -225,7 +225,7 @@ def test_committed_traces_are_the_suites():
 
 
 def test_quick_runs_never_overwrite_the_committed_results():
-    from reference import calibrate, validate_sim
+    from reference.validation import calibrate, validate_sim
     from reference.cli import build_parser
 
     for argv, command, names in ((["calibrate", "--quick"], calibrate, ("out", "steps_csv")),

@@ -14,7 +14,7 @@ import torch
 
 from reference import LLM, BeamSearchParams, SamplingParams
 from reference.models import random_model
-from reference.sampling import sample, sample_generator
+from reference.engine.sampling import sample, sample_generator
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived a"]
 GREEDY_TOKENS = 16
@@ -104,7 +104,7 @@ def beam_prompts(smol):
 
 
 def test_beam_search_equals_hf_where_their_rules_agree(smol, hf_model, beam_prompts):
-    """vLLM's rules (reference/beam.py) and HF's part on end-of-sequence tokens and on the score's length; on a
+    """vLLM's rules (reference/engine/beam.py) and HF's part on end-of-sequence tokens and on the score's length; on a
     raw prompt whose beams never meet EOS, with ignore_eos, every beam runs to max_tokens and both keep the same
     3 sequences, best first. (The chat prompt's beams do meet EOS: there ignore_eos makes it an ordinary token
     in vLLM and a forbidden one in HF's min_new_tokens, so they part.)"""

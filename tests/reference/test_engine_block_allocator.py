@@ -8,7 +8,7 @@ import pytest
 
 from reference import LLM
 from reference.models import random_model
-from reference.sampling import BeamSearchParams, SamplingParams
+from reference.engine.sampling import BeamSearchParams, SamplingParams
 from tests.sim.test_block_allocator_plug import HighestFirst, StackAllocator
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 4, 4, 4, 4, 4], [11, 12]]

@@ -1,4 +1,4 @@
-"""reference/config.py: every keyword of LLM(...) has one default, EngineConfig's, and the shared ones are the
+"""reference/engine/config.py: every keyword of LLM(...) has one default, EngineConfig's, and the shared ones are the
 simulator's (sim/config.py); EngineConfig checks what needs no model; the budget an engine gets is the rule's."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from reference import LLM
-from reference.config import ENGINE_DEFAULTS, EngineConfig
+from reference.engine.config import ENGINE_DEFAULTS, EngineConfig
 from reference.models import random_model
 from sim.config import RUN_DEFAULTS, SCHEDULER_DEFAULTS, default_max_num_batched_tokens
 

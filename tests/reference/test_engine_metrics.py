@@ -1,4 +1,4 @@
-"""Every RequestOutput carries vLLM-shaped metrics (reference.outputs.RequestMetrics), and `LLM.latency_summary`
+"""Every RequestOutput carries vLLM-shaped metrics (reference.engine.outputs.RequestMetrics), and `LLM.latency_summary`
 reports them under the simulator's names (sim.clock.metrics.latency_summary).
 
 What must hold whatever the workload: arrival <= first scheduled <= first token <= last token = finished; one token
@@ -14,7 +14,7 @@ import pytest
 import sim
 from reference import LLM
 from reference.models import random_model
-from reference.sampling import BeamSearchParams, SamplingParams
+from reference.engine.sampling import BeamSearchParams, SamplingParams
 from sim.clock.metrics import LATENCY_METRICS
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 4, 4, 4, 4, 4], [11, 12]]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reference import bench
+from reference.bench import bench
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -12,13 +12,13 @@ import os
 import pytest
 import torch
 
-from reference.batch import ForwardBatch
-from reference.llm import LLM
-from reference.kv_cache import KVCache
-from reference.kv_groups import kv_layout, model_spec, sliding_pattern
+from reference.engine.batch import ForwardBatch
+from reference.engine.llm import LLM
+from reference.engine.kv_cache import KVCache
+from reference.engine.kv_groups import kv_layout, model_spec, sliding_pattern
 from reference.models.config import ModelConfig
 from reference.models.loader import TINY_GEMMA3_CONFIG, random_model
-from reference.sampling import SamplingParams
+from reference.engine.sampling import SamplingParams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

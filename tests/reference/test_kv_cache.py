@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from reference.attention import store_kv
-from reference.batch import ForwardBatch
-from reference.kv_cache import KVCache, kv_bytes_per_block
+from reference.engine.batch import ForwardBatch
+from reference.engine.kv_cache import KVCache, kv_bytes_per_block
 
 # SmolLM2-135M's KV shape: 30 layers, 3 KV heads of 64.
 SMOL = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)

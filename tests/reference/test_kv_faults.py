@@ -1,6 +1,6 @@
 """A fault at every KV call never wedges the engine, leaks a block or changes an untouched request's tokens.
 
-reference/fault_injection.py repeats a run of a tiny engine once per point: each call the scheduler makes into
+reference/validation/fault_injection.py repeats a run of a tiny engine once per point: each call the scheduler makes into
 the KV manager (raised before the call, or just after it returned) and each call the manager makes into its own
 parts (raised before it), with an exception or KeyboardInterrupt. Here: every point of the paged configuration
 with swap (n > 1, beams, preemption), and a seeded sample of the points of every other configuration the engine
@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from reference import LLM, SamplingParams
-from reference import fault_injection as fi
+from reference.validation import fault_injection as fi
 from reference.models import random_model
 
 EXHAUSTIVE = ("paged, swap",)

@@ -1,4 +1,4 @@
-"""reference/kv_groups.py: the cache's layout follows from the KV manager's `windows` alone (the KV contract), the same
+"""reference/engine/kv_groups.py: the cache's layout follows from the KV manager's `windows` alone (the KV contract), the same
 for every policy that keeps one full-attention group, and for `hybrid` exactly vLLM's grouping of Gemma 3's layers."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from reference.kv_groups import kv_layout, model_spec
+from reference.engine.kv_groups import kv_layout, model_spec
 from reference.models.loader import TINY_GEMMA3_CONFIG
 from sim.kv import POLICIES, make_kv_manager
 

@@ -34,7 +34,7 @@ if not torch.cuda.is_available():  # before triton is imported
 
 from reference.attention import paged_decode_attention, paged_prefill_attention, store_kv  # noqa: E402
 from reference.attention.quant import dequantize_int8, quantize_int8  # noqa: E402
-from reference.kv_cache import KVCache, kv_bytes_per_block  # noqa: E402
+from reference.engine.kv_cache import KVCache, kv_bytes_per_block  # noqa: E402
 
 from .test_attention import NUM_KV_HEADS, make_paged_kv  # noqa: E402
 
@@ -209,7 +209,7 @@ def test_copy_and_swap_move_the_scales_with_their_blocks():
 # --- the engine: an option, refused in one line when bad; greedy output on short prompts --------------------------
 
 def test_engine_kv_dtype_is_checked_with_the_settings():
-    from reference.config import EngineConfig
+    from reference.engine.config import EngineConfig
 
     assert EngineConfig().kv_dtype == "auto"
     with pytest.raises(ValueError, match=r"kv_dtype must be one of auto, int8 .*got 'fp8'"):
@@ -250,9 +250,9 @@ def test_cli_refuses_a_bad_kv_dtype_in_one_line(capsys):
 
 
 def test_the_simulator_prices_the_bytes_the_engine_allocates():
-    """The KV managers' ModelSpec (reference.kv_groups.model_spec) counts an int8 token as the cache does, so a
+    """The KV managers' ModelSpec (reference.engine.kv_groups.model_spec) counts an int8 token as the cache does, so a
     vAttention page or a hybrid pool the engine sizes holds what the tensors hold."""
-    from reference.kv_groups import model_spec
+    from reference.engine.kv_groups import model_spec
     from reference.models import TINY_CONFIG as C
 
     for kv_dtype in ("auto", "int8"):

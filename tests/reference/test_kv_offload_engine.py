@@ -1,4 +1,4 @@
-"""The engine's CPU offload tier (reference/kv_cache.py's tier pool, decided by sim/kv/offload.py in the paged manager):
+"""The engine's CPU offload tier (reference/engine/kv_cache.py's tier pool, decided by sim/kv/offload.py in the paged manager):
 a conversation whose second turn's prefix was evicted from a small GPU pool comes back from the tier and gives the
 same greedy tokens and the same log-probabilities as with a GPU pool big enough to keep it.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from reference import LLM, SamplingParams
-from reference.kv_cache import KVCache
+from reference.engine.kv_cache import KVCache
 from sim.kv.offload import TierCopy
 
 BLOCK = 16

@@ -56,8 +56,8 @@ def test_default_matmul_choices_and_bad_values():
 @needs_onednn
 def test_model_logits_with_prepacked_weights_equal_the_plain_forward():
     """The whole forward (random tiny Llama) with each path, on the oracle attention: logits within 1e-4."""
-    from reference.batch import ForwardBatch
-    from reference.kv_cache import KVCache
+    from reference.engine.batch import ForwardBatch
+    from reference.engine.kv_cache import KVCache
     from reference.models.llama import LlamaForwardModel
 
     model, _, config = load_model("random")

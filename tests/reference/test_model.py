@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from reference.batch import ForwardBatch
-from reference.kv_cache import KVCache
+from reference.engine.batch import ForwardBatch
+from reference.engine.kv_cache import KVCache
 from reference.models import load_model, random_model, smollm2_checkpoint_dir
 
 LOGIT_ATOL = 1e-3  # see the module docstring

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reference import bench
+from reference.bench import bench
 from reference.attention import bench as kernel_bench
 from reference.cli import build_parser, main
 from reference.models import loader

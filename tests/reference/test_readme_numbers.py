@@ -1,4 +1,4 @@
-"""The README's generated numbers of `make calibrate` (reference/readme_numbers.py): the blocks follow the files they
+"""The README's generated numbers of `make calibrate` (reference/validation/readme_numbers.py): the blocks follow the files they
 are made from, and `python -m reference readme-numbers` checks a stale block (exit 1), rewrites a copy, and says in
 one line what is wrong with a README without markers, as `python -m sim readme-numbers` does
 (tests/sim/test_readme_numbers.py). That the committed README's blocks are what the committed files give, and are the
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reference.cli import main
-from reference.readme_numbers import BLOCKS, Files, make_block, readme_blocks
+from reference.validation.readme_numbers import BLOCKS, Files, make_block, readme_blocks
 from sim.figures import readme_numbers as sim_numbers
 from sim.figures.readme_numbers import current_block, markers
 from tests.docs_book import book_text

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reference import LLM, SamplingParams
-from reference.stops import find_stop_string
-from reference.sampling import RowContext, filter_logits, process_row
+from reference.engine.stops import find_stop_string
+from reference.engine.sampling import RowContext, filter_logits, process_row
 
 QUESTION = "Name three colours, separated by commas."
 

@@ -47,8 +47,8 @@ def test_the_server_reads_the_engine_through_its_public_api(path):
 
 
 def test_the_check_finds_each_kind_of_private_read():
-    source = ("from reference.engine import _checked\nfrom reference._impl import x\nimport reference._impl\n"
+    source = ("from reference.engine.engine import _checked\nfrom reference._impl import x\nimport reference._impl\n"
               "llm._scheduler.step()\ngetattr(llm, '_queue')\nself._lock\ncls._count\nllm.__class__\n")
     assert private_reads(source) == [
-        "1: from reference.engine import _checked", "2: from reference._impl import ...", "3: import reference._impl",
+        "1: from reference.engine.engine import _checked", "2: from reference._impl import ...", "3: import reference._impl",
         "4: llm._scheduler", "5: getattr(llm, '_queue')"]

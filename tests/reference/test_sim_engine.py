@@ -497,7 +497,7 @@ def test_a_hybrid_model_decides_alike(n, gap):
     """A tiny Gemma 3 (every third layer full, the others sliding over 8 tokens) under the hybrid KV manager: the
     simulator with the model's spec and the engine with the model's real KV cache groups decide alike, and the run
     frees sliding-window blocks, preempts and forks on the way."""
-    from reference.kv_groups import model_spec
+    from reference.engine.kv_groups import model_spec
     from reference.models.loader import TINY_GEMMA3_CONFIG
 
     gemma = random_model(TINY_GEMMA3_CONFIG, seed=0)

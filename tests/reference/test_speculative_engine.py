@@ -1,6 +1,6 @@
 """Speculative decoding on the engine: the n-gram draft, greedy verification, and output IDENTICAL to plain decoding.
 
-The claim (reference/speculative.py): a verify step keeps exactly the tokens plain greedy decoding would produce, so
+The claim (reference/engine/speculative.py): a verify step keeps exactly the tokens plain greedy decoding would produce, so
 the token ids must not change whatever the draft proposes, the policy, the block size, k, or where a stop falls.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from reference import LLM, SamplingParams
 from reference.models import random_model
-from reference.speculative import accept_greedy, propose_ngram
+from reference.engine.speculative import accept_greedy, propose_ngram
 
 
 # ---- the draft and the acceptance rule ----------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 
-from reference.stops import check_stop_strings  # noqa: E402
-from reference.outputs import CompletionOutput, RequestOutput, settled_text  # noqa: E402
+from reference.engine.stops import check_stop_strings  # noqa: E402
+from reference.engine.outputs import CompletionOutput, RequestOutput, settled_text  # noqa: E402
 from reference.server.streams import Renderer  # noqa: E402
 
 PIECES = ["a", " the", " history", "中", "文", "😊", "🌸", "é", "？", " ", ".", "\n", "ab", "ß"]
@@ -30,7 +30,7 @@ STOPS = [" the ", "中文", "😊", ". ", "a", "？？", "🌸 ", "é"]
 
 def _engine_texts(tokenizer, ids: list[int], stop: list[str], include: bool):
     """(text, finish_reason) after each token, as the engine reports a sample with these tokens
-    (reference.stops.check_stop and reference.request_state.completion_output: stop strings searched in the new text,
+    (reference.engine.stops.check_stop and reference.engine.request_state.completion_output: stop strings searched in the new text,
     the text cut where one is found)."""
     checked = 0
     for k in range(1, len(ids) + 1):

@@ -1,4 +1,4 @@
-"""The engine's timeline as a Chrome trace (reference/timeline.py, `python -m reference generate --chrome-trace`),
+"""The engine's timeline as a Chrome trace (reference/engine/timeline.py, `python -m reference generate --chrome-trace`),
 checked against the engine's own step log: every step a span at its wall-clock start, markers for preemption,
 swaps and copies, and per request contiguous spans from arrival to the step it finished in."""
 import json
@@ -8,7 +8,7 @@ import pytest
 from reference import LLM, SamplingParams
 from reference.cli import main
 from reference.models import load_model
-from reference.timeline import engine_rows, write_chrome_trace
+from reference.engine.timeline import engine_rows, write_chrome_trace
 from sim.views.chrome_trace import REQUESTS_PID, SCHEDULER_PID
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 11, 12, 13], [7, 7, 200, 31], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 12], [1, 2]]

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from reference.validate_online import max_in_flight  # noqa: E402
+from reference.validation.validate_online import max_in_flight  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [(0.0, 40, 12, 1), (0.1, 120, 8, 1), (0.2, 16, 20, 2), (0.6, 200, 6, 1), (0.7, 24, 16, 1), (1.0, 60, 10, 1)]

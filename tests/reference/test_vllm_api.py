@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reference import LLM, SamplingParams, TokensPrompt
-from reference.kv_cache import kv_bytes_per_block
+from reference.engine.kv_cache import kv_bytes_per_block
 
 # After vLLM's examples/offline_inference/basic/basic.py and chat.py, and the docs' TokensPrompt and beam search
 # snippets (vLLM 0.32 documentation), written for vLLM; only the import and the model name are changed by run().
@@ -191,7 +191,7 @@ def test_speculative_config_is_vllms_spelling_of_the_ngram_settings():
     ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, (1, 4, 2)),
 ])  # fmt: skip
 def test_speculative_config_is_completed_by_vllms_rules(config, settings):
-    from reference.config import EngineConfig
+    from reference.engine.config import EngineConfig
 
     c = EngineConfig(speculative_config=config)
     assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == settings

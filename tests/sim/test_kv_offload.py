@@ -28,7 +28,7 @@ BLOCK_SIZE = 4
 
 class TierContents(Contents):
     """`Contents` plus the tier's CPU blocks: the manager's tier copies run after the swap-outs and before the
-    swap-ins, in the order logged, as reference/executor.py runs them."""
+    swap-ins, in the order logged, as reference/engine/executor.py runs them."""
 
     def __init__(self, block_size: int):
         super().__init__(block_size)

@@ -117,7 +117,7 @@ def test_a_recompute_finds_its_prompt_in_the_prefix_cache():
 
 
 def test_the_copies_of_one_plan_can_be_applied_at_once():
-    """An executor applies blocks_to_copy with every source read before any write (reference/kv_cache.py's
+    """An executor applies blocks_to_copy with every source read before any write (reference/engine/kv_cache.py's
     copy_blocks, like vLLM's copy kernel). Under a contiguous policy, beam search (k = 2, prompt of 4): in the
     prompt's step s1 samples from the leader's logits and is forked into its reserved run (copies 0..3 -> 7..10,
     pending); if the executor keeps s1 twice, the leader s0 is dropped (its run 0..6 freed) and s1 forked into

@@ -138,7 +138,7 @@ def check_order(sched: Scheduler, plan, added: list[int], waiting_before: set, r
 class Contents:
     """What every slot of the KV memory holds, as token labels: a prompt token is ("t", its id) so equal prompt
     prefixes are the same K/V (prefix caching); a generated token is ("g", seq_id, index), unique. `history`
-    holds each sequence's tokens; the memory is written by executing plans the way reference/kv_cache.py does."""
+    holds each sequence's tokens; the memory is written by executing plans the way reference/engine/kv_cache.py does."""
 
     def __init__(self, block_size: int):
         self.bs, self.gpu, self.cpu, self.history = block_size, {}, {}, {}

@@ -4,7 +4,7 @@ Each check draws a batch (`_paged_batches`: shuffled physical blocks, spare bloc
 no token, GQA) and runs the student's three methods in the order a decode step does, each judged on its own:
 
     slot_mapping    every sequence in two calls (its first tokens, then the rest), against the slot mapping
-                    the engine builds (reference.batch.ForwardBatch)
+                    the engine builds (reference.engine.batch.ForwardBatch)
     store_kv        every sequence's K/V into NaN caches, against the caches `store_kv_ref` fills; the caches
                     are drawn as separate arrays or as the two halves of one [num_blocks, 2, block_size, ...] array
                     (FlashInfer's layout: views that are NOT contiguous in memory, so a store that writes through

@@ -133,8 +133,8 @@ class Served:
 
 def serve(batch: Batch, block_allocator: Callable | None, victim: Callable[[list], Any]) -> Served:
     """Serve `batch` on a fresh LLM over the loaded SmolLM2 with these pieces (None: the project's allocator)."""
-    from reference.llm import LLM
-    from reference.sampling import BeamSearchParams, SamplingParams
+    from reference.engine.llm import LLM
+    from reference.engine.sampling import BeamSearchParams, SamplingParams
 
     model, tokenizer = smollm2()
     watched = Watched(victim)

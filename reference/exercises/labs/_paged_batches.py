@@ -124,8 +124,8 @@ def tell(b: PagedBatch) -> None:
 
 def slots_of(b: PagedBatch, i: int) -> list[int]:
     """Sequence i's cache slots, position by position, as the project's engine computes them
-    (reference.batch.ForwardBatch, the one place it builds a step's slot_mapping)."""
-    from reference.batch import ForwardBatch
+    (reference.engine.batch.ForwardBatch, the one place it builds a step's slot_mapping)."""
+    from reference.engine.batch import ForwardBatch
 
     n = b.seq_lens[i]
     return ForwardBatch.build([([0] * n, 0, b.block_tables[i])], b.block_size).slot_mapping.tolist()

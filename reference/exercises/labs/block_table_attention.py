@@ -4,13 +4,13 @@ PagedAttention (Kwon et al., SOSP 2023, section 4.1) keeps each sequence's keys 
 anywhere in one pool; the sequence's block table says where. A decode step does three things with it:
 
     slot_mapping(block_table, positions)   where each new token's K/V goes: block_table[p // bs] * bs + p % bs
-                                           (vLLM: the step's `slot_mapping`; here reference/batch.py)
+                                           (vLLM: the step's `slot_mapping`; here reference/engine/batch.py)
     store_kv(caches, key, value, slots)    write them there (vLLM's reshape_and_cache; reference.attention.store_kv)
     decode_attention(query, caches, ...)   each sequence's new query attends over its whole context, read
                                            through its block table (vLLM's paged_attention_v1)
 
 The student writes the three as methods of one class over numpy arrays. The oracle of every check is the
-project's own code: `reference.batch.ForwardBatch` (the slot mapping the engine builds) and
+project's own code: `reference.engine.batch.ForwardBatch` (the slot mapping the engine builds) and
 `reference.attention.torch_ref` (`store_kv_ref`, `paged_decode_attention_ref`), through `_paged_batches`.
 """
 from __future__ import annotations

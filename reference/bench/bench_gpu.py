@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reference.bench import bench_workload, result_row, time_engine, time_hf_batches, whole_workload_blocks
+from reference.bench.bench import bench_workload, result_row, time_engine, time_hf_batches, whole_workload_blocks
 from reference.cli_parser import Parser
 from sim.base.outfiles import check_outputs, write_csv
 
@@ -201,8 +201,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     prompts_len, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
     comments = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
                 f"machine: {machine(device)}", f"command: {shlex.join(argv)}",
-                f"model: SmolLM2-135M configuration, random weights (seed {args.seed}; see reference/bench_gpu.py)",
-                f"workload: {len(requests)} ShareGPT-shaped requests at t=0 (reference/bench.py): prompt "
+                f"model: SmolLM2-135M configuration, random weights (seed {args.seed}; see reference/bench/bench_gpu.py)",
+                f"workload: {len(requests)} ShareGPT-shaped requests at t=0 (reference/bench/bench.py): prompt "
                 f"{min(prompts_len)}-{max(prompts_len)}, output {min(outputs)}-{max(outputs)} tokens, greedy, "
                 "ignore EOS",
                 f"total_s: {time.perf_counter() - started:.1f}"]  # fmt: skip

@@ -4,7 +4,7 @@ The scheduler changes memory only through the KV contract (sim/kv/base.py). Here
 random model, milliseconds a step) is repeated once per call into the KV manager, and once per call the manager
 makes into its own parts (its block allocator, its radix tree: "inside" a KV call), each time raising at that
 call: an exception or KeyboardInterrupt, before the real call or just after it returned (its result lost). Then
-the run goes on, as a server would, and the harness checks the engine's promise (reference/engine.py, `step`):
+the run goes on, as a server would, and the harness checks the engine's promise (reference/engine/engine.py, `step`):
 
 - the step's own exception reaches the caller, once: the cleanup raised nothing of its own (else `replaced`);
 - the engine is not wedged: the later steps run (else `wedged`);
@@ -25,9 +25,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from . import LLM, BeamSearchParams, SamplingParams
-from .models import random_model
-from .models.loader import TINY_GEMMA3_CONFIG
+from .. import LLM, BeamSearchParams, SamplingParams
+from ..models import random_model
+from ..models.loader import TINY_GEMMA3_CONFIG
 
 # The KV manager's methods the scheduler calls while a step runs (schedule, finish_step, abandon_step).
 KV_METHODS = ("allocate_slots", "can_allocate_slots", "fork", "free", "uncache", "get_computed_tokens", "swap_out",
@@ -262,7 +262,7 @@ def points(ref: Reference) -> list[Point]:
     exception alternate. NOTE: a part's call is atomic (the block allocator changes nothing when it raises), so
     "before" it is any point between two steps of the KV call. Just after a part's call returned, before the
     manager stored its result, only an asynchronous KeyboardInterrupt could strike, and the engine holds Ctrl-C
-    back while the scheduler runs (reference/engine.py, `_step`)."""
+    back while the scheduler runs (reference/engine/engine.py, `_step`)."""
     return [Point(i, target, when, interrupt=(i + (when == "after")) % 2 == 1)
             for i, target in enumerate(ref.calls) for when in ("before", "after")
             if when == "before" or target.startswith("kv.")]  # fmt: skip

@@ -9,7 +9,7 @@ session, then turn 2 of every session, ...), so that by the time a session comes
 have taken its blocks: a pool of `--gpu-blocks` blocks of 16 tokens, with prefix caching, holds about one session.
 The same conversation runs twice, on two engines over the same loaded model: without the tier (an evicted prefix is
 computed again) and with a CPU tier of `--offload-blocks` blocks (default: enough for every session's history), whose
-reloads bring the evicted prefix back (reference/kv_cache.py's tier pool, decided by sim/kv/offload.py). The greedy
+reloads bring the evicted prefix back (reference/engine/kv_cache.py's tier pool, decided by sim/kv/offload.py). The greedy
 tokens must be IDENTICAL (checked; the command fails otherwise).
 
 Per system the CSV has the prompt tokens served, the share found in the prefix cache on the GPU and in the tier, the
@@ -130,8 +130,8 @@ def measure(model, tokenizer, openings, questions, turns: int, max_tokens: int, 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
-    from reference.bench import machine_description
-    from reference.executor import use_one_cpu_thread
+    from reference.bench.bench import machine_description
+    from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.base.outfiles import write_csv
 

@@ -3,7 +3,7 @@ as generated blocks.
 
 The same markers and rules as sim/figures/readme_numbers.py (`python -m sim readme-numbers`), which makes every other
 block of the README but cannot make these: sim imports nothing of reference. The text is what the commands
-themselves print (reference.calibrate's fit_sentence and stability_sentence, reference.validate_sim's readme_table
+themselves print (reference.validation.calibrate's fit_sentence and stability_sentence, reference.validation.validate_sim's readme_table
 and targets_sentence), made here from the committed files; nothing is measured. Each block lives on its section's
 page (docs/serving.md, docs/calibration.md; looked for in README.md and every docs/*.md, as sim's are). A test checks
 that each block is exactly what this module makes of those files, so no number there is typed by hand.
@@ -26,8 +26,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from reference.calibrate import fit_sentence, stability_sentence
-from reference.validate_sim import readme_table, targets_sentence
+from reference.validation.calibrate import fit_sentence, stability_sentence
+from reference.validation.validate_sim import readme_table, targets_sentence
 from sim.figures import readme_numbers as sim_numbers
 from sim.figures.readme_numbers import Row, Table
 

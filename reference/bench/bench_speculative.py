@@ -4,7 +4,7 @@
 
 The workload asks SmolLM2-135M-Instruct (chat template, greedy, float32 weights, the engine's CPU backend) to repeat,
 edit or continue texts it is given, as code editing and summarising do: its answers copy long stretches of the
-prompt, which is where a prompt-lookup draft (reference/speculative.py) finds its guesses. Each round generates the
+prompt, which is where a prompt-lookup draft (reference/engine/speculative.py) finds its guesses. Each round generates the
 whole workload once without speculation and once with it (in alternating order, after one warm-up of each), as one
 batch of requests; the greedy tokens must be IDENTICAL (checked; the command fails otherwise). Per system the CSV
 has the tokens generated, the best round's seconds and tokens/s, the engine's steps, and with speculation the draft
@@ -90,8 +90,8 @@ def measure(llm, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from reference import LLM
-    from reference.bench import machine_description
-    from reference.executor import use_one_cpu_thread
+    from reference.bench.bench import machine_description
+    from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.base.outfiles import write_csv
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 f"setup: SmolLM2-135M-Instruct, float32 weights, chat template, greedy, {max_tokens} new tokens per "
                 f"prompt at most (EOS ends earlier), {len(prompts)} prompts as one batch, the engine's CPU backend "
                 f"{engines[0].backend}; n-gram draft: the last 3..1 tokens looked up in prompt + output "
-                f"(reference/speculative.py); best of {rounds} round(s), systems alternating",
+                f"(reference/engine/speculative.py); best of {rounds} round(s), systems alternating",
                 f"draft_counts: the last round's ({spec.num_draft_tokens} verified over all rounds and the warm-up)"]
     write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=args.quick)
     print(f"plain {rows[0]['tokens_per_s']} tokens/s, n-gram k={k} {rows[1]['tokens_per_s']} tokens/s "

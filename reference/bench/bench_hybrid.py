@@ -91,7 +91,7 @@ def budget_bytes(config, args: argparse.Namespace) -> int:
     under hybrid (check_request counts its whole prompt in every group, as one unchunked prefill would take)."""
     import torch
 
-    from reference.kv_cache import kv_bytes_per_block
+    from reference.engine.kv_cache import kv_bytes_per_block
 
     _, (_, longest), output_len = workload(args)
     per_block = kv_bytes_per_block(config.num_layers, args.block_size, config.num_kv_heads, config.head_dim,
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The `python -m reference bench-hybrid` command (flags checked by check_args first)."""
     import torch
 
-    from reference.bench import machine_description
+    from reference.bench.bench import machine_description
     from reference.models import load_model
 
     started, load_before = time.perf_counter(), os.getloadavg()[0]

@@ -12,8 +12,8 @@ engine's own:
     max_model_len None             the model's context
     kv_dtype "auto"                 K/V in the model's dtype (the bit-exact cache); "int8": 8-bit K/V with a float32
                                     scale per token and KV head (reference/attention/quant.py)
-    prompt_lookup_max 3, _min 1     the n-gram draft's longest and shortest suffix (reference/speculative.py)
-    device / dtype / backend None   the best the machine has (reference/executor.py)
+    prompt_lookup_max 3, _min 1     the n-gram draft's longest and shortest suffix (reference/engine/speculative.py)
+    device / dtype / backend None   the best the machine has (reference/engine/executor.py)
 
 `EngineConfig(...)` checks every value that needs no model (types, ranges, vLLM's keywords that change nothing here):
 TypeError for a wrong type, ValueError for a wrong value, naming the setting. What needs the model (the pool in GPU or
@@ -34,8 +34,8 @@ from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from reference.attention.quant import check_kv_dtype
-from reference.sampling import check_bool, check_int, check_real
-from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
+from reference.engine.sampling import check_bool, check_int, check_real
+from reference.engine.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
 from sim.config import MAX_SPECULATIVE_TOKENS, RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
 from sim.kv import POLICIES, takes_block_allocator
 from sim.base.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
@@ -133,7 +133,7 @@ class EngineConfig:
     preemption: str = SCHEDULER_DEFAULTS.preemption
     victim: object = SCHEDULER_DEFAULTS.victim  # a name of sim.scheduling.preemption.VICTIM_POLICIES, or a function
     scheduling_policy: str = SCHEDULER_DEFAULTS.scheduling_policy  # "fcfs" | "priority" (vLLM's scheduling_policy)
-    # speculative decoding with an n-gram (prompt-lookup) draft (reference/speculative.py): draft tokens per step, 0 =
+    # speculative decoding with an n-gram (prompt-lookup) draft (reference/engine/speculative.py): draft tokens per step, 0 =
     # off; the draft matches the sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min
     num_speculative_tokens: int = SCHEDULER_DEFAULTS.num_speculative_tokens
     prompt_lookup_max: int = PROMPT_LOOKUP_MAX
@@ -169,7 +169,7 @@ class EngineConfig:
             share = checked["gpu_memory_utilization"] = check_real("gpu_memory_utilization", self.gpu_memory_utilization)
             if not 0.0 < share <= 1.0:
                 raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {share}")
-        # NOTE: block sizes and pool sizes get their limits where the pool is sized (reference/executor.py: the
+        # NOTE: block sizes and pool sizes get their limits where the pool is sized (reference/engine/executor.py: the
         # largest pool, the machine's memory); the others here
         for name, minimum, maximum in (("block_size", 1, None), ("max_num_seqs", 1, MAX_COUNT),
                                        ("num_cpu_blocks", 0, None), ("num_offload_blocks", 0, None),

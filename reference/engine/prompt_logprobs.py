@@ -18,7 +18,7 @@ alone, special tokens as they are (vLLM's `convert_ids_list_to_tokens`; its extr
 multi-byte character is not made here), or None without a tokenizer.
 
 How the engine collects them: a step that feeds prompt positions a request still lacks runs the model with
-`all_logits=True` (reference/executor.py), and this request's rows go through `PromptLogprobs.add`. Positions are
+`all_logits=True` (reference/engine/executor.py), and this request's rows go through `PromptLogprobs.add`. Positions are
 filled in order, each once, as vLLM writes them by position into one buffer: a prompt in chunks adds one chunk per
 step; a recomputation after preemption feeds positions already filled and adds nothing; a request that wants them
 never reads the prefix cache (sim.base.request.Request.skip_reading_prefix_cache, as vLLM's SamplingParams sets it), so
@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from reference.outputs import Logprob
+from reference.engine.outputs import Logprob
 
 ROWS_AT_ONCE = 512  # rows per log-softmax: [512, vocab] float32 is 100 MB for SmolLM2's 49152 tokens
 

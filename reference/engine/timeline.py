@@ -1,7 +1,7 @@
 """The engine's run as a Chrome trace (Perfetto, chrome://tracing): the same picture as `python -m sim run
 --chrome-trace`, drawn by sim/views/chrome_trace.py from the engine's step log instead of the simulator's tables.
 
-Time is wall-clock seconds since the engine was built. Per step (reference.outputs.StepRecord): when it began,
+Time is wall-clock seconds since the engine was built. Per step (reference.engine.outputs.StepRecord): when it began,
 how long it took (copies, forward pass, sampling), what it computed, what it preempted, swapped and copied, and
 the pool's five shares after it. Per request: arrival (add_request), its first step, the step that gave it its
 first token, and the step it finished in; a request still running when the trace is written has its open span

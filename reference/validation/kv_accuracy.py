@@ -2,7 +2,7 @@
 
     python -m reference kv-accuracy [--models smollm2,gemma3] [--max-tokens 32] [--quick] [--out CSV]
 
-On the greedy prompts of `make peer` (reference.bench.peer_prompt_ids: 8 raw texts and 8 chat-templated questions;
+On the greedy prompts of `make peer` (reference.bench.bench.peer_prompt_ids: 8 raw texts and 8 chat-templated questions;
 a model without a chat template, as the Gemma 3 270M base model, takes the questions as raw text), `--max-tokens`
 new tokens each, ignore EOS, float32 weights, the engine's CPU backend:
 
@@ -15,7 +15,7 @@ new tokens each, ignore EOS, float32 weights, the engine's CPU backend:
   own K/V is quantized before its attention reads it in both the engine's decode steps and this single pass (store
   precedes attention), so the teacher-forced logits are those the int8 engine computes at each position;
 - memory: K/V bytes per token of each cache and the blocks of 16 tokens a 1 GiB budget holds
-  (reference.kv_cache.kv_bytes_per_block).
+  (reference.engine.kv_cache.kv_bytes_per_block).
 
 NOTE (the numbers depend on the backend, beyond float rounding): rounding to int8 is discontinuous, so a float32
 difference of 1e-6 between two backends' attention sums can move an element of a later layer's K or V across a
@@ -75,7 +75,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def prompts_for(tokenizer) -> tuple[list[list[int]], list[str]]:
     """make peer's greedy prompts as token ids, and each one's kind ("raw", "chat", or "question as raw text")."""
-    from reference.bench import PEER_QUESTIONS, PEER_RAW, peer_prompt_ids
+    from reference.bench.bench import PEER_QUESTIONS, PEER_RAW, peer_prompt_ids
 
     if getattr(tokenizer, "chat_template", None):
         return peer_prompt_ids(tokenizer), ["raw"] * len(PEER_RAW) + ["chat"] * len(PEER_QUESTIONS)
@@ -86,8 +86,8 @@ def prompts_for(tokenizer) -> tuple[list[list[int]], list[str]]:
 
 def teacher_forced_logits(model, sequence: list[int], kv_dtype: str, backend: str):
     """[len(sequence), vocab] float32 logits of one pass over `sequence` with a `kv_dtype` cache."""
-    from reference.batch import ForwardBatch
-    from reference.kv_cache import KVCache
+    from reference.engine.batch import ForwardBatch
+    from reference.engine.kv_cache import KVCache
 
     num_blocks = -(-len(sequence) // BLOCK_SIZE)
     cache = KVCache.for_model(model.config, num_blocks, BLOCK_SIZE, model.dtype, kv_dtype=kv_dtype)
@@ -115,8 +115,8 @@ def measure(name: str, max_tokens: int, num_prompts: int | None) -> tuple[list[d
     import torch
 
     from reference import LLM
-    from reference.bench import engine_greedy, greedy_agreement
-    from reference.kv_cache import kv_bytes_per_block
+    from reference.bench.bench import engine_greedy, greedy_agreement
+    from reference.engine.kv_cache import kv_bytes_per_block
     from reference.models import load_model
 
     model, tokenizer, config = load_model(name)
@@ -158,8 +158,8 @@ def measure(name: str, max_tokens: int, num_prompts: int | None) -> tuple[list[d
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from reference.bench import machine_description
-    from reference.executor import use_one_cpu_thread
+    from reference.bench.bench import machine_description
+    from reference.engine.executor import use_one_cpu_thread
     from sim.base.outfiles import write_csv
 
     import torch

@@ -115,7 +115,7 @@ class RequestOutput:
     prompt: str | None  # None when the prompt was given as token ids
     prompt_token_ids: list[int]
     # SamplingParams.prompt_logprobs set: one entry per prompt token, None for the first, then {token id: Logprob}
-    # of the prompt's token and the top prompt_logprobs there (reference/prompt_logprobs.py; while a prompt is
+    # of the prompt's token and the top prompt_logprobs there (reference/engine/prompt_logprobs.py; while a prompt is
     # computed in chunks, the positions so far); else None
     prompt_logprobs: list[dict[int, Logprob] | None] | None
     outputs: list[CompletionOutput]
@@ -201,7 +201,7 @@ class EngineStats:
     num_failed_steps: int = 0  # steps that raised; each aborted the requests it touched (LLM.step)
     busy_time_s: float = 0.0  # sum of step_time_s
     finish_reasons: dict[str, int] = field(default_factory=dict)  # finished samples (and beam requests) per reason
-    # speculative decoding (reference/speculative.py): draft tokens verified, and of them accepted (each accepted one
+    # speculative decoding (reference/engine/speculative.py): draft tokens verified, and of them accepted (each accepted one
     # is a generated token too: a verify step samples 1 + its accepted drafts)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

@@ -15,13 +15,13 @@ block table, and only an entry that reaches the end of its sequence (`entry.samp
 Two classes, as vLLM's `LLM` over its `LLMEngine`. `LLMEngine` (this file) is the engine proper, and reads top to
 bottom in the order a request meets it: a checked request queued (`_enqueue`: the scheduler's queue), aborts, one
 iteration (`step`), what the engine makes of a step's logits (prompt log-probs, sampling, verify entries), and last
-the step's record. Beside it: what it keeps per request and the outputs it makes of it (reference/request_state.py),
-the stop rules (reference/stops.py), a beam step (reference/beam.py), its two guards (reference/threads.py). `LLM` (reference/llm.py) builds one from settings (the model,
+the step's record. Beside it: what it keeps per request and the outputs it makes of it (reference/engine/request_state.py),
+the stop rules (reference/engine/stops.py), a beam step (reference/engine/beam.py), its two guards (reference/engine/threads.py). `LLM` (reference/engine/llm.py) builds one from settings (the model,
 the pool, the KV manager, the scheduler, the executor) and adds vLLM's offline API on top of `step`: `generate`,
 `chat`, `beam_search`, and `add_request` with every check of a request's input.
 
 Request ids are vLLM's strings at the engine's surface (add_request, abort, RequestOutput.request_id) and the
-simulator's ints below it (the scheduler, the KV manager's sequences, step_log): reference/request_ids.py maps one
+simulator's ints below it (the scheduler, the KV manager's sequences, step_log): reference/engine/request_ids.py maps one
 to the other, and `scheduler_request_id` tells a caller which int the scheduler knows a request by.
 
 The simulator decides outcomes from true lengths; here they come from sampled tokens. NOTE: the engine cannot
@@ -44,16 +44,16 @@ import time
 import numpy as np
 import torch
 
-from reference import executor as ex
-from reference.beam import BeamSearchState, step_beams
-from reference.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, StepRecord
-from reference.prompt_logprobs import PromptLogprobs
-from reference.request_ids import RequestIds
-from reference.request_state import CheckedRequest, Params, RequestState, SampleState, request_output
-from reference.sampling import BeamSearchParams, RowContext, sample, sample_generator
-from reference.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, accept_greedy, propose_ngram
-from reference.stops import check_stop, stop_ids
-from reference.threads import OneThread, held_interrupts
+from reference.engine import executor as ex
+from reference.engine.beam import BeamSearchState, step_beams
+from reference.engine.outputs import EngineSnapshot, EngineStats, RequestMetrics, RequestOutput, StepRecord
+from reference.engine.prompt_logprobs import PromptLogprobs
+from reference.engine.request_ids import RequestIds
+from reference.engine.request_state import CheckedRequest, Params, RequestState, SampleState, request_output
+from reference.engine.sampling import BeamSearchParams, RowContext, sample, sample_generator
+from reference.engine.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, accept_greedy, propose_ngram
+from reference.engine.stops import check_stop, stop_ids
+from reference.engine.threads import OneThread, held_interrupts
 from sim.scheduling.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler
@@ -63,7 +63,7 @@ __all__ = ["CheckedRequest", "LLMEngine", "Params"]
 
 class LLMEngine:
     """The engine proper: the scheduler's plans executed on a real model, one `step` at a time, with the requests'
-    tokens, sampling and outputs. Built by `LLM` (reference/llm.py) from settings; usable alone over any scheduler
+    tokens, sampling and outputs. Built by `LLM` (reference/engine/llm.py) from settings; usable alone over any scheduler
     and executor (a test builds one from parts).
 
     One thread at a time: while a thread is inside step(), abort() or a call of `LLM` (generate(), chat(),
@@ -86,9 +86,9 @@ class LLMEngine:
         self._rng = np.random.default_rng(seed)  # seeds for requests that bring none
         self._start = time.perf_counter()
         self.started_at = time.time()  # the wall clock (epoch seconds) when the engine's clock (metrics, logs) read 0
-        self._one_thread = OneThread()  # `with self._one_thread("step()"):` one thread at a time (reference/threads.py)
+        self._one_thread = OneThread()  # `with self._one_thread("step()"):` one thread at a time (reference/engine/threads.py)
         # speculative decoding: each sequence's draft tokens proposed for the step being planned (draft_len), by
-        # matching its last n tokens, n from prompt_lookup_max down to prompt_lookup_min (reference/speculative.py)
+        # matching its last n tokens, n from prompt_lookup_max down to prompt_lookup_min (reference/engine/speculative.py)
         self._drafts: dict[int, list[int]] = {}
         self._prompt_lookup = (prompt_lookup_max, prompt_lookup_min)
 
@@ -113,7 +113,7 @@ class LLMEngine:
         if why is not None:
             raise ValueError(f"{name or f'request {public!r}'}: {why}")
         self.scheduler.add_request(request)
-        self.arrivals[rid] = (arrival, len(ids), max_tokens)  # for the timeline (reference/timeline.py)
+        self.arrivals[rid] = (arrival, len(ids), max_tokens)  # for the timeline (reference/engine/timeline.py)
         try:
             self._ids.add(public, rid)
             eos = () if params.ignore_eos else self.config.eos_token_ids
@@ -264,7 +264,7 @@ class LLMEngine:
 
     def draft_len(self, request_id: int, seq_id: int) -> int:
         """The scheduler's question before it plans a verify entry (Scheduler(draft_len=...)): how many draft tokens
-        the n-gram draft proposes for this sequence now (reference/speculative.py), kept for `_tokens_to_feed`. 0 for
+        the n-gram draft proposes for this sequence now (reference/engine/speculative.py), kept for `_tokens_to_feed`. 0 for
         a request that is not plain greedy (a temperature, penalties, log-probs, min_tokens, beams)."""
         state = self._requests[request_id]
         p = state.params
@@ -303,7 +303,7 @@ class LLMEngine:
         return collected is not None and collected.wants(entry.num_computed_tokens, entry.num_new_tokens)
 
     def _collect_prompt_logprobs(self, plan: StepPlan, all_rows: dict[int, torch.Tensor]) -> None:
-        """File each asked-for entry's rows under its request's prompt positions (reference/prompt_logprobs.py)."""
+        """File each asked-for entry's rows under its request's prompt positions (reference/engine/prompt_logprobs.py)."""
         entries = plan.entries
         decode = None if self.tokenizer is None else (lambda token: self._decode([token], False))
         for i, logits in all_rows.items():

@@ -139,7 +139,7 @@ def _with_prompt_ids(lengths: list[tuple[int, int]], *, seed: int, vocab_size: i
 def describe_workload(name: str, requests: list[Request]) -> str:
     """The CSV header's `workload:` line: what the requests are, with their length ranges and means."""
     prompts, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
-    shape = ("ShareGPT-shaped requests at t=0 (scaled down, see reference/bench.py)" if name == "bench" else
+    shape = ("ShareGPT-shaped requests at t=0 (scaled down, see reference/bench/bench.py)" if name == "bench" else
              f"long-prompt requests at t=0 (--workload long: prompt and output lengths uniform in {LONG_PROMPT[0]:,}-"
              f"{LONG_PROMPT[1]:,} and {LONG_OUTPUT[0]}-{LONG_OUTPUT[1]})")  # fmt: skip
     return (f"{len(requests)} {shape}: prompt {min(prompts)}-{max(prompts)} (mean {np.mean(prompts):.1f}), "

@@ -10,12 +10,12 @@ row of logits:
 (min_tokens masks the end-of-sequence and stop ids until that many tokens are out; repetition_penalty divides
 positive and multiplies negative logits of every prompt or output token; frequency and presence penalties subtract
 per occurrence and once for each generated token.) Stop strings and ids are checked after the draw
-(reference/engine.py), as vLLM's stop checker and detokenizer do.
+(reference/engine/engine.py), as vLLM's stop checker and detokenizer do.
 
 The reported log-probability of a token is the log-softmax of the RAW logits (before temperature and
 filters), as vLLM reports it by default; `cumulative_logprob` sums those, and is None, as in vLLM, for a request
 that asked for no `logprobs` (then no log-softmax over the vocabulary is computed for it). `prompt_logprobs` reports the prompt's
-tokens the same way (reference/prompt_logprobs.py, which the engine runs; not the sampler).
+tokens the same way (reference/engine/prompt_logprobs.py, which the engine runs; not the sampler).
 
 Randomness: every sequence owns a `torch.Generator` seeded from its request's seed and its index among
 the request's n samples, so the same seed gives the same text whatever else shares the batch, and the

@@ -6,13 +6,13 @@ sliding windows): `model_spec` turns a checkpoint's `ModelConfig` into one. Ever
 (vLLM's rule: equally many layers per group, full-attention groups first). `kv_layout` assigns the model's layers to
 those groups from the windows alone (`sim.kv.layer_groups`: the full layers 5, 11, 17 of Gemma 3 270M form group 0,
 sliding layers 0-2 group 1, 3, 4, 6 group 2, ...) and each layer to the tensor of its place in its group
-(reference/kv_cache.py, `KVLayout`).
+(reference/engine/kv_cache.py, `KVLayout`).
 """
 from __future__ import annotations
 
 import torch
 
-from reference.kv_cache import KVLayout
+from reference.engine.kv_cache import KVLayout
 from reference.models.config import ModelConfig
 from sim.kv import layer_groups
 from sim.base.specs import ModelSpec

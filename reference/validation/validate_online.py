@@ -8,7 +8,7 @@ arriving when the client actually sent it.
 Each request has three sets of latencies (TTFT, mean inter-token latency, end to end; sim.clock.metrics' definitions):
     client      measured by the HTTP client: from sending the request to the first and last chunk with text; ITL is
                 (last - first) / (output_len - 1), tokens rather than chunks (a chunk may carry two tokens' text)
-    engine      the engine's own RequestMetrics (reference/outputs.py), from the moment it queued the request
+    engine      the engine's own RequestMetrics (reference/engine/outputs.py), from the moment it queued the request
     simulated   sim.run with the cost model, from the moment the client sent it
 The summary gives the simulator's error against the client (what a user sees) and against the engine (the cost model
 and the scheduler alone), and the HTTP overhead the client pays on top of the engine, client minus engine, as its
@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from reference.loadtest import prompt_ids
-from reference.validate_sim import METRICS, figure, relative_errors
+from reference.bench.loadtest import prompt_ids
+from reference.validation.validate_sim import METRICS, figure, relative_errors
 from sim.base.request import Request
 
 SIDES = ("client", "engine", "simulated")
@@ -87,10 +87,10 @@ def validate_online(loaded, name: str, trace: str, requests: list[Request], cost
     not sharing this process's interpreter lock with the engine), and simulate them: the summary row and the
     per-request rows."""
     from reference import LLM
-    from reference.loadtest import blocks_used
+    from reference.bench.loadtest import blocks_used
     from reference.server.run import serve_in_thread
-    from reference.validate_sim import step_errors
-    from reference.validation_suite import DEFAULT_BLOCKS, simulate
+    from reference.validation.validate_sim import step_errors
+    from reference.validation.validation_suite import DEFAULT_BLOCKS, simulate
 
     settings = {"num_gpu_blocks": DEFAULT_BLOCKS, **engine}
     llm = LLM.from_loaded(*loaded, block_size=block_size, **settings)
@@ -203,8 +203,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     import tempfile
     from pathlib import Path
 
-    from reference.loadtest import machine_line
-    from reference.validate_sim import prepare, trace_cases
+    from reference.bench.loadtest import machine_line
+    from reference.validation.validate_sim import prepare, trace_cases
     from sim.base.outfiles import atomic_files, write_csv
     from sim.workloads.trace import jsonl_text
 

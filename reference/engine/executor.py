@@ -18,7 +18,7 @@ Row mapping, for a plan with a shared-prompt group R (fed entry r0, sample-only 
     sampled from   r0: row 0, r1: row 0 (its group's fed entry)    d: row 1
 
 The forward pass projects only each fed entry's last row onto the vocabulary, except in a step where an entry
-asks for the logits of every token it feeds (prompt log-probs, reference/prompt_logprobs.py): that step runs the
+asks for the logits of every token it feeds (prompt log-probs, reference/engine/prompt_logprobs.py): that step runs the
 model with `all_logits=True` and hands those entries their rows as well.
 
 Also here: the defaults the engine derives from the device (backend, dtype, KV pool size).
@@ -30,8 +30,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from reference.batch import ForwardBatch
-from reference.kv_cache import KVCache, kv_bytes_per_block, total_device_memory_bytes
+from reference.engine.batch import ForwardBatch
+from reference.engine.kv_cache import KVCache, kv_bytes_per_block, total_device_memory_bytes
 from reference.models.llama import LlamaForwardModel
 from sim.base.limits import MAX_POOL_BLOCKS
 from sim.scheduling.plan import ScheduledSeq, StepPlan

@@ -7,7 +7,7 @@ agree; the comparison is per request, of what a user sees (sim.clock.metrics): t
 inter-token latency (ITL) and end-to-end latency (E2E), each as |simulated - measured| / measured, reported as the
 median and p90 over the trace's requests, plus the error of the output throughput (tokens/s over the run).
 
-Without --trace it runs its own held-out suite (`SUITE` in reference/validation_suite.py: traces the calibration
+Without --trace it runs its own held-out suite (`SUITE` in reference/validation/validation_suite.py: traces the calibration
 never saw, written under --traces-dir so that each can be replayed alone with --trace), one trace per shape: long
 prompts near the token budget, decode-heavy with ~25 sequences at once, mixed lengths, bursty (gamma) arrivals,
 chunked prefill under a 256-token budget, parallel sampling (n = 2 and 4), beam search (width 4), a shared system
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.validation_suite import (DEFAULT_BLOCKS, FIRST_ID, SERVED_ENGINE, SERVED_NAME, SUITE, VOCAB_SIZE,
+from reference.validation.validation_suite import (DEFAULT_BLOCKS, FIRST_ID, SERVED_ENGINE, SERVED_NAME, SUITE, VOCAB_SIZE,
                                         case_requests, served_requests, simulate)
 from sim.base.limits import MAX_SEED, MAX_TOKENS
 from sim.base.request import Request
@@ -68,7 +68,7 @@ def _params(r: Request):
     if r.beam_width > 1:
         return BeamSearchParams(beam_width=r.beam_width, max_tokens=r.output_len, ignore_eos=True)
     # ignore_eos: every sequence runs output_len tokens, as the simulator assumes. NOTE: n samples are greedy, as in
-    # the calibration (reference.calibrate._params says why): the blocks they share and copy are the same either way.
+    # the calibration (reference.validation.calibrate._params says why): the blocks they share and copy are the same either way.
     return SamplingParams(n=r.n, temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
 
 
@@ -248,7 +248,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the suite's traces and of prompt ids (default: 0)")
     p.add_argument("--online", action="store_true", help="serve the --trace through `python -m reference serve` (in "
                    "this process) to an HTTP client at its arrival times, and compare the latencies the client saw, "
-                   "and the engine's own, with the simulator's (reference/validate_online.py; default outputs: "
+                   "and the engine's own, with the simulator's (reference/validation/validate_online.py; default outputs: "
                    f"{', '.join(ONLINE_DEFAULTS.values())})")
 
 
@@ -317,7 +317,7 @@ def check_args(args: argparse.Namespace) -> None:
                 raise ValueError(f"--trace {trace}: request {r.request_id} has a prompt token id outside SmolLM2's "
                                  f"vocabulary (allowed: 0 to {VOCAB_SIZE - 1})")  # fmt: skip
         if args.online:
-            from reference.loadtest import check_requests
+            from reference.bench.loadtest import check_requests
 
             check_requests(read_trace(trace), f"--trace {trace}")
 
@@ -347,8 +347,8 @@ def prepare(cost_model_path: str):
     the machine has several, as calibrate measured it (a mismatch with the cost model's record is a warning)."""
     import torch
 
-    from reference.calibrate import measure
-    from reference.executor import use_one_cpu_thread
+    from reference.validation.calibrate import measure
+    from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.clock.cost_file import read_cost_model
 
@@ -406,7 +406,7 @@ TARGETS = (("median_e2e_latency_error", 0.10, "median E2E"), ("p90_e2e_latency_e
 
 def targets_sentence(summaries: list[dict]) -> str:
     """Which traces meet the targets and, for each that misses, the breakdown that says why (the README's
-    `validation` block, made by reference/readme_numbers.py from the committed CSV, ends with this)."""
+    `validation` block, made by reference/validation/readme_numbers.py from the committed CSV, ends with this)."""
     bar = ", ".join(f"{label} error <= {limit:.0%}" for _, limit, label in TARGETS)
     missed = [(s, [label for key, limit, label in TARGETS if not float(s[key]) <= limit]) for s in summaries]
     missed = [(s, labels) for s, labels in missed if labels]
@@ -426,7 +426,7 @@ def targets_sentence(summaries: list[dict]) -> str:
 
 def readme_table(summaries: list[dict]) -> str:
     """The README's table of a validation run, made from its summary rows (the committed CSV): the README's
-    `validation` block (reference/readme_numbers.py) carries it."""
+    `validation` block (reference/validation/readme_numbers.py) carries it."""
     lines = ["| trace | requests | E2E error median / p90 | TTFT median / p90 | ITL median / p90 | throughput error "
              "| preemptions engine / sim | model on the engine's steps (median) | sim time outside the calibrated "
              "range |", "|---|---|---|---|---|---|---|---|---|"]

@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from reference.beam import BeamSearchState
-from reference.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from reference.prompt_logprobs import PromptLogprobs
-from reference.sampling import BeamSearchParams, SamplingParams
+from reference.engine.beam import BeamSearchState
+from reference.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from reference.engine.prompt_logprobs import PromptLogprobs
+from reference.engine.sampling import BeamSearchParams, SamplingParams
 
 Params = SamplingParams | BeamSearchParams
 

@@ -5,8 +5,8 @@ One trace per shape (`SUITE`): long prompts near the token budget, decode-heavy 
 lengths, bursty (gamma) arrivals, chunked prefill under a 256-token budget, parallel sampling (n = 2 and 4), beam
 search (width 4), a shared system prompt with prefix caching, and a small pool that preempts by recompute and by
 swap; and the ShareGPT-shaped trace the online mode serves over HTTP (`served_requests`). `simulate` runs sim.run with an engine's own pool and scheduler settings; `simulate_case` with the settings
-the engine would take for a suite case, without building one. reference/validate_sim.py compares the simulator with
-the engine on these traces; reference/calibrate.py's stability check simulates them under several fits.
+the engine would take for a suite case, without building one. reference/validation/validate_sim.py compares the simulator with
+the engine on these traces; reference/validation/calibrate.py's stability check simulates them under several fits.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sim.base.request import Request
 
 MODEL = "smollm2-135m"  # the sim.base.specs entry of the engine's model
-CPU_TOKEN_BUDGET = 4096  # the engine's max_num_batched_tokens on a CPU (reference.executor.default_token_budget)
+CPU_TOKEN_BUDGET = 4096  # the engine's max_num_batched_tokens on a CPU (reference.engine.executor.default_token_budget)
 DEFAULT_BLOCKS = 512  # KV blocks of the engine (and the simulated pool), unless a case or --num-gpu-blocks says
 
 

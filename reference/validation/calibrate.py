@@ -3,7 +3,7 @@ simulator's cost model to the steps, and write it as JSON for `python -m sim run
 
 The simulator prices a step from four numbers of its plan (sim.clock.cost.CostModel.step_time): prompt tokens computed,
 decode sequences, K/V tokens the attention reads, and the prompt chunks' query-key pairs. The engine runs the very
-same plans (reference/engine.py), so its `step_log` records those numbers beside each step's wall time
+same plans (reference/engine/engine.py), so its `step_log` records those numbers beside each step's wall time
 (StepRecord.num_prefill_tokens, decodes, num_context_tokens, num_prefill_pairs). The design makes them vary
 independently and covers what the engine does with its defaults (a 4,096-token budget on a CPU, 8,192 of context):
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.validation_suite import SUITE, case_requests, simulate_case
+from reference.validation.validation_suite import SUITE, case_requests, simulate_case
 from sim.config import RUN_DEFAULTS
 from sim.clock.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
 
@@ -128,7 +128,7 @@ def _prompts(scenario: Scenario, rng: np.random.Generator, vocab_size: int) -> l
 
 def _params(wave: Wave):
     from reference import SamplingParams
-    from reference.sampling import BeamSearchParams
+    from reference.engine.sampling import BeamSearchParams
 
     if wave.beam_width > 1:
         return BeamSearchParams(beam_width=wave.beam_width, max_tokens=wave.max_tokens, ignore_eos=True)
@@ -318,7 +318,7 @@ def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, comma
     repeat). `repeat` > 1: the whole measurement that many times; the record's `stability` compares the fits."""
     import torch
 
-    from reference.executor import default_backend
+    from reference.engine.executor import default_backend
     from sim.clock.cost_file import cost_model_record
 
     scenarios = design(quick)
@@ -371,7 +371,7 @@ def vars_of(wave: Wave) -> dict:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The `python -m reference calibrate` command (flags checked by check_args first)."""
-    from reference.executor import use_one_cpu_thread
+    from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.clock.cost_file import write_cost_model
     from sim.base.outfiles import atomic_files, write_csv
