@@ -95,7 +95,7 @@ def _run_apart(name: str, build: str = "interpreted", **kwargs) -> dict:
             "name, kwargs = json.load(sys.stdin); print(json.dumps(timed_run(name, **kwargs)))")
     env = {**os.environ, ENV: "require" if build == "compiled" else "0"}
     done = subprocess.run([sys.executable, "-c", code], input=json.dumps([name, kwargs]), capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[1], env=env)  # fmt: skip
+                          text=True, cwd=Path(__file__).resolve().parents[2], env=env)  # fmt: skip
     if done.returncode:
         raise RuntimeError(f"bench run {name!r} ({build}) failed (exit {done.returncode}):\n{done.stderr.strip()}")
     row = json.loads(done.stdout.splitlines()[-1]) | {"build": build}
