@@ -129,6 +129,7 @@ serve-bench: $(STAMP) $(BENCH_VENV)/.installed
 # The whole suite in .venv, then the light install's part of it in .venv-light.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n 2
 	$(MAKE) --no-print-directory test-light
 
@@ -136,6 +137,7 @@ test: $(STAMP)
 # case, no test marked slow (tests/conftest.py, --quick). `make test` before a commit runs everything.
 check: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n 2 --quick
 
 # The suite as a CPU with AVX but without AVX2 or AVX-512 runs it (the libraries' own switches, reference/cpu_paths.py:

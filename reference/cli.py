@@ -40,38 +40,38 @@ class UsageError(ValueError):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m reference",
                     description="The reference PagedAttention engine (vLLM's design, Kwon et al., SOSP 2023) on a "
-                    "real model: generate text, or benchmark the engine.")  # fmt: skip
+                    "real model: generate text, or benchmark the engine.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     _add_generate_parser(sub)
     from reference.bench import bench  # light: heavy imports happen inside bench.run
 
     bench.add_arguments(sub.add_parser(
         "bench", help="CPU benchmark: engine vs HF transformers static batching; paged vs contiguous concurrency",
-        description=bench.__doc__.split("\n\n")[0]))  # fmt: skip
+        description=bench.__doc__.split("\n\n")[0]))
     from reference.bench import bench_hybrid
 
     bench_hybrid.add_arguments(sub.add_parser(
         "bench-hybrid", help="CPU benchmark on the real Gemma 3 270M: the hybrid KV manager vs paged, same KV bytes",
-        description=bench_hybrid.__doc__.split("\n\n")[0]))  # fmt: skip
+        description=bench_hybrid.__doc__.split("\n\n")[0]))
     from reference.validation import calibrate, validate_sim
 
     calibrate.add_arguments(sub.add_parser(
         "calibrate", help="time the engine over designed batch shapes and fit the simulator's cost model (JSON)",
-        description=calibrate.__doc__.split("\n\n")[0]))  # fmt: skip
+        description=calibrate.__doc__.split("\n\n")[0]))
     validate_sim.add_arguments(sub.add_parser(
         "validate-sim", help="replay traces through the engine (real time) and the calibrated simulator; latency errors",
-        description=validate_sim.__doc__.split("\n\n")[0]))  # fmt: skip
+        description=validate_sim.__doc__.split("\n\n")[0]))
     _add_readme_numbers_parser(sub)
     from reference.validation import kv_accuracy
 
     kv_accuracy.add_arguments(sub.add_parser(
         "kv-accuracy", help="the 8-bit KV cache's accuracy cost: greedy agreement and logit error of int8 K/V against "
-        "float32 on make peer's prompts (CSV)", description=kv_accuracy.__doc__.split("\n\n")[0]))  # fmt: skip
+        "float32 on make peer's prompts (CSV)", description=kv_accuracy.__doc__.split("\n\n")[0]))
     from reference.bench import bench_speculative
 
     bench_speculative.add_arguments(sub.add_parser(
         "spec-bench", help="speculative decoding with the n-gram draft on a repetitive workload: tokens/s with and "
-        "without, acceptance (CSV)", description=bench_speculative.__doc__.split("\n\n")[0]))  # fmt: skip
+        "without, acceptance (CSV)", description=bench_speculative.__doc__.split("\n\n")[0]))
     from reference.bench import bench_offload
 
     bench_offload.add_arguments(sub.add_parser(
@@ -82,12 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     loadtest.add_arguments(sub.add_parser(
         "loadtest", help="drive the server with an HTTP client at a trace's arrival times; latencies at the client",
-        description=loadtest.__doc__.split("\n\n")[0]))  # fmt: skip
+        description=loadtest.__doc__.split("\n\n")[0]))
     # listed for --help only: main() hands everything after "bench-kernels" to reference.attention.bench.main
     sub.add_parser("bench-kernels", add_help=False, help="GPU paged-attention kernel benchmark "
-                   "(reference.attention.bench; `bench-kernels --help` lists its flags)")  # fmt: skip
+                   "(reference.attention.bench; `bench-kernels --help` lists its flags)")
     sub.add_parser("bench-gpu", add_help=False, help="GPU benchmark: the engine vs HF transformers on SmolLM2's "
-                   "shape (reference.bench.bench_gpu; `bench-gpu --help` lists its flags)")  # fmt: skip
+                   "shape (reference.bench.bench_gpu; `bench-gpu --help` lists its flags)")
     return parser
 
 
@@ -98,7 +98,7 @@ def _add_readme_numbers_parser(sub) -> None:
                        "files (README blocks)", description="Print the README's generated blocks of `make calibrate` "
                        "(reference.validation.readme_numbers): the committed cost model's fit (figures/cost_model_cpu.json) and "
                        "the simulator's errors against the engine (figures/validate_sim.csv). `python -m sim "
-                       "readme-numbers` makes the README's other blocks.")  # fmt: skip
+                       "readme-numbers` makes the README's other blocks.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the README's blocks between their markers")
     mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
@@ -113,7 +113,7 @@ def _add_serve_parser(sub) -> None:
                        description="Serve the model over HTTP as vLLM's `vllm serve` does (reference.server): "
                        "OpenAI's completions and chat completions, streamed or not, batched continuously by the "
                        "engine's scheduler; Prometheus metrics at /metrics. Ctrl-C or SIGTERM stops it, aborting "
-                       "open requests.")  # fmt: skip
+                       "open requests.")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default), 'gemma3', or a local HF checkpoint folder")
     p.add_argument("--served-model-name", help="the name clients give as `model` (default: --model)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
@@ -156,7 +156,7 @@ def run_serve(a: argparse.Namespace) -> int:
                     max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                     max_model_len=a.max_model_len, enable_prefix_caching=a.enable_prefix_caching,
                     preemption=a.preemption, swap_space=a.swap_space, seed=a.seed, kv_dtype=a.kv_dtype,
-                    kv_cache_dtype=a.kv_cache_dtype, num_offload_blocks=a.num_offload_blocks)  # fmt: skip
+                    kv_cache_dtype=a.kv_cache_dtype, num_offload_blocks=a.num_offload_blocks)
     try:
         llm = LLM(a.model, **settings)
     except (TypeError, ValueError) as exc:
@@ -187,7 +187,7 @@ def _check_address(host: str, port: int) -> None:
 def _add_generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt",
                        description="Generate a completion for PROMPT with the paged engine. One sample streams as "
-                       "it is generated; n samples or beams print as each finishes.")  # fmt: skip
+                       "it is generated; n samples or beams print as each finishes.")
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", default="smollm2",
                    help="'smollm2' (embedded SmolLM2-135M-Instruct, default), 'gemma3' (Gemma 3 270M, whose sliding-"
@@ -263,7 +263,7 @@ def _json_object(text: str) -> dict:
         value = json.loads(text, object_pairs_hook=json_object, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {exc.msg} at character {exc.pos} (allowed: a JSON "
-                                         f"object)") from None  # fmt: skip
+                                         f"object)") from None
     except ValueError as exc:  # the hooks: a key given twice, NaN or Infinity
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not isinstance(value, dict):
@@ -294,14 +294,16 @@ def _check_speculative_config(a: argparse.Namespace) -> None:
         raise UsageError(str(exc)) from None
     if a.num_speculative_tokens not in (0, k):
         raise UsageError(f"--num-speculative-tokens {a.num_speculative_tokens} with --speculative-config's "
-                         f"num_speculative_tokens {k} (allowed: one of them, or both the same)")  # fmt: skip
+                         f"num_speculative_tokens {k} (allowed: one of them, or both the same)")
 
 
 def _check_generate_args(a: argparse.Namespace) -> None:
     """The flag rules, each with its allowed range (the engine checks again; this gives CLI wording)."""
     from reference.attention.quant import KV_DTYPES
     from reference.engine.prompts import check_text
-    from reference.engine.sampling import REPETITION_PENALTY_RANGE  # (imports torch: not at the top, --help stays quick)
+    from reference.engine.sampling import (
+        REPETITION_PENALTY_RANGE,  # (imports torch: not at the top, --help stays quick)
+    )
 
     rules = [
         (a.prompt.strip() != "", "the prompt is empty", "a non-empty string"),
@@ -385,7 +387,7 @@ def blocks_for_request(policy: str, prompt_len: int, max_tokens: int, num_seqs: 
 
     final = min(prompt_len + max(1, min(max_tokens, max_model_len - prompt_len)), max_model_len)
     return pool_blocks_for(policy, min(prompt_len, final), final, num_seqs, block_size=block_size,
-                           max_seq_len=max_model_len, model=model)  # fmt: skip
+                           max_seq_len=max_model_len, model=model)
 
 
 def _build_engine(a: argparse.Namespace):
@@ -406,12 +408,12 @@ def _build_engine(a: argparse.Namespace):
         spec = model_spec(config, model.dtype, a.model)  # hybrid groups its layers (and refuses a model without)
         check_model(a.policy, spec)
         blocks = blocks_for_request(a.policy, max(prompt_len, 1), a.max_tokens, max(a.n, a.beam_width),
-                                    a.block_size, config.max_position_embeddings, spec)  # fmt: skip
+                                    a.block_size, config.max_position_embeddings, spec)
     try:
         llm = LLM.from_loaded(model, tokenizer, policy=a.policy, block_size=a.block_size, num_gpu_blocks=blocks,
                               seed=a.seed, kv_dtype=a.kv_dtype, kv_cache_dtype=a.kv_cache_dtype,
                               num_speculative_tokens=a.num_speculative_tokens,
-                              speculative_config=a.speculative_config)  # fmt: skip
+                              speculative_config=a.speculative_config)
     except (MemoryError, RuntimeError) as exc:  # torch's allocator: the pool does not fit this machine
         if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
             raise
@@ -513,7 +515,7 @@ def _summary(llm, a: argparse.Namespace, prompt, final) -> dict:
     extra = {}
     if a.prompt_logprobs is not None and final is not None:  # per prompt token: null, then [[id, logprob, rank], ...]
         extra["prompt_logprobs"] = [None if p is None else [[t, lp.logprob, lp.rank] for t, lp in p.items()]
-                                    for p in final.prompt_logprobs]  # fmt: skip
+                                    for p in final.prompt_logprobs]
     return {
         "prompt": a.prompt,
         "model_prompt": prompt,  # what the engine was given: chat-templated text, or token ids
@@ -527,7 +529,7 @@ def _summary(llm, a: argparse.Namespace, prompt, final) -> dict:
             "max_blocks_used_after_step": num_blocks - min_free,
             "policy": a.policy, "block_size": a.block_size,
         },
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,7 +581,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
                 raise
             raise UsageError(" ".join(str(exc).split())) from None
     if args.command in ("bench-hybrid", "calibrate", "validate-sim", "loadtest", "kv-accuracy", "spec-bench",
-                        "offload-bench"):  # fmt: skip
+                        "offload-bench"):
         from reference.bench import bench_hybrid, bench_offload, bench_speculative, loadtest
         from reference.validation import calibrate, kv_accuracy, validate_online, validate_sim
 

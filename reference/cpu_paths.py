@@ -92,7 +92,7 @@ def _onednn_packs_bfloat16() -> bool:
     try:  # NOTE: the one place a refusal is caught: here, once per process, to decide the path
         packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=torch.bfloat16), packed, None, "none",
-                                                 [], "")  # fmt: skip
+                                                 [], "")
     except RuntimeError:
         return False
     return bool((out == 16).all())

@@ -18,15 +18,15 @@ if _os.environ.get("LAB_FAST"):  # the optional compiled build (`make fast`; sim
 
     _enable(_os.environ["LAB_FAST"])
 from .api import SimResult, run
-from .kv.blocks import BlockAllocator
-from .kv import POLICIES, Allocation, KVManager, MemoryBreakdown, NewSequence, make_kv_manager
-from .scheduling.plan import ScheduledSeq, StepOutcome, StepPlan
-from .scheduling.preemption import VICTIM_POLICIES
 from .base.request import Request
 from .config import MODES, RunConfig, SchedulerConfig
+from .kv import POLICIES, Allocation, KVManager, MemoryBreakdown, NewSequence, make_kv_manager
+from .kv.blocks import BlockAllocator
+from .scheduling.plan import ScheduledSeq, StepOutcome, StepPlan
+from .scheduling.preemption import VICTIM_POLICIES
 from .scheduling.scheduler import Scheduler
 from .workloads.workload import generate_requests
 
 __all__ = ["Allocation", "BlockAllocator", "KVManager", "MODES", "MemoryBreakdown", "NewSequence", "POLICIES",
            "Request", "RunConfig", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SimResult", "StepOutcome", "StepPlan",
-           "VICTIM_POLICIES", "generate_requests", "make_kv_manager", "run"]  # fmt: skip
+           "VICTIM_POLICIES", "generate_requests", "make_kv_manager", "run"]

@@ -19,19 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arguments import run_settings
-from .config import RUN_DEFAULTS, RunConfig
+from .base.limits import require
+from .base.request import Request
+from .base.specs import get_gpu, get_model
 from .clock.cost import PiecewiseCostModel, RooflineCostModel, check_cost_model
 from .clock.cost_file import cost_model_for
+from .clock.loop import Simulator
+from .clock.metrics import Table, summarize
+from .config import RUN_DEFAULTS, RunConfig
 from .fast.loop import FastSimulator
 from .kv import make_kv_manager, pages_in_kib
 from .kv.pool import kv_pool
-from .base.limits import require
-from .clock.loop import Simulator
-from .clock.metrics import Table, summarize
-from .base.request import Request
 from .scheduling.scheduler import Scheduler
 from .scheduling.speculative import AcceptanceModel
-from .base.specs import get_gpu, get_model
 from .workloads.trace import request_lines
 from .workloads.workload_source import workload_for
 
@@ -102,7 +102,7 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         kv = make_kv_manager(c.policy, pool.num_slots, block_size=pool.block_size, max_seq_len=model_spec.max_seq_len,
                              allocator=c.allocator, enable_prefix_caching=pool.enable_prefix_caching,
                              num_cpu_blocks=pool.num_cpu_blocks, watermark=c.watermark, model=model_spec,
-                             block_allocator=c.block_allocator, num_offload_blocks=pool.num_offload_blocks)  # fmt: skip
+                             block_allocator=c.block_allocator, num_offload_blocks=pool.num_offload_blocks)
         return Scheduler(kv, sched_config)
 
     _check_requests(requests, model_spec, make_scheduler(), c.trace if kind != "sharegpt" else None)
@@ -146,12 +146,12 @@ def run(config: RunConfig | None = None, /, **settings) -> SimResult:
         **({"extrapolated_steps": result.extrapolated_steps,
             "extrapolated_time_share": _share(result.extrapolated_time, result.steps, result.step_totals),
             "calibrated_range": calibrated.describe_range()} if calibrated is not None else {}),
-    }  # fmt: skip
+    }
     summary = summarize(
         policy=c.policy, requests=result.requests, step_totals=result.step_totals, integral=result.memory_integral,
         span=result.end_time - result.start_time, wall_time_s=time.perf_counter() - started, extras=extras,
         slo_ttft_s=c.slo_ttft, slo_tbt_s=c.slo_tbt, prefix_cache=sched.kv.prefix_cache_stats(),
-    )  # fmt: skip
+    )
     return SimResult(summary, result.requests, result.steps)
 
 
@@ -184,7 +184,7 @@ def offload_summary(gib: float, num_blocks: int, stats, cost, block_bytes: int) 
                                                  else None),
             "prefix_cache_hit_rate_cpu_tokens": stats.cpu_hit_tokens / queried if queried else None,
             "offloaded_blocks": stats.offloaded_blocks, "reloaded_blocks": reloaded,
-            "reload_time_s": cost.swap_time(reloaded * block_bytes, reloaded) if reloaded else 0.0}  # fmt: skip
+            "reload_time_s": cost.swap_time(reloaded * block_bytes, reloaded) if reloaded else 0.0}
 
 
 def _speculation_summary(c: RunConfig, result, num_slots: int) -> dict:
@@ -221,7 +221,7 @@ def _check_requests(requests: list[Request], model_spec, probe: Scheduler, trace
         problem = None
         if r.total_len > model_spec.max_seq_len:
             problem = (f"prompt_len + output_len = {r.total_len} exceeds {model_spec.name}'s context (allowed: <= "
-                       f"{model_spec.max_seq_len} tokens)")  # fmt: skip
+                       f"{model_spec.max_seq_len} tokens)")
         elif (shape := (r.prompt_len, r.output_len, r.n, r.beam_width)) not in seen:
             seen.add(shape)
             problem = probe.check_request(r)  # add_request's rule, without queueing anything

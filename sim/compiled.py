@@ -38,7 +38,7 @@ MODULES = (
     "sim.kv.offload", "sim.kv.contiguous", "sim.kv.vattention", "sim.kv.hybrid", "sim.kv.radix", "sim.kv.radix_tree",
     "sim.fast.records", "sim.fast.runs", "sim.fast.paged", "sim.fast.epoch", "sim.fast.contiguous",
     "sim.fast.vattention", "sim.fast.hybrid",
-)  # fmt: skip
+)
 
 _active = False
 

@@ -21,14 +21,28 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
 
-from .workloads.conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
-from .kv import POLICIES
-from .base.limits import (MAX_BURSTINESS, MAX_COUNT, MAX_KV_SLOTS, MAX_NUM_GPUS, MAX_NUM_REQUESTS, MAX_SEED, MAX_SWAP_GIB,
-                     MAX_TIME_S, MAX_TOKENS, MAX_TURNS, MIN_BURSTINESS, is_int, is_real, require)  # fmt: skip
-from .scheduling.preemption import VICTIM_POLICIES, victim_policy
+from .base.limits import (
+    MAX_BURSTINESS,
+    MAX_COUNT,
+    MAX_KV_SLOTS,
+    MAX_NUM_GPUS,
+    MAX_NUM_REQUESTS,
+    MAX_SEED,
+    MAX_SWAP_GIB,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    MAX_TURNS,
+    MIN_BURSTINESS,
+    is_int,
+    is_real,
+    require,
+)
 from .base.request import Request
-from .kv.slots import ALLOCATORS
 from .base.specs import GPUS, KV_CACHE_DTYPES, MODELS
+from .kv import POLICIES
+from .kv.slots import ALLOCATORS
+from .scheduling.preemption import VICTIM_POLICIES, victim_policy
+from .workloads.conversation import DEFAULT_THINK_TIME, DEFAULT_TURNS
 from .workloads.workload import ARRIVALS, DATASETS
 
 MODES = ("v1", "v0", "static")
@@ -40,7 +54,7 @@ MAX_SPECULATIVE_TOKENS = 64
 
 
 def default_max_num_batched_tokens(mode: str, chunked: bool, max_model_len: int = 0, *,
-                                   offline_budget: int | None = None) -> int:  # fmt: skip
+                                   offline_budget: int | None = None) -> int:
     """The token budget of a step when none is given, by vLLM's rule (vllm/engine/arg_utils.py): a base of 2048 for
     an API server in v1 (the simulator's server) and 2560 for the paper's v0 and for static batching, or
     `offline_budget` for the offline `LLM` class (the engine: 4096 on a CPU, 8192 or 16384 on a GPU,
@@ -80,10 +94,10 @@ class SchedulerConfig:
             raise ValueError(f"enable_chunked_prefill needs mode 'v1' (mode {self.mode!r} runs whole prompts)")
         victim_policy(self.victim)  # raises for an unknown name
         require(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy", self.scheduling_policy,
-                ", ".join(SCHEDULING_POLICIES))  # fmt: skip
+                ", ".join(SCHEDULING_POLICIES))
         require(is_int(self.num_speculative_tokens) and 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
                 "num_speculative_tokens", self.num_speculative_tokens,
-                f"an integer from 0 (off) to {MAX_SPECULATIVE_TOKENS}")  # fmt: skip
+                f"an integer from 0 (off) to {MAX_SPECULATIVE_TOKENS}")
 
     @property
     def chunked(self) -> bool:
@@ -187,7 +201,7 @@ class RunConfig:
         trace, requests = self.trace, self.requests
         require(trace is None or isinstance(trace, (str, os.PathLike)), "trace", trace, "a file path, or None")
         require(requests is None or (isinstance(requests, list) and all(isinstance(r, Request) for r in requests)),
-                "requests", type(requests).__name__, "a list of sim.base.request.Request, or None")  # fmt: skip
+                "requests", type(requests).__name__, "a list of sim.base.request.Request, or None")
         require(trace is None or requests is None, "trace and requests", "both", "at most one of them")
 
     def as_dict(self) -> dict:
@@ -199,7 +213,7 @@ class RunConfig:
                                max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=max_model_len,
                                enable_chunked_prefill=self.enable_chunked_prefill, preemption=self.preemption,
                                victim=self.victim, scheduling_policy=self.scheduling_policy,
-                               num_speculative_tokens=self.num_speculative_tokens)  # fmt: skip
+                               num_speculative_tokens=self.num_speculative_tokens)
 
 
 RUN_FIELDS = {f.name: f for f in fields(RunConfig)}
@@ -261,7 +275,7 @@ def check_field(name: str, value) -> None:
         ok = is_int(value) and low <= value <= high
     elif base == "range":
         ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(is_int(v) and 1 <= v <= MAX_TOKENS
-                                                                          for v in value)  # fmt: skip
+                                                                          for v in value)
     elif base == "times":
         ok = isinstance(value, (tuple, list)) and all(is_real(v) and low <= v <= high for v in value)
     else:

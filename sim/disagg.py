@@ -52,18 +52,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .arguments import check_arguments
-from .config import RunConfig
+from .base.limits import MAX_TIME_S, is_int, is_real, require
+from .base.request import Request
+from .base.specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .clock.cost import RooflineCostModel
+from .clock.loop import LoopResult, Simulator
+from .clock.metrics import Table, latency_summary, request_table, slo_summary
+from .config import RunConfig
 from .fast.loop import FastSimulator
 from .kv import make_kv_manager, simulator_block_size
 from .kv.base import SHARE_NAMES
-from .base.limits import MAX_TIME_S, is_int, is_real, require
-from .clock.loop import LoopResult, Simulator
-from .clock.metrics import Table, latency_summary, request_table, slo_summary
 from .scheduling.plan import ScheduledSeq, StepPlan
-from .base.request import Request
 from .scheduling.scheduler import Scheduler
-from .base.specs import GiB, get_gpu, get_model, kv_capacity_tokens
 from .workloads.workload_source import workload_for
 
 ROUTERS = ("least-work", "round-robin")
@@ -90,9 +90,9 @@ class KVLink:
     def __post_init__(self) -> None:
         real = isinstance(self.bandwidth, (int, float)) and not isinstance(self.bandwidth, bool)
         require(real and self.bandwidth >= MIN_LINK_BANDWIDTH, "link_bandwidth", self.bandwidth,
-                f"bytes/s >= {MIN_LINK_BANDWIDTH:g}, or inf for an instantaneous link")  # fmt: skip
+                f"bytes/s >= {MIN_LINK_BANDWIDTH:g}, or inf for an instantaneous link")
         require(is_real(self.latency) and 0 <= self.latency <= MAX_TIME_S, "link_latency", self.latency,
-                f"seconds from 0 to {MAX_TIME_S:g}")  # fmt: skip
+                f"seconds from 0 to {MAX_TIME_S:g}")
 
     def transfer_time(self, num_bytes: int) -> float:
         """Seconds to move one request's `num_bytes` (0 bytes: nothing moves, nothing is paid)."""
@@ -182,7 +182,7 @@ class KVLoadingSimulator(FastSimulator):
                 loads += 1
                 # the loaded positions come first in the entry (they are the prompt's); what follows is computed
                 entry = ScheduledSeq(entry.seq_id, entry.request_id, start + load, entry.num_new_tokens - load,
-                                     entry.block_table, entry.sample)  # fmt: skip
+                                     entry.block_table, entry.sample)
             if entry.num_new_tokens or not load:  # (a chunk wholly loaded computes nothing)
                 prefills.append(entry)
         if not loads:
@@ -203,12 +203,12 @@ def _instance(config: RunConfig, requests: list[Request], loading: dict | None =
     num_cpu_blocks = int(c.num_gpus * c.swap_space_gib * GiB // (block_size * model.kv_bytes_per_token))
     kv = make_kv_manager(c.policy, num_slots, block_size=block_size, max_seq_len=model.max_seq_len,
                          allocator=c.allocator, enable_prefix_caching=False, num_cpu_blocks=num_cpu_blocks,
-                         watermark=c.watermark, model=model)  # fmt: skip
+                         watermark=c.watermark, model=model)
     scheduler = Scheduler(kv, c.scheduler_config(model.max_seq_len))
     cost = RooflineCostModel(model, gpu, c.num_gpus, block_size=scheduler.kv.gather_block_size)
     kind = FastSimulator if loading is None else KVLoadingSimulator
     simulator = kind(scheduler, cost, requests, block_bytes=block_size * model.kv_bytes_per_token, seed=c.seed,
-                     jump=c.jump, step_table=False, **(loading or {}))  # fmt: skip
+                     jump=c.jump, step_table=False, **(loading or {}))
     return simulator.run(), simulator
 
 
@@ -217,13 +217,13 @@ def _check(c: RunConfig) -> None:
     require(c.trace is None, "trace", c.trace, "None here: give requests or a synthetic workload")
     require(c.workload != "conversation" or c.requests is not None, "workload", c.workload,
             "a single-turn workload (sharegpt, alpaca, fixed, uniform): a conversation's turns share a prefix cache "
-            "that one instance holds")  # fmt: skip
+            "that one instance holds")
     require(c.enable_prefix_caching is not True, "enable_prefix_caching", c.enable_prefix_caching,
             "None or False: each instance has its own cache, and the K/V that moves is the whole prompt's")
     require(c.cost_model is None, "cost_model", c.cost_model, "None: every instance is priced by the roofline")
     require(c.num_gpus == 1, "num_gpus", c.num_gpus, "1: each instance is one GPU")
     require(c.n == 1 and c.beam_width == 1, "n and beam_width", (c.n, c.beam_width),
-            "1 and 1: one sequence per request, the transfer ships one sequence's K/V")  # fmt: skip
+            "1 and 1: one sequence per request, the transfer ships one sequence's K/V")
     require(c.prefix_len == 0, "prefix_len", c.prefix_len, "0: each instance has its own prefix cache")
     for name in ("block_allocator", "on_step"):
         require(getattr(c, name) is None, name, getattr(c, name), "None: a cluster builds its instances' own")
@@ -242,7 +242,7 @@ def _check_requests(c: RunConfig, requests: list[Request]) -> None:
 
 
 def run_cluster(config: RunConfig | None = None, /, *, cluster: ClusterConfig = ClusterConfig(),
-                **settings) -> DisaggResult:  # fmt: skip
+                **settings) -> DisaggResult:
     """Serve one workload on a cluster of instances: disaggregated (cluster.num_prefill prefill + num_decode decode
     instances) or, with cluster.colocated, the same number of ordinary instances behind the same router.
 
@@ -288,7 +288,7 @@ def run_cluster(config: RunConfig | None = None, /, *, cluster: ClusterConfig = 
         "num_transfers": transfers[0], "mean_transfer_s": transfers[1] / transfers[0] if transfers[0] else 0.0,
         **latency_summary(table), **slo_summary(table, span, config.slo_ttft, config.slo_tbt),
         "wall_time_s": time.perf_counter() - started,
-    }  # fmt: skip
+    }
     return DisaggResult(summary, table, instances)
 
 
@@ -335,14 +335,14 @@ def _disaggregated(c: RunConfig, cluster: ClusterConfig, requests: list[Request]
             times["token_steps"][j] = simulator.times.token_steps[simulator.index[rid]]
     # Decode: every request with more to generate, in the order its first token came (ties: arrival order).
     later = sorted((r for r in requests if r.output_len > 1), key=lambda r: (times["first_token"][index[r.request_id]],
-                                                                           index[r.request_id]))  # fmt: skip
+                                                                           index[r.request_id]))
     where = route([r.prompt_len for r in later], cluster.num_decode, cluster.router)
     transfers, transfer_s = 0, 0.0
     for i in range(cluster.num_decode):
         mine = [Request(r.request_id, float(times["first_token"][index[r.request_id]]), r.prompt_len + 1,
-                        r.output_len - 1) for r, w in zip(later, where) if w == i]  # fmt: skip
+                        r.output_len - 1) for r, w in zip(later, where) if w == i]
         loading = {"link": cluster.link, "kv_bytes_per_token": model.kv_bytes_per_token,
-                   "loaded": {r.request_id: r.prompt_len - 1 for r in mine}}  # fmt: skip
+                   "loaded": {r.request_id: r.prompt_len - 1 for r in mine}}
         result, simulator = _instance(c, mine, loading)
         transfers, transfer_s = transfers + simulator.num_transfers, transfer_s + simulator.transfer_s
         instances.append(_instance_row("decode", i, mine, result, simulator))
@@ -365,7 +365,7 @@ def _empty_times(count: int) -> dict[str, np.ndarray]:
     nan = np.full(count, np.nan)
     return {"first_scheduled": nan.copy(), "first_token": nan.copy(), "last_token": nan.copy(),
             "max_gap": np.zeros(count), "token_steps": np.zeros(count, dtype=np.int64),
-            "finish": nan.copy(), "preemptions": np.zeros(count, dtype=np.int64)}  # fmt: skip
+            "finish": nan.copy(), "preemptions": np.zeros(count, dtype=np.int64)}
 
 
 def _instance_row(role: str, i: int, requests: list[Request], result: LoopResult, simulator: Simulator) -> dict:
@@ -379,24 +379,25 @@ def _instance_row(role: str, i: int, requests: list[Request], result: LoopResult
             "mean_batch_size": running / num_steps if num_steps else 0.0, "busy_s": busy or 0.0,
             "num_transfers": simulator.num_transfers if loading else 0,
             "transfer_s": simulator.transfer_s if loading else 0.0,
-            "kv_slots_held_at_end": kv.num_slots - held["free"], "live_seqs_at_end": len(kv.seq_ids)}  # fmt: skip
+            "kv_slots_held_at_end": kv.num_slots - held["free"], "live_seqs_at_end": len(kv.seq_ids)}
 
 
 # --- `python -m sim disagg` -------------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
-    from .config import MODES, RUN_DEFAULTS as D
     from .base.specs import GPUS, MODELS
+    from .config import MODES
+    from .config import RUN_DEFAULTS as D
 
     parser.add_argument("--prefill", type=int, default=1, help="prefill instances, one GPU each (default: 1)")
     parser.add_argument("--decode", type=int, default=1, help="decode instances, one GPU each (default: 1)")
     parser.add_argument("--colocated", action="store_true", help="the baseline: PREFILL + DECODE ordinary instances, "
-                        "each serving prompts and decodes, behind the same router")  # fmt: skip
+                        "each serving prompts and decodes, behind the same router")
     parser.add_argument("--router", default="least-work", metavar="{" + ",".join(ROUTERS) + "}",
                         help="which instance gets a request: the fewest prompt tokens given so far, or in turn "
-                        "(default: least-work)")  # fmt: skip
+                        "(default: least-work)")
     parser.add_argument("--link-bandwidth", type=float, default=DEFAULT_LINK_BANDWIDTH / 1e9, metavar="GB/S",
                         help="K/V link, GB/s one way; inf: instantaneous (default: %(default)g, one HDR InfiniBand "
-                        "port)")  # fmt: skip
+                        "port)")
     parser.add_argument("--link-latency", type=float, default=DEFAULT_LINK_LATENCY, metavar="SECONDS",
                         help="fixed seconds per transfer (default: %(default)g)")
     parser.add_argument("--model", default=D["model"], metavar="{" + ",".join(MODELS) + "}",
@@ -438,17 +439,17 @@ def run_from_args(args) -> int:
         if args.colocated and dest in getattr(args, "typed", ()):
             flag = "--" + dest.replace("_", "-")
             raise ValueError(f"{flag} {getattr(args, dest):g}: means nothing with --colocated, whose instances move "
-                             f"no K/V (allowed: without --colocated)")  # fmt: skip
+                             f"no K/V (allowed: without --colocated)")
     require(args.link_bandwidth * 1e9 >= MIN_LINK_BANDWIDTH, "--link-bandwidth", args.link_bandwidth,
-            f"GB/s >= {MIN_LINK_BANDWIDTH / 1e9:g}, or inf")  # fmt: skip
+            f"GB/s >= {MIN_LINK_BANDWIDTH / 1e9:g}, or inf")
     require(is_real(args.link_latency) and 0 <= args.link_latency <= MAX_TIME_S, "--link-latency", args.link_latency,
-            f"seconds from 0 to {MAX_TIME_S:g}")  # fmt: skip
+            f"seconds from 0 to {MAX_TIME_S:g}")
     link = KVLink(bandwidth=args.link_bandwidth * 1e9, latency=args.link_latency)
     cluster = ClusterConfig(num_prefill=args.prefill, num_decode=args.decode, colocated=args.colocated,
-                            router=args.router, link=link)  # fmt: skip
+                            router=args.router, link=link)
     result = run_cluster(cluster=cluster, model=args.model, gpu=args.gpu, policy=args.policy, scheduler=args.scheduler,
                          workload=args.workload, rate=args.rate, duration=args.duration, num_requests=args.num_requests,
-                         seed=args.seed, slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt)  # fmt: skip
+                         seed=args.seed, slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt)
     if args.requests_csv:
         result.requests.to_csv(args.requests_csv)
     s = result.summary

@@ -1,5 +1,6 @@
 """Headless Chromium for the tests that load a pool page (Debian's `chromium` package): found, or installed by the
 test's setup where it is missing and this user may (root, apt-get), or the test is skipped saying why."""
+
 from __future__ import annotations
 
 import os

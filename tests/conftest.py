@@ -10,6 +10,7 @@ Under `--quick` pytest keeps, of what it collected:
 
 What is left out is reported as "deselected". `quick_selection` is the rule, tests/test_quick.py its tests.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
@@ -21,13 +22,18 @@ RESCUED = pytest.StashKey[list]()  # the modules --quick kept through one slow t
 
 
 def pytest_addoption(parser):
-    parser.addoption("--quick", action="store_true", default=False,
-                     help="the edit-test loop (make check): no slow tests, the first case of each parametrized test, "
-                          "every test module at least once (tests/conftest.py)")  # fmt: skip
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        default=False,
+        help="the edit-test loop (make check): no slow tests, the first case of each parametrized test, "
+        "every test module at least once (tests/conftest.py)",
+    )
 
 
-def quick_selection(items: Sequence[T], module: Callable[[T], str], function: Callable[[T], str],
-                    slow: Callable[[T], bool]) -> tuple[list[T], list[str]]:
+def quick_selection(
+    items: Sequence[T], module: Callable[[T], str], function: Callable[[T], str], slow: Callable[[T], bool]
+) -> tuple[list[T], list[str]]:
     """(the items kept, in their order; the modules kept only through one of their slow tests).
 
     `module` and `function` name an item's file and its test function (the cases of one parametrized test share
@@ -54,7 +60,9 @@ def pytest_collection_modifyitems(config, items):
     kept, rescued = quick_selection(
         items,
         module=lambda item: str(item.path),
-        function=lambda item: f"{item.cls.__qualname__ + '.' if item.cls else ''}{getattr(item, 'originalname', item.name)}",
+        function=lambda item: (
+            f"{item.cls.__qualname__ + '.' if item.cls else ''}{getattr(item, 'originalname', item.name)}"
+        ),
         slow=lambda item: item.get_closest_marker("slow") is not None,
     )
     config.stash[RESCUED] = rescued
@@ -68,5 +76,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter, config):
     rescued = config.stash.get(RESCUED, [])
     if rescued:
-        terminalreporter.write_line(f"--quick ran one slow test of each module whose tests are all slow: "
-                                    f"{', '.join(rescued)}")  # fmt: skip
+        terminalreporter.write_line(
+            f"--quick ran one slow test of each module whose tests are all slow: {', '.join(rescued)}"
+        )

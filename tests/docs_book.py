@@ -1,4 +1,5 @@
 """The docs in reading order: README.md (the site's home page), then the pages of mkdocs.yml's nav, in order."""
+
 from __future__ import annotations
 
 import re

@@ -6,6 +6,7 @@ name (`paged_runs.py`, found somewhere in the project), a dotted name under sim 
 (`reference.engine.threads.held_interrupts`), or Class.member (`Scheduler.abandon_step(plan)`: the class is found in the
 project's sources). Paths of other projects (vllm/...) are left alone.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -118,8 +119,11 @@ def _contract_table() -> list[str]:
 def test_the_contract_table_names_exactly_the_protocol():
     from sim.kv.base import KVManager
 
-    methods = {name for name, member in vars(KVManager).items()
-               if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))}  # fmt: skip
+    methods = {
+        name
+        for name, member in vars(KVManager).items()
+        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+    }
     attributes = set(KVManager.__annotations__)
     named = set(_contract_table())
     assert named - methods - attributes == set(), "the table names what the Protocol lacks"
@@ -170,6 +174,9 @@ def test_the_map_of_folders_names_every_folder_and_module_at_the_top(package):
     is an entry of the map or named in an entry's text (its __init__.py and __main__.py aside)."""
     entries = _map_blocks((ROOT / "docs" / "code.md").read_text())[package + "/"]
     named = set(entries) | {n for words in entries.values() for n in re.findall(r"(?<![\w/.])([\w]+\.py)\b", words)}
-    on_disk = {p.name + "/" if p.is_dir() else p.name for p in (ROOT / package).iterdir()
-               if p.name not in ("__pycache__", "__init__.py", "__main__.py") and (p.is_dir() or p.suffix == ".py")}
+    on_disk = {
+        p.name + "/" if p.is_dir() else p.name
+        for p in (ROOT / package).iterdir()
+        if p.name not in ("__pycache__", "__init__.py", "__main__.py") and (p.is_dir() or p.suffix == ".py")
+    }
     assert on_disk - named == set(), f"{package}/ holds what docs/code.md's map does not name"

@@ -1,6 +1,7 @@
 """The docs site (`make docs`, mkdocs.yml, tools/docs_hooks.py) builds with `--strict`: no broken link, no missing
 anchor, no link out of docs/ to a file the repository lacks, every page in the nav; and a broken link or anchor does
 fail it. Also: README.md stays a front door (at most 250 lines) and every page of docs/ is in the nav."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,14 @@ pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]'; 
 
 def build(root: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"),
-                           "-d", str(out)], cwd=root, capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"), "-d", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_the_site_builds_with_every_link_and_anchor_found(tmp_path):
@@ -43,9 +50,11 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
         if not (copy / entry.name).exists() and entry.name not in ("site", ".git"):
             (copy / entry.name).symlink_to(entry)
     assert build(copy, tmp_path / "site").returncode == 0  # the copy builds as the checkout does
-    for broken, message in [("[a](paper.md#no-such-anchor)", "does not contain an anchor '#no-such-anchor'"),
-                            ("[a](no-such-page.md)", "'no-such-page.md', but the target is not found"),
-                            ("[a](../figures/no_such_figure.png)", "which is no file of the repository")]:  # fmt: skip
+    for broken, message in [
+        ("[a](paper.md#no-such-anchor)", "does not contain an anchor '#no-such-anchor'"),
+        ("[a](no-such-page.md)", "'no-such-page.md', but the target is not found"),
+        ("[a](../figures/no_such_figure.png)", "which is no file of the repository"),
+    ]:
         page = copy / "docs" / "gpu.md"
         page.write_text((ROOT / "docs" / "gpu.md").read_text() + f"\n{broken}\n")
         out = build(copy, tmp_path / "site")

@@ -13,6 +13,7 @@
 
 `make test-light` runs this file in .venv-light (the light install); `make test` runs it in .venv too.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -69,14 +70,17 @@ print(json.dumps({{"modules": modules, "failed": failed, "pulled": pulled, "culp
 
 
 def test_every_sim_module_imports_without_torch_triton_or_transformers():
-    done = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(heavy=HEAVY)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(report["modules"]) > 30 and "sim.exercises.labs" in report["modules"], report["modules"]
     assert not report["failed"], f"sim modules that do not import here: {report['failed']}"
-    pulled = {pkg: f"imported by {mod} (asked at {' <- '.join(report['culprits'].get(pkg, [])) or '?'})"
-              for pkg, mod in report["pulled"].items()}  # fmt: skip
+    pulled = {
+        pkg: f"imported by {mod} (asked at {' <- '.join(report['culprits'].get(pkg, [])) or '?'})"
+        for pkg, mod in report["pulled"].items()
+    }
     assert not pulled, f"sim must not import {', '.join(pulled)}: {pulled}"
 
 
@@ -100,8 +104,12 @@ def test_no_sim_source_imports_an_engine_package_even_inside_a_function():
     forbidden = {*HEAVY, "numba", "reference"}  # the engine's packages, and the engine itself (imports go one way)
     files = sorted((ROOT / "sim").rglob("*.py"))
     assert len(files) > 30 and ROOT / "sim" / "drivers" / "sweep.py" in files
-    bad = [f"{path.relative_to(ROOT)}:{line} imports {top}" for path in files for line, top in _imports_in(path)
-           if top in forbidden]  # fmt: skip
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {top}"
+        for path in files
+        for line, top in _imports_in(path)
+        if top in forbidden
+    ]
     assert not bad, "sim must not import the engine's packages:\n" + "\n".join(bad)
     # the scan sees an import inside a function: sweep.py imports the optional ray only in _run_ray
     assert "ray" in {top for _, top in _imports_in(ROOT / "sim" / "drivers" / "sweep.py")}
@@ -117,8 +125,12 @@ def test_every_package_sim_imports_is_one_the_light_install_has():
     # install it where it is missing (tests/sim/test_sweep.py)
     allowed = light | {"PIL", "ray", "sim"} | set(sys.stdlib_module_names)
     files = sorted((ROOT / "sim").rglob("*.py"))
-    bad = [f"{path.relative_to(ROOT)}:{line} imports {top}" for path in files for line, top in _imports_in(path)
-           if top not in allowed]  # fmt: skip
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {top}"
+        for path in files
+        for line, top in _imports_in(path)
+        if top not in allowed
+    ]
     assert not bad, "sim imports packages the light install (pyproject.toml: course) lacks:\n" + "\n".join(bad)
 
 
@@ -140,8 +152,19 @@ def test_there_are_nine_sim_labs_each_with_a_solution():
 def test_sim_lab_solution_gets_full_marks_from_the_grader_command(name, tmp_path):
     out = tmp_path / "results.json"
     solution = Path("notebooks") / "solutions" / f"{_sim_labs()[name].solution}.py"
-    command = [sys.executable, "-m", "sim.exercises", "grade", str(solution), "--exercise", name, "--results",
-               str(out), "--max-examples", str(FEW)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sim.exercises",
+        "grade",
+        str(solution),
+        "--exercise",
+        name,
+        "--results",
+        str(out),
+        "--max-examples",
+        str(FEW),
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -184,8 +207,9 @@ def test_the_light_extras_name_no_engine_package():
     for light in ("course", "test"):
         names = {_requirement_name(r) for r in data["project"]["dependencies"] + _expand(extras, light, project)}
         assert not names & {*HEAVY, "ray", "numba", "accelerate"}, (light, sorted(names))
-    assert {"hypothesis", "jupyterlab", "ipykernel"} <= {_requirement_name(r) for r in _expand(extras, "course",
-                                                                                                project)}
+    assert {"hypothesis", "jupyterlab", "ipykernel"} <= {
+        _requirement_name(r) for r in _expand(extras, "course", project)
+    }
     engine = {_requirement_name(r) for r in _expand(extras, "engine", project)}
     assert {"torch", "triton", "transformers"} <= engine
     dev = {_requirement_name(r) for r in _expand(extras, "dev", project)}
@@ -198,8 +222,13 @@ def test_triton_is_required_only_where_pypi_has_wheels():
     engine = _expand(data["project"]["optional-dependencies"], "engine", data["project"]["name"])
     (triton,) = [markers.Requirement(r) for r in engine if _requirement_name(r) == "triton"]
     assert triton.marker is not None
-    platforms = {("linux", "x86_64"): True, ("linux", "aarch64"): True, ("darwin", "arm64"): False,
-                 ("darwin", "x86_64"): False, ("win32", "AMD64"): False}  # fmt: skip
+    platforms = {
+        ("linux", "x86_64"): True,
+        ("linux", "aarch64"): True,
+        ("darwin", "arm64"): False,
+        ("darwin", "x86_64"): False,
+        ("win32", "AMD64"): False,
+    }
     for (system, machine), wanted in platforms.items():
         assert triton.marker.evaluate({"sys_platform": system, "platform_machine": machine}) is wanted, system
 
@@ -255,11 +284,24 @@ def test_dockerfile_copies_files_that_exist_and_dockerignore_keeps_the_sources()
             sources = [w for w in shlex.split(arg) if not w.startswith("--")][:-1]
             for source in sources:
                 assert (ROOT / source).exists(), f"COPY {source}: no such file"
-    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]  # fmt: skip
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert ".venv" in ignored and ".venv-light" in ignored
-    needed = ["Makefile", "pyproject.toml", "README.md", "sim", "reference", "notebooks", "tests", "figures", "tools",
-              "docs"]  # fmt: skip
+    needed = [
+        "Makefile",
+        "pyproject.toml",
+        "README.md",
+        "sim",
+        "reference",
+        "notebooks",
+        "tests",
+        "figures",
+        "tools",
+        "docs",
+    ]
     for path in needed:
         assert (ROOT / path).exists() and path not in ignored and f"{path}/" not in ignored, path
 

@@ -1,6 +1,7 @@
 """`make peer` (tools/peer_vllm.py): its refusals, the README's vLLM numbers recomputed from its committed CSV, and
 the README's API table ("Moves to vLLM by changing the import") checked to be what tools/peer/api_table.py makes of
 figures/peer_api.csv. The run itself needs vLLM's CPU build and minutes, so it is not part of the tests."""
+
 import csv
 import json
 import sys
@@ -12,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import peer_vllm  # noqa: E402
+
 from sim.figures.readme_numbers import Files, make_block  # noqa: E402
 
 api_checks, api_table = peer_vllm.api_checks, peer_vllm.api_table  # tools/peer/, as make peer imports them
-
 
 
 def rows() -> list[dict]:
@@ -31,8 +32,17 @@ def test_without_vllm_it_says_where_it_looked(tmp_path, capsys):
 
 def test_the_committed_run_covers_every_check():
     sections = {r["section"] for r in rows()}
-    assert sections == {"greedy_equality", "beam_search_equality", "throughput", "cold_start", "throughput_ratio",
-                        "throughput_one_core", "cold_start_one_core", "throughput_ratio_one_core", "block_pool"}
+    assert sections == {
+        "greedy_equality",
+        "beam_search_equality",
+        "throughput",
+        "cold_start",
+        "throughput_ratio",
+        "throughput_one_core",
+        "cold_start_one_core",
+        "throughput_ratio_one_core",
+        "block_pool",
+    }
     text = (ROOT / "figures" / "peer_vllm.csv").read_text()
     assert "# command: python tools/peer_vllm.py" in text and "vllm 0.32" in text
 
@@ -45,11 +55,21 @@ def test_the_committed_bfloat16_run_reports_speed_and_agreement():
         pytest.skip("no bfloat16 run committed")
     with open(path) as f:
         table = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    assert {r["section"] for r in table} == {"greedy_agreement_bf16", "throughput_bf16", "cold_start_bf16",
-                                             "throughput_ratio_bf16", "throughput_one_core_bf16",
-                                             "cold_start_one_core_bf16", "throughput_ratio_one_core_bf16"}
+    assert {r["section"] for r in table} == {
+        "greedy_agreement_bf16",
+        "throughput_bf16",
+        "cold_start_bf16",
+        "throughput_ratio_bf16",
+        "throughput_one_core_bf16",
+        "cold_start_one_core_bf16",
+        "throughput_ratio_one_core_bf16",
+    }
     agreement = [r for r in table if r["section"] == "greedy_agreement_bf16"]
-    assert [r["system"] for r in agreement] == ["engine vs vLLM", "engine vs HF transformers", "vLLM vs HF transformers"]
+    assert [r["system"] for r in agreement] == [
+        "engine vs vLLM",
+        "engine vs HF transformers",
+        "vLLM vs HF transformers",
+    ]
     assert all(0 <= int(r["value"]) <= 16 and "bfloat16" in r["unit"] for r in agreement)
     assert all(r["note"].endswith("; bfloat16") for r in table if r["section"].startswith("throughput"))
     assert "--dtype bfloat16" in path.read_text()
@@ -110,17 +130,28 @@ def test_the_committed_api_run_covers_every_check_in_order():
         assert api_table.verdict(json.loads(r["vllm"]), json.loads(r["engine"])) == (r["verdict"], r["note"])
 
 
-@pytest.mark.parametrize("vllm, engine, expected", [
-    ({"value": {"ids": [1, 2, 3]}}, {"value": {"ids": [1, 2, 3]}}, (api_table.SAME, "")),
-    ({"value": {"lp": -1.23456}}, {"value": {"lp": -1.23461}}, (api_table.SAME, "")),  # two float32 programs
-    ({"value": {"ids": [1, 2, 3]}}, {"value": {"ids": [1, 5, 3]}}, (api_table.DIFFERS, "ids[1]: vLLM `2`, here `5`")),
-    ({"value": {"type": "str"}}, {"value": {"type": "int"}}, (api_table.DIFFERS, 'type: vLLM `"str"`, here `"int"`')),
-    ({"value": {"ids": [1, 2]}}, {"value": {"ids": [1, 2, 3]}}, (api_table.DIFFERS, "ids: vLLM 2 items, here 3")),
-    ({"value": {"a": 1}}, {"value": {"a": 1, "b": 2}}, (api_table.DIFFERS, "b: only here has it")),
-    ({"value": {"x": True}}, {"value": {"x": 1}}, (api_table.DIFFERS, "x: vLLM `true`, here `1`")),
-    ({"value": {}}, {"error": "TypeError: no"}, (api_table.FAILS_HERE, "TypeError: no")),
-    ({"error": "KeyError: k"}, {"value": {}}, (api_table.FAILS_VLLM, "KeyError: k")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "vllm, engine, expected",
+    [
+        ({"value": {"ids": [1, 2, 3]}}, {"value": {"ids": [1, 2, 3]}}, (api_table.SAME, "")),
+        ({"value": {"lp": -1.23456}}, {"value": {"lp": -1.23461}}, (api_table.SAME, "")),  # two float32 programs
+        (
+            {"value": {"ids": [1, 2, 3]}},
+            {"value": {"ids": [1, 5, 3]}},
+            (api_table.DIFFERS, "ids[1]: vLLM `2`, here `5`"),
+        ),
+        (
+            {"value": {"type": "str"}},
+            {"value": {"type": "int"}},
+            (api_table.DIFFERS, 'type: vLLM `"str"`, here `"int"`'),
+        ),
+        ({"value": {"ids": [1, 2]}}, {"value": {"ids": [1, 2, 3]}}, (api_table.DIFFERS, "ids: vLLM 2 items, here 3")),
+        ({"value": {"a": 1}}, {"value": {"a": 1, "b": 2}}, (api_table.DIFFERS, "b: only here has it")),
+        ({"value": {"x": True}}, {"value": {"x": 1}}, (api_table.DIFFERS, "x: vLLM `true`, here `1`")),
+        ({"value": {}}, {"error": "TypeError: no"}, (api_table.FAILS_HERE, "TypeError: no")),
+        ({"error": "KeyError: k"}, {"value": {}}, (api_table.FAILS_VLLM, "KeyError: k")),
+    ],
+)
 def test_verdicts(vllm, engine, expected):
     assert api_table.verdict(vllm, engine) == expected
 
@@ -132,8 +163,9 @@ def test_the_table_escapes_pipes_and_keeps_the_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{api_table.BEGIN}\nold\n{api_table.END}\nafter\n")
     csv_path = tmp_path / "api.csv"
-    csv_path.write_text("# date: 2026-01-01T00:00:00\n# versions: v\ncheck,what,vllm,engine,verdict,note\n"
-                        "c,`a | b`,,,same,x|y\n")
+    csv_path.write_text(
+        "# date: 2026-01-01T00:00:00\n# versions: v\ncheck,what,vllm,engine,verdict,note\nc,`a | b`,,,same,x|y\n"
+    )
     assert api_table.update_readme(readme, csv_path) and not api_table.update_readme(readme, csv_path)
     assert readme.read_text() == f"before\n{api_table.BEGIN}\n{block}\n{api_table.END}\nafter\n"
     with pytest.raises(ValueError, match="no <!-- peer-api-table:begin -->"):
@@ -141,17 +173,22 @@ def test_the_table_escapes_pipes_and_keeps_the_markers(tmp_path):
 
 
 def test_the_cpu_is_named_with_the_flags_that_pick_kernels():
-    text = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16\n" \
-           "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n"  # fmt: skip
+    text = (
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n"
+    )
     assert peer_vllm.cpu_description(text) == "AMD EPYC 9R14; avx2 fma avx512f avx512_bf16"
     assert peer_vllm.cpu_description("model name\t: Old\nflags\t: sse\n").startswith("Old; none of avx2 fma")
 
 
-@pytest.mark.parametrize("engine, vllm, flagged", [
-    ([127.9, 128.5], [129.8, 120.0], True),  # 0.99x at the median with vLLM's rounds 8% apart: noise
-    ([205.2, 204.0], [182.4, 183.0], False),  # 1.12x, each side within 0.6%: a difference
-    ([100.0, 100.0, 100.0], [100.0, 100.0, 100.0], True),  # equal, no spread: margin 0 is not a difference
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "engine, vllm, flagged",
+    [
+        ([127.9, 128.5], [129.8, 120.0], True),  # 0.99x at the median with vLLM's rounds 8% apart: noise
+        ([205.2, 204.0], [182.4, 183.0], False),  # 1.12x, each side within 0.6%: a difference
+        ([100.0, 100.0, 100.0], [100.0, 100.0, 100.0], True),  # equal, no spread: margin 0 is not a difference
+    ],
+)
 def test_a_margin_inside_the_rounds_spread_is_flagged(engine, vllm, flagged):
     row = peer_vllm.ratio_row(engine, vllm)
     assert row["rounds"] == len(engine) and len(row["per_round"].split()) == len(engine)

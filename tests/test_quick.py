@@ -1,4 +1,5 @@
 """`--quick` (tests/conftest.py, `make check`): which tests the edit-test loop keeps, and that it reaches every module."""
+
 from __future__ import annotations
 
 import re
@@ -26,16 +27,26 @@ def select(items: list[Item]) -> tuple[list[Item], list[str]]:
 
 
 def test_slow_tests_and_later_cases_are_left_out_in_order():
-    items = [Item("a.py", "test_x", "1"), Item("a.py", "test_x", "2"), Item("a.py", "test_slow", slow=True),
-             Item("a.py", "test_y"), Item("b.py", "test_x", "1"), Item("b.py", "test_x", "2")]  # fmt: skip
+    items = [
+        Item("a.py", "test_x", "1"),
+        Item("a.py", "test_x", "2"),
+        Item("a.py", "test_slow", slow=True),
+        Item("a.py", "test_y"),
+        Item("b.py", "test_x", "1"),
+        Item("b.py", "test_x", "2"),
+    ]
     kept, rescued = select(items)
     # test_x's first case in each module (the same name in two modules is two tests), test_y; no slow test
     assert kept == [items[0], items[3], items[4]] and rescued == []
 
 
 def test_a_module_whose_tests_are_all_slow_keeps_its_first():
-    items = [Item("a.py", "test_x"), Item("nb.py", "test_run", "01", slow=True), Item("nb.py", "test_run", "02", slow=True),
-             Item("nb.py", "test_other", slow=True)]  # fmt: skip
+    items = [
+        Item("a.py", "test_x"),
+        Item("nb.py", "test_run", "01", slow=True),
+        Item("nb.py", "test_run", "02", slow=True),
+        Item("nb.py", "test_other", slow=True),
+    ]
     kept, rescued = select(items)
     assert kept == [items[0], items[1]] and rescued == ["nb.py"]
 
@@ -48,8 +59,13 @@ def test_a_slow_first_case_gives_way_to_the_next_one():
 @pytest.mark.slow
 def test_make_check_collects_every_test_module_of_the_suite():
     """The whole suite collected under --quick (no test runs): a test of every tests/**/test_*.py, far fewer tests."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--quick"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     kept = [line for line in done.stdout.splitlines() if "::" in line]
     modules = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")}

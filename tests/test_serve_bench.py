@@ -7,6 +7,7 @@ The files under tests/data/serve_bench/ are real outputs, cut down to what a rea
 intervals) and aiperf 0.13.0's profile_export_aiperf.json (the summary metrics), each from a run of 6 requests against
 `python -m reference serve` (`guidellm.json`, `aiperf.json`), and again against a server with --max-model-len 200
 given prompts of 195 +- 20 tokens, some of them refused with a 400 (`*_errors.json`)."""
+
 import csv
 import json
 import socket
@@ -21,6 +22,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import serve_bench  # noqa: E402
 from serve_bench import read_aiperf, read_guidellm  # noqa: E402
+
 from sim.figures.readme_numbers import Files, make_block  # noqa: E402
 
 
@@ -51,8 +53,10 @@ def test_an_aiperf_result_is_read_from_its_summary():
     summary = record("aiperf.json")
     assert (point.client, point.client_version) == ("aiperf", "0.13.0")
     assert (point.num_requests, point.completed, point.errors) == (6, 6, 0)
-    assert (point.itl_p50_ms, point.itl_p99_ms) == (summary["inter_token_latency"]["p50"],
-                                                     summary["inter_token_latency"]["p99"])
+    assert (point.itl_p50_ms, point.itl_p99_ms) == (
+        summary["inter_token_latency"]["p50"],
+        summary["inter_token_latency"]["p99"],
+    )
     assert point.output_tokens_per_s == summary["output_token_throughput"]["avg"]
 
 
@@ -88,14 +92,17 @@ def _aiperf_errors_as_text(r):
     r["error_summary"] = "none"
 
 
-@pytest.mark.parametrize("name, reader, change, message", [
-    ("guidellm.json", read_guidellm, _guidellm_without_ttft, "no 'time_to_first_token_ms'"),
-    ("guidellm.json", read_guidellm, _guidellm_twice, "with one benchmark"),
-    ("guidellm.json", read_guidellm, _guidellm_nan, "ITL p99 is nan"),
-    ("aiperf.json", read_aiperf, _aiperf_without_itl, "no 'inter_token_latency'"),
-    ("aiperf.json", read_aiperf, _aiperf_text_count, "request_count is 'six'"),
-    ("aiperf.json", read_aiperf, _aiperf_errors_as_text, "not an aiperf result file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, reader, change, message",
+    [
+        ("guidellm.json", read_guidellm, _guidellm_without_ttft, "no 'time_to_first_token_ms'"),
+        ("guidellm.json", read_guidellm, _guidellm_twice, "with one benchmark"),
+        ("guidellm.json", read_guidellm, _guidellm_nan, "ITL p99 is nan"),
+        ("aiperf.json", read_aiperf, _aiperf_without_itl, "no 'inter_token_latency'"),
+        ("aiperf.json", read_aiperf, _aiperf_text_count, "request_count is 'six'"),
+        ("aiperf.json", read_aiperf, _aiperf_errors_as_text, "not an aiperf result file"),
+    ],
+)
 def test_a_result_file_missing_a_measure_is_one_line_naming_it(tmp_path, name, reader, change, message):
     r = record(name)
     change(r)
@@ -122,15 +129,17 @@ WORKLOAD = serve_bench.Workload(prompt_tokens=128, output_tokens=64, num_request
 
 
 def test_the_guidellm_command_asks_for_the_workload():
-    command, result = serve_bench.client_command("guidellm", "guidellm", "http://127.0.0.1:8011", "tok", WORKLOAD,
-                                                 "out")  # fmt: skip
+    command, result = serve_bench.client_command(
+        "guidellm", "guidellm", "http://127.0.0.1:8011", "tok", WORKLOAD, "out"
+    )
     assert result == "out/guidellm-rate1.json"
     assert " ".join(command) == (
         "guidellm run --backend kind=openai_http,target=http://127.0.0.1:8011,model=smollm2,"
         "request_format=/v1/completions --tokenizer kind=huggingface_auto,model=tok "
         "--data kind=synthetic_text,prompt_tokens=128,output_tokens=64 --profile kind=constant,rate=1 "
         "--constraint kind=max_requests,count=20 --seed kind=static,value=0 "
-        "--output kind=json,path=out/guidellm-rate1.json --disable-progress")  # fmt: skip
+        "--output kind=json,path=out/guidellm-rate1.json --disable-progress"
+    )
 
 
 def test_the_aiperf_command_asks_for_the_workload_and_the_servers_token_counts():
@@ -144,20 +153,23 @@ def test_the_aiperf_command_asks_for_the_workload_and_the_servers_token_counts()
 
 
 # --- flags, a missing client, a server that does not start --------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["--rates", "0"], "--rates '0': each rate in (0, 100]"),
-    (["--rates", "1,1"], "none twice"),
-    (["--rates", "1,x"], "expected numbers separated by commas"),
-    (["--rates", "nan"], "each rate in (0, 100]"),
-    (["--clients", "vegeta"], "--clients 'vegeta': allowed guidellm, aiperf"),
-    (["--clients", "aiperf,aiperf"], "each once"),
-    (["--duration", "0"], "--duration 0.0: allowed 1 to 3,600"),
-    (["--duration", "nan"], "--duration nan"),
-    (["--duration", "1", "--rates", "0.2"], "every rate needs at least one request"),
-    (["--num-gpu-blocks", "8"], "128 slots cannot hold one request of 128 + 64 tokens"),
-    (["--port", "80"], "--port 80: allowed 1024 to 65,535"),
-    (["--output-tokens", "0"], "--output-tokens 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rates", "0"], "--rates '0': each rate in (0, 100]"),
+        (["--rates", "1,1"], "none twice"),
+        (["--rates", "1,x"], "expected numbers separated by commas"),
+        (["--rates", "nan"], "each rate in (0, 100]"),
+        (["--clients", "vegeta"], "--clients 'vegeta': allowed guidellm, aiperf"),
+        (["--clients", "aiperf,aiperf"], "each once"),
+        (["--duration", "0"], "--duration 0.0: allowed 1 to 3,600"),
+        (["--duration", "nan"], "--duration nan"),
+        (["--duration", "1", "--rates", "0.2"], "every rate needs at least one request"),
+        (["--num-gpu-blocks", "8"], "128 slots cannot hold one request of 128 + 64 tokens"),
+        (["--port", "80"], "--port 80: allowed 1024 to 65,535"),
+        (["--output-tokens", "0"], "--output-tokens 0"),
+    ],
+)
 def test_a_bad_flag_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         serve_bench.main([*argv, "--out", str(tmp_path / "x.csv")])
@@ -193,8 +205,9 @@ def test_a_server_that_does_not_start_is_one_line_and_exit_2(tmp_path, capsys, m
     """The server command exits at once (here a policy it does not know): the run says why in one line."""
     command = serve_bench.server_command
     monkeypatch.setattr(serve_bench, "server_command", lambda a: [*command(a), "--policy", "nope"])
-    code = serve_bench.main(["--client-venv", str(fake_clients(tmp_path)), "--port", str(free_port()),
-                             "--out", str(tmp_path / "x.csv")])  # fmt: skip
+    code = serve_bench.main(
+        ["--client-venv", str(fake_clients(tmp_path)), "--port", str(free_port()), "--out", str(tmp_path / "x.csv")]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: the server did not start (exit 2): ") and err.count("\n") == 1
     assert "nope" in err and not (tmp_path / "x.csv").exists()
@@ -206,11 +219,13 @@ def test_a_port_in_use_is_refused_before_the_server_starts(tmp_path, capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = serve_bench.main(["--client-venv", str(fake_clients(tmp_path)), "--port", str(port),
-                                 "--out", str(tmp_path / "x.csv")])  # fmt: skip
+        code = serve_bench.main(
+            ["--client-venv", str(fake_clients(tmp_path)), "--port", str(port), "--out", str(tmp_path / "x.csv")]
+        )
     err = capsys.readouterr().err
-    assert code == 2 and err == (f"error: --port {port}: cannot listen there (Address already in use; another server? "
-                                 "give a free port)\n")
+    assert code == 2 and err == (
+        f"error: --port {port}: cannot listen there (Address already in use; another server? give a free port)\n"
+    )
 
 
 def free_port() -> int:
@@ -252,8 +267,9 @@ def committed_rows() -> list[dict]:
 def test_the_committed_run_has_each_client_at_each_rate_and_its_command():
     rows = committed_rows()
     text = (ROOT / "figures" / "serve_bench.csv").read_text()
-    assert {(r["client"], r["rate_req_per_s"]) for r in rows} == {(c, rate) for c in serve_bench.CLIENTS
-                                                                  for rate in ("0.5", "1", "2")}
+    assert {(r["client"], r["rate_req_per_s"]) for r in rows} == {
+        (c, rate) for c in serve_bench.CLIENTS for rate in ("0.5", "1", "2")
+    }
     assert "# command: python tools/serve_bench.py" in text and "# machine: " in text
     for r in rows:
         assert r["command"].startswith(f".venv-bench/bin/{r['client']} ")

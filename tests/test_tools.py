@@ -1,5 +1,6 @@
 """tools/bad_inputs.py, the bad-input probe (`make bad-inputs`): its catalogue builds from the command lines'
 own parsers, and its verdicts are right on cases whose outcome is known."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,11 +30,19 @@ def test_verdicts_on_known_outcomes():
     accepted = probe.run_case(probe.Case("sim", ["run", "--num-requests", "3", "--json"], "valid"), timeout=60)
     assert accepted["outcome"] == "wrong_exit" and accepted["exit"] == 0, accepted  # a valid input is not refused
     protect = {"A.csv": probe.SENTINEL}
-    kept = probe.run_case(probe.Case("sim", ["run", "--num-requests", "3", "--requests-csv", "A.csv", "--steps-csv",
-                                             "nodir/x.csv"], "output path", protect), timeout=60)  # fmt: skip
+    kept = probe.run_case(
+        probe.Case(
+            "sim",
+            ["run", "--num-requests", "3", "--requests-csv", "A.csv", "--steps-csv", "nodir/x.csv"],
+            "output path",
+            protect,
+        ),
+        timeout=60,
+    )
     assert kept["outcome"] == "clean" and kept["files_lost"] == "", kept
-    overwritten = probe.run_case(probe.Case("sim", ["run", "--num-requests", "3", "--requests-csv", "A.csv"], "valid",
-                                            protect), timeout=60)  # fmt: skip
+    overwritten = probe.run_case(
+        probe.Case("sim", ["run", "--num-requests", "3", "--requests-csv", "A.csv"], "valid", protect), timeout=60
+    )
     assert overwritten["files_lost"] == "A.csv"  # a file that existed before and changed is counted as lost
 
 
@@ -43,10 +52,12 @@ def test_core_report_sees_a_planted_mixin_private_import_and_circle(tmp_path):
     spec = importlib.util.spec_from_file_location("core_report", ROOT / "tools" / "core_report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
-    (tmp_path / "a.py").write_text("from sim.b import _helper\n\nclass Host:\n    def __init__(self):\n"
-                                   "        self._state = 1\n\nclass Child(Host):\n    def f(self):\n"
-                                   "        return self._state\n\nclass Mixin:\n    def g(self):\n"
-                                   "        return self._state\n")  # fmt: skip
+    (tmp_path / "a.py").write_text(
+        "from sim.b import _helper\n\nclass Host:\n    def __init__(self):\n"
+        "        self._state = 1\n\nclass Child(Host):\n    def f(self):\n"
+        "        return self._state\n\nclass Mixin:\n    def g(self):\n"
+        "        return self._state\n"
+    )
     (tmp_path / "b.py").write_text("def _helper():\n    from sim.a import Host\n    return Host\n")
     mods = {"sim.a": tmp_path / "a.py", "sim.b": tmp_path / "b.py"}
     edges = report.imports(mods)
@@ -97,16 +108,21 @@ def test_busy_runs_the_command_beside_busy_processes_and_keeps_its_status():
     assert all(p.returncode is not None for p in procs)  # stopped and reaped after it
     done = _run_tool("tools/busy.py", "--hogs", "1", "--", sys.executable, "-c", "raise SystemExit(3)")
     assert done.returncode == 3 and "exited 3 after" in done.stderr and "1 busy process beside it" in done.stderr
-    for argv, words in ((["--hogs", "1"], "no command given"), (["--hogs", "-1", "--", "true"], "--hogs must be"),
-                        (["--", "no-such-command-here"], "no such command")):  # fmt: skip
+    for argv, words in (
+        (["--hogs", "1"], "no command given"),
+        (["--hogs", "-1", "--", "true"], "--hogs must be"),
+        (["--", "no-such-command-here"], "no such command"),
+    ):
         bad = _run_tool("tools/busy.py", *argv)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
 def test_grade_under_load_refuses_bad_flags_before_grading(tmp_path):
-    for argv, words in ((["--lab", "nope"], "unknown --lab 'nope' (allowed: first_fit,"),
-                        (["--hogs", "-2"], "--hogs takes counts from 0 to 64"),
-                        (["--out", str(tmp_path), "--lab", "buddy"], "is a folder")):  # fmt: skip
+    for argv, words in (
+        (["--lab", "nope"], "unknown --lab 'nope' (allowed: first_fit,"),
+        (["--hogs", "-2"], "--hogs takes counts from 0 to 64"),
+        (["--out", str(tmp_path), "--lab", "buddy"], "is a folder"),
+    ):
         bad = _run_tool("tools/grade_under_load.py", *argv)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert bad.stdout == ""  # nothing graded

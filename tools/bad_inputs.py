@@ -15,6 +15,7 @@ on top, `files_lost` (a file that existed before was changed or removed). The ta
 This is a probe, not a test: tests/sim/test_bad_input.py and tests/reference/test_api_bad_input.py hold the
 fast tables that run in `make test`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GOOD_JSONL = b'{"request_id": 0, "arrival_time": 0.0, "prompt_len": 8, "output_len": 4}\n' \
-             b'{"request_id": 1, "arrival_time": 0.5, "prompt_len": 12, "output_len": 6}\n'  # fmt: skip
+GOOD_JSONL = (
+    b'{"request_id": 0, "arrival_time": 0.0, "prompt_len": 8, "output_len": 4}\n'
+    b'{"request_id": 1, "arrival_time": 0.5, "prompt_len": 12, "output_len": 6}\n'
+)
 GOOD_CSV = b"request_id,arrival_time,prompt_len,output_len\n0,0.0,8,4\n1,0.5,12,6\n"
 SENTINEL = b"an earlier output that must survive\n"
 
@@ -124,8 +127,28 @@ def sim_cases() -> list[Case]:
         ([*run, "--watermark", "1.5"], "flag value"),
         ([*run, "--pool-page-steps", "5"], "ignored combination"),
         ([*run, "--requests-csv", "-"], "output path"),
-        (["run", "--policy", "hybrid", "--model", "gemma3-270m", "--num-gpus", "4", "--block-size", "1", "--workload",
-          "fixed", "--prompt-len", "8", "--output-len", "4", "--num-requests", "2"], "pool past the limits"),
+        (
+            [
+                "run",
+                "--policy",
+                "hybrid",
+                "--model",
+                "gemma3-270m",
+                "--num-gpus",
+                "4",
+                "--block-size",
+                "1",
+                "--workload",
+                "fixed",
+                "--prompt-len",
+                "8",
+                "--output-len",
+                "4",
+                "--num-requests",
+                "2",
+            ],
+            "pool past the limits",
+        ),
         (["disagg", "--num-requests", "5", "--link-bandwidth", "5e-324"], "flag value"),
         (["disagg", "--num-requests", "5", "--link-latency", "1e300"], "flag value"),
         (["disagg", "--num-requests", "5", "--colocated", "--link-bandwidth", "10"], "ignored combination"),
@@ -160,13 +183,23 @@ def sim_cases() -> list[Case]:
         ["bench-alloc", "--ops", "100", "--csv", "t.jsonl/x.csv"],
     ]
     cases += [Case("sim", argv, "output path", dict(keep)) for argv in outputs]
-    sweeps = [["sweep"], ["sweep", "--grid", "rate"], ["sweep", "--grid", "bogus=1"], ["sweep", "--grid", "rate=a"],
-              ["sweep", "--grid", "rate=1", "--grid", "rate=2"], ["sweep", "--set", "rate=-1", "--grid", "policy=max"],
-              ["sweep", "--grid", "rate=1", "--set", "requests=1"], ["sweep", "--grid", "rate=1", "--jobs", "0"],
-              ["figures", "--only", "bogus"], ["figures", "--jobs", "0"]]  # fmt: skip
+    sweeps = [
+        ["sweep"],
+        ["sweep", "--grid", "rate"],
+        ["sweep", "--grid", "bogus=1"],
+        ["sweep", "--grid", "rate=a"],
+        ["sweep", "--grid", "rate=1", "--grid", "rate=2"],
+        ["sweep", "--set", "rate=-1", "--grid", "policy=max"],
+        ["sweep", "--grid", "rate=1", "--set", "requests=1"],
+        ["sweep", "--grid", "rate=1", "--jobs", "0"],
+        ["figures", "--only", "bogus"],
+        ["figures", "--jobs", "0"],
+    ]
     cases += [Case("sim", argv, "sweep/figures spec") for argv in sweeps]
-    cases += [Case("sim", ["run", "--trace", name], "hostile trace", {name: content})
-              for name, content in hostile_traces().items()]
+    cases += [
+        Case("sim", ["run", "--trace", name], "hostile trace", {name: content})
+        for name, content in hostile_traces().items()
+    ]
     return cases
 
 
@@ -177,39 +210,66 @@ def hostile_traces() -> dict[str, bytes]:
         return row.format(rid=rid, t=t, p=p, o=o, extra=extra).encode()
 
     traces = {
-        "empty.jsonl": b"", "blank.jsonl": b"\n\n", "nul.jsonl": b"\x00\x00",
-        "utf16.jsonl": GOOD_JSONL.decode().encode("utf-16"), "latin1.jsonl": b'{"request_id": 0, "x\xe9": 1}\n',
-        "deep.jsonl": b"[" * 3000 + b"\n", "deepobj.jsonl": b'{"a":' * 3000 + b"\n",
-        "list.jsonl": b"[1, 2, 3]\n", "string.jsonl": b'"hello"\n', "truncated.jsonl": GOOD_JSONL[:40],
-        "huge_t.jsonl": jsonl(t="1" + "0" * 400), "far_t.jsonl": jsonl(t="1e17"), "nan_t.jsonl": jsonl(t="NaN"),
-        "inf_t.jsonl": jsonl(t="Infinity"), "neg_t.jsonl": jsonl(t="-1"), "str_t.jsonl": jsonl(t='"soon"'),
-        "huge_id.jsonl": jsonl(rid=str(2**63)), "neg_id.jsonl": jsonl(rid="-1"), "float_id.jsonl": jsonl(rid="1.5"),
-        "bool_len.jsonl": jsonl(p="true"), "null_len.jsonl": jsonl(p="null"), "zero_len.jsonl": jsonl(o="0"),
-        "huge_len.jsonl": jsonl(p=str(10**12)), "float_len.jsonl": jsonl(p="8.5"),
-        "dup_ids.jsonl": jsonl() + jsonl(t="1.0"), "unknown.jsonl": jsonl(extra=', "colour": "red"'),
-        "huge_n.jsonl": jsonl(extra=', "n": 1000000000'), "beam_and_n.jsonl": jsonl(extra=', "n": 2, "beam_width": 2'),
+        "empty.jsonl": b"",
+        "blank.jsonl": b"\n\n",
+        "nul.jsonl": b"\x00\x00",
+        "utf16.jsonl": GOOD_JSONL.decode().encode("utf-16"),
+        "latin1.jsonl": b'{"request_id": 0, "x\xe9": 1}\n',
+        "deep.jsonl": b"[" * 3000 + b"\n",
+        "deepobj.jsonl": b'{"a":' * 3000 + b"\n",
+        "list.jsonl": b"[1, 2, 3]\n",
+        "string.jsonl": b'"hello"\n',
+        "truncated.jsonl": GOOD_JSONL[:40],
+        "huge_t.jsonl": jsonl(t="1" + "0" * 400),
+        "far_t.jsonl": jsonl(t="1e17"),
+        "nan_t.jsonl": jsonl(t="NaN"),
+        "inf_t.jsonl": jsonl(t="Infinity"),
+        "neg_t.jsonl": jsonl(t="-1"),
+        "str_t.jsonl": jsonl(t='"soon"'),
+        "huge_id.jsonl": jsonl(rid=str(2**63)),
+        "neg_id.jsonl": jsonl(rid="-1"),
+        "float_id.jsonl": jsonl(rid="1.5"),
+        "bool_len.jsonl": jsonl(p="true"),
+        "null_len.jsonl": jsonl(p="null"),
+        "zero_len.jsonl": jsonl(o="0"),
+        "huge_len.jsonl": jsonl(p=str(10**12)),
+        "float_len.jsonl": jsonl(p="8.5"),
+        "dup_ids.jsonl": jsonl() + jsonl(t="1.0"),
+        "unknown.jsonl": jsonl(extra=', "colour": "red"'),
+        "huge_n.jsonl": jsonl(extra=', "n": 1000000000'),
+        "beam_and_n.jsonl": jsonl(extra=', "n": 2, "beam_width": 2'),
         "ids_len.jsonl": jsonl(p="3", extra=', "prompt_token_ids": [1, 2]'),
         "ids_huge.jsonl": jsonl(p="2", extra=f', "prompt_token_ids": [1, {2**63}]'),
         "ids_neg.jsonl": jsonl(p="2", extra=', "prompt_token_ids": [1, -2]'),
         "ids_str.jsonl": jsonl(p="2", extra=', "prompt_token_ids": "ab"'),
         "dup_key.jsonl": b'{"request_id": 0, "request_id": 1, "arrival_time": 0, "prompt_len": 8, "output_len": 4}\n',
         "long_line.jsonl": b'{"request_id": 0, "arrival_time": 0, "pad": "' + b"x" * (2 << 20) + b'"}\n',
-        "bad.csv": b"a,b\n1,2\n", "short_row.csv": GOOD_CSV + b"2,1.0,8\n", "long_row.csv": GOOD_CSV + b"2,1,8,4,1,1,,0,9\n",
-        "huge_cell.csv": GOOD_CSV + b'3,"' + b"9" * (200 << 10) + b'",8,4\n', "nan.csv": GOOD_CSV + b"2,nan,8,4\n",
-        "neg.csv": GOOD_CSV + b"2,1,-8,4\n", "latin1.csv": GOOD_CSV + b"2,1,8,\xff\n", "empty.csv": b"",
-        "quote.csv": GOOD_CSV + b'2,"1,8,4\n', "huge_id.csv": GOOD_CSV + str(2**64).encode() + b",1,8,4\n",
-        "trace.txt": GOOD_JSONL, "noext": GOOD_JSONL,
-        "sharegpt_bad.json": b'[{"conversations": 5}]', "sharegpt_empty.json": b"[]",
+        "bad.csv": b"a,b\n1,2\n",
+        "short_row.csv": GOOD_CSV + b"2,1.0,8\n",
+        "long_row.csv": GOOD_CSV + b"2,1,8,4,1,1,,0,9\n",
+        "huge_cell.csv": GOOD_CSV + b'3,"' + b"9" * (200 << 10) + b'",8,4\n',
+        "nan.csv": GOOD_CSV + b"2,nan,8,4\n",
+        "neg.csv": GOOD_CSV + b"2,1,-8,4\n",
+        "latin1.csv": GOOD_CSV + b"2,1,8,\xff\n",
+        "empty.csv": b"",
+        "quote.csv": GOOD_CSV + b'2,"1,8,4\n',
+        "huge_id.csv": GOOD_CSV + str(2**64).encode() + b",1,8,4\n",
+        "trace.txt": GOOD_JSONL,
+        "noext": GOOD_JSONL,
+        "sharegpt_bad.json": b'[{"conversations": 5}]',
+        "sharegpt_empty.json": b"[]",
         "sharegpt_notlist.json": b'{"conversations": []}',
         "sharegpt_control.json": b'[{"conversations": [{"from": "human", "value": "\\u0000\\u0007"}, '
-                                 b'{"from": "gpt", "value": "ok"}]}]',
-    }  # fmt: skip
+        b'{"from": "gpt", "value": "ok"}]}]',
+    }
     return traces
 
 
 def _llama_config(extra: bytes) -> bytes:
-    return (b'{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, '
-            b'"num_attention_heads": 4, "vocab_size": 256, ' + extra + b"}")
+    return (
+        b'{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, '
+        b'"num_attention_heads": 4, "vocab_size": 256, ' + extra + b"}"
+    )
 
 
 def reference_cases() -> list[Case]:
@@ -225,18 +285,26 @@ def reference_cases() -> list[Case]:
     # for good starts a server, which shows here as `hung`)
     cases += _flag_cases("reference", "serve", subs["serve"], ["--model", "random"])
     trace = {"t.jsonl": GOOD_JSONL}
-    cases += [Case(c.command, c.argv, c.kind, trace) for c in _flag_cases("reference", "loadtest", subs["loadtest"],
-                                                                          ["--trace", "t.jsonl"])]  # fmt: skip
-    cost = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "opt-13b", '
-                      b'"coefficients": {"a": 0, "b": 0, "c": 0, "d": 0, "floor_s": 0, "swap_bandwidth": 1}}'}
+    cases += [
+        Case(c.command, c.argv, c.kind, trace)
+        for c in _flag_cases("reference", "loadtest", subs["loadtest"], ["--trace", "t.jsonl"])
+    ]
+    cost = {
+        "c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "opt-13b", '
+        b'"coefficients": {"a": 0, "b": 0, "c": 0, "d": 0, "floor_s": 0, "swap_bandwidth": 1}}'
+    }
     # a piecewise model that prices 1,536 tokens at -18.9 s (what the unconstrained fit once committed)
-    absurd = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "smollm2-135m", '
-                        b'"kind": "piecewise", "coefficients": {"knots": [1, 1024, 1536, 2048], "values": [0.05, 3.6, '
-                        b'-18.9, 8.7], "c": 0, "d": 0, "e": 0, "swap_bandwidth": 1, "max_decode_seqs": null, '
-                        b'"max_context_tokens": null, "max_prefill_pairs": null}}'}
-    old = {"c.json": b'{"format": "paged-attention-lab cost model", "version": 1, "model": "smollm2-135m", '
-                     b'"kind": "piecewise", "coefficients": {"knots": [1, 2], "values": [0.05, 0.06], "c": 0, "d": 0, '
-                     b'"swap_bandwidth": 1}}'}
+    absurd = {
+        "c.json": b'{"format": "paged-attention-lab cost model", "version": 2, "model": "smollm2-135m", '
+        b'"kind": "piecewise", "coefficients": {"knots": [1, 1024, 1536, 2048], "values": [0.05, 3.6, '
+        b'-18.9, 8.7], "c": 0, "d": 0, "e": 0, "swap_bandwidth": 1, "max_decode_seqs": null, '
+        b'"max_context_tokens": null, "max_prefill_pairs": null}}'
+    }
+    old = {
+        "c.json": b'{"format": "paged-attention-lab cost model", "version": 1, "model": "smollm2-135m", '
+        b'"kind": "piecewise", "coefficients": {"knots": [1, 2], "values": [0.05, 0.06], "c": 0, "d": 0, '
+        b'"swap_bandwidth": 1}}'
+    }
     bad_config = {"ck/config.json": b'{"model_type": "llama"}'}
     combos = [
         (["generate", "", "--model", "random"], "empty prompt", {}),
@@ -246,16 +314,25 @@ def reference_cases() -> list[Case]:
         (["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": b"[]"}),
         # a string or a number where config.json has a bool (bool("false") would be True), a bool for an int,
         # JSON nested past Python's recursion limit
-        *[(["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": _llama_config(extra)})
-          for extra in (b'"tie_word_embeddings": "false"', b'"attention_bias": 1', b'"num_key_value_heads": true',
-                        b'"rope_scaling": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000)],
+        *[
+            (["generate", "hi", "--model", "ck"], "bad checkpoint", {"ck/config.json": _llama_config(extra)})
+            for extra in (
+                b'"tie_word_embeddings": "false"',
+                b'"attention_bias": 1',
+                b'"num_key_value_heads": true',
+                b'"rope_scaling": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000,
+            )
+        ],
         (["generate", "1 2 99999999", "--model", "random"], "prompt token id", {}),
         (["generate", "1 2 x", "--model", "random"], "prompt token id", {}),
         (["generate", " ".join(["5"] * 5000), "--model", "random"], "prompt past the context", {}),
         (["generate", "hi", "--model", "random", "--n", "2", "--beam-width", "2"], "conflicting flags", {}),
         (["generate", "hi", "--model", "random", "--beam-width", "2", "--temperature", "0.5"], "conflicting flags", {}),
-        (["generate", "hi", "--model", "random", "--beam-width", "2", "--prompt-logprobs", "1"], "conflicting flags",
-         {}),
+        (
+            ["generate", "hi", "--model", "random", "--beam-width", "2", "--prompt-logprobs", "1"],
+            "conflicting flags",
+            {},
+        ),
         (["generate", "hi", "--model", "random", "--prompt-logprobs", "21"], "flag value", {}),
         (["generate", "hi", "--model", "random", "--max-tokens", "100000000"], "flag value", {}),
         (["generate", "hi", "--model", "random", "--kv-blocks", "1"], "pool too small", {}),
@@ -271,7 +348,11 @@ def reference_cases() -> list[Case]:
         (["validate-sim", "--cost-model", "c.json"], "cost model for another model", cost),
         (["validate-sim", "--cost-model", "c.json"], "cost model not JSON", {"c.json": b"{"}),
         (["validate-sim", "--cost-model", "absent.json"], "missing input", {}),
-        (["validate-sim", "--trace", "t.jsonl", "--cost-model", "absent.json"], "missing input", {"t.jsonl": GOOD_JSONL}),
+        (
+            ["validate-sim", "--trace", "t.jsonl", "--cost-model", "absent.json"],
+            "missing input",
+            {"t.jsonl": GOOD_JSONL},
+        ),
         (["validate-sim", "--trace", "t.jsonl", "--figure", "t.jsonl"], "output path", {"t.jsonl": GOOD_JSONL}),
         (["validate-sim", "--num-gpu-blocks", "64"], "conflicting flags", {}),
         (["validate-sim", "--cost-model", "c.json"], "absurd cost model", absurd),
@@ -286,47 +367,86 @@ def reference_cases() -> list[Case]:
         (["generate", "5 7", "--model", "random", "--block-size", "1000000000"], "flag value", {}),
         (["generate", "5 7", "--model", "random", "--kv-blocks", "100000000"], "pool past the limits", {}),
         (["validate-sim", "--traces-dir", "A.csv"], "output path", {"A.csv": SENTINEL}),
-        (["calibrate", "--quick", "--passes", "1", "--out", "A.csv", "--steps-csv", "/dev/full"], "full disk",
-         {"A.csv": SENTINEL}),
+        (
+            ["calibrate", "--quick", "--passes", "1", "--out", "A.csv", "--steps-csv", "/dev/full"],
+            "full disk",
+            {"A.csv": SENTINEL},
+        ),
         (["loadtest", "--trace", "t.jsonl", "--out", "t.jsonl"], "output path", {"t.jsonl": GOOD_JSONL}),
         (["loadtest", "--trace", "t.jsonl", "--url", "ftp://x"], "flag value", {"t.jsonl": GOOD_JSONL}),
-        (["loadtest", "--trace", "beam.jsonl"], "bad trace", {"beam.jsonl": GOOD_JSONL.replace(b"}", b', "beam_width": 2}')}),
-        (["validate-sim", "--online", "--trace", "t.jsonl", "--trace", "t.jsonl"], "conflicting flags",
-         {"t.jsonl": GOOD_JSONL}),
+        (
+            ["loadtest", "--trace", "beam.jsonl"],
+            "bad trace",
+            {"beam.jsonl": GOOD_JSONL.replace(b"}", b', "beam_width": 2}')},
+        ),
+        (
+            ["validate-sim", "--online", "--trace", "t.jsonl", "--trace", "t.jsonl"],
+            "conflicting flags",
+            {"t.jsonl": GOOD_JSONL},
+        ),
         (["validate-sim", "--online", "--quick"], "conflicting flags", {}),
         (["serve", "--model", "nosuch"], "flag value", {}),
         (["serve", "--model", "random", "--port", "70000"], "flag value", {}),
         (["serve", "--model", "random", "--host", "999.1.1.1"], "flag value", {}),
         (["generate", "\udcff hi"], "prompt not UTF-8", {}),  # the argument's byte 0xff, as a shell passes it
-        (["loadtest", "--trace", "t.jsonl", "--url", "http://127.0.0.1:1"], "no server at --url", {"t.jsonl": GOOD_JSONL}),
+        (
+            ["loadtest", "--trace", "t.jsonl", "--url", "http://127.0.0.1:1"],
+            "no server at --url",
+            {"t.jsonl": GOOD_JSONL},
+        ),
         (["bench-gpu"], "needs a CUDA GPU", {}),
         (["bench-kernels"], "needs a CUDA GPU", {}),
         # vLLM's spellings (--kv-cache-dtype, --speculative-config): a value vLLM takes that this engine has no path
         # for, a bad JSON object, and a disagreement with the project's own flag
-        *[([*command, "--kv-cache-dtype", value], "vLLM value the engine lacks", {})
-          for command in (["generate", "hi", "--model", "random"], ["serve", "--model", "random"])
-          for value in ("fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")],
-        (["generate", "hi", "--model", "random", "--kv-dtype", "int8", "--kv-cache-dtype", "auto"], "conflicting flags",
-         {}),
+        *[
+            ([*command, "--kv-cache-dtype", value], "vLLM value the engine lacks", {})
+            for command in (["generate", "hi", "--model", "random"], ["serve", "--model", "random"])
+            for value in ("fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+        ],
+        (
+            ["generate", "hi", "--model", "random", "--kv-dtype", "int8", "--kv-cache-dtype", "auto"],
+            "conflicting flags",
+            {},
+        ),
         (["serve", "--model", "random", "--kv-dtype", "int8", "--kv-cache-dtype", "auto"], "conflicting flags", {}),
-        *[(["generate", "hi", "--model", "random", "--speculative-config", config], kind, {}) for config, kind in (
-            ('{"method": "eagle", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
-            ('{"method": "medusa", "model": "m", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
-            ('{"method": "draft_model", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
-            ('{"num_speculative_tokens": 3}', "flag value"),
-            ('{"method": "ngram"}', "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": 0}', "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": 65}', "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": 2.5}', "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}',
-             "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0}', "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}', "flag value"),
-            ('{"method": "ngram", "num_speculative_tokens": NaN}', "flag value"),
-            ('{"method": "ngram", "method": "ngram", "num_speculative_tokens": 2}', "flag value"),
-            ("{method: ngram}", "flag value"), ("[]", "flag value"), ("", "flag value"))],
-        (["generate", "hi", "--model", "random", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": '
-          '2}', "--num-speculative-tokens", "3"], "conflicting flags", {}),
+        *[
+            (["generate", "hi", "--model", "random", "--speculative-config", config], kind, {})
+            for config, kind in (
+                ('{"method": "eagle", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
+                ('{"method": "medusa", "model": "m", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
+                ('{"method": "draft_model", "num_speculative_tokens": 3}', "vLLM value the engine lacks"),
+                ('{"num_speculative_tokens": 3}', "flag value"),
+                ('{"method": "ngram"}', "flag value"),
+                ('{"method": "ngram", "num_speculative_tokens": 0}', "flag value"),
+                ('{"method": "ngram", "num_speculative_tokens": 65}', "flag value"),
+                ('{"method": "ngram", "num_speculative_tokens": 2.5}', "flag value"),
+                (
+                    '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}',
+                    "flag value",
+                ),
+                ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0}', "flag value"),
+                ('{"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}', "flag value"),
+                ('{"method": "ngram", "num_speculative_tokens": NaN}', "flag value"),
+                ('{"method": "ngram", "method": "ngram", "num_speculative_tokens": 2}', "flag value"),
+                ("{method: ngram}", "flag value"),
+                ("[]", "flag value"),
+                ("", "flag value"),
+            )
+        ],
+        (
+            [
+                "generate",
+                "hi",
+                "--model",
+                "random",
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 2}',
+                "--num-speculative-tokens",
+                "3",
+            ],
+            "conflicting flags",
+            {},
+        ),
     ]
     cases += [Case("reference", argv, kind, files) for argv, kind, files in combos]
     return cases
@@ -347,11 +467,21 @@ def run_case(case: Case, timeout: float) -> dict:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
         start = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, "-m", case.command, *case.argv], cwd=folder, env=env,
-                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                [sys.executable, "-m", case.command, *case.argv],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
             code, err = done.returncode, done.stderr
         except subprocess.TimeoutExpired as e:
-            code, err = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            code, err = (
+                None,
+                (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""),
+            )
         seconds = time.perf_counter() - start
         after = snapshot(folder)
     lost = sorted(name for name, content in before.items() if after.get(name) != content)
@@ -367,9 +497,15 @@ def run_case(case: Case, timeout: float) -> dict:
     else:
         outcome = "clean"
     last = lines[-1] if lines else ""
-    return {"command": f"python -m {case.command} " + " ".join(_short(a) for a in case.argv), "kind": case.kind,
-            "outcome": outcome, "exit": code, "files_lost": ";".join(lost), "seconds": round(seconds, 2),
-            "message": last[:300]}
+    return {
+        "command": f"python -m {case.command} " + " ".join(_short(a) for a in case.argv),
+        "kind": case.kind,
+        "outcome": outcome,
+        "exit": code,
+        "files_lost": ";".join(lost),
+        "seconds": round(seconds, 2),
+        "message": last[:300],
+    }
 
 
 def _short(arg: str) -> str:
@@ -404,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(rows)
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("clean", "traceback", "wrong_exit", "messy", "hung")}
     lost = sum(bool(r["files_lost"]) for r in rows)
-    print(f"{len(rows)} bad inputs tried: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; files lost in {lost}")
+    print(
+        f"{len(rows)} bad inputs tried: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; files lost in {lost}"
+    )
     print(f"table: {out}")
     return 0 if counts["clean"] == len(rows) and not lost else 1
 

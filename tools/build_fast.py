@@ -20,6 +20,7 @@ decorator in the sources: this script gives mypyc that attribute for them. Froze
 breakdown, a new sequence's facts, a cost model's constants) stay plain Python classes inside the compiled modules
 (native_class=False): mypyc's frozen dataclasses can be neither copied nor pickled.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,14 +39,38 @@ sys.path.insert(0, str(ROOT))
 from sim.compiled import BUILD_DIR, MANIFEST, MODULES, source_hashes, source_path  # noqa: E402
 
 GROUP = "sim_fast"  # mypyc's shared library: build/fast/sim_fast__mypyc.*.so
-MYPY_FLAGS = ["--follow-imports=silent", "--ignore-missing-imports", "--python-version", "3.10",
-              "--disable-error-code", "union-attr", "--disable-error-code", "attr-defined",
-              "--disable-error-code", "var-annotated", "--disable-error-code", "arg-type",
-              "--disable-error-code", "assignment", "--disable-error-code", "operator",
-              "--disable-error-code", "return-value", "--disable-error-code", "list-item",
-              "--disable-error-code", "call-arg", "--disable-error-code", "misc",
-              "--disable-error-code", "index", "--disable-error-code", "override",
-              "--disable-error-code", "return"]  # fmt: skip
+MYPY_FLAGS = [
+    "--follow-imports=silent",
+    "--ignore-missing-imports",
+    "--python-version",
+    "3.10",
+    "--disable-error-code",
+    "union-attr",
+    "--disable-error-code",
+    "attr-defined",
+    "--disable-error-code",
+    "var-annotated",
+    "--disable-error-code",
+    "arg-type",
+    "--disable-error-code",
+    "assignment",
+    "--disable-error-code",
+    "operator",
+    "--disable-error-code",
+    "return-value",
+    "--disable-error-code",
+    "list-item",
+    "--disable-error-code",
+    "call-arg",
+    "--disable-error-code",
+    "misc",
+    "--disable-error-code",
+    "index",
+    "--disable-error-code",
+    "override",
+    "--disable-error-code",
+    "return",
+]
 MIXINS = {"sim.kv.no_sharing.NoSwapSpace", "sim.kv.no_sharing.NoPrefixCache"}
 
 
@@ -94,11 +119,10 @@ def copy_sources(dest: Path) -> None:
 
 
 def build(jobs: int) -> dict:
-    from setuptools import Distribution
-    from setuptools.command.build_ext import build_ext
-
     import mypy.version
     from mypyc.build import mypycify
+    from setuptools import Distribution
+    from setuptools.command.build_ext import build_ext
 
     start = time.perf_counter()
     hashes = source_hashes(MODULES)  # before compiling: an edit during the build makes the build stale, not wrong
@@ -110,8 +134,9 @@ def build(jobs: int) -> dict:
     os.chdir(src)  # mypyc names modules by their paths relative to the working directory
     try:
         paths = [source_path(m).relative_to(ROOT).as_posix() for m in MODULES]
-        extensions = mypycify(paths + MYPY_FLAGS, opt_level="3", group_name=GROUP, multi_file=True,
-                              target_dir=str(BUILD_DIR / "c"))  # fmt: skip
+        extensions = mypycify(
+            paths + MYPY_FLAGS, opt_level="3", group_name=GROUP, multi_file=True, target_dir=str(BUILD_DIR / "c")
+        )
         checked = time.perf_counter()
         dist = Distribution({"name": "sim-fast", "ext_modules": extensions})
         cmd = build_ext(dist)
@@ -128,10 +153,16 @@ def build(jobs: int) -> dict:
             raise SystemExit(f"build_fast: mypyc did not produce {built}")
         files[name] = built.relative_to(BUILD_DIR).as_posix()
     shutil.rmtree(temp, ignore_errors=True)
-    manifest = {"sources": hashes, "files": files, "cache_tag": sys.implementation.cache_tag,
-                "python": sys.version.split()[0], "mypy": mypy.version.__version__,
-                "build_wall_s": round(time.perf_counter() - start, 1), "mypyc_wall_s": round(checked - start, 1),
-                "jobs": jobs}  # fmt: skip
+    manifest = {
+        "sources": hashes,
+        "files": files,
+        "cache_tag": sys.implementation.cache_tag,
+        "python": sys.version.split()[0],
+        "mypy": mypy.version.__version__,
+        "build_wall_s": round(time.perf_counter() - start, 1),
+        "mypyc_wall_s": round(checked - start, 1),
+        "jobs": jobs,
+    }
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -143,12 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import mypyc  # noqa: F401
     except ImportError:
-        print("build_fast: mypyc is missing: pip install mypy (the Makefile's MYPY_SPEC), or run `make fast`",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "build_fast: mypyc is missing: pip install mypy (the Makefile's MYPY_SPEC), or run `make fast`",
+            file=sys.stderr,
+        )
         return 2
     manifest = build(args.jobs)
-    print(f"compiled {len(MODULES)} modules into {BUILD_DIR.relative_to(ROOT)}/ in {manifest['build_wall_s']} s "
-          f"(mypy {manifest['mypy']}, Python {manifest['python']}); use them with LAB_FAST=1")  # fmt: skip
+    print(
+        f"compiled {len(MODULES)} modules into {BUILD_DIR.relative_to(ROOT)}/ in {manifest['build_wall_s']} s "
+        f"(mypy {manifest['mypy']}, Python {manifest['python']}); use them with LAB_FAST=1"
+    )
     return 0
 
 

@@ -6,6 +6,7 @@ Starts N processes (default: one per core) that spin a busy loop, runs COMMAND, 
 COMMAND's status, printing how long it took. `make test-busy` runs the whole suite this way: no test may fail
 because the machine is busy (time limits follow the machine; timing lives in the benchmarks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no such command: {command[0]}")
         except KeyboardInterrupt:
             status = 130
-    print(f"busy.py: {' '.join(command)} exited {status} after {time.monotonic() - start:.0f} s with {args.hogs} busy "
-          f"process{'es' * (args.hogs != 1)} beside it", file=sys.stderr)  # fmt: skip
+    print(
+        f"busy.py: {' '.join(command)} exited {status} after {time.monotonic() - start:.0f} s with {args.hogs} busy "
+        f"process{'es' * (args.hogs != 1)} beside it",
+        file=sys.stderr,
+    )
     return status
 
 

@@ -15,6 +15,7 @@
 - import circles: groups of modules of `sim/` or `reference/` that import each other (imports inside functions
   count: they hide a circle, they do not remove it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sim", "reference")
 FAST = "sim.fast"  # the fast plane's package
 # the concepts of the core path, each a glob: a concept cut into several files counts them all
-CORE = ("sim/kv/blocks.py", "sim/kv/base.py", "sim/kv/paged*.py", "sim/scheduling/scheduler*.py",
-        "sim/scheduling/request_queue.py", "sim/scheduling/sequence.py", "sim/scheduling/plan.py",
-        "sim/scheduling/preemption.py", "sim/clock/loop.py", "reference/engine/engine*.py")  # fmt: skip
+CORE = (
+    "sim/kv/blocks.py",
+    "sim/kv/base.py",
+    "sim/kv/paged*.py",
+    "sim/scheduling/scheduler*.py",
+    "sim/scheduling/request_queue.py",
+    "sim/scheduling/sequence.py",
+    "sim/scheduling/plan.py",
+    "sim/scheduling/preemption.py",
+    "sim/clock/loop.py",
+    "reference/engine/engine*.py",
+)
 
 
 def code_lines(source: str) -> int:
@@ -41,12 +51,22 @@ def code_lines(source: str) -> int:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 doc_lines.update(range(first.lineno, first.end_lineno + 1))
     lines: set[int] = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                        tokenize.ENDMARKER):  # fmt: skip
+        if tok.type in (
+            tokenize.COMMENT,
+            tokenize.NL,
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.ENDMARKER,
+        ):
             continue
         lines.update(range(tok.start[0], tok.end[0] + 1))
     return len(lines - doc_lines)
@@ -91,20 +111,33 @@ def imports(mods: dict[str, Path]) -> dict[str, list[tuple[str, str]]]:
 
 
 def private_imports(mods, edges) -> list[str]:
-    return sorted(f"{m}: from {t} import {n}" for m, es in edges.items() for t, n in es
-                  if n.startswith("_") and not n.startswith("__") and t in mods)  # fmt: skip
+    return sorted(
+        f"{m}: from {t} import {n}"
+        for m, es in edges.items()
+        for t, n in es
+        if n.startswith("_") and not n.startswith("__") and t in mods
+    )
 
 
 def fast_plane_private(mods, edges) -> list[str]:
     """Private names the fast plane imports from outside its package, or reads on another object."""
-    found = [f"{m}: from {t} import {n}" for m, es in edges.items() if m == FAST or m.startswith(FAST + ".")
-             for t, n in es if n.startswith("_") and not n.startswith("__") and not t.startswith(FAST)]  # fmt: skip
+    found = [
+        f"{m}: from {t} import {n}"
+        for m, es in edges.items()
+        if m == FAST or m.startswith(FAST + ".")
+        for t, n in es
+        if n.startswith("_") and not n.startswith("__") and not t.startswith(FAST)
+    ]
     for name, path in mods.items():
         if not (name == FAST or name.startswith(FAST + ".")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):  # fmt: skip
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
                 found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     return sorted(found)
 
@@ -112,7 +145,9 @@ def fast_plane_private(mods, edges) -> list[str]:
 def circles(mods, edges) -> list[list[str]]:
     """Strongly connected components (Tarjan) of more than one module; a package's __init__ re-exporting its
     own submodules is not a circle of the submodules (edges from a package into itself are left out)."""
-    graph = {m: sorted({t for t, _ in es if t in mods and t != m and not t.startswith(m + ".")}) for m, es in edges.items()}
+    graph = {
+        m: sorted({t for t, _ in es if t in mods and t != m and not t.startswith(m + ".")}) for m, es in edges.items()
+    }
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
 
     def visit(v):
@@ -163,15 +198,23 @@ def _class_facts(mods) -> dict[tuple[str, str], tuple[set[str], set[str], list[t
                 elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
                     (defined if isinstance(node.ctx, ast.Store) else read).add(node.attr)
             for node in cls.body:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                    node, ast.AnnAssign) else []  # fmt: skip
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [node.target]
+                    if isinstance(node, ast.AnnAssign)
+                    else []
+                )
                 defined.update(t.id for t in targets if isinstance(t, ast.Name))
             bases = []
             for b in cls.bases:
                 if isinstance(b, ast.Name):
                     bases.append(imported.get(b.id, (name, b.id)))
-            facts[(name, cls.name)] = ({d for d in defined if d.startswith("_")},
-                                       {r for r in read if r.startswith("_") and not r.startswith("__")}, bases)
+            facts[(name, cls.name)] = (
+                {d for d in defined if d.startswith("_")},
+                {r for r in read if r.startswith("_") and not r.startswith("__")},
+                bases,
+            )
     return facts
 
 
@@ -184,8 +227,11 @@ def mixins(mods) -> list[str]:
         own, _, bases = facts[key]
         return own.union(*[defined(b, (*seen, key)) for b in bases])
 
-    return sorted(f"{m}.{c} reads {', '.join(sorted(read - defined((m, c))))}"
-                  for (m, c), (_, read, _) in facts.items() if read - defined((m, c)))  # fmt: skip
+    return sorted(
+        f"{m}.{c} reads {', '.join(sorted(read - defined((m, c))))}"
+        for (m, c), (_, read, _) in facts.items()
+        if read - defined((m, c))
+    )
 
 
 def core() -> list[tuple[str, int, int]]:
@@ -203,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mods = modules()
     edges = imports(mods)
-    report = {"core_files": core(), "mixins": mixins(mods), "private_imports": private_imports(mods, edges),
-              "fast_plane_private": fast_plane_private(mods, edges), "circles": circles(mods, edges)}  # fmt: skip
+    report = {
+        "core_files": core(),
+        "mixins": mixins(mods),
+        "private_imports": private_imports(mods, edges),
+        "fast_plane_private": fast_plane_private(mods, edges),
+        "circles": circles(mods, edges),
+    }
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -212,9 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"core path: {len(files)} files, {sum(f[1] for f in files):,} lines, {sum(f[2] for f in files):,} of code")
     for path, lines, code in files:
         print(f"  {path:32s} {lines:5d} lines {code:5d} code")
-    for key, title in (("mixins", "mixins"), ("private_imports", "private names imported across modules"),
-                       ("fast_plane_private", "private names the fast plane reads"),
-                       ("circles", "import circles")):  # fmt: skip
+    for key, title in (
+        ("mixins", "mixins"),
+        ("private_imports", "private names imported across modules"),
+        ("fast_plane_private", "private names the fast plane reads"),
+        ("circles", "import circles"),
+    ):
         print(f"{title}: {len(report[key])}")
         for item in report[key]:
             print(f"  {' <-> '.join(item) if isinstance(item, list) else item}")

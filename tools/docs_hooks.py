@@ -10,6 +10,7 @@
   into site/ inside the checkout, such a link reads from site/NAME.html exactly as from docs/NAME.md. A link to
   ../README.md goes to the home page (index.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,7 +52,7 @@ def _from_root(url: str) -> str:
     """A README link (relative to the repository root) as seen from docs/."""
     if re.match(r"^[a-z][a-z0-9+.-]*:", url) or url.startswith(("#", "/")):
         return url
-    return url[len("docs/"):] if url.startswith("docs/") else "../" + url
+    return url[len("docs/") :] if url.startswith("docs/") else "../" + url
 
 
 def on_files(files, config):
@@ -65,7 +66,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     def check(m: re.Match) -> str:
         url = m.group(2)
         if url.split("#", 1)[0] == "../README.md":
-            return m.group(1) + "index.md" + url[len("../README.md"):] + m.group(3)
+            return m.group(1) + "index.md" + url[len("../README.md") :] + m.group(3)
         if _outside(url) and not _exists(url):
             log.warning(f"Doc file '{page.file.src_uri}' links to '{url}', which is no file of the repository")
         return m.group(0)

@@ -23,6 +23,7 @@ non-GEMM time that a 1.25x speed-up (issue 28's target over vLLM, taking vLLM at
 remove. NOTE: the timers add about a microsecond per call (~150 calls a step); the split is of wall time, one run.
 Writes figures/engine_profile_cpu.csv (or --out) with `# key: value` lines naming the machine, versions and command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_OUT = "figures/engine_profile_cpu.csv"
-COLUMNS = ("section", "step", "prefill_tokens", "decodes", "wall_ms", "gemm_ms", "attention_ms", "other_ms",
-           "outside_ms", "gemm_gflops", "weights_gbps", "decode_kv_gbps", "value", "note")  # fmt: skip
+COLUMNS = (
+    "section",
+    "step",
+    "prefill_tokens",
+    "decodes",
+    "wall_ms",
+    "gemm_ms",
+    "attention_ms",
+    "other_ms",
+    "outside_ms",
+    "gemm_gflops",
+    "weights_gbps",
+    "decode_kv_gbps",
+    "value",
+    "note",
+)
 TARGET = 1.25  # issue 28's float32 target over vLLM at 1 thread
 
 
@@ -105,8 +120,9 @@ def profile(requests, threads: int, loaded: tuple | None = None) -> list[dict]:
         llm = LLM.from_loaded(model, tokenizer, block_size=16, num_gpu_blocks=blocks)
         torch.set_num_threads(threads)
         for r in reqs:
-            llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len,
-                                                               ignore_eos=True))  # fmt: skip
+            llm.add_request(
+                r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+            )
         step = 0
         while llm.has_unfinished_requests():
             for name in totals:
@@ -118,8 +134,17 @@ def profile(requests, threads: int, loaded: tuple | None = None) -> list[dict]:
                 rows.append(_step_row(step, wall, dict(totals)))
             step += 1
 
-    totals = {"gemm": 0.0, "attention": 0.0, "decode_attention": 0.0, "forward": 0.0, "flop": 0, "weight_bytes": 0,
-              "kv_bytes": 0, "prefill_tokens": 0, "decodes": 0}
+    totals = {
+        "gemm": 0.0,
+        "attention": 0.0,
+        "decode_attention": 0.0,
+        "forward": 0.0,
+        "flop": 0,
+        "weight_bytes": 0,
+        "kv_bytes": 0,
+        "prefill_tokens": 0,
+        "decodes": 0,
+    }
     saved = (model.linear, model.forward, llama.paged_prefill_attention, llama.paged_decode_attention)
     try:  # timers around the model's product, its attention calls and its forward pass (the executor's call)
         model.linear = _Timer(model.linear, totals, "gemm", "linear")
@@ -144,26 +169,51 @@ def profile(requests, threads: int, loaded: tuple | None = None) -> list[dict]:
 
 def _step_row(step: int, wall: float, t: dict) -> dict:
     other = t["forward"] - t["gemm"] - t["attention"]
-    return {"section": "step", "step": step, "prefill_tokens": t["prefill_tokens"], "decodes": t["decodes"],
-            "wall_ms": round(wall * 1e3, 3), "gemm_ms": round(t["gemm"] * 1e3, 3),
-            "attention_ms": round(t["attention"] * 1e3, 3), "other_ms": round(other * 1e3, 3),
-            "outside_ms": round((wall - t["forward"]) * 1e3, 3),
-            "gemm_gflops": round(t["flop"] / t["gemm"] / 1e9, 1) if t["gemm"] else "",
-            "weights_gbps": round(t["weight_bytes"] / t["gemm"] / 1e9, 2) if t["gemm"] else "",
-            "decode_kv_gbps": round(t["kv_bytes"] / t["decode_attention"] / 1e9, 2) if t["decode_attention"] else "",
-            **{"_" + k: t[k] for k in ("flop", "weight_bytes", "kv_bytes", "decode_attention")}}  # fmt: skip
+    return {
+        "section": "step",
+        "step": step,
+        "prefill_tokens": t["prefill_tokens"],
+        "decodes": t["decodes"],
+        "wall_ms": round(wall * 1e3, 3),
+        "gemm_ms": round(t["gemm"] * 1e3, 3),
+        "attention_ms": round(t["attention"] * 1e3, 3),
+        "other_ms": round(other * 1e3, 3),
+        "outside_ms": round((wall - t["forward"]) * 1e3, 3),
+        "gemm_gflops": round(t["flop"] / t["gemm"] / 1e9, 1) if t["gemm"] else "",
+        "weights_gbps": round(t["weight_bytes"] / t["gemm"] / 1e9, 2) if t["gemm"] else "",
+        "decode_kv_gbps": round(t["kv_bytes"] / t["decode_attention"] / 1e9, 2) if t["decode_attention"] else "",
+        **{"_" + k: t[k] for k in ("flop", "weight_bytes", "kv_bytes", "decode_attention")},
+    }
 
 
 def _totals(section: str, rows: list[dict], note: str) -> dict:
     """The sums of `rows` (steps) as one row, with their GEMM rate and the bandwidths of what they read."""
-    sums = {k: sum(r[k] for r in rows) for k in ("wall_ms", "gemm_ms", "attention_ms", "other_ms", "outside_ms",
-                                                "prefill_tokens", "decodes", "_flop", "_weight_bytes", "_kv_bytes",
-                                                "_decode_attention")}  # fmt: skip
+    sums = {
+        k: sum(r[k] for r in rows)
+        for k in (
+            "wall_ms",
+            "gemm_ms",
+            "attention_ms",
+            "other_ms",
+            "outside_ms",
+            "prefill_tokens",
+            "decodes",
+            "_flop",
+            "_weight_bytes",
+            "_kv_bytes",
+            "_decode_attention",
+        )
+    }
     gemm_s, attention_s = sums["gemm_ms"] / 1e3, sums["_decode_attention"]
-    return {"section": section, "step": len(rows), **{k: round(v, 3) for k, v in sums.items() if k[0] != "_"},
-            "gemm_gflops": round(sums["_flop"] / gemm_s / 1e9, 1) if gemm_s else "",
-            "weights_gbps": round(sums["_weight_bytes"] / gemm_s / 1e9, 2) if gemm_s else "",
-            "decode_kv_gbps": round(sums["_kv_bytes"] / attention_s / 1e9, 2) if attention_s else "", "note": note}
+    return {
+        "section": section,
+        "step": len(rows),
+        **{k: round(v, 3) for k, v in sums.items() if k[0] != "_"},
+        "gemm_gflops": round(sums["_flop"] / gemm_s / 1e9, 1) if gemm_s else "",
+        "weights_gbps": round(sums["_weight_bytes"] / gemm_s / 1e9, 2) if gemm_s else "",
+        "decode_kv_gbps": round(sums["_kv_bytes"] / attention_s / 1e9, 2) if attention_s else "",
+        "note": note,
+    }
 
 
 def summary(rows: list[dict], peak: float, bandwidth: float) -> list[dict]:
@@ -173,28 +223,57 @@ def summary(rows: list[dict], peak: float, bandwidth: float) -> list[dict]:
     out = [total]
     prefill = [r for r in rows if r["prefill_tokens"]]
     decode = [r for r in rows if not r["prefill_tokens"]]
-    for section, part, note in (("prefill_steps", prefill, "steps that feed prompt tokens"),
-                                ("decode_steps", decode, "steps that feed one token a sequence")):  # fmt: skip
+    for section, part, note in (
+        ("prefill_steps", prefill, "steps that feed prompt tokens"),
+        ("decode_steps", decode, "steps that feed one token a sequence"),
+    ):
         if part:
             out.append(_totals(section, part, note))
     wall, gemm = total["wall_ms"], total["gemm_ms"]
     rest = wall - gemm
     needed = (wall - wall / TARGET) / rest if rest > 0 else float("inf")
-    out.append({"section": "gemm_peak", "value": round(peak, 1), "note": "GFLOPS: torch.mm 2048 x 2048 float32, best of "
-                "3, at the same threads"})  # fmt: skip
-    out.append({"section": "read_bandwidth", "value": round(bandwidth, 2), "note": "GB/s: the sum of a 512 MiB float32 "
-                "tensor, best of 3, at the same threads (weights_gbps and decode_kv_gbps near it: memory-bound)"})
-    out.append({"section": "bound", "value": round(wall / gemm, 3) if gemm else "", "note": "wall / gemm: the most "
-                "any change outside the matrix products could speed the engine up (all else taking no time)"})
-    out.append({"section": "needed_cut", "value": round(needed, 3), "note": f"share of the non-GEMM time a {TARGET}x "
-                "speed-up would have to remove (more than 1: impossible without a faster GEMM)"})  # fmt: skip
+    out.append(
+        {
+            "section": "gemm_peak",
+            "value": round(peak, 1),
+            "note": "GFLOPS: torch.mm 2048 x 2048 float32, best of 3, at the same threads",
+        }
+    )
+    out.append(
+        {
+            "section": "read_bandwidth",
+            "value": round(bandwidth, 2),
+            "note": "GB/s: the sum of a 512 MiB float32 "
+            "tensor, best of 3, at the same threads (weights_gbps and decode_kv_gbps near it: memory-bound)",
+        }
+    )
+    out.append(
+        {
+            "section": "bound",
+            "value": round(wall / gemm, 3) if gemm else "",
+            "note": "wall / gemm: the most "
+            "any change outside the matrix products could speed the engine up (all else taking no time)",
+        }
+    )
+    out.append(
+        {
+            "section": "needed_cut",
+            "value": round(needed, 3),
+            "note": f"share of the non-GEMM time a {TARGET}x "
+            "speed-up would have to remove (more than 1: impossible without a faster GEMM)",
+        }
+    )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/engine_profile.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="bench", choices=("bench", "long"),
-                        help="reference/bench/bench.py's workload (default: bench)")  # fmt: skip
+    parser.add_argument(
+        "--workload",
+        default="bench",
+        choices=("bench", "long"),
+        help="reference/bench/bench.py's workload (default: bench)",
+    )
     parser.add_argument("--num-requests", type=int, help="requests (default: the workload's own, 64 or 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, 1..64 (default: 1)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"CSV to write (default: {DEFAULT_OUT})")
@@ -223,27 +302,40 @@ def main(argv: list[str] | None = None) -> int:
             del row[key]
     by = {r["section"]: r for r in rows if r["section"] != "step"}
     t = by["total"]
-    print(f"{t['step']} steps, {t['wall_ms'] / 1e3:.2f} s: GEMMs {t['gemm_ms'] / t['wall_ms']:.1%} "
-          f"({t['gemm_gflops']} GFLOPS; peak {by['gemm_peak']['value']}), attention "
-          f"{t['attention_ms'] / t['wall_ms']:.1%}, rest of the forward {t['other_ms'] / t['wall_ms']:.1%}, outside "
-          f"the forward {t['outside_ms'] / t['wall_ms']:.1%}")  # fmt: skip
+    print(
+        f"{t['step']} steps, {t['wall_ms'] / 1e3:.2f} s: GEMMs {t['gemm_ms'] / t['wall_ms']:.1%} "
+        f"({t['gemm_gflops']} GFLOPS; peak {by['gemm_peak']['value']}), attention "
+        f"{t['attention_ms'] / t['wall_ms']:.1%}, rest of the forward {t['other_ms'] / t['wall_ms']:.1%}, outside "
+        f"the forward {t['outside_ms'] / t['wall_ms']:.1%}"
+    )
     for name in ("prefill_steps", "decode_steps"):
         if name in by:
             p = by[name]
-            print(f"{name}: {p['step']} steps, {p['wall_ms'] / 1e3:.2f} s, GEMMs {p['gemm_ms'] / p['wall_ms']:.1%} at "
-                  f"{p['gemm_gflops']} GFLOPS ({p['weights_gbps']} GB/s of weights), attention "
-                  f"{p['attention_ms'] / p['wall_ms']:.1%} (decode K/V read at {p['decode_kv_gbps'] or '-'} GB/s)")
+            print(
+                f"{name}: {p['step']} steps, {p['wall_ms'] / 1e3:.2f} s, GEMMs {p['gemm_ms'] / p['wall_ms']:.1%} at "
+                f"{p['gemm_gflops']} GFLOPS ({p['weights_gbps']} GB/s of weights), attention "
+                f"{p['attention_ms'] / p['wall_ms']:.1%} (decode K/V read at {p['decode_kv_gbps'] or '-'} GB/s)"
+            )
     print(f"this core: GEMM peak {by['gemm_peak']['value']} GFLOPS, memory read {by['read_bandwidth']['value']} GB/s")
-    print(f"bound (wall / gemm): {by['bound']['value']}x; a {TARGET}x speed-up must remove "
-          f"{by['needed_cut']['value']:.0%} of the non-GEMM time")  # fmt: skip
-    comments = [f"machine: {machine_description()}", f"command: {shlex.join(['python', 'tools/engine_profile.py', *(argv if argv is not None else sys.argv[1:])])}",
-                f"workload: {describe_workload(args.workload, requests)}; SmolLM2-135M float32",
-                f"date: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}", f"total_s: {time.perf_counter() - started:.0f}"]  # fmt: skip
+    print(
+        f"bound (wall / gemm): {by['bound']['value']}x; a {TARGET}x speed-up must remove "
+        f"{by['needed_cut']['value']:.0%} of the non-GEMM time"
+    )
+    comments = [
+        f"machine: {machine_description()}",
+        f"command: {shlex.join(['python', 'tools/engine_profile.py', *(argv if argv is not None else sys.argv[1:])])}",
+        f"workload: {describe_workload(args.workload, requests)}; SmolLM2-135M float32",
+        f"date: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}",
+        f"total_s: {time.perf_counter() - started:.0f}",
+    ]
     try:
         write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=args.out == DEFAULT_OUT)
     except OSError as exc:  # an output that passed its checks and still cannot be written (a full disk, /proc)
-        print(f"python tools/engine_profile.py: error: cannot write {args.out}: {exc.strerror or exc} (nothing was "
-              "replaced; the numbers are printed above)", file=sys.stderr)  # fmt: skip
+        print(
+            f"python tools/engine_profile.py: error: cannot write {args.out}: {exc.strerror or exc} (nothing was "
+            "replaced; the numbers are printed above)",
+            file=sys.stderr,
+        )
         return 1
     print(f"wrote {args.out}")
     return 0

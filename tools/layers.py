@@ -25,6 +25,7 @@ the event loop starts (`Simulator.run`), counting, over the calls from one sim m
   how often that path goes back to a module it had left (the measure of "reads in one direction": helpers such as
   sim.base.limits.is_int, called from everywhere, make the counts above bounce whatever the shape of `run`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,20 +42,37 @@ ROOT = Path(__file__).resolve().parents[1]
 # folders of sim/ are these rows: sim.kv holds the physical row too, sim.scheduling the decisions row too).
 LAYERS = (
     ("base", "limits, specs and records any row may use", ("sim.base",)),
-    ("data", "requests: generated, read from a trace, imported from ShareGPT; a run's workload step",
-     ("sim.workloads",)),
+    (
+        "data",
+        "requests: generated, read from a trace, imported from ShareGPT; a run's workload step",
+        ("sim.workloads",),
+    ),
     ("physical", "block ids and slot runs, integers only", ("sim.kv.blocks", "sim.kv.slots")),
     ("memory", "the KV contract, its managers and their registry; a run's pool step", ("sim.kv",)),
     ("step records", "what the scheduler keeps and hands out", ("sim.scheduling",)),
-    ("settings", "every setting and its default, each field checked once; the combinations",
-     ("sim.config", "sim.arguments")),
+    (
+        "settings",
+        "every setting and its default, each field checked once; the combinations",
+        ("sim.config", "sim.arguments"),
+    ),
     ("decisions", "the scheduler", ("sim.scheduling.scheduler",)),
     ("clock", "the event loop, its cost models, the tables", ("sim.clock",)),
     ("fast plane", "runs of decode steps at once, beside the plain loop", ("sim.fast",)),
     ("entry points", "sim.run and run_cluster", ("sim.api", "sim.disagg")),
-    ("drivers and views", "command lines, figures, sweeps, benchmarks, viewers, exercises, test machines",
-     ("sim", "sim.__main__", "sim.compiled", "sim.drivers", "sim.views", "sim.figures", "sim.exercises",
-      "sim.testing")),
+    (
+        "drivers and views",
+        "command lines, figures, sweeps, benchmarks, viewers, exercises, test machines",
+        (
+            "sim",
+            "sim.__main__",
+            "sim.compiled",
+            "sim.drivers",
+            "sim.views",
+            "sim.figures",
+            "sim.exercises",
+            "sim.testing",
+        ),
+    ),
 )
 
 
@@ -107,8 +125,9 @@ def climbs() -> list[str]:
     for module, path in mods.items():
         for line, target in imported(module, path, mods):
             if layer_of(target) > layer_of(module):
-                out.append(f"{module}:{line} imports {target} ({LAYERS[layer_of(module)][0]} -> "
-                           f"{LAYERS[layer_of(target)][0]})")  # fmt: skip
+                out.append(
+                    f"{module}:{line} imports {target} ({LAYERS[layer_of(module)][0]} -> {LAYERS[layer_of(target)][0]})"
+                )
     return out
 
 
@@ -116,8 +135,8 @@ def trace_setup(**settings) -> dict:
     """Follow `sim.run(**settings)` from its call until the event loop starts (module docstring): the modules in the
     order first entered, and the counts."""
     import sim
-    from sim.fast.loop import FastSimulator
     from sim.clock.loop import Simulator
+    from sim.fast.loop import FastSimulator
 
     mods = modules()
     path_to_module = {str(p): m for m, p in mods.items()}
@@ -150,10 +169,10 @@ def trace_setup(**settings) -> dict:
                 stack.pop()
                 codes.pop()
             return
-        caller, caller_code = next(((m, c) for m, c in zip(reversed(stack), reversed(codes)) if m is not None),
-                                   (None, None))  # fmt: skip
-        if (caller_code is sim.api.run.__code__ and module not in (None, "sim.api")
-                and (not path or path[-1] != module)):  # fmt: skip
+        caller, caller_code = next(
+            ((m, c) for m, c in zip(reversed(stack), reversed(codes)) if m is not None), (None, None)
+        )
+        if caller_code is sim.api.run.__code__ and module not in (None, "sim.api") and (not path or path[-1] != module):
             path.append(module)
         first = (caller_code, code) not in seen
         seen.add((caller_code, code))
@@ -175,8 +194,14 @@ def trace_setup(**settings) -> dict:
     finally:
         sys.setprofile(None)
     path_returns = sum(1 for i, m in enumerate(path) if m in path[:i])
-    return {"modules_visited": len(visited), **counts, "modules": visited, "climbs_seen": climbs_seen,
-            "run_path": path, "run_path_returns": path_returns}
+    return {
+        "modules_visited": len(visited),
+        **counts,
+        "modules": visited,
+        "climbs_seen": climbs_seen,
+        "run_path": path,
+        "run_path_returns": path_returns,
+    }
 
 
 SETUP_RUN = {"policy": "paged", "workload": "conversation", "num_requests": 20, "rate": 1.0, "model": "opt-13b"}
@@ -194,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  climbs to a higher layer: {found['climbs']}")
         print(f"  returns to a module already left: {found['returns_to_a_module_left']}")
         print("  in the order first entered: " + ", ".join(found["modules"]))
-        print(f"  run's own path ({len(found['run_path'])} steps, {found['run_path_returns']} back to a module it had "
-              f"left): " + " -> ".join(found["run_path"]))
+        print(
+            f"  run's own path ({len(found['run_path'])} steps, {found['run_path_returns']} back to a module it had "
+            f"left): " + " -> ".join(found["run_path"])
+        )
         for line in found["climbs_seen"]:
             print(f"  climb: {line}")
         return 0

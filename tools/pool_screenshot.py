@@ -7,6 +7,7 @@ n = 2, whose samples share their prompt's blocks), waits until the pool is mostl
 draws it in a 1400x1000 window (sim.views.pool_page.WINDOW, the window the page is made to fit). Needs Debian's chromium
 package (sim.views.pool_page.find_chromium).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = [("Tell me a story about a lighthouse.", 2), ("List some rivers:", 1), ("Write a poem about snow.", 2),
-           ("Explain paging in one sentence.", 1), ("The history of bread", 1), ("Name colours:", 1),
-           ("A recipe for soup:", 2), ("Why is the sky blue?", 1)]  # fmt: skip
+PROMPTS = [
+    ("Tell me a story about a lighthouse.", 2),
+    ("List some rivers:", 1),
+    ("Write a poem about snow.", 2),
+    ("Explain paging in one sentence.", 1),
+    ("The history of bread", 1),
+    ("Name colours:", 1),
+    ("A recipe for soup:", 2),
+    ("Why is the sky blue?", 1),
+]
 NUM_BLOCKS = 256  # 11 sequences of up to ~110 tokens: about 300 blocks at the end, so the pool fills
 WAIT_S = 600  # for the pool to fill (SmolLM2 on a CPU: a step takes longer on a busy machine)
 
@@ -33,8 +41,8 @@ def main() -> int:
     import httpx
 
     from reference import LLM
-    from sim.views.pool_page import find_chromium, screenshot
     from reference.server.run import serve_in_thread
+    from sim.views.pool_page import find_chromium, screenshot
 
     if find_chromium() is None:
         print("error: no Chromium (allowed: apt-get install chromium)", file=sys.stderr)
@@ -42,8 +50,16 @@ def main() -> int:
     server, base = serve_in_thread(LLM("smollm2", num_gpu_blocks=NUM_BLOCKS, block_size=4), "smollm2")
 
     def read(prompt: str, n: int) -> None:
-        body = {"model": "smollm2", "prompt": prompt, "max_tokens": 100, "temperature": 0.8, "n": n, "seed": 1,
-                "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {
+            "model": "smollm2",
+            "prompt": prompt,
+            "max_tokens": 100,
+            "temperature": 0.8,
+            "n": n,
+            "seed": 1,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=300) as r:
             for _ in r.iter_lines():
                 pass

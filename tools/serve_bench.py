@@ -38,6 +38,7 @@ The clients live in `.venv-bench` (the Makefile's serve-bench target builds it w
 dependencies are not the engine's). A bad flag, a missing client and a server that does not start are one line and
 exit 2; a client that fails midway is one line and exit 1; either way nothing is written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,23 @@ TOKENIZER_FOLDER = "smollm2-tokenizer"  # inside the client venv
 CLIENTS = ("guidellm", "aiperf")
 MODEL = "smollm2"  # the name the server answers to (its --served-model-name default)
 DEFAULT_RATES = "0.5,1,2"
-COLUMNS = ("client", "client_version", "rate_req_per_s", "num_requests", "completed", "errors", "duration_s",
-           "request_throughput", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-           "load_average", "command")  # fmt: skip
+COLUMNS = (
+    "client",
+    "client_version",
+    "rate_req_per_s",
+    "num_requests",
+    "completed",
+    "errors",
+    "duration_s",
+    "request_throughput",
+    "output_tokens_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "load_average",
+    "command",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 RESULTS_TOKEN = "RESULTS_DIR"  # stands for the folder of the clients' files in the commands the CSV records
 # NOTE: not passed on to the clients. With HF_HUB_OFFLINE=1, aiperf 0.13 looks a tokenizer up in the hub's cache only,
@@ -129,13 +144,21 @@ def read_guidellm(path: Path) -> LoadPoint:
         (bench,) = record["benchmarks"]
         version, m = record["metadata"]["guidellm_version"], bench["metrics"]
         totals = m["request_totals"]
-        ttft, itl = (m[name]["successful"]["percentiles"] for name in ("time_to_first_token_ms",
-                                                                          "inter_token_latency_ms"))
-        values = {"request_totals.total": totals["total"], "request_totals.successful": totals["successful"],
-                  "request_totals.errored": totals["errored"], "duration": bench["duration"],
-                  "requests_per_second": m["requests_per_second"]["successful"]["mean"],
-                  "output_tokens_per_second": m["output_tokens_per_second"]["successful"]["mean"],
-                  "TTFT p50": ttft["p50"], "TTFT p99": ttft["p99"], "ITL p50": itl["p50"], "ITL p99": itl["p99"]}
+        ttft, itl = (
+            m[name]["successful"]["percentiles"] for name in ("time_to_first_token_ms", "inter_token_latency_ms")
+        )
+        values = {
+            "request_totals.total": totals["total"],
+            "request_totals.successful": totals["successful"],
+            "request_totals.errored": totals["errored"],
+            "duration": bench["duration"],
+            "requests_per_second": m["requests_per_second"]["successful"]["mean"],
+            "output_tokens_per_second": m["output_tokens_per_second"]["successful"]["mean"],
+            "TTFT p50": ttft["p50"],
+            "TTFT p99": ttft["p99"],
+            "ITL p50": itl["p50"],
+            "ITL p99": itl["p99"],
+        }
     except (KeyError, TypeError, ValueError) as exc:  # ValueError: not exactly one benchmark
         raise ValueError(f"{path}: not a guidellm result file with one benchmark (no {exc})") from None
     n, done, errors, *rest = (_number(value, path, name) for name, value in values.items())
@@ -147,14 +170,23 @@ def read_aiperf(path: Path) -> LoadPoint:
     record = _load_json(path, "aiperf")
     try:
         # error_request_count is there only when some failed; error_summary counts them by message
-        errors = record["error_request_count"]["avg"] if "error_request_count" in record else sum(
-            e["count"] for e in record["error_summary"])
+        errors = (
+            record["error_request_count"]["avg"]
+            if "error_request_count" in record
+            else sum(e["count"] for e in record["error_summary"])
+        )
         ttft, itl = record["time_to_first_token"], record["inter_token_latency"]
-        values = {"error_request_count": errors, "request_count": record["request_count"]["avg"],
-                  "benchmark_duration": record["benchmark_duration"]["avg"],
-                  "request_throughput": record["request_throughput"]["avg"],
-                  "output_token_throughput": record["output_token_throughput"]["avg"],
-                  "TTFT p50": ttft["p50"], "TTFT p99": ttft["p99"], "ITL p50": itl["p50"], "ITL p99": itl["p99"]}
+        values = {
+            "error_request_count": errors,
+            "request_count": record["request_count"]["avg"],
+            "benchmark_duration": record["benchmark_duration"]["avg"],
+            "request_throughput": record["request_throughput"]["avg"],
+            "output_token_throughput": record["output_token_throughput"]["avg"],
+            "TTFT p50": ttft["p50"],
+            "TTFT p99": ttft["p99"],
+            "ITL p50": itl["p50"],
+            "ITL p99": itl["p99"],
+        }
         version = record["aiperf_version"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not an aiperf result file (no {exc})") from None
@@ -175,27 +207,67 @@ class Workload:
 
 def guidellm_command(exe: str, url: str, tokenizer: str, w: Workload, out_json: str) -> list[str]:
     """guidellm 0.8's `run`: every setting a `kind=...,key=value` spec, as its --help lists them."""
-    return [exe, "run",
-            "--backend", f"kind=openai_http,target={url},model={MODEL},request_format=/v1/completions",
-            "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
-            "--data", f"kind=synthetic_text,prompt_tokens={w.prompt_tokens},output_tokens={w.output_tokens}",
-            "--profile", f"kind=constant,rate={w.rate:g}",
-            "--constraint", f"kind=max_requests,count={w.num_requests}",
-            "--seed", f"kind=static,value={w.seed}",
-            "--output", f"kind=json,path={out_json}",
-            "--disable-progress"]  # fmt: skip
+    return [
+        exe,
+        "run",
+        "--backend",
+        f"kind=openai_http,target={url},model={MODEL},request_format=/v1/completions",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={tokenizer}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={w.prompt_tokens},output_tokens={w.output_tokens}",
+        "--profile",
+        f"kind=constant,rate={w.rate:g}",
+        "--constraint",
+        f"kind=max_requests,count={w.num_requests}",
+        "--seed",
+        f"kind=static,value={w.seed}",
+        "--output",
+        f"kind=json,path={out_json}",
+        "--disable-progress",
+    ]
 
 
 def aiperf_command(exe: str, url: str, tokenizer: str, w: Workload, out_dir: str) -> list[str]:
     """aiperf's `profile`; --use-server-token-count: tokens as the server counted them (module docstring, 3)."""
-    return [exe, "profile", "--model", MODEL, "--url", url, "--endpoint-type", "completions", "--streaming",
-            "--tokenizer", tokenizer,
-            "--prompt-input-tokens-mean", str(w.prompt_tokens), "--prompt-input-tokens-stddev", "0",
-            "--prompt-output-tokens-mean", str(w.output_tokens), "--prompt-output-tokens-stddev", "0",
-            "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
-            "--request-rate", f"{w.rate:g}", "--arrival-pattern", "constant", "--request-count", str(w.num_requests),
-            "--random-seed", str(w.seed), "--output-artifact-dir", out_dir, "--export-level", "summary",
-            "--ui-type", "none"]  # fmt: skip
+    return [
+        exe,
+        "profile",
+        "--model",
+        MODEL,
+        "--url",
+        url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--tokenizer",
+        tokenizer,
+        "--prompt-input-tokens-mean",
+        str(w.prompt_tokens),
+        "--prompt-input-tokens-stddev",
+        "0",
+        "--prompt-output-tokens-mean",
+        str(w.output_tokens),
+        "--prompt-output-tokens-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--use-server-token-count",
+        "--request-rate",
+        f"{w.rate:g}",
+        "--arrival-pattern",
+        "constant",
+        "--request-count",
+        str(w.num_requests),
+        "--random-seed",
+        str(w.seed),
+        "--output-artifact-dir",
+        out_dir,
+        "--export-level",
+        "summary",
+        "--ui-type",
+        "none",
+    ]
 
 
 def client_command(client: str, exe: str, url: str, tokenizer: str, w: Workload, folder: str) -> tuple[list, str]:
@@ -233,18 +305,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python tools/serve_bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--clients", default=",".join(CLIENTS), help=f"which, in order (default: {','.join(CLIENTS)})")
     p.add_argument("--rates", default=DEFAULT_RATES, help=f"constant request rates, req/s (default: {DEFAULT_RATES})")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per rate: round(rate x duration) "
-                   "requests (default: 20)")  # fmt: skip
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=20.0,
+        help="seconds of arrivals per rate: round(rate x duration) requests (default: 20)",
+    )
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per synthetic prompt (default: 128)")
     p.add_argument("--output-tokens", type=int, default=64, help="tokens generated per request (default: 64)")
     p.add_argument("--num-gpu-blocks", type=int, default=512, help="the server's KV pool, blocks of 16 (default: 512)")
     p.add_argument("--port", type=int, default=8011, help="the server's port on 127.0.0.1 (default: 8011)")
     p.add_argument("--seed", type=int, default=0, help="the clients' and the server's seed (default: 0)")
-    p.add_argument("--client-venv", default=CLIENT_VENV, help=f"where guidellm and aiperf are (default: {CLIENT_VENV}, "
-                   "made by make serve-bench)")  # fmt: skip
+    p.add_argument(
+        "--client-venv",
+        default=CLIENT_VENV,
+        help=f"where guidellm and aiperf are (default: {CLIENT_VENV}, made by make serve-bench)",
+    )
     p.add_argument("--results", help="keep the clients' own result files in this folder (default: a temporary one)")
-    p.add_argument("--start-timeout", type=float, default=600.0, help="seconds the server may take to answer /health "
-                   "(default: 600)")  # fmt: skip
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="seconds the server may take to answer /health (default: 600)",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"the CSV (default: {DEFAULT_OUT})")
     p.add_argument("--write-tokenizer", metavar="DIR", help="only write the tokenizer folder to DIR and exit")
     return p
@@ -253,15 +336,22 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(a: argparse.Namespace) -> None:
     """ValueError, one line, for a flag the run cannot use; sets a.rates and a.clients to their parsed values."""
     a.rates, a.clients = parse_rates(a.rates), parse_clients(a.clients)
-    for name, value, low, high in (("duration", a.duration, 1, 3600), ("prompt-tokens", a.prompt_tokens, 1, 4096),
-                                   ("output-tokens", a.output_tokens, 1, 4096),
-                                   ("num-gpu-blocks", a.num_gpu_blocks, 1, 1_000_000), ("port", a.port, 1024, 65535),
-                                   ("seed", a.seed, 0, 2**31 - 1), ("start-timeout", a.start_timeout, 1, 86400)):
+    for name, value, low, high in (
+        ("duration", a.duration, 1, 3600),
+        ("prompt-tokens", a.prompt_tokens, 1, 4096),
+        ("output-tokens", a.output_tokens, 1, 4096),
+        ("num-gpu-blocks", a.num_gpu_blocks, 1, 1_000_000),
+        ("port", a.port, 1024, 65535),
+        ("seed", a.seed, 0, 2**31 - 1),
+        ("start-timeout", a.start_timeout, 1, 86400),
+    ):
         if not low <= value <= high:  # NaN is refused too
             raise ValueError(f"--{name} {value}: allowed {low} to {high:,}")
     if a.num_gpu_blocks * 16 < a.prompt_tokens + a.output_tokens:
-        raise ValueError(f"--num-gpu-blocks {a.num_gpu_blocks}: {a.num_gpu_blocks * 16} slots cannot hold one request "
-                         f"of {a.prompt_tokens} + {a.output_tokens} tokens")  # fmt: skip
+        raise ValueError(
+            f"--num-gpu-blocks {a.num_gpu_blocks}: {a.num_gpu_blocks * 16} slots cannot hold one request "
+            f"of {a.prompt_tokens} + {a.output_tokens} tokens"
+        )
     if any(round(r * a.duration) < 1 for r in a.rates):
         raise ValueError(f"--duration {a.duration:g}: every rate needs at least one request (rate x duration >= 0.5)")
     check_outputs({"--out": a.out}, make_parents=a.out == DEFAULT_OUT)
@@ -272,8 +362,11 @@ def check_args(a: argparse.Namespace) -> None:
 def client_exe(venv: str, client: str) -> str:
     exe = Path(venv) / "bin" / client
     if not os.access(exe, os.X_OK):
-        raise BenchError(f"no {client} in {venv} (`make serve-bench` builds {CLIENT_VENV} with guidellm and aiperf; "
-                         "or --client-venv DIR)", code=2)  # fmt: skip
+        raise BenchError(
+            f"no {client} in {venv} (`make serve-bench` builds {CLIENT_VENV} with guidellm and aiperf; "
+            "or --client-venv DIR)",
+            code=2,
+        )
     return str(exe)
 
 
@@ -305,8 +398,18 @@ def write_tokenizer(folder: str | Path) -> Path:
 
 # --- the server ---------------------------------------------------------------------------------------------------
 def server_command(a: argparse.Namespace) -> list[str]:
-    return ["python", "-m", "reference", "serve", "--port", str(a.port), "--num-gpu-blocks", str(a.num_gpu_blocks),
-            "--seed", str(a.seed)]  # fmt: skip
+    return [
+        "python",
+        "-m",
+        "reference",
+        "serve",
+        "--port",
+        str(a.port),
+        "--num-gpu-blocks",
+        str(a.num_gpu_blocks),
+        "--seed",
+        str(a.seed),
+    ]
 
 
 def _get(url: str, timeout: float = 5.0) -> int:
@@ -320,8 +423,9 @@ def check_port_free(port: int) -> None:
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise BenchError(f"--port {port}: cannot listen there ({exc.strerror}; another server? give a free port)",
-                             code=2) from None  # fmt: skip
+            raise BenchError(
+                f"--port {port}: cannot listen there ({exc.strerror}; another server? give a free port)", code=2
+            ) from None
 
 
 def start_server(a: argparse.Namespace, log: Path) -> subprocess.Popen:
@@ -329,8 +433,15 @@ def start_server(a: argparse.Namespace, log: Path) -> subprocess.Popen:
     check_port_free(a.port)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}  # its default: 1
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, *server_command(a)[1:]], cwd=ROOT, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, *server_command(a)[1:]],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + a.start_timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -342,17 +453,26 @@ def start_server(a: argparse.Namespace, log: Path) -> subprocess.Popen:
             pass
         time.sleep(0.5)
     stop(server)
-    raise BenchError(f"the server did not answer /health within {a.start_timeout:g} s (--start-timeout): "
-                     f"{_last_line(log)}", code=2)  # fmt: skip
+    raise BenchError(
+        f"the server did not answer /health within {a.start_timeout:g} s (--start-timeout): {_last_line(log)}", code=2
+    )
 
 
 def warm_up(port: int, prompt_tokens: int, output_tokens: int) -> None:
     """Two requests of the run's shape, one after the other (a fresh process's first steps are slow)."""
-    body = json.dumps({"model": MODEL, "prompt": " hello" * prompt_tokens, "max_tokens": output_tokens,
-                       "ignore_eos": True, "temperature": 0}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "prompt": " hello" * prompt_tokens,
+            "max_tokens": output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+    ).encode()
     for _ in range(2):
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                         headers={"content-type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"content-type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
                 response.read()
@@ -386,8 +506,15 @@ def run_client(command: list[str], log: Path, time_limit_s: float) -> None:
     """The client in a session of its own, so that a time limit or Ctrl-C ends every process it started."""
     env = {k: v for k, v in os.environ.items() if k not in HUB_OFFLINE}
     with open(log, "w") as out:
-        client = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        client = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         code = client.wait(time_limit_s)
     except subprocess.TimeoutExpired:
@@ -396,8 +523,9 @@ def run_client(command: list[str], log: Path, time_limit_s: float) -> None:
     finally:
         stop(client, grace_s=10)
     if code != 0:
-        raise BenchError(f"{Path(command[0]).name} failed (exit {code}; --results DIR keeps its log): "
-                         f"{_last_line(log)}")
+        raise BenchError(
+            f"{Path(command[0]).name} failed (exit {code}; --results DIR keeps its log): {_last_line(log)}"
+        )
 
 
 def measure(client: str, exe: str, a: argparse.Namespace, w: Workload, tokenizer: str, folder: Path) -> dict:
@@ -412,10 +540,13 @@ def measure(client: str, exe: str, a: argparse.Namespace, w: Workload, tokenizer
     for name in LoadPoint.__slots__:
         value = getattr(point, name)
         row[name] = round(value, 3) if isinstance(value, float) else value
-    print(f"{client:9s} {w.rate:g} req/s: {point.completed}/{point.num_requests} requests, {point.errors} errors, "
-          f"{point.request_throughput:.2f} req/s, {point.output_tokens_per_s:.1f} output tokens/s, TTFT p50 "
-          f"{point.ttft_p50_ms:.0f} ms p99 {point.ttft_p99_ms:.0f} ms, ITL p50 {point.itl_p50_ms:.0f} ms p99 "
-          f"{point.itl_p99_ms:.0f} ms", flush=True)  # fmt: skip
+    print(
+        f"{client:9s} {w.rate:g} req/s: {point.completed}/{point.num_requests} requests, {point.errors} errors, "
+        f"{point.request_throughput:.2f} req/s, {point.output_tokens_per_s:.1f} output tokens/s, TTFT p50 "
+        f"{point.ttft_p50_ms:.0f} ms p99 {point.ttft_p99_ms:.0f} ms, ITL p50 {point.itl_p50_ms:.0f} ms p99 "
+        f"{point.itl_p99_ms:.0f} ms",
+        flush=True,
+    )
     return row
 
 
@@ -429,19 +560,21 @@ def machine_line() -> str:
 
 def header(a: argparse.Namespace, argv: list[str], load_before: float, total_s: float) -> list[str]:
     tokenizer = f"{a.client_venv}/{TOKENIZER_FOLDER}"
-    return [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-            f"machine: {machine_line()}",
-            f"server: {shlex.join(server_command(a))} (SmolLM2-135M float32, the engine at 1 torch thread, its "
-            "default; the clients run on the same machine)",
-            f"workload: synthetic prompts of {a.prompt_tokens} tokens, {a.output_tokens} output tokens (ignore_eos), "
-            f"/v1/completions streamed, constant arrivals, round(rate x {a.duration:g} s) requests per rate; tokens "
-            "as the server counts them (usage)",
-            f"tokenizer: {tokenizer} (python tools/serve_bench.py --write-tokenizer {tokenizer}); in the commands, "
-            f"{RESULTS_TOKEN} is the folder of the clients' own files (--results)",
-            f"command: {shlex.join(['python', 'tools/serve_bench.py', *argv])}",
-            f"load average before the run: {load_before:.2f} ({os.cpu_count()} cores; above 0.5: other work was "
-            "running, and these numbers are that busy machine's)",
-            f"total_s: {total_s:.0f}"]  # fmt: skip
+    return [
+        f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+        f"machine: {machine_line()}",
+        f"server: {shlex.join(server_command(a))} (SmolLM2-135M float32, the engine at 1 torch thread, its "
+        "default; the clients run on the same machine)",
+        f"workload: synthetic prompts of {a.prompt_tokens} tokens, {a.output_tokens} output tokens (ignore_eos), "
+        f"/v1/completions streamed, constant arrivals, round(rate x {a.duration:g} s) requests per rate; tokens "
+        "as the server counts them (usage)",
+        f"tokenizer: {tokenizer} (python tools/serve_bench.py --write-tokenizer {tokenizer}); in the commands, "
+        f"{RESULTS_TOKEN} is the folder of the clients' own files (--results)",
+        f"command: {shlex.join(['python', 'tools/serve_bench.py', *argv])}",
+        f"load average before the run: {load_before:.2f} ({os.cpu_count()} cores; above 0.5: other work was "
+        "running, and these numbers are that busy machine's)",
+        f"total_s: {total_s:.0f}",
+    ]
 
 
 def bench(a: argparse.Namespace, argv: list[str], folder: Path) -> list[str]:

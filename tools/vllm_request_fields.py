@@ -11,6 +11,7 @@ every one of them, honoured or refused with a 400 naming it (reference/server/re
 tests/reference/test_server_fields.py reads this file so that a field vLLM adds cannot go unnoticed: rerun this tool
 for a new vLLM, and the test fails for each field the server's table does not name.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,22 +65,26 @@ def type_name(t) -> str:
 
 
 def fields_of(model) -> list[dict]:
-    return [{"name": name, "required": info.is_required(), "default": _default(info),
-             "type": type_name(info.annotation)} for name, info in model.model_fields.items()]
+    return [
+        {"name": name, "required": info.is_required(), "default": _default(info), "type": type_name(info.annotation)}
+        for name, info in model.model_fields.items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT,
-                        help=f"the data file (default: {OUT.relative_to(OUT.parents[3])})")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help=f"the data file (default: {OUT.relative_to(OUT.parents[3])})"
+    )
     args = parser.parse_args(argv)
     try:
         import importlib
 
         import vllm
     except ImportError:
-        print("error: vLLM is not installed in this Python (allowed: run it with .venv-vllm/bin/python)",
-              file=sys.stderr)
+        print(
+            "error: vLLM is not installed in this Python (allowed: run it with .venv-vllm/bin/python)", file=sys.stderr
+        )
         return 2
     models = []
     for route, module, name in MODELS:
@@ -89,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, args.out)
-    print(f"vLLM {vllm.__version__}: " + ", ".join(f"{m['model'].rsplit('.', 1)[1]} {len(m['fields'])}" for m in models)
-          + f" fields -> {args.out}")
+    print(
+        f"vLLM {vllm.__version__}: "
+        + ", ".join(f"{m['model'].rsplit('.', 1)[1]} {len(m['fields'])}" for m in models)
+        + f" fields -> {args.out}"
+    )
     return 0
 
 

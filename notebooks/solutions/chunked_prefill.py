@@ -41,7 +41,7 @@ class MyChunkedPrefill:
         return torch.einsum("hqk,khd->qhd", probs, values)
 
     def prefill(self, block_table: list[int], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                chunk_sizes: list[int]) -> torch.Tensor:  # fmt: skip
+                chunk_sizes: list[int]) -> torch.Tensor:
         """A whole prompt (query, key, value: [L, num_heads, head_dim]) in chunks of `chunk_sizes` tokens (they
         sum to L), each written then attended; returns the outputs of all L tokens, [L, num_heads, head_dim]."""
         outputs, start = [], 0

@@ -39,7 +39,7 @@ class MyMemoryAccounting:
         return _breakdown(tokens, reservation, internal, 0, free, waiting)
 
     def contiguous(self, num_slots: int, reserve: str, max_seq_len: int, seqs: list,
-                   waiting: bool = False) -> dict[str, int]:  # fmt: skip
+                   waiting: bool = False) -> dict[str, int]:
         """The five counts of a contiguous pool (a buddy allocator over token slots); `seqs` holds
         (prompt_len, num_tokens, final_len) per live sequence."""
         tokens = reservation = internal = external = used = 0

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 # NOTE: imported BEFORE triton for what it sets: without CUDA, TRITON_INTERPRET=1, so that triton runs kernels on
 # CPU tensors through its interpreter (Triton reads it when it is imported). An import, not an os.environ line,
 # because the autograder runs only a notebook's imports and definitions.
 import reference.attention  # noqa: F401
-import triton
-import triton.language as tl
 
 
 class MyPagedDecode:
@@ -52,7 +52,7 @@ class MyPagedDecode:
                 block_tables.stride(0),
                 BLOCK_SIZE=block_size, BLOCK_PAD=triton.next_power_of_2(block_size), HEAD_DIM=head_dim,
                 HEAD_DIM_PAD=triton.next_power_of_2(head_dim), GROUP=num_heads // num_kv_heads,
-            )  # fmt: skip
+            )
         return out
 
     # --- the exercise ---------------------------------------------------------------------------

@@ -149,7 +149,7 @@ class Bench:
         query = torch.randn(batch, c["num_heads"], c["head_dim"], generator=self.gen).to(c["dtype"]).to(self.device)
         scale = c["head_dim"] ** -0.5
         return lambda: paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale,
-                                              tuning=tuning)  # fmt: skip
+                                              tuning=tuning)
 
     def copy_call(self, num_bytes: int):
         """A device-to-device copy of ``num_bytes`` (half from the K pool, half from the V pool)."""
@@ -168,7 +168,7 @@ class Bench:
         return copy
 
     def row(self, batch: int, context: int, block_size: int, seconds: float, copy_seconds: float,
-            tuning: DecodeTuning) -> dict:  # fmt: skip
+            tuning: DecodeTuning) -> dict:
         c = self.cfg
         kv_bytes = 2 * batch * context * self.token_bytes
         q_bytes = batch * c["num_heads"] * c["head_dim"] * self.key_pool.element_size()
@@ -209,7 +209,7 @@ class Bench:
         grid = c["sweep_grid"]
         tunings = [DecodeTuning(tile=tile, num_warps=w, num_stages=s, target_programs=p)
                    for tile, w, s, p in itertools.product(grid["tile"], grid["num_warps"], grid["num_stages"],
-                                                          grid["target_programs"])]  # fmt: skip
+                                                          grid["target_programs"])]
         for batch, context in c["sweep_shapes"]:
             fns = [self.copy_call(2 * batch * context * self.token_bytes)]
             fns += [self.decode_call(batch, context, c["block_size"], True, t) for t in tunings]
@@ -224,7 +224,7 @@ class Bench:
 
     def show(self, row: dict) -> dict:
         print("  ".join(f"{k}={row[k]:.3g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in FIELDS
-                        if k in row), flush=True)  # fmt: skip
+                        if k in row), flush=True)
         return row
 
 
@@ -235,7 +235,7 @@ def best_tunings(rows: list[dict]) -> list[tuple[float, float, dict]]:
     for r in rows:
         by_knobs.setdefault(tuple(r[k] for k in SWEEP_FIELDS[:4]), []).append(float(r["fraction_of_copy"]))
     ranked = [(math.exp(statistics.fmean(math.log(f) for f in fracs)), min(fracs), dict(zip(SWEEP_FIELDS[:4], k)))
-              for k, fracs in by_knobs.items()]  # fmt: skip
+              for k, fracs in by_knobs.items()]
     return sorted(ranked, key=lambda x: (x[0], x[1]), reverse=True)
 
 
@@ -264,7 +264,7 @@ def gpu_clocks() -> str:
     query = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem"
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
+                             text=True, timeout=30, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         return f"not readable ({type(exc).__name__})"
     return f"SM, memory now / max (MHz): {out}"
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, metavar="CSV", help="only draw the figure from a saved table")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats per point (median reported)")
     parser.add_argument("--out", type=Path, default=None, help=f"CSV path (GPU default: {DEFAULT_OUT}, "
-                        f"{DEFAULT_SWEEP_OUT} with --sweep)")  # fmt: skip
+                        f"{DEFAULT_SWEEP_OUT} with --sweep)")
     parser.add_argument("--figure", type=Path, default=None, help=f"PNG path (default: {bench_plot.DEFAULT_PNG})")
     args = parser.parse_args(argv)
     argv = ["python", "-m", "reference.attention.bench", *(sys.argv[1:] if argv is None else argv)]
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = min(args.repeats, 1)
     else:  # asked for what cannot run here: a refusal, exit 2
         print("error: bench-kernels needs a CUDA GPU (none found; --cpu-smoke checks the script through the Triton "
-              "interpreter)", file=sys.stderr)  # fmt: skip
+              "interpreter)", file=sys.stderr)
         return 2
     bench = Bench(cfg, args.repeats, device)
     if args.sweep:

@@ -39,7 +39,7 @@ def read_table(path: Path) -> tuple[list[dict], dict[str, str]]:
     needed = {"experiment", "batch", "context", "block_size", "block_table", "time_us", "fraction_of_copy"}
     if not rows or not needed <= set(rows[0]):
         raise ValueError(f"{path} is not a table of `python -m reference bench-kernels` (needs the columns "
-                         f"{', '.join(sorted(needed))})")  # fmt: skip
+                         f"{', '.join(sorted(needed))})")
     return rows, comments
 
 
@@ -50,7 +50,7 @@ def paging_ratios(rows: list[dict]) -> list[tuple[int, float]]:
         if r["experiment"] == "paging":
             times.setdefault(int(r["block_size"]), {})[r["block_table"]] = float(r["time_us"])
     return [(bs, t["shuffled"] / t["identity"]) for bs, t in sorted(times.items())
-            if "shuffled" in t and "identity" in t]  # fmt: skip
+            if "shuffled" in t and "identity" in t]
 
 
 def plot(rows: list[dict], comments: dict[str, str], png: Path) -> None:

@@ -25,9 +25,15 @@ from __future__ import annotations
 import torch
 
 from reference.attention import cpu_numba, torch_batched, torch_ref
-from reference.attention._checks import check_backend, check_cache, check_heads, check_kv_scales, check_scale
-from reference.attention._checks import check_tensor
-from reference.attention._checks import FLOAT_DTYPES
+from reference.attention._checks import (
+    FLOAT_DTYPES,
+    check_backend,
+    check_cache,
+    check_heads,
+    check_kv_scales,
+    check_scale,
+    check_tensor,
+)
 from reference.attention.triton_decode import DecodeTuning, paged_decode_attention_triton
 from reference.attention.triton_prefill import paged_prefill_attention_triton
 from reference.attention.triton_store import check_store_args, store_kv_triton

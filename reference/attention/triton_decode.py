@@ -50,7 +50,6 @@ from reference.attention._checks import check_triton_device
 from reference.attention.triton_common import dot_config, finish_output, next_pow2, output_buffer
 
 
-
 @dataclass(frozen=True)
 class DecodeTuning:
     """The kernel's launch knobs. ``python -m reference bench-kernels --sweep`` times a grid of them on the

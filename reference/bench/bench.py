@@ -54,15 +54,15 @@ DEFAULT_OUTS = {"float32": DEFAULT_OUT, "bfloat16": "figures/bench_engine_cpu_bf
 CONCURRENCY_POLICIES = ("paged", "max", "pow2", "oracle")
 MAX_MODEL_LEN = 2048  # what the `max` baseline reserves in the concurrency run: OPT's context, as in the paper
 CSV_COLUMNS = ("section", "system", "num_requests", "output_tokens", "wall_s", "tokens_per_s",
-               "max_concurrent_requests", "num_preemptions", "note")  # fmt: skip
+               "max_concurrent_requests", "num_preemptions", "note")
 FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 17)
 BF16_COLUMNS = ("section", "system", "dtype", "num_requests", "output_tokens", "wall_s", "tokens_per_s",
                 "max_concurrent_requests", "num_preemptions", "identical_sequences", "matched_prefix_share",
-                "note")  # fmt: skip
+                "note")
 # The greedy prompts of `make peer` (tools/peer_vllm.py): raw texts, and questions in SmolLM2's chat template.
 PEER_RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
             "The three primary colours are", "import numpy as np\n", "Water boils at", "The paged attention algorithm",
-            "In 1969, the first"]  # fmt: skip
+            "In 1969, the first"]
 PEER_QUESTIONS = ["What is 2+2?", "Name a planet.", "Write a haiku about rain.", "What is a KV cache?",
                   "Translate 'hello' to French.", "Give one tip for sleep.", "What is Python?", "Count to five."]
 PEER_NEW_TOKENS = 32
@@ -103,7 +103,7 @@ def bench_workload(num_requests: int, *, quick: bool, seed: int, vocab_size: int
     scale, (p_hi, o_hi) = (2, (32, 16)) if quick else (1, (128, 64))
     lengths = [(int(np.clip(round(r.prompt_len / (4 * scale)), 8, p_hi)),
                 int(np.clip(round(r.output_len / (8 * scale)), 4, o_hi)))
-               for r in generate_requests("sharegpt", num_requests, arrival="offline", seed=seed)]  # fmt: skip
+               for r in generate_requests("sharegpt", num_requests, arrival="offline", seed=seed)]
     return _with_prompt_ids(lengths, seed=seed, vocab_size=vocab_size)
 
 
@@ -133,7 +133,7 @@ def _with_prompt_ids(lengths: list[tuple[int, int]], *, seed: int, vocab_size: i
     rng = np.random.default_rng([seed, 0x5EED])
     return [Request(i, 0.0, prompt, output, prompt_token_ids=rng.integers(FIRST_TOKEN_ID, vocab_size,
                                                                           size=prompt).tolist())
-            for i, (prompt, output) in enumerate(lengths)]  # fmt: skip
+            for i, (prompt, output) in enumerate(lengths)]
 
 
 def describe_workload(name: str, requests: list[Request]) -> str:
@@ -141,7 +141,7 @@ def describe_workload(name: str, requests: list[Request]) -> str:
     prompts, outputs = [r.prompt_len for r in requests], [r.output_len for r in requests]
     shape = ("ShareGPT-shaped requests at t=0 (scaled down, see reference/bench/bench.py)" if name == "bench" else
              f"long-prompt requests at t=0 (--workload long: prompt and output lengths uniform in {LONG_PROMPT[0]:,}-"
-             f"{LONG_PROMPT[1]:,} and {LONG_OUTPUT[0]}-{LONG_OUTPUT[1]})")  # fmt: skip
+             f"{LONG_PROMPT[1]:,} and {LONG_OUTPUT[0]}-{LONG_OUTPUT[1]})")
     return (f"{len(requests)} {shape}: prompt {min(prompts)}-{max(prompts)} (mean {np.mean(prompts):.1f}), "
             f"output {min(outputs)}-{max(outputs)} (mean {np.mean(outputs):.1f}) tokens, greedy, ignore EOS")
 
@@ -163,7 +163,7 @@ def time_engine(llm, requests: list[Request], outputs: dict[str, list[int]] | No
     started = time.perf_counter()
     for r in requests:
         llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
-                        request_id=None if outputs is None else str(r.request_id))  # fmt: skip
+                        request_id=None if outputs is None else str(r.request_id))
     while llm.has_unfinished_requests():
         finished = [o for o in llm.step() if o.finished]
         if outputs is not None:
@@ -200,9 +200,9 @@ def engine_throughput(requests: list[Request], dtype: str = "float32",
     llm = engine()
     wall, stats = time_engine(llm, requests, outputs)
     note = f"{blocks} blocks of 16 tokens" + (f"; backend {llm.backend}, matmul {llm.model.matmul}" if dtype !=
-                                              "float32" else "")  # fmt: skip
+                                              "float32" else "")
     return result_row("throughput", "engine (continuous batching, paged KV)", requests, wall,
-                      stats.max_concurrent_requests, stats.num_preemptions, note)  # fmt: skip
+                      stats.max_concurrent_requests, stats.num_preemptions, note)
 
 
 def _torch_dtype(name: str):
@@ -219,7 +219,7 @@ def load_hf(dtype: str = "float32"):
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     return AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=_torch_dtype(dtype),
-                                                local_files_only=True).eval()  # fmt: skip
+                                                local_files_only=True).eval()
 
 
 def hf_throughput(requests: list[Request], batch_size: int, dtype: str = "float32",
@@ -230,7 +230,7 @@ def hf_throughput(requests: list[Request], batch_size: int, dtype: str = "float3
     pad = model.generation_config.pad_token_id
     wall = time_hf_batches(model, requests, batch_size, pad if pad is not None else 0, warmup=2, outputs=outputs)
     return result_row("throughput", f"HF transformers generate (static batches of {batch_size})", requests, wall,
-                      min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")  # fmt: skip
+                      min(batch_size, len(requests)), 0, "left padding; a batch runs to its longest output")
 
 
 def no_eos_config(model, **settings):
@@ -307,7 +307,7 @@ def peer_prompt_ids(tokenizer) -> list[list[int]]:
     ids = [list(tokenizer(text).input_ids) for text in PEER_RAW]
     return ids + [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                      tokenize=True, return_dict=True)["input_ids"])
-                  for q in PEER_QUESTIONS]  # fmt: skip
+                  for q in PEER_QUESTIONS]
 
 
 def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -371,12 +371,12 @@ def dtype_run(requests: list[Request], args: argparse.Namespace) -> list[dict]:
     print(f"  greedy, the timed workload: {timed.describe()}", flush=True)
     rows.append(agreement_row("greedy_agreement", f"engine vs HF generate (static batches of {args.hf_batch_size})",
                               dtype, timed, sum(r.output_len for r in requests),
-                              "the timed runs' outputs; HF without EOS, the engine with ignore_eos"))  # fmt: skip
+                              "the timed runs' outputs; HF without EOS, the engine with ignore_eos"))
     peer = peer_prompts_agreement(dtype)
     print(f"  greedy, the 16 prompts of make peer: {peer.describe()}", flush=True)
     rows.append(agreement_row("greedy_agreement_peer_prompts", "engine vs HF generate (batch 1)", dtype, peer,
                               peer.total * PEER_NEW_TOKENS, f"tools/peer_vllm.py's 8 raw and 8 chat prompts, "
-                              f"{PEER_NEW_TOKENS} new tokens, ignore EOS"))  # fmt: skip
+                              f"{PEER_NEW_TOKENS} new tokens, ignore EOS"))
     return rows
 
 
@@ -394,15 +394,15 @@ def concurrency(requests: list[Request], num_blocks: int) -> list[dict]:
     model = random_model(max_position_embeddings=MAX_MODEL_LEN)
     vocab = model.config.vocab_size
     folded = [Request(r.request_id, 0.0, r.prompt_len, r.output_len, prompt_token_ids=[t % vocab for t in
-              r.prompt_token_ids]) for r in requests]  # fmt: skip
+              r.prompt_token_ids]) for r in requests]
     rows = []
     for policy in CONCURRENCY_POLICIES:
         llm = LLM.from_loaded(model, policy=policy, block_size=16, num_gpu_blocks=num_blocks,
-                              max_model_len=MAX_MODEL_LEN)  # fmt: skip
+                              max_model_len=MAX_MODEL_LEN)
         wall, stats = time_engine(llm, folded)
         note = f"{num_blocks} blocks x 16 tokens; tiny random Llama, max_model_len {MAX_MODEL_LEN}"
         rows.append(result_row("concurrency", policy, requests, wall, stats.max_concurrent_requests,
-                               stats.num_preemptions, note))  # fmt: skip
+                               stats.num_preemptions, note))
         print(f"  concurrency {policy}: {stats.max_concurrent_requests} requests at most", flush=True)
     return rows
 
@@ -412,7 +412,7 @@ def result_row(section, system, requests, wall, concurrent, preemptions, note) -
     tokens = sum(r.output_len for r in requests)
     return {"section": section, "system": system, "num_requests": len(requests), "output_tokens": tokens,
             "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2), "max_concurrent_requests": concurrent,
-            "num_preemptions": preemptions, "note": note}  # fmt: skip
+            "num_preemptions": preemptions, "note": note}
 
 
 def machine_description() -> str:
@@ -424,7 +424,7 @@ def machine_description() -> str:
     cpu, threads = platform.processor() or "unknown cpu", torch.get_num_threads()
     if Path("/proc/cpuinfo").is_file():
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]  # fmt: skip
+                 if line.startswith("model name")]
         cpu = names[0] if names else cpu
     return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
             f"python {platform.python_version()}, torch {torch.__version__} ({threads} thread{'s' * (threads != 1)}), "
@@ -510,7 +510,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "load_average": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end (1 min; other processes "
                         "share these cores)",
         "total_s": f"{time.perf_counter() - started:.1f}",
-    }  # fmt: skip
+    }
     if args.dtype == "float32":
         _report(rows, header, Path(out_path(args)))
     else:
@@ -543,7 +543,7 @@ def write_csv_with_header(out: Path, columns: tuple[str, ...], rows: list[dict],
 # The instruction-set extensions that decide which kernels torch's oneDNN picks (and vLLM's CPU build): AVX-512's
 # BF16 instructions and AMX make bfloat16 matrix products several times faster than float32 ones.
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
-             "amx_bf16", "amx_int8")  # fmt: skip
+             "amx_bf16", "amx_int8")
 
 
 def cpu_description(cpuinfo: str | None = None) -> str:
@@ -570,7 +570,7 @@ def _report(rows: list[dict], header: dict[str, str], out: Path) -> None:
     print(f"throughput: engine / HF static = {engine / hf:.2f}x")
     if conc:  # none with --workload long
         print("concurrency: " + ", ".join(f"paged / {p} = {conc['paged'] / max(conc[p], 1):.2f}x"
-                                          for p in CONCURRENCY_POLICIES[1:]))  # fmt: skip
+                                          for p in CONCURRENCY_POLICIES[1:]))
     for key, value in header.items():
         print(f"{key}: {value}")
     # whole or not at all; the folder is there unless --out is the default (check_args)

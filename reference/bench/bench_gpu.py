@@ -39,12 +39,12 @@ from sim.base.outfiles import check_outputs, write_csv
 
 DEFAULT_OUT = "figures/bench_engine_gpu.csv"
 CSV_COLUMNS = ("section", "system", "dtype", "num_requests", "output_tokens", "wall_s", "tokens_per_s",
-               "max_concurrent_requests", "num_preemptions", "note")  # fmt: skip
+               "max_concurrent_requests", "num_preemptions", "note")
 # SmolLM2-135M-Instruct's configuration (the converted checkpoint's config.json; a CPU test checks these values).
 SMOLLM2_CONFIG = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
                       rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=2)  # fmt: skip
+                      eos_token_id=2, pad_token_id=2)
 EQUALITY_NEW_TOKENS = 32
 
 
@@ -117,7 +117,7 @@ def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int
         for ids in prompts:
             x = torch.tensor([ids], device=model.device)
             y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
-                               max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)  # fmt: skip
+                               max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
             out.append(y[0, len(ids):].tolist())
     return out
 
@@ -131,7 +131,7 @@ def equality_row(dtype_name: str, ours: list[list[int]], theirs: list[list[int]]
             "num_requests": len(ours), "output_tokens": sum(map(len, ours)), "wall_s": "", "tokens_per_s": "",
             "max_concurrent_requests": "", "num_preemptions": "",
             "note": f"{equal} of {len(ours)} sequences equal; mean common prefix "
-                    f"{sum(prefix) / len(prefix):.1f} of {len(ours[0])}"}  # fmt: skip
+                    f"{sum(prefix) / len(prefix):.1f} of {len(ours[0])}"}
 
 
 def machine(device: str) -> str:
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         wall, stats = time_engine(LLM(str(folder), **llm_args), requests)
         rows.append({**result_row("throughput", "engine (continuous batching, paged KV, Triton)", requests, wall,
                                   stats.max_concurrent_requests, stats.num_preemptions, f"{blocks} blocks of 16"),
-                     "dtype": name})  # fmt: skip
+                     "dtype": name})
         engine_tps = rows[-1]["tokens_per_s"]
         print(f"  engine: {engine_tps:.1f} output tokens/s", flush=True)
         hf = load_hf(folder, dtype, device)
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             wall = time_hf_batches(hf, requests, batch_size, pad=0, warmup=batch_size)
             rows.append({**result_row("throughput", f"HF transformers generate (static batches of {batch_size})",
                                       requests, wall, min(batch_size, len(requests)), 0,
-                                      "left padding; a batch runs to its longest output"), "dtype": name})  # fmt: skip
+                                      "left padding; a batch runs to its longest output"), "dtype": name})
             print(f"  HF, batches of {batch_size}: {rows[-1]['tokens_per_s']:.1f} output tokens/s", flush=True)
     for r in rows:
         if r["system"].startswith("HF"):
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 f"workload: {len(requests)} ShareGPT-shaped requests at t=0 (reference/bench/bench.py): prompt "
                 f"{min(prompts_len)}-{max(prompts_len)}, output {min(outputs)}-{max(outputs)} tokens, greedy, "
                 "ignore EOS",
-                f"total_s: {time.perf_counter() - started:.1f}"]  # fmt: skip
+                f"total_s: {time.perf_counter() - started:.1f}"]
     for line in comments:
         print(line)
     write_csv(args.out, CSV_COLUMNS, rows, comments=comments, make_parents=True)

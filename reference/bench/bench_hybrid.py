@@ -48,10 +48,10 @@ BLOCK_SIZE = 16  # tokens per block (paged) or page (hybrid), unless --block-siz
 SUMMARY_COLUMNS = ("policy", "num_requests", "output_tokens", "num_steps", "wall_s", "tokens_per_s",
                    "max_concurrent_requests", "max_decoding_requests", "mean_concurrent_requests", "num_preemptions",
                    "recomputed_tokens", "kv_budget_mib", "pool_pages", "page_kib", "peak_kv_mib", "mean_kv_mib",
-                   "mean_kv_mib_per_request", "note")  # fmt: skip
+                   "mean_kv_mib_per_request", "note")
 STEP_COLUMNS = ("policy", "step", "start_s", "step_time_s", "num_running_requests", "num_waiting",
                 "num_prefill_tokens", "num_decodes", "num_preempted", "num_finished", "pages_used", "layer_blocks",
-                "kv_mib")  # fmt: skip
+                "kv_mib")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,7 +95,7 @@ def budget_bytes(config, args: argparse.Namespace) -> int:
 
     _, (_, longest), output_len = workload(args)
     per_block = kv_bytes_per_block(config.num_layers, args.block_size, config.num_kv_heads, config.head_dim,
-                                   torch.float32)  # fmt: skip
+                                   torch.float32)
     need = -(-(longest + output_len) // args.block_size) * per_block
     if args.kv_budget_mib is None:
         return BUDGET_REQUESTS * need
@@ -126,7 +126,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--kv-budget-mib {args.kv_budget_mib:g} (allowed: a number of MiB in (0, 1,048,576])")
     full = argparse.Namespace(quick=False, num_requests=None, prompt_len=None, output_len=None)
     default_run = (workload(args), args.kv_budget_mib, args.block_size, args.seed) == (workload(full), None,
-                                                                                        BLOCK_SIZE, 0)  # fmt: skip
+                                                                                        BLOCK_SIZE, 0)
     for name, default in (("out", DEFAULT_OUT), ("steps_out", DEFAULT_STEPS_OUT), ("figure", DEFAULT_FIGURE)):
         if getattr(args, name) is None:  # a path the program names: its folder may be made, a user's may not
             setattr(args, name, default if default_run else str(Path(QUICK_DIR) / Path(default).name))
@@ -166,7 +166,7 @@ def check_step(llm) -> None:
     counts = (kv.num_blocks - kv.num_free_blocks, pages_in_tables(kv), slots_in_use // kv.block_size)
     if counts != (used,) * 3 or slots_in_use % kv.block_size:
         raise RuntimeError(f"step {record.step}: expected {used} pages in use (step log) in the pool, the tables and "
-                           f"the breakdown, found {counts} ({slots_in_use} slots in use)")  # fmt: skip
+                           f"the breakdown, found {counts} ({slots_in_use} slots in use)")
     kv.check_invariants()
 
 
@@ -197,14 +197,14 @@ def run_policy(loaded, policy: str, prompts: list[list[int]], output_len: int, b
     kv, cache = llm.kv_manager, llm.kv_cache
     page_bytes = cache.bytes_per_block  # a block of every layer (paged), a page of one group's layers (hybrid)
     steps = [step_row(policy, r, kv.num_blocks - r.num_free_blocks, cache.num_layers, page_bytes, llm.step_log[0])
-             for r in llm.step_log]  # fmt: skip
+             for r in llm.step_log]
     running, held = [s["num_running_requests"] for s in steps], [s["kv_mib"] for s in steps]
     if max(running) != llm.stats.max_concurrent_requests:
         raise RuntimeError(f"expected the step log's most running requests {max(running)} in the engine's stats, "
-                           f"found {llm.stats.max_concurrent_requests}")  # fmt: skip
+                           f"found {llm.stats.max_concurrent_requests}")
     # memory per request: over the steps after which a request still holds some (it ran and did not finish)
     per_request = [s["kv_mib"] / (s["num_running_requests"] - s["num_finished"]) for s in steps
-                   if s["num_running_requests"] > s["num_finished"]]  # fmt: skip
+                   if s["num_running_requests"] > s["num_finished"]]
     out_tokens, groups = sum(map(len, tokens)), cache.layout.num_groups
     summary = {
         "policy": policy, "num_requests": len(prompts), "output_tokens": out_tokens, "num_steps": len(steps),
@@ -217,7 +217,7 @@ def run_policy(loaded, policy: str, prompts: list[list[int]], output_len: int, b
         "mean_kv_mib_per_request": round(float(np.mean(per_request)), 3),
         "note": f"{cache.num_layers} K/V tensors of {kv.num_blocks} pages of {kv.block_size} tokens; "
                 f"{groups} KV cache group(s) of {llm.config.num_layers // groups} layers",
-    }  # fmt: skip
+    }
     return summary, steps, tokens
 
 
@@ -228,7 +228,7 @@ def step_row(policy: str, r, pages_used: int, num_tensors: int, page_bytes: int,
             "num_waiting": r.num_waiting, "num_prefill_tokens": r.num_prefill_tokens, "num_decodes": len(r.decodes),
             "num_preempted": len(r.preempted), "num_finished": len(r.finished_request_ids),
             "pages_used": pages_used, "layer_blocks": pages_used * num_tensors,
-            "kv_mib": round(pages_used * page_bytes / MIB, 3)}  # fmt: skip
+            "kv_mib": round(pages_used * page_bytes / MIB, 3)}
 
 
 def compare_tokens(tokens: dict[str, list[list[int]]]) -> str:
@@ -240,7 +240,7 @@ def compare_tokens(tokens: dict[str, list[list[int]]]) -> str:
             i = bad[0] if bad else min(len(got), len(expected))
             raise RuntimeError(f"expected the same greedy tokens under {base} and {policy}, found {len(bad)} of "
                                f"{len(expected)} requests differ (request {i}: {expected[i][:8]}... vs "
-                               f"{got[i][:8]}...)")  # fmt: skip
+                               f"{got[i][:8]}...)")
     total = sum(map(len, expected))
     return f"identical under {' and '.join(tokens)} for all {len(expected)} requests ({total} tokens)"
 
@@ -281,7 +281,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "load_average": f"{load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end (1 min; other processes "
                         "share these cores)",
         "total_s": f"{time.perf_counter() - started:.1f}",
-    }  # fmt: skip
+    }
     report(summaries, steps, header, args)
     return 0
 
@@ -297,7 +297,7 @@ def report(summaries: list[dict], steps: list[dict], header: dict[str, str], arg
               f"{s['num_preemptions']:>8} {s['peak_kv_mib']:>9.1f} {s['mean_kv_mib']:>9.1f}")
     base, other = summaries
     ratio = {key: other[key] / base[key] for key in ("max_concurrent_requests", "mean_concurrent_requests",
-                                                     "peak_kv_mib", "tokens_per_s")}  # fmt: skip
+                                                     "peak_kv_mib", "tokens_per_s")}
     print(f"{other['policy']} / {base['policy']}: max running {ratio['max_concurrent_requests']:.2f}x, mean running "
           f"{ratio['mean_concurrent_requests']:.2f}x, peak KV {ratio['peak_kv_mib']:.2f}x, throughput "
           f"{ratio['tokens_per_s']:.2f}x")

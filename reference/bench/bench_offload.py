@@ -61,13 +61,13 @@ def check_args(args: argparse.Namespace) -> None:
     if args.quick:
         if (args.sessions, args.turns, args.max_tokens) != (6, 4, 24):
             raise ValueError("--quick sets the sessions, turns and tokens itself (allowed: --quick alone, or "
-                             "--sessions, --turns and --max-tokens without it)")  # fmt: skip
+                             "--sessions, --turns and --max-tokens without it)")
         args.sessions, args.turns, args.max_tokens = QUICK["sessions"], QUICK["turns"], QUICK["max_tokens"]
     if args.offload_blocks is None:
         args.offload_blocks = 64 * args.sessions
     for flag, value, low, high in (("--sessions", args.sessions, 2, len(TOPICS)), ("--turns", args.turns, 2, 6),
                                    ("--max-tokens", args.max_tokens, 1, 128), ("--gpu-blocks", args.gpu_blocks, 8, 4096),
-                                   ("--offload-blocks", args.offload_blocks, 1, 65536)):  # fmt: skip
+                                   ("--offload-blocks", args.offload_blocks, 1, 65536)):
         if not low <= value <= high:
             raise ValueError(f"{flag} {value} (allowed: an integer from {low} to {high})")
     if args.out is None:
@@ -76,7 +76,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def serve_sessions(llm, openings: list[list[int]], questions: list[list[int]], turns: int,
-                   max_tokens: int) -> tuple[list[list[int]], list[float], int]:  # fmt: skip
+                   max_tokens: int) -> tuple[list[list[int]], list[float], int]:
     """Serve the conversation on `llm`, one turn at a time, turn-major: session s's turn t is its opening, then for
     each earlier turn its question and answer, then question t (token ids). Returns every turn's greedy answer (in
     serving order), the TTFT of every turn after the first, and the prompt tokens served."""
@@ -99,7 +99,7 @@ def serve_sessions(llm, openings: list[list[int]], questions: list[list[int]], t
 
 
 def measure(model, tokenizer, openings, questions, turns: int, max_tokens: int, gpu_blocks: int,
-            offload_blocks: int) -> tuple[list[dict], bool]:  # fmt: skip
+            offload_blocks: int) -> tuple[list[dict], bool]:
     """Both systems on the same loaded model: (their CSV rows, whether their tokens are identical)."""
     from reference import LLM
 
@@ -107,7 +107,7 @@ def measure(model, tokenizer, openings, questions, turns: int, max_tokens: int, 
     max_len = max(len(o) for o in openings) + turns * (max(len(q) for q in questions) + max_tokens) + 1
     for system, tier in (("gpu only", 0), ("gpu + cpu tier", offload_blocks)):
         llm = LLM.from_loaded(model, tokenizer, block_size=BLOCK_SIZE, num_gpu_blocks=gpu_blocks, max_model_len=max_len,
-                              enable_prefix_caching=True, num_offload_blocks=tier)  # fmt: skip
+                              enable_prefix_caching=True, num_offload_blocks=tier)
         serve_sessions(llm, openings[:1], questions, 1, 2)  # warm-up: allocations, the kernels' first compilation
         before = llm.kv_manager.prefix_cache_stats()
         answers[system], ttft, prompt_tokens = serve_sessions(llm, openings, questions, turns, max_tokens)
@@ -121,7 +121,7 @@ def measure(model, tokenizer, openings, questions, turns: int, max_tokens: int, 
                      "offloaded_blocks": stats.offloaded_blocks - before.offloaded_blocks,
                      "reloaded_blocks": stats.reloaded_blocks - before.reloaded_blocks,
                      "mean_ttft_later_turns_s": round(float(np.mean(ttft)), 4),
-                     "p90_ttft_later_turns_s": round(float(np.percentile(ttft, 90)), 4), "identical": ""})  # fmt: skip
+                     "p90_ttft_later_turns_s": round(float(np.percentile(ttft, 90)), 4), "identical": ""})
     identical = answers["gpu only"] == answers["gpu + cpu tier"]
     rows[1]["identical"] = identical
     return rows, identical
@@ -141,14 +141,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                           f"and keep every answer short.\n").input_ids for topic in TOPICS[:args.sessions]]
     questions = [tokenizer(f"User: {q}\nAssistant:").input_ids for q in QUESTIONS]
     rows, identical = measure(model, tokenizer, openings, questions, args.turns, args.max_tokens, args.gpu_blocks,
-                              args.offload_blocks)  # fmt: skip
+                              args.offload_blocks)
     if not identical:
         raise RuntimeError("the CPU tier changed the greedy tokens: expected them identical to the run without it")
     comments = [f"machine: {machine_description()}", f"command: {shlex.join(argv)}",
                 f"setup: SmolLM2-135M-Instruct, float32 weights, greedy, {args.max_tokens} tokens per answer (EOS "
                 f"ignored), {args.sessions} sessions x {args.turns} turns served one at a time, turn-major; prefix "
                 f"caching, blocks of {BLOCK_SIZE} tokens, the engine's CPU backend; the 'GPU' pool and the tier are "
-                f"both host memory on this machine (a reload is a memory copy, not a PCIe transfer)"]  # fmt: skip
+                f"both host memory on this machine (a reload is a memory copy, not a PCIe transfer)"]
     write_csv(args.out, COLUMNS, rows, comments=comments, make_parents=args.quick)
     plain, tier = rows
     print(f"prompt tokens found: {plain['hit_share']:.1%} without the tier, {tier['hit_share']:.1%} with it "

@@ -89,13 +89,13 @@ def measure(llm, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], 
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    import torch
+
     from reference import LLM
     from reference.bench.bench import machine_description
     from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
     from sim.base.outfiles import write_csv
-
-    import torch
 
     use_one_cpu_thread(torch.device("cpu"))
     count, max_tokens, rounds = (QUICK["prompts"], QUICK["max_tokens"], QUICK["rounds"]) if args.quick else (
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
              "best_seconds": round(best[k], 3), "tokens_per_s": round(generated / best[k], 2), "steps": steps[k],
              "draft_tokens": drafted[0], "accepted_tokens": drafted[1],
              "acceptance_rate": round(drafted[1] / drafted[0], 4) if drafted[0] else "",
-             "speedup": round(best[0] / best[k], 3), "identical": True}]  # fmt: skip
+             "speedup": round(best[0] / best[k], 3), "identical": True}]
     comments = [f"machine: {machine_description()}", f"command: {shlex.join(argv)}",
                 f"setup: SmolLM2-135M-Instruct, float32 weights, chat template, greedy, {max_tokens} new tokens per "
                 f"prompt at most (EOS ends earlier), {len(prompts)} prompts as one batch, the engine's CPU backend "

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 COLUMNS = ("request_id", "arrival_time", "sent", "prompt_len", "output_len", "n", "status", "ttft", "itl_mean",
-           "itl_max", "last_token", "e2e_latency", "num_chunks", "response_id", "sent_epoch")  # fmt: skip
+           "itl_max", "last_token", "e2e_latency", "num_chunks", "response_id", "sent_epoch")
 TOKEN_IDS = (1000, 20000)  # prompt token ids are drawn from this range: ordinary tokens of SmolLM2's and Gemma 3's
 
 
@@ -54,7 +54,7 @@ def check_args(a: argparse.Namespace) -> None:
     from sim.base.limits import MAX_COUNT, MAX_POOL_BLOCKS, MAX_SEED, MAX_TOKENS
 
     for name, low, high in (("num_gpu_blocks", 1, MAX_POOL_BLOCKS), ("block_size", 1, MAX_TOKENS),
-                            ("max_concurrency", 1, MAX_COUNT), ("seed", 0, MAX_SEED)):  # fmt: skip
+                            ("max_concurrency", 1, MAX_COUNT), ("seed", 0, MAX_SEED)):
         if not low <= getattr(a, name) <= high:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(a, name)} (allowed: an integer from {low} to "
                              f"{high:,})")
@@ -133,7 +133,7 @@ def prompt_ids(request, seed: int) -> list[int]:
 async def _one(http, base: str, request, seed: int, start: float, gate: asyncio.Semaphore, busy: list[int]) -> Measured:
     ids = prompt_ids(request, seed)
     body = {"prompt": ids, "max_tokens": request.output_len, "n": request.n, "temperature": 0, "ignore_eos": True,
-            "stream": True}  # fmt: skip
+            "stream": True}
     await asyncio.sleep(max(0.0, start + request.arrival_time - time.perf_counter()))
     async with gate:
         busy[0] += 1
@@ -161,12 +161,12 @@ async def _one(http, base: str, request, seed: int, start: float, gate: asyncio.
             busy[0] -= 1
     if not chunks:
         return Measured(status="no text streamed", sent=sent - start, e2e_latency=end - sent, response_id=response_id,
-                        sent_epoch=sent_epoch)  # fmt: skip
+                        sent_epoch=sent_epoch)
     gaps = np.diff(chunks)
     return Measured(sent=sent - start, ttft=chunks[0] - sent, itl_mean=float(gaps.mean()) if len(gaps) else math.nan,
                     itl_max=float(gaps.max()) if len(gaps) else math.nan, last_token=chunks[-1] - sent,
                     e2e_latency=end - sent, num_chunks=len(chunks), response_id=response_id,
-                    sent_epoch=sent_epoch)  # fmt: skip
+                    sent_epoch=sent_epoch)
 
 
 async def drive(base: str, requests: list, a: argparse.Namespace) -> tuple[list[Measured], int]:
@@ -218,7 +218,7 @@ def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             server.should_exit = True
     rows = [{"request_id": r.request_id, "arrival_time": r.arrival_time, "prompt_len": r.prompt_len,
              "output_len": r.output_len, "n": r.n, **{name: getattr(m, name) for name in Measured.__slots__}}
-            for r, m in zip(requests, results)]  # fmt: skip
+            for r, m in zip(requests, results)]
     comments = [machine_line(),
                 f"command: {' '.join(argv or ['python -m reference loadtest'])}",
                 f"server: {a.url or f'in-process {a.model}, {a.num_gpu_blocks} blocks of {a.block_size}'}"]
@@ -245,4 +245,4 @@ def summary_line(num: int, errors: int, peak: int, ok: list[Measured], used: flo
     ttft, itl = [m.ttft for m in ok], [m.itl_mean for m in ok]
     return (f"{num} requests, {errors} errors, at most {peak} in flight; TTFT p50 {pct(ttft, 50)}, p99 {pct(ttft, 99)}; "
             f"inter-token p50 {pct(itl, 50)}, p99 {pct(itl, 99)}; KV blocks still used after: "
-            f"{'unknown' if used is None else int(used)}")  # fmt: skip
+            f"{'unknown' if used is None else int(used)}")

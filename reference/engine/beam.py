@@ -103,7 +103,7 @@ def step_beams(request_id: int, state, row_of: dict[int, int], logits: torch.Ten
     survive (sim.scheduling.plan.StepOutcome). Returns the surviving beams and, when the search ends, its finish reason."""
     if set(row_of) != set(state.seqs):
         raise RuntimeError(f"request {request_id}: expected all beams {sorted(state.seqs)} in the step, "
-                           f"found {sorted(row_of)}")  # fmt: skip
+                           f"found {sorted(row_of)}")
     order = sorted(state.seqs, key=lambda i: state.seqs[i].index)  # beam order, best first
     beams = [Beam(i, state.seqs[i].token_ids, state.seqs[i].cum_logprob) for i in order]
     step = state.beam.step(beams, torch.log_softmax(logits[[row_of[i] for i in order]], dim=-1).cpu())

@@ -36,9 +36,9 @@ from typing import NamedTuple
 from reference.attention.quant import check_kv_dtype
 from reference.engine.sampling import check_bool, check_int, check_real
 from reference.engine.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
+from sim.base.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
 from sim.config import MAX_SPECULATIVE_TOKENS, RUN_DEFAULTS, SCHEDULER_DEFAULTS, SCHEDULING_POLICIES
 from sim.kv import POLICIES, takes_block_allocator
-from sim.base.limits import MAX_COUNT, MAX_SEED, MAX_TOKENS
 
 # vLLM's kv_cache_dtype values this engine has, each the kv_dtype of the same name. vLLM's others are refused: its fp8
 # caches (fp8, fp8_e4m3, fp8_e5m2, ...) have no path here (reference/attention/quant.py says why int8, not fp8), and
@@ -49,7 +49,7 @@ SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_ma
 
 
 def kv_dtype_of(kv_dtype: object, kv_cache_dtype: object, names: tuple[str, str] = ("kv_dtype", "kv_cache_dtype")
-                ) -> str:  # fmt: skip
+                ) -> str:
     """The cache's kv_dtype from the project's keyword and vLLM's (`kv_cache_dtype`, None: not given); ValueError
     naming `names` (the CLI passes its flags) for a value this engine has no cache for, or for two that disagree."""
     if kv_cache_dtype is None:
@@ -58,10 +58,10 @@ def kv_dtype_of(kv_dtype: object, kv_cache_dtype: object, names: tuple[str, str]
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in VLLM_KV_CACHE_DTYPES:
         raise ValueError(f"{theirs} must be one of {', '.join(VLLM_KV_CACHE_DTYPES)} (auto: the model's dtype; int8: "
                          f"8-bit K/V with a float32 scale per token and KV head; vLLM's fp8 caches are not in this "
-                         f"engine), got {kv_cache_dtype!r}")  # fmt: skip
+                         f"engine), got {kv_cache_dtype!r}")
     if kv_dtype != ENGINE_DEFAULTS.kv_dtype and kv_dtype != kv_cache_dtype:
         raise ValueError(f"{ours} {kv_dtype!r} and {theirs} {kv_cache_dtype!r} (vLLM's name for the same setting) "
-                         f"disagree (allowed: one of them, or both the same)")  # fmt: skip
+                         f"disagree (allowed: one of them, or both the same)")
     return kv_cache_dtype
 
 
@@ -80,20 +80,20 @@ def ngram_settings(speculative_config: object, name: str = "speculative_config")
     a draft model: weights this engine does not have), a key it does not take, a value out of range."""
     if not isinstance(speculative_config, Mapping):
         raise TypeError(f"{name} must be a dict such as {{\"method\": \"ngram\", \"num_speculative_tokens\": 4}}, got "
-                        f"{type(speculative_config).__name__}")  # fmt: skip
+                        f"{type(speculative_config).__name__}")
     for key in speculative_config:
         if key not in SPECULATIVE_CONFIG_KEYS:
             raise ValueError(f"{name}: key {key!r} is not taken here: the engine's draft is vLLM's n-gram one "
-                             f"(allowed keys: {', '.join(SPECULATIVE_CONFIG_KEYS)})")  # fmt: skip
+                             f"(allowed keys: {', '.join(SPECULATIVE_CONFIG_KEYS)})")
     method = speculative_config.get("method")
     if method != "ngram":
         raise ValueError(f"{name}: method {method!r}: this engine drafts by prompt lookup only; EAGLE, Medusa, MTP and "
-                         f"draft models need weights it does not have (allowed: 'ngram')")  # fmt: skip
+                         f"draft models need weights it does not have (allowed: 'ngram')")
     if "num_speculative_tokens" not in speculative_config:
         raise ValueError(f"{name}: num_speculative_tokens is missing (allowed: an integer from 1 to "
-                         f"{MAX_SPECULATIVE_TOKENS})")  # fmt: skip
+                         f"{MAX_SPECULATIVE_TOKENS})")
     k = check_int(f"{name} num_speculative_tokens", speculative_config["num_speculative_tokens"], 1,
-                  MAX_SPECULATIVE_TOKENS)  # fmt: skip
+                  MAX_SPECULATIVE_TOKENS)
     longest, shortest = (speculative_config.get(key) for key in ("prompt_lookup_max", "prompt_lookup_min"))
     if longest is None and shortest is None:
         longest = shortest = 5  # vLLM's defaults for its ngram method
@@ -101,7 +101,7 @@ def ngram_settings(speculative_config: object, name: str = "speculative_config")
     shortest = check_int(f"{name} prompt_lookup_min", longest if shortest is None else shortest, 1, MAX_TOKENS)
     if shortest > longest:
         raise ValueError(f"{name}: prompt_lookup_min {shortest} is more than prompt_lookup_max {longest} (allowed: "
-                         f"1 <= prompt_lookup_min <= prompt_lookup_max)")  # fmt: skip
+                         f"1 <= prompt_lookup_min <= prompt_lookup_max)")
     return NgramSettings(k, longest, shortest)
 
 
@@ -157,7 +157,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if check_int("tensor_parallel_size", self.tensor_parallel_size, 1) != 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size}: this engine runs on one device "
-                             "(allowed: 1)")  # fmt: skip
+                             "(allowed: 1)")
         check_bool("enforce_eager", self.enforce_eager)
         check_bool("trust_remote_code", self.trust_remote_code)
         checked = {}
@@ -175,7 +175,7 @@ class EngineConfig:
                                        ("num_cpu_blocks", 0, None), ("num_offload_blocks", 0, None),
                                        ("num_speculative_tokens", 0, MAX_SPECULATIVE_TOKENS),
                                        ("prompt_lookup_max", 1, MAX_TOKENS), ("prompt_lookup_min", 1, MAX_TOKENS),
-                                       ("seed", 0, MAX_SEED)):  # fmt: skip
+                                       ("seed", 0, MAX_SEED)):
             checked[name] = check_int(name, getattr(self, name), minimum, maximum)
         if checked["prompt_lookup_min"] > checked["prompt_lookup_max"]:
             raise ValueError(f"prompt_lookup_min {checked['prompt_lookup_min']} is more than prompt_lookup_max "
@@ -183,23 +183,23 @@ class EngineConfig:
         if self.speculative_config is not None:
             checked.update(self._fold_speculative_config(checked))
         for name, maximum in (("num_gpu_blocks", None), ("kv_budget_bytes", None),
-                              ("max_num_batched_tokens", MAX_TOKENS), ("max_model_len", MAX_TOKENS)):  # fmt: skip
+                              ("max_num_batched_tokens", MAX_TOKENS), ("max_model_len", MAX_TOKENS)):
             value = checked.get(name, getattr(self, name))
             checked[name] = None if value is None else check_int(name, value, 1, maximum)
         checked["watermark"] = check_real("watermark", self.watermark)
         if self.block_allocator is not None:
             if not callable(self.block_allocator):
                 raise TypeError(f"block_allocator must be a class or function (num_blocks, block_size) -> a block "
-                                f"allocator, got {type(self.block_allocator).__name__}")  # fmt: skip
+                                f"allocator, got {type(self.block_allocator).__name__}")
             if self.policy in POLICIES and not takes_block_allocator(self.policy):
                 takes = ", ".join(p for p in POLICIES if takes_block_allocator(p))
                 raise ValueError(f"block_allocator: policy {self.policy!r} runs its own allocator (allowed with "
-                                 f"block_allocator: {takes})")  # fmt: skip
+                                 f"block_allocator: {takes})")
         checked["kv_dtype"] = kv_dtype_of(self.kv_dtype, self.kv_cache_dtype)
         checked["kv_cache_dtype"] = None
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy: got {self.scheduling_policy!r} (allowed: "
-                             f"{', '.join(SCHEDULING_POLICIES)})")  # fmt: skip
+                             f"{', '.join(SCHEDULING_POLICIES)})")
         checked["enable_prefix_caching"] = check_bool("enable_prefix_caching", self.enable_prefix_caching)
         if self.enable_chunked_prefill is not None:
             checked["enable_chunked_prefill"] = check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
@@ -214,7 +214,7 @@ class EngineConfig:
             given = checked[name]
             if given != getattr(ENGINE_DEFAULTS, name) and given != value:
                 raise ValueError(f"{name} {given} and speculative_config's {name} {value} disagree (allowed: one of "
-                                 f"them, or both the same)")  # fmt: skip
+                                 f"them, or both the same)")
         return {**settings._asdict(), "speculative_config": None}
 
     @property

@@ -54,8 +54,8 @@ from reference.engine.sampling import BeamSearchParams, RowContext, sample, samp
 from reference.engine.speculative import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, accept_greedy, propose_ngram
 from reference.engine.stops import check_stop, stop_ids
 from reference.engine.threads import OneThread, held_interrupts
-from sim.scheduling.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.base.request import Request
+from sim.scheduling.plan import ScheduledSeq, StepOutcome, StepPlan
 from sim.scheduling.scheduler import Scheduler
 
 __all__ = ["CheckedRequest", "LLMEngine", "Params"]
@@ -184,11 +184,11 @@ class LLMEngine:
 
                 view = snapshot(scheduler, step=last.step, time=last.start_s + last.step_time_s,
                                 num_prefills=len(last.prefills), num_decodes=len(last.decodes), preempted=last.preempted,
-                                finished=last.finished_request_ids, short=scheduler.num_waiting > 0)  # fmt: skip
+                                finished=last.finished_request_ids, short=scheduler.num_waiting > 0)
             return EngineSnapshot(scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped, kv.num_blocks,
                                   kv.num_free_blocks, scheduler.num_preemptions, replace(kv.prefix_cache_stats()),
                                   replace(self.stats, finish_reasons=dict(self.stats.finish_reasons)),
-                                  None if last is None else replace(last), view)  # fmt: skip
+                                  None if last is None else replace(last), view)
 
     def forget_records(self, keep: int) -> None:
         """Keep only the last `keep` step records (step_log) and finished requests' metrics (finished_metrics): an
@@ -238,7 +238,7 @@ class LLMEngine:
                 self._time_step(plan, result.finished_request_ids, start - self._start,
                                 time.perf_counter() - self._start)
                 outputs = [request_output(self._requests[rid], self.scheduler.is_finished(rid), self._decode)
-                           for rid in plan.request_ids()]  # fmt: skip
+                           for rid in plan.request_ids()]
                 for rid in result.finished_request_ids:
                     del self._requests[rid]
                 self._record(plan, result.finished_request_ids, time.perf_counter() - start, start - self._start)
@@ -313,7 +313,7 @@ class LLMEngine:
 
     # --- sampling -------------------------------------------------------------------------------------------
     def _sample(self, plan: StepPlan, logits: torch.Tensor, rows: list[int],
-                all_rows: dict[int, torch.Tensor] | None = None) -> tuple[StepOutcome, dict]:  # fmt: skip
+                all_rows: dict[int, torch.Tensor] | None = None) -> tuple[StepOutcome, dict]:
         """One token per sampling entry, one beam step per beam request, 1 + the accepted drafts per verify entry: the
         outcome for the scheduler, and the surviving beams (request_id -> list[Beam]) of every beam search that goes
         on. `all_rows`: entry index -> its logits at every fed token (a verify entry's, among others)."""
@@ -347,7 +347,7 @@ class LLMEngine:
         contexts = None
         if any(p.has_penalties or p.min_tokens for p in params):
             contexts = [RowContext(st.prompt_token_ids, seq.token_ids, stop_ids(st.params, self.config.eos_token_ids))
-                        for st, seq in zip(states, seqs)]  # fmt: skip
+                        for st, seq in zip(states, seqs)]
         tokens, logprobs, top = sample(logits[[r for _, r in plain]], params, [s.generator for s in seqs], contexts)
         for (entry, _), state, seq, token, logprob, best in zip(plain, states, seqs, tokens, logprobs, top):
             seq.token_ids.append(token)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from reference.attention.quant import cache_dtype, check_kv_dtype, dequantize_int8, scale_bytes, SCALE_DTYPE
+from reference.attention.quant import SCALE_DTYPE, cache_dtype, check_kv_dtype, dequantize_int8, scale_bytes
 
 if TYPE_CHECKING:
     from reference.models.config import ModelConfig
@@ -252,7 +252,7 @@ class KVCache:
             gpu, tier = (copy.src, copy.dst) if copy.to_cpu else (copy.dst, copy.src)
             if not (0 <= gpu < self.num_blocks and 0 <= tier < self.num_offload_blocks):
                 raise ValueError(f"apply_tier_copies: {copy} outside the pools (device blocks "
-                                 f"0..{self.num_blocks - 1}, tier blocks 0..{self.num_offload_blocks - 1})")  # fmt: skip
+                                 f"0..{self.num_blocks - 1}, tier blocks 0..{self.num_offload_blocks - 1})")
             for pool, tier_pool in zip(device_pools, self.offload_pools):
                 if copy.to_cpu:
                     tier_pool[tier].copy_(pool[gpu], non_blocking=False)

@@ -14,8 +14,8 @@ import torch
 
 from reference.engine.kv_cache import KVLayout
 from reference.models.config import ModelConfig
-from sim.kv import layer_groups
 from sim.base.specs import ModelSpec
+from sim.kv import layer_groups
 
 
 def num_params(config: ModelConfig) -> int:

@@ -18,21 +18,21 @@ import inspect
 
 import numpy as np
 
+from reference.cpu_allocator import keep_freed_memory
 from reference.engine import executor as ex
 from reference.engine.config import ENGINE_DEFAULTS as D
 from reference.engine.config import ENGINE_SETTINGS, EngineConfig
-from reference.cpu_allocator import keep_freed_memory
 from reference.engine.engine import CheckedRequest, LLMEngine, Params
 from reference.engine.kv_cache import KVCache, kv_bytes_per_block
 from reference.engine.kv_groups import kv_layout, model_spec
-from reference.models.llama import LlamaForwardModel
 from reference.engine.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from reference.engine.prompts import chat_messages, prompt_list, prompt_parts
 from reference.engine.sampling import BeamSearchParams, SamplingParams, check_bool, check_int, check_real
-from sim.config import SchedulerConfig, default_max_num_batched_tokens
+from reference.models.llama import LlamaForwardModel
 from sim.base.limits import MAX_PRIORITY
-from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
 from sim.clock.metrics import LATENCY_METRICS, Table, latency_summary
+from sim.config import SchedulerConfig, default_max_num_batched_tokens
+from sim.kv import check_model, has_prefix_cache, has_swap_space, make_kv_manager
 from sim.scheduling.scheduler import Scheduler
 
 
@@ -82,10 +82,10 @@ class LLM(LLMEngine):
         if c.num_offload_blocks:  # the offload tier's host tensors: bounded as the swap pool's
             limit, most = ex.max_pool_blocks(kv_bytes_per_block(self.config.num_layers, c.block_size,
                                                                 self.config.num_kv_heads, self.config.head_dim,
-                                                                self.dtype, self.kv_dtype), "cpu")  # fmt: skip
+                                                                self.dtype, self.kv_dtype), "cpu")
             if c.num_offload_blocks > limit:
                 raise ValueError(f"num_offload_blocks {c.num_offload_blocks:,} is more than {most} (allowed: 0 .. "
-                                 f"{limit:,})")  # fmt: skip
+                                 f"{limit:,})")
         self.block_size = c.block_size
         # the model as the KV managers see it: hybrid groups its full and sliding-window layers (Gemma 3)
         spec = model_spec(self.config, self.dtype, model if isinstance(model, str) else "the loaded model",
@@ -95,7 +95,7 @@ class LLM(LLMEngine):
                                           max_seq_len=self.max_model_len, enable_prefix_caching=c.enable_prefix_caching,
                                           num_cpu_blocks=num_cpu_blocks, watermark=c.watermark, model=spec,
                                           block_allocator=c.block_allocator,
-                                          num_offload_blocks=c.num_offload_blocks)  # fmt: skip
+                                          num_offload_blocks=c.num_offload_blocks)
         if c.enable_prefix_caching and not has_prefix_cache(c.policy):
             raise ValueError(f"policy {c.policy!r} has no prefix cache (allowed with enable_prefix_caching: paged)")
         if num_cpu_blocks and not has_swap_space(c.policy):
@@ -212,7 +212,7 @@ class LLM(LLMEngine):
             if not isinstance(priority, (list, tuple)) or len(priority) != len(prompts):
                 given = f"{len(priority)} priorities" if isinstance(priority, (list, tuple)) else repr(priority)
                 raise ValueError(f"priority: got {given} for {len(prompts)} prompts (allowed: None, or a list of one "
-                                 f"int per prompt)")  # fmt: skip
+                                 f"int per prompt)")
         return self._run(prompts, params, check_bool("use_tqdm", use_tqdm), "generate()", priority)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
@@ -352,7 +352,7 @@ class LLM(LLMEngine):
         priority = check_int(f"{where}'s priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
         if priority and self.engine_config.scheduling_policy != "priority":  # vLLM refuses it too
             raise ValueError(f"{where}'s priority: got {priority}, but priority scheduling is not enabled (allowed: "
-                             f"0, or LLM(scheduling_policy='priority'))")  # fmt: skip
+                             f"0, or LLM(scheduling_policy='priority'))")
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise TypeError(f"params must be SamplingParams or BeamSearchParams, got {type(params).__name__}")
         text, ids = prompt_parts(prompt, where)
@@ -410,9 +410,9 @@ def _signature() -> inspect.Signature:
     P = inspect.Parameter
     params = [P("self", P.POSITIONAL_OR_KEYWORD),
               P("model", P.POSITIONAL_OR_KEYWORD, default=D.model, annotation="str | LlamaForwardModel"),
-              P("tokenizer", P.KEYWORD_ONLY, default=None)]  # fmt: skip
+              P("tokenizer", P.KEYWORD_ONLY, default=None)]
     params += [P(f.name, P.KEYWORD_ONLY, default=f.default, annotation=f.type)
-               for f in dataclasses.fields(EngineConfig) if f.name in ENGINE_SETTINGS]  # fmt: skip
+               for f in dataclasses.fields(EngineConfig) if f.name in ENGINE_SETTINGS]
     return inspect.Signature(params, return_annotation="None")
 
 

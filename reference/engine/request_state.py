@@ -81,7 +81,7 @@ def request_output(state: RequestState, finished: bool, decode) -> RequestOutput
     done, else every sample in order."""
     if state.beam is not None and state.beam.done:
         outputs = [CompletionOutput(i, decode(h.token_ids, True), h.token_ids, h.cum_logprob, None, h.finish_reason)
-                   for i, h in enumerate(state.beam.hypotheses)]  # fmt: skip
+                   for i, h in enumerate(state.beam.hypotheses)]
     else:
         outputs = [completion_output(s, state.params, decode) for s in sorted(state.seqs.values(), key=lambda s: s.index)]
     prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs.entries)

@@ -143,7 +143,7 @@ class SamplingParams:
              stop=_stop_strings(self.stop), stop_token_ids=_stop_ids(self.stop_token_ids),
              skip_special_tokens=check_bool("skip_special_tokens", self.skip_special_tokens),
              include_stop_str_in_output=check_bool("include_stop_str_in_output", self.include_stop_str_in_output),
-             **penalties)  # fmt: skip
+             **penalties)
 
     @property
     def greedy(self) -> bool:
@@ -275,7 +275,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     work = logits
     if contexts is not None:
         touched = [i for i, p in enumerate(params)
-                   if p.has_penalties or len(contexts[i].output_ids) < p.min_tokens]  # fmt: skip
+                   if p.has_penalties or len(contexts[i].output_ids) < p.min_tokens]
         if touched:
             work = logits.clone()
             for i in touched:

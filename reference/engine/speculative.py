@@ -28,7 +28,7 @@ PROMPT_LOOKUP_MIN = 1  # the shortest (vLLM's prompt_lookup_min)
 
 
 def propose_ngram(tokens: Sequence[int], k: int, n_max: int = PROMPT_LOOKUP_MAX, n_min: int = PROMPT_LOOKUP_MIN
-                  ) -> list[int]:  # fmt: skip
+                  ) -> list[int]:
     """Up to k draft tokens: for n from n_max down to n_min, find the latest earlier occurrence of the last n tokens
     and propose the tokens that followed it (stopping at the end of `tokens`); [] if no suffix recurs."""
     length = len(tokens)

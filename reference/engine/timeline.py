@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sim.views.chrome_trace import write_trace
 from sim.kv.base import SHARE_NAMES
+from sim.views.chrome_trace import write_trace
 
 
 def engine_rows(llm) -> tuple[list[dict], list[dict]]:
@@ -29,7 +29,7 @@ def engine_rows(llm) -> tuple[list[dict], list[dict]]:
             "num_swapped_out_blocks": len(record.blocks_to_swap_out),
             "num_swapped_in_blocks": len(record.blocks_to_swap_in), "num_copied_blocks": len(record.blocks_to_copy),
             **dict(zip(SHARE_NAMES, record.memory.counts())),
-        })  # fmt: skip
+        })
         for rid, *_ in record.prefills:
             first_step.setdefault(rid, record.start_s)
         for rid in record.sampled_request_ids:
@@ -42,7 +42,7 @@ def engine_rows(llm) -> tuple[list[dict], list[dict]]:
     requests = [{"request_id": rid, "arrival_time": arrival, "first_scheduled_time": first_step.get(rid, nan),
                  "first_token_time": first_token.get(rid, nan), "finish_time": finish.get(rid, nan),
                  "prompt_len": prompt_len, "output_len": max_tokens, "num_preemptions": preemptions.get(rid, 0)}
-                for rid, (arrival, prompt_len, max_tokens) in llm.arrivals.items()]  # fmt: skip
+                for rid, (arrival, prompt_len, max_tokens) in llm.arrivals.items()]
     return steps, requests
 
 

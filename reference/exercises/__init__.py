@@ -26,14 +26,14 @@ __all__ = ["EXERCISES", "check", "grade"]
 
 
 def check(name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = False
-          ) -> CheckReport:  # fmt: skip
+          ) -> CheckReport:
     """sim.exercises.check over every exercise, these labs included."""
     return _sim.check(name, cls_or_factory, max_examples=max_examples, quiet=quiet, exercises=EXERCISES)
 
 
 def grade(name: str, cls_or_factory: Callable[..., Any], *, max_examples: int = 200, quiet: bool = True,
           machines: Collection[str] = ("model", "rule", "long"),
-          check_timeout: float | None = _sim.CHECK_TIMEOUT_S) -> CheckReport:  # fmt: skip
+          check_timeout: float | None = _sim.CHECK_TIMEOUT_S) -> CheckReport:
     """sim.exercises.grade over every exercise, these labs included."""
     return _sim.grade(name, cls_or_factory, max_examples=max_examples, quiet=quiet, machines=machines,
                       exercises=EXERCISES, check_timeout=check_timeout)

@@ -27,10 +27,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Grade a classroom exercise (notebooks/exercises), the labs that run "
-                     "tensors included, or package the exercises for Gradescope.")  # fmt: skip
+                     "tensors included, or package the exercises for Gradescope.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("grade", add_help=False, help="grade a .py module or .ipynb notebook into Gradescope's "
-                        "results.json (its flags: grade --help)")  # fmt: skip
+                        "results.json (its flags: grade --help)")
     p = commands.add_parser("package", help="write Gradescope autograder archives and the student handout",
                             description="Write Gradescope autograder archives and the student handout.")
     p.add_argument("--exercise", required=True, help=f"'all' or one of: {', '.join(EXERCISES)}")

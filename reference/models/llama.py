@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from reference.attention import cpu_numba, paged_decode_attention, paged_prefill_attention, store_kv
 from reference.engine.batch import ForwardBatch
 from reference.engine.kv_cache import KVCache
+from reference.models import cpu_fused
 from reference.models.config import ModelConfig
 from reference.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, swiglu_mlp
-from reference.models import cpu_fused
 from reference.models.matmul import PackedLinear, default_matmul
 
 

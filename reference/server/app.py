@@ -66,7 +66,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
     def check_model(body: dict) -> None:
         if body.get("model") not in (None, model_name):
             raise APIError(404, f"the model {body['model']!r} does not exist (this server serves {model_name!r})",
-                           "model", "model_not_found")  # fmt: skip
+                           "model", "model_not_found")
 
     def check_open() -> EngineLoop:
         engine = getattr(app.state, "engine", None)
@@ -93,7 +93,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
 
     def model_card() -> dict:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "paged-attention-lab",
-                "root": model_name, "parent": None, "max_model_len": llm.max_model_len}  # fmt: skip
+                "root": model_name, "parent": None, "max_model_len": llm.max_model_len}
 
     @app.get("/v1/models")
     async def models():
@@ -103,7 +103,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
     async def model(model_id: str):
         if model_id != model_name:
             raise APIError(404, f"the model {model_id!r} does not exist (this server serves {model_name!r})",
-                           "model", "model_not_found")  # fmt: skip
+                           "model", "model_not_found")
         return model_card()
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: aiperf asks it first, and vLLM's answers 200
@@ -158,7 +158,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         body = await json_body(request)
         chat = isinstance(body, dict) and "messages" in body
         body = rq.check_body(body, "TokenizeChatRequest" if chat else "TokenizeCompletionRequest",
-                             ("messages",) if chat else ("prompt",))  # fmt: skip
+                             ("messages",) if chat else ("prompt",))
         check_model(body)
         if chat:
             _, ids = await chat_prompt(body)
@@ -188,9 +188,9 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         """The conversation rendered with the chat template, and its token ids (vLLM's default for chat: without
         the tokenizer's own special tokens, which the template writes)."""
         text = await to_thread(rq.render_conversation, llm, body["messages"], body.get("add_generation_prompt", True),
-                               bool(body.get("continue_final_message")), where="messages")  # fmt: skip
+                               bool(body.get("continue_final_message")), where="messages")
         ids = await to_thread(llm.tokenize, text, body.get("add_special_tokens", False), "the rendered conversation",
-                              where="messages")  # fmt: skip
+                              where="messages")
         return text, ids
 
     # --- generation ---------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         if rule is not None or body.get("add_special_tokens") is False:  # tokenized here; else by the engine
             special = body.get("add_special_tokens", True)
             prompts = [rq.truncate(p if isinstance(p, list) else await to_thread(llm.tokenize, p, special), rule)
-                       for p in prompts]  # fmt: skip
+                       for p in prompts]
         params = rq.sampling_params(body, logprobs=logprobs, default_max_tokens=16, max_model_len=llm.max_model_len)
         return await generate(request, body, prompts, params, chat=False)
 
@@ -227,7 +227,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
         # OpenAI's default is the context left: the engine cuts max_tokens there
         params = rq.sampling_params(body, logprobs=(top or 0) if body.get("logprobs") else None,
                                     default_max_tokens=llm.max_model_len, max_model_len=llm.max_model_len,
-                                    max_tokens_field=field)  # fmt: skip
+                                    max_tokens_field=field)
         return await generate(request, body, [rq.truncate(ids, rule)], params, chat=True, prompt_text=text)
 
     async def generate(request: Request, body: dict, prompts: list, params, chat: bool, prompt_text=None):
@@ -243,9 +243,9 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
             _end(engine, streams, outputs, ids)
             raise
         response_id = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id") or uuid.uuid4().hex[:16]) + \
-            f"-{ids[0]}"  # fmt: skip
+            f"-{ids[0]}"
         render = Renderer(response_id, model_name, chat, params.n, body, len(prompts), prompt_text,
-                          prompts[0] if chat else None)  # fmt: skip
+                          prompts[0] if chat else None)
         if body.get("stream"):
             return StreamingResponse(stream(engine, outputs, ids, render), media_type="text/event-stream")
         try:
@@ -370,7 +370,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         kind = {404: "not_found_error", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request_error")
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(APIError(exc.status_code, message, kind=kind).body(), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))  # fmt: skip
+                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):  # never a traceback to the client

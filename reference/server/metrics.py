@@ -33,11 +33,11 @@ from reference.engine.outputs import EngineSnapshot, RequestOutput
 
 # vLLM's bucket families (vllm/v1/metrics/buckets.py), seconds or counts
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+                40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-               80.0)  # fmt: skip
+               80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                   480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+                   480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
 PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
@@ -121,7 +121,7 @@ class ServerMetrics:
         self.labels = f'model_name="{_escape(model_name)}",engine="0"'
         families = {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "latency": LATENCY_BUCKETS, "n": N_BUCKETS,
                     "tokens": request_tokens_buckets(max_model_len), "preemptions": PREEMPTIONS_BUCKETS,
-                    "iteration": ITERATION_TOKENS_BUCKETS}  # fmt: skip
+                    "iteration": ITERATION_TOKENS_BUCKETS}
         self.histograms = {name: Histogram(families[family]) for name, (_, family) in HISTOGRAMS.items()}
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
         self.prompt_tokens = 0

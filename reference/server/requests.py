@@ -166,7 +166,7 @@ STREAM_OPTIONS_FIELDS = {
 # the request kinds as vLLM names its models (the data file's), each with its fields
 FIELDS = {"CompletionRequest": COMPLETION_FIELDS, "ChatCompletionRequest": CHAT_FIELDS,
           "TokenizeCompletionRequest": TOKENIZE_FIELDS, "TokenizeChatRequest": TOKENIZE_CHAT_FIELDS,
-          "DetokenizeRequest": DETOKENIZE_FIELDS, "StreamOptions": STREAM_OPTIONS_FIELDS}  # fmt: skip
+          "DetokenizeRequest": DETOKENIZE_FIELDS, "StreamOptions": STREAM_OPTIONS_FIELDS}
 
 
 def check_fields(body: dict, fields: dict[str, Rule]) -> None:
@@ -176,7 +176,7 @@ def check_fields(body: dict, fields: dict[str, Rule]) -> None:
         if rule is not None and rule.kind == REFUSED and not rule.asks_nothing(value):
             allowed = " or ".join("null" if v is None else json.dumps(v) for v in rule.no_op)
             raise APIError(400, f"{name} is not supported by this server ({rule.why}), got "
-                                f"{json.dumps(value)[:80]} (allowed: {allowed}, or leave it out)", name)  # fmt: skip
+                                f"{json.dumps(value)[:80]} (allowed: {allowed}, or leave it out)", name)
 
 
 # --- types -------------------------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ TYPES = {
                             "continue_final_message": _BOOL, "add_special_tokens": _BOOL, "return_token_strs": _BOOL},
     "DetokenizeRequest": {"model": _STR, "tokens": (list,)},
     "StreamOptions": {"include_usage": _BOOL, "continuous_usage_stats": _BOOL},
-}  # fmt: skip
+}
 
 
 def check_body(body: Any, kind: str, required: tuple[str, ...] = ()) -> dict:
@@ -217,14 +217,14 @@ def check_body(body: Any, kind: str, required: tuple[str, ...] = ()) -> dict:
         value = body.get(name)
         if value is not None and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
             names = " or ".join({"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                                 "list": "a list", "dict": "an object"}[t.__name__] for t in allowed)  # fmt: skip
+                                 "list": "a list", "dict": "an object"}[t.__name__] for t in allowed)
             raise APIError(400, f"{name} must be {names}, got {type(value).__name__}", name)
     check_fields(body, FIELDS[kind])
     options = body.get("stream_options")
     if options is not None:
         if not body.get("stream"):  # as vLLM
             raise APIError(400, "stream_options needs stream: true (allowed: leave stream_options out)",
-                           "stream_options")  # fmt: skip
+                           "stream_options")
         check_body(options, "StreamOptions")
     return body
 
@@ -243,7 +243,7 @@ def sampling_params(body: dict, *, logprobs: int | None, default_max_tokens: int
     if given.get("max_tokens", 0) > max_model_len:  # as vLLM: a request that could never get its tokens
         raise APIError(400, f"{max_tokens_field}={given['max_tokens']} cannot be greater than max_model_len="
                             f"{max_model_len} (allowed: 1 .. {max_model_len}). Please request fewer output tokens.",
-                       max_tokens_field)  # fmt: skip
+                       max_tokens_field)
     given.setdefault("max_tokens", default_max_tokens)
     if logprobs is not None:
         given["logprobs"] = logprobs
@@ -275,7 +275,7 @@ def completion_prompts(body: dict) -> list[str | list[int]]:
     if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or all(map(ids, prompt))):
         return list(prompt)
     raise APIError(400, "prompt must be a text, a list of token ids, or a non-empty list of texts or of lists of "
-                        "token ids (not mixed)", "prompt")  # fmt: skip
+                        "token ids (not mixed)", "prompt")
 
 
 def truncation(body: dict, max_model_len: int) -> tuple[int, str] | None:
@@ -288,7 +288,7 @@ def truncation(body: dict, max_model_len: int) -> tuple[int, str] | None:
     k = max_model_len if k == -1 else k
     if not 1 <= k <= max_model_len - 1:  # one token of context is left for the output, as vLLM's
         raise APIError(400, f"truncate_prompt_tokens={body['truncate_prompt_tokens']} (allowed: -1 for the context, "
-                            f"or 1 .. {max_model_len - 1})", "truncate_prompt_tokens")  # fmt: skip
+                            f"or 1 .. {max_model_len - 1})", "truncate_prompt_tokens")
     return k, side
 
 
@@ -305,12 +305,12 @@ def render_conversation(llm, messages, add_generation_prompt: bool, continue_fin
     message's text). TypeError / ValueError naming the message the template cannot take (LLM.render_chat)."""
     if messages and all(isinstance(m, (list, tuple)) for m in messages):  # render_chat's batch of conversations
         raise ValueError("messages must be one conversation, a list of message objects (a batch of conversations is "
-                         "not served: send one request per conversation)")  # fmt: skip
+                         "not served: send one request per conversation)")
     if not continue_final_message:
         return llm.render_chat(messages, add_generation_prompt)[0]
     if add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (allowed: "
-                            "add_generation_prompt: false)", "continue_final_message")  # fmt: skip
+                            "add_generation_prompt: false)", "continue_final_message")
     text = llm.render_chat(messages, False)[0]
     final = messages[-1]["content"]
     if isinstance(final, list):  # OpenAI's parts: the last text one, as transformers takes it
@@ -318,5 +318,5 @@ def render_conversation(llm, messages, add_generation_prompt: bool, continue_fin
     final = final.strip()
     if not final or final not in text:
         raise APIError(400, "continue_final_message: the last message's text does not appear in the rendered "
-                            "conversation (allowed: a last message with text)", "continue_final_message")  # fmt: skip
+                            "conversation (allowed: a last message with text)", "continue_final_message")
     return text[: text.rindex(final) + len(final)]

@@ -39,7 +39,7 @@ def _server_class():
 
         async def shutdown(self, sockets=None) -> None:
             why = "the server is shutting down" + (f" ({signal.Signals(self.stopped_by).name})" if self.stopped_by
-                                                    else "")  # fmt: skip
+                                                    else "")
             self.app.state.begin_shutdown(f"{why}: the request was aborted")
             await super().shutdown(sockets)
 

@@ -73,7 +73,7 @@ class Renderer:
     """OpenAI's response objects for one request's prompts: the whole response, or the chunks of a stream."""
 
     def __init__(self, response_id: str, model: str, chat: bool, n: int, body: dict, num_prompts: int = 1,
-                 prompt_text: str | None = None, prompt_ids: list[int] | None = None) -> None:  # fmt: skip
+                 prompt_text: str | None = None, prompt_ids: list[int] | None = None) -> None:
         self.id, self.model, self.chat, self.n = response_id, model, chat, n
         self.created = int(time.time())
         self.prompt_text, self.prompt_ids = prompt_text, prompt_ids  # chat: the rendered conversation, its ids
@@ -111,7 +111,7 @@ class Renderer:
         return {"tokens": [self._token(t, row[t]) for t, row in zip(ids, rows)],
                 "token_logprobs": [_finite(row[t].logprob) for t, row in zip(ids, rows)],
                 "top_logprobs": [{self._token(t, lp): _finite(lp.logprob) for t, lp in row.items()} for row in rows],
-                "text_offset": []}  # fmt: skip
+                "text_offset": []}
 
     def _chat_token(self, token_id: int, lp) -> dict:
         token = self._token(token_id, lp)
@@ -129,7 +129,7 @@ class Renderer:
         for p, out in enumerate(outs):
             for c in out.outputs:
                 choice = {"index": p * self.n + c.index, "logprobs": self._logprobs(c, 0),
-                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                 if self.chat:
                     choice["message"] = {"role": "assistant", "content": c.text}
                 else:
@@ -153,7 +153,7 @@ class Renderer:
             return []
         chunk = {**self._head(True), "choices": [
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            for i in range(self.n)]}  # fmt: skip
+            for i in range(self.n)]}
         if self.token_ids:
             chunk["prompt_token_ids"] = self.prompt_ids
         if self.with_prompt_text:
@@ -177,7 +177,7 @@ class Renderer:
             text = settled_text(c.text, done, self.hold)
             delta = text[self.sent_text[i]:]
             choice = {"index": i, "logprobs": self._logprobs(c, sent), "finish_reason": c.finish_reason,
-                      "stop_reason": c.stop_reason}  # fmt: skip
+                      "stop_reason": c.stop_reason}
             if self.chat:
                 choice["delta"] = {"content": delta} if delta or not done else {}
             else:
@@ -192,7 +192,7 @@ class Renderer:
             if self.continuous_usage:
                 prompt = len(out.prompt_token_ids)
                 chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": len(c.token_ids),
-                                  "total_tokens": prompt + len(c.token_ids)}  # fmt: skip
+                                  "total_tokens": prompt + len(c.token_ids)}
             frames.append(frame(chunk))
         return frames
 

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from reference.validation.validation_suite import SUITE, case_requests, simulate_case
-from sim.config import RUN_DEFAULTS
 from sim.clock.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
+from sim.config import RUN_DEFAULTS
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
 DEFAULT_STEPS = "figures/calibration_steps_cpu.csv"
@@ -101,7 +101,7 @@ def design(quick: bool = False) -> list[Scenario]:
         Scenario("decode-8x384", (Wave(384, 8, 16),)),
         # decodes behind a cached 1,024-token prefix: a K/V token read by many sequences at once
         *(Scenario(f"long-context-{s}", (Wave(1032, 1, 16, 0, 1024), Wave(1032, s - 1, 16, 1, 1024)),
-                   {"enable_prefix_caching": True}) for s in (4, 16, 48)),  # fmt: skip
+                   {"enable_prefix_caching": True}) for s in (4, 16, 48)),
         # a 6,144-token prompt in two chunks (the second reads 4,096 cached tokens), then 4 samples decoding at 6K
         Scenario("long-6k-n4", (Wave(6144, 1, 12, n=4),)),
         # chunked prompts with decodes riding along, at several budgets
@@ -147,7 +147,7 @@ def run_scenario(loaded, scenario: Scenario, *, block_size: int, rng: np.random.
     # room for every sequence's whole length, as if nothing were shared (the admission check's own rule)
     tokens = sum(w.count * max(w.n, w.beam_width) * (w.prompt_len + w.max_tokens + block_size) for w in scenario.waves)
     llm = LLM.from_loaded(*loaded, block_size=block_size, num_gpu_blocks=-(-tokens // block_size) + 8,
-                          **scenario.engine)  # fmt: skip
+                          **scenario.engine)
     if prompts is None:
         prompts = _prompts(scenario, rng, loaded[0].config.vocab_size)
     pending = sorted(zip(scenario.waves, prompts), key=lambda wave: wave[0].at_step)
@@ -191,7 +191,7 @@ def measure(loaded, scenarios: list[Scenario], *, block_size: int = 16, seed: in
             if progress:
                 done = p * len(scenarios) + i + 1
                 print(f"  [{done}/{total}] pass {p + 1}/{passes} {scenario.name}: {len(got)} steps "
-                      f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)
     return rows
 
 
@@ -238,7 +238,7 @@ def fit(rows: list[dict]) -> tuple[PiecewiseCostModel, dict]:
     quality = {"in_sample": _summary(_errors(model, steps)), "per_scenario": {},
                "repeats": {"timings_per_step": int(min(r["timings"] for r in steps)),
                            "median_spread": float(np.median(spread)) if len(spread) else None,
-                           "p90_spread": float(np.percentile(spread, 90)) if len(spread) else None}}  # fmt: skip
+                           "p90_spread": float(np.percentile(spread, 90)) if len(spread) else None}}
     for name in dict.fromkeys(r["scenario"] for r in steps):
         mine = [r for r in steps if r["scenario"] == name]
         rest = [r for r in steps if r["scenario"] != name]
@@ -329,7 +329,7 @@ def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, comma
         if progress and repeat > 1:
             print(f"repeat {k + 1}/{repeat}", flush=True)
         rows += [{**r, "repeat": k} for r in measure(loaded, scenarios, block_size=block_size, seed=seed, passes=passes,
-                                                     progress=progress)]  # fmt: skip
+                                                     progress=progress)]
     model, quality = fit(rows)
     # every pass of every repeat is a whole, independent timing of the design: a fit to each says how stable the fit is
     groups = sorted({(r["repeat"], r["pass"]) for r in rows})
@@ -342,7 +342,7 @@ def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, comma
         design=[{"name": s.name, "waves": [vars_of(w) for w in s.waves], "engine": s.engine} for s in scenarios],
         command=command, created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         measured_in_s=round(time.perf_counter() - started, 1), **extra,
-    )  # fmt: skip
+    )
     return record, rows
 
 
@@ -362,7 +362,7 @@ def stability(fits: list[PiecewiseCostModel], steps: list[dict], *, quick: bool,
     return {"num_fits": len(fits), "steps": {"median_rel_diff": float(np.median(step_diff)),
                                              "p90_rel_diff": float(np.percentile(step_diff, 90)),
                                              "max_rel_diff": float(step_diff.max())},
-            "suite": traces}  # fmt: skip
+            "suite": traces}
 
 
 def vars_of(wave: Wave) -> dict:
@@ -371,17 +371,18 @@ def vars_of(wave: Wave) -> dict:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The `python -m reference calibrate` command (flags checked by check_args first)."""
+    import torch
+
     from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
-    from sim.clock.cost_file import write_cost_model
     from sim.base.outfiles import atomic_files, write_csv
-    import torch
+    from sim.clock.cost_file import write_cost_model
 
     use_one_cpu_thread(torch.device("cpu"))
     print(f"calibrate: {'quick' if args.quick else 'full'} design at {torch.get_num_threads()} thread(s)", flush=True)
     loaded = load_model("smollm2")
     record, rows = calibrate(loaded, quick=args.quick, block_size=args.block_size, seed=args.seed,
-                             command=" ".join(argv), passes=args.passes, repeat=args.repeat)  # fmt: skip
+                             command=" ".join(argv), passes=args.passes, repeat=args.repeat)
     with atomic_files(make_parents=True) as files:  # both files or neither
         write_csv(args.steps_csv, STEP_COLUMNS, rows, comments=[f"command: {' '.join(argv)}"], files=files)
         write_cost_model(args.out, record, files=files)

@@ -31,7 +31,7 @@ from ..models.loader import TINY_GEMMA3_CONFIG
 
 # The KV manager's methods the scheduler calls while a step runs (schedule, finish_step, abandon_step).
 KV_METHODS = ("allocate_slots", "can_allocate_slots", "fork", "free", "uncache", "get_computed_tokens", "swap_out",
-              "swap_in", "can_swap_out", "can_swap_in", "block_table")  # fmt: skip
+              "swap_in", "can_swap_out", "can_swap_in", "block_table")
 OUTCOMES = ("survived", "replaced", "wedged", "leaked", "mismatch", "over_aborted", "broken_after")
 
 
@@ -83,7 +83,7 @@ CONFIGS = {c.name: c for c in [
     Config("vattention", dict(_COMMON, policy="vattention", num_gpu_blocks=24)),
     Config("radix", dict(_COMMON, policy="radix", num_gpu_blocks=24), shared_prefix=True),
     Config("hybrid", dict(_COMMON, policy="hybrid", num_gpu_blocks=24), gemma=True),
-]}  # fmt: skip
+]}
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ _MODELS: dict[bool, object] = {}
 def _model(gemma: bool):
     if gemma not in _MODELS:  # untied embeddings: a tied tiny model mostly repeats the prompt's last token
         _MODELS[gemma] = (random_model(TINY_GEMMA3_CONFIG, seed=5) if gemma
-                          else random_model(seed=5, tie_word_embeddings=False))  # fmt: skip
+                          else random_model(seed=5, tie_word_embeddings=False))
     return _MODELS[gemma]
 
 
@@ -128,7 +128,7 @@ def _parts(kv) -> list[tuple[str, object]]:
     """The manager's own parts that a fault inside a KV call can hit: objects of the simulator's classes it holds
     (its block allocator, CPU allocator, radix tree), by attribute name."""
     return [(name, value) for name, value in vars(kv).items()
-            if type(value).__module__.startswith("sim.") and not isinstance(value, type)]  # fmt: skip
+            if type(value).__module__.startswith("sim.") and not isinstance(value, type)]
 
 
 def _methods(obj) -> list[str]:
@@ -216,7 +216,7 @@ class _Steps:
             kv = llm.kv_manager
             written = {dst for _, dst in plan.blocks_to_copy}
             owners = {rid for rid in sched.running_request_ids() for s in sched.seq_ids(rid)
-                      if written and s in kv.seq_ids and written & set(kv.block_table(s))}  # fmt: skip
+                      if written and s in kv.seq_ids and written & set(kv.block_table(s))}
             self.may_abort.append(set(plan.request_ids()) | set(plan.preempted) | owners)
             return plan
 
@@ -235,7 +235,7 @@ def _serve(llm: LLM, work, max_steps: int) -> tuple[dict[int, list], list[BaseEx
             errors.append(exc)
             continue
         finished.update({llm.scheduler_request_id(o.request_id): [c.token_ids for c in o.outputs]
-                         for o in outs if o.finished})  # fmt: skip
+                         for o in outs if o.finished})
     return finished, errors, not llm.has_unfinished_requests()
 
 
@@ -265,7 +265,7 @@ def points(ref: Reference) -> list[Point]:
     back while the scheduler runs (reference/engine/engine.py, `_step`)."""
     return [Point(i, target, when, interrupt=(i + (when == "after")) % 2 == 1)
             for i, target in enumerate(ref.calls) for when in ("before", "after")
-            if when == "before" or target.startswith("kv.")]  # fmt: skip
+            if when == "before" or target.startswith("kv.")]
 
 
 def _pool_problem(llm: LLM) -> str:
@@ -325,7 +325,7 @@ def inject(config: Config, ref: Reference, point: Point) -> Result:
 
 
 def run(configs: Iterable[str], sample: int | None = None, seed: int = 0,
-        progress: Callable[[str, int, int], None] | None = None) -> list[Result]:  # fmt: skip
+        progress: Callable[[str, int, int], None] | None = None) -> list[Result]:
     """Inject at every point of each configuration (or `sample` points drawn at random); the results in order."""
     results = []
     for name in configs:

@@ -133,17 +133,17 @@ def measure(name: str, max_tokens: int, num_prompts: int | None) -> tuple[list[d
         del llm
     agreement = greedy_agreement(outputs["int8"], outputs["auto"])
     per_token = {d: kv_bytes_per_block(config.num_layers, 1, config.num_kv_heads, config.head_dim, torch.float32, d)
-                 for d in ("auto", "int8")}  # fmt: skip
+                 for d in ("auto", "int8")}
     memory = {"kv_bytes_per_token_float32": per_token["auto"], "kv_bytes_per_token_int8": per_token["int8"],
               "blocks_per_gib_float32": BUDGET_BYTES // (BLOCK_SIZE * per_token["auto"]),
-              "blocks_per_gib_int8": BUDGET_BYTES // (BLOCK_SIZE * per_token["int8"])}  # fmt: skip
+              "blocks_per_gib_int8": BUDGET_BYTES // (BLOCK_SIZE * per_token["int8"])}
     rows = []
     for i, (prompt, kind) in enumerate(zip(prompts, kinds)):
         errors = logit_errors(model, prompt, outputs["auto"][i], backend)
         first = agreement.first_difference[i]
         rows.append({"model": name, "prompt": i, "kind": kind, "prompt_tokens": len(prompt),
                      "new_tokens": max_tokens, "identical": first is None,
-                     "first_difference": "" if first is None else first, **errors, **memory})  # fmt: skip
+                     "first_difference": "" if first is None else first, **errors, **memory})
         print(f"  {name} prompt {i:2d} ({kind}): identical {first is None}"
               f"{'' if first is None else f' (first difference at token {first})'}, max |logit error| "
               f"{errors['max_abs_logit_error']:.4f}, mean KL {errors['mean_kl']:.2e}", flush=True)
@@ -153,16 +153,16 @@ def measure(name: str, max_tokens: int, num_prompts: int | None) -> tuple[list[d
                  "max_abs_logit_error": max(r["max_abs_logit_error"] for r in rows),
                  "mean_abs_logit_error": statistics.fmean(r["mean_abs_logit_error"] for r in rows),
                  "mean_kl": statistics.fmean(r["mean_kl"] for r in rows), "max_kl": max(r["max_kl"] for r in rows),
-                 "argmax_agreement": statistics.fmean(r["argmax_agreement"] for r in rows), **memory})  # fmt: skip
+                 "argmax_agreement": statistics.fmean(r["argmax_agreement"] for r in rows), **memory})
     return rows, backend
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    import torch
+
     from reference.bench.bench import machine_description
     from reference.engine.executor import use_one_cpu_thread
     from sim.base.outfiles import write_csv
-
-    import torch
 
     use_one_cpu_thread(torch.device("cpu"))
     started = time.perf_counter()
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 f"block size {BLOCK_SIZE}; int8 = 8-bit K/V with a float32 scale per token and KV head "
                 "(reference/attention/quant.py) against the float32 cache", f"backend: {', '.join(backends)}",
                 "logits: teacher-forced on the float32 run's tokens; KL(float32 || int8) in nats per position",
-                f"total_s: {time.perf_counter() - started:.1f}"]  # fmt: skip
+                f"total_s: {time.perf_counter() - started:.1f}"]
     cells = [{c: (f"{v:.6g}" if isinstance(v, float) else v) for c, v in r.items()} for r in rows]
     write_csv(args.out, COLUMNS, cells, comments=comments, make_parents=args.quick)
     for r in rows:

@@ -45,7 +45,7 @@ class Files(sim_numbers.Files):
         path = self.folder / filename
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (the README's numbers are read from the committed "
-                                    f"files; `{COMMAND} --figures DIR` reads another folder)")  # fmt: skip
+                                    f"files; `{COMMAND} --figures DIR` reads another folder)")
         return super().text(filename)
 
     def record(self, filename: str = COST_MODEL) -> dict:
@@ -68,7 +68,7 @@ def calibration(f: Files) -> str:
                   (Row("machine", ("measured on", f"{record['model']}, {_threads(engine['threads'])}, "
                                    f"{engine['dtype']}, on a {machine['cpu_count']}-core {machine['cpu']}")),
                    Row("fit", ("fit", fit_sentence(record))),
-                   Row("stability", ("stability", stability_sentence(record)))))  # fmt: skip
+                   Row("stability", ("stability", stability_sentence(record)))))
     return table.text()
 
 
@@ -78,7 +78,7 @@ def validation(f: Files) -> str:
     priced = re.fullmatch(r"(\S+) \((.*)\)", comments.get("cost model", ""))
     if not rows or "engine threads" not in comments or priced is None:
         raise ValueError(f"{f.folder / VALIDATION}.csv: expected the summary rows and the `# engine threads:` and "
-                         f"`# cost model:` lines `python -m reference validate-sim` writes")  # fmt: skip
+                         f"`# cost model:` lines `python -m reference validate-sim` writes")
     caption = (f"From `figures/{VALIDATION}.csv` (`python -m reference validate-sim`: the engine at "
                f"{_threads(comments['engine threads'])}, the simulator priced by `{priced[1]}` of {priced[2]}), "
                "one row per trace:")
@@ -132,7 +132,7 @@ def serving(f: Files) -> str:
                                   f"{share('p90_e2e_latency_engine_error')}")),
                    Row("steps", ("the cost model on the engine's own steps", f"median error "
                                  f"{share('all_step_error_median')}, bias {float(s['decode_step_bias']):+.1%} (decode "
-                                 f"steps; negative: the steps took longer than priced)"))))  # fmt: skip
+                                 f"steps; negative: the steps took longer than priced)"))))
     return table.text()
 
 

@@ -44,9 +44,9 @@ SUMMARY_COLUMNS = ("trace", "num_requests", "errors", "max_in_flight", "num_gpu_
                    "send_lateness_p90", "measured_tokens_per_s", "simulated_tokens_per_s", "throughput_error",
                    "measured_preemptions", "simulated_preemptions", "kv_blocks_used_after",
                    *(f"{kind}_step_error_{stat}" for kind in ("all", "prefill", "decode") for stat in ("median", "p90")),
-                   "prefill_step_bias", "decode_step_bias", "wall_s")  # fmt: skip
+                   "prefill_step_bias", "decode_step_bias", "wall_s")
 REQUEST_COLUMNS = ("trace", "request_id", "arrival_time", "sent", "prompt_len", "output_len", "status",
-                   *(f"{side}_{m}" for m in METRICS for side in SIDES), "handover")  # fmt: skip
+                   *(f"{side}_{m}" for m in METRICS for side in SIDES), "handover")
 TIME_LIMIT_S = 3600.0  # the client gives up on the run after this long
 
 
@@ -82,7 +82,7 @@ def _stats(values: np.ndarray) -> tuple[float, float]:
 
 
 def validate_online(loaded, name: str, trace: str, requests: list[Request], cost_model, *, engine: dict, seed: int = 0,
-                    block_size: int = 16) -> tuple[dict, list[dict]]:  # fmt: skip
+                    block_size: int = 16) -> tuple[dict, list[dict]]:
     """Serve the trace's `requests` over HTTP to a load-test client in another process (as a user's client would be:
     not sharing this process's interpreter lock with the engine), and simulate them: the summary row and the
     per-request rows."""
@@ -108,25 +108,25 @@ def validate_online(loaded, name: str, trace: str, requests: list[Request], cost
     # the simulator gets each request when the client sent it (a late send is the client's, not the server's)
     sent = [Request(r.request_id, m["sent"] if math.isfinite(m["sent"]) else r.arrival_time, r.prompt_len,
                     r.output_len, r.n, r.beam_width, r.prefix_id, r.prefix_len, prompt_ids(r, seed))
-            for r, m in ((r, measured[r.request_id]) for r in requests)]  # fmt: skip
+            for r, m in ((r, measured[r.request_id]) for r in requests)]
     sim = simulate(sent, llm, cost_model, block_size, settings.get("watermark", 0.0))
     index = {int(i): k for k, i in enumerate(sim.requests.columns["request_id"])}
     rows = []
     for r in requests:
         m = measured[r.request_id]
         row = {"trace": name, "request_id": r.request_id, "arrival_time": r.arrival_time, "sent": m["sent"],
-               "prompt_len": r.prompt_len, "output_len": r.output_len, "status": m["status"]}  # fmt: skip
+               "prompt_len": r.prompt_len, "output_len": r.output_len, "status": m["status"]}
         engine_id = m["response_id"].rsplit("-", 1)[-1]  # "cmpl-<hex>-<engine id>" (reference/server/app.py)
         sides = {"client": client_latencies(r, m) if m["status"] == "ok" else dict.fromkeys(METRICS, math.nan),
                  "engine": engine_latencies(finished[engine_id]) if engine_id in finished
                  else dict.fromkeys(METRICS, math.nan),
-                 "simulated": {k: float(sim.requests.columns[k][index[r.request_id]]) for k in METRICS}}  # fmt: skip
+                 "simulated": {k: float(sim.requests.columns[k][index[r.request_id]]) for k in METRICS}}
         for side, values in sides.items():
             for k in METRICS:
                 row[f"{side}_{k}"] = values[k]
         # from the client's send to the engine queueing it, on the wall clock both processes share
         row["handover"] = (llm.started_at + finished[engine_id].arrival_time - m["sent_epoch"]
-                           if engine_id in finished else math.nan)  # fmt: skip
+                           if engine_id in finished else math.nan)
         rows.append(row)
     summary = _summary(name, requests, rows, sim, llm, used, wall)
     summary.update(step_errors(cost_model, llm.step_log))
@@ -164,7 +164,7 @@ def _summary(name, requests, rows, sim, llm, used, wall) -> dict:
                "max_num_batched_tokens": llm.scheduler.config.max_num_batched_tokens,
                "measured_preemptions": llm.stats.num_preemptions,
                "simulated_preemptions": sim.summary["num_preemptions"],
-               "kv_blocks_used_after": math.nan if used is None else int(used), "wall_s": round(wall, 1)}  # fmt: skip
+               "kv_blocks_used_after": math.nan if used is None else int(used), "wall_s": round(wall, 1)}
     for m in METRICS:
         for suffix, side in (("error", "client"), ("engine_error", "engine")):
             err = relative_errors(column[f"{side}_{m}"], column[f"simulated_{m}"])
@@ -195,7 +195,7 @@ def summary_sentence(s: dict) -> str:
             f"minus engine) TTFT median {s['http_overhead_ttft_median'] * ms:.1f} ms (p90 "
             f"{s['http_overhead_ttft_p90'] * ms:.1f} ms; hand-over {s['http_handover_median'] * ms:.1f} ms, way back "
             f"{s['http_delivery_median'] * ms:.1f} ms), E2E median {s['http_overhead_e2e_latency_median'] * ms:.1f} "
-            f"ms; KV blocks still used after: {s['kv_blocks_used_after']}")  # fmt: skip
+            f"ms; KV blocks still used after: {s['kv_blocks_used_after']}")
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:

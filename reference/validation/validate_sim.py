@@ -30,8 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.validation.validation_suite import (DEFAULT_BLOCKS, FIRST_ID, SERVED_ENGINE, SERVED_NAME, SUITE, VOCAB_SIZE,
-                                        case_requests, served_requests, simulate)
+from reference.validation.validation_suite import (
+    DEFAULT_BLOCKS,
+    FIRST_ID,
+    SERVED_ENGINE,
+    SERVED_NAME,
+    SUITE,
+    VOCAB_SIZE,
+    case_requests,
+    served_requests,
+    simulate,
+)
 from sim.base.limits import MAX_SEED, MAX_TOKENS
 from sim.base.request import Request
 
@@ -52,9 +61,9 @@ SUMMARY_COLUMNS = ("trace", "num_requests", "num_gpu_blocks", "max_num_batched_t
                    "measured_preemptions", "simulated_preemptions", "sim_extrapolated_steps",
                    "sim_extrapolated_time_share", *(f"{kind}_step_error_{stat}" for kind in ("all", "prefill", "decode")
                                                     for stat in ("median", "p90")),
-                   "prefill_step_bias", "decode_step_bias", "wall_s")  # fmt: skip
+                   "prefill_step_bias", "decode_step_bias", "wall_s")
 REQUEST_COLUMNS = ("trace", "request_id", "arrival_time", "prompt_len", "output_len",
-                   *(f"{side}_{m}" for m in METRICS for side in ("measured", "simulated")))  # fmt: skip
+                   *(f"{side}_{m}" for m in METRICS for side in ("measured", "simulated")))
 
 
 def _token_ids(requests: list[Request], vocab_size: int, seed: int) -> list[list[int]]:
@@ -146,7 +155,7 @@ def validate(loaded, name: str, requests: list[Request], cost_model, *, engine: 
                "simulated_preemptions": sim.summary["num_preemptions"],
                "sim_extrapolated_steps": sim.summary.get("extrapolated_steps", 0),
                "sim_extrapolated_time_share": sim.summary.get("extrapolated_time_share", 0.0),
-               **step_errors(cost_model, llm.step_log)}  # fmt: skip
+               **step_errors(cost_model, llm.step_log)}
     for m in METRICS:
         err = relative_errors(np.array([x[f"measured_{m}"] for x in rows]),
                               np.array([x[f"simulated_{m}"] for x in rows]))
@@ -255,7 +264,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _default_paths(args: argparse.Namespace) -> None:
     """Unnamed outputs: the committed files, or with --quick the same names under QUICK_DIR; --online's own."""
     defaults = {"traces_dir": DEFAULT_TRACES, "out": DEFAULT_OUT, "requests_csv": DEFAULT_REQUESTS,
-                "figure": DEFAULT_FIGURE, **(ONLINE_DEFAULTS if getattr(args, "online", False) else {})}  # fmt: skip
+                "figure": DEFAULT_FIGURE, **(ONLINE_DEFAULTS if getattr(args, "online", False) else {})}
     for name, default in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, str(Path(QUICK_DIR) / Path(default).name) if args.quick else default)
@@ -264,8 +273,8 @@ def _default_paths(args: argparse.Namespace) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Every flag, the cost model and the traces, before the model loads."""
     _default_paths(args)
-    from sim.clock.cost_file import cost_model_for
     from sim.base.outfiles import check_outputs
+    from sim.clock.cost_file import cost_model_for
     from sim.workloads.trace import read_trace
 
     for flag, value, high in (("--num-gpu-blocks", args.num_gpu_blocks, MAX_BLOCKS),
@@ -281,7 +290,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.trace is None and trace_only:
         raise ValueError("--num-gpu-blocks, --max-num-batched-tokens, --no-chunked-prefill, --enable-prefix-caching, "
                          "--preemption and --num-cpu-blocks apply to --trace only (the suite's traces carry their own "
-                         "settings)")  # fmt: skip
+                         "settings)")
     if args.preemption == "swap" and not args.num_cpu_blocks:
         raise ValueError("--preemption swap needs --num-cpu-blocks N (N > 0): CPU blocks to swap to")
     if args.online and (len(args.trace or ()) > 1 or args.quick or args.only):
@@ -309,13 +318,13 @@ def check_args(args: argparse.Namespace) -> None:
             if blocks > (args.num_gpu_blocks or DEFAULT_BLOCKS):
                 raise ValueError(f"--trace {trace}: request {r.request_id} needs {blocks} KV blocks of 16 tokens, more "
                                  f"than the pool's {args.num_gpu_blocks or DEFAULT_BLOCKS} (allowed: a larger "
-                                 f"--num-gpu-blocks)")  # fmt: skip
+                                 f"--num-gpu-blocks)")
             if r.total_len > 8192:
                 raise ValueError(f"--trace {trace}: request {r.request_id} has {r.total_len} tokens, prompt and output "
-                                 f"(allowed: at most SmolLM2's context, 8192 tokens)")  # fmt: skip
+                                 f"(allowed: at most SmolLM2's context, 8192 tokens)")
             if r.prompt_token_ids is not None and not all(0 <= t < VOCAB_SIZE for t in r.prompt_token_ids):
                 raise ValueError(f"--trace {trace}: request {r.request_id} has a prompt token id outside SmolLM2's "
-                                 f"vocabulary (allowed: 0 to {VOCAB_SIZE - 1})")  # fmt: skip
+                                 f"vocabulary (allowed: 0 to {VOCAB_SIZE - 1})")
         if args.online:
             from reference.bench.loadtest import check_requests
 
@@ -332,7 +341,7 @@ def trace_cases(args: argparse.Namespace) -> list[tuple[str, list[Request], dict
     if args.trace:
         engine = {k: v for k, v in (("num_gpu_blocks", args.num_gpu_blocks), ("num_cpu_blocks", args.num_cpu_blocks),
                                     ("max_num_batched_tokens", args.max_num_batched_tokens),
-                                    ("preemption", args.preemption)) if v is not None}  # fmt: skip
+                                    ("preemption", args.preemption)) if v is not None}
         if args.no_chunked_prefill:
             engine["enable_chunked_prefill"] = False
         if args.enable_prefix_caching:
@@ -347,9 +356,9 @@ def prepare(cost_model_path: str):
     the machine has several, as calibrate measured it (a mismatch with the cost model's record is a warning)."""
     import torch
 
-    from reference.validation.calibrate import measure
     from reference.engine.executor import use_one_cpu_thread
     from reference.models import load_model
+    from reference.validation.calibrate import measure
     from sim.clock.cost_file import read_cost_model
 
     cost_model, record = read_cost_model(cost_model_path)  # check_args has checked it is SmolLM2's
@@ -383,7 +392,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if summary["sim_extrapolated_steps"]:
             print(f"  note: {summary['sim_extrapolated_steps']} simulated steps "
                   f"({summary['sim_extrapolated_time_share']:.1%} of the simulated step time) were priced outside the "
-                  f"cost model's calibrated range", flush=True)  # fmt: skip
+                  f"cost model's calibrated range", flush=True)
     comments = [f"command: {' '.join(argv)}", f"cost model: {args.cost_model} ({record.get('created', '?')})",
                 f"engine threads: {threads}"]
     with atomic_files(make_parents=True) as files:  # every output, or none (the suite's traces too)
@@ -418,7 +427,7 @@ def targets_sentence(summaries: list[dict]) -> str:
         steps = "; ".join(
             f"{kind} steps {float(s[f'{kind}_step_error_median']):.1%} (signed median {float(s[f'{kind}_step_bias']):+.1%})"
             for kind in ("prefill", "decode") if s[f"{kind}_step_error_median"] not in ("", "nan")
-            and float(s[f"{kind}_step_error_median"]) == float(s[f"{kind}_step_error_median"]))  # fmt: skip
+            and float(s[f"{kind}_step_error_median"]) == float(s[f"{kind}_step_error_median"]))
         parts.append(f"{s['trace']} misses {' and '.join(labels)} (the model on the engine's own steps of it: {steps}; "
                      f"preemptions {s['measured_preemptions']} on the engine, {s['simulated_preemptions']} simulated)")
     return text + "; " + "; ".join(parts) + "."
@@ -432,7 +441,7 @@ def readme_table(summaries: list[dict]) -> str:
              "range |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         cells = [f"{float(s[f'median_{m}_error']):.1%} / {float(s[f'p90_{m}_error']):.1%}" for m in
-                 ("e2e_latency", "ttft", "itl_mean")]  # fmt: skip
+                 ("e2e_latency", "ttft", "itl_mean")]
         lines.append(f"| {s['trace']} | {s['num_requests']} | {' | '.join(cells)} | {float(s['throughput_error']):.1%} "
                      f"| {s['measured_preemptions']} / {s['simulated_preemptions']} "
                      f"| {float(s['all_step_error_median']):.1%} | {float(s['sim_extrapolated_time_share']):.1%} |")

@@ -69,12 +69,12 @@ def case_requests(case: Case, *, quick: bool, seed: int) -> list[Request]:
         if workload.get("prefix_len"):
             workload["prefix_len"] = 48
     requests = generate_requests("uniform", count, prompt_len_range=prompts, output_len_range=outputs,
-                                 max_seq_len=8192, seed=seed, **workload)  # fmt: skip
+                                 max_seq_len=8192, seed=seed, **workload)
     first = min(r.arrival_time for r in requests)
     span = VOCAB_SIZE - FIRST_ID
     return [Request(r.request_id, r.arrival_time - first, r.prompt_len, r.output_len, r.n, r.beam_width, r.prefix_id,
                     r.prefix_len, None if r.prompt_token_ids is None else [FIRST_ID + t % span for t in r.prompt_token_ids])
-            for r in requests]  # fmt: skip
+            for r in requests]
 
 
 def simulate(requests: list[Request], llm, cost_model, block_size: int, watermark: float = 0.0):
@@ -84,7 +84,7 @@ def simulate(requests: list[Request], llm, cost_model, block_size: int, watermar
                      num_cpu_blocks=kv.num_cpu_blocks, max_num_batched_tokens=cfg.max_num_batched_tokens,
                      max_num_seqs=cfg.max_num_seqs, enable_chunked_prefill=cfg.enable_chunked_prefill,
                      preemption=cfg.preemption, victim=cfg.victim, watermark=watermark,
-                     enable_prefix_caching=kv.enable_prefix_caching)  # fmt: skip
+                     enable_prefix_caching=kv.enable_prefix_caching)
 
 
 def simulate_case(case: Case, requests: list[Request], cost_model, block_size: int = 16):
@@ -98,7 +98,7 @@ def simulate_case(case: Case, requests: list[Request], cost_model, block_size: i
 
 
 def _simulate(requests: list[Request], cost_model, *, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-              **settings):  # fmt: skip
+              **settings):
     from sim.api import run
     from sim.base.specs import get_model
 
@@ -107,7 +107,7 @@ def _simulate(requests: list[Request], cost_model, *, block_size: int, num_gpu_b
         block_bytes = block_size * get_model(MODEL).kv_bytes_per_token
         settings["swap_space_gib"] = (num_cpu_blocks + 0.5) * block_bytes / 2**30
     return run(requests=requests, model=MODEL, kv_slots=num_gpu_blocks * block_size, block_size=block_size,
-               scheduler="v1", cost_model=cost_model, **settings)  # fmt: skip
+               scheduler="v1", cost_model=cost_model, **settings)
 
 
 # --online without --trace: ShareGPT-shaped lengths (sim.workloads.workload's log-normals, the paper's shape) cut to 1,024 tokens,

@@ -151,7 +151,7 @@ class AtomicFiles:
 
     @contextlib.contextmanager
     def open(self, path: PathLike, mode: str = "w", *, newline: str | None = None,
-             encoding: str | None = None) -> Iterator[IO]:  # fmt: skip
+             encoding: str | None = None) -> Iterator[IO]:
         """A file object for `path` (mode "w" or "wb"), renamed into place at `commit`."""
         if mode not in ("w", "wt", "wb"):
             raise ValueError(f"atomic writes take mode 'w' or 'wb', got {mode!r}")
@@ -237,7 +237,7 @@ def atomic_files(*, make_parents: bool = False, fsync: bool = True) -> Iterator[
 
 @contextlib.contextmanager
 def atomic_write(path: PathLike, mode: str = "w", *, newline: str | None = None, encoding: str | None = None,
-                 make_parents: bool = False, fsync: bool = True) -> Iterator[IO]:  # fmt: skip
+                 make_parents: bool = False, fsync: bool = True) -> Iterator[IO]:
     """`with atomic_write(path) as f:` writes `path` whole or not at all (see the module docstring).
     make_parents: create missing folders first (only for paths the program chose, e.g. a default output)."""
     with atomic_files(make_parents=make_parents, fsync=fsync) as files:
@@ -267,7 +267,7 @@ def save_figure(fig, path: PathLike, *, format: str = "png", files: AtomicFiles 
 
 
 def write_csv(path: PathLike, columns: Iterable[str], rows: Iterable[Mapping], *, comments: Iterable[str] = (),
-              make_parents: bool = False, files: AtomicFiles | None = None) -> None:  # fmt: skip
+              make_parents: bool = False, files: AtomicFiles | None = None) -> None:
     """Dict rows under a header of `columns`, after `# comment` lines if any, written atomically; with `files`, as
     part of that group (as save_figure)."""
     opened = atomic_write(path, "w", newline="", make_parents=make_parents) if files is None else files.open(
@@ -343,17 +343,17 @@ def check_outputs(outputs: Paths, inputs: Paths | None = (), *, make_parents: bo
             raise OutputPathError(f"{flag or 'output'}: empty path (expected a file path)")
         if os.fspath(path) == "-":  # many tools read it as standard output; here it would be a file named "-"
             raise OutputPathError(f"{flag or 'output'} -: not standard output here (expected a file path; ./- for a "
-                                  "file named -)")  # fmt: skip
+                                  "file named -)")
         if os.path.isdir(path):
             raise OutputPathError(f"{label}: is a folder (expected a file path)")
         for in_flag, in_path in ins:
             if _same_file(path, in_path):
                 raise OutputPathError(f"{label}: is the input {_label(in_flag, in_path)} (refusing to overwrite "
-                                      "an input; write the output elsewhere)")  # fmt: skip
+                                      "an input; write the output elsewhere)")
         for other_flag, other_path in outs[:i]:
             if _same_file(path, other_path):
                 raise OutputPathError(f"{label}: is also {_label(other_flag, other_path)} (each output needs a "
-                                      "file of its own)")  # fmt: skip
+                                      "file of its own)")
         real = os.path.realpath(path) if os.path.islink(path) else path
         if os.path.exists(real):
             if not os.path.isfile(real):  # a device or a FIFO (/dev/null): written in place
@@ -384,4 +384,4 @@ def check_output_folder(path: PathLike, flag: str | None = None, *, files: Itera
 
 __all__ = ["AtomicFiles", "OutputPathError", "OutputWriteError", "atomic_files", "atomic_write",
            "check_output_folder", "check_outputs", "remove_stale_temps", "save_figure", "temp_prefix",
-           "write_bytes", "write_csv", "write_text"]  # fmt: skip
+           "write_bytes", "write_csv", "write_text"]

@@ -51,10 +51,10 @@ class Request:
             raise ValueError(f"request {self.request_id}: priority must be an integer, got {self.priority!r}")
         if self.output_token_ids is not None and len(self.output_token_ids) != self.output_len:
             raise ValueError(f"request {self.request_id}: {len(self.output_token_ids)} output_token_ids for output_len "
-                             f"{self.output_len}")  # fmt: skip
+                             f"{self.output_len}")
         if self.output_token_ids is not None and self.num_seqs > 1:
             raise ValueError(f"request {self.request_id}: output_token_ids name the tokens of one sequence (allowed "
-                             f"with n == 1 and beam_width == 1 only; siblings generate different tokens)")  # fmt: skip
+                             f"with n == 1 and beam_width == 1 only; siblings generate different tokens)")
 
     @property
     def num_seqs(self) -> int:

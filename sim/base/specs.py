@@ -33,7 +33,7 @@ class GPUSpec:
                 raise ValueError(f"GPUSpec {self.name}: {field} must be > 0, got {getattr(self, field)}")
         if not self.interconnect_latency_s >= 0:
             raise ValueError(f"GPUSpec {self.name}: interconnect_latency_s must be >= 0 seconds, got "
-                             f"{self.interconnect_latency_s}")  # fmt: skip
+                             f"{self.interconnect_latency_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,18 +90,18 @@ class ModelSpec:
             )
         if (self.sliding_window is None) != (self.sliding_window_pattern is None):
             raise ValueError(f"ModelSpec {self.name}: give sliding_window and sliding_window_pattern together, got "
-                             f"{self.sliding_window} and {self.sliding_window_pattern}")  # fmt: skip
+                             f"{self.sliding_window} and {self.sliding_window_pattern}")
         if self.sliding_window is not None and not 1 <= self.sliding_window < self.max_seq_len:
             raise ValueError(f"ModelSpec {self.name}: sliding_window {self.sliding_window} must be from 1 to less than "
                              f"the context of {self.max_seq_len} tokens (a window covering the context is full "
-                             "attention)")  # fmt: skip
+                             "attention)")
         if self.kv_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"ModelSpec {self.name}: kv_dtype {self.kv_dtype!r} (allowed: "
                              + "; ".join(f"{k}: {d.note}" for k, d in KV_CACHE_DTYPES.items()) + ")")
         if self.sliding_window_pattern is not None and not 2 <= self.sliding_window_pattern <= self.num_layers:
             raise ValueError(f"ModelSpec {self.name}: sliding_window_pattern {self.sliding_window_pattern} must be "
                              f"from 2 to num_layers {self.num_layers} (one full-attention layer in every that "
-                             "many)")  # fmt: skip
+                             "many)")
 
     @property
     def num_full_layers(self) -> int:

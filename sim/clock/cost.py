@@ -183,7 +183,7 @@ class RooflineCostModel:
         ring = 2 * (num_gpus - 1) / num_gpus
         self._allreduce_s = 2 * m.num_layers * g.interconnect_latency_s if num_gpus > 1 else 0.0
         self._allreduce_token_s = (2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes
-                                   / (g.interconnect_bandwidth * efficiency.interconnect))  # fmt: skip
+                                   / (g.interconnect_bandwidth * efficiency.interconnect))
         self._swap_bandwidth = num_gpus * g.pcie_bandwidth * efficiency.pcie  # each GPU has its own link
         # Each GPU copies its own slice of every block, K and V for every layer, in parallel with the others.
         self._block_copy_s = 2 * m.num_layers * efficiency.copy_overhead_s
@@ -205,9 +205,9 @@ class RooflineCostModel:
         entries = num_decode_seqs + (num_prefill_tokens > 0)
         windowed = min(num_context_tokens, new_tokens + entries * (self._window - 1))
         memory = (self._weights_s + self._full_read_s * num_context_tokens + self._sliding_read_s * windowed
-                  + self._kv_token_s * new_tokens)  # fmt: skip
+                  + self._kv_token_s * new_tokens)
         compute = (self._token_flop_s * new_tokens + self._full_attn_s * num_context_tokens
-                   + self._sliding_attn_s * windowed)  # fmt: skip
+                   + self._sliding_attn_s * windowed)
         step = (memory if memory > compute else compute) + self._overhead_s
         return step + (self._allreduce_s + self._allreduce_token_s * new_tokens)  # + 0.0 on one GPU
 
@@ -304,7 +304,7 @@ class CalibratedCostModel:
         if not (data[:, 3] > 0).all():
             raise ValueError("a fit of relative errors needs every step time > 0")
         best = min((_fit_knee(data, floor) for floor in np.linspace(0.0, np.median(data[:, 3]), 101)),
-                   key=lambda fit: fit[0])  # fmt: skip
+                   key=lambda fit: fit[0])
         _, floor, (a, b, c, d) = best
         return cls(float(a), float(b), float(c), float(d), swap_bandwidth=swap_bandwidth, floor_s=float(floor))
 
@@ -413,17 +413,17 @@ class PiecewiseCostModel:
             raise ValueError(f"knots must be >= 0 and strictly increasing, got {list(self.knots)}")
         if self.values[0] < 0:
             raise ValueError(f"values must be >= 0 seconds (a step cannot take negative time), got {self.values[0]} "
-                             f"at {self.knots[0]:g} tokens")  # fmt: skip
+                             f"at {self.knots[0]:g} tokens")
         for k, a, b in zip(self.knots[1:], self.values, self.values[1:]):
             if b < a:
                 raise ValueError(f"values must not decrease (more tokens never cost less), got {b} at {k:g} tokens "
-                                 f"after {a}")  # fmt: skip
+                                 f"after {a}")
         if not (self.c >= 0 and self.d >= 0 and self.e >= 0 and (self.d_shared is None or self.d_shared >= 0)):
             raise ValueError(f"c, d, d_shared and e must be >= 0, got {self.c}, {self.d}, {self.d_shared}, {self.e}")
         slopes = {f"g's slope from {a:g} to {b:g} tokens": (v - u) / (b - a)
-                  for a, b, u, v in zip(self.knots, self.knots[1:], self.values, self.values[1:])}  # fmt: skip
+                  for a, b, u, v in zip(self.knots, self.knots[1:], self.values, self.values[1:])}
         check_bounds(self.swap_bandwidth, c=self.c, d=self.d, e=self.e, d_shared=self.d_shared,
-                     **{"the last value": self.values[-1]}, **slopes)  # fmt: skip
+                     **{"the last value": self.values[-1]}, **slopes)
         for name in ("max_decode_seqs", "max_context_tokens", "max_prefill_pairs"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -446,7 +446,7 @@ class PiecewiseCostModel:
                   num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
         shared = num_shared_context_tokens if self.d_shared is not None else 0
         t = (self.tokens_time(num_prefill_tokens + num_decode_seqs) + self.c * num_decode_seqs
-             + self.d * (num_context_tokens - shared) + self.e * num_prefill_pairs)  # fmt: skip
+             + self.d * (num_context_tokens - shared) + self.e * num_prefill_pairs)
         if shared:
             t += self.d_shared * shared
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
@@ -458,12 +458,12 @@ class PiecewiseCostModel:
         return (self.knots[0] <= tokens <= self.knots[-1]
                 and (self.max_decode_seqs is None or num_decode_seqs <= self.max_decode_seqs)
                 and (self.max_context_tokens is None or num_context_tokens <= self.max_context_tokens)
-                and (self.max_prefill_pairs is None or num_prefill_pairs <= self.max_prefill_pairs))  # fmt: skip
+                and (self.max_prefill_pairs is None or num_prefill_pairs <= self.max_prefill_pairs))
 
     def describe_range(self) -> str:
         bounds = [f"{self.knots[0]:g} to {self.knots[-1]:g} tokens a step"]
         for name, what in (("max_decode_seqs", "decoding sequences"), ("max_context_tokens", "K/V tokens read"),
-                           ("max_prefill_pairs", "prompt attention pairs")):  # fmt: skip
+                           ("max_prefill_pairs", "prompt attention pairs")):
             if getattr(self, name) is not None:
                 bounds.append(f"<= {getattr(self, name):g} {what}")
         return ", ".join(bounds)
@@ -525,7 +525,7 @@ class PiecewiseCostModel:
         c, d, e, d_shared = (float(x) for x in theta[len(grid):])
         return cls(tuple(float(k) for k in grid), tuple(float(v) for v in values), c, d, e,
                    d_shared if shared.any() else None, swap_bandwidth, float(decodes.max()), float(context.max()),
-                   float(pairs.max()))  # fmt: skip
+                   float(pairs.max()))
 
 
 def place_knots(tokens: np.ndarray, ratio: float = 1.2) -> np.ndarray:
@@ -535,7 +535,7 @@ def place_knots(tokens: np.ndarray, ratio: float = 1.2) -> np.ndarray:
     sizes = np.unique(tokens)
     if len(sizes) < 2:
         raise ValueError(f"the steps do not determine the model: every step computed {sizes[0] if len(sizes) else 0:g} "
-                         f"tokens (vary the tokens per step)")  # fmt: skip
+                         f"tokens (vary the tokens per step)")
     knots = [float(sizes[0])]
     for x in sizes[1:-1]:
         if x >= knots[-1] * ratio:

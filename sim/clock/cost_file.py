@@ -21,14 +21,14 @@ import json
 import math
 from pathlib import Path
 
-from sim.clock.cost import CalibratedCostModel, PiecewiseCostModel
 from sim.base.outfiles import AtomicFiles, write_text
+from sim.clock.cost import CalibratedCostModel, PiecewiseCostModel
 
 FORMAT, VERSION = "paged-attention-lab cost model", 2
 COEFFICIENTS = {  # kind -> its coefficients, each a number or (knots, values) a list of numbers
     "knee": ("a", "b", "c", "d", "floor_s", "swap_bandwidth"),  # CalibratedCostModel
     "piecewise": ("knots", "values", "c", "d", "e", "d_shared", "swap_bandwidth", "max_decode_seqs",
-                  "max_context_tokens", "max_prefill_pairs"),  # PiecewiseCostModel  # fmt: skip
+                  "max_context_tokens", "max_prefill_pairs"),  # PiecewiseCostModel
 }
 _CLASSES = {"knee": CalibratedCostModel, "piecewise": PiecewiseCostModel}
 _LISTS = ("knots", "values")
@@ -42,9 +42,9 @@ def cost_model_record(model: CostModelFit, model_name: str, **about) -> dict:
     """The JSON object for `model`, measured on the sim.base.specs model `model_name`; `about` adds the provenance."""
     kind = next(k for k, cls in _CLASSES.items() if isinstance(model, cls))
     coefficients = {name: list(getattr(model, name)) if name in _LISTS else getattr(model, name)
-                    for name in COEFFICIENTS[kind]}  # fmt: skip
+                    for name in COEFFICIENTS[kind]}
     return {"format": FORMAT, "version": VERSION, "model": model_name, "kind": kind, "coefficients": coefficients,
-            **about}  # fmt: skip
+            **about}
 
 
 def write_cost_model(path: str | Path, record: dict, *, make_parents: bool = False, files: AtomicFiles | None = None) -> None:
@@ -95,7 +95,7 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
         raise ValueError(f"cost model {path}: JSON nested too deeply to be a cost model") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"cost model {path}: expected a JSON object with \"format\": \"{FORMAT}\" "
-                         f"(as `python -m reference calibrate` writes)")  # fmt: skip
+                         f"(as `python -m reference calibrate` writes)")
     version = record.get("version")
     if version != VERSION or isinstance(version, bool) or not isinstance(version, int):
         again = " written before the fit was constrained: run `python -m reference calibrate` again" if version == 1 else ""
@@ -125,10 +125,10 @@ def read_cost_model(path: str | Path) -> tuple[CostModelFit, dict]:
         else:
             values[name] = float(value)
     if kind == "knee" and not (values["b"] >= 0 and values["c"] >= 0 and values["d"] >= 0
-                               and values["a"] + values["floor_s"] >= 0):  # fmt: skip
+                               and values["a"] + values["floor_s"] >= 0):
         raise ValueError(f"cost model {path}: a knee model needs b, c, d >= 0 and a + floor_s >= 0 (else a step can "
                          f"take negative time or more work less), got a={values['a']}, b={values['b']}, "
-                         f"c={values['c']}, d={values['d']}, floor_s={values['floor_s']}")  # fmt: skip
+                         f"c={values['c']}, d={values['d']}, floor_s={values['floor_s']}")
     unknown = sorted(set(coefficients) - set(names))
     if unknown:
         raise ValueError(f"cost model {path}: unknown coefficient(s) {', '.join(_show(u, quote=False) for u in unknown)} (allowed: {', '.join(names)})")
@@ -148,11 +148,11 @@ def cost_model_for(path: str | Path, model_name: str, num_gpus: int = 1, kv_dtyp
     cost, record = read_cost_model(path)
     if record["model"] != model_name:
         raise ValueError(f"cost model {path} was measured on {record['model']}, not {model_name} "
-                         f"(run with --model {record['model']}, or calibrate for {model_name})")  # fmt: skip
+                         f"(run with --model {record['model']}, or calibrate for {model_name})")
     if num_gpus != 1:
         raise ValueError(f"cost model {path} was measured on one device and has no tensor-parallel terms: num_gpus "
-                         f"{num_gpus} needs the roofline (drop the cost model file, or run with num_gpus 1)")  # fmt: skip
+                         f"{num_gpus} needs the roofline (drop the cost model file, or run with num_gpus 1)")
     if kv_dtype != "auto":  # NOTE: calibrate measures the engine's own K/V (the model's dtype): no 8-bit reads in it
         raise ValueError(f"cost model {path} priced K/V reads of the model's own dtype: kv_dtype {kv_dtype!r} needs "
-                         f"the roofline (drop the cost model file, or kv_dtype 'auto')")  # fmt: skip
+                         f"the roofline (drop the cost model file, or kv_dtype 'auto')")
     return cost

@@ -25,16 +25,16 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from ..scheduling.beam import BeamScores
-from .cost import check_step_time
-from ..kv.base import SHARE_NAMES, as_seen
 from ..base.limits import MAX_TIME_S
-from .metrics import RequestTimes, StepLog, StepTotals, Table, request_table
-from ..scheduling.plan import StepOutcome, StepPlan, StepResult
 from ..base.request import Request
+from ..kv.base import SHARE_NAMES, as_seen
+from ..scheduling.beam import BeamScores
+from ..scheduling.plan import StepOutcome, StepPlan, StepResult
 from ..scheduling.scheduler import Scheduler
 from ..scheduling.speculative import tokens_kept
 from ..scheduling.step_shape import shared_context_tokens, step_shape
+from .cost import check_step_time
+from .metrics import RequestTimes, StepLog, StepTotals, Table, request_table
 
 ARRIVAL, STEP_END, SCHEDULE = 0, 1, 2  # tie-break priority at equal times (lower first)
 
@@ -82,7 +82,7 @@ class Simulator:
 
     def __init__(self, scheduler: Scheduler, cost, requests: list[Request], *, block_bytes: int, seed: int = 0,
                  progress: bool = False, on_step=None, in_range=None, shared_reads: bool = False,
-                 step_table: bool = True, acceptance=None) -> None:  # fmt: skip
+                 step_table: bool = True, acceptance=None) -> None:
         self.scheduler, self.kv, self.cost = scheduler, scheduler.kv, cost
         if scheduler.config.num_speculative_tokens and acceptance is None:
             raise ValueError("num_speculative_tokens > 0: the simulator needs an acceptance model (acceptance=...)")
@@ -128,7 +128,7 @@ class Simulator:
         table = request_table(self.requests, self.times.arrays())
         return LoopResult(table, self.log.to_table(), self.log.totals(), self.integral, start,
                           max(self.last_step_end, start), self.num_events, self.extrapolated_steps,
-                          self.extrapolated_time, tuple(self.speculation))  # fmt: skip
+                          self.extrapolated_time, tuple(self.speculation))
 
     def on_arrival(self, index: int) -> list:
         self.scheduler.add_request(self.requests[index])
@@ -267,4 +267,4 @@ class Simulator:
         self.log.append((self.now, duration, len(plan.prefills), plan.num_decode_seqs, scheduler.num_running,
                          plan.num_batched_tokens, plan.num_prefill_tokens, *counts, scheduler.num_waiting,
                          len(plan.preempted), len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in),
-                         len(plan.blocks_to_copy)))  # copies: copy-on-write and beam forks  # fmt: skip
+                         len(plan.blocks_to_copy)))  # copies: copy-on-write and beam forks

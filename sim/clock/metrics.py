@@ -35,31 +35,31 @@ from __future__ import annotations
 import csv
 import math
 from array import array
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from ..kv.base import SHARE_NAMES
 from ..base.outfiles import atomic_write
+from ..kv.base import SHARE_NAMES
 
 LATENCY_METRICS = ("ttft", "queueing_delay", "itl_mean", "itl_max", "e2e_latency")  # seconds, per request
 PERCENTILES = (50, 90, 99)
 REQUEST_COLUMNS = (
     "request_id", "arrival_time", "prompt_len", "output_len", "priority", "first_scheduled_time", "first_token_time",
     "finish_time", "num_preemptions", *LATENCY_METRICS, "normalized_latency",
-)  # fmt: skip
+)
 STEP_COLUMNS = (
     "time", "duration", "num_prefill_seqs", "num_decode_seqs", "num_running", "num_batched_tokens",
     "num_prefill_tokens", *SHARE_NAMES, "num_waiting", "num_preempted", "num_swapped_out_blocks",
     "num_swapped_in_blocks", "num_copied_blocks",
-)  # fmt: skip
+)
 FLOAT_STEP_COLUMNS = ("time", "duration")
 RLE_COLUMNS = (  # StepLog keeps them run-length encoded
     "num_prefill_seqs", "num_decode_seqs", "num_running", "num_batched_tokens", "num_prefill_tokens", "num_waiting",
     "num_preempted", "num_swapped_out_blocks", "num_swapped_in_blocks", "num_copied_blocks",
-)  # fmt: skip
+)
 assert RLE_COLUMNS == tuple(c for c in STEP_COLUMNS if c not in FLOAT_STEP_COLUMNS + SHARE_NAMES)  # append's order
 _SHARES = slice(STEP_COLUMNS.index(SHARE_NAMES[0]), STEP_COLUMNS.index(SHARE_NAMES[-1]) + 1)
 _BEFORE_SHARES, _AFTER_SHARES = slice(2, _SHARES.start), slice(_SHARES.stop, None)
@@ -120,7 +120,7 @@ class StepLog:
         self.running += row[_RUNNING]
 
     def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
-                   num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:  # fmt: skip
+                   num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:
         """k plain decode steps of a fast-forwarded run: their starts, durations and slot counts (SHARE_NAMES order),
         the sequences each decodes, the running and waiting requests (a list of k where requests arrived and queued
         during the run: such a run is kept step by step) and the requests it preempted (a run of one step)."""
@@ -168,7 +168,7 @@ class StepTotals:
         self.busy += row[1]
 
     def extend_run(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
-                   num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:  # fmt: skip
+                   num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:
         self.num_steps += len(durations)
         self.running += num_running * len(durations)
         for duration in durations:
@@ -208,7 +208,7 @@ class RequestTimes:
     def arrays(self) -> dict[str, np.ndarray]:
         ints = ("token_steps", "preemptions")
         return {name: np.array(getattr(self, name), dtype=np.int64 if name in ints else float)
-                for name in ("first_scheduled", "first_token", "last_token", "max_gap", *ints, "finish")}  # fmt: skip
+                for name in ("first_scheduled", "first_token", "last_token", "max_gap", *ints, "finish")}
 
 
 def request_table(requests: list, times: dict[str, np.ndarray]) -> Table:
@@ -271,7 +271,7 @@ def priority_summary(requests: Table) -> dict:
             "mean_ttft_s": float(ttft.mean()) if len(ttft) else None,
             "p99_ttft_s": float(np.percentile(ttft, 99)) if len(ttft) else None,
             "mean_e2e_latency_s": float(requests["e2e_latency"][done].mean()) if done.any() else None,
-        }  # fmt: skip
+        }
     return {"by_priority": out}
 
 
@@ -285,7 +285,7 @@ def slo_summary(requests: Table, span: float, slo_ttft_s: float | None, slo_tbt_
     count = int(met.sum())
     return {"slo_ttft_s": slo_ttft_s, "slo_tbt_s": slo_tbt_s,
             "slo_attainment": count / len(requests) if len(requests) else None,
-            "goodput_req_per_s": count / span if span > 0 else 0.0}  # fmt: skip
+            "goodput_req_per_s": count / span if span > 0 else 0.0}
 
 
 def memory_shares(integral: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:

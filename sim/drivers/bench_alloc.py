@@ -29,9 +29,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..kv.blocks import BlockAllocator
+from ..base.outfiles import OutputPathError, check_outputs
+from ..base.outfiles import write_csv as write_csv_file
 from ..kv import NewSequence, make_kv_manager
-from ..base.outfiles import OutputPathError, check_outputs, write_csv as write_csv_file
+from ..kv.blocks import BlockAllocator
 
 NUM_BLOCKS = 4096
 BLOCK_SIZE = 16
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=200_000, help="operations per benchmark (default: 200000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload generator (default: 0)")
     parser.add_argument("--csv", default=DEFAULT_CSV, metavar="PATH",
-                        help=f"where to write the results (default: {DEFAULT_CSV})")  # fmt: skip
+                        help=f"where to write the results (default: {DEFAULT_CSV})")
     args = parser.parse_args(argv)
     from ..base.limits import MAX_COUNT, MAX_SEED
 

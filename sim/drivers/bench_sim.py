@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 
 from ..api import run
+from ..base.outfiles import check_outputs
+from ..base.outfiles import write_csv as write_csv_file
 from ..compiled import ENV, check_build
-from ..base.outfiles import check_outputs, write_csv as write_csv_file
 
 DEFAULT_CSV = "figures/bench_sim.csv"
 RATE_100K = 1.5  # req/s: paged OPT-13B/A100-40GB serves ShareGPT-shaped requests at ~2 req/s before latency climbs
@@ -46,7 +47,7 @@ TARGETS_S = {"paper-scale paged": 1.0, "paper-scale paged v1": 1.0, "100k paged 
 TARGET_RSS_MIB = {"1M paged v0": 2048}
 COLUMNS = ("run", "policy", "scheduler", "rate", "num_requests", "sim_time_s", "num_steps", "num_events", "wall_time_s",
            "cpu_time_s", "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib", "platform",
-           "python", "cpu", "build")  # fmt: skip
+           "python", "cpu", "build")
 BUILDS = ("interpreted", "compiled")  # the .py files; the optional mypyc build (`make fast`, sim/compiled.py)
 
 
@@ -54,9 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small runs (600 s of arrivals, 10k requests)")
     parser.add_argument("--builds", nargs="+", choices=BUILDS, default=None, metavar="BUILD",
                         help="which builds to time: interpreted, compiled (default: both when `make fast` built a "
-                             "current compiled build, else interpreted)")  # fmt: skip
+                             "current compiled build, else interpreted)")
     parser.add_argument("--csv", default=DEFAULT_CSV, metavar="PATH",
-                        help=f"where to write the results (default: {DEFAULT_CSV})")  # fmt: skip
+                        help=f"where to write the results (default: {DEFAULT_CSV})")
 
 
 def machine() -> dict[str, str]:
@@ -85,7 +86,7 @@ def timed_run(name: str, **kwargs) -> dict:
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 ** 2 if platform.system()
                                                                                    == "Darwin" else 1024), 1),
         "target_peak_rss_mib": TARGET_RSS_MIB.get(name, ""),
-    }  # fmt: skip
+    }
 
 
 def _run_apart(name: str, build: str = "interpreted", **kwargs) -> dict:
@@ -95,7 +96,7 @@ def _run_apart(name: str, build: str = "interpreted", **kwargs) -> dict:
             "name, kwargs = json.load(sys.stdin); print(json.dumps(timed_run(name, **kwargs)))")
     env = {**os.environ, ENV: "require" if build == "compiled" else "0"}
     done = subprocess.run([sys.executable, "-c", code], input=json.dumps([name, kwargs]), capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[2], env=env)  # fmt: skip
+                          text=True, cwd=Path(__file__).resolve().parents[2], env=env)
     if done.returncode:
         raise RuntimeError(f"bench run {name!r} ({build}) failed (exit {done.returncode}):\n{done.stderr.strip()}")
     row = json.loads(done.stdout.splitlines()[-1]) | {"build": build}
@@ -126,7 +127,7 @@ def heapq_yardstick(num_events: int) -> dict:
         heapq.heappush(heap, (now + 0.01, kind, i + 2, None))
     wall = time.perf_counter() - start
     return {"run": "heapq", "num_events": num_events, "wall_time_s": round(wall, 4), "cpu_time_s": "",
-            "target_wall_s": ""}  # fmt: skip
+            "target_wall_s": ""}
 
 
 def bench(quick: bool = False, builds: tuple[str, ...] | None = None) -> list[dict]:
@@ -136,9 +137,9 @@ def bench(quick: bool = False, builds: tuple[str, ...] | None = None) -> list[di
     runs.append(("paper-scale paged v1", dict(policy="paged", scheduler="v1", rate=2.0, duration=duration)))
     for scheduler in ("v0", "v1"):
         runs.append((f"100k paged {scheduler}", dict(policy="paged", scheduler=scheduler, rate=RATE_100K,
-                                                     num_requests=count, duration=None)))  # fmt: skip
+                                                     num_requests=count, duration=None)))
     runs.append(("1M paged v0", dict(policy="paged", scheduler="v0", rate=RATE_100K, num_requests=million,
-                                     duration=None, step_table=False)))  # fmt: skip
+                                     duration=None, step_table=False)))
     rows = _side_by_side(builds, runs)
     paged = next(r for r in rows if r["run"] == "paper-scale paged")
     rows.append(heapq_yardstick(paged["num_events"]) | {"build": "interpreted"})
@@ -153,7 +154,7 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
 
 def format_table(rows: list[dict]) -> str:
     shown = ("run", "build", "num_requests", "num_steps", "num_events", "wall_time_s", "cpu_time_s",
-             "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib")  # fmt: skip
+             "sim_requests_per_wall_s", "target_wall_s", "peak_rss_mib", "target_peak_rss_mib")
     widths = [max(len(name), *(len(str(r[name])) for r in rows)) for name in shown]
     lines = ["  ".join(name.ljust(w) for name, w in zip(shown, widths))]
     lines += ["  ".join(str(r[name]).ljust(w) for name, w in zip(shown, widths)) for r in rows]

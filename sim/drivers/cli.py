@@ -24,13 +24,14 @@ import signal
 import sys
 from typing import NoReturn
 
+from ..base.specs import GPUS, KV_CACHE_DTYPES, MODELS
+from ..config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, SCHEDULING_POLICIES, default_max_num_batched_tokens
 from ..kv import POLICIES
 from ..kv.base import SHARE_NAMES
-from ..views.pool_page import MAX_STEPS as POOL_PAGE_STEPS, STEPS_RANGE as POOL_PAGE_STEPS_RANGE
-from ..scheduling.preemption import VICTIM_POLICIES
-from ..config import MODES, PREEMPTION_MODES, RUN_DEFAULTS, SCHEDULING_POLICIES, default_max_num_batched_tokens
 from ..kv.slots import ALLOCATORS
-from ..base.specs import GPUS, KV_CACHE_DTYPES, MODELS
+from ..scheduling.preemption import VICTIM_POLICIES
+from ..views.pool_page import MAX_STEPS as POOL_PAGE_STEPS
+from ..views.pool_page import STEPS_RANGE as POOL_PAGE_STEPS_RANGE
 from ..workloads.workload import ARRIVALS, DATASETS
 
 BAR_WIDTH = 40  # characters of the memory bar chart for a share of 100%
@@ -93,7 +94,7 @@ def add_run_parser(sub) -> None:
     D = RUN_DEFAULTS
     p = sub.add_parser("run", help="simulate one serving run and print its summary",
                        description="Simulate one serving run (paper section 6) and print the summary: throughput, "
-                       "normalized latency, batch size, preemptions and the time-weighted KV memory breakdown.")  # fmt: skip
+                       "normalized latency, batch size, preemptions and the time-weighted KV memory breakdown.")
     g = p.add_argument_group("hardware and model")
     g.add_argument("--model", default=D["model"], metavar=_choices(MODELS), help="model spec (default: %(default)s)")
     g.add_argument("--gpu", default=D["gpu"], metavar=_choices(GPUS), help="GPU spec (default: %(default)s)")
@@ -210,7 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--pool-page-steps: got {args.pool_page_steps} (allowed: an integer from {low} to {high:,})")
     if "pool_page_steps" in args.typed and not args.pool_page:
         raise ValueError(f"--pool-page-steps {args.pool_page_steps}: means nothing without --pool-page (allowed: with "
-                         f"--pool-page PATH)")  # fmt: skip
+                         f"--pool-page PATH)")
     recorder = None
     if args.pool_page:
         from ..views.pool_page import ReplayRecorder
@@ -240,7 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         slo_ttft=args.slo_ttft, slo_tbt=args.slo_tbt, cost_model=args.cost_model, turns=args.turns,
         think_time=args.think_time, history_limit=args.history_limit, conversations=args.conversations,
         on_step=recorder, step_table=bool(args.steps_csv or args.chrome_trace),  # only these read the table
-    )  # fmt: skip
+    )
     if "trace_import" in result.summary:  # a ShareGPT file was imported: say how
         print(f"note: {result.summary['trace_import']}", file=sys.stderr)
     if result.summary.get("extrapolated_steps"):  # a calibrated cost model priced steps it never measured
@@ -328,7 +329,7 @@ def extrapolation_sentence(s: dict) -> str:
     """One line on the steps a calibrated cost model priced outside its calibrated range (sim.api.run's summary)."""
     return (f"{s['extrapolated_steps']} of {s['num_steps']} steps ({s['extrapolated_time_share']:.1%} of the simulated "
             f"step time) were priced outside the cost model's calibrated range ({s['calibrated_range']}), by "
-            f"extrapolation")  # fmt: skip
+            f"extrapolation")
 
 
 def _num(value, fmt: str) -> str:
@@ -360,7 +361,7 @@ def format_summary(s: dict) -> str:
     ]
     if s.get("extrapolated_steps"):
         lines.append(f"  cost model range     {s['extrapolated_steps']} steps ({s['extrapolated_time_share']:.1%} of step "
-                     f"time) priced outside {s['calibrated_range']}")  # fmt: skip
+                     f"time) priced outside {s['calibrated_range']}")
     if s.get("slo_ttft_s") is not None or s.get("slo_tbt_s") is not None:
         lines.append(f"  SLO attainment       {s['slo_attainment']:.1%} (goodput {s['goodput_req_per_s']:.3f} req/s)")
     if s.get("prefix_cache_hit_rate_tokens") is not None:
@@ -370,7 +371,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"  offload tier         {_num(s['prefix_cache_hit_rate_gpu_tokens'], '.1%')} of prompt tokens hit "
                      f"on the GPU, {_num(s['prefix_cache_hit_rate_cpu_tokens'], '.1%')} in CPU memory; "
                      f"{s['offloaded_blocks']} blocks offloaded, {s['reloaded_blocks']} reloaded "
-                     f"({s['reload_time_s']:.3f} s of PCIe)")  # fmt: skip
+                     f"({s['reload_time_s']:.3f} s of PCIe)")
     lines += [
         "",
         f"KV memory, time-weighted: share of the {s['num_kv_slots']} slots (and of the non-free ones)",
@@ -386,7 +387,7 @@ def add_disagg_parser(sub) -> None:
     from .. import disagg
 
     p = sub.add_parser("disagg", help="disaggregated prefill/decode instances (DistServe) or the same GPUs colocated: "
-                       "SLO attainment and goodput", description=disagg.__doc__.split("\n\n")[0])  # fmt: skip
+                       "SLO attainment and goodput", description=disagg.__doc__.split("\n\n")[0])
     disagg.add_arguments(p)
     p.set_defaults(func=disagg.run_from_args)
 
@@ -395,7 +396,7 @@ def add_bench_parser(sub) -> None:
     from . import bench_sim
 
     p = sub.add_parser("bench", help="time the simulator (paper-scale runs, a 100k-request run)",
-                       description=bench_sim.__doc__.splitlines()[0])  # fmt: skip
+                       description=bench_sim.__doc__.splitlines()[0])
     bench_sim.add_arguments(p)
     p.set_defaults(func=bench_sim.run_from_args)
 
@@ -418,7 +419,7 @@ def add_figures_parser(sub) -> None:
     p = sub.add_parser("figures", help="regenerate the paper-style figures (PNG + CSV) into figures/",
                        description="Simulate and draw the vLLM paper's utilization and throughput figures "
                        "(sim.figures): each NAME.png beside the NAME.csv it was drawn from.",
-                       epilog=f"NAME (for --only), one of: {', '.join(FIGURES)}")  # fmt: skip
+                       epilog=f"NAME (for --only), one of: {', '.join(FIGURES)}")
     p.add_argument("--only", nargs="+", metavar="NAME", help="just these figures (default: all; the names are below)")
     p.add_argument("--out", default="figures", metavar="DIR", help="output folder (default: figures)")
     p.add_argument("--quick", action="store_true", help="short traces, few points: a reduced version of each figure")
@@ -446,7 +447,7 @@ def add_sweep_parser(sub) -> None:
     from . import sweep
 
     p = sub.add_parser("sweep", help="run sim.run over a grid of parameters, one CSV row per point",
-                       description=sweep.__doc__.split("\n\n")[0])  # fmt: skip
+                       description=sweep.__doc__.split("\n\n")[0])
     sweep.add_arguments(p)
     p.set_defaults(func=sweep.run_from_args)
 
@@ -454,7 +455,7 @@ def add_sweep_parser(sub) -> None:
 def add_animate_parser(sub) -> None:
     p = sub.add_parser("animate", help="the KV pool step by step as an animated GIF (sim.views.viewer; no ffmpeg)",
                        description="Record a small paged run with preemption (sim.views.viewer.DEMO_RUN), one frame per "
-                       "step: the pool's memory map, block tables, queues and five shares, as an animated GIF.")  # fmt: skip
+                       "step: the pool's memory map, block tables, queues and five shares, as an animated GIF.")
     p.add_argument("--out", default="figures/pool_animation.gif", metavar="PATH",
                    help="the GIF to write (default: figures/pool_animation.gif)")
     p.add_argument("--fps", type=float, default=8.0, help="frames per second (default: 8)")
@@ -484,7 +485,7 @@ def cmd_animate(args: argparse.Namespace) -> int:
 def add_paper_table_parser(sub) -> None:
     p = sub.add_parser("paper-table", help="the paper's numbers beside the lab's, from the committed CSVs (README)",
                        description="Print the README section \"The paper, side by side\" (sim.figures.paper): the "
-                       "paper's numbers beside the lab's, read from figures/*.csv and figures/paper_sensitivity.csv.")  # fmt: skip
+                       "paper's numbers beside the lab's, read from figures/*.csv and figures/paper_sensitivity.csv.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the README's block between its markers")
     mode.add_argument("--check", action="store_true", help="exit 1 if the README's block is not what the CSVs give")
@@ -510,7 +511,7 @@ def cmd_paper_table(args: argparse.Namespace) -> int:
     elif args.check:
         if current != readme_block(data):
             print(f"{args.readme}: its paper table is not what the CSVs give (run: python -m sim paper-table --write)",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
             return 1
         print(f"{args.readme}: the paper table is the CSVs'")
     else:
@@ -521,7 +522,7 @@ def cmd_paper_table(args: argparse.Namespace) -> int:
 def add_readme_numbers_parser(sub) -> None:
     p = sub.add_parser("readme-numbers", help="the README's numbers from the committed results files (README blocks)",
                        description="Print the README's generated blocks (sim.figures.readme_numbers): the numbers it "
-                       "quotes from the committed figures/*.csv, benchmark CSVs and GPU test log, as small tables.")  # fmt: skip
+                       "quotes from the committed figures/*.csv, benchmark CSVs and GPU test log, as small tables.")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the README's blocks between their markers")
     mode.add_argument("--check", action="store_true", help="exit 1 if a block of the README is not what the files give")
@@ -542,7 +543,7 @@ def add_paper_sensitivity_parser(sub) -> None:
     from ..figures import paper_sensitivity
 
     p = sub.add_parser("paper-sensitivity", help="what moves the lab's numbers away from the paper's (one core, ~3 min)",
-                       description=paper_sensitivity.__doc__.split("\n\n")[0])  # fmt: skip
+                       description=paper_sensitivity.__doc__.split("\n\n")[0])
     p.add_argument("--out", default="figures/paper_sensitivity.csv", metavar="PATH",
                    help="the CSV to write (default: figures/paper_sensitivity.csv)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -559,13 +560,13 @@ def cmd_paper_sensitivity(args: argparse.Namespace) -> int:
     rows = run_sensitivity(args.out, progress=not args.no_progress, command=command)
     print(args.out)
     print(f"{len(rows)} runs in {time.perf_counter() - started:.0f} s; the README's notes read them: "
-          "python -m sim paper-table --write", file=sys.stderr)  # fmt: skip
+          "python -m sim paper-table --write", file=sys.stderr)
     return 0
 
 
 # `python -m sim run` flags (argparse dests) whose run() keyword has another name
 FLAG_KEYWORDS = {"swap_space": "swap_space_gib", "no_chunked_prefill": "enable_chunked_prefill",
-             "prefix_caching": "enable_prefix_caching"}  # fmt: skip
+             "prefix_caching": "enable_prefix_caching"}
 _FLAGS = {keyword: dest for dest, keyword in FLAG_KEYWORDS.items()}
 
 

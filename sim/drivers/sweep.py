@@ -30,15 +30,15 @@ from tqdm import tqdm
 
 from ..api import run
 from ..arguments import check_arguments
-from ..config import RUN_FIELDS, choices
 from ..base.limits import MAX_JOBS
 from ..base.outfiles import atomic_write, check_outputs
+from ..config import RUN_FIELDS, choices
 
 BACKENDS = ("local", "ray")
 RAY_MISSING = "--backend ray needs the 'ray' extra: pip install 'paged-attention-lab[ray]'"
 # run() keywords a sweep cannot set from text: objects, callbacks, and the terminal progress bar.
 NOT_SWEEPABLE = ("requests", "on_step", "cost_model", "progress", "stop_at",  # stop_at: the probes set it
-                 "block_allocator")  # fmt: skip
+                 "block_allocator")
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 
@@ -189,7 +189,7 @@ def default_jobs() -> int:
 
 
 def run_tasks(tasks: list[Task], *, jobs: int | None = None, backend: str = "local", progress: bool = True,
-              desc: str = "simulations", on_result=None) -> list[PointResult]:  # fmt: skip
+              desc: str = "simulations", on_result=None) -> list[PointResult]:
     """Run every task; results in the order of `tasks`. `jobs`: worker processes (default: the usable cores;
     1 runs in this process). `on_result(index, result)` is called as each one finishes (any order)."""
     if backend not in BACKENDS:
@@ -362,7 +362,7 @@ def summary_row(params: dict, summary: dict) -> dict:
 
 
 def sweep(grid: dict[str, list], fixed: dict | None = None, *, jobs: int | None = None, backend: str = "local",
-          progress: bool = True) -> list[dict]:  # fmt: skip
+          progress: bool = True) -> list[dict]:
     """Run sim.run at every grid point (over the `fixed` keywords); one `summary_row` per point, in grid order."""
     for name, values in {**grid, **(fixed or {})}.items():
         if name not in sweepable_params():
@@ -401,7 +401,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", default="local", metavar="{local,ray}",
                         help="local processes, or a Ray cluster (the 'ray' extra) (default: local)")
     parser.add_argument("--out", metavar="PATH", help="CSV file to write (default: stdout)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run_from_args(args) -> int:

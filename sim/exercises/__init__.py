@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Collection
 
+from .limits import CHECK_TIMEOUT_S
 from .referee import refereed
 from .registry import EXERCISES, Exercise, MachineCheck
-from .limits import CHECK_TIMEOUT_S
 from .report import CheckReport, CheckResult, run_example, run_machine
 from .unfinished import unfinished
 
@@ -95,9 +95,9 @@ def _run(exercises: dict[str, Exercise], name: str, cls_or_factory: Callable[...
             report.num_hidden += 1
             continue
         n = machine.scale * max_examples
-        build = (lambda m=machine, n=n: m.build(cls_or_factory, n, m.steps))  # fmt: skip
+        build = (lambda m=machine, n=n: m.build(cls_or_factory, n, m.steps))
         run_machine(machine.title.format(n=n), build, report, machine.weight, machine.visibility,
-                    after_examples=not hidden, timeout=timeout)  # fmt: skip
+                    after_examples=not hidden, timeout=timeout)
     if not quiet:
         print(report.text(exercise.title))
     return report

@@ -37,12 +37,12 @@ def _parser(exercises: dict, prog: str) -> argparse.ArgumentParser:
     g.add_argument("--results", type=Path, help="where to write Gradescope's results.json")
     g.add_argument("--max-examples", type=int, default=200, help="random programs per state machine (default 200)")
     g.add_argument("--hidden-visibility", default="after_published", choices=VISIBILITIES,
-                   help="Gradescope visibility of the hidden checks (default after_published)")  # fmt: skip
+                   help="Gradescope visibility of the hidden checks (default after_published)")
     g.add_argument("--check-timeout", type=float, default=CHECK_TIMEOUT_S, metavar="SECONDS",
                    help=f"a check's time limit on the reference machine, scaled by this machine's speed measured at "
                    f"the start: a check with no progress for min({STALL_S:g}, SECONDS) scaled seconds fails alone as an "
                    f"endless loop; one still progressing past SECONDS scaled may run {SLOW_CAP:g}x longer (default "
-                   f"{CHECK_TIMEOUT_S:g}; 0: no limit)")  # fmt: skip
+                   f"{CHECK_TIMEOUT_S:g}; 0: no limit)")
     return parser
 
 

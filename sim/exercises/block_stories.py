@@ -182,6 +182,6 @@ def freed_uncached_blocks_go_first(make, t: Story) -> None:
 
 BLOCK_ALLOCATOR_EXAMPLES = (allocate_distinct_blocks, out_of_memory_changes_nothing, share_and_free_count_owners,
                             copy_on_write_shared, copy_on_write_out_of_memory, misuse_raises,
-                            refused_free_changes_nothing)  # fmt: skip
+                            refused_free_changes_nothing)
 PREFIX_CACHE_EXAMPLES = (lookup_finds_cached_block, freed_cached_block_survives, never_used_blocks_go_first,
-                         lru_eviction, a_hash_names_both_copies, freed_uncached_blocks_go_first)  # fmt: skip
+                         lru_eviction, a_hash_names_both_copies, freed_uncached_blocks_go_first)

@@ -29,7 +29,7 @@ def results(report: CheckReport, title: str = "", hidden_visibility: str = "afte
             "status": status,
             "output": output,
             "visibility": "visible" if r.visibility == "visible" else hidden_visibility,
-        })  # fmt: skip
+        })
     # NOTE: the top-level output is always shown, so it names no hidden check: what is unfinished, and the title.
     summary = [f"{report.implementation} for the exercise {report.exercise!r}{': ' + title if title else ''}"]
     summary += [f"Note: {note}" for note in report.notes]  # skipped notebook cells: the student must see why

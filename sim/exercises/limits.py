@@ -106,12 +106,12 @@ class Watch:
         quiet, elapsed = now - self.last_beat, now - self.started
         if quiet >= self.stall:
             return (f"{self.what} made no progress for {quiet:.3g} s, past its time limit of {self.stall:.3g} s "
-                    f"without progress (an endless loop?)")  # fmt: skip
+                    f"without progress (an endless loop?)")
         if elapsed >= SLOW_CAP * self.budget:
             return (f"{self.what} was still making progress after {elapsed:.0f} s ({self.beats:,} steps), past its "
                     f"time limit of {self.budget:.3g} s and the {SLOW_CAP:g}x more given to a check that makes "
                     f"progress: this machine is slow (it measured {self.slowness:.1f}x the reference machine when "
-                    f"grading began), not your code looping; grade again with --check-timeout 0 (no limit)")  # fmt: skip
+                    f"grading began), not your code looping; grade again with --check-timeout 0 (no limit)")
         return None
 
 

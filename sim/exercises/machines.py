@@ -109,7 +109,7 @@ def block_machine(num_blocks: int, strict: bool = False) -> Callable[[Callable[.
         if not strict:
             return _quiet(make_block_allocator_test(factory, max_examples=max_examples, stateful_step_count=steps))
         machine = type("StrictBlockAllocatorMachine", (StrictBlockAllocatorMachine,),
-                       {"factory": staticmethod(factory)})  # fmt: skip
+                       {"factory": staticmethod(factory)})
         machine.TestCase.settings = machine_settings(max_examples, steps)
         return _quiet(machine.TestCase)
 
@@ -117,7 +117,7 @@ def block_machine(num_blocks: int, strict: bool = False) -> Callable[[Callable[.
 
 
 def slot_machine(power_of_two: bool, placement: PlacementRule | None = None
-                 ) -> Callable[[Callable[..., Any], int, int], type]:  # fmt: skip
+                 ) -> Callable[[Callable[..., Any], int, int], type]:
     def build(make: Callable[..., Any], max_examples: int, steps: int) -> type:
         def factory(n: int) -> Referee:
             # NOTE: the buddy exercise handles powers of two only (no top-level regions, unlike sim.kv.slots), so

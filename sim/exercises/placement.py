@@ -50,7 +50,7 @@ BUDDY = PlacementRule(
     "splitting keeps the lower half and leaves each upper half as a free block",
     "a freed block merges with its buddy (start ^ its size) while the buddy is free, and only with its buddy",
     aligned=True,
-)  # fmt: skip
+)
 
 
 class Placement:

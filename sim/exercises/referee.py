@@ -56,7 +56,7 @@ def steers_hypothesis(exc: BaseException) -> bool:
 def _refuse_steering(exc: BaseException, call: str) -> None:
     if steers_hypothesis(exc):
         raise RuleBroken(f"{call}: your code raised hypothesis's {type(exc).__name__} (reject(), assume()): only "
-                         f"the grader may steer hypothesis") from None  # fmt: skip
+                         f"the grader may steer hypothesis") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def slot_snapshot(a: Any) -> dict[str, Any]:
 
 
 BLOCK_RULES = Rules(("allocate", "share", "free", "copy_on_write", "cache_block", "lookup"), block_snapshot,
-                    quiet=("share", "free", "cache_block"))  # fmt: skip
+                    quiet=("share", "free", "cache_block"))
 SLOT_RULES = Rules(("allocate", "free"), slot_snapshot, quiet=("free",))
 # For a lab whose class computes answers (a scheduler step, attention): nothing snapshotted, calls still named.
 NO_RULES = Rules((), lambda a: {})

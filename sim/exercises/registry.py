@@ -82,11 +82,11 @@ def _machines(project: Build, rule_title: str, rule: Build, long: Build) -> tupl
 
 
 _SLOTS = ("num_slots", "num_free_slots", "largest_free_run", "free_runs", "allocated_size", "allocate", "free",
-          "check_invariants")  # fmt: skip
+          "check_invariants")
 _BLOCKS = ("num_blocks", "block_size", "num_free_blocks", "num_used_blocks", "can_allocate", "ref_count",
-           "allocate", "share", "free", "copy_on_write", "check_invariants")  # fmt: skip
+           "allocate", "share", "free", "copy_on_write", "check_invariants")
 _PREFIX = _BLOCKS + ("enable_prefix_caching", "cache_block", "lookup", "is_cached", "num_prefix_hits",
-                     "num_prefix_misses")  # fmt: skip
+                     "num_prefix_misses")
 
 
 def _slot_machines(power_of_two: bool, rule_title: str, rule: Any) -> tuple[MachineCheck, ...]:
@@ -127,7 +127,7 @@ EXERCISES: dict[str, Exercise] = {
         (4, 16), {"allocate": (1,), "cache_block": (0, 1), "lookup": (1,), "is_cached": (0,)}, _PREFIX, BLOCK_RULES,
         PREFIX_CACHE_EXAMPLES, _block_machines(PREFIX_MACHINE_NUM_BLOCKS), "04_prefix_cache", "prefix_cache",
     ),
-}  # fmt: skip
+}
 
 # The labs after the four allocator exercises, one module each (labs/__init__.py finds them, in notebook order).
 # NOTE: imported last: a lab module imports Exercise and MachineCheck from this (by then defined) module.

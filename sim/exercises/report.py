@@ -44,10 +44,10 @@ def same(found: Any, expected: Any) -> bool:
         return isinstance(found, int) and int.__int__(found) == expected
     if _fractional(found) or _fractional(expected):
         return (isinstance(found, numbers.Real) and isinstance(expected, numbers.Real)
-                and math.isclose(_float(found), float(expected), rel_tol=ROUNDING, abs_tol=1e-12))  # fmt: skip
+                and math.isclose(_float(found), float(expected), rel_tol=ROUNDING, abs_tol=1e-12))
     if isinstance(expected, numbers.Integral):
         return (isinstance(found, numbers.Integral) and not isinstance(found, bool)
-                and (int.__int__(found) if isinstance(found, int) else int(found)) == expected)  # fmt: skip
+                and (int.__int__(found) if isinstance(found, int) else int(found)) == expected)
     if isinstance(expected, str):
         return isinstance(found, str) and str.__str__(found) == expected
     if isinstance(expected, list) and isinstance(found, list) and type(expected) is list:
@@ -245,7 +245,7 @@ def describe_error(exc: BaseException) -> str:
 
 def run_example(title: str, example: Callable[[Callable[..., Any], Story], None], make: Callable[..., Any],
                 report: CheckReport, weight: float = 1.0, visibility: str = "visible",
-                timeout: float | None = CHECK_TIMEOUT_S) -> None:  # fmt: skip
+                timeout: float | None = CHECK_TIMEOUT_S) -> None:
     story = Story()
     try:
         with time_limit(timeout):
@@ -267,7 +267,7 @@ def run_example(title: str, example: Callable[[Callable[..., Any], Story], None]
 
 def run_machine(title: str, build: Callable[[], type], report: CheckReport, weight: float = 1.0,
                 visibility: str = "visible", after_examples: bool = True,
-                timeout: float | None = CHECK_TIMEOUT_S) -> None:  # fmt: skip
+                timeout: float | None = CHECK_TIMEOUT_S) -> None:
     """Run a state machine (a TestCase class from `build()`); on failure, print hypothesis' shrunk program and
     the broken rule. `after_examples`: skip it while an example fails (the notebook's one-thing-at-a-time)."""
     # NOTE: in the notebook the machine runs only once every example passes: a failing example is the clearer

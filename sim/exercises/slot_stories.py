@@ -139,4 +139,4 @@ def buddy_out_of_memory(make, t: Story) -> None:
 
 FIRST_FIT_EXAMPLES = (first_fit_lowest_hole, first_fit_out_of_memory, first_fit_coalesces, bad_input_raises)
 BUDDY_EXAMPLES = (buddy_rounds_up, buddy_splits_down, buddy_merges, buddy_neighbours_are_not_buddies,
-                  buddy_lowest_block_first, buddy_out_of_memory, bad_input_raises)  # fmt: skip
+                  buddy_lowest_block_first, buddy_out_of_memory, bad_input_raises)

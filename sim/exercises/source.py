@@ -160,7 +160,7 @@ def _run_notebook(path: Path, namespace: dict[str, Any]) -> None:
             skipped.append(f"skipped line {line} of code cell {s.cell} ({s.first_line!r}): it raised {what}")
             for name in s.binds:
                 origins.setdefault(name, f"it is bound in code cell {s.cell} ({s.first_line!r}), line {line}, which "
-                                         f"raised {type(exc).__name__} when the grader ran it")  # fmt: skip
+                                         f"raised {type(exc).__name__} when the grader ran it")
     namespace[NOTES] = list(skipped)
 
 
@@ -189,11 +189,11 @@ def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[
         except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:  # (a null byte, a lone surrogate,
             # an expression nested past the parser's depth): the cell is skipped, never the notebook
             why = (f"line {exc.lineno}: SyntaxError: {exc.msg}" if isinstance(exc, SyntaxError)
-                   else f"{type(exc).__name__}: {student_text(exc) or 'Python cannot parse it'}")  # fmt: skip
+                   else f"{type(exc).__name__}: {student_text(exc) or 'Python cannot parse it'}")
             skipped.append(f"skipped code cell {number} ({first!r}): {why}")
             for name in _names_in_unparsable(text):
                 origins.setdefault(name, f"it is defined in code cell {number} ({first!r}), which the grader skipped "
-                                         f"({why}); fix that cell")  # fmt: skip
+                                         f"({why}); fix that cell")
             continue
         defines = any(isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for n in tree.body)
         for node in tree.body:
@@ -207,7 +207,7 @@ def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[
                 for name in s.binds:
                     origins.setdefault(name, f"it is bound in code cell {number} ({first!r}), line {node.lineno}, in "
                                              f"a statement the grader does not run ({_dropped_why(node)}); bind it "
-                                             f"at the top level of the cell with your class")  # fmt: skip
+                                             f"at the top level of the cell with your class")
     # NOTE: a computed constant may read another computed constant: follow the names read, each once (a work list:
     # a chain of N constants is N steps, where a pass per link was N^2, and N = 2,000 ran for minutes)
     binders: dict[str, list[_Statement]] = {}
@@ -228,7 +228,7 @@ def _kept_statements(path: Path, cells: list, skipped: list[str], origins: dict[
             for name in s.binds:
                 origins.setdefault(name, f"it is bound in code cell {s.cell} ({s.first_line!r}), line {s.node.lineno}, "
                                          f"which the grader does not run (no top-level code it runs reads {name}); "
-                                         f"bind it in the cell with your class")  # fmt: skip
+                                         f"bind it in the cell with your class")
     order = {id(s.node): i for i, s in enumerate(always + maybe)}
     runs = sorted(always + chosen, key=lambda s: (s.cell, order[id(s.node)]))
     for s in runs:  # bound by a statement that runs: a dropped binding elsewhere is not the story
@@ -275,7 +275,7 @@ def _only_definitions(node: ast.stmt) -> bool:
 
 
 _COMPUTATIONS = (ast.Call, ast.Await, ast.Subscript, ast.Attribute, ast.ListComp, ast.SetComp, ast.DictComp,
-                 ast.GeneratorExp)  # fmt: skip
+                 ast.GeneratorExp)
 
 
 def _computes(expr: ast.AST) -> bool:

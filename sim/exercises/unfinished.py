@@ -21,7 +21,7 @@ _ABSENT = object()
 
 
 def unfinished(make: Callable[..., Any], ctor_args: tuple, probes: dict[str, tuple | None],
-               surface: tuple[str, ...]) -> tuple[list[str], list[str]]:  # fmt: skip
+               surface: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(methods raising NotImplementedError, names the grader needs but the class lacks), in the exercise's order.
 
     `probes` maps each method the student writes to the arguments of its probe call (None: a property, read).

@@ -27,7 +27,7 @@ class ContiguousRuns:
         return max(0, min(limit, room))
 
     def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+                        checked: bool = False) -> list[tuple[int, ...]]:
         """Nothing allocates: each step turns one reserved slot per sequence into a token. A slot is reservation up to
         the sequence's final length and internal fragmentation past it (an engine may write beyond a final length
         that is only max_tokens). The pool's five raw counts during each step."""

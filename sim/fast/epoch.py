@@ -52,7 +52,7 @@ class EpochStep(StepPlan):
     @classmethod
     def of(cls, plan: StepPlan, num_member_seqs: int, member_context: int) -> EpochStep:
         return cls(plan.prefills, plan.decodes, plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy,
-                   plan.preempted, plan.num_draft_tokens, plan, num_member_seqs, member_context)  # fmt: skip
+                   plan.preempted, plan.num_draft_tokens, plan, num_member_seqs, member_context)
 
     @property
     def num_decode_seqs(self) -> int:
@@ -113,7 +113,7 @@ class DecodeEpochs:
         self.fcfs = scheduler.config.scheduling_policy != "priority"
         # the victims an epoch can choose itself: recompute, the latest arrival (else the scheduler's own step does)
         self.preempts = (scheduler.config.preemption == "recompute"
-                         and victim_policy(scheduler.config.victim) is latest_arrival)  # fmt: skip
+                         and victim_policy(scheduler.config.victim) is latest_arrival)
         self.epoch: _Epoch | None = None
         self.joined: list[int] = []  # requests that joined an epoch since joined_requests() last asked
         # NOTE: (head group, members, free slots, preemptions so far) when run_shape last found the head refused: it
@@ -159,7 +159,7 @@ class DecodeEpochs:
         for seq, last in zip(seqs, lasts):
             by_last.setdefault(last, []).append(seq)
         self.epoch = _Epoch(kv_epoch, by_last, sorted(by_last), dict.fromkeys((s.seq_id for s in seqs), 0),
-                            sum(s.num_computed_tokens for s in seqs), len(seqs), on_close)  # fmt: skip
+                            sum(s.num_computed_tokens for s in seqs), len(seqs), on_close)
         return True
 
     def joined_requests(self) -> list[int]:
@@ -185,7 +185,7 @@ class DecodeEpochs:
         if admission and waiting and sched.may_admit():
             head, free, refused = waiting[0], epoch.kv.counts[4], self.refused
             if (refused is None or refused[0] is not head or refused[1] != num_seqs or free > refused[2]
-                    or refused[3] != sched.num_preemptions):  # fmt: skip
+                    or refused[3] != sched.num_preemptions):
                 config = sched.config
                 budget = config.max_num_batched_tokens - (num_seqs if config.mode == "v1" else 0)
                 if sched.head_may_be_admitted(budget, num_seqs, nothing_fed=config.mode != "v1"):
@@ -339,7 +339,7 @@ class DecodeEpochs:
         if epoch.joining and not self._join(epoch):
             return False
         return (not self.scheduler.num_swapped and epoch.num_seqs <= self.scheduler.config.max_num_batched_tokens
-                and epoch.kv.max_steps(1) >= 1)  # fmt: skip
+                and epoch.kv.max_steps(1) >= 1)
 
     def _admitted(self, epoch: _Epoch, plan: StepPlan) -> None:
         """A step taken while the epoch is open admitted the plan's requests: they join before the next run, and the

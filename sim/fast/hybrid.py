@@ -107,7 +107,7 @@ class HybridRuns:
         return max_decode_steps(self.kv, [[state(i) for i in ids] for ids in seq_groups], limit, waiting)
 
     def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+                        checked: bool = False) -> list[tuple[int, ...]]:
         """Steps one token at a time, one allocate_slots per group of `seq_groups` (the same end state and block ids as
         stepping, by construction); `checked`: the caller has just asked max_decode_steps for these groups (skips
         asking again)."""

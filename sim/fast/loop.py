@@ -22,8 +22,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from ..kv.base import SHARE_NAMES, as_seen
 from ..clock.loop import SCHEDULE, STEP_END, Simulator
+from ..kv.base import SHARE_NAMES, as_seen
 from ..scheduling.plan import StepOutcome, StepPlan, StepResult
 from .epoch import DecodeEpochs, EpochStep
 from .runs import DecodeRun, decode_run, kv_runs, price_steps
@@ -62,7 +62,7 @@ def epoch_run(epochs: DecodeEpochs, cost, now: float, next_arrival: float, stop:
     allowed = epochs.room(steps_left)  # (asked first: no step is priced that memory does not allow)
     if allowed:
         starts, durations = price_steps(cost, now, stop if blocked else min(next_arrival, stop), allowed, num_seqs,
-                                        context)  # fmt: skip
+                                        context)
         counts, finished = epochs.advance(len(durations))
         return EpochRun(starts, durations, counts, num_seqs, finished)
     preempted = epochs.preempt()
@@ -101,7 +101,7 @@ class FastSimulator(Simulator):
         # finishes or the epoch closes, from the end of every step in it.
         epochs = DecodeEpochs(self.scheduler)
         self.epochs = epochs if (jump and not validate and self.on_step is None and self.in_range is None
-                                 and not self.shared_reads and epochs.possible) else None  # fmt: skip
+                                 and not self.shared_reads and epochs.possible) else None
         self.epoch_members: dict[int, int] = {}  # the open epoch's unfinished requests (index -> the step they joined)
         self.epoch_ends: list[float] = []  # the end of each of its steps
         # the differences of consecutive step ends (step j's end minus step j - 1's) that no later one reaches or
@@ -138,7 +138,7 @@ class FastSimulator(Simulator):
             if not run.durations:  # an epoch's run that preempted every member has no step: schedule again
                 return [(self.now, SCHEDULE, None)]
             if not (run.finished_request_ids and run.end < horizon and self.on_step is None
-                    and not self.scheduler.num_waiting + self.scheduler.num_swapped):  # fmt: skip
+                    and not self.scheduler.num_waiting + self.scheduler.num_swapped):
                 return [(run.end, STEP_END, run)]
             # A finish with nobody waiting and no arrival before the run's end: the events would be the run's end, then
             # a schedule at once (nothing else happens meanwhile), so both are taken here, without the event queue.
@@ -297,7 +297,7 @@ class FastSimulator(Simulator):
             self.epoch_trim_at = max(EPOCH_TRIM, 2 * len(ends))
 
     def _book_steps(self, starts: list[float], durations: list[float], seen: list[tuple[int, ...]], num_seqs: int,
-                    num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:  # fmt: skip
+                    num_running: int, num_waiting: int | list[int], num_preempted: int = 0) -> None:
         """A run's plain decode steps into the memory integral and the step log (the seen slot counts of each;
         `num_preempted`: the requests a one-step run preempted)."""
         integral = self.integral

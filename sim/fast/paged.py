@@ -64,7 +64,7 @@ def max_decode_steps(allocator: Any, block_size: int, seqs: Sequence, limit: int
 
 
 def advance(allocator: Any, block_size: int, seqs: Sequence, num_steps: int,
-            start: tuple[int, ...]) -> list[tuple[int, ...]]:  # fmt: skip
+            start: tuple[int, ...]) -> list[tuple[int, ...]]:
     """`num_steps` decode steps at once, each appending one token to every sequence in order: the same end state and
     block ids as that many rounds of one-token appends (room checked by the caller). Returns the pool's five raw slot
     counts during each step, from the counts `start` before the run. `seqs`: objects with `.num_tokens`,
@@ -114,7 +114,7 @@ class PagedRuns:
         return max_decode_steps(self.kv.allocator, self.kv.block_size, self._states(seq_groups), limit)
 
     def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+                        checked: bool = False) -> list[tuple[int, ...]]:
         """Apply `num_steps` steps; the pool's five raw counts during each. `checked`: the caller has just asked
         max_decode_steps for these ids (skips asking again)."""
         seqs = self._states(seq_groups)
@@ -134,7 +134,7 @@ def opens_epochs(kv) -> bool:
     """Can a decode epoch run over this manager? A paged pool of its own BlockAllocator without prefix caching (every
     full block would be registered; a student's allocator offers no more than lab 03's methods)."""
     return (isinstance(kv, PagedKVManager) and not kv.enable_prefix_caching
-            and type(kv.allocator) is BlockAllocator)  # fmt: skip
+            and type(kv.allocator) is BlockAllocator)
 
 
 def partly_filled_and_shared(kv: PagedKVManager, seqs) -> bool:
@@ -291,7 +291,7 @@ class DecodeEpoch:
         ahead = self.ahead  # blocks opened for the coming step: free until it, in the counts
         self.counts = (
             (self.allocator.num_used_blocks - ahead) * bs - reservation - internal, reservation, internal, external,
-            (self.allocator.num_free_blocks + ahead) * bs)  # fmt: skip
+            (self.allocator.num_free_blocks + ahead) * bs)
 
     def close(self) -> None:
         """Make every member's num_tokens current."""

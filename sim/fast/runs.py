@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.limits import MAX_TIME_S
 from ..clock.cost import check_step_time
 from ..kv.base import as_seen
-from ..base.limits import MAX_TIME_S
 from ..scheduling.step_shape import StepShape, shared_tokens
 from .contiguous import ContiguousKVManager, ContiguousRuns
 from .hybrid import HybridKVManager, HybridRuns
@@ -36,7 +36,7 @@ from .vattention import VAttentionKVManager, VAttentionRuns
 # NOTE: the fast plane knows each policy's arithmetic (its closed forms need the pool's shape), so it names the
 # managers' classes; it reads them through their public records only (docs/ARCHITECTURE.md, "The fast plane")
 _RUNS = ((PagedKVManager, PagedRuns), (ContiguousKVManager, ContiguousRuns), (VAttentionKVManager, VAttentionRuns),
-         (HybridKVManager, HybridRuns))  # fmt: skip
+         (HybridKVManager, HybridRuns))
 
 
 def kv_runs(kv):
@@ -108,7 +108,7 @@ def room(scheduler, decodes: PlainDecodes, max_steps: int) -> int:
 
 
 def advance(scheduler, decodes: PlainDecodes, max_steps: int,
-            allowed: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:  # fmt: skip
+            allowed: int | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
     """Apply as many plain decode steps as memory allows, at most `max_steps`, at once: the state as many rounds of
     schedule() and finish_step() with nothing reported would leave, with the same block ids. No sequence may reach
     its output_len before step `max_steps`; those that reach it in the last step applied finish then (finish_step's
@@ -116,7 +116,7 @@ def advance(scheduler, decodes: PlainDecodes, max_steps: int,
     five raw slot counts during each step applied (none if memory allows no step) and the requests finished."""
     if not 1 <= max_steps <= decodes.steps_left:
         raise ValueError(f"advance({max_steps}): expected a plain decode state and no sequence finishing before the "
-                         "last step")  # fmt: skip
+                         "last step")
     num_steps = room(scheduler, decodes, max_steps) if allowed is None else min(allowed, max_steps)
     if num_steps < 1:
         return [], []
@@ -179,7 +179,7 @@ def price_steps(cost, now: float, next_arrival: float, max_steps: int, num_seqs:
 
 
 def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: bool = False,
-               runs=None) -> DecodeRun | None:  # fmt: skip
+               runs=None) -> DecodeRun | None:
     """Apply the longest guaranteed run of plain decode steps starting at `now` and before `next_arrival`, and
     return it; None when the next step is not such a run (the loop then schedules it normally). `shared_reads`: price
     each step with its shared K/V reads (sim.scheduling.step_shape.shared_context_tokens), which a run cannot change:
@@ -197,7 +197,7 @@ def decode_run(scheduler, cost, now: float, next_arrival: float, shared_reads: b
     # the first step's shared reads, as StepPlan counts them: each sequence reads its K/V and the token it feeds
     kv = scheduler.kv
     shared = shared_tokens(((kv.block_table(s.seq_id), s.num_computed_tokens + 1) for s in seqs),
-                                   kv.block_size) if shared_reads else 0  # fmt: skip
+                                   kv.block_size) if shared_reads else 0
     allowed = room(scheduler, decodes, steps_left)  # (asked first: no step is priced that memory does not allow)
     if allowed < 1:
         return None

@@ -65,7 +65,7 @@ def map_decode_steps(allocator: Any, page_tokens: int, seqs: Sequence, num_steps
 
 
 def decode_run_counts(start: tuple[int, ...], page_tokens: int, seqs: Sequence,
-                      num_steps: int) -> list[tuple[int, ...]]:  # fmt: skip
+                      num_steps: int) -> list[tuple[int, ...]]:
     """The pool's five raw slot counts during each step of a run, from the counts `start` before it. `seqs`: objects
     with `.num_tokens`, `.final_len` and `.siblings` (with `.final_len`). O(seqs + steps + pages opened)."""
     tokens, reservation, internal, external, free = start
@@ -108,11 +108,11 @@ class VAttentionRuns:
         kv, seqs = self.kv, records(self.kv, seq_groups)
         room = min((kv.max_seq_len - s.num_tokens for s in seqs), default=limit)  # the end of a virtual range
         capacity = run_capacity([(s.num_tokens, 1 + len(s.siblings)) for s in seqs], kv.block_size,
-                                kv.allocator.num_free_blocks) if seqs else limit  # fmt: skip
+                                kv.allocator.num_free_blocks) if seqs else limit
         return max(0, min(limit, room, capacity))
 
     def advance_decodes(self, seq_groups: Sequence[Sequence[int]], num_steps: int,
-                        checked: bool = False) -> list[tuple[int, ...]]:  # fmt: skip
+                        checked: bool = False) -> list[tuple[int, ...]]:
         """`checked`: the caller has just asked max_decode_steps for these ids (skips asking again)."""
         kv, seqs = self.kv, records(self.kv, seq_groups)
         if not checked and self.max_decode_steps(seq_groups, num_steps) < num_steps:

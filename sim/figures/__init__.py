@@ -41,20 +41,33 @@ A figure with no simulation points (the two microbenchmarks) is drawn before any
 """
 from __future__ import annotations
 
-import matplotlib
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import matplotlib
+
 from ..base.outfiles import check_output_folder
 from ..drivers.sweep import PointResult, SweepError, Task, run_tasks
-from . import kv_dtype
-from . import ablations, chatbot, hybrid, managers, memory, pages, priority, sampling, scheduling, sharing, throughput
-from . import disagg
-from . import speculative
-from . import offload
-from . import microbench, tensor_parallel
+from . import (
+    ablations,
+    chatbot,
+    disagg,
+    hybrid,
+    kv_dtype,
+    managers,
+    memory,
+    microbench,
+    offload,
+    pages,
+    priority,
+    sampling,
+    scheduling,
+    sharing,
+    speculative,
+    tensor_parallel,
+    throughput,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +101,7 @@ FIGURES = {spec.name: spec for spec in (
     FigureSpec("disagg_goodput", disagg.disagg_tasks, disagg.draw_disagg),
     FigureSpec("speculative", speculative.speculative_tasks, speculative.draw_speculative),
     FigureSpec("cpu_offload", offload.offload_tasks, offload.draw_offload),
-)}  # fmt: skip
+)}
 
 
 def merge_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
@@ -104,14 +117,14 @@ def merge_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
         for probe in task.probes:
             if probes[i].setdefault(probe.name, probe) != probe:
                 raise RuntimeError(f"two figures ask one run for different {probe.name!r} probes: "
-                                   f"expected {probes[i][probe.name]}, found {probe}")  # fmt: skip
+                                   f"expected {probes[i][probe.name]}, found {probe}")
         where.append(i)
     merged = [Task(kwargs, tuple(p.values()), runner) for (runner, kwargs), p in zip(index, probes)]
     return merged, where
 
 
 def make_figures(names=None, outdir="figures", quick: bool = False, jobs: int | None = None,
-                 progress: bool = True) -> list[Path]:  # fmt: skip
+                 progress: bool = True) -> list[Path]:
     """Simulate and draw the figures `names` (default: all of FIGURES) into `outdir`; returns the files written."""
     # NOTE: files only, never a window. Chosen here, not at import, so that a notebook importing
     # sim.figures (e.g. for draw_memory_map) keeps its inline backend.

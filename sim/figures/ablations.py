@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kv.base import SHARE_NAMES
 from ..drivers.sweep import Task
+from ..kv.base import SHARE_NAMES
 from .style import SETUP, SHARE_COLORS, SHARE_LABELS, caption, new_figure, percent_axis, save
 
 BLOCK_SIZES = {False: (1, 2, 4, 8, 16, 32, 64, 128, 256), True: (4, 16, 64)}
 WORKLOADS = {"sharegpt": ("ShareGPT", 2.0, {False: 600.0, True: 40.0}),
-             "alpaca": ("Alpaca", 30.0, {False: 60.0, True: 8.0})}  # name, rate (req/s), trace seconds  # fmt: skip
+             "alpaca": ("Alpaca", 30.0, {False: 60.0, True: 8.0})}  # name, rate (req/s), trace seconds
 BLOCK_COST = ("Cost model (sim/clock/cost.py, stated approximations): the paged kernel's block gather costs 4 tokens' read "
               "per block (+25% attention at block 16, the paper's kernel overhead), each swap copy 5 us (one per "
               "block, layer and K/V): small blocks pay in kernel and copy time, large ones in fragmentation.")
@@ -28,7 +28,7 @@ BLOCK_COST = ("Cost model (sim/clock/cost.py, stated approximations): the paged 
 # --- Fig. 18b: block size ------------------------------------------------------------------------------
 def block_tasks(quick: bool) -> list[Task]:
     return [Task.of(policy="paged", scheduler="v0", workload=w, rate=rate, duration=durations[quick], block_size=b)
-            for w, (_, rate, durations) in WORKLOADS.items() for b in BLOCK_SIZES[quick]]  # fmt: skip
+            for w, (_, rate, durations) in WORKLOADS.items() for b in BLOCK_SIZES[quick]]
 
 
 def draw_block(runs, outdir, quick: bool):
@@ -60,7 +60,7 @@ def draw_block(runs, outdir, quick: bool):
                          "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
                          "mean_batch_size": s["mean_batch_size"], "num_preemptions": s["num_preemptions"],
                          **{f"memory.{n}": s["memory"][n] for n in SHARE_NAMES},
-                         **{f"memory_busy.{n}": s["memory_busy"][n] for n in SHARE_NAMES[:-1]}})  # fmt: skip
+                         **{f"memory_busy.{n}": s["memory_busy"][n] for n in SHARE_NAMES[:-1]}})
     axes[0].set_xscale("log", base=2)
     axes[0].set_xticks(BLOCK_SIZES[quick], [str(b) for b in BLOCK_SIZES[quick]])
     axes[0].set_xlabel("block size (tokens)")
@@ -85,7 +85,7 @@ MODE_COLORS = {"recompute": "#1f77b4", "swap": "#d62728"}
 def preemption_tasks(quick: bool) -> list[Task]:
     return [Task.of(policy="paged", scheduler="v0", workload="sharegpt", rate=PRESSURE_RATE, duration=PRESSURE_DURATION[quick],
                     block_size=b, preemption=mode)
-            for mode in MODES for b in BLOCK_SIZES[quick]]  # fmt: skip
+            for mode in MODES for b in BLOCK_SIZES[quick]]
 
 
 def draw_preemption(runs, outdir, quick: bool):
@@ -104,7 +104,7 @@ def draw_preemption(runs, outdir, quick: bool):
                          "trace_duration_s": PRESSURE_DURATION[quick],
                          "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
                          "num_preemptions": s["num_preemptions"], "num_requests": s["num_requests"],
-                         "mean_batch_size": s["mean_batch_size"], "throughput_req_per_s": s["throughput_req_per_s"]})  # fmt: skip
+                         "mean_batch_size": s["mean_batch_size"], "throughput_req_per_s": s["throughput_req_per_s"]})
     for ax in (lat, pre):
         ax.set_xscale("log", base=2)
         ax.set_xticks(BLOCK_SIZES[quick], [str(b) for b in BLOCK_SIZES[quick]])
@@ -117,7 +117,7 @@ def draw_preemption(runs, outdir, quick: bool):
     pre.set_ylabel("preemptions per request")
     pre.set_title("(b) how often requests were preempted")
     fig.suptitle(f"Recompute vs swap under memory pressure, the paper's Fig. 19 ({SETUP.replace('block size 16, ', '')})",
-                 fontsize=12)  # fmt: skip
+                 fontsize=12)
     caption(fig, f"ShareGPT-shaped requests at {PRESSURE_RATE:g} req/s, a {PRESSURE_DURATION[quick]:g} s trace; "
                  "swap: 4 GiB CPU swap space, falling back to recompute when it is full. " + BLOCK_COST, width=160)
     return save(fig, rows, outdir, "recompute_vs_swap")

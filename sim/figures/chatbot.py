@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..workloads.conversation import DEFAULT_THINK_TIME, generate_conversations
 from ..base.specs import get_model
 from ..drivers.sweep import Task
+from ..workloads.conversation import DEFAULT_THINK_TIME, generate_conversations
 from .sampling import knee
 from .style import SETUP, SYSTEM_COLORS, SYSTEM_LABELS, SYSTEM_MARKERS, caption, new_figure, save
 
@@ -39,12 +39,12 @@ Y_LIMIT = 1.0  # s/token, as Figs. 12 and 14 here
 
 def _params(quick: bool) -> dict:
     return {"workload": "conversation", "duration": DURATION[quick], "turns": TURNS, "history_limit": HISTORY_LIMIT,
-            "scheduler": "v0"}  # fmt: skip
+            "scheduler": "v0"}
 
 
 def chatbot_tasks(quick: bool) -> list[Task]:
     return [Task.of(rate=rate / TURNS, policy=system, **_params(quick))
-            for system in SYSTEMS for rate in RATES[quick] if quick or rate <= RATE_CAP[system]]  # fmt: skip
+            for system in SYSTEMS for rate in RATES[quick] if quick or rate <= RATE_CAP[system]]
 
 
 def _request_rate(task: Task) -> float:
@@ -55,7 +55,7 @@ def prompt_shares(quick: bool) -> tuple[float, float]:
     """(share of prompts cut to HISTORY_LIMIT, mean prompt length) of the figure's workload, at its middle rate."""
     rates = RATES[quick]
     requests = generate_conversations(rate=rates[len(rates) // 2] / TURNS, duration=DURATION[quick], turns=TURNS,
-                                      history_limit=HISTORY_LIMIT)  # fmt: skip
+                                      history_limit=HISTORY_LIMIT)
     prompts = np.array([r.prompt_len for r in requests])
     return float(np.mean(prompts == HISTORY_LIMIT)), float(prompts.mean())
 
@@ -82,7 +82,7 @@ def draw_chatbot(runs, outdir, quick: bool):
                          "mean_batch_size": s["mean_batch_size"], "num_requests": s["num_requests"],
                          "num_sessions": s["num_sessions"], "num_preemptions": s["num_preemptions"],
                          "mean_turns": TURNS, "history_limit": HISTORY_LIMIT,
-                         "trace_duration_s": DURATION[quick]})  # fmt: skip
+                         "trace_duration_s": DURATION[quick]})
     ax.set_ylim(0, Y_LIMIT)
     ax.set_title("normalized latency (the paper's Fig. 17)")
     ax.set_ylabel("normalized latency (s/token)")
@@ -104,5 +104,5 @@ def draw_chatbot(runs, outdir, quick: bool):
                  f"turns. The paper's scheduler. vLLM sustains "
                  f"{'-' if ratio is None else f'{ratio:.2g}x'} the highest rate of the Orca baselines (the paper: "
                  "2x); past ~1024 tokens of prompt, their buddy allocator reserves a 2048-slot run whatever the "
-                 "output, so Pow2 and Oracle move towards Max.")  # fmt: skip
+                 "output, so Pow2 and Oracle move towards Max.")
     return save(fig, rows, outdir, "chatbot")

@@ -32,12 +32,12 @@ SYSTEMS = {  # name -> (cluster, scheduler, label, colour, marker)
     "1P3D": (ClusterConfig(num_prefill=1, num_decode=3), "v1", "disaggregated 1P3D", "#2ca02c", "s"),
     "2P2D": (ClusterConfig(num_prefill=2, num_decode=2), "v1", "disaggregated 2P2D", "#ff7f0e", "^"),
     "3P1D": (ClusterConfig(num_prefill=3, num_decode=1), "v1", "disaggregated 3P1D", "#d62728", "D"),
-}  # fmt: skip
+}
 RATES = {  # req/s, the whole cluster's, per GPU: past every system's knee
     False: {"a100-40gb": (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0),
             "a100-80gb": (4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0)},
     True: {"a100-40gb": (4.0, 8.0), "a100-80gb": (4.0, 8.0)},
-}  # fmt: skip
+}
 DURATION = {False: 240.0, True: 40.0}  # seconds of arrivals
 SEED = 0
 
@@ -46,7 +46,7 @@ def disagg_tasks(quick: bool) -> list[Task]:
     return [Task.of(runner=run_cluster, cluster=cluster, scheduler=scheduler, model=MODEL, gpu=gpu,
                     workload="sharegpt", rate=rate, duration=DURATION[quick], seed=SEED, slo_ttft=DISTSERVE_SLO_TTFT,
                     slo_tbt=DISTSERVE_SLO_TBT)
-            for gpu in GPUS for cluster, scheduler, *_ in SYSTEMS.values() for rate in RATES[quick][gpu]]  # fmt: skip
+            for gpu in GPUS for cluster, scheduler, *_ in SYSTEMS.values() for rate in RATES[quick][gpu]]
 
 
 def _system(params: dict) -> str:
@@ -81,7 +81,7 @@ def draw_disagg(runs, outdir, quick: bool):
                      "p90_ttft_s": s["p90_ttft_s"], "p90_itl_mean_s": s["p90_itl_mean_s"],
                      "mean_itl_mean_s": s["mean_itl_mean_s"], "num_preemptions": s["num_preemptions"],
                      "mean_transfer_s": s["mean_transfer_s"], "link_bandwidth_gb_s": s["link_bandwidth_gb_s"],
-                     "duration_s": DURATION[quick]})  # fmt: skip
+                     "duration_s": DURATION[quick]})
     fig, axes = new_figure(len(GPUS), 3, size=(15, 4.2 * len(GPUS)), squeeze=False)
     for (gpu, gpu_label), (attain, ttft, tbt) in zip(GPUS.items(), axes):
         for system, (_, _, label, color, marker) in SYSTEMS.items():
@@ -109,14 +109,14 @@ def draw_disagg(runs, outdir, quick: bool):
     fig.suptitle(f"Disaggregated prefill/decode vs colocated on {NUM_GPUS} GPUs: OPT-13B, ShareGPT, SLOs TTFT "
                  f"{DISTSERVE_SLO_TTFT} s and TBT {DISTSERVE_SLO_TBT} s (DistServe's chatbot)", fontsize=12)
     per_gpu = "; ".join(f"{gpu}: " + ", ".join(f"{system} {goodput_per_gpu(rows, gpu, system)}" for system in SYSTEMS)
-                        for gpu in GPUS)  # fmt: skip
+                        for gpu in GPUS)
     preempted = "; ".join(f"{gpu} at {max(RATES[quick][gpu]):g} req/s: " + ", ".join(
         f"{r['system']} {r['num_preemptions']}" for r in rows
-        if r["gpu"] == gpu and r["rate"] == max(RATES[quick][gpu])) for gpu in GPUS)  # fmt: skip
+        if r["gpu"] == gpu and r["rate"] == max(RATES[quick][gpu])) for gpu in GPUS)
     caption(fig, f"Goodput per GPU (DistServe: the highest swept rate with >= 90% of requests meeting both SLOs, / "
                  f"{NUM_GPUS}), req/s: {per_gpu}. {DURATION[quick]:g} s of Poisson arrivals per point, roofline cost "
                  "model, K/V moved over 25 GB/s + 100 us per request, routing by least prompt tokens assigned. "
-                 f"Preemptions, {preempted}.")  # fmt: skip
+                 f"Preemptions, {preempted}.")
     return save(fig, rows, outdir, NAME)
 
 

@@ -18,13 +18,13 @@ MODEL, GPU = "gemma3-27b", "h100"
 PROMPTS = {False: (1024, 2048, 4096, 8192, 16384), True: (1024, 8192)}
 NUM_REQUESTS = {False: 200, True: 24}
 SYSTEMS = {"paged": ("every layer as full attention (paged)", "#1f77b4", "o"),
-           "hybrid": ("hybrid: sliding groups free their blocks", "#2ca02c", "s")}  # fmt: skip
+           "hybrid": ("hybrid: sliding groups free their blocks", "#2ca02c", "s")}
 
 
 def hybrid_tasks(quick: bool) -> list[Task]:
     return [Task.of(model=MODEL, gpu=GPU, policy=policy, workload="uniform", arrival="offline", duration=None,
                     rate=None, num_requests=NUM_REQUESTS[quick], prompt_len_range=(p * 3 // 4, p * 5 // 4),
-                    output_len_range=(256, 1024), seed=0) for policy in SYSTEMS for p in PROMPTS[quick]]  # fmt: skip
+                    output_len_range=(256, 1024), seed=0) for policy in SYSTEMS for p in PROMPTS[quick]]
 
 
 def draw_hybrid(runs, outdir, quick: bool):
@@ -37,7 +37,7 @@ def draw_hybrid(runs, outdir, quick: bool):
                      "prompt_len_low": low, "prompt_len_high": high, "mean_batch_size": s["mean_batch_size"],
                      "throughput_req_per_s": s["throughput_req_per_s"], "num_preemptions": s["num_preemptions"],
                      "mean_ttft_s": s["mean_ttft_s"], "num_kv_slots": s["num_kv_slots"],
-                     "num_requests": s["num_requests"]})  # fmt: skip
+                     "num_requests": s["num_requests"]})
     for system, (label, color, marker) in SYSTEMS.items():
         mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["prompt_len"])
         x = [r["prompt_len"] for r in mine]
@@ -60,5 +60,5 @@ def draw_hybrid(runs, outdir, quick: bool):
                  f"1024 in 52 of 62 layers). At {longest}-token prompts the hybrid pool batches "
                  f"{hyb['mean_batch_size']:.1f} requests against {full['mean_batch_size']:.1f} and serves "
                  f"{hyb['throughput_req_per_s'] / full['throughput_req_per_s']:.1f}x the throughput "
-                 f"({hyb['num_preemptions']} vs {full['num_preemptions']} preemptions). Roofline cost model.")  # fmt: skip
+                 f"({hyb['num_preemptions']} vs {full['num_preemptions']} preemptions). Roofline cost model.")
     return save(fig, rows, outdir, "hybrid_memory")

@@ -27,9 +27,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..drivers.sweep import Task
 from ..kv import allocates_blocks_on_demand, pages_in_kib
 from ..kv.base import SHARE_NAMES, PrefixCacheStats
-from ..drivers.sweep import Task
 from .memory import DURATION as WASTE_DURATION
 from .memory import RATE as WASTE_RATE
 from .style import SHARE_COLORS, SHARE_LABELS, SYSTEM_LABELS, caption, new_figure, percent_axis, save
@@ -37,7 +37,7 @@ from .style import SHARE_COLORS, SHARE_LABELS, SYSTEM_LABELS, caption, new_figur
 # Panel (a): (policy, extra run() keywords) in drawing order. vAttention's pages: 640 KiB and 2560 KiB per layer
 # per K/V buffer are 64 and 256 OPT-13B tokens (10 KiB a token).
 SYSTEMS = (("max", {}), ("pow2", {}), ("oracle", {}), ("vattention", {"page_kib": 640.0}),
-           ("vattention", {"page_kib": 2560.0}), ("paged", {}), ("radix", {"block_size": 1}))  # fmt: skip
+           ("vattention", {"page_kib": 2560.0}), ("paged", {}), ("radix", {"block_size": 1}))
 # (paged: sim.run's default block size, 16, left unnamed so that the task equals memory_waste's)
 LABELS = {**SYSTEM_LABELS, "vattention": "vAttention", "radix": "SGLang (radix)"}
 UNITS = {"paged": "blocks of {n}"}  # what a label calls a policy's blocks (default: pages)
@@ -77,17 +77,17 @@ def _system_task(policy: str, extra: dict, quick: bool) -> Task:
     # NOTE: the same keywords as memory_waste's runs (sim/figures/memory.py), so that asking for both figures
     # runs the shared points once.
     return Task.of(policy=policy, scheduler="v0", workload="sharegpt", rate=WASTE_RATE, duration=WASTE_DURATION[quick],
-                   **extra)  # fmt: skip
+                   **extra)
 
 
 def _cache_task(policy: str, block_size: int, quick: bool) -> Task:
     return Task.of((PrefixCounts(),), policy=policy, block_size=block_size, workload="conversation",
-                   rate=SESSION_RATE, duration=CONVERSATION_DURATION[quick], enable_prefix_caching=True)  # fmt: skip
+                   rate=SESSION_RATE, duration=CONVERSATION_DURATION[quick], enable_prefix_caching=True)
 
 
 def manager_tasks(quick: bool) -> list[Task]:
     return ([_system_task(p, extra, quick) for p, extra in SYSTEMS]
-            + [_cache_task(p, bs, quick) for p in CACHES for bs in BLOCK_SIZES])  # fmt: skip
+            + [_cache_task(p, bs, quick) for p in CACHES for bs in BLOCK_SIZES])
 
 
 def _panel(task: Task) -> str:
@@ -113,7 +113,7 @@ def _system_rows(runs) -> list[dict]:
                      "mean_batch_size": s["mean_batch_size"],
                      "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
                      "num_preemptions": s["num_preemptions"], "workload": "sharegpt", "rate": task.params["rate"],
-                     "trace_duration_s": task.params["duration"]})  # fmt: skip
+                     "trace_duration_s": task.params["duration"]})
     return rows
 
 
@@ -130,7 +130,7 @@ def _cache_rows(runs) -> list[dict]:
                      "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
                      "num_preemptions": s["num_preemptions"], "num_requests": s["num_requests"],
                      "workload": "conversation", "rate": task.params["rate"],
-                     "trace_duration_s": task.params["duration"]})  # fmt: skip
+                     "trace_duration_s": task.params["duration"]})
     return rows
 
 
@@ -153,14 +153,14 @@ def _draw_systems(ax, rows: list[dict]) -> None:
     twin.plot(x, [r["mean_batch_size"] for r in rows], "D", color="black", markersize=6, label="mean batch size")
     for i, r in enumerate(rows):
         twin.annotate(f"{r['mean_batch_size']:.1f}", (i, r["mean_batch_size"]), textcoords="offset points",
-                      xytext=(0, 6), ha="center", fontsize=8, fontweight="bold")  # fmt: skip
+                      xytext=(0, 6), ha="center", fontsize=8, fontweight="bold")
     twin.set_ylim(0, max(r["mean_batch_size"] for r in rows) * 1.25)
     twin.set_ylabel("mean batched requests")
     twin.grid(False)
     handles, names = ax.get_legend_handles_labels()
     more, more_names = twin.get_legend_handles_labels()
     ax.legend(handles + more, names + more_names, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=3,
-              frameon=False, fontsize=8)  # fmt: skip
+              frameon=False, fontsize=8)
     ax.set_title("(a) where the memory goes, and how many requests run (ShareGPT, 2 req/s)")
 
 
@@ -168,7 +168,7 @@ def _draw_caches(ax, rows: list[dict]) -> None:
     for policy, label in CACHES.items():
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["block_size_tokens"])
         ax.plot([r["block_size_tokens"] for r in mine], [r["prefix_hit_rate_tokens"] for r in mine], label=label,
-                **CACHE_STYLE[policy])  # fmt: skip
+                **CACHE_STYLE[policy])
     ax.set_xscale("log", base=2)
     ax.set_xticks(BLOCK_SIZES, [str(b) for b in BLOCK_SIZES])
     ax.minorticks_off()
@@ -214,5 +214,5 @@ def draw_managers(runs, outdir, quick: bool):
                  f"slower steps batch {tree1['mean_batch_size']:.1f} requests against {tree16['mean_batch_size']:.1f} "
                  f"at 16, whose running K/V competes with cached history: the tree at 1 hits "
                  f"{'more' if tree1['prefix_hit_rate_tokens'] > hashed16['prefix_hit_rate_tokens'] else 'less'} than "
-                 "hashed blocks of 16 here.", width=190)  # fmt: skip
+                 "hashed blocks of 16 here.", width=190)
     return save(fig, systems + caches, outdir, "memory_managers")

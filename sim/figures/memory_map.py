@@ -32,7 +32,7 @@ WHITE = np.array([1.0, 1.0, 1.0])
 FREE_RGB, EXTERNAL_RGB, HATCH = np.array([0.93, 0.94, 0.96]), np.array([0.74, 0.74, 0.74]), "#3a3a3a"
 HATCHES = {INTERNAL: "////", EXTERNAL: "xxxx"}  # the waste; a reservation is pale but plain (its token will come)
 LABELS = {TOKEN: "token states (colour = request)", RESERVATION: "reservation (future tokens)",
-          INTERNAL: "internal fragmentation", EXTERNAL: "external fragmentation", FREE: "free"}  # fmt: skip
+          INTERNAL: "internal fragmentation", EXTERNAL: "external fragmentation", FREE: "free"}
 
 
 @dataclass(slots=True)
@@ -58,11 +58,11 @@ class SlotMap:
 def seq_owners(scheduler) -> dict[int, int]:
     """From a scheduler: running seq id -> its request id (to colour a pool by request)."""
     return {seq_id: request_id for request_id in scheduler.running_request_ids()
-            for seq_id in scheduler.seq_ids(request_id)}  # fmt: skip
+            for seq_id in scheduler.seq_ids(request_id)}
 
 
 def slot_map(kv, *, owners: dict | None = None, waiting: bool = False, time: float | None = None,
-             num_waiting: int = 0) -> SlotMap:  # fmt: skip
+             num_waiting: int = 0) -> SlotMap:
     """Classify every slot of `kv`'s pool. `owners`: seq id -> the id to colour by (default: the seq id).
     `waiting`: free slots count as external waste."""
     owners = owners or {}
@@ -144,7 +144,7 @@ def draw_memory_map(kv, ax, *, owners=None, waiting: bool = False, **draw_kwargs
 
 
 def draw_slot_map(smap: SlotMap, ax, *, row_slots: int | None = None, title: str | None = None,
-                  legend: bool = True, tiles: bool | None = None) -> None:  # fmt: skip
+                  legend: bool = True, tiles: bool | None = None) -> None:
     """Draw the pool on `ax`, waste hatched: rows of `row_slots` slots (auto: about 4:1), or, with `tiles`
     (default: pools of blocks of >= 4 slots), one square-ish tile per block, tiles in rows."""
     from matplotlib.collections import PatchCollection

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from ..clock.cost import RooflineCostModel, RooflineEfficiency
 from ..base.specs import get_model
+from ..clock.cost import RooflineCostModel, RooflineEfficiency
 from ..drivers.sweep import Task
 from .style import SETUP, caption, new_figure, save
 
@@ -48,7 +48,7 @@ def read_kernel_csv(path: str | Path = KERNEL_CSV) -> tuple[list[dict], dict[str
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (written on a GPU by `python -m reference.attention.bench`; "
-                                "the committed one is figures/bench_attention_gpu.csv)")  # fmt: skip
+                                "the committed one is figures/bench_attention_gpu.csv)")
     lines = path.read_text(encoding="utf-8").splitlines()
     comments = dict(line[2:].split(": ", 1) for line in lines if line.startswith("# ") and ": " in line)
     table = csv.DictReader(line for line in lines if not line.startswith("#"))
@@ -74,7 +74,7 @@ def kernel_overheads(rows: list[dict]) -> list[dict]:
         out.append({"block_size": block_size, "batch": int(t["shuffled"]["batch"]),
                     "context": int(t["shuffled"]["context"]), "identity_us": identity, "shuffled_us": shuffled,
                     "copy_bound_us": bound, "paging_overhead": shuffled / identity - 1,
-                    "overhead_over_copy": shuffled / bound - 1, "roofline_assumed_overhead": gather})  # fmt: skip
+                    "overhead_over_copy": shuffled / bound - 1, "roofline_assumed_overhead": gather})
     return out
 
 
@@ -95,10 +95,10 @@ def draw_kernel(runs, outdir, quick: bool, source: str | Path = KERNEL_CSV):
     for key, label, color in (("paging_overhead", "measured: shuffled over identity table", "#1f77b4"),
                               ("overhead_over_copy", "measured: shuffled over the copy bound", "#7f7f7f"),
                               ("roofline_assumed_overhead", "sim/clock/cost.py's roofline assumes (4 tokens' read a block)",
-                               "#d62728")):  # fmt: skip
+                               "#d62728")):
         ax_o.plot(x, [r[key] for r in table], marker="o", color=color, label=label)
     ax_o.axhspan(*PAPER_KERNEL_OVERHEAD, color="#d62728", alpha=0.12, label="the paper: its paged kernel over "
-                 "FasterTransformer's (20-26%)")  # fmt: skip
+                 "FasterTransformer's (20-26%)")
     ax_o.set_yscale("symlog", linthresh=0.1)
     ax_o.set_ylabel("overhead (time / baseline - 1)")
     ax_o.set_title("(b) the price of paging")
@@ -108,14 +108,14 @@ def draw_kernel(runs, outdir, quick: bool, source: str | Path = KERNEL_CSV):
         ax.legend(frameon=False, fontsize=8, loc=where)
     at16 = next(r for r in table if r["block_size"] == 16)
     fig.suptitle("The paged attention kernel's overhead, the paper's Fig. 18a (measured on a GPU, not simulated)",
-                 fontsize=12)  # fmt: skip
+                 fontsize=12)
     caption(fig, f"Measured on {comments.get('device', 'an unnamed device')} ({comments.get('date', 'undated')}) by "
                  f"`{comments.get('command', 'python -m reference.attention.bench')}`, read from "
                  f"figures/{Path(source).name}; {comments.get('timing', '')}. At block size 16 the shuffled table "
                  f"costs {at16['paging_overhead']:+.1%} over the identity one and {at16['overhead_over_copy']:+.1%} "
                  f"over the copy; the roofline charges {at16['roofline_assumed_overhead']:.0%} (set to the paper's "
                  "A100 measurement against FasterTransformer, which this GPU's kernel does not reproduce).",
-            width=170)  # fmt: skip
+            width=170)
     return save(fig, table, outdir, "paged_kernel_overhead")
 
 
@@ -134,7 +134,7 @@ def swap_recompute_rows(model: str = MODEL, gpu: str = GPU) -> list[dict]:
             rows.append({"model": model, "gpu": gpu, "seq_len": seq_len, "block_size": block_size,
                          "num_blocks": num_blocks, "swap_bytes": num_blocks * block_size * kv_bytes,
                          "swap_ms": 1e3 * swap, "recompute_ms": 1e3 * recompute,
-                         "swap_over_recompute": swap / recompute})  # fmt: skip
+                         "swap_over_recompute": swap / recompute})
     return rows
 
 
@@ -176,12 +176,12 @@ def draw_swap(runs, outdir, quick: bool):
     e = RooflineEfficiency()
     cheaper = {s: crossover([r for r in rows if r["seq_len"] == s]) for s in SEQ_LENS}
     fig.suptitle(f"Swap vs recompute per block size, the paper's Fig. 19a: the cost model's numbers "
-                 f"({SETUP.split(', block')[0]})", fontsize=12)  # fmt: skip
+                 f"({SETUP.split(', block')[0]})", fontsize=12)
     caption(fig, "Not measured: sim/clock/cost.py's roofline prices a swap at the KV bytes of the sequence's whole blocks "
                  f"over PCIe ({e.pcie:.0%} of 32 GB/s) plus {1e6 * e.copy_overhead_s:g} us per copy (one per block, "
                  "layer and K/V, as vLLM v0's cudaMemcpyAsync per block), and recomputation as one prefill step of "
                  "the sequence's tokens. Swapping is the cheaper from block size "
                  + ", ".join(f"{'-' if cheaper[s] is None else cheaper[s]} ({s:,} tokens)" for s in SEQ_LENS)
                  + " on. The paper (section 7.3): recomputation wins at small blocks, swapping at large ones, the two "
-                 "comparable from 16 to 64.", width=170)  # fmt: skip
+                 "comparable from 16 to 64.", width=170)
     return save(fig, rows, outdir, "swap_recompute_cost")

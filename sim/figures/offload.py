@@ -13,8 +13,8 @@ scheduler, at two session rates: below the knee and near it.
 """
 from __future__ import annotations
 
-from ..workloads.conversation import DEFAULT_TURNS as CONVERSATION_TURNS
 from ..drivers.sweep import Task
+from ..workloads.conversation import DEFAULT_TURNS as CONVERSATION_TURNS
 from .style import SETUP, caption, new_figure, save
 
 TIER_GIB = {False: (0.0, 4.0, 16.0, 64.0, 256.0), True: (0.0, 16.0, 64.0)}  # per GPU; 0: prefix caching without a tier
@@ -26,7 +26,7 @@ RATE_COLORS = {0.5: "#1f77b4", 0.65: "#d62728"}
 
 def offload_tasks(quick: bool) -> list[Task]:
     base = {"policy": "paged", "workload": "conversation", "scheduler": "v1", "duration": DURATION[quick],
-            "seed": SEED, "enable_prefix_caching": True, "step_table": False}  # fmt: skip
+            "seed": SEED, "enable_prefix_caching": True, "step_table": False}
     return [Task.of(**base, rate=r, cpu_offload_gib=g) for r in RATES[quick] for g in TIER_GIB[quick]]
 
 
@@ -44,7 +44,7 @@ def draw_offload(runs, outdir, quick: bool):
                      "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
                      "num_preemptions": s["num_preemptions"], "offloaded_blocks": s.get("offloaded_blocks", 0),
                      "reloaded_blocks": s.get("reloaded_blocks", 0), "reload_time_s": s.get("reload_time_s", 0.0),
-                     "trace_duration_s": DURATION[quick], "seed": SEED})  # fmt: skip
+                     "trace_duration_s": DURATION[quick], "seed": SEED})
     rows.sort(key=lambda r: (r["rate"], r["cpu_offload_gib"]))
     fig, (hits, ttft) = new_figure(1, 2, size=(12, 4.6))
     sizes = TIER_GIB[quick]
@@ -56,11 +56,11 @@ def draw_offload(runs, outdir, quick: bool):
         gpu = [100 * r["gpu_hit_rate_tokens"] for r in mine]
         hits.bar(xs, gpu, width * 0.95, color=color, alpha=0.9, label=f"{rate:g} conv/s: GPU")
         hits.bar(xs, [100 * r["cpu_hit_rate_tokens"] for r in mine], width * 0.95, bottom=gpu, color=color,
-                 alpha=0.35, hatch="//", label=f"{rate:g} conv/s: CPU tier")  # fmt: skip
+                 alpha=0.35, hatch="//", label=f"{rate:g} conv/s: CPU tier")
         tiers = range(len(mine))
         ttft.plot(tiers, [r["mean_ttft_s"] for r in mine], marker="o", color=color, label=f"{rate:g} conv/s: mean")
         ttft.plot(tiers, [r["p99_ttft_s"] for r in mine], marker="s", ls="--", mfc="white", color=color,
-                  label=f"{rate:g} conv/s: p99")  # fmt: skip
+                  label=f"{rate:g} conv/s: p99")
     labels = ["none" if g == 0 else f"{g:g}" for g in sizes]
     for ax in (hits, ttft):
         ax.set_xticks(range(len(sizes)), labels)
@@ -75,7 +75,7 @@ def draw_offload(runs, outdir, quick: bool):
     ttft.set_ylim(low, high * 30)  # room for the legend above the curves
     ttft.legend(loc="upper center", frameon=False, fontsize=8, ncol=2)
     fig.suptitle(f"A CPU offload tier for the prefix cache: multi-turn conversations ({SETUP}, vLLM v1 scheduler)",
-                 fontsize=12)  # fmt: skip
+                 fontsize=12)
     rate = max(RATES[quick])
     none, most = (next(r for r in rows if r["rate"] == rate and r["cpu_offload_gib"] == g) for g in (0.0, max(sizes)))
     caption(fig, "Conversations of %g turns on average (history as the prompt, think time between turns), %g s of "
@@ -86,5 +86,5 @@ def draw_offload(runs, outdir, quick: bool):
                  "%.1f s. Numbers in the CSV."
                  % (CONVERSATION_TURNS, DURATION[quick], SEED, rate, 100 * none["hit_rate_tokens"],
                     100 * most["hit_rate_tokens"], max(sizes), 100 * most["cpu_hit_rate_tokens"],
-                    none["mean_ttft_s"], most["mean_ttft_s"], none["p99_ttft_s"], most["p99_ttft_s"]))  # fmt: skip
+                    none["mean_ttft_s"], most["mean_ttft_s"], none["p99_ttft_s"], most["p99_ttft_s"]))
     return save(fig, rows, outdir, "cpu_offload")

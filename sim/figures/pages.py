@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..drivers.sweep import Task
 from ..kv import pages_in_kib
 from ..kv.base import SHARE_NAMES
-from ..drivers.sweep import Task
 from .memory import DURATION, RATE
-from .style import SETUP, SHARE_COLORS, SHARE_LABELS, SYSTEM_COLORS, SYSTEM_LABELS, caption, new_figure, percent_axis, save
+from .style import (
+    SETUP,
+    SHARE_COLORS,
+    SHARE_LABELS,
+    SYSTEM_COLORS,
+    SYSTEM_LABELS,
+    caption,
+    new_figure,
+    percent_axis,
+    save,
+)
 
 TOKEN_KIB = 10  # OPT-13B: 40 heads x 128 x 2 bytes of K (or V) per token per layer
 PAGE_TOKENS = {False: (1, 4, 16, 64, 256, 512, 1024, 2048), True: (1, 64, 2048)}
@@ -46,14 +56,14 @@ def draw_pages(runs, outdir, quick: bool):
                      "token_states_of_used": s["memory_busy"]["token_states"], "mean_batch_size": s["mean_batch_size"],
                      "num_preemptions": s["num_preemptions"],
                      "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
-                     "trace_duration_s": DURATION[quick]})  # fmt: skip
+                     "trace_duration_s": DURATION[quick]})
     paging = [r for r in rows if r["system"] == "vattention"]
     pages = np.array([r["page_tokens"] for r in paging])
     bottom = np.zeros(len(paging))
     for name in SHARE_NAMES[:-1]:  # the memory in use, stacked: what each page size spends it on
         busy = np.array([r[name] for r in paging]) / (1 - np.array([r["free"] for r in paging]))
         ax_share.fill_between(pages, bottom, bottom + busy, color=SHARE_COLORS[name], label=SHARE_LABELS[name],
-                              step=None, alpha=0.9)  # fmt: skip
+                              step=None, alpha=0.9)
         bottom += busy
     ax_batch.plot(pages, [r["mean_batch_size"] for r in paging], marker="o", color="#2ca02c", label="vAttention")
     for r in (r for r in rows if r["system"] != "vattention"):
@@ -81,5 +91,5 @@ def draw_pages(runs, outdir, quick: bool):
                  f"with {max(pages)}-token pages (Orca (Max): {by['max', None]['token_states_of_used']:.1%}); mean "
                  f"batch {small['mean_batch_size']:.1f} vs {large['mean_batch_size']:.1f} (Max "
                  f"{by['max', None]['mean_batch_size']:.1f}). Mapping a page is free here; attention reads a "
-                 "contiguous range (no block-gather cost).")  # fmt: skip
+                 "contiguous range (no block-gather cost).")
     return save(fig, rows, outdir, "vattention_pages")

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..kv.contiguous import next_power_of_two
 from ..base.specs import get_model
+from ..kv.contiguous import next_power_of_two
 from ..workloads.workload import PUBLISHED_MEANS
 from .chatbot import HISTORY_LIMIT, TURNS
 from .memory import PAPER_TOKEN_STATES
-from .paper_sensitivity import CHAT_TURNS, COMMAND as SENSITIVITY_COMMAND, CSV_PATH as SENSITIVITY_CSV
-from .paper_sensitivity import ResultsError, read_results, read_sensitivity
+from .paper_sensitivity import CHAT_TURNS, ResultsError, read_results, read_sensitivity
+from .paper_sensitivity import COMMAND as SENSITIVITY_COMMAND
+from .paper_sensitivity import CSV_PATH as SENSITIVITY_CSV
 from .sampling import knee
 from .sharing import PAPER_RANGE, PREFIXES, WIDTHS
 from .throughput import PAPER_BATCH
@@ -81,7 +82,7 @@ PAPER = {
     "fig19.small": PaperNumber("recompute faster", "§7.3: recomputation more efficient at small block sizes"),
     "fig19.medium": PaperNumber("comparable", "§7.3: comparable for block sizes 16 to 64"),
     "fig19.large": PaperNumber("swap faster", "§7.3: swapping more efficient at large block sizes"),
-}  # fmt: skip
+}
 
 
 # --- the committed CSVs --------------------------------------------------------------------------------
@@ -114,14 +115,14 @@ class Data:
         rows = self.where(name, **match)
         if len(rows) != 1:
             raise ResultsError(f"{self.folder / name}.csv: expected one row with {match}, found {len(rows)} (make it "
-                               f"again with `python -m sim figures`)")  # fmt: skip
+                               f"again with `python -m sim figures`)")
         return float(rows[0][column])
 
     def study(self, study: str, curve: str) -> list[dict]:
         rows = [r for r in self.sweep if r["study"] == study and r["curve"] == curve]
         if not rows:
             raise ResultsError(f"paper_sensitivity.csv: no rows of study {study!r}, curve {curve!r} (run "
-                               f"`{SENSITIVITY_COMMAND}` again)")  # fmt: skip
+                               f"`{SENSITIVITY_COMMAND}` again)")
         return rows
 
     def extra_rates(self, curve: str) -> list[dict]:
@@ -205,7 +206,7 @@ def best_blocks(rows: list[dict]) -> tuple[int, int]:
 def swap_over_recompute(d: Data) -> dict[int, float]:
     """Normalized latency under swap / under recompute, per block size (Fig. 19's CSV)."""
     latency = {(r["preemption"], int(r["block_size"])): float(r["normalized_latency_s_per_token"])
-               for r in d.fig("recompute_vs_swap")}  # fmt: skip
+               for r in d.fig("recompute_vs_swap")}
     return {b: latency["swap", b] / latency["recompute", b] for (mode, b) in latency if mode == "swap"}
 
 
@@ -229,7 +230,7 @@ def block_range(workload: str) -> Callable[[Data], Value]:
         low, high = best_blocks(d.where("block_size", workload=workload))
         paper_low, paper_high = PAPER[f"fig18b.{workload}"].value
         verdict = ("agrees" if (low, high) == (paper_low, paper_high) else
-                   "overlaps" if low <= paper_high and paper_low <= high else "differs")  # fmt: skip
+                   "overlaps" if low <= paper_high and paper_low <= high else "differs")
         return Value((low, high), verdict=verdict)
 
     return lab
@@ -275,7 +276,7 @@ ROWS = (
         fig19((1, 2, 4, 8), "recompute")),
     Row("fig19.medium", "Fig. 19", "block sizes 16-64: the same", "words", fig19((16, 32, 64), None)),
     Row("fig19.large", "Fig. 19", "block sizes 128-256: the same", "words", fig19((128, 256), "swap")),
-)  # fmt: skip
+)
 
 
 # --- the notes: what the sensitivity sweep measured --------------------------------------------------------
@@ -299,7 +300,7 @@ def _setting(rows: list[dict], column: str) -> str:
 def _peak(d: Data, workload: str, system: str) -> tuple[float, float]:
     """(largest mean batch, its rate) over Fig. 12's runs of one system."""
     return max((float(r["mean_batch_size"]), float(r["rate"])) for r in d.where("latency_vs_rate", workload=workload,
-                                                                                   system=system))  # fmt: skip
+                                                                                   system=system))
 
 
 def _rate(value: Value) -> str:
@@ -332,7 +333,7 @@ def note_pow2(d: Data) -> str:
             f"prices the rounding, it is not the paper's setting. With the buddy allocator and log-normal lengths Pow2 "
             f"batches {float(long['mean_batch_size']):.2f} with {_setting([long], 'duration')} s traces (study "
             f"`duration`), {float(pool['mean_batch_size']):.2f} with Table 1's {_setting([pool], 'kv_slots')} slots "
-            f"(`pool`), {_span(_batch(seeds))} with seeds {_setting(seeds, 'seed')} (`seed`).")  # fmt: skip
+            f"(`pool`), {_span(_batch(seeds))} with seeds {_setting(seeds, 'seed')} (`seed`).")
 
 
 def _below_knee(d: Data) -> str:
@@ -342,7 +343,7 @@ def _below_knee(d: Data) -> str:
     below = all(knee_of[w, "paged"].x > rate[w] for w in rate) and knee_of["alpaca", "oracle"].x > rate["alpaca"]
     pre = {w: d.one("batch_size", "num_preemptions", workload=w, system="paged") for w in rate}
     peak = {(w, s): _peak(d, w, s) for w, s in (("sharegpt", "paged"), ("sharegpt", "oracle"), ("sharegpt", "max"),
-                                                 ("alpaca", "paged"), ("alpaca", "oracle"))}  # fmt: skip
+                                                 ("alpaca", "paged"), ("alpaca", "oracle"))}
     first_fit = d.study("allocator", "fig13:alpaca:oracle")
     return (f"A system below its knee batches what arrives (rate × time in the system), one past it what its memory "
             f"holds. The lab's vLLM sustains {_rate(knee_of['sharegpt', 'paged'])} req/s of ShareGPT and "
@@ -359,7 +360,7 @@ def _below_knee(d: Data) -> str:
             f"{peak['sharegpt', 'paged'][0] / peak['sharegpt', 'max'][0]:.2f}x Max on ShareGPT (paper "
             f"{PAPER['fig13.sharegpt.paged/oracle'].value:g}x, {PAPER['fig13.sharegpt.paged/max'].value:g}x). With "
             f"first fit (study `allocator`) Oracle batches {float(first_fit[0]['mean_batch_size']):.2f} at "
-            f"{_setting(first_fit, 'rate')} req/s of Alpaca.")  # fmt: skip
+            f"{_setting(first_fit, 'rate')} req/s of Alpaca.")
 
 
 def _paged_settings(d: Data) -> str:
@@ -370,7 +371,7 @@ def _paged_settings(d: Data) -> str:
             f"Table 1's {_setting([pool], 'kv_slots')} slots (`pool`), "
             f"{d.value('watermark', 'fig13:sharegpt:paged', 'mean_batch_size'):.2f} with no watermark (`watermark`), "
             f"{d.value('length_shape', 'fig13:sharegpt:paged', 'mean_batch_size'):.2f} with uniform lengths "
-            f"(`length_shape`), {_span(_batch(seeds))} with seeds {_setting(seeds, 'seed')} (`seed`).")  # fmt: skip
+            f"(`length_shape`), {_span(_batch(seeds))} with seeds {_setting(seeds, 'seed')} (`seed`).")
 
 
 def note_rate(d: Data) -> str:
@@ -393,7 +394,7 @@ def note_trace(d: Data) -> str:
             f"{_rate(hour['max'])}, Oracle {_rate(hour['oracle'])} and vLLM {_rate(hour['paged'])} req/s: vLLM "
             f"sustains {_x(ratios['oracle'])} Oracle's rate and {_x(ratios['max'])} Max's "
             f"({'inside' if inside else 'not inside'} the paper's ranges; {short} s: {_x(figure['oracle'])} and "
-            f"{_x(figure['max'])}).")  # fmt: skip
+            f"{_x(figure['max'])}).")
 
 
 def note_rounding(d: Data) -> str:
@@ -403,14 +404,14 @@ def note_rounding(d: Data) -> str:
               "beam": sustained(points(d.study("allocator", "fig14:beam6:oracle"))),
               **{shot: sustained(points(d.study("allocator", f"fig16:{shot}:oracle"))) for shot in PREFIXES}}
     paged = {"alpaca": fig12_rate(d, "alpaca", "paged"), "beam": fig14_rate(d, "paged"),
-             **{shot: fig16_rate(d, shot, "paged+prefix") for shot in PREFIXES}}  # fmt: skip
+             **{shot: fig16_rate(d, shot, "paged+prefix") for shot in PREFIXES}}
     paper = {"alpaca": "fig12.alpaca.oracle", "beam": "fig14.beam6", **{shot: f"fig16.{shot}" for shot in PREFIXES}}
     pairs = ", ".join(f"{_x(ratio(paged[k], oracle[k]))} (paper {PAPER[paper[k]].value:g}x)" for k in oracle)
     longer = {shot: ratio(*(sustained(points(d.study("duration", f"fig16:{shot}:{s}"))) for s in ("paged+prefix",
                                                                                                       "oracle")))
-              for shot in PREFIXES}  # fmt: skip
+              for shot in PREFIXES}
     durations = (_setting(d.study("duration", "fig16:1-shot:oracle"), "duration"),
-                 _setting(d.fig("shared_prefix"), "trace_duration_s"))  # fmt: skip
+                 _setting(d.fig("shared_prefix"), "trace_duration_s"))
     return (f"Orca (Oracle) reserves exactly a request's length, and its buddy allocator rounds the run up to a power "
             f"of two: Alpaca's mean request of {mean} tokens takes {next_power_of_two(mean)} slots, with the "
             f"{PREFIXES['1-shot']}-token prefix {next_power_of_two(mean + PREFIXES['1-shot'])}. With first fit instead "
@@ -420,7 +421,7 @@ def note_rounding(d: Data) -> str:
             f"prefixes, and vLLM / Oracle becomes {pairs}. With the buddy allocator and {durations[0]} s traces instead of "
             f"{durations[1]} s, "
             f"Fig. 16's ratios are {_x(longer['1-shot'])} and {_x(longer['5-shot'])} (study `duration`). Beam search "
-            f"also shares more blocks here than in the paper (the note on Fig. 15).")  # fmt: skip
+            f"also shares more blocks here than in the paper (the note on Fig. 15).")
 
 
 def _savings(d: Data, study: str, kind: str, curves: tuple) -> list[float]:
@@ -447,12 +448,12 @@ def note_sharing(d: Data) -> str:
             f"req/s (studies `seed`, `rate`; "
             f"the figure: {100 * d.one('sharing', 'memory_saving', kind='beam_width', width=6):.1f}%, the paper: "
             f"{paper_beam6:.1f}%). What neither trace nor load changes is the beam model: the lab draws beam scores at "
-            f"random (sim/clock/loop.py, a stated approximation), not from a language model (not measured here).")  # fmt: skip
+            f"random (sim/clock/loop.py, a stated approximation), not from a language model (not measured here).")
 
 
 def note_chatbot(d: Data) -> str:
     cut = {float(r["turns"]): 100 * float(r["prompts_at_cut"])
-           for r in (d.study("turns", "fig17:figure-turns")[0], d.study("turns", "fig17:paged")[0])}  # fmt: skip
+           for r in (d.study("turns", "fig17:figure-turns")[0], d.study("turns", "fig17:paged")[0])}
     more = {s: sustained([(float(r["rate"]) * CHAT_TURNS, float(r["normalized_latency_s_per_token"]))  # request rate
                           for r in d.study("turns", f"fig17:{s}")]) for s in SYSTEMS}  # = turns x session rate
     figure = {s: fig17_rate(d, s) for s in SYSTEMS}
@@ -468,7 +469,7 @@ def note_chatbot(d: Data) -> str:
             f"{_rate(more['paged'])}: {', '.join(_x(r) for r in lead)} (the figure: "
             f"{', '.join(_x(ratio(figure['paged'], figure[s])) for s in orca)}; the paper: {paper:g}x). Longer "
             f"histories {'leave vLLM short of' if short else 'bring vLLM close to'} the paper's lead; what else "
-            f"separates the two is not measured here.")  # fmt: skip
+            f"separates the two is not measured here.")
 
 
 def note_block(d: Data) -> str:
@@ -489,7 +490,7 @@ def note_block(d: Data) -> str:
             f"does not state Fig. 18b's rates; at {_setting(rows, 'rate')} req/s (study `block_load`, {pressure:.0f} "
             f"preemptions at block 16) the best sizes are {load_low}-{load_high}, and larger blocks degrade as in the "
             f"paper: block 128 has {load[128] / load[16]:.1f}x the normalized latency of block 16, block 256 "
-            f"{load[256] / load[16]:.1f}x.")  # fmt: skip
+            f"{load[256] / load[16]:.1f}x.")
 
 
 NOTES: dict[str, tuple[str, Callable[[Data], str]]] = {  # key -> (title, the measured sentences)
@@ -577,7 +578,7 @@ def definitions() -> str:
             f"Every difference beyond {SIGNIFICANT:.0%}, and every qualitative row that does not agree, has a note, "
             f"measured by `python -m sim paper-sensitivity` (one process; `figures/paper_sensitivity.csv`, one setting "
             f"changed at a time from the figure's setup, each named with its source in "
-            f"`sim/figures/paper_sensitivity.py`).")  # fmt: skip
+            f"`sim/figures/paper_sensitivity.py`).")
 
 
 def readme_block(data: Data | None = None) -> str:

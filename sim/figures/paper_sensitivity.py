@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arguments import check_arguments
-from ..kv.contiguous import ContiguousKVManager
 from ..base.outfiles import check_outputs, write_csv
 from ..base.specs import get_model
 from ..drivers.sweep import Task, run_tasks
+from ..kv.contiguous import ContiguousKVManager
 from ..workloads.workload import PUBLISHED_MEANS
 from . import ablations, chatbot, memory, sampling, sharing, throughput
 from .probes import Sharing
@@ -49,9 +49,9 @@ SHAREGPT_SHARING = {"rate": 0.2, "duration": 600.0}  # a light load: few groups 
 BLOCK_LOAD_RATE = 60.0  # req/s of Alpaca in study `block_load`: past the paged cache's first preemptions
 PARAMS = ("model", "workload", "policy", "scheduler", "allocator", "rate", "duration", "seed", "kv_slots",
           "watermark", "n", "beam_width", "prefix_len", "enable_prefix_caching", "turns", "history_limit",
-          "block_size", "prompt_len_range", "output_len_range")  # fmt: skip
+          "block_size", "prompt_len_range", "output_len_range")
 OUTPUTS = ("num_requests", "mean_batch_size", "token_states_of_used", "normalized_latency_s_per_token",
-           "num_preemptions", "memory_saving", "prompts_at_cut", "pow2_over_context")  # fmt: skip
+           "num_preemptions", "memory_saving", "prompts_at_cut", "pow2_over_context")
 COLUMNS = ("study", "curve", *PARAMS, *OUTPUTS)
 
 
@@ -94,7 +94,7 @@ class _ShapesRecorder:
 def fig13(workload: str, system: str, **change) -> dict:
     """Figs. 2 and 13: one system at the paper's Fig. 13 rate (Fig. 2 is the ShareGPT run)."""
     return {"workload": workload, "rate": throughput.BATCH_RATE[workload], "duration": throughput.DURATION[workload][False],
-            **throughput.system_kwargs(system), **change}  # fmt: skip
+            **throughput.system_kwargs(system), **change}
 
 
 def fig12(workload: str, system: str, rate: float, **change) -> dict:
@@ -103,30 +103,30 @@ def fig12(workload: str, system: str, rate: float, **change) -> dict:
 
 def fig14(system: str, rate: float, **change) -> dict:
     return {"workload": "alpaca", "rate": rate, "duration": sampling.DURATION[False], "policy": system,
-            "scheduler": "v0", "beam_width": 6, **change}  # fmt: skip
+            "scheduler": "v0", "beam_width": 6, **change}
 
 
 def fig15(kind: str, width: int, **change) -> dict:
     return {"policy": "paged", "scheduler": "v0", "workload": "alpaca", "rate": sharing.SHARING_RATE,
-            "duration": sharing.SHARING_DURATION[False], kind: width, **change}  # fmt: skip
+            "duration": sharing.SHARING_DURATION[False], kind: width, **change}
 
 
 def fig16(shot: str, system: str, rate: float, **change) -> dict:
     return {"model": "llama-13b", "scheduler": "v0", "workload": "alpaca", "rate": rate,
             "duration": sharing.PREFIX_DURATION[False], "prefix_len": sharing.PREFIXES[shot],
-            **sharing.PREFIX_SYSTEMS[system][0], **change}  # fmt: skip
+            **sharing.PREFIX_SYSTEMS[system][0], **change}
 
 
 def fig17(system: str, request_rate: float, turns: float) -> dict:
     return {"workload": "conversation", "rate": request_rate / turns, "duration": chatbot.DURATION[False],
-            "turns": turns, "history_limit": chatbot.HISTORY_LIMIT, "scheduler": "v0", "policy": system}  # fmt: skip
+            "turns": turns, "history_limit": chatbot.HISTORY_LIMIT, "scheduler": "v0", "policy": system}
 
 
 def uniform_lengths(workload: str) -> dict:
     """Uniform prompt and output lengths from 1 to twice the paper's mean (Fig. 11), so the means are kept."""
     prompt, output = PUBLISHED_MEANS[workload]
     return {"workload": "uniform", "prompt_len_range": (1, round(2 * prompt) - 1),
-            "output_len_range": (1, round(2 * output) - 1)}  # fmt: skip
+            "output_len_range": (1, round(2 * output) - 1)}
 
 
 # --- the studies -------------------------------------------------------------------------------------
@@ -166,27 +166,27 @@ KNEE_RATES = {
     ("fig16-180s:5-shot", "oracle"): (8.0, 12.0), ("fig16-180s:5-shot", "paged+prefix"): (24.0, 32.0, 40.0),
     ("fig17", "max"): (0.9, 1.0, 1.1, 1.2), ("fig17", "pow2"): (0.9, 1.0, 1.1, 1.2),
     ("fig17", "oracle"): (0.9, 1.0, 1.1, 1.2), ("fig17", "paged"): (1.3, 1.4, 1.5, 1.6),
-}  # fmt: skip
+}
 
 
 def knee_points() -> list[Point]:
     """Figs. 12, 14, 16, 17: curves completed past 1 s/token, and the same curves with one setting changed."""
     r = KNEE_RATES
     points = [_point("duration", f"fig12:sharegpt:{s}", fig12("sharegpt", s, rate, duration=3600.0))
-              for s in ("max", "oracle", "paged") for rate in r["fig12:sharegpt", s]]  # fmt: skip
+              for s in ("max", "oracle", "paged") for rate in r["fig12:sharegpt", s]]
     points += [_point("rates", "fig12:alpaca:paged", fig12("alpaca", "paged", rate)) for rate in r["fig12:alpaca", "paged"]]
     points += [_point("allocator", "fig12:alpaca:oracle", fig12("alpaca", "oracle", rate, allocator="first_fit"))
-               for rate in r["fig12:alpaca", "oracle"]]  # fmt: skip
+               for rate in r["fig12:alpaca", "oracle"]]
     points += [_point("rates", "fig14:beam6:paged", fig14("paged", rate)) for rate in r["fig14:beam6", "paged"]]
     points += [_point("allocator", "fig14:beam6:oracle", fig14("oracle", rate, allocator="first_fit"))
-               for rate in r["fig14:beam6", "oracle"]]  # fmt: skip
+               for rate in r["fig14:beam6", "oracle"]]
     for shot in sharing.PREFIXES:
         points += [_point("rates", f"fig16:{shot}:{s}", fig16(shot, s, rate)) for s in ("oracle", "paged+prefix")
                    for rate in r[f"fig16:{shot}", s] if rate > max(sharing.PREFIX_RATES[shot][s])]  # past the figure's
         points += [_point("allocator", f"fig16:{shot}:oracle", fig16(shot, "oracle", rate, allocator="first_fit"))
-                   for rate in r[f"fig16:{shot}", "oracle"]]  # fmt: skip
+                   for rate in r[f"fig16:{shot}", "oracle"]]
         points += [_point("duration", f"fig16:{shot}:{s}", fig16(shot, s, rate, duration=180.0))
-                   for s in ("oracle", "paged+prefix") for rate in r[f"fig16-180s:{shot}", s]]  # fmt: skip
+                   for s in ("oracle", "paged+prefix") for rate in r[f"fig16-180s:{shot}", s]]
     points += [_point("turns", f"fig17:{s}", fig17(s, rate, CHAT_TURNS)) for s in chatbot.SYSTEMS for rate in r["fig17", s]]
     # the figure's own sessions at one rate, for the share of prompts they cut (the probe's prompts_at_cut)
     return points + [_point("turns", "fig17:figure-turns", fig17("paged", r["fig17", "paged"][0], chatbot.TURNS))]
@@ -196,11 +196,11 @@ def sharing_points() -> list[Point]:
     """Fig. 15: the memory saved by sharing, across seeds, rates and on ShareGPT-shaped requests."""
     probe = (Sharing(),)
     points = [_point("seed", f"fig15:{kind}:{width}", fig15(kind, width, seed=seed), probe)
-              for kind, width in (("n", 2), ("beam_width", 6)) for seed in (1, 2, 3)]  # fmt: skip
+              for kind, width in (("n", 2), ("beam_width", 6)) for seed in (1, 2, 3)]
     points += [_point("rate", "fig15:beam_width:6", fig15("beam_width", 6, rate=rate), probe) for rate in (2.0, 12.0)]
     points += [_point("sharing_sharegpt", f"fig15:{kind}:{width}",
                       fig15(kind, width, workload="sharegpt", **SHAREGPT_SHARING), probe)
-               for kind in ("n", "beam_width") for width in sharing.WIDTHS]  # fmt: skip
+               for kind in ("n", "beam_width") for width in sharing.WIDTHS]
     return points
 
 
@@ -209,7 +209,7 @@ def block_points() -> list[Point]:
     _, _, durations = ablations.WORKLOADS["alpaca"]
     return [_point("block_load", "fig18b:alpaca", {"policy": "paged", "scheduler": "v0", "workload": "alpaca",
                                                     "rate": BLOCK_LOAD_RATE, "duration": durations[False], "block_size": b})
-            for b in ablations.BLOCK_SIZES[False] if b >= 8]  # fmt: skip
+            for b in ablations.BLOCK_SIZES[False] if b >= 8]
 
 
 def points() -> list[Point]:
@@ -227,7 +227,7 @@ def row(point: Point, result) -> dict:
     measured = {"num_requests": s["num_requests"], "mean_batch_size": s["mean_batch_size"],
                 "token_states_of_used": s["memory_busy"]["token_states"],
                 "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
-                "num_preemptions": s["num_preemptions"], **result.probes["shapes"]}  # fmt: skip
+                "num_preemptions": s["num_preemptions"], **result.probes["shapes"]}
     if "sharing" in result.probes:
         measured["memory_saving"] = result.probes["sharing"]["saving"]
     cells.update({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in measured.items() if v is not None})
@@ -244,7 +244,7 @@ def run_sensitivity(out: str | Path = CSV_PATH, *, progress: bool = True, comman
     results = run_tasks([p.task for p in todo], jobs=1, progress=progress, desc="paper sensitivity")
     rows = [row(p, r) for p, r in zip(todo, results)]
     write_csv(out, COLUMNS, rows, comments=[f"command: {command}", "one row per run; blank: the figure's setting "
-                                            "(see sim/figures/paper_sensitivity.py)"])  # fmt: skip
+                                            "(see sim/figures/paper_sensitivity.py)"])
     return rows
 
 
@@ -270,7 +270,7 @@ def read_results(path: Path, remake: str) -> list[dict]:
         for column, cell in r.items():
             if isinstance(cell, str) and cell.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
                 raise ResultsError(f"{path} row {line}: {column}: got {cell!r} (allowed: finite numbers; make it "
-                                   f"again with `{remake}`)")  # fmt: skip
+                                   f"again with `{remake}`)")
     return rows
 
 

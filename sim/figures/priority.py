@@ -32,7 +32,7 @@ POLICY_LABELS = {"fcfs": "FCFS", "priority": "priority"}
 
 def priority_tasks(quick: bool) -> list[Task]:
     base = {"policy": "paged", "workload": "sharegpt", "scheduler": "v1", "duration": DURATION[quick], "seed": SEED,
-            "priority_share": SHARE}  # fmt: skip
+            "priority_share": SHARE}
     return [Task.of(**base, rate=r, scheduling_policy=p) for p in POLICIES for r in RATES[quick]]
 
 
@@ -47,7 +47,7 @@ def draw_priority(runs, outdir, quick: bool):
                          "mean_ttft_s": c["mean_ttft_s"], "p99_ttft_s": c["p99_ttft_s"],
                          "normalized_latency_s_per_token": c["normalized_latency_s_per_token"],
                          "mean_e2e_latency_s": c["mean_e2e_latency_s"], "run_num_preemptions": s["num_preemptions"],
-                         "priority_share": SHARE, "trace_duration_s": DURATION[quick], "seed": SEED})  # fmt: skip
+                         "priority_share": SHARE, "trace_duration_s": DURATION[quick], "seed": SEED})
     rows.sort(key=lambda r: (POLICIES.index(r["scheduling_policy"]), r["rate"], r["priority"]))
     fig, (ttft, norm) = new_figure(1, 2, size=(12, 4.6))
     for policy in POLICIES:
@@ -68,7 +68,7 @@ def draw_priority(runs, outdir, quick: bool):
         ax.set_xlabel("request rate (req/s)")
         ax.legend(loc="upper left", frameon=False, fontsize=8)
     fig.suptitle(f"Priority scheduling: two classes, FCFS vs priority ({SETUP}, ShareGPT, vLLM v1 scheduler)",
-                 fontsize=12)  # fmt: skip
+                 fontsize=12)
     top = max(RATES[quick])
     at = {(r["scheduling_policy"], r["priority"]): r["mean_ttft_s"] for r in rows if r["rate"] == top}
     caption(fig, "Class 0: %d%% of the requests, drawn with seed %d; class 1: the rest. Priority orders the queues by "
@@ -77,5 +77,5 @@ def draw_priority(runs, outdir, quick: bool):
                  "At %g req/s the mean time to first token of class 0 is %.2f s under priority against %.1f s under "
                  "FCFS; class 1's %.1f s against %.1f s. Numbers in the CSV."
                  % (100 * SHARE, SEED, DURATION[quick], top, at["priority", 0], at["fcfs", 0], at["priority", 1],
-                    at["fcfs", 1]))  # fmt: skip
+                    at["fcfs", 1]))
     return save(fig, rows, outdir, "priority")

@@ -51,7 +51,7 @@ class _TimelineRecorder:
         covered = np.bincount(where, weights=duration, minlength=self.num_bins)
         with np.errstate(invalid="ignore", divide="ignore"):
             means = {name: np.bincount(where, weights=steps[name] * duration, minlength=self.num_bins) / covered
-                     for name in (*SHARE_NAMES, "num_running", "num_waiting")}  # fmt: skip
+                     for name in (*SHARE_NAMES, "num_running", "num_waiting")}
         return {"time": (edges[:-1] + edges[1:]) / 2, **means}
 
 
@@ -93,7 +93,7 @@ class _SharingRecorder:
                 self._observe(step.starts[j] + step.durations[j], held, kv.num_blocks - step.counts[j][4] // bs)
         live = set(kv.seq_ids)
         held = sum(-(-kv.num_tokens(s) // bs) for r in sched.running_request_ids() for s in sched.seq_ids(r)
-                   if s in live)  # fmt: skip
+                   if s in live)
         self._observe(simulator.now, held, kv.num_blocks - kv.num_free_blocks)
 
     def finish(self, result) -> dict:
@@ -122,7 +122,7 @@ class _SnapshotRecorder:
         if self.map is None and simulator.now >= self.at_time:
             sched, kv = simulator.scheduler, simulator.kv
             self.map = slot_map(kv, owners=seq_owners(sched), waiting=head_blocked(sched),
-                                time=simulator.now, num_waiting=sched.num_waiting + sched.num_swapped)  # fmt: skip
+                                time=simulator.now, num_waiting=sched.num_waiting + sched.num_swapped)
 
     def finish(self, result) -> SlotMap | None:
         return self.map

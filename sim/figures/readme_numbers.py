@@ -73,7 +73,7 @@ PREFIX_SIZES = ("1", "16", "64")  # memory_managers' panel b: block/page sizes
 LONG_DECODE = 64 * 2048  # bench_attention_gpu: batch x context from which the decode kernel's bandwidth is quoted
 PAGING_FROM = 16  # bench_attention_gpu: paging's price quoted from this block size up
 SIM_BENCH_RUNS = (("paper-scale paged", "paged"), ("paper-scale max", "max"), ("paper-scale pow2", "pow2"),
-                  ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1"))  # fmt: skip
+                  ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1"))
 ENGINE_TARGET = 4.0  # x: the engine bench's target over HF generate (a goal of the project; the CSV has no target)
 HF_BATCHES = "HF transformers generate (static batches of {})"
 TP_MODELS = (("opt-66b", "OPT-66B, 4 GPUs"), ("opt-175b", "OPT-175B, 8 GPUs"))  # latency_vs_rate_tp's panels
@@ -98,14 +98,14 @@ class Files:
         path = self.folder / filename
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (the README's numbers are read from the committed "
-                                    f"files; `{COMMAND} --figures DIR` reads another folder)")  # fmt: skip
+                                    f"files; `{COMMAND} --figures DIR` reads another folder)")
         return path.read_text(encoding="utf-8")
 
     def _csv(self, name: str) -> tuple[list[dict], dict[str, str]]:
         if name not in self._read:
             lines = self.text(f"{name}.csv").splitlines(keepends=True)
             comments = dict(line[2:].rstrip("\r\n").split(": ", 1) for line in lines
-                            if line.startswith("# ") and ": " in line)  # fmt: skip
+                            if line.startswith("# ") and ": " in line)
             self._read[name] = list(csv.DictReader(line for line in lines if not line.startswith("#"))), comments
         return self._read[name]
 
@@ -177,7 +177,7 @@ def install(f: Files) -> tuple[Table, ...]:
                f"Python {first['python']}:")
     return (_table(caption, ("install", "venv", "time", "torch in it"),
                    *((name, name, f"{int(r['venv_mib']):,} MiB", f"{int(r['seconds']):,} s",
-                      "yes" if r["has_torch"] == "True" else "no") for name, r in rows.items())),)  # fmt: skip
+                      "yes" if r["has_torch"] == "True" else "no") for name, r in rows.items())),)
 
 
 # --- the figures -------------------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def memory_waste(f: Files) -> tuple[Table, ...]:
     return (_table("Token states among the memory in use (`figures/memory_waste.csv`):", ("system", "token states"),
                    ("reserving", f"contiguous reservation ({', '.join(LABELS[p] for p in reserving)})",
                     f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"),
-                   *((p, LABELS[p], f"{float(used[p]['token_states']):.0%}") for p in paging)),)  # fmt: skip
+                   *((p, LABELS[p], f"{float(used[p]['token_states']):.0%}") for p in paging)),)
 
 
 def memory_map(f: Files) -> tuple[Table, ...]:
@@ -197,9 +197,9 @@ def memory_map(f: Files) -> tuple[Table, ...]:
     for policy in ("max", "paged"):
         r = f.one("memory_map", policy=policy)
         rows.append((policy, LABELS[policy], r["num_requests_in_memory"], r["num_waiting"],
-                     f"{int(r['free']) / int(r['num_slots']):.0%}"))  # fmt: skip
+                     f"{int(r['free']) / int(r['num_slots']):.0%}"))
     return (_table("The pool at the figure's moment (`figures/memory_map.csv`):",
-                   ("policy", "requests in memory", "waiting", "slots free"), *rows),)  # fmt: skip
+                   ("policy", "requests in memory", "waiting", "slots free"), *rows),)
 
 
 def _sustained(r: dict) -> str:
@@ -219,7 +219,7 @@ def figure_rows(f: Files) -> tuple[Table, ...]:
     w = SAMPLING_WIDTH
     for kind, words in (("n", f"parallel sampling, n = {w}"), ("beam_width", f"beam search, width {w}")):
         rate = {s: _sustained(f.rows("sampling_latency", kind=kind, width=w, system=s)[0])
-                for s in ("paged", "oracle")}  # fmt: skip
+                for s in ("paged", "oracle")}
         add(f"sampling_latency.{kind}", "11. sampling_latency", f"{words}: sustained rate (req/s)",
             f"paged {rate['paged']}, Oracle {rate['oracle']}")
     chat = {s: f.rows("chatbot", system=s)[0]["sustained_rate"] for s in ("paged", "max", "pow2", "oracle")}
@@ -244,14 +244,14 @@ def figure_rows(f: Files) -> tuple[Table, ...]:
     add("hybrid_memory.throughput", "14. hybrid_memory", f"{k}: throughput, hybrid over every layer full attention",
         f"{float(hyb['throughput_req_per_s']) / float(full['throughput_req_per_s']):.1f}x")
     managers = {r["policy"]: r for r in f.rows("memory_managers", panel="a")
-                if r["policy"] != "vattention" or r["block_size_tokens"] == MANAGERS_VATTENTION_PAGE}  # fmt: skip
+                if r["policy"] != "vattention" or r["block_size_tokens"] == MANAGERS_VATTENTION_PAGE}
     add("memory_managers.token_states", "15. memory_managers", "token states, share of the pool",
         ", ".join(f"{float(managers[p]['token_states']):.0%} ({name})" for p, name in MANAGERS))
     add("memory_managers.batch", "15. memory_managers", "mean batched requests",
         ", ".join(f"{float(managers[p]['mean_batch_size']):.1f} ({name})" for p, name in MANAGERS))
     for policy, name in (("paged", "hashed blocks"), ("radix", "radix tree")):
         hits = {r["block_size_tokens"]: float(r["prefix_hit_rate_tokens"])
-                for r in f.rows("memory_managers", panel="b", policy=policy)}  # fmt: skip
+                for r in f.rows("memory_managers", panel="b", policy=policy)}
         add(f"memory_managers.hits.{policy}", "15. memory_managers", f"conversations, {name}: prompt tokens found in "
             "the prefix cache, by block/page size", ", ".join(f"{hits[b]:.1%} ({b})" for b in PREFIX_SIZES))
     for model, label in TP_MODELS:
@@ -299,15 +299,15 @@ def priority(f: Files) -> tuple[Table, ...]:
     top = max(float(r["rate"]) for r in f.rows("priority"))
     rows = []
     for r in sorted((r for r in f.rows("priority") if float(r["rate"]) == top),
-                    key=lambda r: (r["priority"], r["scheduling_policy"])):  # fmt: skip
+                    key=lambda r: (r["priority"], r["scheduling_policy"])):
         rows.append((f"{r['priority']}.{r['scheduling_policy']}",
                      f"class {r['priority']} ({float(r['priority_share']):.0%} of the requests)" if r["priority"] == "0"
                      else f"class {r['priority']} (the rest)", r["scheduling_policy"],
                      f"{float(r['mean_ttft_s']):.2f} s", f"{float(r['p99_ttft_s']):.1f} s",
-                     f"{float(r['normalized_latency_s_per_token']):.3f} s"))  # fmt: skip
+                     f"{float(r['normalized_latency_s_per_token']):.3f} s"))
     return (_table(f"At {top:g} req/s (`figures/priority.csv`):",
                    ("class", "policy", "mean time to first token", "p99 time to first token",
-                    "normalized latency (s/token)"), *rows),)  # fmt: skip
+                    "normalized latency (s/token)"), *rows),)
 
 
 def cpu_offload(f: Files) -> tuple[Table, ...]:
@@ -318,12 +318,12 @@ def cpu_offload(f: Files) -> tuple[Table, ...]:
         rows.append((f"{r['rate']}.{r['cpu_offload_gib']}", f"{float(r['rate']):g}",
                      "none" if tier == 0 else f"{tier:g} GiB", f"{float(r['gpu_hit_rate_tokens']):.1%}",
                      f"{float(r['cpu_hit_rate_tokens']):.1%}", f"{float(r['mean_ttft_s']):.2f} s",
-                     f"{float(r['p99_ttft_s']):.1f} s", f"{float(r['reload_time_s']):.1f} s"))  # fmt: skip
+                     f"{float(r['p99_ttft_s']):.1f} s", f"{float(r['reload_time_s']):.1f} s"))
     duration = float(f.rows("cpu_offload")[0]["trace_duration_s"])
     return (_table(f"From `figures/cpu_offload.csv` (OPT-13B on one A100-40GB, conversations, {duration:g} s of first "
                    "arrivals, prefix caching on in every run):",
                    ("new conversations/s", "CPU tier per GPU", "prompt tokens hit on the GPU", "hit in the CPU tier",
-                    "mean time to first token", "p99 time to first token", "reloads over PCIe"), *rows),)  # fmt: skip
+                    "mean time to first token", "p99 time to first token", "reloads over PCIe"), *rows),)
 
 
 def offload_engine(f: Files) -> tuple[Table, ...]:
@@ -332,14 +332,14 @@ def offload_engine(f: Files) -> tuple[Table, ...]:
     for r in f.rows("offload_engine"):
         rows.append((r["system"], r["system"], f"{float(r['gpu_hit_share']):.1%}", f"{float(r['cpu_hit_share']):.1%}",
                      r["reloaded_blocks"], f"{1e3 * float(r['mean_ttft_later_turns_s']):.0f} ms",
-                     f"{1e3 * float(r['p90_ttft_later_turns_s']):.0f} ms"))  # fmt: skip
+                     f"{1e3 * float(r['p90_ttft_later_turns_s']):.0f} ms"))
     first = f.rows("offload_engine")[0]
     same = f.one("offload_engine", system="gpu + cpu tier")["identical"] == "True"
     return (_table(f"From `figures/offload_engine.csv` (SmolLM2 on the engine, {first['sessions']} sessions x "
                    f"{first['turns']} turns served one at a time, a pool of {first['gpu_blocks']} blocks; greedy tokens "
                    f"{'identical' if same else 'DIFFERENT'} with and without the tier):",
                    ("engine", "prompt tokens hit on the GPU", "hit in the CPU tier", "blocks reloaded",
-                    "mean time to first token, turns 2+", "p90"), *rows),)  # fmt: skip
+                    "mean time to first token, turns 2+", "p90"), *rows),)
 
 
 SERVE_BENCH_QUIET = 0.5  # load average before the run above which serve_bench's caption says the machine was busy
@@ -362,7 +362,7 @@ def serve_bench(f: Files) -> tuple[Table, ...]:
                f"`{comments['server'].split(' (')[0]}` at one engine thread and the clients on one machine, {cpu}, "
                f"{cores}; {busy}):")
     return (_table(caption, ("client", "rate (req/s)", "requests (errors)", "completed req/s", "output tokens/s",
-                             "TTFT p50 / p99", "inter-token p50 / p99"), *rows),)  # fmt: skip
+                             "TTFT p50 / p99", "inter-token p50 / p99"), *rows),)
 
 
 def speculative(f: Files) -> tuple[Table, ...]:
@@ -381,13 +381,13 @@ def speculative(f: Files) -> tuple[Table, ...]:
                      *(f"{float(by_rate[rate]['normalized_latency_s_per_token']):.3f} s" for rate in rates),
                      f"{float(last['mean_batch_size']):.1f}",
                      f"{float(last['draft_acceptance']):.0%}" if k else "-",
-                     f"{100 * float(last['lookahead_share']):.2f}%"))  # fmt: skip
+                     f"{100 * float(last['lookahead_share']):.2f}%"))
     duration = float(all_rows[0]["trace_duration_s"])
     return (_table(f"From `figures/speculative.csv` (OPT-13B on one A100-40GB, ShareGPT, {duration:g} s traces, vLLM v1 "
                    "scheduler; a draft costs nothing):",
                    ("draft tokens k", "acceptance rate", *(f"normalized latency at {rate:g} req/s" for rate in rates),
                     f"mean batch at {top:g} req/s", "drafts accepted", f"pool held by drafts at {top:g} req/s"),
-                   *rows),)  # fmt: skip
+                   *rows),)
 
 
 def spec_engine(f: Files) -> tuple[Table, ...]:
@@ -403,7 +403,7 @@ def spec_engine(f: Files) -> tuple[Table, ...]:
     return (_table(f"From `figures/speculative_engine.csv` (`python -m reference spec-bench`; SmolLM2-135M-Instruct, "
                    f"8 repeat/edit prompts as one batch, greedy; {machine}):",
                    ("system", "tokens", "steps", "tokens/s (best round)", "drafts accepted", "speed-up",
-                    "tokens identical"), *rows),)  # fmt: skip
+                    "tokens identical"), *rows),)
 
 
 # --- the reference engine's benchmarks ---------------------------------------------------------------------------
@@ -418,12 +418,12 @@ def disagg(f: Files) -> tuple[Table, ...]:
             r = next(r for r in rows if r["gpu"] == gpu and r["system"] == system and float(r["rate"]) == at)
             table.append((f"{gpu}.{system}", gpu, system, goodput_per_gpu(rows, gpu, system),
                           f"{float(r['slo_attainment']):.1%}", f"{float(r['p90_ttft_s']) * 1e3:.0f} ms",
-                          f"{float(r['p90_itl_mean_s']) * 1e3:.0f} ms", f"{at:g}"))  # fmt: skip
+                          f"{float(r['p90_itl_mean_s']) * 1e3:.0f} ms", f"{at:g}"))
     return (_table("From `figures/disagg_goodput.csv` (OPT-13B, ShareGPT; SLOs: time to first token 0.25 s, mean time "
                    "between tokens 0.1 s; goodput per GPU: the highest swept rate of the 4-GPU cluster with at least "
                    "90% of requests meeting both, divided by 4; the latencies at the rate of the colocated cluster's "
                    "goodput):", ("GPU", "system", "goodput per GPU (req/s)", "both SLOs met", "p90 time to first token",
-                                 "p90 time between tokens", "at req/s"), *table),)  # fmt: skip
+                                 "p90 time between tokens", "at req/s"), *table),)
 
 
 def bench_hybrid(f: Files) -> tuple[Table, ...]:
@@ -437,7 +437,7 @@ def bench_hybrid(f: Files) -> tuple[Table, ...]:
 
     def seconds(r: dict, prefill: bool) -> float:  # steps that compute prompt tokens, or only decodes
         return sum(float(s["step_time_s"]) for s in steps
-                   if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill)  # fmt: skip
+                   if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill)
 
     def each(key: str, label: str, cell: Callable[[dict], str]) -> tuple[str, ...]:
         return (key, label, *(cell(r) for r in summary))
@@ -448,7 +448,7 @@ def bench_hybrid(f: Files) -> tuple[Table, ...]:
                f"{float(last['num_requests']):.0f} requests arriving at once (prompts of {int(low):,}-{int(high):,} "
                f"random token ids, {float(last['output_tokens']) / float(last['num_requests']):.0f} greedy output "
                f"tokens each; {prompt_tokens:,} prompt tokens) in the same {float(first['kv_budget_mib']):.1f} MiB of "
-               "K/V:")  # fmt: skip
+               "K/V:")
     ints = lambda column: lambda r: f"{float(r[column]):.0f}"  # noqa: E731
     tenths = lambda column: lambda r: f"{float(r[column]):.1f}"  # noqa: E731
     return (_table(caption, ("", *(f"`{r['policy']}`" for r in summary)),
@@ -486,7 +486,7 @@ def kv_dtype(f: Files) -> tuple[Table, ...]:
                    row("batch", f"mean batched requests at {top:g} req/s", "mean_batch_size", top,
                        lambda v: f"{v:.1f}"),
                    row("throughput", f"throughput at {top:g} req/s offered (req/s)", "throughput_req_per_s", top,
-                       lambda v: f"{v:.2f}")),)  # fmt: skip
+                       lambda v: f"{v:.2f}")),)
 
 
 def kv_accuracy(f: Files) -> tuple[Table, ...]:
@@ -498,14 +498,14 @@ def kv_accuracy(f: Files) -> tuple[Table, ...]:
                      f"{float(r['mean_kl']):.1e}", f"{float(r['max_abs_logit_error']):.2f}",
                      f"{float(r['argmax_agreement']):.1%}",
                      f"{int(r['blocks_per_gib_float32']):,} -> {int(r['blocks_per_gib_int8']):,} "
-                     f"({int(r['blocks_per_gib_int8']) / int(r['blocks_per_gib_float32']):.2f}x)"))  # fmt: skip
+                     f"({int(r['blocks_per_gib_int8']) / int(r['blocks_per_gib_float32']):.2f}x)"))
     backend = f.comments("kv_accuracy")["backend"]
     return (_table(f"`{f.comments('kv_accuracy')['command']}` (`figures/kv_accuracy.csv`; make peer's greedy prompts, "
                    f"{f.rows('kv_accuracy', prompt='0')[0]['new_tokens']} tokens each, ignore EOS; backend "
                    f"{backend}):",
                    ("model", "greedy tokens identical", "first difference at token", "mean KL (nats/token)",
                     "largest logit error", "same argmax (teacher-forced)", "blocks of 16 per GiB, float32 -> int8"),
-                   *rows),)  # fmt: skip
+                   *rows),)
 
 
 def _peer(f: Files) -> dict[tuple[str, str, str], dict]:
@@ -539,7 +539,7 @@ def peer_checks(f: Files) -> tuple[Table, ...]:
                     ("cold_start", "cold start, 1 thread: this engine, vLLM",
                      f"{cold['engine']:.1f} s against {cold['vllm']:.1f} s"),
                     ("block_pool", "block pool: sim.BlockAllocator against vLLM's BlockPool",
-                     f"{pool['value']} of {pool['rounds']} {pool['unit']}")),)  # fmt: skip
+                     f"{pool['value']} of {pool['rounds']} {pool['unit']}")),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,13 +557,13 @@ class GPUNumbers:
 def gpu_numbers(f: Files) -> GPUNumbers:
     kernels = f.rows("bench_attention_gpu")
     long = [float(r["fraction_of_copy"]) for r in kernels
-            if r["experiment"] == "decode" and int(r["batch"]) * int(r["context"]) >= LONG_DECODE]  # fmt: skip
+            if r["experiment"] == "decode" and int(r["batch"]) * int(r["context"]) >= LONG_DECODE]
     times: dict[int, dict[str, float]] = {}
     for r in kernels:
         if r["experiment"] == "paging":
             times.setdefault(int(r["block_size"]), {})[r["block_table"]] = float(r["time_us"])
     paging = {bs: t["shuffled"] / t["identity"] for bs, t in times.items()
-              if bs >= PAGING_FROM and "shuffled" in t and "identity" in t}  # fmt: skip
+              if bs >= PAGING_FROM and "shuffled" in t and "identity" in t}
     engine = f.rows("bench_engine_gpu")
     equal = {r["dtype"]: r["note"].split(" sequences")[0] for r in engine if r["section"] == "greedy_equality"}
     tps = {r["system"]: r for r in engine if r["section"] == "throughput"}
@@ -576,7 +576,7 @@ def gpu_numbers(f: Files) -> GPUNumbers:
         tokens_per_s={"engine": float(ours["tokens_per_s"]),
                       "HF 16": float(tps[HF_BATCHES.format(16)]["tokens_per_s"]),
                       "HF all": float(tps[HF_BATCHES.format(everyone)]["tokens_per_s"])},
-        num_requests=everyone, dtype=ours["dtype"])  # fmt: skip
+        num_requests=everyone, dtype=ours["dtype"])
 
 
 def _decode_words() -> str:
@@ -602,26 +602,26 @@ def gpu(f: Files) -> tuple[Table, ...]:
                     f"{tps['HF 16']:,.0f} ({tps['engine'] / tps['HF 16']:.1f}x)", "`figures/bench_engine_gpu.csv`"),
                    ("hf_all", f"HF `generate` in one padded batch of all {n} (the engine's speed-up)",
                     f"{tps['HF all']:,.0f} ({tps['engine'] / tps['HF all']:.2f}x)",
-                    "`figures/bench_engine_gpu.csv`")),)  # fmt: skip
+                    "`figures/bench_engine_gpu.csv`")),)
 
 
 def benchmarks(f: Files) -> tuple[Table, ...]:
     """The table of `make bench`: what each command measures and what it measured."""
     # rows of the .py files (a CSV from before the `build` column has only those), and of the compiled build if timed
     sim = {r["run"]: r for r in f.rows("bench_sim")
-           if r["run"] != "heapq" and r.get("build") in (None, "", "interpreted")}  # fmt: skip
+           if r["run"] != "heapq" and r.get("build") in (None, "", "interpreted")}
     wall = {run: float(r["wall_time_s"]) for run, r in sim.items()}
     fast = {r["run"]: float(r["wall_time_s"]) for r in f.rows("bench_sim") if r.get("build") == "compiled"}
     compiled_rows = [("sim_compiled", "", "the same runs compiled (`make fast`, then `LAB_FAST=1`; docs/benchmarks.md, "
                       "\"An optional compiled build\"), timed side by side with the rows above in one run", "; ".join(
                           f"{label} {fast[run]:.2f} s ({wall[run] / fast[run]:.2f}x)" for run, label in (
                               ("paper-scale paged", "paper-scale paged"), ("100k paged v0", "100k v0"),
-                              ("1M paged v0", "1M")) if run in fast))] if fast else []  # fmt: skip
+                              ("1M paged v0", "1M")) if run in fast))] if fast else []
     paper, big, huge = sim["paper-scale paged"], sim["100k paged v0"], sim["1M paged v0"]
     target = lambda r: f"{float(r['target_wall_s']):g}"  # noqa: E731
     paper_scale = "; ".join([f"paged {wall['paper-scale paged']:.2f} s (target < {target(paper)} s)",
                              ", ".join(f"{label} {wall[run]:.2f} s" for run, label in SIM_BENCH_RUNS[1:4]),
-                             f"{SIM_BENCH_RUNS[4][1]} {wall[SIM_BENCH_RUNS[4][0]]:.2f} s"])  # fmt: skip
+                             f"{SIM_BENCH_RUNS[4][1]} {wall[SIM_BENCH_RUNS[4][0]]:.2f} s"])
     alloc = {(r["benchmark"], r["policy"], r["allocator"]): float(r["ops_per_s"]) / 1e6 for r in f.rows("bench_alloc")}
     contiguous = [v for (b, p, _), v in alloc.items() if b == "kv_cycle" and p != "paged"]
     engine = {r["system"].split(" ")[0]: r for r in f.rows("bench_engine_cpu", section="throughput")}
@@ -632,7 +632,7 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
     blocks, block_size = re.search(r"(\d+) blocks x (\d+) tokens", next(iter(concurrency.values()))["note"]).groups()
     held = ", ".join(f"{s} {r['max_concurrent_requests']}"
                      + (" (the whole workload)" if r["max_concurrent_requests"] == r["num_requests"] else "")
-                     for s, r in concurrency.items())  # fmt: skip
+                     for s, r in concurrency.items())
     g = gpu_numbers(f)
     tps, n = g.tokens_per_s, g.num_requests
     caption = ("From `figures/bench_sim.csv`, `figures/bench_alloc.csv`, `figures/bench_engine_cpu.csv`, "
@@ -666,7 +666,7 @@ def benchmarks(f: Files) -> tuple[Table, ...]:
                    ("gpu", "`python -m reference bench-gpu`", "GPU only: the engine vs HF `generate` on SmolLM2's "
                     f"shape, {n} requests, {g.dtype} (H100, above)", f"{tps['engine']:,.0f} vs {tps['HF 16']:,.0f} "
                     f"output tokens/s ({tps['engine'] / tps['HF 16']:.1f}x); HF in one batch of {n}: "
-                    f"{tps['HF all']:,.0f}")),)  # fmt: skip
+                    f"{tps['HF all']:,.0f}")),)
 
 
 def engine_profile(f: Files) -> tuple[Table, ...]:
@@ -680,14 +680,14 @@ def engine_profile(f: Files) -> tuple[Table, ...]:
         rows.append((label, label, f"{wall / 1e3:.1f} s", f"{share('gemm_ms')} ({float(total['gemm_gflops']):.0f} "
                      f"GFLOPS)", share("attention_ms"), share("other_ms"), share("outside_ms"),
                      f"{float(decode['weights_gbps']):.1f} / {float(decode['decode_kv_gbps']):.1f}",
-                     f"{float(by['bound']['value']):.2f}x", f"{float(by['needed_cut']['value']):.0%}"))  # fmt: skip
+                     f"{float(by['bound']['value']):.2f}x", f"{float(by['needed_cut']['value']):.0%}"))
     peak = float(f.one("engine_profile_cpu", section="gemm_peak")["value"])
     bandwidth = float(f.one("engine_profile_cpu", section="read_bandwidth")["value"])
     caption = (f"From `figures/engine_profile_cpu.csv` and `figures/engine_profile_cpu_long.csv` (this core: float32 "
                f"GEMM peak {peak:.0f} GFLOPS, memory read {bandwidth:.1f} GB/s):")
     return (_table(caption, ("workload", "wall", "GEMMs", "attention", "rest of the forward", "outside the forward",
                              "decode steps: weights / K/V read (GB/s)", "bound (wall / GEMMs)",
-                             "a 1.25x speed-up must remove"), *rows),)  # fmt: skip
+                             "a 1.25x speed-up must remove"), *rows),)
 
 
 # --- the grader on a busy machine ---------------------------------------------------------------------------------
@@ -704,12 +704,12 @@ def grader_load(f: Files) -> tuple[Table, ...]:
         table.append((str(hogs), "nothing" if hogs == 0 else f"{hogs} busy processes",
                       f"{full} of {len(graded)}", f"{sum(float(r['seconds']) for r in graded):,.0f} s",
                       f"{slowest['lab']}, {float(slowest['seconds']):.0f} s",
-                      f"{min(slowness):.1f}x to {max(slowness):.1f}x"))  # fmt: skip
+                      f"{min(slowness):.1f}x to {max(slowness):.1f}x"))
     caption = (f"From `figures/grader_load.csv` (`python tools/grade_under_load.py`; {machine}; each solution "
                f"graded in a fresh process with the default limits, the capstone with the engine's compiled kernels "
-               f"cleared first):")  # fmt: skip
+               f"cleared first):")
     return (_table(caption, ("beside the grader", "solutions at full marks", "all graded in", "the slowest",
-                             "slowness measured"), *table),)  # fmt: skip
+                             "slowness measured"), *table),)
 
 
 BLOCKS: dict[str, Callable[[Files], tuple[Table, ...]]] = {
@@ -860,7 +860,7 @@ def _write(paths: list[Path], names, blocks: dict[str, str]) -> tuple[list[Path]
     if problem:
         raise ValueError(problem)
     new = {path: replace_blocks(text, {n: blocks[n] for n in names if found[n] == [path]}, _shown(path))
-           for path, text in texts.items()}  # fmt: skip
+           for path, text in texts.items()}
     changed = [path for path in paths if new[path] != texts[path]]
     with atomic_files() as out:
         for path in changed:
@@ -899,7 +899,7 @@ def readme_command(readme: str | Path | None, write: bool, check: bool, names,
         stale = [name for name in names if current_block(texts[found[name][0]], name) != blocks[name]]
         if stale:
             print(f"{label}: its blocks {', '.join(stale)} are not what the files give (run: {command} --write)",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
             return 1
         print(f"{label}: {done}")
     else:

@@ -63,7 +63,7 @@ def draw_sampling(runs, outdir, quick: bool):
         for ax, width in zip(row_axes, WIDTHS):
             for system in SYSTEMS:
                 mine = sorted(((t, r) for t, r in runs if t.params.get(kind) == width and t.params["policy"] == system),
-                              key=lambda tr: tr[0].params["rate"])  # fmt: skip
+                              key=lambda tr: tr[0].params["rate"])
                 rates = [t.params["rate"] for t, _ in mine]
                 latency = [r.summary["normalized_latency_s_per_token"] for _, r in mine]
                 sustained = knee(rates, latency)
@@ -93,5 +93,5 @@ def draw_sampling(runs, outdir, quick: bool):
                  "reserve every sequence of a request separately; the paged cache stores a shared prompt once and "
                  "beams' common history once (copy-on-write). Orca (Pow2) is not drawn: some requests here need n "
                  "reservations that its buddy allocator rounds past the pool, and the simulator refuses them."
-                 % DURATION[quick])  # fmt: skip
+                 % DURATION[quick])
     return save(fig, rows, outdir, "sampling_latency")

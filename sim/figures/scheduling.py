@@ -21,7 +21,7 @@ SYSTEMS = {  # name -> run() keywords
     "v1-2048": {"scheduler": "v1", "max_num_batched_tokens": 2048},
 }
 LABELS = {"v0": "paper's scheduler (v0): prefill-only steps", "v1-512": "vLLM v1, chunked prefill, 512-token budget",
-          "v1-2048": "vLLM v1, chunked prefill, 2048-token budget"}  # fmt: skip
+          "v1-2048": "vLLM v1, chunked prefill, 2048-token budget"}
 COLORS = {"v0": "#d62728", "v1-512": "#1f77b4", "v1-2048": "#17becf"}
 RATES = {False: (0.25, 0.5, 0.75, 1.0, 1.25, 1.5), True: (0.5, 1.5)}  # req/s, up to the knee of 30-minute traces
 BUDGET_RATE = 1.0  # req/s of the budget sweep
@@ -37,7 +37,7 @@ def _base(quick: bool) -> dict:
 def chunked_tasks(quick: bool) -> list[Task]:
     tasks = [Task.of(**_base(quick), rate=r, **kw) for kw in SYSTEMS.values() for r in RATES[quick]]
     tasks += [Task.of(**_base(quick), rate=BUDGET_RATE, scheduler="v1", max_num_batched_tokens=b)
-              for b in BUDGETS[quick]]  # fmt: skip
+              for b in BUDGETS[quick]]
     return tasks + [Task.of(**_base(quick), rate=BUDGET_RATE, **SYSTEMS["v0"])]
 
 
@@ -60,14 +60,14 @@ def draw_chunked(runs, outdir, quick: bool):
                      "mean_itl_mean_s": s["mean_itl_mean_s"], "p50_ttft_s": s["p50_ttft_s"],
                      "p99_ttft_s": s["p99_ttft_s"], "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
                      "num_requests": s["num_requests"], "num_finished": s["num_finished"],
-                     "num_preemptions": s["num_preemptions"], "trace_duration_s": DURATION[quick], "seed": SEED})  # fmt: skip
+                     "num_preemptions": s["num_preemptions"], "trace_duration_s": DURATION[quick], "seed": SEED})
     for name in SYSTEMS:
         mine = sorted((r for r in rows if r["system"] == name and r["rate"] in RATES[quick]), key=lambda r: r["rate"])
         rates = [r["rate"] for r in mine]
         stall.plot(rates, [1e3 * r["p99_itl_max_s"] for r in mine], marker="o", color=COLORS[name], label=LABELS[name])
         ttft.plot(rates, [1e3 * r["p99_ttft_s"] for r in mine], marker="o", color=COLORS[name], label=f"{name} p99")
         ttft.plot(rates, [1e3 * r["p50_ttft_s"] for r in mine], marker=".", ls="--", color=COLORS[name],
-                  label=f"{name} p50")  # fmt: skip
+                  label=f"{name} p50")
     stall.set_xlabel("request rate (req/s)")
     stall.set_ylabel("p99 of each request's largest gap (ms)")
     stall.set_ylim(0, None)
@@ -79,10 +79,10 @@ def draw_chunked(runs, outdir, quick: bool):
     ttft.set_title("What chunking costs the first token")
     ttft.legend(loc="upper left", frameon=False, fontsize=8, ncol=2)
     budget = sorted((r for r in rows if r["rate"] == BUDGET_RATE and r["scheduler"] == "v1"),
-                    key=lambda r: r["max_num_batched_tokens"])  # fmt: skip
+                    key=lambda r: r["max_num_batched_tokens"])
     xs = [r["max_num_batched_tokens"] for r in budget]
     knob.plot(xs, [1e3 * r["p99_itl_max_s"] for r in budget], marker="o", color="#1f77b4",
-              label="p99 largest gap (v1)")  # fmt: skip
+              label="p99 largest gap (v1)")
     knob.plot(xs, [1e3 * r["p99_ttft_s"] for r in budget], marker="s", color="#2ca02c", label="p99 TTFT (v1)")
     v0 = next(r for r in rows if r["system"] == "v0" and r["rate"] == BUDGET_RATE)
     knob.axhline(1e3 * v0["p99_itl_max_s"], color=COLORS["v0"], ls=":", label="p99 largest gap, v0")
@@ -98,5 +98,5 @@ def draw_chunked(runs, outdir, quick: bool):
                  "requests shows the stalls. v0 computes every admitted prompt whole in a step of its own, so the "
                  "decodes wait for it; v1 decodes first and gives prompts what is left of the token budget, in "
                  "chunks. Same %g s traces for every system at each rate (seed %d), up to the knee (~1.5 req/s "
-                 "for such traces): past it, queues and preemptions dominate. Numbers in the CSV." % (DURATION[quick], SEED))  # fmt: skip
+                 "for such traces): past it, queues and preemptions dominate. Numbers in the CSV." % (DURATION[quick], SEED))
     return save(fig, rows, outdir, "chunked_prefill")

@@ -58,11 +58,11 @@ def draw_sharing(runs, outdir, quick: bool):
                          "block_seconds_unshared": result.probes["sharing"]["block_seconds_unshared"],
                          "rate": SHARING_RATE, "trace_duration_s": SHARING_DURATION[quick],
                          "mean_batch_size": s["mean_batch_size"], "num_preemptions": s["num_preemptions"],
-                         "normalized_latency_s_per_token": s["normalized_latency_s_per_token"]})  # fmt: skip
+                         "normalized_latency_s_per_token": s["normalized_latency_s_per_token"]})
     axes[0].set_ylabel("memory saving")
     axes[0].set_ylim(0, 0.8)
     fig.suptitle("Memory saved by sharing KV blocks, the paper's Fig. 15 (OPT-13B, 1x A100-40GB, Alpaca, paged, "
-                 "block size 16)", fontsize=11)  # fmt: skip
+                 "block size 16)", fontsize=11)
     caption(fig, f"Saving = 1 - (distinct blocks in use) / (sum over running sequences of their block-table lengths), "
                  f"time-weighted over the run; Alpaca-shaped requests at {SHARING_RATE:g} req/s, a "
                  f"{SHARING_DURATION[quick]:g} s trace. Shaded: the paper's range over widths 2-6.", width=130)
@@ -83,7 +83,7 @@ PREFIX_RATES = {
                "paged+prefix": (4.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0, 64.0, 72.0)},
     "5-shot": {"oracle": (2.0, 4.0, 8.0, 12.0, 16.0), "paged": (2.0, 4.0, 8.0, 12.0, 16.0, 20.0),
                "paged+prefix": (2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0, 64.0)},
-}  # fmt: skip
+}
 QUICK_PREFIX_RATES = (4.0, 16.0)
 PREFIX_DURATION = {False: 45.0, True: 6.0}
 
@@ -92,7 +92,7 @@ def prefix_tasks(quick: bool) -> list[Task]:
     return [Task.of(model="llama-13b", scheduler="v0", workload="alpaca", rate=rate, duration=PREFIX_DURATION[quick],
                     prefix_len=prefix, **kwargs)
             for shot, prefix in PREFIXES.items() for system, (kwargs, _) in PREFIX_SYSTEMS.items()
-            for rate in (QUICK_PREFIX_RATES if quick else PREFIX_RATES[shot][system])]  # fmt: skip
+            for rate in (QUICK_PREFIX_RATES if quick else PREFIX_RATES[shot][system])]
 
 
 def _prefix_system(task: Task) -> str:
@@ -109,13 +109,13 @@ def draw_prefix(runs, outdir, quick: bool):
             rates = [t.params["rate"] for t, _ in mine]
             latency = [r.summary["normalized_latency_s_per_token"] for _, r in mine]
             ax.plot(rates, [np.nan if v is None else v for v in latency], marker="o", markersize=5,
-                    color=PREFIX_COLORS[system], label=label)  # fmt: skip
+                    color=PREFIX_COLORS[system], label=label)
             for (task, result), value in zip(mine, latency):
                 s = result.summary
                 rows.append({"prefix": shot, "prefix_len": prefix, "system": system, "rate": task.params["rate"],
                              "normalized_latency_s_per_token": value, "throughput_req_per_s": s["throughput_req_per_s"],
                              "mean_batch_size": s["mean_batch_size"], "num_preemptions": s["num_preemptions"],
-                             "trace_duration_s": PREFIX_DURATION[quick]})  # fmt: skip
+                             "trace_duration_s": PREFIX_DURATION[quick]})
         ax.set_ylim(0, 1.0)
         ax.set_xlim(0, None)
         ax.set_xlabel("request rate (req/s)")
@@ -125,5 +125,5 @@ def draw_prefix(runs, outdir, quick: bool):
     fig.suptitle("Shared few-shot prefix, the paper's Fig. 16 (LLaMA-13B, 1x A100-40GB, block size 16)", fontsize=12)
     caption(fig, f"Requests: the prefix + Alpaca-shaped own prompt and output (standing in for WMT16 En-De "
                  f"sentences), Poisson arrivals, {PREFIX_DURATION[quick]:g} s traces (the paper: 1 hour). The paper "
-                 "reports vLLM at 1.67x (1-shot) and 3.58x (5-shot) Orca (Oracle)'s throughput.")  # fmt: skip
+                 "reports vLLM at 1.67x (1-shot) and 3.58x (5-shot) Orca (Oracle)'s throughput.")
     return save(fig, rows, outdir, "shared_prefix")

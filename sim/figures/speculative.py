@@ -39,7 +39,7 @@ def speculative_tasks(quick: bool) -> list[Task]:
     base = {"policy": "paged", "workload": "sharegpt", "scheduler": "v1", "duration": DURATION[quick], "seed": SEED}
     tasks = [Task.of(**base, rate=r) for r in RATES[quick]]  # k = 0: plain decoding (no acceptance rate)
     tasks += [Task.of(**base, rate=r, num_speculative_tokens=k, acceptance_rate=a)
-              for k in _ks(quick) if k for a in ALPHAS[quick] for r in RATES[quick]]  # fmt: skip
+              for k in _ks(quick) if k for a in ALPHAS[quick] for r in RATES[quick]]
     return tasks
 
 
@@ -54,7 +54,7 @@ def _row(task: Task, s: dict, quick: bool) -> dict:
             "mean_lookahead_slots": s["mean_lookahead_slots"] if k else 0.0,
             "lookahead_share": s["lookahead_share"] if k else 0.0, "token_states_share": s["memory"]["token_states"],
             "num_kv_slots": s["num_kv_slots"], "num_requests": s["num_requests"], "num_finished": s["num_finished"],
-            "trace_duration_s": DURATION[quick], "seed": SEED}  # fmt: skip
+            "trace_duration_s": DURATION[quick], "seed": SEED}
 
 
 def draw_speculative(runs, outdir, quick: bool):
@@ -90,5 +90,5 @@ def draw_speculative(runs, outdir, quick: bool):
                  "(alpha %g); the drafts hold %.2f%% of the pool on average. Numbers in the CSV."
                  % (DURATION[quick], top, at[0]["normalized_latency_s_per_token"],
                     at[big]["normalized_latency_s_per_token"], big, alpha,
-                    100 * at[big]["lookahead_share"]))  # fmt: skip
+                    100 * at[big]["lookahead_share"]))
     return save(fig, rows, outdir, "speculative")

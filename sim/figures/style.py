@@ -49,7 +49,7 @@ def apply_style() -> None:
         "figure.dpi": DPI, "savefig.dpi": DPI, "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10,
         "legend.fontsize": 9, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
         "grid.alpha": 0.3, "hatch.linewidth": 0.6,
-    })  # fmt: skip
+    })
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, size: tuple[float, float] = (11, 4.5), **kwargs):

@@ -30,13 +30,13 @@ RATES = {  # (model, workload) -> {quick: rates (req/s)}
                              True: (0.5, 2.5, 4.5)},
     ("opt-175b", "alpaca"): {False: (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0),
                             True: (5.0, 20.0, 50.0)},
-}  # fmt: skip
+}
 RATE_CAP = {  # the highest rate each system runs at (full mode): a little past its knee
     ("opt-66b", "sharegpt"): {"static": 0.5, "max": 0.75, "pow2": 0.75, "oracle": 1.25, "paged": 2.0},
     ("opt-66b", "alpaca"): {"static": 2.0, "max": 5.0, "pow2": 25.0, "oracle": 40.0, "paged": 60.0},
     ("opt-175b", "sharegpt"): {"static": 0.5, "max": 2.5, "pow2": 2.5, "oracle": 4.0, "paged": 6.0},
     ("opt-175b", "alpaca"): {"static": 10.0, "max": 20.0, "pow2": 70.0, "oracle": 70.0, "paged": 70.0},
-}  # fmt: skip
+}
 NAME = "latency_vs_rate_tp"
 
 
@@ -44,7 +44,7 @@ def tp_tasks(quick: bool) -> list[Task]:
     return [Task.of(model=model, gpu=gpu, num_gpus=n, workload=w, rate=r, duration=DURATION[w][quick],
                     **system_kwargs(s))
             for model, (gpu, n) in SETUPS.items() for w in WORKLOADS for s in SYSTEMS for r in RATES[model, w][quick]
-            if quick or r <= RATE_CAP[model, w][s]]  # fmt: skip
+            if quick or r <= RATE_CAP[model, w][s]]
 
 
 def _system(task: Task) -> str:
@@ -61,7 +61,7 @@ def sustained_rates(runs, model: str, workload: str) -> dict[str, tuple[float | 
     out = {}
     for system in SYSTEMS:
         mine = [(t.params["rate"], r.summary["normalized_latency_s_per_token"]) for t, r in _panel(runs, model, workload)
-                if _system(t) == system]  # fmt: skip
+                if _system(t) == system]
         rates, latency = [r for r, _ in mine], [v for _, v in mine]
         best = knee(rates, latency, Y_LIMIT[workload])
         out[system] = best, best is not None and best >= max(rates)
@@ -86,7 +86,7 @@ def draw_tp(runs, outdir, quick: bool):
             sustained = sustained_rates(runs, model, workload)
             for system in SYSTEMS:
                 mine = sorted(((t, r) for t, r in _panel(runs, model, workload) if _system(t) == system),
-                              key=lambda tr: tr[0].params["rate"])  # fmt: skip
+                              key=lambda tr: tr[0].params["rate"])
                 rates = [t.params["rate"] for t, _ in mine]
                 latency = [r.summary["normalized_latency_s_per_token"] for _, r in mine]
                 best, bound = sustained[system]
@@ -97,25 +97,25 @@ def draw_tp(runs, outdir, quick: bool):
                     rows.append({"model": model, "gpu": gpu, "num_gpus": n, "workload": workload, "system": system,
                                  **latency_row(task, result), "num_kv_slots": result.summary["num_kv_slots"],
                                  "sustained_rate": best, "sustained_is_lower_bound": bound,
-                                 "trace_duration_s": DURATION[workload][quick]})  # fmt: skip
+                                 "trace_duration_s": DURATION[workload][quick]})
             ax.set_ylim(0, Y_LIMIT[workload])
             ax.set_xlim(0, None)
             ax.set_xlabel("request rate (req/s)")
             ax.set_ylabel("normalized latency (s/token)")
             ax.set_title(f"({'ab'[col]}{row + 1}) {MODEL_LABELS[model]}, {WORKLOAD_LABELS[workload]} "
-                         f"({DURATION[workload][quick]:g} s traces)", fontsize=10)  # fmt: skip
+                         f"({DURATION[workload][quick]:g} s traces)", fontsize=10)
             ax.legend(loc="upper left", frameon=False, fontsize=7, title="sustained (under 1 s/token)",
-                      title_fontsize=7)  # fmt: skip
+                      title_fontsize=7)
             over = {s: gain(sustained["paged"], sustained[s]) for s in ("oracle", "max")}
             gains.append(f"{MODEL_LABELS[model].split(',')[0]} {WORKLOAD_LABELS[workload]} {over['oracle']} / "
-                         f"{over['max']}")  # fmt: skip
+                         f"{over['max']}")
     fig.suptitle("Normalized latency vs request rate with tensor parallelism, the paper's Fig. 12 (OPT-66B, "
-                 "OPT-175B; block size 16, Poisson arrivals)", fontsize=12)  # fmt: skip
+                 "OPT-175B; block size 16, Poisson arrivals)", fontsize=12)
     oracle, most = (PAPER[f"fig12.sharegpt.{s}"].value for s in ("oracle", "max"))
     caption(fig, "Mean over requests of end-to-end latency / output length; the paper's scheduler; the roofline with "
                  "tensor parallelism's all-reduces (sim/clock/cost.py). vLLM's sustained rate over Orca (Oracle)'s / "
                  f"Orca (Max)'s: {'; '.join(gains)} (the paper, ShareGPT over OPT-13B, 66B and 175B: "
                  f"{oracle[0]:g}-{oracle[1]:g}x / {most[0]:g}-{most[1]:g}x). Traces are shorter than the paper's "
                  "1 hour; each system is run up to a little past its knee, points above the axis are in the CSV.",
-            width=165)  # fmt: skip
+            width=165)
     return save(fig, rows, outdir, NAME)

@@ -25,12 +25,12 @@ RATES = {
     "alpaca": {False: (2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0), True: (5.0, 30.0, 50.0)},
 }
 RATE_CAP = {"sharegpt": {"static": 0.75, "max": 1.5, "pow2": 1.5, "oracle": 2.5, "paged": 3.0},
-            "alpaca": {"static": 10.0, "max": 20.0, "pow2": 60.0, "oracle": 70.0, "paged": 80.0}}  # fmt: skip
+            "alpaca": {"static": 10.0, "max": 20.0, "pow2": 60.0, "oracle": 70.0, "paged": 80.0}}
 DURATION = {"sharegpt": {False: 600.0, True: 40.0}, "alpaca": {False: 90.0, True: 20.0}}  # seconds of arrivals (quick: long enough to fill the pool)
 BATCH_RATE = {"sharegpt": 2.0, "alpaca": 30.0}  # the paper's Fig. 13 rates
 # Paper Fig. 13 (OPT-13B): mean batched requests at those rates (13a: vLLM 2.2x Oracle, 4.3x Max, as its text says).
 PAPER_BATCH = {"sharegpt": {"max": 7.00, "pow2": 9.81, "oracle": 13.62, "paged": 30.42},
-               "alpaca": {"max": 7.00, "pow2": 43.24, "oracle": 72.75, "paged": 132.44}}  # fmt: skip
+               "alpaca": {"max": 7.00, "pow2": 43.24, "oracle": 72.75, "paged": 132.44}}
 Y_LIMIT = {"sharegpt": 1.0, "alpaca": 1.0}  # s/token, as the paper's Fig. 12 axes
 
 
@@ -60,10 +60,10 @@ def draw_latency(runs, outdir, quick: bool):
             rates = [t.params["rate"] for t, _ in mine]
             latency = [r.summary["normalized_latency_s_per_token"] for _, r in mine]
             ax.plot(rates, [np.nan if v is None else v for v in latency], marker=SYSTEM_MARKERS[system],
-                    color=SYSTEM_COLORS[system], label=SYSTEM_LABELS[system], markersize=5)  # fmt: skip
+                    color=SYSTEM_COLORS[system], label=SYSTEM_LABELS[system], markersize=5)
             for task, result in mine:
                 rows.append({"workload": workload, "system": system, **latency_row(task, result), "trace_duration_s":
-                             DURATION[workload][quick]})  # fmt: skip
+                             DURATION[workload][quick]})
         ax.set_ylim(0, Y_LIMIT[workload])
         ax.set_xlim(0, None)
         ax.set_xlabel("request rate (req/s)")
@@ -75,7 +75,7 @@ def draw_latency(runs, outdir, quick: bool):
                  "1 hour (ShareGPT %g s, Alpaca %g s of arrivals): the knees are where they are, but past a knee "
                  "a longer trace climbs higher. Each system is run up to a little past its knee; points above the "
                  "axis are in the CSV."
-                 % (DURATION["sharegpt"][quick], DURATION["alpaca"][quick]))  # fmt: skip
+                 % (DURATION["sharegpt"][quick], DURATION["alpaca"][quick]))
     return save(fig, rows, outdir, "latency_vs_rate")
 
 
@@ -84,7 +84,7 @@ def latency_row(task: Task, result) -> dict:
     return {"policy": task.params["policy"], "scheduler": s["scheduler"], "rate": task.params["rate"],
             "normalized_latency_s_per_token": s["normalized_latency_s_per_token"],
             "throughput_req_per_s": s["throughput_req_per_s"], "mean_batch_size": s["mean_batch_size"],
-            "num_requests": s["num_requests"], "num_preemptions": s["num_preemptions"]}  # fmt: skip
+            "num_requests": s["num_requests"], "num_preemptions": s["num_preemptions"]}
 
 
 def batch_tasks(quick: bool) -> list[Task]:
@@ -111,10 +111,10 @@ def draw_batch(runs, outdir, quick: bool):
         ax.set_title(f"{WORKLOAD_LABELS[workload]}, {rate:g} req/s ({duration:g} s trace)")
         ax.legend(handles=[Patch(color="#777777", label="simulated"),
                            Patch(facecolor="white", edgecolor="#777777", hatch="///", label="paper (Fig. 13)")],
-                  loc="upper left", frameon=False)  # fmt: skip
+                  loc="upper left", frameon=False)
         for (task, result), s, p in zip(mine, systems, paper):
             rows.append({"workload": workload, "system": s, **latency_row(task, result), "paper_mean_batch_size": p,
-                         "trace_duration_s": duration})  # fmt: skip
+                         "trace_duration_s": duration})
     fig.suptitle(f"Requests batched per iteration, the paper's Fig. 13 ({SETUP})", fontsize=12)
     caption(fig, "Mean over iterations of the requests in the running state. Hatched: the paper's numbers "
                  "(1-hour traces). A system below its capacity batches what arrives; memory caps it above.")

@@ -16,10 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .base import (SHARE_NAMES, Allocation, BlockCopy, KVManager, MemoryBreakdown, NewSequence, PrefixCacheStats,
-                   as_seen)  # fmt: skip
+from .base import SHARE_NAMES, Allocation, BlockCopy, KVManager, MemoryBreakdown, NewSequence, PrefixCacheStats, as_seen
 from .groups import layer_groups
-
 
 PREFIX_CACHE = ("none", "optional", "always")  # what `_Policy.prefix_cache` may say
 
@@ -73,7 +71,7 @@ def _contiguous(rule: str) -> Callable[..., KVManager]:
         from .contiguous import ContiguousKVManager
 
         return ContiguousKVManager(num_blocks, block_size, reserve=rule, allocator=options["allocator"],
-                                   max_seq_len=options["max_seq_len"])  # fmt: skip
+                                   max_seq_len=options["max_seq_len"])
 
     return build
 
@@ -96,11 +94,11 @@ def _hybrid(num_blocks: int, block_size: int, options: dict) -> KVManager:
 
     if options["model"] is None:
         raise ValueError("policy 'hybrid' needs the model whose sliding-window layers it serves (make_kv_manager(..., "
-                         "model=a sim.base.specs.ModelSpec))")  # fmt: skip
+                         "model=a sim.base.specs.ModelSpec))")
     _, windows = kv_cache_groups(options["model"])
     # num_slots counts all-layer token slots (a paged pool's): the same bytes hold more pages of one group each
     return HybridKVManager(pool_blocks(options["model"], options["num_slots"], block_size), block_size, windows,
-                           watermark=options["watermark"], max_seq_len=options["max_seq_len"])  # fmt: skip
+                           watermark=options["watermark"], max_seq_len=options["max_seq_len"])
 
 
 def _hybrid_pool_blocks(model, num_slots: int, block_size: int) -> int:
@@ -199,7 +197,7 @@ def check_model(policy: str, model) -> None:
 
 
 def simulator_block_size(policy: str, block_size: int, *, model=None, num_gpus: int = 1,
-                         page_kib: float | None = None) -> int:  # fmt: skip
+                         page_kib: float | None = None) -> int:
     """The block size `policy` runs at in the simulator: `block_size`, or 1 for token-granular baselines, or the
     tokens of one `page_kib` page of `model` (a sim.base.specs.ModelSpec) for a policy that maps pages (vattention)."""
     spec = _policy(policy)
@@ -248,7 +246,7 @@ def make_kv_manager(
         raise ValueError(offload_tier_refusal(policy))
     options = dict(max_seq_len=max_seq_len, allocator=allocator, enable_prefix_caching=enable_prefix_caching,
                    num_cpu_blocks=num_cpu_blocks, watermark=watermark, num_slots=num_slots, model=model,
-                   block_allocator=block_allocator, num_offload_blocks=num_offload_blocks)  # fmt: skip
+                   block_allocator=block_allocator, num_offload_blocks=num_offload_blocks)
     return spec.build(num_blocks, block_size, options)
 
 
@@ -265,11 +263,11 @@ def pool_blocks_for(policy: str, prompt_len: int, final_len: int, num_seqs: int 
             return blocks
         if blocks * block_size > 2 * num_seqs * max(final_len, max_seq_len):
             raise ValueError(f"no pool serves {num_seqs} sequence(s) of final length {final_len} under {policy!r}: "
-                             f"{kv.check_request(prompt_len, final_len, num_seqs)}")  # fmt: skip
+                             f"{kv.check_request(prompt_len, final_len, num_seqs)}")
         blocks *= 2
 
 
 __all__ = ["SHARE_NAMES", "Allocation", "BlockCopy", "KVManager", "MemoryBreakdown", "NewSequence", "POLICIES",
            "PrefixCacheStats", "as_seen", "check_model", "gpu_pool_blocks", "layer_groups", "make_kv_manager", "offload_tier_refusal",
            "pool_blocks_for",
-           "simulator_block_size", "takes_block_allocator"]  # fmt: skip
+           "simulator_block_size", "takes_block_allocator"]

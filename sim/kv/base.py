@@ -77,7 +77,7 @@ class MemoryBreakdown:
     def counts(self) -> tuple[int, int, int, int, int]:
         """The five counts in SHARE_NAMES order."""
         return (self.token_states, self.reservation, self.internal_fragmentation, self.external_fragmentation,
-                self.free)  # fmt: skip
+                self.free)
 
     def with_waiting(self) -> "MemoryBreakdown":
         """The same memory seen while a request waits: free slots it cannot use count as external waste."""
@@ -194,11 +194,11 @@ class KVManager(Protocol):
     # --- slots for the tokens a step computes ---------------------------------------------------------
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
-                           num_lookahead_tokens: Sequence[int] | None = None) -> bool: ...  # fmt: skip
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool: ...
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
-                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:
         """Room for `num_new_tokens[i]` more tokens in sequence `seq_ids[i]`, for all of them or none.
 
         With `new` (one per id), the sequences are not live yet: they are admitted now, each starting with

@@ -12,11 +12,11 @@ from .base import NewSequence
 
 
 def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
-                       new: Sequence[NewSequence] | None) -> None:  # fmt: skip
+                       new: Sequence[NewSequence] | None) -> None:
     """The argument checks every allocate_slots shares: one count per distinct id, counts >= 0."""
     if len(seq_ids) != len(num_new_tokens) or (new is not None and len(new) != len(seq_ids)):
         raise ValueError(f"expected one num_new_tokens (and one NewSequence) per seq id, got ids {list(seq_ids)}, "
-                         f"counts {list(num_new_tokens)}, new {None if new is None else len(new)}")  # fmt: skip
+                         f"counts {list(num_new_tokens)}, new {None if new is None else len(new)}")
     if len(set(seq_ids)) != len(seq_ids):
         raise ValueError(f"duplicate sequence ids {list(seq_ids)}")
     if any(n < 0 for n in num_new_tokens):
@@ -24,19 +24,19 @@ def check_request_args(seq_ids: Sequence[int], num_new_tokens: Sequence[int],
 
 
 def check_lookahead(seq_ids: Sequence[int], num_lookahead_tokens: Sequence[int] | None,
-                    new: Sequence[NewSequence] | None) -> Sequence[int] | None:  # fmt: skip
+                    new: Sequence[NewSequence] | None) -> Sequence[int] | None:
     """The lookahead counts of an allocate_slots call, checked (one per id, >= 0, none for an admission), or None when
     there are none (every count 0)."""
     if num_lookahead_tokens is None:
         return None
     if len(num_lookahead_tokens) != len(seq_ids) or any(n < 0 for n in num_lookahead_tokens):
         raise ValueError(f"expected one num_lookahead_tokens >= 0 per seq id, got ids {list(seq_ids)}, lookahead "
-                         f"{list(num_lookahead_tokens)}")  # fmt: skip
+                         f"{list(num_lookahead_tokens)}")
     if not any(num_lookahead_tokens):
         return None
     if new is not None:
         raise ValueError(f"lookahead slots are for running sequences (a verify step's drafts), not an admission, got "
-                         f"{list(num_lookahead_tokens)}")  # fmt: skip
+                         f"{list(num_lookahead_tokens)}")
     return num_lookahead_tokens
 
 
@@ -45,12 +45,12 @@ def check_rollback(seq_id: int, num_tokens: int, held: int, lookahead: int) -> N
     `num_tokens`."""
     if not (isinstance(num_tokens, int) and held - lookahead <= num_tokens <= held):
         raise ValueError(f"rollback({seq_id}, {num_tokens!r}): expected from {held - lookahead} (its tokens before its "
-                         f"{lookahead} lookahead slots) to {held}")  # fmt: skip
+                         f"{lookahead} lookahead slots) to {held}")
 
 
 def with_lookahead(seq_ids: Sequence[int], num_new_tokens: Sequence[int], new: Sequence[NewSequence] | None,
                    num_lookahead_tokens: Sequence[int] | None,
-                   pending: Callable[[int], int]) -> tuple[Sequence[int], Sequence[int] | None]:  # fmt: skip
+                   pending: Callable[[int], int]) -> tuple[Sequence[int], Sequence[int] | None]:
     """An allocate_slots call's (tokens each sequence grows by, drafts included; the drafts, or None), checked
     (check_lookahead), and no running sequence still holding drafts (`pending(seq_id)`: its lookahead slots)."""
     lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)

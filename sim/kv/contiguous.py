@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .slots import ALLOCATORS
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, as_seen, cdiv
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
 from .no_sharing import NoPrefixCache, NoSwapSpace
+from .slots import ALLOCATORS
 
 RESERVE_RULES = ("max", "pow2", "oracle")
 
@@ -134,7 +134,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
-                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:
         if num_lookahead_tokens is not None:
             num_new_tokens = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)[0]
         if (new is not None and len(new) == len(seq_ids) == len(num_new_tokens) == 1 and not new[0].fork_final_lens
@@ -163,11 +163,11 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
         """(tokens each sequence grows by, drafts included; the drafts, or None), checked (checks.with_lookahead)."""
         return with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
-                              lambda seq_id: self._run(seq_id).num_lookahead)  # fmt: skip
+                              lambda seq_id: self._run(seq_id).num_lookahead)
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
-                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:
         """Room inside a reservation costs nothing and copies nothing; past it, None (see NOTE above). New
         sequences reserve their runs (and their siblings') first, all or nothing. Lookahead slots (a verify step's
         drafts) are slots of the reservation like any other: the reservation covers the final length already, and
@@ -197,7 +197,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             for seq_id, spec in zip(seq_ids, new):
                 for i, f in enumerate((spec.final_len, *spec.fork_final_lens)):
                     run = _Run(self.allocator.allocate(next(sizes)), spec.prompt_len, f,
-                               self.reserved_tokens(spec.prompt_len, f))  # fmt: skip
+                               self.reserved_tokens(spec.prompt_len, f))
                     if i:
                         self._seqs[seq_id].forks.append(run)
                     else:
@@ -280,7 +280,7 @@ class ContiguousKVManager(NoSwapSpace, NoPrefixCache):
             start, size = run.start * bs, self.allocator.allocated_size(run.start) * bs
             reach = max(run.final_len, run.num_tokens)
             for kind, lo, hi in ((0, 0, run.num_tokens), (1, run.num_tokens, reach), (2, reach, run.reserved_tokens),
-                                 (3, run.reserved_tokens, size)):  # fmt: skip
+                                 (3, run.reserved_tokens, size)):
                 if hi > lo:
                     segments.append(SlotSegment(seq_id, start + lo, start + hi, kind))
         return segments

@@ -41,7 +41,7 @@ def layer_groups(layer_windows: Sequence[int | None], windows: Sequence[int | No
     wanted = {w: cdiv(len(layers), size) for w, layers in by_window.items()}
     if {w: windows.count(w) for w in set(windows)} != wanted:
         raise ValueError(f"KV cache groups of windows {list(windows)} do not fit the model's layers (groups of {size} "
-                         f"layers per window: {dict(sorted(wanted.items(), key=str))})")  # fmt: skip
+                         f"layers per window: {dict(sorted(wanted.items(), key=str))})")
     groups, taken = [], dict.fromkeys(by_window, 0)
     for w in windows:
         groups.append(by_window[w][taken[w] * size:(taken[w] + 1) * size])

@@ -58,12 +58,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .blocks import BlockAllocator
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, cdiv
+from .blocks import BlockAllocator
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
-from .no_sharing import NoPrefixCache, NoSwapSpace
 from .groups import group_size
 from .invariants import check_breakdown
+from .no_sharing import NoPrefixCache, NoSwapSpace
 
 
 def kv_cache_groups(model) -> tuple[int, tuple[int | None, ...]]:
@@ -74,7 +74,7 @@ def kv_cache_groups(model) -> tuple[int, tuple[int | None, ...]]:
     if not sliding or not full:
         raise ValueError(f"policy 'hybrid' needs a model that interleaves full and sliding-window attention, and "
                          f"{model.name} has {full} full and {sliding} sliding layers (allowed: gemma3-270m, "
-                         f"gemma3-27b or another model with sliding_window)")  # fmt: skip
+                         f"gemma3-27b or another model with sliding_window)")
     size = group_size([full, sliding])
     return size, (None,) * cdiv(full, size) + (model.sliding_window,) * cdiv(sliding, size)
 
@@ -106,10 +106,10 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
     # no prefix cache (NoPrefixCache)
 
     def __init__(self, num_blocks: int, block_size: int, windows: Sequence[int | None], watermark: float = 0.0,
-                 max_seq_len: int = 2048) -> None:  # fmt: skip
+                 max_seq_len: int = 2048) -> None:
         if not windows or windows[0] is not None:
             raise ValueError(f"windows: expected one per KV cache group, a full-attention group (None) first, got "
-                             f"{list(windows)}")  # fmt: skip
+                             f"{list(windows)}")
         if any(w is not None and not 1 <= w < max_seq_len for w in windows):
             raise ValueError(f"windows: every sliding window must be from 1 to less than max_seq_len {max_seq_len} "
                              f"(a window that covers the context is full attention), got {list(windows)}")
@@ -144,7 +144,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         usable = self.num_blocks - self.watermark_blocks
         if need > usable:
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages over {len(self.windows)} "
-                    f"KV cache groups (allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
+                    f"KV cache groups (allowed: <= {usable} of {self.num_blocks})")
         return None
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
@@ -163,7 +163,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
     def _drops(self, seq: _Seq, k: int) -> list[int]:
         """Per group: how many leading blocks a step feeding k > 0 tokens frees (its first query is num_tokens)."""
         return [self.live_from(w, seq.num_tokens) // self.block_size - start if k else 0
-                for w, start in zip(self.windows, seq.starts)]  # fmt: skip
+                for w, start in zip(self.windows, seq.starts)]
 
     def _need(self, seq_ids, num_new_tokens, new) -> int | None:
         """Pages the allocation takes from the pool, net of what its sliding groups free, or None if it does not fit
@@ -201,19 +201,19 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
-                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:
         num_new_tokens, _ = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
         return self._need(seq_ids, num_new_tokens, new) is not None
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
         """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (checks.with_lookahead)."""
         grown, lookahead = with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
-                                          lambda seq_id: self._seq(seq_id).num_lookahead)  # fmt: skip
+                                          lambda seq_id: self._seq(seq_id).num_lookahead)
         return grown, lookahead if lookahead is not None else [0] * len(seq_ids)
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
-                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:
         """Room for num_new_tokens[i] more tokens in each sequence, all or none (see the KV contract in base.py).
 
             W = 6, block_size 4, 10 tokens, sliding table [-, 9, 3]; allocate 2 (queries 10, 11 read from 5):
@@ -285,11 +285,11 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
             raise ValueError(f"sequence {child_id} is already live")
         if not parent.num_tokens <= final_len <= self.max_seq_len:
             raise ValueError(f"final_len must be from the parent's {parent.num_tokens} tokens to {self.max_seq_len}, "
-                             f"got {final_len}")  # fmt: skip
+                             f"got {final_len}")
         # NOTE: the child is registered first and takes each group's blocks as they are shared: should a share raise
         # (it then changes nothing), free(child_id) gives back what the child took (the scheduler aborts the request).
         child = self._seqs[child_id] = _Seq([[] for _ in parent.tables], list(parent.starts), parent.num_tokens,
-                                            parent.first_query, final_len)  # fmt: skip
+                                            parent.first_query, final_len)
         for table, shared in zip(parent.tables, child.tables):
             self.allocator.share(table)
             shared += table
@@ -415,7 +415,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         for seq_id, seq in self._seqs.items():
             if not (0 <= seq.first_query < seq.num_tokens or seq.first_query == seq.num_tokens == 0):
                 raise RuntimeError(f"sequence {seq_id}: expected its latest query before its {seq.num_tokens} tokens, "
-                                   f"found {seq.first_query}")  # fmt: skip
+                                   f"found {seq.first_query}")
             held = [b for table in seq.tables for b in table]
             if len(set(held)) != len(held):
                 raise RuntimeError(f"sequence {seq_id}: a block in two places of its tables {seq.tables}")
@@ -432,7 +432,7 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
         for b in range(self.num_blocks):
             if self.allocator.ref_count(b) != owners.get(b, 0):
                 raise RuntimeError(f"block {b}: expected ref count {owners.get(b, 0)} (owners), found "
-                                   f"{self.allocator.ref_count(b)}")  # fmt: skip
+                                   f"{self.allocator.ref_count(b)}")
         views = self._block_views().values()
         expected = MemoryBreakdown(
             token_states=sum(fill - dead for _, fill, dead, _ in views),
@@ -445,4 +445,4 @@ class HybridKVManager(NoSwapSpace, NoPrefixCache):
 
     def __repr__(self) -> str:
         return (f"HybridKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, windows={self.windows}, "
-                f"seqs={len(self._seqs)}, free_blocks={self.num_free_blocks})")  # fmt: skip
+                f"seqs={len(self._seqs)}, free_blocks={self.num_free_blocks})")

@@ -116,6 +116,6 @@ class CpuOffloadTier:
         held = list(self._lru.values())
         if sorted(held + self._free) != list(range(self.num_blocks)):
             raise RuntimeError(f"expected CPU blocks 0..{self.num_blocks - 1} each free or cached once, found cached "
-                               f"{sorted(held)} and free {sorted(self._free)}")  # fmt: skip
+                               f"{sorted(held)} and free {sorted(self._free)}")
         if self._pinned:
             raise RuntimeError(f"expected no pinned CPU blocks between admissions, found hashes {self._pinned}")

@@ -27,15 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Sequence
 
-from .blocks import BlockAllocator, hash_block_tokens
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, PrefixCacheStats, SlotSegment, cdiv
+from .blocks import BlockAllocator, hash_block_tokens
 from .checks import check_lookahead, check_request_args, check_rollback, no_pending_lookahead
 from .invariants import check_paged_invariants
 from .offload import CpuOffloadTier, TierCopy
 from .plug import plugged_allocator
 from .swap import distinct_blocks, move_blocks
 from .views import paged_slot_segments
-
 
 TIER_HIT = -1  # a table entry that the offload tier's reload fills, in the same allocate_slots (_reload)
 
@@ -92,17 +91,17 @@ class PagedKVManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_cpu_blocks: int = 0, watermark: float = 0.0, *,
                  block_allocator: Callable[[int, int], Any] | None = None,
-                 num_offload_blocks: int = 0) -> None:  # fmt: skip
+                 num_offload_blocks: int = 0) -> None:
         if num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
         if num_offload_blocks < 0:
             raise ValueError(f"num_offload_blocks must be >= 0, got {num_offload_blocks}")
         if num_offload_blocks and not enable_prefix_caching:
             raise ValueError("an offload tier (num_offload_blocks > 0) keeps evicted prefix-cache blocks: it needs "
-                             "enable_prefix_caching=True")  # fmt: skip
+                             "enable_prefix_caching=True")
         if num_offload_blocks and block_allocator is not None:
             raise ValueError("an offload tier (num_offload_blocks > 0) needs the manager's own BlockAllocator (it is "
-                             "told of every eviction), not a block_allocator given")  # fmt: skip
+                             "told of every eviction), not a block_allocator given")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         if block_allocator is None:  # (Any: a plugged block_allocator, radix's page pool have its methods only)
@@ -146,7 +145,7 @@ class PagedKVManager:
         need, usable = num_seqs * cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
         if need > usable:
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} blocks "
-                    f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
+                    f"(allowed: <= {usable} of {self.num_blocks})")
         return None
 
     def _prompt_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[int]:
@@ -168,7 +167,7 @@ class PagedKVManager:
         hits, tier = 0, self.offload
         for block_hash in hashes:  # a block hits on the GPU, else in the offload tier (if any), else the hits end
             if self.allocator.cached_block(block_hash) is None and (tier is None or
-                                                                  tier.cached_block(block_hash) is None):  # fmt: skip
+                                                                  tier.cached_block(block_hash) is None):
                 break
             hits += 1
         return Lookup(hashes, hits)
@@ -218,7 +217,7 @@ class PagedKVManager:
             hashes, hits = lookup
             if spec.num_cached_tokens != hits * bs:
                 raise RuntimeError(f"expected num_cached_tokens {spec.num_cached_tokens} to be the cache's current "
-                                   f"hits, found {hits * bs} (look up and allocate in the same step)")  # fmt: skip
+                                   f"hits, found {hits * bs} (look up and allocate in the same step)")
             if total > spec.final_len:
                 raise ValueError(f"{total} tokens for a sequence of final length {spec.final_len}")
             for block_hash in hashes[:hits]:
@@ -234,7 +233,7 @@ class PagedKVManager:
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
-                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:
         lookahead = check_lookahead(seq_ids, num_lookahead_tokens, new)
         if lookahead is not None:
             num_new_tokens = self._with_lookahead(seq_ids, num_new_tokens, lookahead)
@@ -269,7 +268,7 @@ class PagedKVManager:
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
-                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:
         """Room for num_new_tokens[i] more tokens in each sequence (see the KV contract in base.py).
 
             before (block_size 4, 6 tokens, block 3 shared with a sibling):   [7, 3]   t4 t5 . .
@@ -286,7 +285,7 @@ class PagedKVManager:
             if not self._fits(seq_ids, totals):
                 return None
             return Allocation([c for i, k, la in zip(seq_ids, totals, lookahead)
-                               for c in self._grow(self._seqs[i], k, la)])  # fmt: skip
+                               for c in self._grow(self._seqs[i], k, la)])
         if new is None and len(seq_ids) == 1:  # the hot path: one sequence grows (a decode, a chunk)
             return self._grow_one(seq_ids[0], num_new_tokens[0])
         if new is None:
@@ -300,7 +299,7 @@ class PagedKVManager:
         # NOTE: each sequence is registered before it takes a block and holds each block as it is taken: should a
         # call below raise, free(seq_id) gives back what it took (the scheduler aborts the request).
         seqs = [SeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids, hashes[:hits])
-                for spec, k, (hashes, hits) in zip(new, num_new_tokens, found)]  # fmt: skip
+                for spec, k, (hashes, hits) in zip(new, num_new_tokens, found)]
         self._seqs.update(zip(seq_ids, seqs))
         tier = self.offload
         for seq, (hashes, hits) in zip(seqs, found):  # hits first: reviving must precede any eviction
@@ -425,7 +424,7 @@ class PagedKVManager:
             raise ValueError(f"final_len must be >= the parent's {parent.num_tokens} tokens, got {final_len}")
         self.allocator.share(parent.block_table)
         self._seqs[child_id] = SeqState(list(parent.block_table), parent.num_tokens, final_len, parent.token_ids,
-                                         list(parent.hashes))  # fmt: skip
+                                         list(parent.hashes))
         return []
 
     def uncache(self, block_ids: Sequence[int]) -> None:

@@ -11,20 +11,20 @@ from typing import Any, Callable
 
 # What the manager calls on its GPU allocator without prefix caching: lab 03's block allocator, exactly.
 ALLOCATOR_METHODS = ("num_blocks", "block_size", "num_free_blocks", "num_used_blocks", "can_allocate", "ref_count",
-                     "allocate", "share", "free", "copy_on_write", "check_invariants")  # fmt: skip
+                     "allocate", "share", "free", "copy_on_write", "check_invariants")
 # ... and with it: lab 04's cache_block and lookup, and two more (cached_block: a lookup that counts nothing and
 # revives nothing; uncache: forget blocks whose K/V will be overwritten, after an abort mid-prompt)
 PREFIX_ALLOCATOR_METHODS = ALLOCATOR_METHODS + ("cached_block", "cache_block", "lookup", "uncache")
 
 
 def plugged_allocator(block_allocator: Callable[[int, int], Any], num_blocks: int, block_size: int,
-                      enable_prefix_caching: bool) -> Any:  # fmt: skip
+                      enable_prefix_caching: bool) -> Any:
     """`block_allocator(num_blocks, block_size)`, checked once: its sizes, and every method the manager will call
     (a missing one is one line of TypeError now, not an AttributeError in the middle of a run). Every list it is
     handed is a fresh list (never an iterator), so an allocator may read its argument twice."""
     if not callable(block_allocator):
         raise TypeError(f"block_allocator must be a class or function (num_blocks, block_size) -> an allocator, "
-                        f"got {type(block_allocator).__name__}")  # fmt: skip
+                        f"got {type(block_allocator).__name__}")
     allocator = block_allocator(num_blocks, block_size)
     name = getattr(block_allocator, "__name__", type(allocator).__name__)
     needed = PREFIX_ALLOCATOR_METHODS if enable_prefix_caching else ALLOCATOR_METHODS
@@ -34,7 +34,7 @@ def plugged_allocator(block_allocator: Callable[[int, int], Any], num_blocks: in
         raise TypeError(f"block_allocator {name}: its allocator has no {', '.join(missing)}{why}")
     if (allocator.num_blocks, allocator.block_size) != (num_blocks, block_size):
         raise ValueError(f"block_allocator {name}({num_blocks}, {block_size}) says num_blocks "
-                         f"{allocator.num_blocks}, block_size {allocator.block_size}")  # fmt: skip
+                         f"{allocator.num_blocks}, block_size {allocator.block_size}")
     if enable_prefix_caching and not getattr(allocator, "enable_prefix_caching", False):
         raise ValueError(f"block_allocator {name}: prefix caching is on, and its enable_prefix_caching is not True")
     return allocator

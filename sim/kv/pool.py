@@ -33,7 +33,7 @@ class KVPool:
 
 def kv_pool(policy: str, model, gpu, *, num_gpus: int, kv_slots: int | None, block_size: int,
             page_kib: float | None, swap_space_gib: float, cpu_offload_gib: float,
-            enable_prefix_caching: bool | None, prefix_len: int) -> KVPool:  # fmt: skip
+            enable_prefix_caching: bool | None, prefix_len: int) -> KVPool:
     """The pools of a run under `policy` for `model` on `num_gpus` x `gpu` (sim.base.specs), checked (`check_pool`,
     `offload_blocks`): ValueError names the setting and what is allowed."""
     num_slots = kv_slots if kv_slots is not None else kv_capacity_tokens(model, gpu, num_gpus)
@@ -45,7 +45,7 @@ def kv_pool(policy: str, model, gpu, *, num_gpus: int, kv_slots: int | None, blo
     num_cpu_blocks = int(num_gpus * swap_space_gib * GiB // block_bytes)
     check_pool(policy, num_slots, size, num_cpu_blocks, kv_slots, model)
     return KVPool(num_slots, size, block_bytes, num_cpu_blocks, offload_blocks(cpu_offload_gib, num_gpus, block_bytes),
-                  caching)  # fmt: skip
+                  caching)
 
 
 def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int, kv_slots, model=None) -> None:
@@ -62,7 +62,7 @@ def check_pool(policy: str, num_slots: int, block_size: int, num_cpu_blocks: int
                          f"(allowed: at most {MAX_POOL_BLOCKS:,} blocks: a larger block_size, or kv_slots)")
     if paged and num_cpu_blocks > MAX_POOL_BLOCKS:
         raise ValueError(f"swap_space_gib: {num_cpu_blocks:,} CPU blocks of {block_size} tokens (allowed: at most "
-                         f"{MAX_POOL_BLOCKS:,} blocks of swap space)")  # fmt: skip
+                         f"{MAX_POOL_BLOCKS:,} blocks of swap space)")
 
 
 def offload_blocks(gib: float, num_gpus: int, block_bytes: int) -> int:
@@ -70,7 +70,7 @@ def offload_blocks(gib: float, num_gpus: int, block_bytes: int) -> int:
     blocks = int(num_gpus * gib * GiB // block_bytes)
     if gib > 0 and blocks < 1:
         raise ValueError(f"cpu_offload_gib: {gib:g} GiB per GPU holds no KV block of {block_bytes:,} bytes (allowed: "
-                         f"0 for none, or at least {block_bytes / GiB / num_gpus:.3g})")  # fmt: skip
+                         f"0 for none, or at least {block_bytes / GiB / num_gpus:.3g})")
     if blocks > MAX_POOL_BLOCKS:
         raise ValueError(f"cpu_offload_gib: {blocks:,} CPU blocks (allowed: at most {MAX_POOL_BLOCKS:,} blocks)")
     return blocks

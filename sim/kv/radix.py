@@ -174,11 +174,11 @@ class RadixPagePool:
         unreferenced = {p for p in range(self.num_blocks) if not self._refs[p]}
         if set(self._free) != unreferenced:
             raise RuntimeError(f"expected the free queue to hold exactly the unreferenced pages {sorted(unreferenced)}, "
-                               f"found {sorted(self._free)}")  # fmt: skip
+                               f"found {sorted(self._free)}")
         for node in self.tree._nodes():
             if not node.lock_ref and any(self._refs[p] != 1 for p in node.pages):
                 raise RuntimeError(f"{node!r} is unlocked, so only the tree may hold its pages; found ref counts "
-                                   f"{[self._refs[p] for p in node.pages]}")  # fmt: skip
+                                   f"{[self._refs[p] for p in node.pages]}")
 
 
 class RadixKVManager(PagedKVManager):
@@ -223,7 +223,7 @@ class RadixKVManager(PagedKVManager):
             hits, path = self.tree.match(spec.token_ids, usable) if usable else (0, [])
             if spec.num_cached_tokens != hits * bs:
                 raise RuntimeError(f"expected num_cached_tokens {spec.num_cached_tokens} to be the cache's current "
-                                   f"hits, found {hits * bs} (look up and allocate in the same step)")  # fmt: skip
+                                   f"hits, found {hits * bs} (look up and allocate in the same step)")
             if total > spec.final_len:
                 raise ValueError(f"{total} tokens for a sequence of final length {spec.final_len}")
             for node, matched in path:
@@ -237,7 +237,7 @@ class RadixKVManager(PagedKVManager):
     # --- admission, forks, release -------------------------------------------------------------------
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
-                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:
         """Growth is the paged manager's (which calls `_register`), lookahead slots and `rollback` included. An
         admission first locks every hit (before an eviction could take it), then takes fresh pages for its own tokens
         and caches those it computes now."""
@@ -254,7 +254,7 @@ class RadixKVManager(PagedKVManager):
         for seq_id, spec, k, (usable, hits) in zip(seq_ids, new, num_new_tokens, admission.lookups):
             node, pages = self.tree.lock_prefix(spec.token_ids, hits) if hits else (self.tree.root, [])
             seq = self._seqs[seq_id] = _RadixSeqState([], spec.num_cached_tokens + k, spec.final_len, spec.token_ids,
-                                                      node=node)  # fmt: skip
+                                                      node=node)
             seqs.append(seq)
             self.allocator.share(pages)
             seq.block_table += pages
@@ -269,7 +269,7 @@ class RadixKVManager(PagedKVManager):
             fresh = self.allocator.allocate(need)
             if fresh is None:
                 raise RuntimeError(f"sequence {seq_id}: expected the planned {need} free pages, found "
-                                   f"{self.allocator.num_free_blocks}")  # fmt: skip
+                                   f"{self.allocator.num_free_blocks}")
             seq.block_table += fresh
             self._register(seq)
         return Allocation([])
@@ -397,12 +397,12 @@ class RadixKVManager(PagedKVManager):
             n = cdiv(seq.num_tokens, bs)
             if len(seq.block_table) != n or len(set(seq.block_table)) != n:
                 raise RuntimeError(f"sequence {seq_id}: expected {n} distinct pages for {seq.num_tokens} tokens, "
-                                   f"found block table {seq.block_table}")  # fmt: skip
+                                   f"found block table {seq.block_table}")
             node = seq.node
             prefix = self.tree.path_pages(node)
             if seq.block_table[: len(prefix)] != prefix or len(prefix) != seq.num_tree_pages:
                 raise RuntimeError(f"sequence {seq_id}: expected its table to start with its locked prefix {prefix} "
-                                   f"({seq.num_tree_pages} pages), found {seq.block_table}")  # fmt: skip
+                                   f"({seq.num_tree_pages} pages), found {seq.block_table}")
             if node is not self.tree.root:
                 locks[node.node_id] = locks.get(node.node_id, 0) + 1
             for i, page in enumerate(seq.block_table):
@@ -414,4 +414,4 @@ class RadixKVManager(PagedKVManager):
 
     def __repr__(self) -> str:
         return (f"RadixKVManager(num_blocks={self.num_blocks}, block_size={self.block_size}, seqs={len(self._seqs)}, "
-                f"free_blocks={self.num_free_blocks}, evictable={self.tree.evictable_pages})")  # fmt: skip
+                f"free_blocks={self.num_free_blocks}, evictable={self.tree.evictable_pages})")

@@ -116,7 +116,7 @@ class RadixTree:
         `top` inherits node's lock count (every lock below `top` is below node) and its last use."""
         cut = num_pages * self.page_size
         top = RadixNode(node.key[:cut], node.pages[:num_pages], node.parent, self._num_nodes,
-                        lock_ref=node.lock_ref, last_access=node.last_access)  # fmt: skip
+                        lock_ref=node.lock_ref, last_access=node.last_access)
         self._num_nodes += 1
         node.parent.children[node.key[: self.page_size]] = top
         node.key, node.pages, node.parent = node.key[cut:], node.pages[num_pages:], top
@@ -133,7 +133,7 @@ class RadixTree:
         node, cached = self._descend(token_ids, len(pages))
         if len(cached) < len(pages):
             leaf = RadixNode(tuple(token_ids[len(cached) * ps :]), list(pages[len(cached) :]), node, self._num_nodes,
-                             last_access=self._clock)  # fmt: skip
+                             last_access=self._clock)
             self._num_nodes += 1
             node.children[leaf.key[:ps]] = leaf
             self.evictable_pages += len(leaf.pages)
@@ -154,7 +154,7 @@ class RadixTree:
         ps = self.page_size
         if len(token_ids) != len(pages) * ps or not pages:
             raise ValueError(f"expected {len(pages) * ps} token ids for {len(pages)} pages (at least one), "
-                             f"got {len(token_ids)}")  # fmt: skip
+                             f"got {len(token_ids)}")
         self._clock += 1
         if node is not self.root and not node.children and node.lock_ref == 1:
             node.key += tuple(token_ids)
@@ -283,12 +283,12 @@ class RadixTree:
         for node in nodes:
             if not node.key or len(node.key) != len(node.pages) * ps:
                 raise RuntimeError(f"{node!r}: expected a non-empty edge of {len(node.pages)} x {ps} tokens, "
-                                   f"found {len(node.key)}")  # fmt: skip
+                                   f"found {len(node.key)}")
             if node.parent.children.get(node.key[:ps]) is not node:
                 raise RuntimeError(f"{node!r}: its parent does not list it under its first page {node.key[:ps]}")
             if node.lock_ref != below[node.node_id]:
                 raise RuntimeError(f"{node!r}: expected lock_ref {below[node.node_id]} (locks in its subtree), "
-                                   f"found {node.lock_ref}")  # fmt: skip
+                                   f"found {node.lock_ref}")
         unlocked = sum(len(n.pages) for n in nodes if not n.lock_ref)
         if unlocked != self.evictable_pages:
             raise RuntimeError(f"expected {unlocked} evictable pages (pages of unlocked nodes), found {self.evictable_pages}")

@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Sequence
 
-from .blocks import BlockAllocator
 from ..base.specs import ModelSpec
 from .base import Allocation, BlockCopy, MemoryBreakdown, NewSequence, SlotSegment, as_seen, cdiv
+from .blocks import BlockAllocator
 from .checks import check_request_args, check_rollback, no_pending_lookahead, with_lookahead
 from .no_sharing import NoPrefixCache, NoSwapSpace
 
@@ -97,7 +97,7 @@ def page_tokens(model: ModelSpec, num_gpus: int = 1, page_kib: float | None = No
     allowed = ", ".join(f"{_kib(t * per_token)} = {t} token{'s' * (t > 1)}" for t in examples)
     raise ValueError(f"page_kib: {page_kib:g} KiB is not a whole number of {model.name} tokens (allowed: a multiple "
                      f"of {_kib(per_token)}, one token's K or V in one layer on each of {num_gpus} GPU(s), e.g. "
-                     f"{allowed})")  # fmt: skip
+                     f"{allowed})")
 
 
 def _split(final_len: int, start: int, size: int) -> int:
@@ -164,7 +164,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         need, usable = num_seqs * cdiv(final_len, self.block_size), self.num_blocks - self.watermark_blocks
         if need > usable:
             return (f"{num_seqs} sequence(s) of final length {final_len} need {need} pages of {self.block_size} tokens "
-                    f"(allowed: <= {usable} of {self.num_blocks})")  # fmt: skip
+                    f"(allowed: <= {usable} of {self.num_blocks})")
         return None
 
     # --- slots for the tokens a step computes ---------------------------------------------------------
@@ -189,7 +189,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
                 seq = self._seq(seq_id)
                 if seq.num_tokens + k > self.max_seq_len:
                     raise ValueError(f"sequence {seq_id}: {seq.num_tokens + k} tokens overrun its virtual range of "
-                                     f"{self.max_seq_len}")  # fmt: skip
+                                     f"{self.max_seq_len}")
                 need += (cdiv(seq.num_tokens + k, bs) - len(seq.pages)) * (1 + len(seq.siblings))
             return need if need <= free else None
         need = 0
@@ -202,25 +202,25 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
                 raise ValueError(f"{k} tokens for a sequence of final length {spec.final_len}")
             if max((spec.final_len, *spec.fork_final_lens)) > self.max_seq_len:
                 raise ValueError(f"final lengths {spec.final_len}, {spec.fork_final_lens} overrun the virtual range "
-                                 f"of {self.max_seq_len} tokens")  # fmt: skip
+                                 f"of {self.max_seq_len} tokens")
             need += cdiv(k, bs) * (1 + len(spec.fork_final_lens))
         return need if need <= free and free - need >= self.watermark_blocks else None
 
     def can_allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                            new: Sequence[NewSequence] | None = None, *,
-                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:  # fmt: skip
+                           num_lookahead_tokens: Sequence[int] | None = None) -> bool:
         num_new_tokens, _ = self._with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens)
         return self._need(seq_ids, num_new_tokens, new) is not None
 
     def _with_lookahead(self, seq_ids, num_new_tokens, new, num_lookahead_tokens):
         """(tokens each sequence grows by, drafts included; the drafts, or zeros), checked (checks.with_lookahead)."""
         grown, lookahead = with_lookahead(seq_ids, num_new_tokens, new, num_lookahead_tokens,
-                                          lambda seq_id: self._seq(seq_id).num_lookahead)  # fmt: skip
+                                          lambda seq_id: self._seq(seq_id).num_lookahead)
         return grown, lookahead if lookahead is not None else [0] * len(seq_ids)
 
     def allocate_slots(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int],
                        new: Sequence[NewSequence] | None = None, *,
-                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:  # fmt: skip
+                       num_lookahead_tokens: Sequence[int] | None = None) -> Allocation | None:
         """Map pages for num_new_tokens[i] more tokens in each sequence, all or none (see the KV contract).
 
             before (P = 4, 6 tokens):   pages [7, 3]      t4 t5 . .
@@ -273,7 +273,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
             raise ValueError(f"sequence {child_id} is already live")
         if not parent.num_tokens <= final_len <= self.max_seq_len:
             raise ValueError(f"final_len must be from the parent's {parent.num_tokens} tokens to {self.max_seq_len}, "
-                             f"got {final_len}")  # fmt: skip
+                             f"got {final_len}")
         sibling = next((s for s in parent.siblings if s.final_len == final_len), None)
         if sibling is not None:
             parent.siblings.remove(sibling)
@@ -379,7 +379,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
             owners[page] = seq_id
         if len(owners) != self.allocator.num_used_blocks:
             raise RuntimeError(f"expected {self.allocator.num_used_blocks} mapped pages (the allocator's), "
-                               f"found {len(owners)}")  # fmt: skip
+                               f"found {len(owners)}")
         for seq_id, seq in self._seqs.items():
             need = cdiv(seq.num_tokens, self.block_size)
             if len(seq.pages) != need or any(len(s.pages) != need for s in seq.siblings):
@@ -388,7 +388,7 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
         slots = [seq.request_slot for seq in self._seqs.values()] + self._released_slots
         if sorted(slots) != list(range(self._next_slot)):
             raise RuntimeError(f"expected request slots 0..{self._next_slot - 1}, each live or released once, "
-                               f"found {slots}")  # fmt: skip
+                               f"found {slots}")
         recount = [0] * 5
         for _, lo, hi, kind in self.slot_segments():
             recount[kind] += hi - lo
@@ -398,4 +398,4 @@ class VAttentionKVManager(NoSwapSpace, NoPrefixCache):
 
     def __repr__(self) -> str:
         return (f"VAttentionKVManager(num_blocks={self.num_blocks}, page_tokens={self.block_size}, "
-                f"seqs={len(self._seqs)}, free_pages={self.num_free_blocks})")  # fmt: skip
+                f"seqs={len(self._seqs)}, free_pages={self.num_free_blocks})")

@@ -25,7 +25,7 @@ class Allocating(NamedTuple):
 
 
 def touched_requests(kv: KVManager, plan: StepPlan | None, opened: set[int], allocation: Allocating | None,
-                     running: list[SequenceGroup], groups: dict[int, SequenceGroup]) -> list[int]:  # fmt: skip
+                     running: list[SequenceGroup], groups: dict[int, SequenceGroup]) -> list[int]:
     """The requests a failed step touched, in plan order: one with a sequence in the plan (its K/V may be half
     written), one the plan swapped out (the copy to CPU may not have happened), one owning a block the plan copies
     into, and one whose memory a KV call was changing when the step failed (`opened`, the allocation in flight: the
@@ -55,7 +55,7 @@ def uncache_unwritten(kv: KVManager, plan: StepPlan | None, allocation: Allocati
     if allocation is not None:
         seqs, new = allocation.seqs, allocation.new
         starts += [(s.seq_id, s.num_computed_tokens if new is None else spec.num_cached_tokens)
-                   for s, spec in zip(seqs, new or seqs)]  # fmt: skip
+                   for s, spec in zip(seqs, new or seqs)]
     for seq_id, start in starts:
         if seq_id in held:  # on the GPU: the plan's entries and an allocation are never swapped out
             kv.uncache(kv.block_table(seq_id)[start // bs:])

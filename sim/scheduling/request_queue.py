@@ -23,7 +23,6 @@ from typing import Callable
 
 from ..base.request import Request
 
-
 _queue_key = attrgetter("queue_key")
 
 

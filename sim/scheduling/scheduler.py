@@ -45,16 +45,16 @@ from collections import deque
 from operator import attrgetter
 from typing import AbstractSet, NamedTuple
 
-from .failed_step import Allocating, touched_requests, uncache_unwritten
+from ..base.request import Request
+from ..config import SchedulerConfig
 from ..kv.base import KVManager, NewSequence
+from .beam import reselect_beams
+from .failed_step import Allocating, touched_requests, uncache_unwritten
 from .plan import ScheduledSeq, StepOutcome, StepPlan, StepResult
 from .preemption import victim_policy
-from ..config import SchedulerConfig
-from ..base.request import Request
 from .request_queue import FCFSRequestQueue, PriorityRequestQueue
-from .speculative import check_accepted, draft_counts
-from .beam import reselect_beams
 from .sequence import Sequence, SequenceGroup, SequenceStatus, queue_copies, split_budget
+from .speculative import check_accepted, draft_counts
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepResult"]
 
@@ -129,7 +129,7 @@ class Scheduler:
         cfg = self.config
         if not cfg.chunked and request.prompt_len > cfg.max_num_batched_tokens:
             return (f"prompt_len {request.prompt_len} is over max_num_batched_tokens "
-                    f"(allowed: <= {cfg.max_num_batched_tokens}, or any length with chunked prefill)")  # fmt: skip
+                    f"(allowed: <= {cfg.max_num_batched_tokens}, or any length with chunked prefill)")
         if request.beam_width > cfg.max_num_batched_tokens:  # the k beams of a step are fed together
             return f"beam_width {request.beam_width} is over max_num_batched_tokens (allowed: <= {cfg.max_num_batched_tokens})"
         if request.num_seqs > cfg.max_num_seqs:
@@ -314,7 +314,7 @@ class Scheduler:
                 continue
             ids = [s.seq_id for s in seqs]
             drafts = draft_counts(group, seqs, counts, budget, self._num_drafts, self.config.max_model_len,
-                                  self._draft_len) if self._num_drafts else None  # fmt: skip
+                                  self._draft_len) if self._num_drafts else None
             while True:  # NOTE: the transaction's brackets (see abandon_step), inline: this loop runs every step
                 self._open_allocation = Allocating(group, seqs, None)
                 if drafts is None:
@@ -484,7 +484,7 @@ class Scheduler:
         return self.kv.can_allocate_slots([s.seq_id for s in group.kv_seqs], counts, new)
 
     def _add_entries(self, plan: StepPlan, group: SequenceGroup, seqs, counts: list[int], copies,
-                     drafts: list[int] | None = None) -> None:  # fmt: skip
+                     drafts: list[int] | None = None) -> None:
         rid, block_table = group.request_id, self.kv.block_table
         if copies:
             plan.blocks_to_copy += copies

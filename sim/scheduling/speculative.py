@@ -50,7 +50,7 @@ def expected_tokens_per_step(rate: float, k: int) -> float:
 
 
 def draft_counts(group, seqs, counts: list[int], budget: int | None, k: int, max_model_len: int,
-                 draft_len=None) -> list[int] | None:  # fmt: skip
+                 draft_len=None) -> list[int] | None:
     """The scheduler's rule: draft tokens each sequence `seqs` of the group verifies this step, after the `counts`
     tokens it is fed, or None for none. k for a plain decode (one token fed: the last sampled one), fewer where its
     output would end first (it samples at most 1 + its drafts, never past output_len: its K/V then stays within its
@@ -84,7 +84,7 @@ def check_accepted(plan, outcome) -> None:
             accepted = outcome.num_accepted.get(entry.seq_id)
             if not (isinstance(accepted, int) and 0 <= accepted <= entry.num_draft_tokens):
                 raise ValueError(f"num_accepted[{entry.seq_id}]: expected 0 to {entry.num_draft_tokens} (the entry's "
-                                 f"draft tokens), found {accepted!r}")  # fmt: skip
+                                 f"draft tokens), found {accepted!r}")
 
 
 def tokens_kept(plan, outcome) -> dict[int, int]:

@@ -45,7 +45,7 @@ def draft_pairs(plan: StepPlan) -> int:
     d drafts, the j-th draft attending to c + 1 + j keys (as a chunk does; sim.clock.cost prices a verify entry as a decode
     plus a d-token chunk)."""
     return sum(s.num_draft_tokens * (s.num_computed_tokens + 1) + s.num_draft_tokens * (s.num_draft_tokens + 1) // 2
-               for s in plan.decodes if s.num_draft_tokens)  # fmt: skip
+               for s in plan.decodes if s.num_draft_tokens)
 
 
 def shared_context_tokens(plan: StepPlan, block_size: int) -> int:
@@ -53,7 +53,7 @@ def shared_context_tokens(plan: StepPlan, block_size: int) -> int:
     by n samples or k beams, a cached system prompt. On a CPU a block read twice in one pass is read the second time
     from cache, at about half the cost (sim.clock.cost.PiecewiseCostModel.d_shared). O(blocks read)."""
     return shared_tokens(((s.block_table, s.num_computed_tokens + s.num_new_tokens)
-                          for s in plan.entries if s.num_new_tokens), block_size)  # fmt: skip
+                          for s in plan.entries if s.num_new_tokens), block_size)
 
 
 def shared_tokens(reads, block_size: int) -> int:

@@ -102,7 +102,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         before = self.snapshot()
         allocation = self.kv.allocate_slots([seq_id], [first - cached], new)
         note(f"admit {seq_id}: prompt {prompt_len}, final {final}, forks {forks}, cached {cached}, "
-             f"first chunk {first - cached} -> {allocation}")  # fmt: skip
+             f"first chunk {first - cached} -> {allocation}")
         assert ok == (allocation is not None), f"can_allocate_slots said {ok} but allocate_slots returned {allocation}"
         if allocation is None:
             self.expect_unchanged(before, "allocate_slots (admission)")
@@ -136,7 +136,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         roomy = [s for s in self.growable() if self.seqs[s][1] - self.seqs[s][0] >= 2]
         group = data.draw(st.lists(st.sampled_from(roomy), min_size=1, max_size=3, unique=True), label="seqs")
         drafts = [data.draw(st.integers(1, self.seqs[s][1] - self.seqs[s][0] - 1), label=f"drafts for {s}")
-                  for s in group]  # fmt: skip
+                  for s in group]
         ok = self.kv.can_allocate_slots(group, [1] * len(group), num_lookahead_tokens=drafts)
         before = self.snapshot()
         plain = copy.deepcopy(self.kv)  # where the same step without drafts would leave the pool
@@ -373,6 +373,6 @@ def make_kv_manager_test(
     """
     bounds = staticmethod(token_bounds or (lambda n: (n, n)))
     machine = type("KVManagerMachine", (KVManagerMachine,), {"factory": staticmethod(factory), "token_bounds": bounds,
-                                                             "runs": staticmethod(runs)})  # fmt: skip
+                                                             "runs": staticmethod(runs)})
     machine.TestCase.settings = machine_settings(max_examples, stateful_step_count, derandomize)
     return machine.TestCase

@@ -21,15 +21,15 @@ import json
 import math
 from pathlib import Path
 
-from ..kv.base import SHARE_NAMES
 from ..base.outfiles import write_text
+from ..kv.base import SHARE_NAMES
 
 SCHEDULER_PID, REQUESTS_PID = 1, 2
 STEP_KEYS = ("time", "duration", "num_prefill_seqs", "num_decode_seqs", "num_prefill_tokens", "num_batched_tokens",
              "num_running", "num_waiting", "num_preempted", "num_swapped_out_blocks", "num_swapped_in_blocks",
-             "num_copied_blocks")  # fmt: skip
+             "num_copied_blocks")
 REQUEST_KEYS = ("request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
-                "prompt_len", "output_len", "num_preemptions")  # fmt: skip
+                "prompt_len", "output_len", "num_preemptions")
 
 
 def _us(seconds: float) -> float:
@@ -55,24 +55,24 @@ def trace_events(steps: list[dict], requests: list[dict], *, title: str) -> dict
         ts = _us(step["time"])
         args = {"step": i, **{k: step[k] for k in STEP_KEYS[2:]}}
         events.append({"name": _step_name(step), "cat": "step", "ph": "X", "ts": ts, "dur": _us(step["duration"]),
-                       "pid": SCHEDULER_PID, "tid": 0, "args": args})  # fmt: skip
+                       "pid": SCHEDULER_PID, "tid": 0, "args": args})
         for key, label in (("num_preempted", "preempted {} requests"), ("num_swapped_out_blocks", "swap out {} blocks"),
                            ("num_swapped_in_blocks", "swap in {} blocks"), ("num_copied_blocks", "copy {} blocks")):
             if step[key]:
                 events.append({"name": label.format(step[key]), "cat": key, "ph": "i", "s": "t", "ts": ts,
-                               "pid": SCHEDULER_PID, "tid": 0})  # fmt: skip
+                               "pid": SCHEDULER_PID, "tid": 0})
         decode_tokens = step["num_batched_tokens"] - step["num_prefill_tokens"]
         counters = [("tokens in the step", {"prefill": step["num_prefill_tokens"], "decode": decode_tokens}),
                     ("requests", {"running": step["num_running"], "waiting": step["num_waiting"]})]
         if all(name in step for name in SHARE_NAMES):
             counters.append(("KV pool (slots)", {name: step[name] for name in SHARE_NAMES}))
         events += [{"name": name, "ph": "C", "ts": ts, "pid": SCHEDULER_PID, "args": values}
-                   for name, values in counters]  # fmt: skip
+                   for name, values in counters]
     end = max((s["time"] + s["duration"] for s in steps), default=0.0)
     for r in requests:
         tid = r["request_id"]
         events.append({"name": "thread_name", "ph": "M", "pid": REQUESTS_PID, "tid": tid,
-                       "args": {"name": f"request {tid}"}})  # fmt: skip
+                       "args": {"name": f"request {tid}"}})
         marks = [r["arrival_time"], r["first_scheduled_time"], r["first_token_time"], r["finish_time"]]
         args = {k: r[k] for k in ("prompt_len", "output_len", "num_preemptions")}
         for name, start, stop in zip(("waiting", "to first token", "decoding"), marks, marks[1:]):

@@ -41,8 +41,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from ..kv.base import SHARE_NAMES
 from ..base.outfiles import atomic_write
+from ..kv.base import SHARE_NAMES
 
 MAX_STEPS = 500  # steps a replay page keeps by default: a longer run keeps evenly spaced ones (ReplayRecorder)
 STEPS_RANGE = (2, 2000)  # what ReplayRecorder's max_steps may be (`python -m sim run --pool-page-steps`)
@@ -309,7 +309,7 @@ def pool_html(title: str, keep: int, history: list[dict], *, live: bool = True) 
             .replace("__MODE__", mode).replace("__KEEP__", str(max(keep, len(history))))
             .replace("__LIVE__", "true" if live else "false").replace("__TOPS__", json.dumps(CHART_TOPS))
             .replace("__SHARES__", json.dumps([SHARE_LABELS[n] for n in SHARE_NAMES]))
-            .replace("__COLORS__", json.dumps([_css(SHARE_COLORS[n]) for n in SHARE_NAMES])))  # fmt: skip
+            .replace("__COLORS__", json.dumps([_css(SHARE_COLORS[n]) for n in SHARE_NAMES])))
 
 
 def write_replay(snapshots: list, path: str, title: str, *, files=None) -> int:
@@ -360,7 +360,7 @@ class ReplayRecorder:
         if not kept and not (plan.preempted or finished):
             return
         frame = snapshot_json(snapshot(sim.scheduler, step=step, time=sim.now, num_prefills=len(plan.prefills),
-                                       num_decodes=len(plan.decodes)))  # fmt: skip
+                                       num_decodes=len(plan.decodes)))
         if not kept:
             self._tail = frame  # its events stay pending: the next step kept, or the page's end, lists them
             return
@@ -448,7 +448,7 @@ def snapshot_json(snap) -> dict:
             "runs": runs, "used_blocks": used, "refs": {str(b): n for b, n in refs.items() if n > 1},
             "tables": [[snap.owners.get(seq, -1), seq, _ranges(table)] for seq, table in snap.block_tables.items()],
             "waiting": list(snap.waiting), "running": list(snap.running), "swapped": list(snap.swapped),
-            "counts": list(snap.counts)}  # fmt: skip
+            "counts": list(snap.counts)}
 
 
 def _ranges(ids: list[int]) -> str:
@@ -470,7 +470,7 @@ def find_chromium() -> str | None:
     import shutil
 
     return next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))),
-                None)  # fmt: skip
+                None)
 
 
 def _chromium(url: str, *flags: str, timeout_s: float = 90) -> str:
@@ -482,7 +482,7 @@ def _chromium(url: str, *flags: str, timeout_s: float = 90) -> str:
     if chromium is None:
         raise RuntimeError("no Chromium found (allowed: install Debian's chromium package)")
     args = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--timeout=3000",
-            *flags, url]  # fmt: skip
+            *flags, url]
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"chromium exited {done.returncode}: {done.stderr.strip()[-500:]}")

@@ -27,9 +27,9 @@ import os
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..base.outfiles import atomic_write, check_outputs
 from ..config import RUN_DEFAULTS
 from ..kv.base import SHARE_NAMES
-from ..base.outfiles import atomic_write, check_outputs
 from .viewer_draw import draw
 
 # The README's animation: a pool of 48 blocks of 8 slots, eight requests at t = 0, a token budget of 64 per step:
@@ -37,7 +37,7 @@ from .viewer_draw import draw
 DEMO_RUN = MappingProxyType(dict(
     model="opt-13b", kv_slots=384, block_size=8, workload="uniform", num_requests=8, arrival="offline",
     prompt_len_range=(24, 64), output_len_range=(24, 64), seed=1, max_num_seqs=8, max_num_batched_tokens=64,
-))  # fmt: skip
+))
 FPS_RANGE, DPI_RANGE = (0.5, 50.0), (20.0, 200.0)  # what animate() and to_jshtml() accept
 MAX_FRAMES = 2000  # record()'s default cap; `python -m sim animate --max-frames` at most
 # to_jshtml()'s default cap on frames: a longer run is sampled (first, last, every preemption and finish, the rest
@@ -77,7 +77,7 @@ class Snapshot:
 
 
 def snapshot(scheduler, *, step: int, time: float, num_prefills: int, num_decodes: int, preempted=(), finished=(),
-             short: bool | None = None) -> Snapshot:  # fmt: skip
+             short: bool | None = None) -> Snapshot:
     """Read `scheduler` and its KV manager now. `short` (default: a request waits or is swapped out) decides
     whether free slots are seen as external fragmentation, as the simulator's step log books them."""
     kv = scheduler.kv
@@ -85,16 +85,16 @@ def snapshot(scheduler, *, step: int, time: float, num_prefills: int, num_decode
         short = scheduler.num_waiting + scheduler.num_swapped > 0
     live = set(kv.seq_ids)
     owners = {seq_id: rid for rid in scheduler.running_request_ids() + scheduler.swapped_request_ids()
-              for seq_id in scheduler.seq_ids(rid) if seq_id in live}  # fmt: skip
+              for seq_id in scheduler.seq_ids(rid) if seq_id in live}
     tables = {seq_id: list(kv.block_table(seq_id)) for rid in scheduler.running_request_ids()
-              for seq_id in scheduler.seq_ids(rid) if seq_id in live}  # fmt: skip
+              for seq_id in scheduler.seq_ids(rid) if seq_id in live}
     return Snapshot(
         step=step, time=float(time), num_prefills=num_prefills, num_decodes=num_decodes, preempted=list(preempted),
         finished=list(finished), policy=kv.policy, block_size=kv.block_size, num_slots=kv.num_slots,
         segments=[tuple(int(x) for x in s) for s in kv.slot_segments()], owners=owners, block_tables=tables,
         waiting=scheduler.waiting_request_ids(), running=scheduler.running_request_ids(),
         swapped=scheduler.swapped_request_ids(), short=short, counts=tuple(kv.breakdown(short).counts()),
-    )  # fmt: skip
+    )
 
 
 class _Enough(Exception):
@@ -124,7 +124,7 @@ def record(*, max_steps: int = MAX_FRAMES, **run_kwargs) -> list[Snapshot]:
             sim.scheduler, step=len(snapshots), time=sim.now, num_prefills=len(plan.prefills),
             num_decodes=len(plan.decodes), preempted=plan.preempted,
             finished=[r for r in plan.request_ids() if sim.scheduler.is_finished(r)],
-        ))  # fmt: skip
+        ))
         if len(snapshots) >= max_steps:
             raise _Enough
 
@@ -160,7 +160,7 @@ def record_engine(llm, *, max_steps: int = MAX_FRAMES) -> list[Snapshot]:
             llm.scheduler, step=len(snapshots), time=rec.start_s + rec.step_time_s, num_prefills=len(rec.prefills),
             num_decodes=len(rec.decodes), preempted=rec.preempted, finished=rec.finished_request_ids,
             short=llm.scheduler.num_waiting > 0,
-        ))  # fmt: skip
+        ))
     return snapshots
 
 
@@ -207,7 +207,7 @@ def scrubber(snapshots, *, dpi: float = 80):
     fig = new_frame_figure(dpi)
     last = len(snapshots) - 1
     slider = widgets.IntSlider(value=0, min=0, max=last, description="step", continuous_update=True,
-                               layout=widgets.Layout(width="70%"))  # fmt: skip
+                               layout=widgets.Layout(width="70%"))
     play = widgets.Play(value=0, min=0, max=last, interval=250, description="play")
     widgets.jslink((play, "value"), (slider, "value"))  # the browser moves the slider as it plays
     image = widgets.Image(value=render_png(snapshots[0], fig), format="png")
@@ -229,7 +229,7 @@ def _gif_writer(fps: float):
         def finish(self) -> None:
             with atomic_write(self.outfile, "wb") as f:
                 self._frames[0].save(f, format="GIF", save_all=True, append_images=self._frames[1:],
-                                     duration=int(1000 / self.fps), loop=0, optimize=True)  # fmt: skip
+                                     duration=int(1000 / self.fps), loop=0, optimize=True)
 
     return AtomicGifWriter(fps=fps)
 
@@ -333,4 +333,4 @@ def to_jshtml(snapshots, *, fps: float = 8, dpi: float = 60, max_frames: int = H
 
 __all__ = ["DEMO_RUN", "HTML_MAX_FRAMES", "Snapshot", "animate", "check_gif_path", "check_range", "draw",
            "palette_png", "record", "record_engine", "render_png", "sample_steps", "scrubber", "snapshot",
-           "to_jshtml"]  # fmt: skip
+           "to_jshtml"]

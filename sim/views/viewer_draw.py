@@ -19,8 +19,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..figures.memory_map import HATCH, KIND_HATCHES, SlotMap, draw_slot_map, kind_colors, legend_handles, owner_colors
-from ..figures.memory_map import EXTERNAL, FREE, INTERNAL
+from ..figures.memory_map import (
+    EXTERNAL,
+    FREE,
+    HATCH,
+    INTERNAL,
+    KIND_HATCHES,
+    SlotMap,
+    draw_slot_map,
+    kind_colors,
+    legend_handles,
+    owner_colors,
+)
 from ..figures.style import SHARE_LABELS
 from ..kv.base import SHARE_NAMES
 
@@ -28,7 +38,7 @@ MAX_TABLE_LINES = 14  # block tables listed; more running sequences end in "... 
 MAX_TABLE_BLOCKS = 12  # block ids shown per table; a longer one ends in "... (N blocks)"
 PREEMPTED_RGB = "#c62828"
 SHORT_LABELS = {"token_states": "tokens", "reservation": "reserved", "internal_fragmentation": "internal",
-                "external_fragmentation": "external", "free": "free"}  # fmt: skip
+                "external_fragmentation": "external", "free": "free"}
 
 
 def slot_map_of(snap) -> SlotMap:
@@ -50,7 +60,7 @@ def draw(snap, fig) -> None:
     """Draw `snap` (a sim.views.viewer.Snapshot) on `fig`, replacing whatever it showed."""
     fig.clear()
     grid = fig.add_gridspec(2, 2, width_ratios=(2.6, 1), height_ratios=(5, 1), left=0.04, right=0.99,
-                            bottom=0.06, top=0.9, wspace=0.04, hspace=0.35)  # fmt: skip
+                            bottom=0.06, top=0.9, wspace=0.04, hspace=0.35)
     ax_map, ax_text, ax_bar = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
     draw_slot_map(slot_map_of(snap), ax_map, legend=False)
     ax_map.set_xlabel(ax_map.get_xlabel(), fontsize=8)
@@ -59,14 +69,14 @@ def draw(snap, fig) -> None:
     _tables_and_queues(snap, ax_text)
     _shares_bar(snap, ax_bar)
     ax_text.legend(handles=legend_handles(), loc="lower left", bbox_to_anchor=(0.0, -0.02), frameon=False,
-                   fontsize=7, handlelength=1.5, title="the pool's slots", title_fontsize=8)  # fmt: skip
+                   fontsize=7, handlelength=1.5, title="the pool's slots", title_fontsize=8)
 
 
 def _title(snap, fig) -> None:
     prefills = f"{snap.num_prefills} prefill{'s' * (snap.num_prefills != 1)}"
     decodes = f"{snap.num_decodes} decode{'s' * (snap.num_decodes != 1)}"
     head = (f"{snap.policy} pool, {snap.num_slots // snap.block_size} blocks of {snap.block_size}  |  "
-            f"step {snap.step}  |  t = {snap.time:.3f} s  |  {prefills}, {decodes}")  # fmt: skip
+            f"step {snap.step}  |  t = {snap.time:.3f} s  |  {prefills}, {decodes}")
     fig.text(0.04, 0.955, head, fontsize=11, weight="bold", va="center")
     events = []
     if snap.preempted:
@@ -75,7 +85,7 @@ def _title(snap, fig) -> None:
         events.append("finished: request " + ", ".join(map(str, snap.finished)))
     if events:
         fig.text(0.99, 0.955, "   ".join(events), fontsize=10, ha="right", va="center",
-                 color=PREEMPTED_RGB if snap.preempted else "#2e7d32", weight="bold")  # fmt: skip
+                 color=PREEMPTED_RGB if snap.preempted else "#2e7d32", weight="bold")
 
 
 def _tables_and_queues(snap, ax) -> None:
@@ -91,7 +101,7 @@ def _tables_and_queues(snap, ax) -> None:
         more = f" ... ({len(table)} blocks)" if len(table) > MAX_TABLE_BLOCKS else ""
         name = f"req {rid}" if rid == seq_id else f"req {rid}/seq {seq_id}"
         ax.text(0.0, y, f"{name}: [{blocks}{more}]", fontsize=7.5, family="monospace", va="top",
-                color=request_color(rid), transform=ax.transAxes)  # fmt: skip
+                color=request_color(rid), transform=ax.transAxes)
     if len(items) > MAX_TABLE_LINES:
         y -= step
         ax.text(0.0, y, f"... and {len(items) - MAX_TABLE_LINES} more", fontsize=7.5, va="top", transform=ax.transAxes)
@@ -114,7 +124,7 @@ def _id_line(ax, y: float, label: str, ids: list[int], preempted: list[int]) -> 
     for rid in ids[:20]:
         box = dict(boxstyle="square,pad=0.1", fc="none", ec=PREEMPTED_RGB, lw=1.2) if rid in preempted else None
         text = ax.annotate(f" {rid}", xycoords=text, xy=(1, 1), va="top", fontsize=7.5, family="monospace",
-                           color=request_color(rid), weight="bold", bbox=box)  # fmt: skip
+                           color=request_color(rid), weight="bold", bbox=box)
     if len(ids) > 20:
         ax.annotate(f" ... +{len(ids) - 20}", xycoords=text, xy=(1, 1), va="top", fontsize=7.5)
 
@@ -151,7 +161,7 @@ def _shares_bar(snap, ax) -> None:
     for name, share in snap.shares.items():
         if share >= 0.07:
             ax.text(left + share / 2, 0, f"{SHORT_LABELS[name]}\n{share:.0%}", ha="center", va="center", fontsize=7,
-                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))  # fmt: skip
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
         left += share
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.5, 0.5)
@@ -159,4 +169,4 @@ def _shares_bar(snap, ax) -> None:
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0%", "25%", "50%", "75%", "100%"], fontsize=7)
     ax.grid(False)
     ax.set_title("the pool's five kinds of slot (sim/kv/base.py), in slots: " + ", ".join(
-        f"{SHARE_LABELS[n]} {c}" for n, c in zip(SHARE_NAMES, snap.counts)), fontsize=8, loc="left")  # fmt: skip
+        f"{SHARE_LABELS[n]} {c}" for n, c in zip(SHARE_NAMES, snap.counts)), fontsize=8, loc="left")

@@ -54,7 +54,7 @@ Turn = tuple[list[int], list[int]]  # (prompt ids, reply ids) of one served turn
 
 
 def session_turns(exchanges: Sequence[tuple[Sequence[int], Sequence[int]]], max_seq_len: int,
-                  history_limit: int | None = None) -> list[Turn]:  # fmt: skip
+                  history_limit: int | None = None) -> list[Turn]:
     """(prompt ids, reply ids) of each turn of one session, from its (message ids, reply ids) exchanges in order:
     the prompt is every earlier message and reply, then the message. The context rule is the module docstring's
     (without history_limit the session ends at the first turn that does not fit; this function truncates nothing
@@ -75,20 +75,20 @@ def session_turns(exchanges: Sequence[tuple[Sequence[int], Sequence[int]]], max_
 
 
 def place_sessions(sessions: list[list[Turn]], starts: Sequence[float],
-                   thinks: Sequence[np.ndarray]) -> list[list[Request]]:  # fmt: skip
+                   thinks: Sequence[np.ndarray]) -> list[list[Request]]:
     """The requests of each session: turn 1 at its start, turn k+1 `thinks[s][k - 1]` seconds after turn k.
     request_id numbers every request in arrival order (ties: by session, then turn). Empty sessions stay empty."""
     times = [np.concatenate(([start], start + np.cumsum(gaps[: len(turns) - 1]))).tolist() if turns else []
-             for turns, start, gaps in zip(sessions, starts, thinks)]  # fmt: skip
+             for turns, start, gaps in zip(sessions, starts, thinks)]
     order = sorted((t, s, k) for s, session_times in enumerate(times) for k, t in enumerate(session_times))
     if order and not order[-1][0] <= MAX_TIME_S:
         raise ValueError(f"the last turn arrives at {order[-1][0]:.3g} s, past the limit {MAX_TIME_S:g} s (allowed: "
-                         "a shorter think_time or a higher rate)")  # fmt: skip
+                         "a shorter think_time or a higher rate)")
     placed: list[list[Request | None]] = [[None] * len(turns) for turns in sessions]
     for request_id, (t, s, k) in enumerate(order):
         prompt, reply = sessions[s][k]
         placed[s][k] = Request(request_id=request_id, arrival_time=t, prompt_len=len(prompt), output_len=len(reply),
-                               prompt_token_ids=prompt, output_token_ids=reply)  # fmt: skip
+                               prompt_token_ids=prompt, output_token_ids=reply)
     return placed  # type: ignore[return-value]  # every slot is filled
 
 
@@ -104,11 +104,11 @@ def check_conversation_options(max_seq_len: int, *, turns: float = DEFAULT_TURNS
         raise ValueError(f"turns: got {turns!r} (allowed: a mean number of turns per session from 1 to {MAX_TURNS:,})")
     if not (is_real(think_time) and 0 <= think_time <= MAX_TIME_S):
         raise ValueError(f"think_time: got {think_time!r} (allowed: a mean number of seconds from 0 to "
-                         f"{MAX_TIME_S:g})")  # fmt: skip
+                         f"{MAX_TIME_S:g})")
     if history_limit is not None and not (is_int(history_limit) and 1 <= history_limit <= max_seq_len - 1):
         raise ValueError(f"history_limit: got {history_limit!r} (allowed: None, or an integer from 1 to "
                          f"max_seq_len - 1 = {max_seq_len - 1}: the prompt keeps that many tokens, the reply the "
-                         "rest)")  # fmt: skip
+                         "rest)")
 
 
 def _start_times(rng: np.random.Generator, arrival: str, rate: float | None, burstiness: float) -> Iterator[float]:
@@ -148,7 +148,7 @@ def generate_sessions(
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
     if duration is not None and rate * duration * turns > MAX_NUM_REQUESTS:
         raise ValueError(f"rate x duration x turns = {rate * duration * turns:.3g} expected requests, more than the "
-                         f"limit {MAX_NUM_REQUESTS:,}")  # fmt: skip
+                         f"limit {MAX_NUM_REQUESTS:,}")
     # NOTE: independent streams from one seed (as sim.workloads.workload): sweeping the rate moves only the session starts;
     # every session keeps its turns, lengths and think times.
     length_rng, shape_rng, arrival_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
@@ -180,12 +180,12 @@ def generate_sessions(
         next_id += len(ids)
         bounds = np.cumsum([0] + lengths).tolist()
         exchanges = [(ids[bounds[2 * i] : bounds[2 * i + 1]], ids[bounds[2 * i + 1] : bounds[2 * i + 2]])
-                     for i in range(k)]  # fmt: skip
+                     for i in range(k)]
         served = session_turns(exchanges, max_seq_len, history_limit)  # all k: the cut above is the same rule
         count += len(served)
         if count > MAX_NUM_REQUESTS:
             raise ValueError(f"more than {MAX_NUM_REQUESTS:,} requests (the limit of one workload): a shorter "
-                             "duration, a lower rate or fewer turns")  # fmt: skip
+                             "duration, a lower rate or fewer turns")
         sessions.append(served)
         starts.append(start)
     return place_sessions(sessions, starts, thinks)

@@ -29,11 +29,11 @@ from typing import Callable
 
 import numpy as np
 
-from .conversation import DEFAULT_THINK_TIME, Turn, check_conversation_options, place_sessions, session_turns
 from ..base.limits import MAX_NUM_REQUESTS, MAX_SEED, is_int
 from ..base.request import Request
-from .sharegpt import check_rate, default_encode, iter_conversations
 from ..base.trace_files import TraceError, show
+from .conversation import DEFAULT_THINK_TIME, Turn, check_conversation_options, place_sessions, session_turns
+from .sharegpt import check_rate, default_encode, iter_conversations
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class ImportedSessions:
         empty = sum(1 for s in self.sessions if not s)
         return (f"{served} requests in {len(self.sessions) - empty} sessions from {len(self.sessions)} conversations "
                 f"({self.num_exchanges} human turns answered by a gpt turn, {self.num_cut} of them dropped where a "
-                f"session ran out of context; {empty} conversations gave no request)")  # fmt: skip
+                f"session ran out of context; {empty} conversations gave no request)")
 
 
 def _turn_text(path, line: int, index: int, j: int, turn: dict) -> tuple[str, str]:
@@ -58,12 +58,12 @@ def _turn_text(path, line: int, index: int, j: int, turn: dict) -> tuple[str, st
         if not isinstance(value, str):
             raise TraceError(f"{path} line {line}: conversation {index}, turn {j}: {name!r} is "
                              f"{'missing' if value is None else show(value)} (expected a string, e.g. "
-                             '{"from": "human", "value": "..."})')  # fmt: skip
+                             '{"from": "human", "value": "..."})')
     return role, text
 
 
 def _exchanges(path, line: int, index: int, turns: list[dict],
-               encode: Callable[[str], list[int]]) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+               encode: Callable[[str], list[int]]) -> list[tuple[list[int], list[int]]]:
     """(message ids, reply ids) of each human turn answered by a gpt turn; other turns' ids join the next message."""
     texts = [_turn_text(path, line, index, j, turn) for j, turn in enumerate(turns)]
     exchanges, pending, j = [], [], 0
@@ -85,7 +85,7 @@ def _exchanges(path, line: int, index: int, turns: list[dict],
 
 
 def load_sessions(path: str | Path, encode: Callable[[str], list[int]], max_seq_len: int = 2048,
-                  history_limit: int | None = None) -> ImportedSessions:  # fmt: skip
+                  history_limit: int | None = None) -> ImportedSessions:
     """Every conversation of a ShareGPT file as the (prompt ids, reply ids) of its served turns (module docstring).
     A malformed file is one TraceError naming the file, the line, the conversation and what is wrong."""
     check_conversation_options(max_seq_len, history_limit=history_limit)

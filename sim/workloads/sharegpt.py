@@ -18,6 +18,7 @@ import numpy as np
 
 from sim.base.limits import MAX_NUM_REQUESTS, MAX_TIME_S
 from sim.base.request import Request
+
 from ..base.trace_files import TraceError, json_object, no_constant, open_trace, parse_int
 
 
@@ -33,7 +34,7 @@ def _default_tokenizer():
         return _smollm2_tokenizer()
     except (ImportError, RuntimeError, OSError) as e:
         raise ValueError(f"importing a ShareGPT file counts tokens with the embedded SmolLM2 tokenizer, which "
-                         f"cannot be loaded: {e}") from None  # fmt: skip
+                         f"cannot be loaded: {e}") from None
 
 
 def default_count_tokens() -> Callable[[str], int]:
@@ -59,7 +60,7 @@ class ShareGPTPairs:
     def describe(self) -> str:
         total = len(self.prompt_lens) + self.skipped_too_long + self.skipped_no_pair
         return (f"{len(self.prompt_lens)} requests from {total} conversations ({self.skipped_too_long} skipped as too "
-                f"long, {self.skipped_no_pair} without a human turn followed by a gpt reply)")  # fmt: skip
+                f"long, {self.skipped_no_pair} without a human turn followed by a gpt reply)")
 
 
 def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]]:
@@ -93,10 +94,10 @@ def _json_list_items(path: str | Path, text: str) -> Iterator[tuple[int, object]
                 item, end = decoder.raw_decode(text, i)
             except RecursionError:
                 raise TraceError(f"{path} line {line}: JSON nested too deep (a conversation is a list of "
-                                 "turns)") from None  # fmt: skip
+                                 "turns)") from None
             except json.JSONDecodeError as e:
                 raise TraceError(f"{path} line {e.lineno}: not valid JSON ({e.msg.removesuffix(' at')} at column "
-                                 f"{e.colno})") from None  # fmt: skip
+                                 f"{e.colno})") from None
             except ValueError as e:  # json_object, no_constant: a key twice, NaN or Infinity
                 raise bad(i, str(e)) from None
             yield line, item
@@ -141,7 +142,7 @@ def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise TraceError(f"{path} line {line}: conversation {index} has no 'conversations' list of turns "
-                             '(expected {"conversations": [{"from": "human", "value": "..."}, ...]})')  # fmt: skip
+                             '(expected {"conversations": [{"from": "human", "value": "..."}, ...]})')
         for k, turn in enumerate(turns):
             for key in ("from", "value"):
                 value = turn.get(key)
@@ -151,14 +152,14 @@ def iter_conversations(path: str | Path) -> Iterator[tuple[int, int, list[dict]]
                 except UnicodeEncodeError:  # json.loads turns "\ud800" into a lone surrogate: not a character
                     raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {key!r} holds a lone "
                                      f"surrogate escape (allowed: Unicode text; a character past U+FFFF is a pair "
-                                     f"of escapes)") from None  # fmt: skip
+                                     f"of escapes)") from None
                 if isinstance(value, str) and _only_control(value):
                     raise TraceError(f"{path} line {line}: conversation {index}, turn {k}: {key!r} holds only "
                                      f"control characters, {_codes(value)} (allowed: text; an empty string or "
-                                     "whitespace for an empty turn)")  # fmt: skip
+                                     "whitespace for an empty turn)")
         if index == MAX_NUM_REQUESTS:
             raise TraceError(f"{path} line {line}: more than {MAX_NUM_REQUESTS:,} conversations (the limit of one "
-                             "trace)")  # fmt: skip
+                             "trace)")
         yield index, line, turns
 
 
@@ -193,7 +194,7 @@ def check_rate(rate: float | None) -> None:
 
 
 def sharegpt_requests(path: str | Path, pairs: ShareGPTPairs, *, rate: float | None = None,
-                      seed: int = 0) -> list[Request]:  # fmt: skip
+                      seed: int = 0) -> list[Request]:
     """The requests of `pairs` (from `load_sharegpt_pairs(path, ...)`), in file order: Poisson arrivals at `rate`
     req/s (seeded), or all at t = 0 when rate is None. TraceError if there is none, or the last arrives past
     MAX_TIME_S."""
@@ -207,7 +208,7 @@ def sharegpt_requests(path: str | Path, pairs: ShareGPTPairs, *, rate: float | N
         times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, count)).tolist()
         if not times[-1] <= MAX_TIME_S:
             raise TraceError(f"{path}: {count} requests at {rate:g} req/s arrive until {times[-1]:.3g} s, past the "
-                             f"limit {MAX_TIME_S:g} s (allowed: a higher rate)")  # fmt: skip
+                             f"limit {MAX_TIME_S:g} s (allowed: a higher rate)")
     return [
         Request(request_id=i, arrival_time=times[i], prompt_len=p, output_len=o)
         for i, (p, o) in enumerate(zip(pairs.prompt_lens, pairs.output_lens))

@@ -16,11 +16,21 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sim.base.limits import (MAX_COUNT, MAX_ID, MAX_LINE_BYTES, MAX_NUM_REQUESTS, MAX_PRIORITY, MAX_TIME_S, MAX_TOKENS,
-                        is_int, require)  # fmt: skip
+from sim.base.limits import (
+    MAX_COUNT,
+    MAX_ID,
+    MAX_LINE_BYTES,
+    MAX_NUM_REQUESTS,
+    MAX_PRIORITY,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    is_int,
+    require,
+)
 from sim.base.request import Request
-from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
+
 from ..base.trace_files import LongInt, TraceError, json_object, open_trace, parse_int, show
+from .sharegpt import default_count_tokens, load_sharegpt_pairs, sharegpt_requests
 
 CSV_COLUMNS = ("request_id", "arrival_time", "prompt_len", "output_len", "n", "beam_width", "prefix_id", "prefix_len",
                "priority")  # (priority: optional, written only when a request has one other than 0)
@@ -30,7 +40,7 @@ _REQUIRED = ("request_id", "arrival_time", "prompt_len", "output_len")
 # integer field -> (smallest, largest allowed value, default when absent); None = required. Limits: sim.base.limits.
 _INT_FIELDS = {"request_id": (0, MAX_ID, None), "prompt_len": (1, MAX_TOKENS, None),
                "output_len": (1, MAX_TOKENS, None), "n": (1, MAX_COUNT, 1), "beam_width": (1, MAX_COUNT, 1),
-               "prefix_len": (0, MAX_TOKENS, 0), "priority": (-MAX_PRIORITY, MAX_PRIORITY, 0)}  # fmt: skip
+               "prefix_len": (0, MAX_TOKENS, 0), "priority": (-MAX_PRIORITY, MAX_PRIORITY, 0)}
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")  # a CSV integer: ASCII digits (int() would also take '1_000' and '٣')
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, no inf
 
@@ -159,7 +169,7 @@ _DECODER_LONG = json.JSONDecoder(object_pairs_hook=json_object, parse_int=parse_
 
 def _json_type(value) -> str:
     for kind, words in ((dict, "an object"), (list, "a list"), (LongInt, "a number"), (str, "a string"),
-                        (bool, "true/false"), ((int, float), "a number")):  # fmt: skip
+                        (bool, "true/false"), ((int, float), "a number")):
         if isinstance(value, kind):
             return words
     return "null"
@@ -184,7 +194,7 @@ def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise TraceError(f"{path} line {line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte "
-                                 f"{e.start + 1} of the line)") from None  # fmt: skip
+                                 f"{e.start + 1} of the line)") from None
             yield line_no, text
 
 
@@ -201,7 +211,7 @@ def _collect(path: str | Path, records: Iterator[tuple[int, dict]], cell: bool =
         seen = first_line.setdefault(request.request_id, line_no)
         if seen != line_no:
             raise TraceError(f"{path} line {line_no}: request_id: {request.request_id} is already the id of line "
-                             f"{seen} (allowed: each request_id once)")  # fmt: skip
+                             f"{seen} (allowed: each request_id once)")
         if len(requests) == MAX_NUM_REQUESTS:
             raise TraceError(f"{path} line {line_no}: more than {MAX_NUM_REQUESTS:,} requests (the limit of one trace)")
         requests.append(request)
@@ -219,7 +229,7 @@ def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         if first and text.lstrip().startswith("["):
             raise TraceError(f"{path} line {line_no}: expected one JSON object per line, got a JSON list. A ShareGPT "
                              "file (a JSON list of conversations) is imported from a .json file: python -m sim run "
-                             "--trace conversations.json, or sim.workloads.sharegpt.import_sharegpt")  # fmt: skip
+                             "--trace conversations.json, or sim.workloads.sharegpt.import_sharegpt")
         first = False
         try:
             try:
@@ -232,7 +242,7 @@ def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict]]:
             raise TraceError(f"{path} line {line_no}: JSON nested too deep (a request is one flat object)") from None
         except json.JSONDecodeError as e:
             raise TraceError(f"{path} line {line_no}: not valid JSON ({e.msg.removesuffix(' at')} at column "
-                             f"{e.colno})") from None  # fmt: skip
+                             f"{e.colno})") from None
         except ValueError as e:  # json_object: a field twice
             raise TraceError(f"{path} line {line_no}: {e}") from None
         if not isinstance(record, dict):
@@ -273,7 +283,7 @@ def _csv_records(path: str | Path) -> Iterator[tuple[int, dict]]:
                 continue
             if len(row) != len(header):
                 raise TraceError(f"{path} line {reader.line_num}: expected {len(header)} columns (as the header), "
-                                 f"got {len(row)}")  # fmt: skip
+                                 f"got {len(row)}")
             yield reader.line_num, dict(zip(header, row))
     except csv.Error as e:
         limit = f"field larger than field limit ({csv.field_size_limit()})"
@@ -317,7 +327,7 @@ def trace_format(path: str | Path) -> str:
     if suffix == ".json":
         return "sharegpt" if _first_character(path) == "[" else "jsonl"
     raise TraceError(f"{path}: unknown trace format {suffix!r} (allowed: .jsonl, .csv, or .json: JSONL or a "
-                     "ShareGPT conversation list)")  # fmt: skip
+                     "ShareGPT conversation list)")
 
 
 def read_trace(
@@ -346,7 +356,7 @@ def check_given_requests(requests: list[Request]) -> None:
     for i, r in enumerate(requests):
         # numpy scalars are numbers here (a trace line's JSON is stricter: 3.0 is no integer there)
         record = {name: v if type(v) is int or not is_int(v) else int(v)
-                  for name in JSON_FIELDS if (v := getattr(r, name)) is not None}  # fmt: skip
+                  for name in JSON_FIELDS if (v := getattr(r, name)) is not None}
         t = record["arrival_time"]
         record["arrival_time"] = float(t) if isinstance(t, numbers.Real) and not is_int(t) else t
         ids = record.get("prompt_token_ids")

@@ -33,8 +33,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.base.limits import (MAX_BURSTINESS, MAX_COUNT, MAX_NUM_REQUESTS, MAX_SEED, MAX_TIME_S, MAX_TOKENS, MIN_BURSTINESS,
-                        is_int, is_real)  # fmt: skip
+from sim.base.limits import (
+    MAX_BURSTINESS,
+    MAX_COUNT,
+    MAX_NUM_REQUESTS,
+    MAX_SEED,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    MIN_BURSTINESS,
+    is_int,
+    is_real,
+)
 from sim.base.request import Request
 
 DATASETS = ("sharegpt", "alpaca", "fixed", "uniform", "conversation")  # conversation: sim/workloads/conversation.py
@@ -77,7 +86,7 @@ def generate_requests(
     i % num_prefixes, and `prompt_token_ids` are synthetic (see `_prompt_token_ids`).
     """
     check_workload_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len,
-                        num_prefixes)  # fmt: skip
+                        num_prefixes)
     if not (is_int(seed) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
     # NOTE: lengths and arrivals use independent streams spawned from one seed, so sweeping the rate (as the
@@ -95,7 +104,7 @@ def generate_requests(
     token_ids = _prompt_token_ids(prompts, prefix_len, num_prefixes) if prefix_len > 0 else None
     if count and not arrivals[-1] <= MAX_TIME_S:  # the expected span was checked; a rare draw may still pass it
         raise ValueError(f"the last of {count} arrivals at {rate:g} req/s comes at {arrivals[-1]:.3g} s, past the "
-                         f"limit {MAX_TIME_S:g} s (allowed: a higher rate)")  # fmt: skip
+                         f"limit {MAX_TIME_S:g} s (allowed: a higher rate)")
     times = arrivals.tolist()
     prompt_list, output_list = (prompts + prefix_len).tolist(), outputs.tolist()
     return [
@@ -117,7 +126,7 @@ def generate_requests(
 
 
 def check_workload_args(dataset, num_requests, rate, duration, arrival, burstiness, max_seq_len, prefix_len,
-                        num_prefixes) -> None:  # fmt: skip
+                        num_prefixes) -> None:
     """Everything numpy would choke on, refused before it draws: types, the limits of sim.base.limits, and the size of
     the workload (at most MAX_NUM_REQUESTS requests expected, arriving by MAX_TIME_S). sim.workloads.conversation checks its
     sessions' arrivals with it too."""
@@ -131,20 +140,20 @@ def check_workload_args(dataset, num_requests, rate, duration, arrival, burstine
         raise ValueError(f"rate must be a finite number > 0 requests/s for {arrival} arrivals, got {rate}")
     if not (is_real(burstiness) and MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS):
         raise ValueError(f"burstiness (gamma shape) must be from {MIN_BURSTINESS:g} to {MAX_BURSTINESS:g}, "
-                         f"got {burstiness}")  # fmt: skip
+                         f"got {burstiness}")
     if (num_requests is None) == (duration is None):
         raise ValueError("give exactly one of num_requests or duration (with a rate)")
     if num_requests is not None and not (is_int(num_requests) and 0 <= num_requests <= MAX_NUM_REQUESTS):
         raise ValueError(f"num_requests must be an integer from 0 to {MAX_NUM_REQUESTS:,}, got {num_requests}")
     if duration is not None and (arrival == "offline" or not (is_real(duration) and 0 < duration <= MAX_TIME_S)):
         raise ValueError(f"duration must be > 0 seconds (at most {MAX_TIME_S:g}) and needs poisson or gamma arrivals, "
-                         f"got {duration} ({arrival})")  # fmt: skip
+                         f"got {duration} ({arrival})")
     if duration is not None and rate * duration > MAX_NUM_REQUESTS:
         raise ValueError(f"rate x duration = {rate:g} x {duration:g} = {rate * duration:.3g} expected requests, more "
-                         f"than the limit {MAX_NUM_REQUESTS:,}")  # fmt: skip
+                         f"than the limit {MAX_NUM_REQUESTS:,}")
     if num_requests is not None and arrival != "offline" and num_requests / rate > MAX_TIME_S:
         raise ValueError(f"num_requests / rate = {num_requests / rate:.3g} s of arrivals, more than the limit "
-                         f"{MAX_TIME_S:g} s")  # fmt: skip
+                         f"{MAX_TIME_S:g} s")
     if not (is_int(max_seq_len) and 2 <= max_seq_len <= MAX_TOKENS):
         raise ValueError(f"max_seq_len must be an integer from 2 to {MAX_TOKENS:,}, got {max_seq_len}")
     if not (is_int(prefix_len) and 0 <= prefix_len <= max_seq_len - 2):
@@ -245,7 +254,7 @@ def assign_priorities(requests: list[Request], share: float, seed: int) -> None:
     interactive chat before batch jobs, for scheduling_policy="priority" (vLLM serves the lower value first)."""
     if not (is_real(share) and 0 <= share <= 1):
         raise ValueError(f"priority_share: got {share!r} (allowed: a finite number >= 0 and <= 1, a share of the "
-                         f"requests)")  # fmt: skip
+                         f"requests)")
     draws = np.random.default_rng([seed, PRIORITY_STREAM]).random(len(requests))
     for request, u in zip(requests, draws.tolist()):
         request.priority = 0 if u < share else 1

@@ -11,6 +11,7 @@ numbers (`15,805`, `2.98e-07`), True/False as booleans, anything else as text, a
 tests/notebooks/test_walkthroughs.py calls it on every executed walkthrough, and test_stated_numbers.py proves
 that it fails when it should and that every phrase is in the committed notebooks.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,8 +48,11 @@ def _all_groups(matches: list[tuple]):
 
 def _close(actual, expected, tolerance: float) -> bool:
     if isinstance(expected, (tuple, list)):
-        return (isinstance(actual, (tuple, list)) and len(actual) == len(expected)
-                and all(_close(a, e, tolerance) for a, e in zip(actual, expected)))  # fmt: skip
+        return (
+            isinstance(actual, (tuple, list))
+            and len(actual) == len(expected)
+            and all(_close(a, e, tolerance) for a, e in zip(actual, expected))
+        )
     if isinstance(expected, (bool, str)) or isinstance(actual, (bool, str)):
         return actual == expected and type(actual) is type(expected)
     return isinstance(actual, (int, float)) and abs(actual - expected) <= tolerance + 1e-12
@@ -58,7 +62,6 @@ def _inside(actual, low: float, high: float) -> bool:
     if isinstance(actual, (tuple, list)):
         return len(actual) > 0 and all(_inside(a, low, high) for a in actual)
     return isinstance(actual, (int, float)) and not isinstance(actual, bool) and low <= actual <= high
-
 
 
 # ---------------------------------------------------------------------------------------------------- checking
@@ -87,8 +90,9 @@ def printed(cell) -> str:
 def missing_phrases(stem: str, nb) -> list[str]:
     """The claims' phrases that no markdown cell of the notebook contains, as mismatch lines."""
     text = markdown_text(nb)
-    return [f"{stem}: the text no longer says '{_words(c.phrase)}'"
-            for c in CLAIMS[stem] if _words(c.phrase) not in text]
+    return [
+        f"{stem}: the text no longer says '{_words(c.phrase)}'" for c in CLAIMS[stem] if _words(c.phrase) not in text
+    ]
 
 
 def check_claim(stem: str, claim: Claim, nb) -> str | None:

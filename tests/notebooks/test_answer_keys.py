@@ -12,6 +12,7 @@
 The engine's answers (walkthrough 06, `policy="oracle"` and swap) are qualitative and are not run here: loading the
 model takes longer than this whole file. No mocks. About 15 s on 2 cores.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,7 +32,7 @@ from sim.kv import NewSequence, make_kv_manager
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 GUIDE = NOTEBOOKS / "INSTRUCTORS.md"
-LABS_HEADING = "## Answer keys for the labs' \"Going further\" prompts"
+LABS_HEADING = '## Answer keys for the labs\' "Going further" prompts'
 TRY, FURTHER = "**Try:**", "Going further"
 
 
@@ -61,7 +62,7 @@ def item(phrase: str) -> str:
     starts = [text.rfind(sep, 0, at) for sep in ("\n- ", "\n\n")]
     start = max(starts)
     ends = [e for e in (text.find(sep, at) for sep in ("\n- ", "\n\n")) if e >= 0]
-    return " ".join(text[start:min(ends)].split())
+    return " ".join(text[start : min(ends)].split())
 
 
 def states(phrase: str, *values: str) -> None:
@@ -141,21 +142,27 @@ def test_walkthrough_01_requests_allocator_and_alpaca():
     six = [(5, 12), (9, 30), (3, 7), (12, 20), (4, 10), (6, 14)]
     assert _serve("max", six)[1] == [2, 3, 4, 5]
     assert _serve("pow2", six)[1] == [4, 5] and _serve("oracle", six)[1] == []
-    states("With two more small requests", "`(4, 10), (6, 14)`", "`pow2` refuses both new ones",
-           "`oracle` admits all six")
+    states(
+        "With two more small requests", "`(4, 10), (6, 14)`", "`pow2` refuses both new ones", "`oracle` admits all six"
+    )
     first_fit = {p: _serve(p, six[:4], allocator="first_fit")[0].breakdown() for p in ("max", "pow2", "oracle")}
     assert all(b.external_fragmentation == 0 for b in first_fit.values())
     states("all three rules show", "`external_fragmentation=0`")
 
     buddy = {p: _busy(policy=p, workload="sharegpt") for p in ("max", "pow2", "oracle")}
     ff = {p: _busy(policy=p, workload="sharegpt", allocator="first_fit") for p in ("max", "pow2", "oracle")}
-    states("the share of token states rises", *(pct(buddy[p]["token_states"]) for p in ("oracle", "pow2", "max")),
-           *(pct(ff[p]["token_states"]) for p in ("oracle", "pow2")))
+    states(
+        "the share of token states rises",
+        *(pct(buddy[p]["token_states"]) for p in ("oracle", "pow2", "max")),
+        *(pct(ff[p]["token_states"]) for p in ("oracle", "pow2")),
+    )
     assert pct(ff["max"]["token_states"]) == pct(buddy["max"]["token_states"])
     # lab 02: the buddy allocator's rounding, and what is left of it with first fit
-    states("share of the busy memory counted as external fragmentation",
-           *(pct(buddy[p]["external_fragmentation"]) for p in ("oracle", "pow2")),
-           pct(ff["pow2"]["external_fragmentation"]))
+    states(
+        "share of the busy memory counted as external fragmentation",
+        *(pct(buddy[p]["external_fragmentation"]) for p in ("oracle", "pow2")),
+        pct(ff["pow2"]["external_fragmentation"]),
+    )
     assert ff["oracle"]["external_fragmentation"] == 0
 
     alpaca = {p: _busy(policy=p, workload="alpaca") for p in ("max", "paged")}
@@ -165,20 +172,32 @@ def test_walkthrough_01_requests_allocator_and_alpaca():
 
 # --- walkthroughs 02, 03, 05: sim.run with the settings each prompt names ------------------------------------------
 def test_walkthrough_02_block_size():
-    runs = {bs: sim.api.run(scheduler="v0", policy="paged", workload="sharegpt", rate=2.0, duration=200, seed=0,
-                            block_size=bs).summary for bs in (1, 4, 8, 16, 256)}  # fmt: skip
+    runs = {
+        bs: sim.api.run(
+            scheduler="v0", policy="paged", workload="sharegpt", rate=2.0, duration=200, seed=0, block_size=bs
+        ).summary
+        for bs in (1, 4, 8, 16, 256)
+    }
     assert all(0.98 <= runs[bs]["memory_busy"]["token_states"] < 0.995 for bs in (1, 4, 8, 16))  # "near 98-99%"
     states("of the busy memory at `block_size=256`", pct(runs[256]["memory_busy"]["token_states"]))
-    states("so `block_size=1` runs at", f"{runs[1]['normalized_latency_s_per_token']:.3f} s/token",
-           f"{runs[1]['num_preemptions']} preemptions",
-           f"{runs[16]['normalized_latency_s_per_token']:.3f} s/token at 16")
+    states(
+        "so `block_size=1` runs at",
+        f"{runs[1]['normalized_latency_s_per_token']:.3f} s/token",
+        f"{runs[1]['num_preemptions']} preemptions",
+        f"{runs[16]['normalized_latency_s_per_token']:.3f} s/token at 16",
+    )
 
 
 def test_walkthrough_03_kv_slots_rate_and_swap():
     common = dict(model="opt-13b", gpu="a100-40gb", workload="sharegpt", rate=2.0, duration=90, seed=0, scheduler="v0")
     slots = {n: sim.api.run(**common, kv_slots=n).summary for n in (3000, 12000, 24000)}
-    states("and vanish with", f"{slots[3000]['num_preemptions']} at 3000", f"to {slots[12000]['num_preemptions']} with",
-           f"{slots[24000]['normalized_latency_s_per_token']:.3f} s/token", f"({slots[24000]['mean_batch_size']:.1f})")
+    states(
+        "and vanish with",
+        f"{slots[3000]['num_preemptions']} at 3000",
+        f"to {slots[12000]['num_preemptions']} with",
+        f"{slots[24000]['normalized_latency_s_per_token']:.3f} s/token",
+        f"({slots[24000]['mean_batch_size']:.1f})",
+    )
     assert slots[24000]["num_preemptions"] == 0 and slots[12000]["num_preemptions"] > 0
     assert f"{slots[12000]['mean_batch_size']:.1f}" == f"{slots[24000]['mean_batch_size']:.1f}"  # the plateau
     busy = sim.api.run(**{**common, "rate": 4.0}, kv_slots=3000)
@@ -194,9 +213,14 @@ def test_walkthrough_05_bigger_model_and_bursty_arrivals():
         return s["normalized_latency_s_per_token"], s["mean_batch_size"]
 
     big = {p: lat(p, model="opt-66b", num_gpus=4, rate=1.0) for p in ("max", "pow2", "oracle", "paged")}
-    states("OPT-66B on 4 GPUs gives", *(f"{big[p][0]:.3f}" for p in ("max", "oracle", "paged")),
-           f"{big['pow2'][0]:.3f}", f"{big['paged'][1]:.1f} requests", f"max's {big['max'][1]:.1f}",
-           f"{lat('paged', model='opt-66b', num_gpus=4, rate=2.0)[0]:.3f} s/token")
+    states(
+        "OPT-66B on 4 GPUs gives",
+        *(f"{big[p][0]:.3f}" for p in ("max", "oracle", "paged")),
+        f"{big['pow2'][0]:.3f}",
+        f"{big['paged'][1]:.1f} requests",
+        f"max's {big['max'][1]:.1f}",
+        f"{lat('paged', model='opt-66b', num_gpus=4, rate=2.0)[0]:.3f} s/token",
+    )
     assert big["max"][0] > big["pow2"][0] > big["oracle"][0] > big["paged"][0]
     for policy in ("oracle", "max", "paged"):
         calm, bursty = lat(policy, rate=1.0)[0], lat(policy, rate=1.0, arrival="gamma", burstiness=0.25)[0]
@@ -205,15 +229,25 @@ def test_walkthrough_05_bigger_model_and_bursty_arrivals():
 
 # --- walkthrough 07: history_limit -------------------------------------------------------------------------------
 def test_walkthrough_07_history_limit():
-    conv = dict(workload="conversation", rate=0.2, duration=300, enable_prefix_caching=True, seed=0, policy="paged",
-                block_size=16)  # fmt: skip
+    conv = dict(
+        workload="conversation",
+        rate=0.2,
+        duration=300,
+        enable_prefix_caching=True,
+        seed=0,
+        policy="paged",
+        block_size=16,
+    )
     found = {}
     for limit in (None, 1024):
         kw = dict(conv, history_limit=limit) if limit else conv
         s = sim.run(**kw).summary
         roomy = sim.run(kv_slots=200_000, **kw).summary
-        found[limit] = (pct(s["prefix_cache_hit_rate_tokens"]), pct(roomy["prefix_cache_hit_rate_tokens"]),
-                        str(s["num_requests"]))
+        found[limit] = (
+            pct(s["prefix_cache_hit_rate_tokens"]),
+            pct(roomy["prefix_cache_hit_rate_tokens"]),
+            str(s["num_requests"]),
+        )
     states("For hashed blocks of 16", *found[1024][:2], *found[None][:2], f"({found[1024][2]}, not {found[None][2]})")
     tree = sim.run(**{**conv, "policy": "radix", "history_limit": 1024}).summary
     assert pct(tree["prefix_cache_hit_rate_tokens"]) == found[1024][0]  # "The tree and the hashed blocks find the same"
@@ -227,19 +261,28 @@ def _slo_run(**kw):
 
 
 def test_walkthrough_08_slo_chunking_and_budget():
-    tight = {name: _slo_run(slo_tbt=0.03, **kw)[0] for name, kw in
-             (("v0", dict(scheduler="v0")), ("v1", dict(scheduler="v1", max_num_batched_tokens=512)))}  # fmt: skip
-    states("With the tighter TBT target", *(pct(tight[n]["slo_attainment"]) for n in ("v0", "v1")),
-           *(f"{tight[n]['goodput_req_per_s']:.2f}" for n in ("v0", "v1")),
-           f"{tight['v0']['throughput_req_per_s']:.2f}")
+    tight = {
+        name: _slo_run(slo_tbt=0.03, **kw)[0]
+        for name, kw in (("v0", dict(scheduler="v0")), ("v1", dict(scheduler="v1", max_num_batched_tokens=512)))
+    }
+    states(
+        "With the tighter TBT target",
+        *(pct(tight[n]["slo_attainment"]) for n in ("v0", "v1")),
+        *(f"{tight[n]['goodput_req_per_s']:.2f}" for n in ("v0", "v1")),
+        f"{tight['v0']['throughput_req_per_s']:.2f}",
+    )
     whole = _slo_run(scheduler="v1", enable_chunked_prefill=False, slo_tbt=0.035)[1]
     v0 = _slo_run(scheduler="v0", slo_tbt=0.035)[1]
-    states("without chunking, like v0's", whole, v0, _slo_run(scheduler="v1", max_num_batched_tokens=512,
-                                                             slo_tbt=0.035)[1])
+    states(
+        "without chunking, like v0's", whole, v0, _slo_run(scheduler="v1", max_num_batched_tokens=512, slo_tbt=0.035)[1]
+    )
     budget = {b: _slo_run(scheduler="v1", max_num_batched_tokens=b, slo_tbt=0.035) for b in (128, 512, 2048, 4096)}
     states("Over the budget sweep", f"{budget[128][1]} at 128", f"{budget[2048][1]} at 2048")
-    states("not monotonically", f"{budget[128][0]['num_preemptions']} at a budget of 128",
-           f"{budget[512][0]['num_preemptions']} at 512")
+    states(
+        "not monotonically",
+        f"{budget[128][0]['num_preemptions']} at a budget of 128",
+        f"{budget[512][0]['num_preemptions']} at 512",
+    )
     assert budget[2048][0]["num_preemptions"] == budget[4096][0]["num_preemptions"] == 0  # "none from 2048 up"
 
 
@@ -253,8 +296,14 @@ def test_lab_04_two_prompts_sharing_a_prefix():
         cached[seq_id] = kv.get_computed_tokens(ids, len(ids))
         new = NewSequence(len(ids), len(ids) + 5, ids, cached[seq_id])
         kv.allocate_slots([seq_id], [len(ids) - cached[seq_id]], [new])
-    states("`kv.get_computed_tokens` answers", f"answers {cached[1]}", f"is then {kv.allocator.num_prefix_hits}",
-           f"`{kv.block_table(0)}`", f"`{kv.block_table(1)}`", f"computes {len(b) - cached[1]} tokens")
+    states(
+        "`kv.get_computed_tokens` answers",
+        f"answers {cached[1]}",
+        f"is then {kv.allocator.num_prefix_hits}",
+        f"`{kv.block_table(0)}`",
+        f"`{kv.block_table(1)}`",
+        f"computes {len(b) - cached[1]} tokens",
+    )
 
 
 def test_lab_05_four_beams_sharing_a_prompt():
@@ -271,19 +320,24 @@ def test_lab_05_four_beams_sharing_a_prompt():
     (paged, paged10), (oracle, _) = after["paged"], after["oracle"]
     busy = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
     used = {p: sum(getattr(after[p][0], kind) for kind in busy) for p in after}  # slots in use after the forks
-    states("Paged counts the shared prompt once", f"`token_states={paged.token_states}, "
-           f"reservation={paged.reservation}`", f"{used['paged'] // 16} blocks",
-           f"`token_states={oracle.token_states}`",
-           f"`reservation={oracle.reservation}`", f"`external_fragmentation={oracle.external_fragmentation}`",
-           f"{used['oracle']} slots in use against {used['paged']}", f"`token_states={paged10.token_states}`")
+    states(
+        "Paged counts the shared prompt once",
+        f"`token_states={paged.token_states}, reservation={paged.reservation}`",
+        f"{used['paged'] // 16} blocks",
+        f"`token_states={oracle.token_states}`",
+        f"`reservation={oracle.reservation}`",
+        f"`external_fragmentation={oracle.external_fragmentation}`",
+        f"{used['oracle']} slots in use against {used['paged']}",
+        f"`token_states={paged10.token_states}`",
+    )
 
 
 def test_lab_06_long_prefill_token_threshold():
     """The key's threshold plans come from the solution's schedule() with one changed line, driven by a loop that
     first reproduces the project's scheduler on the notebook's example (so the loop is not a model of its own)."""
+    from sim.base.request import Request
     from sim.exercises.labs.token_budget import RequestState, oracle_plan, snapshot
     from sim.scheduling.plan import StepOutcome
-    from sim.base.request import Request
     from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 
     base = solution("token_budget").MyTokenBudget
@@ -321,14 +375,17 @@ def test_lab_06_long_prefill_token_threshold():
     def plans(threshold, steps=4):
         policy = Capped(4, 8, 4)
         policy.threshold = threshold
-        reqs = [dict(id=i, prompt=p, out=o, tokens=p, computed=0, made=0, status="waiting")
-                for i, (p, o) in enumerate(example)]  # fmt: skip
+        reqs = [
+            dict(id=i, prompt=p, out=o, tokens=p, computed=0, made=0, status="waiting")
+            for i, (p, o) in enumerate(example)
+        ]
         out = []
         for _ in range(steps):
             live = [r for r in reqs if r["status"] != "done"]
             held = sum(math.ceil(r["computed"] / 4) for r in live)
-            plan = policy.schedule([RequestState(r["id"], r["status"], r["tokens"], r["computed"], r["prompt"])
-                                    for r in live], 8 - held)  # fmt: skip
+            plan = policy.schedule(
+                [RequestState(r["id"], r["status"], r["tokens"], r["computed"], r["prompt"]) for r in live], 8 - held
+            )
             out.append(plan)
             for r in live:
                 if r["id"] in plan:
@@ -361,9 +418,15 @@ def test_lab_08_caps():
     policy = solution("victim_policy").MyVictimPolicy
     lost = {k: space["serve"](policy(k).victim) for k in (1, 2, 3)}
     builtin = {name: space["serve"](space[name])[1] for name in ("latest_arrival", "fewest_computed")}
-    states("(`serve(MyVictimPolicy(k).victim)`", f"`cap 1` throws away {lost[1][1]}", f"`cap 2` {lost[2][1]}",
-           f"`cap 3` {lost[3][1]}", f"{builtin['latest_arrival']} for `latest_arrival`",
-           f"{builtin['fewest_computed']} for `fewest_computed`", f"r4 is preempted {lost[1][0][4]} times")
+    states(
+        "(`serve(MyVictimPolicy(k).victim)`",
+        f"`cap 1` throws away {lost[1][1]}",
+        f"`cap 2` {lost[2][1]}",
+        f"`cap 3` {lost[3][1]}",
+        f"{builtin['latest_arrival']} for `latest_arrival`",
+        f"{builtin['fewest_computed']} for `fewest_computed`",
+        f"r4 is preempted {lost[1][0][4]} times",
+    )
 
 
 def test_lab_09_bytes_per_decode_step():
@@ -374,9 +437,13 @@ def test_lab_09_bytes_per_decode_step():
     smol = MODELS["smollm2-135m"]
     assert (smol.num_layers, smol.num_kv_heads, smol.head_dim, smol.dtype_bytes) == (30, 3, 64, 2)
     mha = dataclasses.replace(smol, num_kv_heads=smol.num_heads)
-    states("one decode step reads", f"{smol.kv_bytes_per_token:,} bytes per token",
-           f"{1000 * smol.kv_bytes_per_token:,} bytes", f"about {1000 * smol.kv_bytes_per_token / 2**20:.0f} MiB",
-           f"would read {1000 * mha.kv_bytes_per_token:,} bytes")
+    states(
+        "one decode step reads",
+        f"{smol.kv_bytes_per_token:,} bytes per token",
+        f"{1000 * smol.kv_bytes_per_token:,} bytes",
+        f"about {1000 * smol.kv_bytes_per_token / 2**20:.0f} MiB",
+        f"would read {1000 * mha.kv_bytes_per_token:,} bytes",
+    )
 
 
 def test_lab_10_flash_decoding_merge():
@@ -391,8 +458,15 @@ def test_lab_10_flash_decoding_merge():
     out = math.exp(lse1 - lse) * o1 + math.exp(lse2 - lse) * o2
     whole = partial([1, 2, 5, 0, 3], [10, 20, 30, 40, 50])[0]
     assert abs(out - whole) < 1e-9
-    states("split after token 2.", f"`o_1 = {o1:.4f}`", f"`lse_1 = {lse1:.4f}`", f"`o_2 = {o2:.4f}`",
-           f"`lse_2 = {lse2:.4f}`", f"`lse = {lse:.4f}`", f"= {out:.4f}`")
+    states(
+        "split after token 2.",
+        f"`o_1 = {o1:.4f}`",
+        f"`lse_1 = {lse1:.4f}`",
+        f"`o_2 = {o2:.4f}`",
+        f"`lse_2 = {lse2:.4f}`",
+        f"`lse = {lse:.4f}`",
+        f"= {out:.4f}`",
+    )
 
 
 def test_lab_11_block_size_and_hits():
@@ -400,8 +474,7 @@ def test_lab_11_block_size_and_hits():
 
     trace = conversation_trace(100, seed=0)  # the notebook's trace
     hits = {bs: replay(ProjectPrefixCache(32768 // bs, bs), trace) for bs in (1, 64)}
-    states("*Block size.* A turn's prompt", "32,768 slots", f"{pct(hits[1])} at block size 1",
-           f"{pct(hits[64])} at 64")
+    states("*Block size.* A turn's prompt", "32,768 slots", f"{pct(hits[1])} at block size 1", f"{pct(hits[64])} at 64")
 
 
 if __name__ == "__main__":

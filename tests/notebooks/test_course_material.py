@@ -15,6 +15,7 @@ without a Jupyter kernel:
   simulator's KV manager: `replay_engine_blocks` makes the engine's allocations on a `PagedKVManager` and prints
   the same lines.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,9 +88,11 @@ def unmatched(answer: str, printed: str) -> list[str]:
 
 def render_sweep(ns: dict) -> str:
     # notebook 5, cell-01 plots sweep()'s points and prints nothing: one line per plotted point
-    return "\n".join(f"{policy} at {rate} req/s: {latency:.2f} s/token, mean batch {batch:.1f}"
-                     for policy, out in ns["sharegpt"].items()
-                     for rate, latency, batch in zip(ns["RATES"], out["latency"], out["batch"]))  # fmt: skip
+    return "\n".join(
+        f"{policy} at {rate} req/s: {latency:.2f} s/token, mean batch {batch:.1f}"
+        for policy, out in ns["sharegpt"].items()
+        for rate, latency, batch in zip(ns["RATES"], out["latency"], out["batch"])
+    )
 
 
 PLOTTED = {("05_reproducing_the_paper.ipynb", "cell-01"): render_sweep}
@@ -127,8 +130,8 @@ def replay_engine_blocks() -> dict[str, str]:
     with a 9-token prompt, `b` = seqs 2 and 3, two samples of a 4-token prompt; every step adds one token to each
     running sequence; `a` finishes after 9 steps, and `c` = seq 4 holds 5 blocks two steps after it arrives.
     """
-    from sim.kv import NewSequence, make_kv_manager
     from sim.base.specs import get_model
+    from sim.kv import NewSequence, make_kv_manager
 
     smollm2 = get_model("smollm2-135m")
     lines = {"cell-01": f"K cache of layer 0: {(48, 8, smollm2.num_kv_heads, smollm2.head_dim)}"}
@@ -137,8 +140,10 @@ def replay_engine_blocks() -> dict[str, str]:
     kv.free(0)
     kv.allocate_slots([1, 2], [9, 4], [NewSequence(9, 19), NewSequence(4, 20)])
     kv.fork(2, 3, final_len=20)
-    log = [f"step 0: free blocks {kv.num_free_blocks}, copy-on-write []",
-           f"blocks {kv.block_table(2)}, owners {[kv.allocator.ref_count(b) for b in kv.block_table(2)]}"]
+    log = [
+        f"step 0: free blocks {kv.num_free_blocks}, copy-on-write []",
+        f"blocks {kv.block_table(2)}, owners {[kv.allocator.ref_count(b) for b in kv.block_table(2)]}",
+    ]
     for step in range(1, 10):
         running = [1, 2, 3] if step < 9 else [2, 3]  # a samples its 10th and last token at step 8
         copies = kv.allocate_slots(running, [1] * len(running)).copies
@@ -148,8 +153,9 @@ def replay_engine_blocks() -> dict[str, str]:
     lines["cell-04"] = "\n".join(log)
     queue = kv.allocator.free_queue()
     kv.allocate_slots([4], [5 * 8], [NewSequence(5 * 8, 60)])
-    lines["cell-06"] = (f"free queue before c arrives, front first: {queue[:10]} ...\n"
-                        f"request 3 seq 4: blocks {kv.block_table(4)}")  # fmt: skip
+    lines["cell-06"] = (
+        f"free queue before c arrives, front first: {queue[:10]} ...\nrequest 3 seq 4: blocks {kv.block_table(4)}"
+    )
     return lines
 
 
@@ -185,7 +191,9 @@ def test_the_guide_has_a_section_per_walkthrough_and_names_every_notebook():
 
 def test_the_figures_and_exercises_the_guide_names_exist():
     text = INSTRUCTORS.read_text()
-    named = set(re.findall(r"figures/\w+\.png", text)) | {f"notebooks/{e}" for e in re.findall(r"exercises/\w+\.ipynb", text)}
+    named = set(re.findall(r"figures/\w+\.png", text)) | {
+        f"notebooks/{e}" for e in re.findall(r"exercises/\w+\.ipynb", text)
+    }
     assert len(named) >= 10, named
     assert [name for name in sorted(named) if not (ROOT / name).is_file()] == []
 

@@ -7,6 +7,7 @@ reported as a long program that did not shrink).
   (which copies a non-contiguous view, and loses the write) passed;
 - beam_cow: the long check drew at least 30 steps, so its failures kept ~28 beams opened before the step that broke.
 """
+
 from __future__ import annotations
 
 import importlib

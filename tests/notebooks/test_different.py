@@ -11,6 +11,7 @@ handing out blocks last-in-first-out failed the "refused free" story, which assu
    a scratch cell that does not parse (skipped with one line naming it) and an experiment cell;
 3. a name the student's code misses is told as which name and where it went, never as a bare NameError.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,17 +84,23 @@ def _answers(name: str, cls_name: str, method: str, convert) -> type:
     if isinstance(original, property):
         replaced = property(lambda self: convert(original.fget(self)))
     else:
+
         def replaced(self, *args):
             answer = original(self, *args)
             return None if answer is None else convert(answer)
+
     return type(cls_name, (base,), {method: replaced})
 
 
 OPEN_CHOICES = [
     ("block_allocator", _answers("block_allocator", "AllocateAnswersATuple", "allocate", tuple)),
     # 1 - misses / total: the hit rate's other rounding (0.19999999999999996 for 0.2); it scored 6/15
-    ("prefix_economics", _answers("prefix_economics", "HitRateAsOneMinusMissRate", "hit_rate",
-                                  lambda rate: 1 - (1 - rate) if rate else rate)),  # fmt: skip
+    (
+        "prefix_economics",
+        _answers(
+            "prefix_economics", "HitRateAsOneMinusMissRate", "hit_rate", lambda rate: 1 - (1 - rate) if rate else rate
+        ),
+    ),
     ("chunked_prefill", _answers("chunked_prefill", "AttentionInFloat64", "attend_chunk", lambda t: t.double())),
     ("triton_decode", _answers("triton_decode", "OnlineStepAnswersAList", "online_softmax_step", list)),
     ("block_allocator", _allocation_order("LIFO", _lifo)),
@@ -197,8 +204,9 @@ def test_the_notebooks_own_cells_cost_no_note(name, tmp_path):
 
 # --- the reported case, exactly --------------------------------------------------------------------------------
 FIRST_FIT = (NOTEBOOKS / "solutions" / "first_fit.py").read_text()
-WITH_MIN_SIZES = (FIRST_FIT.replace("class MyFirstFitAllocator:", "MIN_SIZES = list(range(1, 2))\n\n\nclass "
-                                   "MyFirstFitAllocator:").replace("if size < 1:", "if size < MIN_SIZES[0]:"))
+WITH_MIN_SIZES = FIRST_FIT.replace(
+    "class MyFirstFitAllocator:", "MIN_SIZES = list(range(1, 2))\n\n\nclass MyFirstFitAllocator:"
+).replace("if size < 1:", "if size < MIN_SIZES[0]:")
 
 
 def _grade_notebook(tmp_path: Path, cells: list[str], name: str = "first_fit"):
@@ -263,8 +271,19 @@ def test_cli_tells_the_skipped_cell_and_gives_full_marks(tmp_path):
     path = tmp_path / "student.ipynb"
     nbformat.write(_student_notebook("first_fit", [WITH_MIN_SIZES, SCRATCH]), path)
     out = tmp_path / "results.json"
-    command = [sys.executable, "-m", "sim.exercises", "grade", str(path), "--exercise", "first_fit", "--results",
-               str(out), "--max-examples", "10"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sim.exercises",
+        "grade",
+        str(path),
+        "--exercise",
+        "first_fit",
+        "--results",
+        str(out),
+        "--max-examples",
+        "10",
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())

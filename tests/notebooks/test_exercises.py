@@ -5,6 +5,7 @@ subtly wrong one with feedback that names what broke. The solutions are loaded f
 (student-style modules, independent of sim's own allocators); the skeletons are exec'd from the cell
 tagged "skeleton" of each exercise notebook, exactly as a student first runs it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -142,8 +143,11 @@ def _evicts_most_recently_freed(base):
 @pytest.mark.parametrize(
     "name, break_it, expected",
     [
-        ("block_allocator", _free_forgets_shared,
-         "ref counts of [0, 1] after one owner frees: expected [1, 1], found [2, 2]"),
+        (
+            "block_allocator",
+            _free_forgets_shared,
+            "ref counts of [0, 1] after one owner frees: expected [1, 1], found [2, 2]",
+        ),
         ("first_fit", _no_coalescing, "free_runs() after freeing the middle: one run again: expected [(0, 12)]"),
         ("block_allocator", _counts_references_as_used_blocks, "free + used: expected 6"),
         ("buddy", _buddy_never_merges, "0+4 merge into 8, which merges with 8 into 16: expected [(0, 16)]"),

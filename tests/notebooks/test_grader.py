@@ -6,6 +6,7 @@ list every unwritten method of a skeleton at once; and write Gradescope's result
 notebook. The slow part is a state machine shrinking a failing program, so each planted bug runs only the
 machines that must catch it, with few programs.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -106,8 +107,9 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_writes_gradescope_results(tmp_path):
     out = tmp_path / "results.json"
-    done = _run_cli("notebooks/solutions/buddy.py", "--exercise", "buddy", "--results", str(out),
-                    "--max-examples", str(FEW))  # fmt: skip
+    done = _run_cli(
+        "notebooks/solutions/buddy.py", "--exercise", "buddy", "--results", str(out), "--max-examples", str(FEW)
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert set(data) == {"score", "max_score", "output", "visibility", "stdout_visibility", "tests"}
@@ -122,10 +124,12 @@ def test_cli_writes_gradescope_results(tmp_path):
 def test_cli_grades_a_notebook_without_running_unrelated_cells(tmp_path):
     nb = notebook("prefix_cache")
     source = (NOTEBOOKS / "solutions" / "prefix_cache.py").read_text()
-    nb.cells = [nbformat.v4.new_code_cell("%matplotlib inline\nimport math"),
-                nbformat.v4.new_code_cell(source),
-                nbformat.v4.new_code_cell("raise SystemExit('the grader must not run this cell')"),
-                *[c for c in nb.cells if "skeleton" not in c.metadata.get("tags", [])]]  # fmt: skip
+    nb.cells = [
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport math"),
+        nbformat.v4.new_code_cell(source),
+        nbformat.v4.new_code_cell("raise SystemExit('the grader must not run this cell')"),
+        *[c for c in nb.cells if "skeleton" not in c.metadata.get("tags", [])],
+    ]
     path = tmp_path / "student.ipynb"
     nbformat.write(nb, path)
     out = tmp_path / "results.json"
@@ -140,8 +144,10 @@ def test_cli_grades_a_notebook_without_running_unrelated_cells(tmp_path):
     [
         (["missing.py", "--exercise", "buddy"], "no such file: missing.py"),
         (["notebooks/solutions/buddy.py", "--exercise", "lru"], "unknown exercise 'lru' (allowed: first_fit, buddy"),
-        (["notebooks/solutions/first_fit.py", "--exercise", "prefix_cache"],
-         "no class MyPrefixCachingAllocator found (nor any other class defining allocate, cache_block, lookup"),
+        (
+            ["notebooks/solutions/first_fit.py", "--exercise", "prefix_cache"],
+            "no class MyPrefixCachingAllocator found (nor any other class defining allocate, cache_block, lookup",
+        ),
         (["notebooks/README.md", "--exercise", "buddy"], "expected a .py module or an .ipynb notebook, found .md"),
     ],
     ids=["no-file", "unknown-exercise", "no-class", "not-python"],

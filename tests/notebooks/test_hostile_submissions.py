@@ -6,6 +6,7 @@ __str__ has a typo in it, sys.exit() in a method or at the top level, hypothesis
 bug fails, values whose __eq__ always says True, a forged `__grader_notes__`, a notebook cell Python cannot parse,
 a chain of computed constants; and --results paths that would overwrite the submission or cannot be written.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from sim.exercises.source import find_class, load, notes
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = (ROOT / "notebooks" / "solutions" / "first_fit.py").read_text()
-CLASS = SOLUTION[SOLUTION.index("class MyFirstFitAllocator"):]
+CLASS = SOLUTION[SOLUTION.index("class MyFirstFitAllocator") :]
 ALLOCATE = "    def allocate(self, size: int) -> int | None:\n"
 assert ALLOCATE in CLASS
 
@@ -40,8 +41,24 @@ def _grade(path: Path, **kwargs):
 
 
 def _cli(path: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim.exercises", "grade", str(path), "--exercise", "first_fit",
-                           "--max-examples", "10", *flags], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.exercises",
+            "grade",
+            str(path),
+            "--exercise",
+            "first_fit",
+            "--max-examples",
+            "10",
+            *flags,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -50,13 +67,17 @@ def test_an_endless_loop_fails_each_check_alone_after_its_time_limit(tmp_path):
     report, _ = _grade(path, check_timeout=1.0)
     assert report.score == 0 and report.results
     # 1 s on the reference machine, scaled by this one's measured slowness (sim/exercises/limits.py)
-    said = re.compile(r"made no progress for [\d.]+ s, past its time limit of [\d.]+ s without progress \(an endless loop\?\)")
+    said = re.compile(
+        r"made no progress for [\d.]+ s, past its time limit of [\d.]+ s without progress \(an endless loop\?\)"
+    )
     assert all(said.search(r.detail) for r in report.results if r.detail), report.text()
 
 
 def test_an_exception_whose_str_raises_is_feedback(tmp_path):
-    broken = ("class OutOfSlots(Exception):\n    def __str__(self):\n        return f'no hole of {self.sise}'\n\n\n"
-              + CLASS.replace(ALLOCATE, ALLOCATE + "        raise OutOfSlots()\n"))  # fmt: skip
+    broken = (
+        "class OutOfSlots(Exception):\n    def __str__(self):\n        return f'no hole of {self.sise}'\n\n\n"
+        + CLASS.replace(ALLOCATE, ALLOCATE + "        raise OutOfSlots()\n")
+    )
     report, _ = _grade(_submission(tmp_path, broken))
     assert report.score < report.max_score
     assert any("<a OutOfSlots whose str() raised AttributeError>" in r.detail for r in report.results), report.text()
@@ -64,7 +85,9 @@ def test_an_exception_whose_str_raises_is_feedback(tmp_path):
 
 @pytest.mark.slow
 def test_sys_exit_in_a_method_is_feedback_and_at_the_top_level_one_line(tmp_path):
-    report, _ = _grade(_submission(tmp_path, "import sys\n" + CLASS.replace(ALLOCATE, ALLOCATE + "        sys.exit(0)\n")))
+    report, _ = _grade(
+        _submission(tmp_path, "import sys\n" + CLASS.replace(ALLOCATE, ALLOCATE + "        sys.exit(0)\n"))
+    )
     assert report.score < report.max_score and any("your code called sys.exit(0)" in r.detail for r in report.results)
     top = _submission(tmp_path, "import sys\nsys.exit(3)\n" + CLASS, "top.py")
     done = _cli(top, "--results", str(tmp_path / "r.json"))
@@ -73,19 +96,23 @@ def test_sys_exit_in_a_method_is_feedback_and_at_the_top_level_one_line(tmp_path
 
 
 def test_hypothesis_reject_cannot_hide_a_bug(tmp_path):
-    hiding = ("        import hypothesis\n        if self.num_slots > 16 and hypothesis.currently_in_test_context():\n"
-              "            hypothesis.reject()\n        if self.num_slots > 16:\n            return None\n")  # fmt: skip
+    hiding = (
+        "        import hypothesis\n        if self.num_slots > 16 and hypothesis.currently_in_test_context():\n"
+        "            hypothesis.reject()\n        if self.num_slots > 16:\n            return None\n"
+    )
     report, _ = _grade(_submission(tmp_path, CLASS.replace(ALLOCATE, ALLOCATE + hiding)))
     assert report.score < report.max_score
     assert any("only the grader may steer hypothesis" in r.detail for r in report.results), report.text()
 
 
 def test_values_that_always_compare_equal_pass_nothing(tmp_path):
-    cheat = ("class Any_(int):\n    def __eq__(self, o):\n        return True\n    def __ne__(self, o):\n"
-             "        return False\n    __hash__ = int.__hash__\n\n\nclass MyFirstFitAllocator:\n"
-             "    def __init__(self, num_slots):\n        self.num_slots = num_slots\n    @property\n"
-             "    def num_free_slots(self):\n        return Any_(0)\n    def free_runs(self):\n        return []\n"
-             "    def allocate(self, size):\n        return Any_(0)\n    def free(self, start):\n        pass\n")  # fmt: skip
+    cheat = (
+        "class Any_(int):\n    def __eq__(self, o):\n        return True\n    def __ne__(self, o):\n"
+        "        return False\n    __hash__ = int.__hash__\n\n\nclass MyFirstFitAllocator:\n"
+        "    def __init__(self, num_slots):\n        self.num_slots = num_slots\n    @property\n"
+        "    def num_free_slots(self):\n        return Any_(0)\n    def free_runs(self):\n        return []\n"
+        "    def allocate(self, size):\n        return Any_(0)\n    def free(self, start):\n        pass\n"
+    )
     report, _ = _grade(_submission(tmp_path, cheat))
     assert report.score == 0, report.text()
 
@@ -107,13 +134,19 @@ def test_a_notebook_cell_python_cannot_parse_is_skipped_and_a_long_chain_of_cons
     nb = nbformat.v4.new_notebook()
     chain = "c0 = abs(1)\n" + "".join(f"c{i} = abs(c{i - 1})\n" for i in range(1, 3000))
     uses = CLASS.replace("        self.num_slots = num_slots\n", "        self.num_slots = num_slots + 0 * c2999\n", 1)
-    nb.cells = [nbformat.v4.new_code_cell("x = " + "-" * 200_000 + "1"), nbformat.v4.new_code_cell(chain),
-                nbformat.v4.new_code_cell(uses)]  # fmt: skip
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = " + "-" * 200_000 + "1"),
+        nbformat.v4.new_code_cell(chain),
+        nbformat.v4.new_code_cell(uses),
+    ]
     path = tmp_path / "student.ipynb"
     nbformat.write(nb, path)
-    code = ("import sys; from pathlib import Path; from sim.exercises.source import load, notes; "
-            "print(notes(load(Path(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)  # (it ran for minutes at 2,000 links: a pass per link, each over all)
+    code = (
+        "import sys; from pathlib import Path; from sim.exercises.source import load, notes; "
+        "print(notes(load(Path(sys.argv[1]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )  # (it ran for minutes at 2,000 links: a pass per link, each over all)
     assert done.returncode == 0, done.stderr
     assert "skipped code cell 1" in done.stdout and "c2999" not in done.stdout, done.stdout

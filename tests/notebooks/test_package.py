@@ -10,6 +10,7 @@ notebook as shipped a low score, a broken submission 0 with one line; results.js
 registry, imported, has no hidden machine; no string in its Python sources is (a 25+ character part of) a hidden
 check's title only; and no file of notebooks/solutions/, tests/ or INSTRUCTORS.md is in it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,8 +75,14 @@ def mock_autograder(archive: Path, tmp: Path, submission: Path | None, text: str
 def run_autograder(root: Path) -> dict:
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable)
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", str(root / "run_autograder"), "--max-examples", MAX_EXAMPLES], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=root)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(root / "run_autograder"), "--max-examples", MAX_EXAMPLES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
     assert isinstance(data["score"], float) and data["visibility"] == "visible" and isinstance(data["tests"], list)
@@ -91,8 +98,15 @@ def solution(name: str) -> Path:
 
 
 # --- the archives ----------------------------------------------------------------------------------------------
-LABS = ["block_allocator", pytest.param("block_table_attention", marks=pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="a tensor lab's grader needs torch (the full install)"))]
+LABS = [
+    "block_allocator",
+    pytest.param(
+        "block_table_attention",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("torch") is None, reason="a tensor lab's grader needs torch (the full install)"
+        ),
+    ),
+]
 
 
 @pytest.mark.parametrize("name", LABS)
@@ -101,8 +115,15 @@ def test_archive_holds_the_grader_and_hidden_checks(out: Path, name: str) -> Non
     with zipfile.ZipFile(archive) as z:
         names = set(z.namelist())
         modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
-    assert {"setup.sh", "run_autograder", "autograde.py", "lab/pyproject.toml", "lab/README.md",
-            "lab/sim/exercises/registry.py", "lab/sim/exercises/machines.py"} <= names  # fmt: skip
+    assert {
+        "setup.sh",
+        "run_autograder",
+        "autograde.py",
+        "lab/pyproject.toml",
+        "lab/README.md",
+        "lab/sim/exercises/registry.py",
+        "lab/sim/exercises/machines.py",
+    } <= names
     assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111
     tensor = name == "block_table_attention"
     assert ("lab/reference/exercises/labs/_block_table_attention_checks.py" in names) == tensor
@@ -153,8 +174,10 @@ def test_broken_submission_gets_zero_and_one_line(out: Path, tmp_path: Path, tex
 def test_a_submission_that_prints_bytes_and_leaves_a_process_running_keeps_its_grade(out: Path, tmp_path: Path) -> None:
     """It printed bytes that are not UTF-8 (the wrapper crashed decoding them, no results.json) and left a process
     holding the output pipe (the wrapper waited for it until its time limit and replaced the grade with 0)."""
-    text = solution("block_allocator").read_text() + ("\nimport subprocess, sys\nsys.stdout.buffer.write(b'caf\\xe9\\n')"
-                                                      "\nsys.stdout.flush()\nsubprocess.Popen(['sleep', '600'])\n")  # fmt: skip
+    text = solution("block_allocator").read_text() + (
+        "\nimport subprocess, sys\nsys.stdout.buffer.write(b'caf\\xe9\\n')"
+        "\nsys.stdout.flush()\nsubprocess.Popen(['sleep', '600'])\n"
+    )
     root = mock_autograder(build_autograder("block_allocator", out), tmp_path, Path("submission.py"), text)
     data = run_autograder(root)
     assert data["score"] == data["max_score"] > 0, data["output"]
@@ -162,8 +185,9 @@ def test_a_submission_that_prints_bytes_and_leaves_a_process_running_keeps_its_g
 
 def test_a_submission_that_ends_the_process_gets_zero_and_says_so(out: Path, tmp_path: Path) -> None:
     text = solution("block_allocator").read_text() + "\nimport os\nos._exit(0)\n"
-    data = run_autograder(mock_autograder(build_autograder("block_allocator", out), tmp_path, Path("submission.py"),
-                                          text))  # fmt: skip
+    data = run_autograder(
+        mock_autograder(build_autograder("block_allocator", out), tmp_path, Path("submission.py"), text)
+    )
     assert data["score"] == 0 and "stopped before it wrote a grade" in data["output"]
 
 
@@ -214,9 +238,11 @@ def test_handout_has_no_solutions_tests_or_answers(handout: Path) -> None:
 
 
 def test_handout_registry_has_no_hidden_check(handout: Path) -> None:
-    code = ("import json, sim.exercises, reference.exercises as r; "
-            "print(json.dumps([sim.exercises.__file__, [m.visibility for e in r.EXERCISES.values() "
-            "for m in e.machines]]))")  # fmt: skip
+    code = (
+        "import json, sim.exercises, reference.exercises as r; "
+        "print(json.dumps([sim.exercises.__file__, [m.visibility for e in r.EXERCISES.values() "
+        "for m in e.machines]]))"
+    )
     env = dict(os.environ, PYTHONPATH=str(handout))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=handout)
     assert done.returncode == 0, done.stderr
@@ -241,10 +267,12 @@ def test_handout_sources_name_no_hidden_check(handout: Path) -> None:
 
 
 def test_handout_check_still_runs_the_visible_checks(handout: Path) -> None:
-    code = ("from sim.exercises import check; import importlib.util as u, sys; "
-            f"s = u.spec_from_file_location('sol', {str(solution('block_allocator'))!r}); m = u.module_from_spec(s); "
-            "s.loader.exec_module(m); r = check('block_allocator', m.MyBlockAllocator, max_examples=10, quiet=True); "
-            "print(r.passed, r.num_hidden, len(r.results))")  # fmt: skip
+    code = (
+        "from sim.exercises import check; import importlib.util as u, sys; "
+        f"s = u.spec_from_file_location('sol', {str(solution('block_allocator'))!r}); m = u.module_from_spec(s); "
+        "s.loader.exec_module(m); r = check('block_allocator', m.MyBlockAllocator, max_examples=10, quiet=True); "
+        "print(r.passed, r.num_hidden, len(r.results))"
+    )
     env = dict(os.environ, PYTHONPATH=str(handout))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=handout)
     assert done.returncode == 0, done.stderr

@@ -6,6 +6,7 @@ disagrees, and must say so in one line naming the walkthrough, the phrase, the s
 every claim must point at the committed notebooks as they are: its phrase in their markdown, its snippet in
 exactly one code cell, so an edit of the text fails in a second instead of after executing the notebook.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,9 @@ WALKTHROUGHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 # notebook 2's first claim: the text says seq 0 has 12 tokens in blocks [0, 1, 4] after the decode loop
 PHRASE = "Seq 0 now has 12 tokens and the block table `[0, 1, 4]`"
 SOURCE = "for step in range(1, 7):\n    kv.allocate_slots([0, 1], [1, 1])"
-PRINTED = ("decode step 6 (new block: seq [1])   seq 0: {} tokens -> {}  seq 1:  9 tokens -> [2, 3, 5]"
-           "   free blocks: 2\n")
+PRINTED = (
+    "decode step 6 (new block: seq [1])   seq 0: {} tokens -> {}  seq 1:  9 tokens -> [2, 3, 5]   free blocks: 2\n"
+)
 
 
 def walkthrough(markdown: str, printed: str | None) -> nbformat.NotebookNode:
@@ -49,8 +51,9 @@ def test_a_notebook_that_prints_what_the_text_says_passes():
 def test_a_wrong_number_is_reported_with_the_phrase_the_stated_and_the_printed_number():
     nb = walkthrough(PHRASE, PRINTED.format(13, "[0, 1, 4]"))
     message = check_claim("02_paging", first_claim(), nb)
-    assert message == (f"02_paging: the text says '{PHRASE}' (12, 0, 1, 4) but cell 'for step in range(1, 7):' "
-                       "printed (13, 0, 1, 4)")  # fmt: skip
+    assert message == (
+        f"02_paging: the text says '{PHRASE}' (12, 0, 1, 4) but cell 'for step in range(1, 7):' printed (13, 0, 1, 4)"
+    )
     assert "\n" not in message
 
 
@@ -70,14 +73,20 @@ def test_a_missing_output_or_cell_is_a_mismatch():
 
 
 def test_a_range_claim_fails_outside_its_range():
-    claim = Claim("waste under 4%", "busy[policy]", r"^paged +token states +([\d.]+)%",
-                  read=lambda ms: 100 - ms[0][0], within=(0, 4))  # fmt: skip
+    claim = Claim(
+        "waste under 4%",
+        "busy[policy]",
+        r"^paged +token states +([\d.]+)%",
+        read=lambda ms: 100 - ms[0][0],
+        within=(0, 4),
+    )
     nb = new_notebook(cells=[new_markdown_cell("vLLM: waste under 4%."), new_code_cell("busy[policy] = 1")])
     nb.cells[1].outputs = [new_output("stream", name="stdout", text="paged   token states  98.4%\n")]
     assert check_claim("01_x", claim, nb) is None
     nb.cells[1].outputs[0].text = "paged   token states  95.1%\n"
-    assert check_claim("01_x", claim, nb) == ("01_x: the text says 'waste under 4%' (0 to 4) but cell 'busy[policy]' "
-                                              "printed ((95.1)) -> 4.9")  # fmt: skip
+    assert check_claim("01_x", claim, nb) == (
+        "01_x: the text says 'waste under 4%' (0 to 4) but cell 'busy[policy]' printed ((95.1)) -> 4.9"
+    )
 
 
 def test_check_stated_numbers_lists_every_mismatch_of_an_unexecuted_walkthrough():

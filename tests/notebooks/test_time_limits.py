@@ -5,6 +5,7 @@ The rules are tested on the watch's own clock (times given, nothing slept), then
 loops inside one call is told "an endless loop?", one that is slow but keeps answering is told the machine is slow,
 and one whose calls are slow but finish in time passes.
 """
+
 from __future__ import annotations
 
 import time
@@ -68,6 +69,7 @@ class Worker:
 
 def _run(calls: int, seconds: float, timeout: float) -> CheckResult:
     """One check through the grader's own path (run_example, the referee): `calls` calls of `seconds` each."""
+
     def example(make, story: Story) -> None:
         worker = make(seconds)
         for _ in range(calls):

@@ -10,6 +10,7 @@ Each executed walkthrough is also checked against its own text: the numbers its 
 (tests/notebooks/walkthrough_claims.py, checked by stated_numbers.py) must be what it printed, so a change that
 moves an output fails here until the text (and the claim) follows.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,9 @@ def kernel_env(tmp_path_factory):
 
 
 def test_there_are_ten_walkthroughs():
-    assert [p.name[:2] for p in WALKTHROUGHS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"], WALKTHROUGHS
+    assert [p.name[:2] for p in WALKTHROUGHS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"], (
+        WALKTHROUGHS
+    )
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.rglob("*.ipynb")), ids=lambda p: str(p.relative_to(NOTEBOOKS)))
@@ -115,9 +118,23 @@ def test_the_readme_commands_for_opening_and_exporting_notebooks_work(tmp_path, 
     assert ".venv/bin/jupyter lab notebooks/" in readme and ".venv/bin/jupyter nbconvert" in readme
     lab = subprocess.run([jupyter, "lab", "--version"], capture_output=True, text=True, timeout=120)
     assert lab.returncode == 0 and lab.stdout.strip()[0].isdigit(), lab.stderr
-    done = subprocess.run([jupyter, "nbconvert", "--to", "html", "--execute", "--output-dir", tmp_path,
-                           f"--ExecutePreprocessor.kernel_name={KERNEL_NAME}", NOTEBOOKS / "02_paging.ipynb"],
-                          capture_output=True, text=True, timeout=300, cwd=NOTEBOOKS)  # fmt: skip
+    done = subprocess.run(
+        [
+            jupyter,
+            "nbconvert",
+            "--to",
+            "html",
+            "--execute",
+            "--output-dir",
+            tmp_path,
+            f"--ExecutePreprocessor.kernel_name={KERNEL_NAME}",
+            NOTEBOOKS / "02_paging.ipynb",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=NOTEBOOKS,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     html = (tmp_path / "02_paging.html").read_text()
     assert "block_table" in html and "Traceback" not in html

@@ -1,4 +1,5 @@
 """Fixtures the engine tests share: the embedded SmolLM2 loaded once per module, and HF's own model beside it."""
+
 import pytest
 import torch
 
@@ -20,5 +21,6 @@ def hf_model():
 
     from reference.models import smollm2_checkpoint_dir
 
-    return AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32,
-                                                local_files_only=True).eval()  # fmt: skip
+    return AutoModelForCausalLM.from_pretrained(
+        smollm2_checkpoint_dir(), dtype=torch.float32, local_files_only=True
+    ).eval()

@@ -8,6 +8,7 @@ refusal is one line (no newline in the message).
 The engine is the tiny random Llama with a byte tokenizer (text = its UTF-8 bytes), so text prompts work too; chat()
 pairs SmolLM2's tokenizer and chat template with a random model of its vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,8 +73,12 @@ GENERATE = {  # id: (prompts, params, exception, message fragment)
     "a negative token id": ([-1, 4], None, ValueError, "token id -1 is outside the vocabulary"),
     "a float array": (np.array([1.0, 2.0]), None, TypeError, "integer dtype"),
     "a 3-D array": (np.zeros((1, 1, 2), dtype=np.int64), None, ValueError, "1-D"),
-    "a dict with an unknown key": ({"text": "hi"}, None, ValueError,
-                                   "exactly one of the keys 'prompt', 'prompt_token_ids'"),
+    "a dict with an unknown key": (
+        {"text": "hi"},
+        None,
+        ValueError,
+        "exactly one of the keys 'prompt', 'prompt_token_ids'",
+    ),
     "a dict with both keys": ({"prompt": "hi", "prompt_token_ids": [1]}, None, ValueError, "exactly one of the keys"),
     "an empty dict": ({}, None, ValueError, "exactly one of the keys"),
     "a dict prompt not str": ({"prompt": 5}, None, TypeError, "'prompt' must be a str"),
@@ -88,17 +93,32 @@ GENERATE = {  # id: (prompts, params, exception, message fragment)
     "a bad params in the list": (["a", "b"], [GREEDY, "x"], TypeError, "params[1] must be SamplingParams"),
     "beam params": (["a"], BeamSearchParams(beam_width=2, max_tokens=4), TypeError, "use beam_search()"),
     "more blocks than the pool (the scheduler's check)": (
-        ["a", [5] * 30], [GREEDY, SamplingParams(n=4, max_tokens=30)], ValueError,
-        "prompt 1: 4 sequence(s) of final length 59 need 60 blocks"),
-    "more sequences than max_num_seqs": (["a", "b"], [GREEDY, SamplingParams(n=300)], ValueError,
-                                         "prompt 1: 300 sequences (allowed: <= max_num_seqs, 256)"),
+        ["a", [5] * 30],
+        [GREEDY, SamplingParams(n=4, max_tokens=30)],
+        ValueError,
+        "prompt 1: 4 sequence(s) of final length 59 need 60 blocks",
+    ),
+    "more sequences than max_num_seqs": (
+        ["a", "b"],
+        [GREEDY, SamplingParams(n=300)],
+        ValueError,
+        "prompt 1: 300 sequences (allowed: <= max_num_seqs, 256)",
+    ),
     # a stop id the model can never sample: once failed inside a step (IndexError) when min_tokens masked it
-    "a stop token id over the vocabulary": ("a", SamplingParams(stop_token_ids=[10**6], min_tokens=1), ValueError,
-                                            "the prompt's SamplingParams: stop_token_ids holds 1000000, outside the "
-                                            "vocabulary (allowed: token ids 0 .. 255)"),
-    "a stop token id over the vocabulary, 2nd params": (["a", "b"], [GREEDY, SamplingParams(stop_token_ids=[3, 256])],
-                                                        ValueError, "prompt 1's SamplingParams: stop_token_ids holds 256"),
-}  # fmt: skip
+    "a stop token id over the vocabulary": (
+        "a",
+        SamplingParams(stop_token_ids=[10**6], min_tokens=1),
+        ValueError,
+        "the prompt's SamplingParams: stop_token_ids holds 1000000, outside the "
+        "vocabulary (allowed: token ids 0 .. 255)",
+    ),
+    "a stop token id over the vocabulary, 2nd params": (
+        ["a", "b"],
+        [GREEDY, SamplingParams(stop_token_ids=[3, 256])],
+        ValueError,
+        "prompt 1's SamplingParams: stop_token_ids holds 256",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", GENERATE)
@@ -126,18 +146,27 @@ def test_beam_search_refuses_bad_input_whole(llm):
 
 
 ADD_REQUEST = {  # id: (kwargs, exception, fragment)
-    "request_id a float": (dict(request_id=7.0), TypeError, "request_id must be a str (or an int, converted with "
-                                                            "str()), got float 7.0"),
+    "request_id a float": (
+        dict(request_id=7.0),
+        TypeError,
+        "request_id must be a str (or an int, converted with str()), got float 7.0",
+    ),
     "request_id a bool": (dict(request_id=True), TypeError, "request_id must be a str (or an int"),
     "request_id a list": (dict(request_id=["7"]), TypeError, "request_id must be a str (or an int"),
-    "request_id in use": (dict(request_id="0"), ValueError, "request_id '0' was already given to this engine "
-                                                            "(allowed: an id not given before, or None"),
+    "request_id in use": (
+        dict(request_id="0"),
+        ValueError,
+        "request_id '0' was already given to this engine (allowed: an id not given before, or None",
+    ),
     "request_id in use, as an int": (dict(request_id=0), ValueError, "request_id '0' was already given"),
     "params a dict": (dict(params={"n": 2}), TypeError, "params must be SamplingParams or BeamSearchParams"),
     "prompt bytes": (dict(prompt=b"x"), TypeError, "got bytes"),
-    "a stop token id over the vocabulary": (dict(params=SamplingParams(stop_token_ids=[2, 10**6], min_tokens=1)),
-                                            ValueError, "stop_token_ids holds 1000000, outside the vocabulary"),
-}  # fmt: skip
+    "a stop token id over the vocabulary": (
+        dict(params=SamplingParams(stop_token_ids=[2, 10**6], min_tokens=1)),
+        ValueError,
+        "stop_token_ids holds 1000000, outside the vocabulary",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", ADD_REQUEST)
@@ -190,29 +219,65 @@ PARAMS = {  # id: (class, kwargs, exception, fragment)
     "ignore_eos int": (SamplingParams, dict(ignore_eos=1), TypeError, "ignore_eos must be True or False"),
     "presence_penalty 3": (SamplingParams, dict(presence_penalty=3), ValueError, "presence_penalty must be in [-2, 2]"),
     "frequency_penalty nan": (SamplingParams, dict(frequency_penalty=math.nan), ValueError, "finite number"),
-    "repetition_penalty 0": (SamplingParams, dict(repetition_penalty=0), ValueError,
-                             "repetition_penalty must be in [0.0001, 100] (1 = off), got 0"),
+    "repetition_penalty 0": (
+        SamplingParams,
+        dict(repetition_penalty=0),
+        ValueError,
+        "repetition_penalty must be in [0.0001, 100] (1 = off), got 0",
+    ),
     # once inf logits, then NaN probabilities inside a step (RuntimeError from torch.multinomial)
-    "repetition_penalty 1e-300": (SamplingParams, dict(repetition_penalty=1e-300), ValueError,
-                                  "repetition_penalty must be in [0.0001, 100] (1 = off), got 1e-300"),
-    "repetition_penalty 101": (SamplingParams, dict(repetition_penalty=101), ValueError,
-                               "repetition_penalty must be in [0.0001, 100]"),
+    "repetition_penalty 1e-300": (
+        SamplingParams,
+        dict(repetition_penalty=1e-300),
+        ValueError,
+        "repetition_penalty must be in [0.0001, 100] (1 = off), got 1e-300",
+    ),
+    "repetition_penalty 101": (
+        SamplingParams,
+        dict(repetition_penalty=101),
+        ValueError,
+        "repetition_penalty must be in [0.0001, 100]",
+    ),
     "min_p over 1": (SamplingParams, dict(min_p=1.5), ValueError, "min_p must be in [0, 1]"),
-    "min_tokens over max": (SamplingParams, dict(min_tokens=20, max_tokens=4), ValueError,
-                            "min_tokens must be <= max_tokens=4"),
+    "min_tokens over max": (
+        SamplingParams,
+        dict(min_tokens=20, max_tokens=4),
+        ValueError,
+        "min_tokens must be <= max_tokens=4",
+    ),
     "min_tokens negative": (SamplingParams, dict(min_tokens=-1), ValueError, "min_tokens must be >= 0"),
     "logprobs 100": (SamplingParams, dict(logprobs=100), ValueError, "logprobs must be None or an integer in [0, 20]"),
     "logprobs bool": (SamplingParams, dict(logprobs=True), TypeError, "logprobs must be an integer"),
-    "logprobs negative": (SamplingParams, dict(logprobs=-1), ValueError,
-                          "logprobs must be None or an integer in [0, 20], got -1"),
-    "prompt_logprobs negative": (SamplingParams, dict(prompt_logprobs=-1), ValueError,
-                                 "prompt_logprobs must be None or an integer in [0, 20], got -1"),
-    "prompt_logprobs 21": (SamplingParams, dict(prompt_logprobs=21), ValueError, "prompt_logprobs must be None or an "
-                                                                                 "integer in [0, 20], got 21"),
-    "prompt_logprobs float": (SamplingParams, dict(prompt_logprobs=1.0), TypeError,
-                              "prompt_logprobs must be an integer, got float"),
-    "prompt_logprobs bool": (SamplingParams, dict(prompt_logprobs=True), TypeError,
-                             "prompt_logprobs must be an integer, got bool"),
+    "logprobs negative": (
+        SamplingParams,
+        dict(logprobs=-1),
+        ValueError,
+        "logprobs must be None or an integer in [0, 20], got -1",
+    ),
+    "prompt_logprobs negative": (
+        SamplingParams,
+        dict(prompt_logprobs=-1),
+        ValueError,
+        "prompt_logprobs must be None or an integer in [0, 20], got -1",
+    ),
+    "prompt_logprobs 21": (
+        SamplingParams,
+        dict(prompt_logprobs=21),
+        ValueError,
+        "prompt_logprobs must be None or an integer in [0, 20], got 21",
+    ),
+    "prompt_logprobs float": (
+        SamplingParams,
+        dict(prompt_logprobs=1.0),
+        TypeError,
+        "prompt_logprobs must be an integer, got float",
+    ),
+    "prompt_logprobs bool": (
+        SamplingParams,
+        dict(prompt_logprobs=True),
+        TypeError,
+        "prompt_logprobs must be an integer, got bool",
+    ),
     "prompt_logprobs str": (SamplingParams, dict(prompt_logprobs="2"), TypeError, "prompt_logprobs must be an integer"),
     "stop empty": (SamplingParams, dict(stop=""), TypeError, "stop must be None, a non-empty str"),
     "stop int": (SamplingParams, dict(stop=[3]), TypeError, "stop must be None, a non-empty str"),
@@ -220,19 +285,43 @@ PARAMS = {  # id: (class, kwargs, exception, fragment)
     "stop_token_ids negative": (SamplingParams, dict(stop_token_ids=[-1]), ValueError, "stop_token_ids[] must be >= 0"),
     "skip_special_tokens None": (SamplingParams, dict(skip_special_tokens=None), TypeError, "True or False"),
     "beam_width zero": (BeamSearchParams, dict(beam_width=0, max_tokens=4), ValueError, "beam_width must be >= 1"),
-    "beam_width float": (BeamSearchParams, dict(beam_width=2.0, max_tokens=4), TypeError,
-                         "beam_width must be an integer"),
-    "beam max_tokens float": (BeamSearchParams, dict(beam_width=2, max_tokens=4.5), TypeError,
-                              "max_tokens must be an integer"),
-    "length_penalty inf": (BeamSearchParams, dict(beam_width=2, max_tokens=4, length_penalty=math.inf), ValueError,
-                           "length_penalty must be a finite number"),
-    "length_penalty huge": (BeamSearchParams, dict(beam_width=2, max_tokens=4, length_penalty=500.0), ValueError,
-                            "length_penalty must be in [-10.0, 10.0]"),
-    "length_penalty str": (BeamSearchParams, dict(beam_width=2, max_tokens=4, length_penalty="1"), TypeError,
-                           "length_penalty must be a number"),
-    "beam ignore_eos None": (BeamSearchParams, dict(beam_width=2, max_tokens=4, ignore_eos=None), TypeError,
-                             "ignore_eos must be True or False"),
-}  # fmt: skip
+    "beam_width float": (
+        BeamSearchParams,
+        dict(beam_width=2.0, max_tokens=4),
+        TypeError,
+        "beam_width must be an integer",
+    ),
+    "beam max_tokens float": (
+        BeamSearchParams,
+        dict(beam_width=2, max_tokens=4.5),
+        TypeError,
+        "max_tokens must be an integer",
+    ),
+    "length_penalty inf": (
+        BeamSearchParams,
+        dict(beam_width=2, max_tokens=4, length_penalty=math.inf),
+        ValueError,
+        "length_penalty must be a finite number",
+    ),
+    "length_penalty huge": (
+        BeamSearchParams,
+        dict(beam_width=2, max_tokens=4, length_penalty=500.0),
+        ValueError,
+        "length_penalty must be in [-10.0, 10.0]",
+    ),
+    "length_penalty str": (
+        BeamSearchParams,
+        dict(beam_width=2, max_tokens=4, length_penalty="1"),
+        TypeError,
+        "length_penalty must be a number",
+    ),
+    "beam ignore_eos None": (
+        BeamSearchParams,
+        dict(beam_width=2, max_tokens=4, ignore_eos=None),
+        TypeError,
+        "ignore_eos must be True or False",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", PARAMS)
@@ -251,39 +340,71 @@ ENGINE = {  # id: (kwargs, exception, fragment)
     "max_model_len float": (dict(max_model_len=32.0), TypeError, "max_model_len must be an integer"),
     "watermark nan": (dict(watermark=math.nan), ValueError, "watermark must be a finite number"),
     # pools past sim.base.limits.MAX_POOL_BLOCKS: once an OverflowError (or a Python list of 10**9 free blocks)
-    "num_gpu_blocks huge": (dict(num_gpu_blocks=10**30), ValueError, "num_gpu_blocks 1,000,000,000,000,000,000,000,"
-                            "000,000,000 is more than the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS) "
-                            "(allowed: 1 .. 8,388,608)"),
+    "num_gpu_blocks huge": (
+        dict(num_gpu_blocks=10**30),
+        ValueError,
+        "num_gpu_blocks 1,000,000,000,000,000,000,000,"
+        "000,000,000 is more than the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS) "
+        "(allowed: 1 .. 8,388,608)",
+    ),
     "num_gpu_blocks one past": (dict(num_gpu_blocks=2**23 + 1), ValueError, "(allowed: 1 .. 8,388,608)"),
     # once accepted: a server started on 10**29 sequences, and one on a 10**29-token budget died at start-up
-    "max_num_seqs huge": (dict(max_num_seqs=10**29), ValueError, "max_num_seqs must be <= 10,000,000, got "
-                          "100,000,000,000,000,000,000,000,000,000 (allowed: 1 .. 10,000,000)"),
-    "max_num_batched_tokens huge": (dict(max_num_batched_tokens=2**20 + 1), ValueError,
-                                    "(allowed: 1 .. 1,048,576)"),
+    "max_num_seqs huge": (
+        dict(max_num_seqs=10**29),
+        ValueError,
+        "max_num_seqs must be <= 10,000,000, got 100,000,000,000,000,000,000,000,000,000 (allowed: 1 .. 10,000,000)",
+    ),
+    "max_num_batched_tokens huge": (dict(max_num_batched_tokens=2**20 + 1), ValueError, "(allowed: 1 .. 1,048,576)"),
     "max_model_len huge": (dict(max_model_len=10**29), ValueError, "max_model_len must be <= 1,048,576"),
-    "kv_budget_bytes huge": (dict(num_gpu_blocks=None, kv_budget_bytes=10**30), ValueError,
-                             "kv_budget_bytes (kv_cache_memory_bytes) 1,000,000,000,000,000,000,000,000,000,000 is "
-                             "more than the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS) (allowed: at most "
-                             "17,179,869,184 bytes, 8,388,608 blocks of 2,048)"),
-    "kv_cache_memory_bytes huge": (dict(num_gpu_blocks=None, kv_cache_memory_bytes=10**30), ValueError,
-                                   "(allowed: at most 17,179,869,184 bytes"),
+    "kv_budget_bytes huge": (
+        dict(num_gpu_blocks=None, kv_budget_bytes=10**30),
+        ValueError,
+        "kv_budget_bytes (kv_cache_memory_bytes) 1,000,000,000,000,000,000,000,000,000,000 is "
+        "more than the largest paged pool (sim.base.limits.MAX_POOL_BLOCKS) (allowed: at most "
+        "17,179,869,184 bytes, 8,388,608 blocks of 2,048)",
+    ),
+    "kv_cache_memory_bytes huge": (
+        dict(num_gpu_blocks=None, kv_cache_memory_bytes=10**30),
+        ValueError,
+        "(allowed: at most 17,179,869,184 bytes",
+    ),
     "num_cpu_blocks huge": (dict(num_cpu_blocks=10**30), ValueError, "(allowed: 0 .. 8,388,608)"),
-    "swap_space huge": (dict(swap_space=1e300), ValueError, "swap_space 1e+300 GiB is more than the largest paged pool "
-                        "(sim.base.limits.MAX_POOL_BLOCKS) (allowed: 0 .. 16 GiB, 8,388,608 blocks of 2,048 bytes)"),
+    "swap_space huge": (
+        dict(swap_space=1e300),
+        ValueError,
+        "swap_space 1e+300 GiB is more than the largest paged pool "
+        "(sim.base.limits.MAX_POOL_BLOCKS) (allowed: 0 .. 16 GiB, 8,388,608 blocks of 2,048 bytes)",
+    ),
     # 512 MiB a block of 2**20 tokens: 2**23 of them are 4 PiB, more than any machine's memory
-    "a pool past the memory": (dict(block_size=2**20, num_gpu_blocks=2**23), ValueError,
-                               "num_gpu_blocks 8,388,608 is more than the cpu memory of "),
-    "a block past the memory": (dict(block_size=2**40), ValueError, "one KV block takes 562,949,953,421,312 bytes, "
-                                                                    "more than the cpu memory of"),
+    "a pool past the memory": (
+        dict(block_size=2**20, num_gpu_blocks=2**23),
+        ValueError,
+        "num_gpu_blocks 8,388,608 is more than the cpu memory of ",
+    ),
+    "a block past the memory": (
+        dict(block_size=2**40),
+        ValueError,
+        "one KV block takes 562,949,953,421,312 bytes, more than the cpu memory of",
+    ),
     # once accepted, and every preemption silently recomputed
-    "swap without CPU blocks": (dict(preemption="swap"), ValueError, "preemption='swap' needs num_cpu_blocks > 0 "
-                                "(or swap_space of at least one block) to swap to (allowed without CPU blocks: "
-                                "preemption='recompute')"),
-    "swap without a block of swap_space": (dict(preemption="swap", swap_space=1e-9), ValueError,
-                                           "preemption='swap' needs num_cpu_blocks > 0"),
-    "swap with a policy that has none": (dict(preemption="swap", policy="max"), ValueError,
-                                         "preemption='swap' needs CPU swap space, and policy 'max' has none"),
-}  # fmt: skip
+    "swap without CPU blocks": (
+        dict(preemption="swap"),
+        ValueError,
+        "preemption='swap' needs num_cpu_blocks > 0 "
+        "(or swap_space of at least one block) to swap to (allowed without CPU blocks: "
+        "preemption='recompute')",
+    ),
+    "swap without a block of swap_space": (
+        dict(preemption="swap", swap_space=1e-9),
+        ValueError,
+        "preemption='swap' needs num_cpu_blocks > 0",
+    ),
+    "swap with a policy that has none": (
+        dict(preemption="swap", policy="max"),
+        ValueError,
+        "preemption='swap' needs CPU swap space, and policy 'max' has none",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", ENGINE)
@@ -298,16 +419,32 @@ def test_the_engine_refuses_bad_settings(tiny, case):
 def test_every_prompt_form_and_numpy_integers_give_the_same_tokens(llm):
     ids = list("hi".encode())
     expected = llm.generate("hi", GREEDY)[0].outputs[0].token_ids
-    forms = [["hi"], ("hi",), ids, [ids], tuple(ids), np.array(ids), np.array([ids]), {"prompt": "hi"},
-             {"prompt_token_ids": ids}, [{"prompt": "hi"}, {"prompt_token_ids": np.array(ids, dtype=np.int32)}],
-             [np.int64(t) for t in ids]]
+    forms = [
+        ["hi"],
+        ("hi",),
+        ids,
+        [ids],
+        tuple(ids),
+        np.array(ids),
+        np.array([ids]),
+        {"prompt": "hi"},
+        {"prompt_token_ids": ids},
+        [{"prompt": "hi"}, {"prompt_token_ids": np.array(ids, dtype=np.int32)}],
+        [np.int64(t) for t in ids],
+    ]
     for form in forms:
         outs = llm.generate(form, GREEDY)
         assert all(o.outputs[0].token_ids == expected and o.prompt_token_ids == ids for o in outs), form
     text_out, ids_out = llm.generate([{"prompt": "hi"}, {"prompt_token_ids": ids}], GREEDY)
     assert (text_out.prompt, ids_out.prompt) == ("hi", None)  # as vLLM: the text when given as text
-    numpy_params = SamplingParams(temperature=np.float32(0), max_tokens=np.int64(4), n=np.int8(1),
-                                  ignore_eos=np.bool_(True), seed=np.uint32(3), top_k=np.int64(-1))
+    numpy_params = SamplingParams(
+        temperature=np.float32(0),
+        max_tokens=np.int64(4),
+        n=np.int8(1),
+        ignore_eos=np.bool_(True),
+        seed=np.uint32(3),
+        top_k=np.int64(-1),
+    )
     assert type(numpy_params.max_tokens) is int and type(numpy_params.ignore_eos) is bool
     assert llm.generate(ids, numpy_params)[0].outputs[0].token_ids == expected
     assert llm.generate([], GREEDY) == []
@@ -338,8 +475,10 @@ def test_the_extreme_repetition_penalties_sample_finite_logits(llm):
 def test_beam_search_of_width_1_is_greedy(llm):
     """One beam: each step keeps the best continuation. With no end token in the way it is greedy decoding."""
     prompts = [[5, 17, 99, 3, 42], [100, 101, 102]]
-    greedy = [o.outputs[0] for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
-                                                                         logprobs=0))]
+    greedy = [
+        o.outputs[0]
+        for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0))
+    ]
     beams = llm.beam_search(prompts, BeamSearchParams(beam_width=1, max_tokens=6, ignore_eos=True))
     for prompt, g, out in zip(prompts, greedy, beams):
         [best] = out.sequences
@@ -375,8 +514,10 @@ def chat_llm():
 def test_chat_serves_openai_text_parts_as_vllm_does(chat_llm):
     """OpenAI's content as a list of parts: vLLM joins the text parts with newlines for a template that takes a str."""
     as_str = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi\nthere"}]
-    as_parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
-                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]
+    as_parts = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
+    ]
     expected = chat_llm.chat(as_str, GREEDY)[0]
     [out] = chat_llm.chat(as_parts, GREEDY)
     assert out.prompt == expected.prompt and "<|im_start|>user\nhi\nthere<|im_end|>" in out.prompt
@@ -388,25 +529,44 @@ USER = {"role": "user", "content": "hi"}
 _FORM = "{'role': str, 'content': str or a list of {'type': 'text', 'text': str} parts}"
 
 CHAT = {  # id: (messages, exception, message); each once raised from inside the Jinja template or later
-    "content None": ([USER, {"role": "assistant", "content": None}], ValueError,
-                     f"messages[1]: its 'content' is None (allowed: a message {_FORM})"),
+    "content None": (
+        [USER, {"role": "assistant", "content": None}],
+        ValueError,
+        f"messages[1]: its 'content' is None (allowed: a message {_FORM})",
+    ),
     "no role": ([{"content": "hi"}], ValueError, f"messages[0]: it has no 'role' (allowed: a message {_FORM})"),
-    "no content, 2nd conversation": ([[USER], [USER, {"role": "user"}]], ValueError,
-                                     "messages[1][1]: it has no 'content'"),
+    "no content, 2nd conversation": (
+        [[USER], [USER, {"role": "user"}]],
+        ValueError,
+        "messages[1][1]: it has no 'content'",
+    ),
     "a str message": ([USER, "hi"], TypeError, f"messages[1]: a message must be a dict {_FORM}, got str 'hi'"),
     "a role not str": ([{"role": 1, "content": "hi"}], TypeError, "messages[0]: 'role' must be a str, got int 1"),
-    "content a number": ([{"role": "user", "content": 5}], TypeError,
-                         "messages[0]: 'content' must be a str or a list of parts, got int 5"),
-    "an image part": ([{"role": "user", "content": [{"type": "text", "text": "see"},
-                                                    {"type": "image_url", "image_url": {"url": "x.png"}}]}],
-                      ValueError, "messages[0]: content part 1 has type 'image_url': this engine serves text only "
-                                  "(allowed: {'type': 'text', 'text': str})"),
-    "a part without text": ([{"role": "user", "content": [{"type": "text"}]}], TypeError,
-                            "messages[0]: content part 0: 'text' must be a str, got NoneType"),
+    "content a number": (
+        [{"role": "user", "content": 5}],
+        TypeError,
+        "messages[0]: 'content' must be a str or a list of parts, got int 5",
+    ),
+    "an image part": (
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "x.png"}}],
+            }
+        ],
+        ValueError,
+        "messages[0]: content part 1 has type 'image_url': this engine serves text only "
+        "(allowed: {'type': 'text', 'text': str})",
+    ),
+    "a part without text": (
+        [{"role": "user", "content": [{"type": "text"}]}],
+        TypeError,
+        "messages[0]: content part 0: 'text' must be a str, got NoneType",
+    ),
     "a part as a str": ([{"role": "user", "content": ["hi"]}], TypeError, "messages[0]: content part 0 must be a dict"),
     "a conversation of str": (["hi"], TypeError, "messages must be a conversation"),
     "None": (None, TypeError, "messages must be a conversation"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", CHAT)
@@ -432,6 +592,8 @@ def test_a_template_that_refuses_is_one_line(tiny):
     llm = LLM.from_loaded(tiny, Refusing(), block_size=4, num_gpu_blocks=24, max_model_len=64)
     with pytest.raises(ValueError) as info:
         llm.chat([[USER], [USER, USER]], GREEDY)
-    assert str(info.value) == ("messages[0]: the chat template refuses the conversation: Conversation roles must "
-                               "alternate user/assistant/user/assistant/...")
+    assert str(info.value) == (
+        "messages[0]: the chat template refuses the conversation: Conversation roles must "
+        "alternate user/assistant/user/assistant/..."
+    )
     assert not llm.has_unfinished_requests()

@@ -46,7 +46,7 @@ def make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype=torch.floa
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 5  # a pool larger than needed: 5 spare blocks stay NaN
     order = torch.randperm(num_blocks, generator=gen).tolist()  # physical blocks in shuffled order
-    spare = order[sum(blocks_per_seq):]
+    spare = order[sum(blocks_per_seq) :]
     width = max(blocks_per_seq) + 1  # one padding column more than any sequence needs
     block_tables = torch.tensor([spare[0]] * width * len(seq_lens)).reshape(len(seq_lens), width)
     keys, values, slots = [], [], []
@@ -60,10 +60,14 @@ def make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype=torch.floa
     key_cache = torch.full(shape, float("nan"), dtype=dtype)
     value_cache = torch.full(shape, float("nan"), dtype=dtype)
     store_kv_ref(torch.cat(keys), torch.cat(values), key_cache, value_cache, torch.tensor(slots))
-    return dict(key_cache=key_cache.to(device), value_cache=value_cache.to(device),
-                block_tables=block_tables.to(torch.int32).to(device),
-                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-                keys=keys, values=values)
+    return dict(
+        key_cache=key_cache.to(device),
+        value_cache=value_cache.to(device),
+        block_tables=block_tables.to(torch.int32).to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        keys=keys,
+        values=values,
+    )
 
 
 def decode_both(kv, num_heads, head_dim, dtype, seed=1, **kwargs):
@@ -76,13 +80,11 @@ def decode_both(kv, num_heads, head_dim, dtype, seed=1, **kwargs):
 
 def prefill_case(ctx_before, q_lens, block_size, num_heads, head_dim, dtype=torch.float32, seed=0):
     """A packed prefill batch: sequence i has ctx_before[i] cached tokens and q_lens[i] new ones."""
-    kv = make_paged_kv([c + q for c, q in zip(ctx_before, q_lens)], block_size, NUM_KV_HEADS, head_dim,
-                       dtype, seed)
+    kv = make_paged_kv([c + q for c, q in zip(ctx_before, q_lens)], block_size, NUM_KV_HEADS, head_dim, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     query = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
     starts = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).to(DEVICE)
-    args = (query, kv["key_cache"], kv["value_cache"], kv["block_tables"], starts, kv["seq_lens"],
-            head_dim**-0.5)
+    args = (query, kv["key_cache"], kv["value_cache"], kv["block_tables"], starts, kv["seq_lens"], head_dim**-0.5)
     return kv, args
 
 
@@ -93,13 +95,18 @@ def prefill_case(ctx_before, q_lens, block_size, num_heads, head_dim, dtype=torc
 def test_oracle_decode_equals_dense_sdpa(num_heads):
     kv = make_paged_kv([1, 21, 40], block_size=8, num_kv_heads=NUM_KV_HEADS, head_dim=16, device="cpu")
     query = torch.randn(3, num_heads, 16, generator=torch.Generator().manual_seed(3))
-    out = paged_decode_attention(query, kv["key_cache"], kv["value_cache"], kv["block_tables"], kv["seq_lens"],
-                                 0.25, backend="torch")
+    out = paged_decode_attention(
+        query, kv["key_cache"], kv["value_cache"], kv["block_tables"], kv["seq_lens"], 0.25, backend="torch"
+    )
     for i, (k, v) in enumerate(zip(kv["keys"], kv["values"])):
         # float64 dense attention over the sequence's own contiguous K/V, no paging involved.
         dense = torch.nn.functional.scaled_dot_product_attention(
-            query[i, :, None].double(), k.transpose(0, 1).double(), v.transpose(0, 1).double(),
-            scale=0.25, enable_gqa=True)  # [num_heads, 1, head_dim]
+            query[i, :, None].double(),
+            k.transpose(0, 1).double(),
+            v.transpose(0, 1).double(),
+            scale=0.25,
+            enable_gqa=True,
+        )  # [num_heads, 1, head_dim]
         torch.testing.assert_close(out[i], dense[:, 0].float(), **TOL[torch.float32])
 
 
@@ -109,15 +116,14 @@ def test_oracle_prefill_equals_dense_sdpa_with_bottom_right_causal_mask():
     out = paged_prefill_attention(*args, backend="torch")
     query, starts = args[0], args[4].tolist()
     for i, (k, v) in enumerate(zip(kv["keys"], kv["values"])):
-        q = query[starts[i]:starts[i + 1]].transpose(0, 1).double()  # [num_heads, q_len, D]
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1).double()  # [num_heads, q_len, D]
         q_len, seq_len = q.shape[1], k.shape[0]
         # New token j is at position seq_len - q_len + j and sees keys 0..that position.
         mask = torch.arange(seq_len)[None, :] <= (seq_len - q_len + torch.arange(q_len))[:, None]
         dense = torch.nn.functional.scaled_dot_product_attention(
-            q, k.transpose(0, 1).double(), v.transpose(0, 1).double(), attn_mask=mask, scale=0.25,
-            enable_gqa=True)
-        torch.testing.assert_close(out[starts[i]:starts[i + 1]], dense.transpose(0, 1).float(),
-                                   **TOL[torch.float32])
+            q, k.transpose(0, 1).double(), v.transpose(0, 1).double(), attn_mask=mask, scale=0.25, enable_gqa=True
+        )
+        torch.testing.assert_close(out[starts[i] : starts[i + 1]], dense.transpose(0, 1).float(), **TOL[torch.float32])
 
 
 def test_gather_kv_returns_tokens_in_logical_order():
@@ -223,8 +229,9 @@ def test_prefill_triton_equals_oracle_with_and_without_cached_prefix(block_size,
     # Sequences: a fresh prompt (no prefix), one new token after 20 cached (a decode-like chunk),
     # 18 new after 7 cached (chunked prefill / prefix-cache hit, spans 2 query tiles), 1 token alone.
     _, args = prefill_case([0, 20, 7, 0], [5, 1, 18, 1], block_size, num_heads, head_dim=16, seed=block_size)
-    torch.testing.assert_close(paged_prefill_attention(*args), paged_prefill_attention(*args, backend="torch"),
-                               **TOL[torch.float32])
+    torch.testing.assert_close(
+        paged_prefill_attention(*args), paged_prefill_attention(*args, backend="torch"), **TOL[torch.float32]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -247,8 +254,14 @@ def test_prefill_first_token_returns_its_value_exactly():
 def test_bad_arguments_raise_value_error_naming_the_problem():
     kv = make_paged_kv([4], block_size=4, num_kv_heads=NUM_KV_HEADS, head_dim=16)
     q = torch.zeros(1, 6, 16, device=DEVICE)
-    base = dict(query=q, key_cache=kv["key_cache"], value_cache=kv["value_cache"],
-                block_tables=kv["block_tables"], seq_lens=kv["seq_lens"], scale=0.25)
+    base = dict(
+        query=q,
+        key_cache=kv["key_cache"],
+        value_cache=kv["value_cache"],
+        block_tables=kv["block_tables"],
+        seq_lens=kv["seq_lens"],
+        scale=0.25,
+    )
     cases = [
         (dict(block_tables=kv["block_tables"].long()), "block_tables dtype"),
         (dict(query=torch.zeros(1, 5, 16, device=DEVICE)), "multiple of num_kv_heads"),
@@ -263,8 +276,9 @@ def test_bad_arguments_raise_value_error_naming_the_problem():
         with pytest.raises(ValueError, match=message):
             paged_decode_attention(**{**base, **change})
     with pytest.raises(ValueError, match="outside the cache"):
-        store_kv(q[:, :2], q[:, :2], kv["key_cache"], kv["value_cache"], torch.tensor([99], device=DEVICE),
-                 backend="torch")
+        store_kv(
+            q[:, :2], q[:, :2], kv["key_cache"], kv["value_cache"], torch.tensor([99], device=DEVICE), backend="torch"
+        )
 
 
 # --- the benchmark script ------------------------------------------------------------------------------
@@ -308,8 +322,9 @@ def test_gpu_decode_and_prefill_equal_oracle(block_size, dtype):
         out, ref, _ = decode_both(kv, 32, 128, dtype, num_splits=num_splits)
         torch.testing.assert_close(out, ref, **TOL[dtype])
     _, args = prefill_case([0, 500, 1000], [300, 1, 700], block_size, 32, 128, dtype)
-    torch.testing.assert_close(paged_prefill_attention(*args), paged_prefill_attention(*args, backend="torch"),
-                               **TOL[dtype])
+    torch.testing.assert_close(
+        paged_prefill_attention(*args), paged_prefill_attention(*args, backend="torch"), **TOL[dtype]
+    )
 
 
 @pytest.mark.gpu
@@ -337,12 +352,19 @@ def test_strided_views_work_without_copies():
     kv_cache = torch.full((ref["key_cache"].shape[0], 2, *ref["key_cache"].shape[1:]), float("nan"), device=DEVICE)
     key_cache, value_cache = kv_cache[:, 0], kv_cache[:, 1]
     slots = [int(ref["block_tables"][i, p // 8]) * 8 + p % 8 for i, n in enumerate([9, 30]) for p in range(n)]
-    store_kv(torch.cat(ref["keys"]).to(DEVICE), torch.cat(ref["values"]).to(DEVICE), key_cache, value_cache,
-             torch.tensor(slots, device=DEVICE))
+    store_kv(
+        torch.cat(ref["keys"]).to(DEVICE),
+        torch.cat(ref["values"]).to(DEVICE),
+        key_cache,
+        value_cache,
+        torch.tensor(slots, device=DEVICE),
+    )
     torch.testing.assert_close(key_cache, ref["key_cache"], rtol=0, atol=0, equal_nan=True)
     wide = torch.randn(2, 12, 16, device=DEVICE)
     query = wide[:, ::2]  # [2, 6, 16] with a head stride of 32
     args = (key_cache, value_cache, ref["block_tables"], ref["seq_lens"], 0.25)
-    torch.testing.assert_close(paged_decode_attention(query, *args),
-                               paged_decode_attention(query.contiguous(), *args, backend="torch"),
-                               **TOL[torch.float32])
+    torch.testing.assert_close(
+        paged_decode_attention(query, *args),
+        paged_decode_attention(query.contiguous(), *args, backend="torch"),
+        **TOL[torch.float32],
+    )

@@ -84,8 +84,9 @@ def test_decode_through_strided_cache_views_and_a_strided_query():
     kv_cache = torch.stack([key_cache, value_cache], dim=1)  # [num_blocks, 2, block_size, H_kv, D]
     wide = torch.cat([query, query], dim=1)[:, ::2]  # the same values with a head stride of 2 * head_dim
     wide[:] = query
-    batched = paged_decode_attention(wide, kv_cache[:, 0], kv_cache[:, 1], block_tables, seq_lens, scale,
-                                     backend="torch_batched")
+    batched = paged_decode_attention(
+        wide, kv_cache[:, 0], kv_cache[:, 1], block_tables, seq_lens, scale, backend="torch_batched"
+    )
     oracle = paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, backend="torch")
     torch.testing.assert_close(batched, oracle, **TOL[torch.float32])
 
@@ -143,8 +144,10 @@ def test_store_kv_writes_what_the_oracle_writes(block_size):
         assert torch.equal(batched.nan_to_num(), oracle.nan_to_num())  # with the same bits
 
 
-@pytest.mark.parametrize("backend", ["torch_batched", pytest.param(
-    "numba", marks=pytest.mark.skipif(not cpu_numba.available(), reason="needs numba"))])
+@pytest.mark.parametrize(
+    "backend",
+    ["torch_batched", pytest.param("numba", marks=pytest.mark.skipif(not cpu_numba.available(), reason="needs numba"))],
+)
 def test_bad_values_raise_like_the_oracle(backend):
     """The numba kernel reads the block tables itself: it gets the same value checks (once per step)."""
     cache = torch.zeros(4, 2, NUM_KV_HEADS, 8)
@@ -153,11 +156,25 @@ def test_bad_values_raise_like_the_oracle(backend):
         store_kv(kv, kv, cache, cache.clone(), torch.tensor([8]), backend=backend)
     query = torch.zeros(1, NUM_KV_HEADS, 8)
     with pytest.raises(ValueError, match="needs 2 blocks but the block table has 1 columns"):
-        paged_decode_attention(query, cache, cache.clone(), torch.tensor([[0]], dtype=torch.int32),
-                               torch.tensor([3], dtype=torch.int32), 1.0, backend=backend)
+        paged_decode_attention(
+            query,
+            cache,
+            cache.clone(),
+            torch.tensor([[0]], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+            1.0,
+            backend=backend,
+        )
     with pytest.raises(ValueError, match=r"block table entries must be in 0..3"):
-        paged_decode_attention(query, cache, cache.clone(), torch.tensor([[9]], dtype=torch.int32),
-                               torch.tensor([1], dtype=torch.int32), 1.0, backend=backend)
+        paged_decode_attention(
+            query,
+            cache,
+            cache.clone(),
+            torch.tensor([[9]], dtype=torch.int32),
+            torch.tensor([1], dtype=torch.int32),
+            1.0,
+            backend=backend,
+        )
 
 
 # --- the engine ----------------------------------------------------------------------------------------

@@ -40,8 +40,9 @@ def dense(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
     q_len, seq_len = q.shape[1], k.shape[1]
     k_pos, q_pos = torch.arange(seq_len, device="cuda"), seq_len - q_len + torch.arange(q_len, device="cuda")
     mask = k_pos[None, :] <= q_pos[:, None]
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=HEAD_DIM**-0.5,
-                                                            enable_gqa=True).transpose(0, 1)  # fmt: skip
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=HEAD_DIM**-0.5, enable_gqa=True
+    ).transpose(0, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -53,7 +54,7 @@ def test_decode_equals_oracle_and_float64(block_size, group, dtype):
     for num_splits in (None, 1, 7):
         out, ref, query = decode_both(kv, num_heads, HEAD_DIM, dtype, num_splits=num_splits)
         torch.testing.assert_close(out, ref, **TOL[dtype])
-        exact = torch.cat([dense(query[i:i + 1], k, v) for i, (k, v) in enumerate(zip(kv["keys"], kv["values"]))])
+        exact = torch.cat([dense(query[i : i + 1], k, v) for i, (k, v) in enumerate(zip(kv["keys"], kv["values"]))])
         assert relative_error(out, exact) <= REL_TOL[dtype], (num_splits, relative_error(out, exact))
 
 
@@ -69,8 +70,9 @@ def test_prefill_equals_oracle_and_float64(block_size, group, dtype):
     out = paged_prefill_attention(*args)
     torch.testing.assert_close(out, paged_prefill_attention(*args, backend="torch"), **TOL[dtype])
     query, starts = args[0], args[4].tolist()
-    exact = torch.cat([dense(query[starts[i]:starts[i + 1]], k, v)
-                       for i, (k, v) in enumerate(zip(kv["keys"], kv["values"]))])  # fmt: skip
+    exact = torch.cat(
+        [dense(query[starts[i] : starts[i + 1]], k, v) for i, (k, v) in enumerate(zip(kv["keys"], kv["values"]))]
+    )
     assert relative_error(out, exact) <= REL_TOL[dtype]
 
 
@@ -103,8 +105,10 @@ def test_engine_triton_backend_equals_torch_backend_on_the_gpu():
     from reference.models import random_model
 
     model = random_model(device="cuda", dtype=torch.float32, max_position_embeddings=2048)
-    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-               for n in (5, 40, 300, 900)]  # fmt: skip
+    prompts = [
+        torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        for n in (5, 40, 300, 900)
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = {}
     for backend in ("triton", "torch"):

@@ -42,8 +42,9 @@ def test_decode_through_strided_cache_views_and_a_strided_query():
     kv_cache = torch.stack([key_cache, value_cache], dim=1)  # vLLM's [num_blocks, 2, block_size, H_kv, D]
     wide = torch.cat([query, query], dim=1)[:, ::2]
     wide[:] = query
-    kernel = paged_decode_attention(wide, kv_cache[:, 0], kv_cache[:, 1], block_tables, seq_lens, scale,
-                                    backend="numba")
+    kernel = paged_decode_attention(
+        wide, kv_cache[:, 0], kv_cache[:, 1], block_tables, seq_lens, scale, backend="numba"
+    )
     oracle = paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, backend="torch")
     torch.testing.assert_close(kernel, oracle, **TOL[torch.float32])
 
@@ -51,8 +52,11 @@ def test_decode_through_strided_cache_views_and_a_strided_query():
 def test_prefill_and_store_run_the_batched_torch_code():
     _, args = prefill_case([0, 9, 3, 40], [5, 1, 12, 3], 16, 6, head_dim=16)
     args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
-    torch.testing.assert_close(paged_prefill_attention(*args, backend="numba"),
-                               paged_prefill_attention(*args, backend="torch"), **TOL[torch.float32])
+    torch.testing.assert_close(
+        paged_prefill_attention(*args, backend="numba"),
+        paged_prefill_attention(*args, backend="torch"),
+        **TOL[torch.float32],
+    )
     cache = torch.zeros(4, 2, NUM_KV_HEADS, 8)
     kv = torch.ones(1, NUM_KV_HEADS, 8)
     store_kv(kv, kv, cache, cache, torch.tensor([3]), backend="numba")
@@ -65,8 +69,15 @@ def test_other_dtypes_raise_one_clear_line():
     query = torch.zeros(1, NUM_KV_HEADS, 8)
     half = torch.zeros(4, 2, NUM_KV_HEADS, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match="backend 'numba' runs float32 or bfloat16 CPU tensors of one dtype"):
-        paged_decode_attention(query.to(torch.float16), half, half.clone(), torch.tensor([[0]], dtype=torch.int32),
-                               torch.tensor([1], dtype=torch.int32), 1.0, backend="numba")
+        paged_decode_attention(
+            query.to(torch.float16),
+            half,
+            half.clone(),
+            torch.tensor([[0]], dtype=torch.int32),
+            torch.tensor([1], dtype=torch.int32),
+            1.0,
+            backend="numba",
+        )
 
 
 def test_the_kernel_follows_torch_thread_count_and_leaves_it_alone():
@@ -104,7 +115,7 @@ def test_balance_deals_every_sequence_once_and_evens_the_load(workers):
     order, starts = cpu_numba._kernel()[0](seq_lens, workers)
     assert sorted(order.tolist()) == list(range(len(seq_lens))) and starts[0] == 0 and starts[-1] == len(seq_lens)
     cost = seq_lens.astype(int) + cpu_numba.PER_SEQ_COST
-    loads = [int(cost[order[starts[w]:starts[w + 1]]].sum()) for w in range(workers)]
+    loads = [int(cost[order[starts[w] : starts[w + 1]]].sum()) for w in range(workers)]
     assert max(loads) - min(loads) <= cost.max()  # LPT: no bucket exceeds another by more than one sequence
 
 
@@ -113,7 +124,10 @@ def test_decode_on_two_threads_equals_oracle():
     try:
         torch.set_num_threads(2)
         args = decode_args(SEQ_LENS, 16, 6)
-        torch.testing.assert_close(paged_decode_attention(*args, backend="numba"),
-                                   paged_decode_attention(*args, backend="torch"), **TOL[torch.float32])
+        torch.testing.assert_close(
+            paged_decode_attention(*args, backend="numba"),
+            paged_decode_attention(*args, backend="torch"),
+            **TOL[torch.float32],
+        )
     finally:
         torch.set_num_threads(before)

@@ -5,6 +5,7 @@ table's first entries may name any block, here block 0, filled with NaN: a backe
 The oracle (torch_ref) is itself checked against attention written position by position; every backend against it,
 for batches whose sequences differ enough in length that torch_batched splits them into several length groups.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -60,7 +61,7 @@ def test_decode_reads_only_the_window(backend):
     query = torch.randn((len(LENS), HEADS, DIM), generator=torch.Generator().manual_seed(1))
     lens = torch.tensor(LENS, dtype=torch.int32)
     out = paged_decode_attention(query, keys, values, tables, lens, 0.3, backend=backend, window=WINDOW)
-    expected = torch.cat([brute(query[i:i + 1], keys, values, tables[i], [n - 1], 0.3) for i, n in enumerate(LENS)])
+    expected = torch.cat([brute(query[i : i + 1], keys, values, tables[i], [n - 1], 0.3) for i, n in enumerate(LENS)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -71,10 +72,15 @@ def test_prefill_chunks_read_only_their_windows(backend):
     keys, values, tables = cache_and_tables(LENS, firsts, seed=2)
     starts = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     query = torch.randn((sum(q_lens), HEADS, DIM), generator=torch.Generator().manual_seed(3))
-    out = paged_prefill_attention(query, keys, values, tables, starts, torch.tensor(LENS, dtype=torch.int32), 0.3,
-                                  backend=backend, window=WINDOW)
-    expected = torch.cat([brute(query[starts[i]:starts[i + 1]], keys, values, tables[i], range(n - q, n), 0.3)
-                          for i, (n, q) in enumerate(zip(LENS, q_lens))])
+    out = paged_prefill_attention(
+        query, keys, values, tables, starts, torch.tensor(LENS, dtype=torch.int32), 0.3, backend=backend, window=WINDOW
+    )
+    expected = torch.cat(
+        [
+            brute(query[starts[i] : starts[i + 1]], keys, values, tables[i], range(n - q, n), 0.3)
+            for i, (n, q) in enumerate(zip(LENS, q_lens))
+        ]
+    )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -92,5 +98,13 @@ def test_a_window_covering_the_context_is_full_attention():
 def test_bad_window_is_one_line(window):
     keys, values, tables = cache_and_tables([3], [0])
     with pytest.raises(ValueError, match="window must be None"):
-        paged_decode_attention(torch.zeros((1, HEADS, DIM)), keys, values, tables, torch.tensor([3], dtype=torch.int32),
-                               0.3, backend="torch", window=window)
+        paged_decode_attention(
+            torch.zeros((1, HEADS, DIM)),
+            keys,
+            values,
+            tables,
+            torch.tensor([3], dtype=torch.int32),
+            0.3,
+            backend="torch",
+            window=window,
+        )

@@ -1,4 +1,5 @@
 """Beam search's rules (reference/engine/beam.py), vLLM's, on hand-made log-probabilities: where they part from HF's."""
+
 import math
 
 import torch
@@ -37,9 +38,11 @@ def test_the_score_counts_the_prompt_and_not_a_final_eos():
 
 def test_the_best_k_non_eos_candidates_continue_and_name_their_parents():
     state = BeamSearchState(width=2, max_tokens=5, eos_token_ids=(), prompt_len=1)
-    step = state.step([Beam(7, [], 0.0), Beam(8, [], 0.0)], rows([0.5, 0.3, 0.2, 0.0 + 1e-9],
-                                                                   [0.25, 0.25, 0.25, 0.25]))  # first step: beam 7 only
+    step = state.step(
+        [Beam(7, [], 0.0), Beam(8, [], 0.0)], rows([0.5, 0.3, 0.2, 0.0 + 1e-9], [0.25, 0.25, 0.25, 0.25])
+    )  # first step: beam 7 only
     assert [b.token_ids for b in step.beams] == [[0], [1]] and step.parents == [7, 7]
-    step = state.step([Beam(7, [0], math.log(0.5)), Beam(9, [1], math.log(0.3))],
-                      rows([0.1, 0.1, 0.1, 0.7], [0.9, 0.05, 0.03, 0.02]))
+    step = state.step(
+        [Beam(7, [0], math.log(0.5)), Beam(9, [1], math.log(0.3))], rows([0.1, 0.1, 0.1, 0.7], [0.9, 0.05, 0.03, 0.02])
+    )
     assert [b.token_ids for b in step.beams] == [[0, 3], [1, 0]] and step.parents == [7, 9]  # .5 x .7 > .3 x .9

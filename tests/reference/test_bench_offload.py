@@ -1,6 +1,7 @@
 """reference/bench/bench_offload.py (python -m reference offload-bench): the same conversation with and without the CPU
 tier gives the same tokens, and the tier finds the prefixes the small GPU pool evicted. On the tiny random Llama
 (its vocabulary of 256 ids): the sessions are token ids, as the command's are after the tokenizer."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,7 @@ def test_the_tier_finds_what_the_small_pool_evicted_and_changes_no_token():
     rng = np.random.default_rng(0)
     openings = [rng.integers(17, 256, size=40).tolist() for _ in range(3)]  # 3 sessions, ~3 blocks each
     questions = [rng.integers(17, 256, size=6).tolist() for _ in range(3)]
-    rows, identical = measure(model, None, openings, questions, turns=3, max_tokens=4, gpu_blocks=8,
-                              offload_blocks=64)  # fmt: skip
+    rows, identical = measure(model, None, openings, questions, turns=3, max_tokens=4, gpu_blocks=8, offload_blocks=64)
     plain, tier = rows
     assert identical and tier["identical"] is True
     assert plain["cpu_hit_share"] == 0 and plain["offloaded_blocks"] == 0
@@ -27,12 +27,15 @@ def test_the_tier_finds_what_the_small_pool_evicted_and_changes_no_token():
     assert plain["prompt_tokens"] == tier["prompt_tokens"] == sum(40 + 6 for _ in range(3)) * 3 + 3 * (6 + 4) * 3
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--sessions", "1"], "--sessions 1 (allowed: an integer from 2 to 8)"),
-    (["--turns", "9"], "--turns 9 (allowed: an integer from 2 to 6)"),
-    (["--gpu-blocks", "2"], "--gpu-blocks 2 (allowed: an integer from 8 to 4096)"),
-    (["--quick", "--turns", "3"], "--quick sets the sessions, turns and tokens itself"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sessions", "1"], "--sessions 1 (allowed: an integer from 2 to 8)"),
+        (["--turns", "9"], "--turns 9 (allowed: an integer from 2 to 6)"),
+        (["--gpu-blocks", "2"], "--gpu-blocks 2 (allowed: an integer from 8 to 4096)"),
+        (["--quick", "--turns", "3"], "--quick sets the sessions, turns and tokens itself"),
+    ],
+)
 def test_bad_flags_are_refused_in_one_line(argv, message, tmp_path):
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -1,8 +1,9 @@
 """The benchmarks' two workloads (reference/bench/bench.py): the ShareGPT-shaped bench one and the long-prompt one, how
 `python -m reference bench --workload` and `tools/peer_vllm.py --workload` pick them, the bench's --threads, and
 their refusals. No model runs and no vLLM starts here: the timed runs take minutes."""
-import os
+
 import csv
+import os
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_both_workloads_draw_prompt_ids_from_the_same_generator():
     """One drawing (bench._with_prompt_ids): with the same seed, the first prompt's ids of either workload start the
     same way (the same generator, first draw); the longer prompt continues where the shorter stops."""
     short, long = bench.workload("bench", vocab_size=VOCAB)[0], bench.workload("long", vocab_size=VOCAB)[0]
-    assert long.prompt_token_ids[:short.prompt_len] == short.prompt_token_ids
+    assert long.prompt_token_ids[: short.prompt_len] == short.prompt_token_ids
 
 
 def test_the_bench_workload_is_the_one_the_committed_bench_ran():
@@ -58,26 +59,33 @@ def test_the_bench_workload_is_the_one_the_committed_bench_ran():
 
 def test_the_bench_flags_pick_the_workload_threads_and_csv():
     parse = build_parser().parse_args
-    for flags, out in (([], bench.DEFAULT_OUT), (["--workload", "long"], "figures/bench_engine_cpu_long.csv"),
-                       (["--workload", "long", "--dtype", "bfloat16"], "figures/bench_engine_cpu_long_bf16.csv"),
-                       (["--workload", "long", "--out", "x.csv"], "x.csv"),
-                       (["--threads", "2"], "figures/bench_engine_cpu_2threads.csv"),
-                       (["--workload", "long", "--threads", "2"],
-                        "figures/bench_engine_cpu_long_2threads.csv")):  # fmt: skip
+    for flags, out in (
+        ([], bench.DEFAULT_OUT),
+        (["--workload", "long"], "figures/bench_engine_cpu_long.csv"),
+        (["--workload", "long", "--dtype", "bfloat16"], "figures/bench_engine_cpu_long_bf16.csv"),
+        (["--workload", "long", "--out", "x.csv"], "x.csv"),
+        (["--threads", "2"], "figures/bench_engine_cpu_2threads.csv"),
+        (["--workload", "long", "--threads", "2"], "figures/bench_engine_cpu_long_2threads.csv"),
+    ):
         args = parse(["bench", *flags])
         bench.check_args(args)
         assert bench.out_path(args) == out
     assert len(bench.workload("long", 3, vocab_size=VOCAB)) == 3  # --num-requests counts for either workload
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--workload", "longer"], "--workload longer (allowed: bench, long)"),
-    (["--workload", "long", "--quick"], "--quick goes with --workload bench (--workload long has its own lengths "
-                                        "and no concurrency runs)"),
-    (["--workload", "long", "--kv-blocks", "64"], "--kv-blocks goes with --workload bench"),
-    (["--threads", "0"], f"--threads 0 (allowed: an integer from 1 to {os.cpu_count()}, the cores)"),
-    (["--threads", str(os.cpu_count() + 1)], f"--threads {os.cpu_count() + 1} (allowed: an integer from 1 to "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--workload", "longer"], "--workload longer (allowed: bench, long)"),
+        (
+            ["--workload", "long", "--quick"],
+            "--quick goes with --workload bench (--workload long has its own lengths and no concurrency runs)",
+        ),
+        (["--workload", "long", "--kv-blocks", "64"], "--kv-blocks goes with --workload bench"),
+        (["--threads", "0"], f"--threads 0 (allowed: an integer from 1 to {os.cpu_count()}, the cores)"),
+        (["--threads", str(os.cpu_count() + 1)], f"--threads {os.cpu_count() + 1} (allowed: an integer from 1 to "),
+    ],
+)
 def test_bench_refuses_a_bad_workload_in_one_line(flags, message, capsys, monkeypatch):
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("the benchmark ran before its flags were checked"))
     assert main(["bench", *flags]) == 2
@@ -96,14 +104,22 @@ def test_the_peer_tool_runs_the_long_workload_with_a_context_that_holds_it():
 
 def test_the_peer_tool_writes_each_workload_to_its_own_csv():
     assert [peer_vllm.default_out(w, d) for w in ("bench", "long") for d in ("float32", "bfloat16", "both")] == [
-        "figures/peer_vllm.csv", "figures/peer_vllm_bf16.csv", "figures/peer_vllm.csv",
-        "figures/peer_vllm_long.csv", "figures/peer_vllm_long_bf16.csv", "figures/peer_vllm_long.csv"]
+        "figures/peer_vllm.csv",
+        "figures/peer_vllm_bf16.csv",
+        "figures/peer_vllm.csv",
+        "figures/peer_vllm_long.csv",
+        "figures/peer_vllm_long_bf16.csv",
+        "figures/peer_vllm_long.csv",
+    ]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--workload", "longer"], "--workload longer (allowed: bench, long)"),
-    (["--workload", "long", "--api-only"], "--workload long times a workload; the API checks do not depend on it"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--workload", "longer"], "--workload longer (allowed: bench, long)"),
+        (["--workload", "long", "--api-only"], "--workload long times a workload; the API checks do not depend on it"),
+    ],
+)
 def test_the_peer_tool_refuses_a_bad_workload_in_one_line(flags, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         peer_vllm.main([*flags, "--out", str(tmp_path / "x.csv")])

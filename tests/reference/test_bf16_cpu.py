@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from reference import LLM, SamplingParams
-from reference.bench import bench
 from reference.attention import cpu_numba, paged_decode_attention, paged_prefill_attention
-from reference.cpu_paths import cpu_paths
+from reference.bench import bench
 from reference.cli import main
+from reference.cpu_paths import cpu_paths
 from reference.models import load_model, random_model
 from reference.models.llama import LlamaForwardModel
 from reference.models.loader import SMOLLM2_PACKAGE
@@ -59,8 +59,9 @@ def widened(args: tuple) -> tuple:
 # --- attention ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", [pytest.param("numba", marks=needs_numba),
-                                     pytest.param("triton", marks=interpreted)])  # fmt: skip
+@pytest.mark.parametrize(
+    "backend", [pytest.param("numba", marks=needs_numba), pytest.param("triton", marks=interpreted)]
+)
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_decode_on_bfloat16_caches_is_the_float32_computation_rounded(backend, block_size):
     """NaN fills every slot no sequence owns (make_paged_kv): the widened reads must skip them as the float32 ones."""
@@ -78,8 +79,9 @@ def test_triton_prefill_on_bfloat16_rounds_to_nearest_even():
     assert torch.equal(out, paged_prefill_attention(*widened(args), backend="triton").to(BF16))
 
 
-@pytest.mark.parametrize("backend", ["torch_batched", pytest.param("numba", marks=needs_numba),
-                                     pytest.param("triton", marks=interpreted)])  # fmt: skip
+@pytest.mark.parametrize(
+    "backend", ["torch_batched", pytest.param("numba", marks=needs_numba), pytest.param("triton", marks=interpreted)]
+)
 def test_bfloat16_attention_is_within_one_unit_of_the_oracle(backend):
     decode = decode_args(SEQ_LENS, 16, 6, dtype=BF16, seed=3)
     oracle = paged_decode_attention(*widened(decode), backend="torch")  # float32
@@ -92,8 +94,9 @@ def test_bfloat16_attention_is_within_one_unit_of_the_oracle(backend):
 # --- the engine -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["torch_batched", pytest.param("numba", marks=needs_numba),
-                                     pytest.param("triton", marks=interpreted)])  # fmt: skip
+@pytest.mark.parametrize(
+    "backend", ["torch_batched", pytest.param("numba", marks=needs_numba), pytest.param("triton", marks=interpreted)]
+)
 def test_every_cpu_backend_gives_the_oracle_tokens_in_bfloat16(backend):
     """A 2-layer random Llama with its own (untied) head, in bfloat16: 6 prompts of 1-70 tokens, 12 new tokens each,
     prompts chunked by a 24-token budget so that steps mix chunks over a cached prefix with decodes."""
@@ -148,12 +151,14 @@ def test_the_fused_bfloat16_steps_round_where_the_torch_path_rounds(rows):
     plain_h += delta
     assert torch.equal(fused_h, plain_h)  # the residual add: one rounding of an exact float32 sum
     torch.testing.assert_close(out.float(), rms_norm(plain_h, weight, 1e-5).float(), **ONE_UNIT)
-    torch.testing.assert_close(cpu_fused.add_rms_norm(h.clone(), None, weight, 1e-5).float(),
-                               rms_norm(h, weight, 1e-5).float(), **ONE_UNIT)  # fmt: skip
+    torch.testing.assert_close(
+        cpu_fused.add_rms_norm(h.clone(), None, weight, 1e-5).float(), rms_norm(h, weight, 1e-5).float(), **ONE_UNIT
+    )
     gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 3).to(BF16)
     gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(cpu_fused.silu_mul(gate_up).float(), F.silu(gate.contiguous()).mul_(up).float(),
-                               **ONE_UNIT)  # fmt: skip
+    torch.testing.assert_close(
+        cpu_fused.silu_mul(gate_up).float(), F.silu(gate.contiguous()).mul_(up).float(), **ONE_UNIT
+    )
     qkv = torch.randn(rows, 9 + 2 * 3, 64, generator=gen).to(BF16)
     cos, sin = rope_cos_sin(torch.arange(rows) + 5, rope_inv_freq(64, 100000.0, None), BF16)
     key_cache, value_cache = torch.zeros(2 * rows, 16, 3, 64, dtype=BF16), torch.zeros(2 * rows, 16, 3, 64, dtype=BF16)
@@ -184,8 +189,10 @@ def test_smollm2_in_bfloat16_every_backend_picks_the_oracles_clear_first_tokens(
     oracle_model = LlamaForwardModel(config, model.weights, matmul="torch")
     prompts = bench.peer_prompt_ids(tokenizer)
     first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=2)
-    oracle = [o.outputs[0] for o in LLM.from_loaded(oracle_model, tokenizer, backend="torch", num_gpu_blocks=64)
-              .generate(prompts, first)]  # fmt: skip
+    oracle = [
+        o.outputs[0]
+        for o in LLM.from_loaded(oracle_model, tokenizer, backend="torch", num_gpu_blocks=64).generate(prompts, first)
+    ]
     margins = [sorted((lp.logprob for lp in o.logprobs[0].values()), reverse=True) for o in oracle]
     clear = [i for i, m in enumerate(margins) if len(m) > 1 and m[0] - m[1] > 1.0]
     assert len(clear) >= 4  # (6 of the 16, measured)
@@ -212,8 +219,11 @@ def test_bench_refuses_an_unknown_dtype_in_one_line(capsys, monkeypatch):
 def test_bench_dtype_picks_its_own_default_csv():
     from reference.cli import build_parser
 
-    for flags, out in (([], "figures/bench_engine_cpu.csv"), (["--dtype", "bfloat16"], bench.DEFAULT_OUTS["bfloat16"]),
-                       (["--dtype", "bfloat16", "--out", "x.csv"], "x.csv")):  # fmt: skip
+    for flags, out in (
+        ([], "figures/bench_engine_cpu.csv"),
+        (["--dtype", "bfloat16"], bench.DEFAULT_OUTS["bfloat16"]),
+        (["--dtype", "bfloat16", "--out", "x.csv"], "x.csv"),
+    ):
         assert bench.out_path(build_parser().parse_args(["bench", *flags])) == out
 
 
@@ -230,25 +240,60 @@ def test_greedy_agreement_counts_identical_sequences_and_the_shared_prefix():
 
 def test_the_bfloat16_csv_has_the_commented_header_and_its_columns(tmp_path, capsys):
     requests = bench.bench_workload(4, quick=True, seed=0, vocab_size=1000)
-    rows = [{**bench.result_row("throughput", "engine (continuous batching, paged KV)", requests, 2.0, 4, 0,
-                                "30 blocks of 16 tokens"), "dtype": dtype} for dtype in ("float32", "bfloat16")]
-    rows.append({**bench.result_row("throughput", "HF transformers generate (static batches of 16)", requests, 4.0,
-                                    4, 0, "left padding"), "dtype": "bfloat16"})  # fmt: skip
+    rows = [
+        {
+            **bench.result_row(
+                "throughput", "engine (continuous batching, paged KV)", requests, 2.0, 4, 0, "30 blocks of 16 tokens"
+            ),
+            "dtype": dtype,
+        }
+        for dtype in ("float32", "bfloat16")
+    ]
+    rows.append(
+        {
+            **bench.result_row(
+                "throughput", "HF transformers generate (static batches of 16)", requests, 4.0, 4, 0, "left padding"
+            ),
+            "dtype": "bfloat16",
+        }
+    )
     agreement = bench.greedy_agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 0, 6]])
-    rows.append(bench.agreement_row("greedy_agreement", "engine vs HF generate (static batches of 16)", "bfloat16",
-                                    agreement, 6, "the timed runs' outputs"))  # fmt: skip
-    header = {"machine": "a CPU", "cpu": bench.cpu_description("model name\t: X\nflags\t: avx2 amx_bf16\n"),
-              "command": "python -m reference bench --dtype bfloat16", "threads": "1", "total_s": "1.0"}
+    rows.append(
+        bench.agreement_row(
+            "greedy_agreement",
+            "engine vs HF generate (static batches of 16)",
+            "bfloat16",
+            agreement,
+            6,
+            "the timed runs' outputs",
+        )
+    )
+    header = {
+        "machine": "a CPU",
+        "cpu": bench.cpu_description("model name\t: X\nflags\t: avx2 amx_bf16\n"),
+        "command": "python -m reference bench --dtype bfloat16",
+        "threads": "1",
+        "total_s": "1.0",
+    }
     out = tmp_path / "bf16.csv"
     bench.report_dtype(rows, header, out)
     printed = capsys.readouterr().out
     assert "engine bfloat16 / engine float32 = 1.00x" in printed and "1 of 2 sequences identical" in printed
     lines = out.read_text().splitlines()
-    assert lines[:5] == ["# machine: a CPU", "# cpu: X; avx2 amx_bf16", "# command: python -m reference bench "
-                         "--dtype bfloat16", "# threads: 1", "# total_s: 1.0"]  # fmt: skip
+    assert lines[:5] == [
+        "# machine: a CPU",
+        "# cpu: X; avx2 amx_bf16",
+        "# command: python -m reference bench --dtype bfloat16",
+        "# threads: 1",
+        "# total_s: 1.0",
+    ]
     table = list(csv.DictReader(lines[5:]))
     assert tuple(table[0]) == bench.BF16_COLUMNS
-    assert [(r["section"], r["dtype"]) for r in table] == [("throughput", "float32"), ("throughput", "bfloat16"),
-                                                           ("throughput", "bfloat16"), ("greedy_agreement", "bfloat16")]
+    assert [(r["section"], r["dtype"]) for r in table] == [
+        ("throughput", "float32"),
+        ("throughput", "bfloat16"),
+        ("throughput", "bfloat16"),
+        ("greedy_agreement", "bfloat16"),
+    ]
     assert (table[3]["identical_sequences"], table[3]["matched_prefix_share"]) == ("1", "0.6667")
     assert table[3]["wall_s"] == table[3]["tokens_per_s"] == ""

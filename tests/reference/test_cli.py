@@ -3,6 +3,7 @@
 Commands run as real subprocesses (what a user types), except where noted: `main(argv)` in this process is
 the same code `python -m reference` runs, without paying torch's import again.
 """
+
 from __future__ import annotations
 
 import csv
@@ -42,28 +43,38 @@ BAD = {  # name -> (arguments, a word the error line must contain)
     "presence_penalty": (["generate", "hi", "--presence-penalty", "3"], "--presence-penalty"),
     "frequency_penalty_nan": (["generate", "hi", "--frequency-penalty", "nan"], "--frequency-penalty"),
     "logprobs": (["generate", "hi", "--logprobs", "21"], "--logprobs 21 (allowed: an integer from 0 to 20)"),
-    "prompt_logprobs": (["generate", "hi", "--prompt-logprobs", "-1"],
-                        "--prompt-logprobs -1 (allowed: an integer from 0 to 20)"),
-    "beam_with_prompt_logprobs": (["generate", "hi", "--beam-width", "2", "--prompt-logprobs", "1"],
-                                  "beam search takes only"),
+    "prompt_logprobs": (
+        ["generate", "hi", "--prompt-logprobs", "-1"],
+        "--prompt-logprobs -1 (allowed: an integer from 0 to 20)",
+    ),
+    "beam_with_prompt_logprobs": (
+        ["generate", "hi", "--beam-width", "2", "--prompt-logprobs", "1"],
+        "beam search takes only",
+    ),
     "empty_stop": (["generate", "hi", "--stop", ""], "--stop"),
     "beam_with_stop": (["generate", "hi", "--beam-width", "2", "--stop", "x"], "beam search takes only"),
     "unknown_model": (["generate", "hi", "--model", "/no/such/checkpoint"], "/no/such/checkpoint"),
     "not_a_checkpoint": (["generate", "hi", "--model", "tests"], "tests"),
-    "kv_blocks_too_small": (["generate", IDS, "--model", "random", "--kv-blocks", "1", "--block-size", "4"],
-                            "--kv-blocks"),
+    "kv_blocks_too_small": (
+        ["generate", IDS, "--model", "random", "--kv-blocks", "1", "--block-size", "4"],
+        "--kv-blocks",
+    ),
     "prompt_too_long": (["generate", " ".join(["5"] * 1100), "--model", "random"], "1100 tokens"),
     "text_without_tokenizer": (["generate", "hello", "--model", "random"], "token ids"),
-    "hybrid_without_sliding_layers": (["generate", IDS, "--model", "random", "--policy", "hybrid"],
-                                      "0 sliding layers (allowed: gemma3-270m"),
+    "hybrid_without_sliding_layers": (
+        ["generate", IDS, "--model", "random", "--policy", "hybrid"],
+        "0 sliding layers (allowed: gemma3-270m",
+    ),
     "unknown_policy": (["generate", "hi", "--policy", "lru"], "--policy"),
     "bench_batch_size": (["bench", "--hf-batch-size", "0"], "--hf-batch-size"),
     "no_command": ([], "COMMAND"),
     "logprobs_without_json": (["generate", "hi", "--logprobs", "2"], "--logprobs / --prompt-logprobs without --json"),
     "prompt_logprobs_without_json": (["generate", "hi", "--prompt-logprobs", "1"], "without --json"),
     "arabic_indic_digit": (["generate", "5 \u0663", "--model", "random"], "token ids"),
-    "block_size_huge": (["generate", IDS, "--model", "random", "--block-size", "1000000000"],
-                        "--block-size 1000000000 (allowed: an integer from 1 to 256)"),
+    "block_size_huge": (
+        ["generate", IDS, "--model", "random", "--block-size", "1000000000"],
+        "--block-size 1000000000 (allowed: an integer from 1 to 256)",
+    ),
     "pool_past_memory": (["generate", IDS, "--model", "random", "--kv-blocks", "100000000"], "--kv-blocks"),
     "traces_dir_a_file": (["validate-sim", "--traces-dir", "README.md"], "--traces-dir README.md: not a folder"),
     "prompt_not_utf8": (["generate", "\udcff hi"], "the prompt holds bytes that are not UTF-8"),  # argv byte 0xff
@@ -73,8 +84,9 @@ GENERATE = ["generate", QUESTION, "--max-tokens", "8"]
 
 
 def start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "reference", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "reference", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -97,34 +109,67 @@ def test_bad_input_is_one_line_and_exit_2():
             assert "(allowed: " in lines[0], f"{name}: {lines[0]}"
 
 
-LLAMA_FIELDS = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-                "num_attention_heads": 4, "vocab_size": 256}
+LLAMA_FIELDS = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "vocab_size": 256,
+}
 BROKEN_CONFIGS = {  # name -> (config.json text, generation_config.json text or None, the error after "error: PATH: ")
-    "a missing field": (json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "num_hidden_layers"}), None,
-                        "config.json: missing field 'num_hidden_layers' (allowed: "),
+    "a missing field": (
+        json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "num_hidden_layers"}),
+        None,
+        "config.json: missing field 'num_hidden_layers' (allowed: ",
+    ),
     "a null field": (json.dumps({**LLAMA_FIELDS, "vocab_size": None}), None, "config.json: missing field 'vocab_size'"),
-    "a string for an int": (json.dumps({**LLAMA_FIELDS, "hidden_size": "64"}), None,
-                            "config.json: field 'hidden_size' is '64' (allowed: an integer)"),
+    "a string for an int": (
+        json.dumps({**LLAMA_FIELDS, "hidden_size": "64"}),
+        None,
+        "config.json: field 'hidden_size' is '64' (allowed: an integer)",
+    ),
     "a float for an int": (json.dumps({**LLAMA_FIELDS, "hidden_size": 64.0}), None, "field 'hidden_size' is 64.0"),
     "not JSON": ("{oops", None, "config.json: not valid JSON: "),
     "a list": ("[1, 2]", None, "config.json: a JSON list (allowed: a JSON object"),
-    "no model_type": (json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "model_type"}), None,
-                      "config.json: missing field 'model_type' (allowed: llama, mistral, qwen2, gemma3_text)"),
-    "a bad rope_scaling": (json.dumps({**LLAMA_FIELDS, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), None,
-                           "config.json: missing field 'rope_scaling.low_freq_factor'"),
-    "a bad generation config": (json.dumps(LLAMA_FIELDS), '{"eos_token_id": "x"}',
-                                "generation_config.json: field 'eos_token_id' is 'x'"),
+    "no model_type": (
+        json.dumps({k: v for k, v in LLAMA_FIELDS.items() if k != "model_type"}),
+        None,
+        "config.json: missing field 'model_type' (allowed: llama, mistral, qwen2, gemma3_text)",
+    ),
+    "a bad rope_scaling": (
+        json.dumps({**LLAMA_FIELDS, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}),
+        None,
+        "config.json: missing field 'rope_scaling.low_freq_factor'",
+    ),
+    "a bad generation config": (
+        json.dumps(LLAMA_FIELDS),
+        '{"eos_token_id": "x"}',
+        "generation_config.json: field 'eos_token_id' is 'x'",
+    ),
     # bool is not int and a string is not a bool: bool("false") would read as True
-    "a string for a bool": (json.dumps({**LLAMA_FIELDS, "tie_word_embeddings": "false"}), None,
-                            "config.json: field 'tie_word_embeddings' is 'false' (allowed: true, false or null)"),
-    "a number for a bool": (json.dumps({**LLAMA_FIELDS, "attention_bias": 1}), None,
-                            "config.json: field 'attention_bias' is 1 (allowed: true, false or null)"),
-    "a bool for an int": (json.dumps({**LLAMA_FIELDS, "num_key_value_heads": True}), None,
-                          "config.json: field 'num_key_value_heads' is True (allowed: an integer)"),
-    "layer types not strings": (json.dumps({**LLAMA_FIELDS, "model_type": "gemma3_text", "layer_types": [[1], [2]]}),
-                                None, "config.json: field 'layer_types' is [[1], [2]] (allowed: a list of"),
+    "a string for a bool": (
+        json.dumps({**LLAMA_FIELDS, "tie_word_embeddings": "false"}),
+        None,
+        "config.json: field 'tie_word_embeddings' is 'false' (allowed: true, false or null)",
+    ),
+    "a number for a bool": (
+        json.dumps({**LLAMA_FIELDS, "attention_bias": 1}),
+        None,
+        "config.json: field 'attention_bias' is 1 (allowed: true, false or null)",
+    ),
+    "a bool for an int": (
+        json.dumps({**LLAMA_FIELDS, "num_key_value_heads": True}),
+        None,
+        "config.json: field 'num_key_value_heads' is True (allowed: an integer)",
+    ),
+    "layer types not strings": (
+        json.dumps({**LLAMA_FIELDS, "model_type": "gemma3_text", "layer_types": [[1], [2]]}),
+        None,
+        "config.json: field 'layer_types' is [[1], [2]] (allowed: a list of",
+    ),
     "nested too deeply": ('{"a": ' * 100_000 + "1" + "}" * 100_000, None, "config.json: JSON nested too deeply"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", BROKEN_CONFIGS)
@@ -152,9 +197,25 @@ def test_a_fifo_as_checkpoint_config_is_refused_at_once(tmp_path, capsys):
 def test_help_explains_every_flag():
     code, out, _ = finish(start(["generate", "--help"]))
     assert code == 0
-    for flag in ("--n", "--beam-width", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--policy",
-                 "--block-size", "--kv-blocks", "--chat", "--json", "--model", "--kv-dtype", "--kv-cache-dtype",
-                 "--num-speculative-tokens", "--speculative-config"):  # fmt: skip
+    for flag in (
+        "--n",
+        "--beam-width",
+        "--max-tokens",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--seed",
+        "--policy",
+        "--block-size",
+        "--kv-blocks",
+        "--chat",
+        "--json",
+        "--model",
+        "--kv-dtype",
+        "--kv-cache-dtype",
+        "--num-speculative-tokens",
+        "--speculative-config",
+    ):
         assert flag in out
 
 
@@ -165,8 +226,9 @@ def test_json_generation_matches_llm_generate():
     threads = torch.get_num_threads()
     llm = LLM("smollm2", num_gpu_blocks=64)  # a small pool: zero-filling the default one takes seconds
     torch.set_num_threads(threads)  # the engine sets one thread for the process; give the other tests theirs back
-    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                               tokenize=False)  # fmt: skip
+    prompt = llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False
+    )
     expected = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0]
     code, out, err = finish(as_json)
     assert code == 0, err
@@ -178,8 +240,13 @@ def test_json_generation_matches_llm_generate():
     assert output["token_ids"] == expected.token_ids
     assert output["text"] == expected.text
     assert output["finish_reason"] == expected.finish_reason
-    assert set(result["stats"]) >= {"num_steps", "max_concurrent_requests", "num_preemptions", "num_gpu_blocks",
-                                    "max_blocks_used_after_step"}  # fmt: skip
+    assert set(result["stats"]) >= {
+        "num_steps",
+        "max_concurrent_requests",
+        "num_preemptions",
+        "num_gpu_blocks",
+        "max_blocks_used_after_step",
+    }
     assert result["stats"]["max_concurrent_requests"] == 1
     # streaming (no --json) prints the same text, step by step, then a newline
     code, streamed, err = finish(streaming)
@@ -227,7 +294,10 @@ def test_parallel_samples_and_beams_through_the_cli(capsys):
     assert main([*args[:-1], "--n", "3", "--temperature", "1.0"]) == 0
     printed = capsys.readouterr().out
     assert sorted(line.split(" (")[0] for line in printed.splitlines() if line.startswith("---")) == [
-        "--- completion 0", "--- completion 1", "--- completion 2"]
+        "--- completion 0",
+        "--- completion 1",
+        "--- completion 2",
+    ]
 
 
 def test_vllms_flag_names_give_the_project_flags_run(capsys):
@@ -235,9 +305,11 @@ def test_vllms_flag_names_give_the_project_flags_run(capsys):
     greedy tokens as --kv-dtype and --num-speculative-tokens. In this process, as above."""
     args = ["generate", "5 6 7 8 5 6 7 8 5 6", "--model", "random", "--max-tokens", "12", "--json"]
     ngram = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
-    pairs = [(["--kv-cache-dtype", "int8"], ["--kv-dtype", "int8"]),
-             (["--speculative-config", ngram], ["--num-speculative-tokens", "3"]),
-             (["--kv-cache-dtype", "int8", "--kv-dtype", "int8"], ["--kv-dtype", "int8"])]
+    pairs = [
+        (["--kv-cache-dtype", "int8"], ["--kv-dtype", "int8"]),
+        (["--speculative-config", ngram], ["--num-speculative-tokens", "3"]),
+        (["--kv-cache-dtype", "int8", "--kv-dtype", "int8"], ["--kv-dtype", "int8"]),
+    ]
     for theirs, ours in pairs:
         runs = []
         for flags in (theirs, ours):
@@ -247,30 +319,51 @@ def test_vllms_flag_names_give_the_project_flags_run(capsys):
 
 
 VLLM_FLAGS_BAD = {  # arguments after `generate IDS --model random` -> the error line
-    "fp8": (["--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype must be one of auto, int8 (auto: the model's dtype; "
-            "int8: 8-bit K/V with a float32 scale per token and KV head; vLLM's fp8 caches are not in this engine), got "
-            "'fp8'"),
-    "kv dtypes disagree": (["--kv-dtype", "int8", "--kv-cache-dtype", "auto"], "error: --kv-dtype 'int8' and "
-                           "--kv-cache-dtype 'auto' (vLLM's name for the same setting) disagree (allowed: one of them, "
-                           "or both the same)"),
-    "eagle": (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'],
-              "error: --speculative-config: method 'eagle': this engine drafts by prompt lookup only; EAGLE, Medusa, "
-              "MTP and draft models need weights it does not have (allowed: 'ngram')"),
-    "unknown key": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "model": "[ngram]"}'],
-                    "error: --speculative-config: key 'model' is not taken here"),
-    "k disagree": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
-                    "--num-speculative-tokens", "3"], "error: --num-speculative-tokens 3 with --speculative-config's "
-                   "num_speculative_tokens 2 (allowed: one of them, or both the same)"),
-    "not JSON": (["--speculative-config", "{method: ngram}"], "error: argument --speculative-config: '{method: ngram}' "
-                 "is not JSON: Expecting property name enclosed in double quotes at character 1 (allowed: a JSON "
-                 "object)"),
-    "a list": (["--speculative-config", "[]"], "error: argument --speculative-config: '[]' is a JSON list (allowed: a "
-               "JSON object)"),
-    "a key twice": (["--speculative-config", '{"method": "ngram", "method": "ngram"}'],
-                    "error: argument --speculative-config: field method appears twice in one object"),
-    "k out of range": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 65}'],
-                       "error: --speculative-config num_speculative_tokens must be <= 64, got 65 (allowed: 1 .. 64)"),
-}  # fmt: skip
+    "fp8": (
+        ["--kv-cache-dtype", "fp8"],
+        "error: --kv-cache-dtype must be one of auto, int8 (auto: the model's dtype; "
+        "int8: 8-bit K/V with a float32 scale per token and KV head; vLLM's fp8 caches are not in this engine), got "
+        "'fp8'",
+    ),
+    "kv dtypes disagree": (
+        ["--kv-dtype", "int8", "--kv-cache-dtype", "auto"],
+        "error: --kv-dtype 'int8' and "
+        "--kv-cache-dtype 'auto' (vLLM's name for the same setting) disagree (allowed: one of them, "
+        "or both the same)",
+    ),
+    "eagle": (
+        ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'],
+        "error: --speculative-config: method 'eagle': this engine drafts by prompt lookup only; EAGLE, Medusa, "
+        "MTP and draft models need weights it does not have (allowed: 'ngram')",
+    ),
+    "unknown key": (
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "model": "[ngram]"}'],
+        "error: --speculative-config: key 'model' is not taken here",
+    ),
+    "k disagree": (
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}', "--num-speculative-tokens", "3"],
+        "error: --num-speculative-tokens 3 with --speculative-config's "
+        "num_speculative_tokens 2 (allowed: one of them, or both the same)",
+    ),
+    "not JSON": (
+        ["--speculative-config", "{method: ngram}"],
+        "error: argument --speculative-config: '{method: ngram}' "
+        "is not JSON: Expecting property name enclosed in double quotes at character 1 (allowed: a JSON "
+        "object)",
+    ),
+    "a list": (
+        ["--speculative-config", "[]"],
+        "error: argument --speculative-config: '[]' is a JSON list (allowed: a JSON object)",
+    ),
+    "a key twice": (
+        ["--speculative-config", '{"method": "ngram", "method": "ngram"}'],
+        "error: argument --speculative-config: field method appears twice in one object",
+    ),
+    "k out of range": (
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 65}'],
+        "error: --speculative-config num_speculative_tokens must be <= 64, got 65 (allowed: 1 .. 64)",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", VLLM_FLAGS_BAD)
@@ -282,8 +375,9 @@ def test_vllms_flag_names_refuse_bad_values_in_one_line(case, capsys):
         code = exc.code
     assert code == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith(line) and len(captured.err.strip().splitlines()) == 1, \
+    assert captured.out == "" and captured.err.startswith(line) and len(captured.err.strip().splitlines()) == 1, (
         captured.err
+    )
 
 
 @pytest.mark.slow
@@ -308,8 +402,12 @@ def test_bench_quick_writes_its_table(tmp_path, capsys):
 def test_a_closed_pipe_is_not_bad_input():
     """`python -m reference generate ... | head`: the reader goes away; the command stops quietly, as a Unix tool
     killed by SIGPIPE (141), instead of an error line."""
-    proc = subprocess.Popen([sys.executable, "-m", "reference", "generate", IDS, "--model", "random", "--max-tokens",
-                             "64", "--ignore-eos"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reference", "generate", IDS, "--model", "random", "--max-tokens", "64", "--ignore-eos"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # before it prints anything
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141 and err == "", err
@@ -321,9 +419,25 @@ def test_an_output_that_fails_late_is_one_line_and_keeps_the_others(tmp_path):
     exit 2, and the other output is neither created nor replaced."""
     out = tmp_path / "cost.json"
     out.write_text("old")
-    proc = subprocess.run([sys.executable, "-m", "reference", "calibrate", "--quick", "--passes", "1", "--out",
-                           str(out), "--steps-csv", "/dev/full"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reference",
+            "calibrate",
+            "--quick",
+            "--passes",
+            "1",
+            "--out",
+            str(out),
+            "--steps-csv",
+            "/dev/full",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "No space left on device" in lines[0], proc.stderr
     assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["cost.json"]

@@ -1,6 +1,7 @@
 """reference.cpu_allocator.huge_pages: importing `reference` asks torch for transparent huge pages on its large tensors
 (unless the environment already says otherwise), and where the kernel grants them a large tensor lands on them.
 Each case runs in a fresh Python, since torch reads its switch once per process."""
+
 import re
 import subprocess
 import sys
@@ -11,9 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # a 64 MiB tensor allocated after `import reference`, then the process's huge-page kilobytes (smaps)
-PROBE = ("import os, re, reference, torch; x = torch.ones(16 * 2**20); "
-         "huge = sum(int(k) for k in re.findall(r'AnonHugePages:\\s+(\\d+) kB', open('/proc/self/smaps').read())); "
-         "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), huge)")  # fmt: skip
+PROBE = (
+    "import os, re, reference, torch; x = torch.ones(16 * 2**20); "
+    "huge = sum(int(k) for k in re.findall(r'AnonHugePages:\\s+(\\d+) kB', open('/proc/self/smaps').read())); "
+    "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), huge)"
+)
 
 
 def probe(env_value: str | None) -> tuple[str, int]:

@@ -26,8 +26,7 @@ def test_add_rms_norm_adds_in_place_and_normalizes_like_torch(rows):
     out = cpu_fused.add_rms_norm(got_h, delta, weight, 1e-5)
     assert torch.equal(got_h, expected_h)  # one float32 sum per element: exact
     torch.testing.assert_close(out, rms_norm(expected_h.clone(), weight, 1e-5), **TOL)
-    torch.testing.assert_close(cpu_fused.add_rms_norm(h.clone(), None, weight, 1e-5), rms_norm(h, weight, 1e-5),
-                               **TOL)
+    torch.testing.assert_close(cpu_fused.add_rms_norm(h.clone(), None, weight, 1e-5), rms_norm(h, weight, 1e-5), **TOL)
 
 
 @pytest.mark.parametrize("rows", [1, 9, 300])
@@ -45,7 +44,7 @@ def test_rope_store_rotates_exactly_and_writes_only_kept_slots(tokens):
     heads, kv_heads, dim = 6, 2, 16
     qkv = torch.randn(tokens, heads + 2 * kv_heads, dim)
     cos, sin = rope_cos_sin(torch.arange(tokens) * 13 + 5, rope_inv_freq(dim, 10000.0, None), torch.float32)
-    expected = apply_rope(qkv[:, :heads + kv_heads], cos, sin)
+    expected = apply_rope(qkv[:, : heads + kv_heads], cos, sin)
     key_cache, value_cache = torch.full((20, 8, kv_heads, dim), float("nan")), torch.zeros(20, 8, kv_heads, dim)
     slots = torch.randperm(160)[:tokens]
     slots[0] = -1  # the skip sentinel: token 0 is rotated but not stored
@@ -53,7 +52,7 @@ def test_rope_store_rotates_exactly_and_writes_only_kept_slots(tokens):
     assert torch.equal(q, expected[:, :heads])
     kept = slots >= 0
     assert torch.equal(key_cache.view(-1, kv_heads, dim)[slots[kept]], expected[kept, heads:])
-    assert torch.equal(value_cache.view(-1, kv_heads, dim)[slots[kept]], qkv[kept, heads + kv_heads:])
+    assert torch.equal(value_cache.view(-1, kv_heads, dim)[slots[kept]], qkv[kept, heads + kv_heads :])
     assert key_cache.isnan().sum() == (160 - int(kept.sum())) * kv_heads * dim  # nothing else written
 
 

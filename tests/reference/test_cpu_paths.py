@@ -9,6 +9,7 @@ AVX, numba for a generic x86-64). Here, in such processes:
 - the engine's tests of every CPU path (bfloat16, the numba kernels and fused steps, the prepacked float32
   projections) pass as they pass here, with the same tolerances.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,12 @@ from reference.cpu_paths import LESSER_CPU, cpu_paths
 ROOT = Path(__file__).resolve().parents[2]
 
 # The engine's tests whose paths depend on the CPU: bfloat16 end to end, the projections, the compiled kernels.
-CPU_PATH_TESTS = ("tests/reference/test_bf16_cpu.py", "tests/reference/test_matmul.py",
-                  "tests/reference/test_cpu_fused.py", "tests/reference/test_attention_numba.py")  # fmt: skip
+CPU_PATH_TESTS = (
+    "tests/reference/test_bf16_cpu.py",
+    "tests/reference/test_matmul.py",
+    "tests/reference/test_cpu_fused.py",
+    "tests/reference/test_attention_numba.py",
+)
 
 
 def lesser_env() -> dict[str, str]:
@@ -61,8 +66,9 @@ def test_the_paths_are_decided_once_per_process():
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs torch's oneDNN")
 def test_a_cpu_without_avx512_multiplies_bfloat16_through_f_linear():
-    done = subprocess.run([sys.executable, "-c", PROBE], env=lesser_env(), capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=lesser_env(), capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["aten"] == "DEFAULT"  # torch's own kernels follow the switch: this is an AVX-only process
@@ -78,8 +84,14 @@ def test_a_cpu_without_avx512_multiplies_bfloat16_through_f_linear():
 def test_the_engines_cpu_path_tests_pass_on_a_lesser_cpu():
     """The CPU-dependent tests, run whole in a process that computes as an AVX-only CPU: nothing skipped that runs
     here except what needs the bfloat16 prepacking this CPU lacks."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CPU_PATH_TESTS],
-                          env=lesser_env(), capture_output=True, text=True, timeout=1500, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CPU_PATH_TESTS],
+        env=lesser_env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
     tail = done.stdout[-4000:]
     assert done.returncode == 0, tail + done.stderr[-2000:]
     assert " passed" in tail and " failed" not in tail

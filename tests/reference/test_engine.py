@@ -5,6 +5,7 @@ that the shared memory bookkeeping is right: a wrong block table or a missed cop
 Greedy decoding and beam search must give HF transformers' tokens; sampling must be reproducible by seed;
 parallel samples and beams must share blocks (paper 4.4) and copy on write.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from reference import LLM, BeamSearchParams, SamplingParams
-from reference.models import random_model
 from reference.engine.sampling import sample, sample_generator
+from reference.models import random_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived a"]
 GREEDY_TOKENS = 16
@@ -22,8 +23,11 @@ GREEDY_TOKENS = 16
 
 def chat_prompt(tok, question: str) -> list[int]:
     """The instruct model's own format; its short answers end with the eos token <|im_end|>."""
-    return list(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                        tokenize=True)["input_ids"])
+    return list(
+        tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+    )
 
 
 def engine(smol, **kwargs) -> LLM:
@@ -35,7 +39,7 @@ def engine(smol, **kwargs) -> LLM:
 def hf_generate(hf_model, ids: list[int], **kwargs) -> list[int]:
     with torch.no_grad():
         out = hf_model.generate(torch.tensor([ids]), pad_token_id=2, do_sample=False, **kwargs)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,9 @@ def test_greedy_equals_hf_generate(smol, greedy_prompts, hf_greedy, policy):
     tok = smol[1]
     llm = engine(smol, policy=policy)
     # Two prompts as text, the chat prompt as token ids (both spellings of a prompt are accepted).
-    outs = llm.generate([PROMPTS[0], PROMPTS[1], greedy_prompts[2]],
-                        SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS))
+    outs = llm.generate(
+        [PROMPTS[0], PROMPTS[1], greedy_prompts[2]], SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
+    )
     for out, ids, hf_ids in zip(outs, greedy_prompts, hf_greedy):
         assert out.finished and out.prompt_token_ids == ids
         [completion] = out.outputs
@@ -112,10 +117,18 @@ def test_beam_search_equals_hf_where_their_rules_agree(smol, hf_model, beam_prom
     params = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
     results = llm.beam_search([beam_prompts[0], PROMPTS[1]], params)  # both requests' beams run in the same steps
     for ids, result in zip([beam_prompts[0], smol[1](PROMPTS[1]).input_ids], results):
-        assert all(2 not in s.tokens[len(ids):] for s in result.sequences)
+        assert all(2 not in s.tokens[len(ids) :] for s in result.sequences)
         with torch.no_grad():
-            hf = hf_model.generate(torch.tensor([ids]), pad_token_id=2, do_sample=False, max_new_tokens=12,
-                                   min_new_tokens=12, num_beams=3, num_return_sequences=3, early_stopping=False)
+            hf = hf_model.generate(
+                torch.tensor([ids]),
+                pad_token_id=2,
+                do_sample=False,
+                max_new_tokens=12,
+                min_new_tokens=12,
+                num_beams=3,
+                num_return_sequences=3,
+                early_stopping=False,
+            )
         assert [s.tokens for s in result.sequences] == hf.tolist()
         assert [s.score for s in result.sequences] == sorted((s.score for s in result.sequences), reverse=True)
     assert llm.kv_manager.num_free_blocks == llm.kv_manager.num_blocks
@@ -125,12 +138,13 @@ def test_beam_search_returns_vllms_sequences(smol, beam_prompts):
     """As vLLM's: tokens and text hold the prompt, the score divides by the whole length (an end-of-sequence token
     not counted), and sequences that ended with EOS are kept (the chat prompt's short answer ends with one)."""
     llm = engine(smol)
-    results = llm.beam_search([{"prompt_token_ids": ids} for ids in beam_prompts],
-                              BeamSearchParams(beam_width=3, max_tokens=12))
+    results = llm.beam_search(
+        [{"prompt_token_ids": ids} for ids in beam_prompts], BeamSearchParams(beam_width=3, max_tokens=12)
+    )
     tok = smol[1]
     for ids, result in zip(beam_prompts, results):
         for s in result.sequences:
-            assert s.tokens[:len(ids)] == ids and s.text == tok.decode(s.tokens, skip_special_tokens=True)
+            assert s.tokens[: len(ids)] == ids and s.text == tok.decode(s.tokens, skip_special_tokens=True)
             length = len(s.tokens) - (s.finish_reason == "stop")
             assert math.isclose(s.score, s.cum_logprob / length, rel_tol=1e-9)
     assert results[1].sequences[0].finish_reason == "stop" and results[1].sequences[0].tokens[-1] == 2
@@ -152,8 +166,10 @@ def test_beams_share_blocks_and_copy_on_write(smol, beam_prompts):
 
 
 def test_prefix_caching_reuses_blocks_and_keeps_outputs(smol):
-    system = ("You are a careful assistant. Answer every question in one short sentence, and never use more "
-              "words than you need. Be friendly, be precise, and check your facts twice. Question: ")
+    system = (
+        "You are a careful assistant. Answer every question in one short sentence, and never use more "
+        "words than you need. Be friendly, be precise, and check your facts twice. Question: "
+    )
     prompts = [system + "What is the capital of Italy?", system + "What is the largest planet?"]
     assert len(smol[1](system).input_ids) > 32  # at least two full blocks of 16 tokens are shared
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -172,8 +188,10 @@ def test_prefix_caching_reuses_blocks_and_keeps_outputs(smol):
 def test_the_radix_policy_caches_prefixes_without_the_flag_and_keeps_outputs(smol, block_size):
     """radix's tree is the policy: the engine hands it every prompt's ids (enable_prefix_caching or not), and a prompt
     sharing a system prefix with an earlier one computes only the rest, at any page size, with the same tokens."""
-    system = ("You are a careful assistant. Answer every question in one short sentence, and never use more "
-              "words than you need. Question: ")
+    system = (
+        "You are a careful assistant. Answer every question in one short sentence, and never use more "
+        "words than you need. Question: "
+    )
     prompts = [system + "What is the capital of Italy?", system + "What is the largest planet?"]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in engine(smol).generate(prompts, params)]
@@ -219,7 +237,9 @@ def test_sampler_filters_and_reports_raw_logprobs():
 @pytest.fixture(scope="module")
 def long_prompt(smol):
     """About 600 tokens of text, so that budgets of 64 and 512 tokens both cut it into chunks."""
-    text = " ".join(f"Paragraph {i}: paging splits the KV cache into blocks, and a block table maps them." for i in range(40))
+    text = " ".join(
+        f"Paragraph {i}: paging splits the KV cache into blocks, and a block table maps them." for i in range(40)
+    )
     return smol[1](text + " In one sentence, paging").input_ids
 
 

@@ -2,13 +2,14 @@
 are the project allocator's, greedy and sampled, with beams, and under preemption by recompute or swap, because
 every read goes through the block table; the KV manager's recount holds after every step and the pool is free at
 the end. (The allocators: tests/sim/test_block_allocator_plug.py's, written for the tests.)"""
+
 from __future__ import annotations
 
 import pytest
 
 from reference import LLM
-from reference.models import random_model
 from reference.engine.sampling import BeamSearchParams, SamplingParams
+from reference.models import random_model
 from tests.sim.test_block_allocator_plug import HighestFirst, StackAllocator
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 4, 4, 4, 4, 4], [11, 12]]
@@ -34,13 +35,19 @@ def model():
 
 
 @pytest.mark.parametrize("allocator", [StackAllocator, HighestFirst])
-@pytest.mark.parametrize("params, settings", [
-    (SamplingParams(max_tokens=16, temperature=0), {"num_gpu_blocks": 10, "block_size": 4}),
-    (SamplingParams(max_tokens=12, temperature=1.0, n=3, seed=7), {"num_gpu_blocks": 40, "block_size": 2}),
-    (BeamSearchParams(beam_width=3, max_tokens=8), {"num_gpu_blocks": 48, "block_size": 2}),
-    (SamplingParams(max_tokens=16, temperature=0), {"num_gpu_blocks": 10, "block_size": 4, "num_cpu_blocks": 10,
-                                                     "preemption": "swap"}),
-], ids=["greedy-preempting", "sampled-n3", "beams", "swap"])  # fmt: skip
+@pytest.mark.parametrize(
+    "params, settings",
+    [
+        (SamplingParams(max_tokens=16, temperature=0), {"num_gpu_blocks": 10, "block_size": 4}),
+        (SamplingParams(max_tokens=12, temperature=1.0, n=3, seed=7), {"num_gpu_blocks": 40, "block_size": 2}),
+        (BeamSearchParams(beam_width=3, max_tokens=8), {"num_gpu_blocks": 48, "block_size": 2}),
+        (
+            SamplingParams(max_tokens=16, temperature=0),
+            {"num_gpu_blocks": 10, "block_size": 4, "num_cpu_blocks": 10, "preemption": "swap"},
+        ),
+    ],
+    ids=["greedy-preempting", "sampled-n3", "beams", "swap"],
+)
 def test_tokens_are_the_project_allocators(model, allocator, params, settings):
     ours, ours_stats = serve(model, params, **settings)
     theirs, theirs_stats = serve(model, params, allocator, **settings)

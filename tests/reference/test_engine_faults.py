@@ -7,6 +7,7 @@ exception or KeyboardInterrupt (Ctrl-C in a notebook), before or after the real 
 - generate() / beam_search() abort everything they queued and re-raise;
 - the pool is entirely free once nothing is queued, and the next call gives what a fresh engine gives.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -94,8 +95,9 @@ def serve(llm: LLM, workload: list[tuple[list[int], object]] | None = None) -> t
         except (Fault, KeyboardInterrupt) as exc:
             errors.append(exc)
             continue
-        finished.update({llm.scheduler_request_id(o.request_id): [c.token_ids for c in o.outputs]
-                         for o in outs if o.finished})  # fmt: skip
+        finished.update(
+            {llm.scheduler_request_id(o.request_id): [c.token_ids for c in o.outputs] for o in outs if o.finished}
+        )
     return finished, errors
 
 
@@ -106,8 +108,12 @@ def record_plans(llm: LLM) -> list:
     def recording():
         plan = schedule()
         written = {dst for _, dst in plan.blocks_to_copy}
-        owners = {rid for rid in llm.scheduler.running_request_ids() for s in llm.scheduler.seq_ids(rid)
-                  if s in llm.kv_manager.seq_ids and written & set(llm.kv_manager.block_table(s))}
+        owners = {
+            rid
+            for rid in llm.scheduler.running_request_ids()
+            for s in llm.scheduler.seq_ids(rid)
+            if s in llm.kv_manager.seq_ids and written & set(llm.kv_manager.block_table(s))
+        }
         plans.append((plan, owners))
         return plan
 
@@ -115,13 +121,20 @@ def record_plans(llm: LLM) -> list:
     return plans
 
 
-MEMORY = {"paged, swap": dict(preemption="swap", num_cpu_blocks=32), "paged, recompute": {},
-          "pow2 (fork copies)": dict(policy="pow2", num_gpu_blocks=96)}
+MEMORY = {
+    "paged, swap": dict(preemption="swap", num_cpu_blocks=32),
+    "paged, recompute": {},
+    "pow2 (fork copies)": dict(policy="pow2", num_gpu_blocks=96),
+}
 # Three beam searches under a 3-token budget, contiguous: in one step (the 8th) the last one gets no tokens
 # while the fork copies of its beams ride in the plan. A failure then must abort it too (its copies never landed).
-STARVED = ([(prompt, BeamSearchParams(beam_width=2, max_tokens=m, ignore_eos=True))
-            for prompt, m in [([17], 2), ([64, 129, 156, 87, 101], 6), ([190, 136, 170, 142, 145], 7)]],
-           dict(policy="pow2", num_gpu_blocks=96, max_num_batched_tokens=3))
+STARVED = (
+    [
+        (prompt, BeamSearchParams(beam_width=2, max_tokens=m, ignore_eos=True))
+        for prompt, m in [([17], 2), ([64, 129, 156, 87, 101], 6), ([190, 136, 170, 142, 145], 7)]
+    ],
+    dict(policy="pow2", num_gpu_blocks=96, max_num_batched_tokens=3),
+)
 FAULTS = {
     "executor raises first": ("executor", "execute", Fault("boom"), False),
     "Ctrl-C after the forward pass": ("executor", "execute", KeyboardInterrupt(), True),
@@ -174,8 +187,9 @@ def greedy_tokens(outputs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-@pytest.mark.parametrize("exc,call,after", [(KeyboardInterrupt(), 2, False), (KeyboardInterrupt(), 0, True),
-                                            (Fault("boom"), 3, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "exc,call,after", [(KeyboardInterrupt(), 2, False), (KeyboardInterrupt(), 0, True), (Fault("boom"), 3, False)]
+)
 def test_generate_interrupted_or_failing_cleans_up_and_the_engine_goes_on(tiny, exc, call, after):
     fresh = greedy_tokens(engine(tiny).generate(PROMPTS, GREEDY))
     llm = engine(tiny)

@@ -4,6 +4,7 @@ The KV pool here is a few blocks, so the shared scheduler must preempt (recomput
 contiguous policies must queue. Whatever the memory does, greedy text must not change: a block moved,
 copied or recomputed wrongly would change it. At the end every block is back in the pool.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,12 @@ import pytest
 from reference import LLM, BeamSearchParams, SamplingParams
 from reference.models import random_model
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
-           "Paged attention stores the KV cache in"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "Paged attention stores the KV cache in",
+]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
@@ -51,8 +56,9 @@ def test_preemption_keeps_greedy_outputs(smol, unconstrained, preemption, num_cp
         assert any(r.blocks_to_swap_out for r in llm.step_log)
     else:  # a recomputed sequence feeds prompt + its generated tokens again, from position 0
         prompt_lens = [len(smol[1](p).input_ids) for p in PROMPTS]  # scheduler ids (step_log's) are 0, 1, 2, 3
-        assert any(computed == 0 and new > prompt_lens[rid]
-                   for r in llm.step_log for rid, _, computed, new in r.prefills)
+        assert any(
+            computed == 0 and new > prompt_lens[rid] for r in llm.step_log for rid, _, computed, new in r.prefills
+        )
     assert_pool_empty(llm)
 
 
@@ -71,8 +77,10 @@ def test_abort_frees_blocks_while_others_run(smol, unconstrained):
     while llm.has_unfinished_requests():
         finals.update({o.request_id: o for o in llm.step() if o.finished})
     assert sorted(finals) == [ids[0], ids[2]]
-    assert [finals[ids[0]].outputs[0].token_ids, finals[ids[2]].outputs[0].token_ids] == [unconstrained[0],
-                                                                                          unconstrained[2]]
+    assert [finals[ids[0]].outputs[0].token_ids, finals[ids[2]].outputs[0].token_ids] == [
+        unconstrained[0],
+        unconstrained[2],
+    ]
     llm.abort(ids[1])  # aborting twice (or a finished request) does nothing
     assert_pool_empty(llm)
 
@@ -152,8 +160,12 @@ def test_beams_and_samples_survive_any_memory_layout(tiny):
         return best, drawn, llm.stats
 
     expected, expected_draws, _ = run(num_gpu_blocks=64)
-    for kwargs in (dict(policy="oracle", num_gpu_blocks=64), dict(policy="max", num_gpu_blocks=64),
-                   dict(num_gpu_blocks=14), dict(num_gpu_blocks=14, preemption="swap", num_cpu_blocks=32)):
+    for kwargs in (
+        dict(policy="oracle", num_gpu_blocks=64),
+        dict(policy="max", num_gpu_blocks=64),
+        dict(num_gpu_blocks=14),
+        dict(num_gpu_blocks=14, preemption="swap", num_cpu_blocks=32),
+    ):
         best, drawn, stats = run(**kwargs)
         assert (best, drawn) == (expected, expected_draws), kwargs
         if kwargs["num_gpu_blocks"] == 14:

@@ -6,6 +6,7 @@ step per generated token without preemption (a request's samples get theirs in t
 mean / max inter-token latency and end-to-end latency by the simulator's definitions; a preemption counted; an output
 returned mid-stream carries the times so far and never changes afterwards; the summary's keys are the simulator's and
 its values the percentiles of the outputs' own numbers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,8 @@ import pytest
 
 import sim
 from reference import LLM
-from reference.models import random_model
 from reference.engine.sampling import BeamSearchParams, SamplingParams
+from reference.models import random_model
 from sim.clock.metrics import LATENCY_METRICS
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 4, 4, 4, 4, 4], [11, 12]]
@@ -52,12 +53,16 @@ def check_times(m, tokens: int | None) -> None:
         assert m.itl_mean is None and m.itl_max is None
 
 
-@pytest.mark.parametrize("params, settings", [
-    (SamplingParams(max_tokens=9, temperature=0, ignore_eos=True), {"num_gpu_blocks": 64}),
-    (SamplingParams(max_tokens=6, temperature=1.0, n=3, seed=1, ignore_eos=True), {"num_gpu_blocks": 64}),
-    (BeamSearchParams(beam_width=2, max_tokens=5), {"num_gpu_blocks": 64}),
-    (SamplingParams(max_tokens=1, temperature=0, ignore_eos=True), {"num_gpu_blocks": 64}),
-], ids=["greedy", "n3", "beams", "one-token"])  # fmt: skip
+@pytest.mark.parametrize(
+    "params, settings",
+    [
+        (SamplingParams(max_tokens=9, temperature=0, ignore_eos=True), {"num_gpu_blocks": 64}),
+        (SamplingParams(max_tokens=6, temperature=1.0, n=3, seed=1, ignore_eos=True), {"num_gpu_blocks": 64}),
+        (BeamSearchParams(beam_width=2, max_tokens=5), {"num_gpu_blocks": 64}),
+        (SamplingParams(max_tokens=1, temperature=0, ignore_eos=True), {"num_gpu_blocks": 64}),
+    ],
+    ids=["greedy", "n3", "beams", "one-token"],
+)
 def test_every_output_carries_its_times(model, params, settings):
     llm = LLM.from_loaded(model, block_size=4, **settings)
     outputs, streamed = run(llm, params)
@@ -85,8 +90,11 @@ def test_the_summary_speaks_the_simulators_names(model):
     outputs, _ = run(llm, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     summary = llm.latency_summary()
     simulated = sim.run(num_requests=3, rate=1.0).summary
-    names = {k for k in simulated if any(k.endswith(f"_{m}_s") and k.split("_")[0] in ("mean", "p50", "p90", "p99")
-                                         for m in LATENCY_METRICS)}  # fmt: skip
+    names = {
+        k
+        for k in simulated
+        if any(k.endswith(f"_{m}_s") and k.split("_")[0] in ("mean", "p50", "p90", "p99") for m in LATENCY_METRICS)
+    }
     assert set(summary) == names and len(names) == 4 * len(LATENCY_METRICS)
     ttfts = [o.metrics.ttft for o in outputs]
     assert summary["p50_ttft_s"] == pytest.approx(np.percentile(ttfts, 50))

@@ -1,6 +1,7 @@
 """tools/engine_profile.py: the split of each engine step (GEMMs, attention, the rest of the forward, the engine
 around it) adds up to the step's wall time, counts what the steps fed, and leaves the model as it was; the totals and
 the bound follow from the steps. A short run on SmolLM2 (3 small requests)."""
+
 import csv
 import sys
 from pathlib import Path
@@ -49,8 +50,9 @@ def test_each_step_is_split_into_parts_that_add_up_to_its_wall_time(rows, reques
     assert sum(r["_flop"] for r in rows) >= 2 * fed * 100e6  # SmolLM2: ~106M non-embedding weights
     # each step multiplies by every weight matrix once: the layers' four and the LM head
     weights = loaded[0].weights
-    matrices = [w for layer in weights.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                        layer.down_proj)] + [weights.lm_head]  # fmt: skip
+    matrices = [
+        w for layer in weights.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    ] + [weights.lm_head]
     assert all(r["_weight_bytes"] == 4 * sum(w.numel() for w in matrices) for r in rows)
     # the decode attention read each decoding sequence's K and V (positions before the token it feeds, and that one)
     for r in rows:
@@ -66,7 +68,10 @@ def test_the_totals_and_the_bound_follow_from_the_steps(rows):
     assert by["decode_steps"]["prefill_tokens"] == 0 < by["prefill_steps"]["prefill_tokens"]
     assert total["wall_ms"] == pytest.approx(sum(r["wall_ms"] for r in rows), abs=0.01)
     assert total["gemm_ms"] == pytest.approx(sum(r["gemm_ms"] for r in rows), abs=0.01)
-    assert by["bound"]["value"] == pytest.approx(total["wall_ms"] / total["gemm_ms"], rel=1e-3) and by["bound"]["value"] > 1
+    assert (
+        by["bound"]["value"] == pytest.approx(total["wall_ms"] / total["gemm_ms"], rel=1e-3)
+        and by["bound"]["value"] > 1
+    )
     rest = total["wall_ms"] - total["gemm_ms"]
     assert by["needed_cut"]["value"] == pytest.approx((total["wall_ms"] * (1 - 1 / 1.25)) / rest, rel=1e-3)
     assert by["gemm_peak"]["value"] == 150.0 and by["read_bandwidth"]["value"] == 10.0
@@ -92,11 +97,22 @@ def test_the_command_writes_its_csv_and_refuses_bad_flags(tmp_path, capsys):
     assert {"machine", "command", "workload", "date", "total_s"} <= set(comments)
     table = list(csv.DictReader(line for line in lines if not line.startswith("# ")))
     assert [r["section"] for r in table if r["section"] != "step"] == [
-        "total", "prefill_steps", "decode_steps", "gemm_peak", "read_bandwidth", "bound", "needed_cut"]
+        "total",
+        "prefill_steps",
+        "decode_steps",
+        "gemm_peak",
+        "read_bandwidth",
+        "bound",
+        "needed_cut",
+    ]
     assert float(next(r for r in table if r["section"] == "read_bandwidth")["value"]) > 0
     assert "bound (wall / gemm)" in capsys.readouterr().out
-    for bad in (["--threads", "0"], ["--num-requests", "0"], ["--workload", "short"],
-                ["--out", str(tmp_path / "missing" / "x.csv")]):  # fmt: skip
+    for bad in (
+        ["--threads", "0"],
+        ["--num-requests", "0"],
+        ["--workload", "short"],
+        ["--out", str(tmp_path / "missing" / "x.csv")],
+    ):
         with pytest.raises(SystemExit) as exc:
             engine_profile.main(bad)
         assert exc.value.code == 2
@@ -112,8 +128,10 @@ def test_an_output_that_cannot_be_written_is_one_line_after_the_numbers(tmp_path
     assert engine_profile.main(["--num-requests", "1", "--out", str(out)]) == 1
     printed = capsys.readouterr()
     assert "bound (wall / gemm)" in printed.out and not out.exists()
-    assert printed.err.strip().splitlines() == [f"python tools/engine_profile.py: error: cannot write {out}: No space "
-                                                "left on device (nothing was replaced; the numbers are printed above)"]
+    assert printed.err.strip().splitlines() == [
+        f"python tools/engine_profile.py: error: cannot write {out}: No space "
+        "left on device (nothing was replaced; the numbers are printed above)"
+    ]
 
 
 def test_the_readme_block_is_the_committed_profiles_recomputed_by_hand():
@@ -129,8 +147,11 @@ def test_the_readme_block_is_the_committed_profiles_recomputed_by_hand():
         row = block.row(label)
         assert row["wall"] == f"{wall / 1e3:.1f} s"
         assert row["GEMMs"].startswith(f"{gemm / wall:.0%} (")
-        for column, key in (("attention", "attention_ms"), ("rest of the forward", "other_ms"),
-                            ("outside the forward", "outside_ms")):  # fmt: skip
+        for column, key in (
+            ("attention", "attention_ms"),
+            ("rest of the forward", "other_ms"),
+            ("outside the forward", "outside_ms"),
+        ):
             assert row[column] == f"{sum(float(r[key]) for r in steps) / wall:.0%}"
         assert row["bound (wall / GEMMs)"] == f"{wall / gemm:.2f}x"
         assert row["a 1.25x speed-up must remove"] == f"{(wall - wall / 1.25) / (wall - gemm):.0%}"

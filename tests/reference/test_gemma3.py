@@ -5,6 +5,7 @@ prompts longer than the window, prefilled whole, in chunks and by decode steps, 
 engine's greedy tokens under `paged` (every layer keeps every block) and `hybrid` (sliding groups give blocks back),
 and the hybrid pool checked at every step: a sliding group holds no block wholly before its window.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,12 @@ import pytest
 import torch
 
 from reference.engine.batch import ForwardBatch
-from reference.engine.llm import LLM
 from reference.engine.kv_cache import KVCache
 from reference.engine.kv_groups import kv_layout, model_spec, sliding_pattern
+from reference.engine.llm import LLM
+from reference.engine.sampling import SamplingParams
 from reference.models.config import ModelConfig
 from reference.models.loader import TINY_GEMMA3_CONFIG, random_model
-from reference.engine.sampling import SamplingParams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -37,14 +38,28 @@ def hf_model(model):
     """transformers' Gemma 3 with our model's weights."""
     c, w = model.config, model.weights
     hf_cfg = transformers.Gemma3TextConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-        sliding_window=c.sliding_window, layer_types=list(c.layer_types),
-        query_pre_attn_scalar=int(c.query_pre_attn_scalar), tie_word_embeddings=True, attn_implementation="eager",
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}},
-        pad_token_id=0, bos_token_id=2, eos_token_id=1)
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        sliding_window=c.sliding_window,
+        layer_types=list(c.layer_types),
+        query_pre_attn_scalar=int(c.query_pre_attn_scalar),
+        tie_word_embeddings=True,
+        attn_implementation="eager",
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta},
+        },
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    )
     hf = transformers.Gemma3ForCausalLM(hf_cfg).eval()
     h, k, d = c.num_heads, c.num_kv_heads, c.head_dim
     state = {"model.embed_tokens.weight": w.embed_tokens, "model.norm.weight": w.norm, "lm_head.weight": w.embed_tokens}
@@ -52,14 +67,23 @@ def hf_model(model):
         p = f"model.layers.{i}."
         q, kk, v = layer.qkv_proj.split([h * d, k * d, k * d])
         gate, up = layer.gate_up_proj.chunk(2)
-        state.update({
-            p + "input_layernorm.weight": layer.input_norm, p + "post_attention_layernorm.weight": layer.post_attention_norm,
-            p + "pre_feedforward_layernorm.weight": layer.pre_feedforward_norm,
-            p + "post_feedforward_layernorm.weight": layer.post_feedforward_norm,
-            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": kk, p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": layer.o_proj, p + "self_attn.q_norm.weight": layer.q_norm,
-            p + "self_attn.k_norm.weight": layer.k_norm, p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.down_proj})
+        state.update(
+            {
+                p + "input_layernorm.weight": layer.input_norm,
+                p + "post_attention_layernorm.weight": layer.post_attention_norm,
+                p + "pre_feedforward_layernorm.weight": layer.pre_feedforward_norm,
+                p + "post_feedforward_layernorm.weight": layer.post_feedforward_norm,
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": kk,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": layer.o_proj,
+                p + "self_attn.q_norm.weight": layer.q_norm,
+                p + "self_attn.k_norm.weight": layer.k_norm,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.down_proj,
+            }
+        )
     result = hf.load_state_dict(state, strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     return hf
@@ -96,16 +120,17 @@ def test_logits_equal_transformers_past_the_window_whole_chunked_and_decoded(our
 
 def greedy_hf(hf, prompt, n):
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
 
 
 PROMPTS = [TOKENS[:5], TOKENS[:13], TOKENS]
 
 
-@pytest.mark.parametrize("policy, backend, budget", [("paged", "torch_batched", 16), ("hybrid", "torch_batched", 16),
-                                                     ("hybrid", "numba", 8), ("hybrid", "torch", 64)])
+@pytest.mark.parametrize(
+    "policy, backend, budget",
+    [("paged", "torch_batched", 16), ("hybrid", "torch_batched", 16), ("hybrid", "numba", 8), ("hybrid", "torch", 64)],
+)
 def test_engine_greedy_tokens_equal_transformers(ours, hf, policy, backend, budget):
     expected = [greedy_hf(hf, p, 24) for p in PROMPTS]
     llm = LLM(ours, policy=policy, block_size=BS, num_gpu_blocks=64, backend=backend, max_num_batched_tokens=budget)
@@ -131,7 +156,7 @@ def test_hybrid_frees_blocks_outside_the_window_at_every_step(ours):
             lo = max(0, before.get(seq_id, 0) - W + 1)
             for table in tables[1:]:
                 assert all(b is None for b in table[: lo // BS]), (lo, table)  # every block wholly before: freed
-                assert all(b is not None for b in table[lo // BS:]), (lo, table)  # every block it reads: held
+                assert all(b is not None for b in table[lo // BS :]), (lo, table)  # every block it reads: held
                 held_max = max(held_max, len(table) - lo // BS)
             before[seq_id] = kv.num_tokens(seq_id)
     # a sliding group never holds more than the window's blocks plus one step's chunk of 8 and a partial block
@@ -159,31 +184,56 @@ def test_hybrid_is_refused_for_a_model_without_sliding_layers():
 
 
 def test_config_reads_transformers_gemma3_configs():
-    hf = {"model_type": "gemma3_text", "num_hidden_layers": 6, "hidden_size": 64, "intermediate_size": 128,
-          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 256,
-          "sliding_window": 8, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
-          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    hf = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 6,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "vocab_size": 256,
+        "sliding_window": 8,
+        "query_pre_attn_scalar": 16,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }
     config = ModelConfig.from_hf_dict(hf)
     assert config.layer_types == ("sliding_attention",) * 5 + ("full_attention",)  # the default pattern of 6
     assert (config.rope_theta, config.rope_local_theta, config.attention_scale) == (1e6, 1e4, 0.25)
     assert [config.layer_window(i) for i in range(6)] == [8] * 5 + [None]
-    old = {k: v for k, v in hf.items() if k != "rope_parameters"} | {"rope_theta": 1e6, "rope_local_base_freq": 1e4,
-                                                                       "sliding_window_pattern": 3}
+    old = {k: v for k, v in hf.items() if k != "rope_parameters"} | {
+        "rope_theta": 1e6,
+        "rope_local_base_freq": 1e4,
+        "sliding_window_pattern": 3,
+    }
     config = ModelConfig.from_hf_dict(old)  # transformers < 5 spells them at the top level
     assert config.layer_types == ("sliding_attention", "sliding_attention", "full_attention") * 2
     assert sliding_pattern(config) == 3 and model_spec(config, torch.float32).num_sliding_layers == 4
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
-    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0 is not supported"),
-    ({"layer_types": ["full_attention"]}, "layer_types must name each of the 6 layers"),
-    ({"layer_types": ["sliding_attention"] * 6}, None),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0 is not supported"),
+        ({"layer_types": ["full_attention"]}, "layer_types must name each of the 6 layers"),
+        ({"layer_types": ["sliding_attention"] * 6}, None),
+    ],
+)
 def test_config_bad_gemma3_fields_are_one_line(change, message):
-    hf = {"model_type": "gemma3_text", "num_hidden_layers": 6, "hidden_size": 64, "intermediate_size": 128,
-          "num_attention_heads": 4, "vocab_size": 256, "head_dim": 16} | change
+    hf = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 6,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "vocab_size": 256,
+        "head_dim": 16,
+    } | change
     if message is None:  # valid for the model, but no full layer: the KV manager cannot group it
         with pytest.raises(ValueError, match="every N-th layer full attention"):
             sliding_pattern(ModelConfig.from_hf_dict(hf))

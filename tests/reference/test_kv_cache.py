@@ -15,8 +15,15 @@ SMOL = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)
 
 def numbered_cache(num_blocks: int = 8, num_cpu_blocks: int = 4) -> KVCache:
     """A small cache whose every element says where it lives: value = layer * 1000 + block (+0.5 for V)."""
-    kv = KVCache(num_layers=2, num_blocks=num_blocks, block_size=4, num_kv_heads=2, head_dim=3,
-                 num_cpu_blocks=num_cpu_blocks, fill_nan=True)
+    kv = KVCache(
+        num_layers=2,
+        num_blocks=num_blocks,
+        block_size=4,
+        num_kv_heads=2,
+        head_dim=3,
+        num_cpu_blocks=num_cpu_blocks,
+        fill_nan=True,
+    )
     for layer in range(2):
         ids = torch.arange(num_blocks, dtype=torch.float32).view(-1, 1, 1, 1) + 1000 * layer
         kv.key_caches[layer][:] = ids
@@ -44,8 +51,11 @@ def test_bytes_per_block_and_budget_arithmetic():
 
 
 def test_a_budget_below_one_block_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"a KV budget of 1000 bytes holds no block: one block of 16 tokens "
-                                         r"needs 737280 bytes across 30 layers"):
+    with pytest.raises(
+        ValueError,
+        match=r"a KV budget of 1000 bytes holds no block: one block of 16 tokens "
+        r"needs 737280 bytes across 30 layers",
+    ):
         KVCache.num_blocks_for_budget(dtype=torch.float32, budget_bytes=1000, **SMOL)
     with pytest.raises(ValueError, match="exactly one of"):
         KVCache.num_blocks_for_budget(dtype=torch.float32, **SMOL)
@@ -97,12 +107,15 @@ def test_swap_out_and_back_in_restores_the_blocks():
 def test_build_packs_prefills_then_decodes_with_their_slots():
     # The docstring's example: A prefills 4 tokens, B 3, then C and D decode one token each.
     block_size = 4
-    batch = ForwardBatch.build([
-        ([10, 11, 12, 13], 0, [7]),      # A: positions 0..3 in block 7 -> slots 28..31
-        ([20, 21, 22], 2, [5, 1]),       # B: positions 2..4 (2 cached) -> 22, 23, then block 1 -> 4
-        ([30], 9, [2, 0, 6]),            # C: position 9 -> block_table[2] = 6, offset 1 -> slot 25
-        ([40], 1, [3]),                  # D: position 1 -> slot 13
-    ], block_size)
+    batch = ForwardBatch.build(
+        [
+            ([10, 11, 12, 13], 0, [7]),  # A: positions 0..3 in block 7 -> slots 28..31
+            ([20, 21, 22], 2, [5, 1]),  # B: positions 2..4 (2 cached) -> 22, 23, then block 1 -> 4
+            ([30], 9, [2, 0, 6]),  # C: position 9 -> block_table[2] = 6, offset 1 -> slot 25
+            ([40], 1, [3]),  # D: position 1 -> slot 13
+        ],
+        block_size,
+    )
     assert batch.input_ids.tolist() == [10, 11, 12, 13, 20, 21, 22, 30, 40]
     assert batch.positions.tolist() == [0, 1, 2, 3, 2, 3, 4, 9, 1]
     assert batch.slot_mapping.tolist() == [28, 29, 30, 31, 22, 23, 4, 25, 13]

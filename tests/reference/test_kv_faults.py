@@ -7,6 +7,7 @@ with swap (n > 1, beams, preemption), and a seeded sample of the points of every
 runs (prefix caching, a chunked budget, contiguous, vAttention, radix, hybrid). `make kv-faults` runs every point
 of all of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,8 @@ import threading
 import pytest
 
 from reference import LLM, SamplingParams
-from reference.validation import fault_injection as fi
 from reference.models import random_model
+from reference.validation import fault_injection as fi
 
 EXHAUSTIVE = ("paged, swap",)
 SAMPLE = 120  # points per other configuration: about 3 s each
@@ -79,8 +80,9 @@ def test_the_harness_sees_a_leak():
 def test_a_real_ctrl_c_inside_a_kv_call_is_held_until_the_scheduler_is_done():
     """SIGINT delivered while the KV manager allocates: the allocation completes, KeyboardInterrupt comes as
     schedule() returns, the step is abandoned whole and the pool is consistent and, once drained, empty."""
-    llm = LLM.from_loaded(random_model(seed=5, tie_word_embeddings=False), block_size=4, max_model_len=64,
-                          num_gpu_blocks=24)  # fmt: skip
+    llm = LLM.from_loaded(
+        random_model(seed=5, tie_word_embeddings=False), block_size=4, max_model_len=64, num_gpu_blocks=24
+    )
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for prompt in ([5, 6, 7, 8, 9], [10, 11, 12]):
         llm.add_request(prompt, params)

@@ -1,5 +1,6 @@
 """reference/engine/kv_groups.py: the cache's layout follows from the KV manager's `windows` alone (the KV contract), the same
 for every policy that keeps one full-attention group, and for `hybrid` exactly vLLM's grouping of Gemma 3's layers."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,13 @@ from sim.kv import POLICIES, make_kv_manager
 def gemma3(num_layers: int, window: int = 512, pattern: int = 6):
     """A Gemma 3 config of this many layers, every `pattern`-th full attention, the others sliding."""
     types = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers))
-    return dataclasses.replace(TINY_GEMMA3_CONFIG, num_layers=num_layers, sliding_window=window,
-                               max_position_embeddings=32_768, layer_types=types)  # fmt: skip
+    return dataclasses.replace(
+        TINY_GEMMA3_CONFIG,
+        num_layers=num_layers,
+        sliding_window=window,
+        max_position_embeddings=32_768,
+        layer_types=types,
+    )
 
 
 def manager(config, policy: str):
@@ -28,15 +34,20 @@ def manager(config, policy: str):
 # its group and its tensor (its place in the group)
 SLIDING_27B = [i for i in range(62) if (i + 1) % 6]
 HYBRID_LAYOUTS = {
-    "gemma3-270m": (gemma3(18), (1, 1, 1, 2, 2, 0, 2, 3, 3, 3, 4, 0, 4, 4, 5, 5, 5, 0),
-                    (0, 1, 2, 0, 1, 0, 2, 0, 1, 2, 0, 1, 1, 2, 0, 1, 2, 2)),
+    "gemma3-270m": (
+        gemma3(18),
+        (1, 1, 1, 2, 2, 0, 2, 3, 3, 3, 4, 0, 4, 4, 5, 5, 5, 0),
+        (0, 1, 2, 0, 1, 0, 2, 0, 1, 2, 0, 1, 1, 2, 0, 1, 2, 2),
+    ),
     "tiny": (TINY_GEMMA3_CONFIG, (1, 1, 0, 2, 2, 0), (0, 1, 0, 0, 1, 1)),
     "every-2nd-full": (gemma3(8, pattern=2), (1, 0, 1, 0, 1, 0, 1, 0), (0, 0, 1, 1, 2, 2, 3, 3)),
     "every-3rd-full": (gemma3(9, pattern=3), (1, 1, 0, 1, 2, 0, 2, 2, 0), (0, 1, 0, 2, 0, 1, 1, 2, 2)),
     # 10 full layers (5, 11, ..., 59) in group 0; 52 sliding ones in order, 10 a group, the last group holding 2
-    "gemma3-27b": (gemma3(62, 1024),
-                   tuple(0 if (i + 1) % 6 == 0 else 1 + SLIDING_27B.index(i) // 10 for i in range(62)),
-                   tuple((i + 1) // 6 - 1 if (i + 1) % 6 == 0 else SLIDING_27B.index(i) % 10 for i in range(62))),
+    "gemma3-27b": (
+        gemma3(62, 1024),
+        tuple(0 if (i + 1) % 6 == 0 else 1 + SLIDING_27B.index(i) // 10 for i in range(62)),
+        tuple((i + 1) // 6 - 1 if (i + 1) % 6 == 0 else SLIDING_27B.index(i) % 10 for i in range(62)),
+    ),
 }
 
 

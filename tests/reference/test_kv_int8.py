@@ -50,8 +50,13 @@ def on(backend: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 6), head_dim=st.integers(1, 40), magnitude=st.floats(1e-3, 1e3),
-       seed=st.integers(0, 2**31 - 1), zero_row=st.booleans())
+@given(
+    rows=st.integers(1, 6),
+    head_dim=st.integers(1, 40),
+    magnitude=st.floats(1e-3, 1e3),
+    seed=st.integers(0, 2**31 - 1),
+    zero_row=st.booleans(),
+)
 def test_round_trip_error_is_at_most_half_a_step(rows, head_dim, magnitude, seed, zero_row):
     x = torch.randn(rows, head_dim, generator=torch.Generator().manual_seed(seed)) * magnitude
     if zero_row:
@@ -82,8 +87,12 @@ def quantized_case(seq_lens, block_size=4, head_dim=16, seed=0):
 
 def int8_caches(shape):
     """(key_cache, value_cache, k_scale, v_scale): int8 zeros, and NaN scales (an unowned slot reads as NaN)."""
-    return (torch.zeros(shape, dtype=torch.int8), torch.zeros(shape, dtype=torch.int8),
-            torch.full(shape[:3], float("nan")), torch.full(shape[:3], float("nan")))
+    return (
+        torch.zeros(shape, dtype=torch.int8),
+        torch.zeros(shape, dtype=torch.int8),
+        torch.full(shape[:3], float("nan")),
+        torch.full(shape[:3], float("nan")),
+    )
 
 
 def scales_of(q):
@@ -121,7 +130,7 @@ def quantization_bound(query, keys, values, scale):
 def test_decode_is_float_attention_over_the_dequantized_cache(backend):
     kv, q, keys, values, _ = quantized_case([1, 6, 13], seed=3)
     query = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(7))  # GQA: 4 query heads over 2
-    tables, lens, scale = kv["block_tables"], kv["seq_lens"], 16 ** -0.5
+    tables, lens, scale = kv["block_tables"], kv["seq_lens"], 16**-0.5
     here = on(backend, query, *q, tables, lens)
     out = paged_decode_attention(*here[:3], *here[5:], scale, backend=backend, **scales_of(here[1:5])).cpu()
     assert not out.isnan().any()
@@ -137,14 +146,15 @@ def test_prefill_is_float_attention_over_the_dequantized_cache(backend):
     kv, q, keys, values, _ = quantized_case([7, 6], seed=5)
     query = torch.randn(10, 4, 16, generator=torch.Generator().manual_seed(9))
     starts = torch.tensor([0, 4, 10], dtype=torch.int32)
-    tables, lens, scale = kv["block_tables"], kv["seq_lens"], 16 ** -0.5
+    tables, lens, scale = kv["block_tables"], kv["seq_lens"], 16**-0.5
     here = on(backend, query, *q, tables, starts, lens)
     out = paged_prefill_attention(*here[:3], *here[5:], scale, backend=backend, **scales_of(here[1:5])).cpu()
     assert not out.isnan().any()
     on_dequantized = paged_prefill_attention(query, *dequantized(q), tables, starts, lens, scale, backend="torch")
     torch.testing.assert_close(out, on_dequantized, **FLOAT32_TOL)
-    exact = paged_prefill_attention(query, kv["key_cache"], kv["value_cache"], tables, starts, lens, scale,
-                                    backend="torch")
+    exact = paged_prefill_attention(
+        query, kv["key_cache"], kv["value_cache"], tables, starts, lens, scale, backend="torch"
+    )
     assert (out - exact).abs().max() <= quantization_bound(query, keys, values, scale)
 
 
@@ -155,8 +165,9 @@ def test_decode_window_reads_only_the_window_of_an_int8_cache():
     q[2][kv["block_tables"][0, 0]] = float("nan")  # the first block lies wholly before a window of 5: never read
     for backend in ("torch_batched", "numba"):
         out = paged_decode_attention(query, q[0], q[1], *args, backend=backend, window=5, **scales_of(q))
-        torch.testing.assert_close(out, paged_decode_attention(query, *dequantized(q), *args, backend="torch",
-                                                               window=5), **FLOAT32_TOL)
+        torch.testing.assert_close(
+            out, paged_decode_attention(query, *dequantized(q), *args, backend="torch", window=5), **FLOAT32_TOL
+        )
 
 
 def test_scales_are_required_with_an_int8_cache_and_refused_without_one():
@@ -173,6 +184,7 @@ def test_scales_are_required_with_an_int8_cache_and_refused_without_one():
 
 # --- the cache: bytes per block, and scales that travel with their blocks ---------------------------------------
 
+
 def test_an_int8_block_costs_head_dim_plus_4_bytes_per_token_and_head():
     smol = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)
     f32 = kv_bytes_per_block(dtype=torch.float32, **smol)
@@ -180,14 +192,17 @@ def test_an_int8_block_costs_head_dim_plus_4_bytes_per_token_and_head():
     assert int8 == 2 * 30 * 16 * 3 * (64 + 4) and f32 == 2 * 30 * 16 * 3 * 64 * 4
     assert kv_bytes_per_block(dtype=torch.bfloat16, kv_dtype="int8", **smol) == int8  # the model's dtype no matter
     budget = 1 << 28  # the same bytes hold 256 / 68 = 3.76x the blocks of float32 (1.88x of bfloat16)
-    blocks = {d: KVCache.num_blocks_for_budget(dtype=torch.float32, budget_bytes=budget, kv_dtype=d, **smol)
-              for d in ("auto", "int8")}
+    blocks = {
+        d: KVCache.num_blocks_for_budget(dtype=torch.float32, budget_bytes=budget, kv_dtype=d, **smol)
+        for d in ("auto", "int8")
+    }
     assert blocks == {"auto": budget // f32, "int8": budget // int8} and blocks["int8"] >= 3.7 * blocks["auto"]
     cache = KVCache(2, 3, 4, 2, 8, kv_dtype="int8")
     assert cache.key_caches[0].dtype == torch.int8 and cache.key_scales[0].shape == (3, 4, 2)
-    assert cache.bytes_per_block == sum(t[0].numel() * t.element_size() for t in
-                                        (*cache.key_caches, *cache.value_caches, *cache.key_scales,
-                                         *cache.value_scales))
+    assert cache.bytes_per_block == sum(
+        t[0].numel() * t.element_size()
+        for t in (*cache.key_caches, *cache.value_caches, *cache.key_scales, *cache.value_scales)
+    )
     with pytest.raises(ValueError, match="kv_dtype must be one of auto, int8"):
         KVCache(2, 3, 4, 2, 8, kv_dtype="fp8")
 
@@ -195,8 +210,9 @@ def test_an_int8_block_costs_head_dim_plus_4_bytes_per_token_and_head():
 def test_copy_and_swap_move_the_scales_with_their_blocks():
     cache = KVCache(1, 4, 2, 1, 4, kv_dtype="int8", num_cpu_blocks=2, fill_nan=True)
     k, v = torch.randn(4, 1, 4), torch.randn(4, 1, 4)
-    store_kv(k, v, cache.key_caches[0], cache.value_caches[0], torch.tensor([0, 1, 2, 3]), backend="torch",
-             **cache.scales(0))  # blocks 0 and 1
+    store_kv(
+        k, v, cache.key_caches[0], cache.value_caches[0], torch.tensor([0, 1, 2, 3]), backend="torch", **cache.scales(0)
+    )  # blocks 0 and 1
     before = cache.read_tokens(0, [0, 1], 4)
     cache.copy_blocks([(0, 3)])  # copy-on-write: block 3 becomes block 0
     torch.testing.assert_close(cache.read_tokens(0, [3, 1], 4), before, rtol=0, atol=0)
@@ -207,6 +223,7 @@ def test_copy_and_swap_move_the_scales_with_their_blocks():
 
 
 # --- the engine: an option, refused in one line when bad; greedy output on short prompts --------------------------
+
 
 def test_engine_kv_dtype_is_checked_with_the_settings():
     from reference.engine.config import EngineConfig
@@ -257,8 +274,9 @@ def test_the_simulator_prices_the_bytes_the_engine_allocates():
 
     for kv_dtype in ("auto", "int8"):
         spec = model_spec(C, torch.float32, kv_dtype=kv_dtype)
-        assert spec.kv_bytes_per_token == kv_bytes_per_block(C.num_layers, 1, C.num_kv_heads, C.head_dim,
-                                                             torch.float32, kv_dtype)
+        assert spec.kv_bytes_per_token == kv_bytes_per_block(
+            C.num_layers, 1, C.num_kv_heads, C.head_dim, torch.float32, kv_dtype
+        )
 
 
 @pytest.mark.parametrize("backend", ["torch", "numba"])

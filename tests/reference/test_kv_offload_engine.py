@@ -5,6 +5,7 @@ same greedy tokens and the same log-probabilities as with a GPU pool big enough 
 On this CPU-only machine the "GPU" pool and the tier are both host tensors (pinning needs CUDA): the copies are real
 tensor copies through the same code a CUDA device runs, only not over PCIe.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,11 +15,15 @@ from reference.engine.kv_cache import KVCache
 from sim.kv.offload import TierCopy
 
 BLOCK = 16
-SYSTEM = ("You are a careful assistant who answers questions about geography in one short sentence and never uses "
-          "more words than needed. ")
+SYSTEM = (
+    "You are a careful assistant who answers questions about geography in one short sentence and never uses "
+    "more words than needed. "
+)
 TURN1 = SYSTEM + "User: What is the capital of Italy?\nAssistant:"
-OTHER = ("Write a list of five fruits that are red, then explain why tomatoes are sometimes called vegetables "
-         "although botanists say they are fruits, in plain words. ") * 3  # ~90 tokens: 6 blocks, the whole small pool
+OTHER = (
+    "Write a list of five fruits that are red, then explain why tomatoes are sometimes called vegetables "
+    "although botanists say they are fruits, in plain words. "
+) * 3  # ~90 tokens: 6 blocks, the whole small pool
 
 
 def conversation(llm: LLM) -> tuple:
@@ -32,10 +37,15 @@ def conversation(llm: LLM) -> tuple:
 
 
 def test_a_prefix_reloaded_from_the_tier_gives_the_same_tokens_and_logprobs(smol):
-    big = LLM.from_loaded(*smol[:2], num_gpu_blocks=64, max_model_len=512, enable_prefix_caching=True,
-                          block_size=BLOCK)  # fmt: skip
-    small = LLM.from_loaded(*smol[:2], num_gpu_blocks=6, max_model_len=512, enable_prefix_caching=True,
-                            block_size=BLOCK, num_offload_blocks=16)  # fmt: skip
+    big = LLM.from_loaded(*smol[:2], num_gpu_blocks=64, max_model_len=512, enable_prefix_caching=True, block_size=BLOCK)
+    small = LLM.from_loaded(
+        *smol[:2],
+        num_gpu_blocks=6,
+        max_model_len=512,
+        enable_prefix_caching=True,
+        block_size=BLOCK,
+        num_offload_blocks=16,
+    )
     kept, reloaded = conversation(big), conversation(small)
     stats = small.kv_manager.prefix_cache_stats()
     assert big.kv_manager.prefix_cache_stats().cpu_hit_tokens == 0

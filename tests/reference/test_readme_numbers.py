@@ -3,6 +3,7 @@ are made from, and `python -m reference readme-numbers` checks a stale block (ex
 one line what is wrong with a README without markers, as `python -m sim readme-numbers` does
 (tests/sim/test_readme_numbers.py). That the committed README's blocks are what the committed files give, and are the
 commands' own text: tests/reference/test_calibrate.py."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,14 @@ OK = "the README's calibration numbers are the files'"
 
 
 def reference(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reference", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "reference", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def empty_blocks(names=tuple(BLOCKS), inside: str = "") -> str:
@@ -72,16 +79,17 @@ def test_the_blocks_follow_the_files(tmp_path, capsys):
     readme.write_text(book_text())  # every page in one file: --readme checks that one file
     assert main(["readme-numbers", "--check", "--readme", str(readme), "--figures", str(figures)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"{readme}: its blocks validation are not what the files give (run: python -m reference "
-                   "readme-numbers --write)"]  # fmt: skip
+    assert err == [
+        f"{readme}: its blocks validation are not what the files give (run: python -m reference readme-numbers --write)"
+    ]
     assert main(["readme-numbers", "--write", "--readme", str(readme), "--figures", str(figures)]) == 0
     assert capsys.readouterr().out.strip() == f"rewrote {readme}"
     assert current_block(readme.read_text(encoding="utf-8"), "validation") == changed["validation"]
     # the pages around the block, sim's blocks among them, are as they were
     before, after = book_text(), readme.read_text(encoding="utf-8")
     begin, end = markers("validation")
-    assert before[:before.index(begin)] == after[:after.index(begin)]
-    assert before[before.index(end):] == after[after.index(end):]
+    assert before[: before.index(begin)] == after[: after.index(begin)]
+    assert before[before.index(end) :] == after[after.index(end) :]
 
 
 def test_a_stale_block_is_found_and_write_rewrites_a_copy(tmp_path, capsys):
@@ -89,7 +97,9 @@ def test_a_stale_block_is_found_and_write_rewrites_a_copy(tmp_path, capsys):
     readme.write_text("before\n\n" + empty_blocks(inside="stale\n") + "\n\nafter\n")
     assert main(["readme-numbers", "--check", "--readme", str(readme)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "serving, calibration, validation" in err[0] and "reference readme-numbers --write" in err[0], err
+    assert (
+        len(err) == 1 and "serving, calibration, validation" in err[0] and "reference readme-numbers --write" in err[0]
+    ), err
     assert main(["readme-numbers", "--write", "--readme", str(readme)]) == 0
     assert capsys.readouterr().out.strip() == f"rewrote {readme}"
     assert main(["readme-numbers", "--check", "--readme", str(readme)]) == 0
@@ -139,11 +149,14 @@ def test_print_gives_every_block_between_its_markers(capsys):
         assert f"{begin}\n{current_block(readme, name)}\n{end}" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["readme-numbers", "--figures", "nowhere"], "no such file"),
-    (["readme-numbers", "--write", "--check"], "not allowed with argument"),
-    (["readme-numbers", "--check", "--readme", "absent.md"], "absent.md"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["readme-numbers", "--figures", "nowhere"], "no such file"),
+        (["readme-numbers", "--write", "--check"], "not allowed with argument"),
+        (["readme-numbers", "--check", "--readme", "absent.md"], "absent.md"),
+    ],
+)
 def test_bad_input_is_one_error_line(args, message, tmp_path):
     out = reference(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stderr

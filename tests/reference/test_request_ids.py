@@ -1,13 +1,14 @@
 """Request ids as vLLM's: strings at the engine's surface (add_request, step's outputs, abort), numbered "0", "1", ...
 by generate() from one counter per LLM (vllm/entrypoints/common/offline.py: `str(next(self.request_counter))`),
 while the simulator's scheduler underneath keeps its ints (reference/engine/request_ids.py)."""
+
 from __future__ import annotations
 
 import pytest
 
 from reference import LLM, SamplingParams
-from reference.models import random_model
 from reference.engine.request_ids import RequestIds
+from reference.models import random_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 

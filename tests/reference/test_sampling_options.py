@@ -1,6 +1,7 @@
 """vLLM's SamplingParams options on the real SmolLM2: stop strings and ids, min_tokens, penalties, min-p, logprobs,
 special tokens. Checked against HF transformers where both implement the option (repetition penalty, minimum new
 tokens), and otherwise against the engine's own unconstrained output (a stop must cut exactly there)."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from reference import LLM, SamplingParams
-from reference.engine.stops import find_stop_string
 from reference.engine.sampling import RowContext, filter_logits, process_row
+from reference.engine.stops import find_stop_string
 
 QUESTION = "Name three colours, separated by commas."
 
@@ -18,8 +19,11 @@ QUESTION = "Name three colours, separated by commas."
 @pytest.fixture(scope="module")
 def chat(smol):
     tok = smol[1]
-    return list(tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                        tokenize=True)["input_ids"])  # fmt: skip
+    return list(
+        tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+    )
 
 
 def run(smol, prompt, **params):
@@ -30,7 +34,7 @@ def run(smol, prompt, **params):
 def hf_greedy(hf_model, ids, **kwargs):
     with torch.no_grad():
         out = hf_model.generate(torch.tensor([ids]), pad_token_id=2, do_sample=False, **kwargs)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +55,9 @@ def test_repetition_penalty_equals_hf(smol, hf_model):
 def test_min_tokens_equals_hf_min_new_tokens(smol, hf_model, chat, free):
     n = len(free.token_ids) + 6  # past where the answer would have ended
     ours = run(smol, chat, max_tokens=n + 4, min_tokens=n)
-    assert len(ours.token_ids) >= n and ours.token_ids[:len(free.token_ids) - 1] == free.token_ids[:-1]
+    assert len(ours.token_ids) >= n and ours.token_ids[: len(free.token_ids) - 1] == free.token_ids[:-1]
     hf = hf_greedy(hf_model, chat, max_new_tokens=n + 4, min_new_tokens=n, eos_token_id=2)
-    assert ours.token_ids == hf[:len(ours.token_ids)]
+    assert ours.token_ids == hf[: len(ours.token_ids)]
 
 
 def test_stop_string_cuts_the_text_there(smol, chat, free):
@@ -61,15 +65,15 @@ def test_stop_string_cuts_the_text_there(smol, chat, free):
     cut = free.text.index(word)
     out = run(smol, chat, max_tokens=48, stop=["no such string", word])
     assert out.finish_reason == "stop" and out.stop_reason == word and out.text == free.text[:cut]
-    assert out.token_ids == free.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
+    assert out.token_ids == free.token_ids[: len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
     kept = run(smol, chat, max_tokens=48, stop=word, include_stop_str_in_output=True)
-    assert kept.text == free.text[:cut + len(word)] and kept.token_ids == out.token_ids
+    assert kept.text == free.text[: cut + len(word)] and kept.token_ids == out.token_ids
 
 
 def test_stop_token_id_ends_there_and_leaves_its_text_out(smol, chat, free):
     token = free.token_ids[3]
     out = run(smol, chat, max_tokens=48, stop_token_ids=[token])
-    assert out.token_ids == free.token_ids[:free.token_ids.index(token) + 1]
+    assert out.token_ids == free.token_ids[: free.token_ids.index(token) + 1]
     assert out.finish_reason == "stop" and out.stop_reason == token
     tok = smol[1]
     assert out.text == tok.decode(out.token_ids[:-1], skip_special_tokens=True)

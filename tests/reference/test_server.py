@@ -7,6 +7,7 @@ add up to the whole response and end with [DONE]; every bad request is an OpenAI
 for an unknown model) naming the field, never a 500; under load no request is lost, every stream is well-formed, and
 the pool is entirely free afterwards; a client that disconnects mid-stream is aborted and its blocks freed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,8 +83,14 @@ def test_greedy_completion_is_the_engines_own_text(server, client, smol):
 def test_chat_streamed_adds_up_to_the_whole_response(client):
     messages = [{"role": "user", "content": "Name three colours."}]
     whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0)
-    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})  # fmt: skip
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content and whole.choices[0].message.role == "assistant"
@@ -93,17 +100,25 @@ def test_chat_streamed_adds_up_to_the_whole_response(client):
 
 
 def test_n_samples_stop_strings_and_logprobs(client):
-    out = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=10, temperature=1.0, n=3,
-                                    seed=7)  # fmt: skip
+    out = client.completions.create(
+        model="smollm2", prompt="Once upon a time", max_tokens=10, temperature=1.0, n=3, seed=7
+    )
     assert sorted(c.index for c in out.choices) == [0, 1, 2] and out.usage.completion_tokens <= 30
-    stopped = client.completions.create(model="smollm2", prompt="def fibonacci(n):", max_tokens=40, temperature=0,
-                                        stop=["\n"])  # fmt: skip
+    stopped = client.completions.create(
+        model="smollm2", prompt="def fibonacci(n):", max_tokens=40, temperature=0, stop=["\n"]
+    )
     assert "\n" not in stopped.choices[0].text[1:] and stopped.choices[0].finish_reason == "stop"
     lp = client.completions.create(model="smollm2", prompt="Water boils at", max_tokens=5, temperature=0, logprobs=2)
     lp = lp.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 5 and all(len(t) >= 2 for t in lp.top_logprobs)
-    chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                                          temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    chat = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
 
@@ -112,47 +127,92 @@ def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["smollm2"]
     assert httpx.get(server[0] + "/health").status_code == 200
     m = metrics(server[0])
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                 'vllm:time_to_first_token_seconds_bucket{le="0.1"}',
-                 "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum",
-                 "lab:num_requests_swapped", "lab:kv_cache_blocks_used", "lab:kv_cache_blocks_total"):  # fmt: skip
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        'vllm:time_to_first_token_seconds_bucket{le="0.1"}',
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "lab:num_requests_swapped",
+        "lab:kv_cache_blocks_used",
+        "lab:kv_cache_blocks_total",
+    ):
         assert name in m, name
 
 
-@pytest.mark.parametrize("path, body, status, param", [
-    ("/v1/completions", {"model": "smollm2", "prompt": "x", "temperature": -1}, 400, "temperature"),
-    ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "smollm2", "prompt": "x", "n": 0}, 400, "n"),
-    ("/v1/completions", {"model": "smollm2", "prompt": "x", "logprobs": 50}, 400, "logprobs"),
-    ("/v1/completions", {"model": "smollm2"}, 400, "prompt"),
-    ("/v1/completions", {"model": "smollm2", "prompt": ""}, 400, "prompt"),
-    ("/v1/completions", {"model": "smollm2", "prompt": [1, "a"]}, 400, "prompt"),
-    ("/v1/completions", {"model": "smollm2", "prompt": "x " * 9000}, 400, "prompt"),
-    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
-    ("/v1/chat/completions", {"model": "smollm2", "messages": "hello"}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "smollm2", "messages": [{"content": "no role"}]}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "smollm2", "messages": [{"role": "user", "content": "x"}],
-                              "top_logprobs": 99, "logprobs": True}, 400, "top_logprobs"),
-    ("/v1/completions", [1, 2], 400, None),
-    # found by probing from outside (none of these was a clean 400 naming the field before)
-    ("/v1/completions", {"prompt": "Hi", "min_tokens": 3, "temperature": 1, "stop_token_ids": list(range(49152))},
-     400, "min_tokens"),  # every token a stop id: the sampler had nothing to draw, and the step failed
-    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [99999]}, 400, "stop_token_ids"),  # was "prompt"
-    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": "x"}, 400, "stop_token_ids"),  # was "stop"
-    ("/v1/completions", {"prompt": "a\udfff b"}, 400, "prompt"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}], "max_tokens": 3}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
-                              "max_tokens": 2}, 400, "messages"),  # a batch of conversations: was cut to the first
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}]}, 400, "max_tokens"),  # > the pool
-    ("/v1/completions", {"prompt": "Hi", "echo": True}, 400, "echo"),
-    ("/v1/completions", {"prompt": "Hi", "best_of": 3}, 400, "best_of"),
-    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, 400, "logit_bias"),
-    ("/v1/completions", {"prompt": "hello world " * 200_000, "max_tokens": 2}, 400, "prompt"),  # refused untokenized
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, status, param",
+    [
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "n": 0}, 400, "n"),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "logprobs": 50}, 400, "logprobs"),
+        ("/v1/completions", {"model": "smollm2"}, 400, "prompt"),
+        ("/v1/completions", {"model": "smollm2", "prompt": ""}, 400, "prompt"),
+        ("/v1/completions", {"model": "smollm2", "prompt": [1, "a"]}, 400, "prompt"),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x " * 9000}, 400, "prompt"),
+        ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+        ("/v1/chat/completions", {"model": "smollm2", "messages": "hello"}, 400, "messages"),
+        ("/v1/chat/completions", {"model": "smollm2", "messages": [{"content": "no role"}]}, 400, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "smollm2", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 99, "logprobs": True},
+            400,
+            "top_logprobs",
+        ),
+        ("/v1/completions", [1, 2], 400, None),
+        # found by probing from outside (none of these was a clean 400 naming the field before)
+        (
+            "/v1/completions",
+            {"prompt": "Hi", "min_tokens": 3, "temperature": 1, "stop_token_ids": list(range(49152))},
+            400,
+            "min_tokens",
+        ),  # every token a stop id: the sampler had nothing to draw, and the step failed
+        ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [99999]}, 400, "stop_token_ids"),  # was "prompt"
+        ("/v1/completions", {"prompt": "Hi", "stop_token_ids": "x"}, 400, "stop_token_ids"),  # was "stop"
+        ("/v1/completions", {"prompt": "a\udfff b"}, 400, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "\udfff"}], "max_tokens": 3},
+            400,
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], "max_tokens": 2},
+            400,
+            "messages",
+        ),  # a batch of conversations: was cut to the first
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2},
+            400,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Say hi"}]},
+            400,
+            "max_tokens",
+        ),  # > the pool
+        ("/v1/completions", {"prompt": "Hi", "echo": True}, 400, "echo"),
+        ("/v1/completions", {"prompt": "Hi", "best_of": 3}, 400, "best_of"),
+        ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+        (
+            "/v1/completions",
+            {"prompt": "hello world " * 200_000, "max_tokens": 2},
+            400,
+            "prompt",
+        ),  # refused untokenized
+    ],
+)
 def test_a_bad_request_is_an_openai_error_naming_the_field(server, path, body, status, param):
     # json.dumps escapes a lone surrogate as JSON may ("\\udfff"; httpx's json= cannot encode it)
     response = httpx.post(server[0] + path, content=json.dumps(body), headers={"content-type": "application/json"})
@@ -212,13 +272,15 @@ def test_a_failed_step_fails_only_the_requests_it_touched(smol):
         def post(name: str, body: dict) -> None:
             results[name] = httpx.post(base + "/v1/completions", json=body, timeout=120)
 
-        first = threading.Thread(target=post, args=("first", {"prompt": "Once", "max_tokens": 400, "ignore_eos": True,
-                                                              "temperature": 0}))  # fmt: skip
+        first = threading.Thread(
+            target=post, args=("first", {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "temperature": 0})
+        )
         first.start()
         while metrics(base)["vllm:num_requests_running"] < 1:
             time.sleep(0.01)
-        second = threading.Thread(target=post, args=("second", {"prompt": "Water boils at", "max_tokens": 4,
-                                                                "temperature": 0}))  # fmt: skip
+        second = threading.Thread(
+            target=post, args=("second", {"prompt": "Water boils at", "max_tokens": 4, "temperature": 0})
+        )
         second.start()
         while metrics(base)["vllm:num_requests_waiting"] < 1:
             time.sleep(0.01)
@@ -245,8 +307,13 @@ def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server
     before = finished(metrics(base))
 
     async def one(http: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> str:
-        body = {"model": "smollm2", "prompt": f"Request {i}: the number {i} is", "max_tokens": 1 + i % 6,
-                "temperature": 0, "stream": i % 2 == 0}  # fmt: skip
+        body = {
+            "model": "smollm2",
+            "prompt": f"Request {i}: the number {i} is",
+            "max_tokens": 1 + i % 6,
+            "temperature": 0,
+            "stream": i % 2 == 0,
+        }
         async with gate:
             await asyncio.sleep((i % 20) * 0.01)  # arrivals spread over 0.2 s
             if not body["stream"]:
@@ -278,8 +345,14 @@ def test_a_few_hundred_concurrent_requests_lose_nothing_and_free_the_pool(server
 def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
     base = server[0]
     before, aborts = finished(metrics(base)), finished(metrics(base), ("abort",))
-    body = {"model": "smollm2", "prompt": "Tell me a long story about a dragon.", "max_tokens": 2000,
-            "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "smollm2",
+        "prompt": "Tell me a long story about a dragon.",
+        "max_tokens": 2000,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
         for n, _ in enumerate(r.iter_lines()):
             if n >= 6:
@@ -294,8 +367,13 @@ def test_a_client_that_gives_up_on_a_whole_response_is_aborted_too(server):
     """Not streamed: the client times out and closes the connection; the server notices, aborts, frees the blocks."""
     base = server[0]
     before, aborts = finished(metrics(base)), finished(metrics(base), ("abort",))
-    body = {"model": "smollm2", "prompt": "Write a very long essay.", "max_tokens": 2000, "temperature": 0,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "smollm2",
+        "prompt": "Write a very long essay.",
+        "max_tokens": 2000,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(base + "/v1/completions", json=body, timeout=1.0)
     after = settle(base)
@@ -308,8 +386,9 @@ def test_a_bad_flag_is_one_line_and_exit_2():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "reference", "serve", "--port", "70000"], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "reference", "serve", "--port", "70000"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and done.stderr.strip() == "error: --port 70000 (allowed: an integer from 0 to 65535)"
 
 
@@ -322,8 +401,12 @@ def test_a_port_in_use_is_one_line_before_the_model_loads():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "reference", "serve", "--model", "random", "--port", str(port)],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "reference", "serve", "--model", "random", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there"), done.stderr
 
@@ -331,9 +414,17 @@ def test_a_port_in_use_is_one_line_before_the_model_loads():
 # --- the live page of the pool -------------------------------------------------------------------------------------
 def _busy(base: str, prompts: list[str], max_tokens: int, n: int = 1) -> list[threading.Thread]:
     """Streams running in the background (each read to its end), so that the engine steps while a test looks."""
+
     def read(prompt: str) -> None:
-        body = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "n": n,
-                "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {
+            "model": "smollm2",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "n": n,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
             for _ in r.iter_lines():
                 pass

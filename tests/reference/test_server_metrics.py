@@ -5,6 +5,7 @@ some requests ran, with the labels the query filters or groups on (model_name, f
 histogram observes every gap between two token steps (not one mean per request); prompt tokens are counted; an aborted
 request is counted under finished_reason="abort".
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 from reference import LLM  # noqa: E402
 
 DASHBOARD = json.loads((Path(__file__).parent / "data" / "vllm_grafana_queries.json").read_text())
-SERIES = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,11 @@ def value(series, name: str, **labels) -> float:
 def test_every_series_of_vllms_grafana_dashboard_is_served(server):
     base = server[0]
     for i in range(3):  # some requests, so that every histogram has observations
-        httpx.post(base + "/v1/completions", json={"prompt": f"Count to {i + 3}:", "max_tokens": 6, "temperature": 0},
-                   timeout=120)  # fmt: skip
+        httpx.post(
+            base + "/v1/completions",
+            json={"prompt": f"Count to {i + 3}:", "max_tokens": 6, "temperature": 0},
+            timeout=120,
+        )
     series = scrape(base)
     found, missing = [], []
     for panel in DASHBOARD["panels"]:
@@ -62,11 +66,16 @@ def test_every_series_of_vllms_grafana_dashboard_is_served(server):
                 wanted = {k: "smollm2" if v == "$model_name" else v for k, v in wanted.items()}
                 grouped = re.findall(r"by\s*\(([^)]*)\)", expr)
                 keys = {k.strip() for g in grouped for k in g.split(",")} - {"le"}
-                hit = [ls for n, ls, _ in series if n == name and all(ls.get(k) == v for k, v in wanted.items())
-                       and keys <= set(ls)]  # fmt: skip
+                hit = [
+                    ls
+                    for n, ls, _ in series
+                    if n == name and all(ls.get(k) == v for k, v in wanted.items()) and keys <= set(ls)
+                ]
                 (found if hit else missing).append(f"{panel['title']}: {name} {wanted} by {sorted(keys)}")
-    print(f"{len(DASHBOARD['panels'])} panels of the dashboard at {DASHBOARD['commit'][:10]}: {len(found)} series "
-          f"found, {len(missing)} missing")  # fmt: skip
+    print(
+        f"{len(DASHBOARD['panels'])} panels of the dashboard at {DASHBOARD['commit'][:10]}: {len(found)} series "
+        f"found, {len(missing)} missing"
+    )
     assert not missing, missing
     assert value(series, "vllm:request_success_total", finished_reason="length") >= 3
 
@@ -102,6 +111,9 @@ def test_an_aborted_request_is_counted_as_abort(server):
         if value(after, "vllm:num_requests_running") == 0:
             break
         time.sleep(0.05)
-    assert value(after, "vllm:request_success_total", finished_reason="abort") - \
-        value(before, "vllm:request_success_total", finished_reason="abort") == 1  # fmt: skip
+    assert (
+        value(after, "vllm:request_success_total", finished_reason="abort")
+        - value(before, "vllm:request_success_total", finished_reason="abort")
+        == 1
+    )
     assert value(after, "lab:kv_cache_blocks_used") == 0

@@ -7,6 +7,7 @@ error object; the engine's requests are aborted (the log's last line: no KV bloc
 with the shell's status for the signal, 130 or 143, and writes no traceback. The time limits below only say "it
 ended": they are generous, for a busy machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,12 @@ class Served:
     """`python -m reference serve --port 0` in a process of its own; its stderr (uvicorn's log) collected."""
 
     def __init__(self, *flags: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "reference", "serve", "--port", "0", *flags],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reference", "serve", "--port", "0", *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.log: list[str] = []
         started = threading.Event()
         self.base = None
@@ -99,16 +104,21 @@ def test_a_signal_ends_every_open_stream_with_an_error_event_and_done(sig):
         pool = Stream(base, "/pool/events")
         pool.start()
         streams = [Stream(base, "/v1/completions", {"prompt": f"Count to a thousand, {i}:", **LONG}) for i in range(2)]
-        streams.append(Stream(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell a long "
-                                                                            "story."}], **LONG}))  # fmt: skip
+        streams.append(
+            Stream(
+                base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell a long story."}], **LONG}
+            )
+        )
         for s in streams:
             s.start()
         for s in [*streams, pool]:
             assert s.started.wait(120) and s.data, (s.path, s.failure, "".join(served.log))
         whole: dict = {}
         essay = {"prompt": "Write an essay:", **LONG, "stream": False}
-        waiting = threading.Thread(target=lambda: whole.update(r=httpx.post(base + "/v1/completions", json=essay,
-                                                                            timeout=ENDED_WITHIN_S)), daemon=True)
+        waiting = threading.Thread(
+            target=lambda: whole.update(r=httpx.post(base + "/v1/completions", json=essay, timeout=ENDED_WITHIN_S)),
+            daemon=True,
+        )
         waiting.start()
         time.sleep(1.0)  # (the whole response is queued and running)
         signalled = time.monotonic()

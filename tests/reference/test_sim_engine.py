@@ -26,6 +26,7 @@ The engine runs the tiny random Llama: with ignore_eos and max_tokens = the trac
 finishes at the same step whatever tokens the weights produce, so the decisions cannot depend on them
 (one case runs the real SmolLM2 to show it).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,12 +35,12 @@ import torch
 
 from reference import LLM, SamplingParams
 from reference.models import load_model, random_model
-from sim.fast import runs as fast_runs
+from sim.base.request import Request
 from sim.clock.cost import RooflineCostModel
+from sim.fast import runs as fast_runs
 from sim.fast.epoch import EpochStep
 from sim.fast.loop import FastSimulator
 from sim.kv import allocates_blocks_on_demand, make_kv_manager
-from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 
 BLOCK_SIZE = 4
@@ -95,15 +96,26 @@ def record_calls(scheduler: Scheduler, simulator: FastSimulator | None = None) -
         decodes = [entry(e) for e in plan.decodes]
         if isinstance(plan, EpochStep):  # a v1 step whose decodes a decode epoch took: its members, in plan order
             listed, epochs = set(plan.request_ids()), simulator.epochs
-            decodes = [(rid, sid, epochs.num_computed_tokens(sid), 1, kv.block_table(sid), True)
-                       for rid in scheduler.running_request_ids() if rid not in listed
-                       for sid in scheduler.seq_ids(rid)] + decodes  # fmt: skip
-        calls.append(("step", {
-            "prefills": [entry(e) for e in plan.prefills], "decodes": decodes,
-            "preempted": list(plan.preempted), "blocks_to_swap_out": list(plan.blocks_to_swap_out),
-            "blocks_to_swap_in": list(plan.blocks_to_swap_in), "blocks_to_copy": list(plan.blocks_to_copy),
-            "empty": plan.is_empty,
-        }))  # fmt: skip
+            decodes = [
+                (rid, sid, epochs.num_computed_tokens(sid), 1, kv.block_table(sid), True)
+                for rid in scheduler.running_request_ids()
+                if rid not in listed
+                for sid in scheduler.seq_ids(rid)
+            ] + decodes
+        calls.append(
+            (
+                "step",
+                {
+                    "prefills": [entry(e) for e in plan.prefills],
+                    "decodes": decodes,
+                    "preempted": list(plan.preempted),
+                    "blocks_to_swap_out": list(plan.blocks_to_swap_out),
+                    "blocks_to_swap_in": list(plan.blocks_to_swap_in),
+                    "blocks_to_copy": list(plan.blocks_to_copy),
+                    "empty": plan.is_empty,
+                },
+            )
+        )
         current[:] = [calls[-1][1]]
         return plan
 
@@ -139,8 +151,11 @@ def record_calls(scheduler: Scheduler, simulator: FastSimulator | None = None) -
     def recording_epoch_advance(max_steps):
         # a decode epoch's run (paged): every running group is a member when one is asked (run_shape joined the
         # admitted ones first); their counts through the epoch (the scheduler holds those at their joining)
-        before = [(rid, sid, epochs.num_computed_tokens(sid)) for rid in scheduler.running_request_ids()
-                  for sid in scheduler.seq_ids(rid)]  # fmt: skip
+        before = [
+            (rid, sid, epochs.num_computed_tokens(sid))
+            for rid in scheduler.running_request_ids()
+            for sid in scheduler.seq_ids(rid)
+        ]
         return capturing_tables(lambda: epoch_advance(max_steps), before)
 
     def recording_epoch_preempt():
@@ -150,9 +165,22 @@ def record_calls(scheduler: Scheduler, simulator: FastSimulator | None = None) -
         if result and epochs.is_open:
             preempted[:] = result
         elif result:
-            calls.append(("step", {"prefills": [], "decodes": [], "preempted": list(result), "blocks_to_swap_out": [],
-                                   "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": True,
-                                   "num_free_blocks": kv.num_free_blocks, "finished": []}))  # fmt: skip
+            calls.append(
+                (
+                    "step",
+                    {
+                        "prefills": [],
+                        "decodes": [],
+                        "preempted": list(result),
+                        "blocks_to_swap_out": [],
+                        "blocks_to_swap_in": [],
+                        "blocks_to_copy": [],
+                        "empty": True,
+                        "num_free_blocks": kv.num_free_blocks,
+                        "finished": [],
+                    },
+                )
+            )
         return result
 
     def record_run(before, tables, counts, finished):
@@ -162,10 +190,23 @@ def record_calls(scheduler: Scheduler, simulator: FastSimulator | None = None) -
             last = j == len(counts) - 1
             decodes = [(rid, sid, n + j, 1, tables[sid][: -(-(n + j + 1) // bs)], True) for rid, sid, n in before]
             victims, preempted[:] = list(preempted), []
-            calls.append(("step", {"prefills": [], "decodes": decodes, "preempted": victims, "blocks_to_swap_out": [],
-                                   "blocks_to_swap_in": [], "blocks_to_copy": [], "empty": False, "run": True,
-                                   "num_free_blocks": kv.num_free_blocks if last else step_counts[4] // bs,
-                                   "finished": sorted(finished) if last else []}))  # fmt: skip
+            calls.append(
+                (
+                    "step",
+                    {
+                        "prefills": [],
+                        "decodes": decodes,
+                        "preempted": victims,
+                        "blocks_to_swap_out": [],
+                        "blocks_to_swap_in": [],
+                        "blocks_to_copy": [],
+                        "empty": False,
+                        "run": True,
+                        "num_free_blocks": kv.num_free_blocks if last else step_counts[4] // bs,
+                        "finished": sorted(finished) if last else [],
+                    },
+                )
+            )
         return counts, finished
 
     scheduler.add_request = recording_add_request
@@ -191,16 +232,28 @@ def run_recorded(simulator: FastSimulator) -> None:
 
 
 def config(mode: str, preemption: str, scheduling_policy: str = "fcfs") -> dict:
-    return dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET[mode], mode=mode, preemption=preemption,
-                scheduling_policy=scheduling_policy)
+    return dict(
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=BUDGET[mode],
+        mode=mode,
+        preemption=preemption,
+        scheduling_policy=scheduling_policy,
+    )
 
 
-def simulate(requests: list[Request], policy: str, preemption: str, mode: str, model=None,
-             scheduling_policy: str = "fcfs") -> list[tuple]:
+def simulate(
+    requests: list[Request], policy: str, preemption: str, mode: str, model=None, scheduling_policy: str = "fcfs"
+) -> list[tuple]:
     """The simulator's executor, fast-forward on, over the same scheduler configuration as the engine below.
     `model`: the sim.base.specs.ModelSpec a policy that groups layers needs (hybrid)."""
-    kv = make_kv_manager(policy, NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
-                         num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, model=model)  # fmt: skip
+    kv = make_kv_manager(
+        policy,
+        NUM_GPU_BLOCKS * BLOCK_SIZE,
+        block_size=BLOCK_SIZE,
+        max_seq_len=MAX_MODEL_LEN,
+        num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0,
+        model=model,
+    )
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, preemption, scheduling_policy)))
     # The cost model only moves the clock (and so decides where staggered arrivals fall between steps).
     # Paged runs go through decode epochs (DecodeEpochs.advance), the others run by run (sim.fast.runs.advance).
@@ -210,22 +263,41 @@ def simulate(requests: list[Request], policy: str, preemption: str, mode: str, m
     return calls
 
 
-def serve(model, requests: list[Request], sim_calls: list[tuple], policy: str, preemption: str, mode: str,
-          tokenizer=None, scheduling_policy: str = "fcfs") -> tuple[list[tuple], LLM]:  # fmt: skip
+def serve(
+    model,
+    requests: list[Request],
+    sim_calls: list[tuple],
+    policy: str,
+    preemption: str,
+    mode: str,
+    tokenizer=None,
+    scheduling_policy: str = "fcfs",
+) -> tuple[list[tuple], LLM]:
     """The engine replays the simulator's calls: token ids in, max_tokens = the true output length, EOS ignored."""
     cfg = config(mode, preemption)
-    llm = LLM.from_loaded(model, tokenizer, policy=policy, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS,
-                          num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0, preemption=preemption,
-                          max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=cfg["max_num_batched_tokens"],
-                          scheduler=mode, max_model_len=MAX_MODEL_LEN, scheduling_policy=scheduling_policy)  # fmt: skip
+    llm = LLM.from_loaded(
+        model,
+        tokenizer,
+        policy=policy,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=NUM_GPU_BLOCKS,
+        num_cpu_blocks=NUM_CPU_BLOCKS if preemption == "swap" else 0,
+        preemption=preemption,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        scheduler=mode,
+        max_model_len=MAX_MODEL_LEN,
+        scheduling_policy=scheduling_policy,
+    )
     calls = record_calls(llm.scheduler)
     by_id = {r.request_id: r for r in requests}
     for kind, what in sim_calls:
         if kind == "add":
             r = by_id[what]
             params = SamplingParams(temperature=0.0, max_tokens=r.output_len, n=r.n, ignore_eos=True)
-            public = llm.add_request(r.prompt_token_ids, params, request_id=r.request_id,
-                                     priority=r.priority)  # an int id: str() of it
+            public = llm.add_request(
+                r.prompt_token_ids, params, request_id=r.request_id, priority=r.priority
+            )  # an int id: str() of it
             # the scheduler numbers requests in the order they come, as the simulator's arrivals are numbered
             assert public == str(r.request_id) and llm.scheduler_request_id(public) == r.request_id
         else:
@@ -238,15 +310,19 @@ def serve(model, requests: list[Request], sim_calls: list[tuple], policy: str, p
 def steps(calls: list[tuple]) -> list[dict]:
     """The step records without idle polls: an empty plan that preempts nothing decides nothing (the simulator
     asks once more after the last request finishes, then goes idle; the engine's idle steps do the same)."""
-    return [{k: v for k, v in r.items() if k != "run"} for kind, r in calls
-            if kind == "step" and (not r["empty"] or r["preempted"])]  # fmt: skip
+    return [
+        {k: v for k, v in r.items() if k != "run"}
+        for kind, r in calls
+        if kind == "step" and (not r["empty"] or r["preempted"])
+    ]
 
 
 def assert_same_decisions(sim: list[tuple], engine: list[tuple]) -> None:
     assert [c for c in sim if c[0] == "add"] == [c for c in engine if c[0] == "add"]
     sim_steps, engine_steps = steps(sim), steps(engine)
-    assert len(sim_steps) == len(engine_steps), (f"expected {len(sim_steps)} scheduler steps (simulator), "
-                                                 f"found {len(engine_steps)} (engine)")  # fmt: skip
+    assert len(sim_steps) == len(engine_steps), (
+        f"expected {len(sim_steps)} scheduler steps (simulator), found {len(engine_steps)} (engine)"
+    )
     for step, (s, e) in enumerate(zip(sim_steps, engine_steps)):
         assert s == e, f"step {step}: simulator {s} != engine {e}"
 
@@ -376,14 +452,24 @@ def test_speculative_decoding_decides_alike(tiny, mode):
     requests = []
     for i in range(10):
         motif = rng.integers(17, 256, size=int(rng.integers(2, 5))).tolist()
-        ids = (motif * 20)[:int(rng.integers(8, 36))]
+        ids = (motif * 20)[: int(rng.integers(8, 36))]
         requests.append(Request(i, 0.0, len(ids), int(rng.integers(6, 24)), prompt_token_ids=ids))
     cfg = config(mode, "recompute")
-    llm = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
-                          max_num_batched_tokens=cfg["max_num_batched_tokens"], scheduler=mode,
-                          max_model_len=MAX_MODEL_LEN, num_speculative_tokens=k)  # fmt: skip
+    llm = LLM.from_loaded(
+        tiny,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=NUM_GPU_BLOCKS,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        scheduler=mode,
+        max_model_len=MAX_MODEL_LEN,
+        num_speculative_tokens=k,
+    )
     engine = record_calls(llm.scheduler)
-    offered, verified = {}, []  # (seq id, computed tokens) -> drafts the engine had; (drafts, accepted) per verify entry
+    offered, verified = (
+        {},
+        [],
+    )  # (seq id, computed tokens) -> drafts the engine had; (drafts, accepted) per verify entry
     sched, finish_step = llm.scheduler, llm.scheduler.finish_step
     # NOTE: the engine's answers to the scheduler's draft_len question, recorded where the scheduler keeps the hook (an
     # offer counts even where the entry is then preempted instead: it needed the drafts' block)
@@ -394,20 +480,33 @@ def test_speculative_decoding_decides_alike(tiny, mode):
         return answer
 
     def recording_finish_step(plan, outcome):
-        verified.extend((e.num_draft_tokens, outcome.num_accepted[e.seq_id]) for e in plan.entries if e.num_draft_tokens)
+        verified.extend(
+            (e.num_draft_tokens, outcome.num_accepted[e.seq_id]) for e in plan.entries if e.num_draft_tokens
+        )
         return finish_step(plan, outcome)
 
     sched._draft_len, sched.finish_step = recording_draft_len, recording_finish_step
     for r in requests:
-        llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
-                        request_id=r.request_id)  # fmt: skip
+        llm.add_request(
+            r.prompt_token_ids,
+            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
+            request_id=r.request_id,
+        )
     while llm.has_unfinished_requests():
         llm.step()
     kv = make_kv_manager("paged", NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN)
-    scheduler = Scheduler(kv, SchedulerConfig(**cfg, num_speculative_tokens=k),
-                          draft_len=lambda rid, sid: offered.get((sid, scheduler.num_computed_tokens(sid)), 0))
-    simulator = FastSimulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1,
-                              acceptance=ReplayedAcceptance(verified))  # fmt: skip
+    scheduler = Scheduler(
+        kv,
+        SchedulerConfig(**cfg, num_speculative_tokens=k),
+        draft_len=lambda rid, sid: offered.get((sid, scheduler.num_computed_tokens(sid)), 0),
+    )
+    simulator = FastSimulator(
+        scheduler,
+        RooflineCostModel("opt-13b", "a100-40gb"),
+        requests,
+        block_bytes=1,
+        acceptance=ReplayedAcceptance(verified),
+    )
     sim = record_calls(scheduler, simulator)
     run_recorded(simulator)
     assert_same_decisions(sim, engine)
@@ -429,8 +528,14 @@ def test_the_cpu_offload_tier_decides_alike(tiny, mode):
         ids = docs[int(rng.integers(0, 3))] + rng.integers(17, 256, size=int(rng.integers(2, 12))).tolist()
         requests.append(Request(i, i * 0.03, len(ids), int(rng.integers(3, 12)), prompt_token_ids=ids))
     tiers = {}
-    kv = make_kv_manager("paged", NUM_GPU_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=MAX_MODEL_LEN,
-                         enable_prefix_caching=True, num_offload_blocks=32)  # fmt: skip
+    kv = make_kv_manager(
+        "paged",
+        NUM_GPU_BLOCKS * BLOCK_SIZE,
+        block_size=BLOCK_SIZE,
+        max_seq_len=MAX_MODEL_LEN,
+        enable_prefix_caching=True,
+        num_offload_blocks=32,
+    )
     scheduler = Scheduler(kv, SchedulerConfig(**config(mode, "recompute")))
     simulator = FastSimulator(scheduler, RooflineCostModel("opt-13b", "a100-40gb"), requests, block_bytes=1)
     sim = record_calls(scheduler, simulator)
@@ -440,17 +545,28 @@ def test_the_cpu_offload_tier_decides_alike(tiny, mode):
     # new blocks evicting cached ones) are still in the manager's log when the run ends; the engine takes every step's
     kv.take_tier_copies()  # (recorded by the wrapper)
     cfg = config(mode, "recompute")
-    llm = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
-                          max_num_batched_tokens=cfg["max_num_batched_tokens"], scheduler=mode,
-                          max_model_len=MAX_MODEL_LEN, enable_prefix_caching=True, num_offload_blocks=32)  # fmt: skip
+    llm = LLM.from_loaded(
+        tiny,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=NUM_GPU_BLOCKS,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        scheduler=mode,
+        max_model_len=MAX_MODEL_LEN,
+        enable_prefix_caching=True,
+        num_offload_blocks=32,
+    )
     engine = record_calls(llm.scheduler)
     tiers["engine"] = record_tier_copies(llm.executor, "tier_copies")  # (the executor takes them once a step)
     by_id = {r.request_id: r for r in requests}
     for kind, what in sim:
         if kind == "add":
             r = by_id[what]
-            llm.add_request(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len,
-                                                               ignore_eos=True), request_id=r.request_id)  # fmt: skip
+            llm.add_request(
+                r.prompt_token_ids,
+                SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
+                request_id=r.request_id,
+            )
         else:
             llm.step()
     while llm.has_unfinished_requests():
@@ -484,10 +600,17 @@ def test_a_priority_is_refused_without_priority_scheduling(tiny):
     with pytest.raises(ValueError, match=r"scheduling_policy: got 'lifo' \(allowed: fcfs, priority\)"):
         LLM.from_loaded(tiny, scheduling_policy="lifo")
     assert not llm.has_unfinished_requests()
-    ranked = LLM.from_loaded(tiny, block_size=BLOCK_SIZE, num_gpu_blocks=NUM_GPU_BLOCKS, max_model_len=MAX_MODEL_LEN,
-                             scheduling_policy="priority", max_num_seqs=1)
-    outs = ranked.generate([[20, 21], [22, 23], [24, 25]], SamplingParams(max_tokens=3, ignore_eos=True),
-                           priority=[2, 1, 0])
+    ranked = LLM.from_loaded(
+        tiny,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=NUM_GPU_BLOCKS,
+        max_model_len=MAX_MODEL_LEN,
+        scheduling_policy="priority",
+        max_num_seqs=1,
+    )
+    outs = ranked.generate(
+        [[20, 21], [22, 23], [24, 25]], SamplingParams(max_tokens=3, ignore_eos=True), priority=[2, 1, 0]
+    )
     finished = sorted(outs, key=lambda o: o.metrics.finished_time)
     assert [o.request_id for o in finished] == ["2", "1", "0"]  # one at a time, the best class first
 

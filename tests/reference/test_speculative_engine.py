@@ -3,6 +3,7 @@
 The claim (reference/engine/speculative.py): a verify step keeps exactly the tokens plain greedy decoding would produce, so
 the token ids must not change whatever the draft proposes, the policy, the block size, k, or where a stop falls.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference import LLM, SamplingParams
-from reference.models import random_model
 from reference.engine.speculative import accept_greedy, propose_ngram
+from reference.models import random_model
 
 
 # ---- the draft and the acceptance rule ----------------------------------------------------------------------------
@@ -33,9 +34,9 @@ def test_a_proposal_is_what_followed_an_earlier_occurrence_of_a_suffix(tokens, k
         return
     found = False
     for n in range(1, 4):
-        suffix = tokens[len(tokens) - n:]
+        suffix = tokens[len(tokens) - n :]
         for start in range(len(tokens) - n):
-            if len(suffix) == n and tokens[start:start + n] == suffix and tokens[start + n:start + n + k] == draft:
+            if len(suffix) == n and tokens[start : start + n] == suffix and tokens[start + n : start + n + k] == draft:
                 found = True
     assert found, (tokens, k, draft)
 
@@ -45,7 +46,7 @@ def test_greedy_acceptance_keeps_the_agreeing_prefix_and_one_more(drafts, data):
     targets = data.draw(st.lists(st.integers(0, 3), min_size=len(drafts) + 1, max_size=len(drafts) + 1))
     kept = accept_greedy(drafts, targets)
     a = len(kept) - 1
-    assert kept == targets[:a + 1] and drafts[:a] == targets[:a]
+    assert kept == targets[: a + 1] and drafts[:a] == targets[:a]
     assert a == len(drafts) or drafts[a] != targets[a]
     with pytest.raises(ValueError, match="expected"):
         accept_greedy(drafts, targets + [0])
@@ -61,8 +62,10 @@ def _generate(model, prompts, k: int, max_tokens: int = 40, **kwargs):
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)], llm.stats
 
 
-@pytest.mark.parametrize("k, policy, block_size", [(1, "paged", 4), (3, "paged", 4), (5, "paged", 16),
-                                                   (3, "radix", 1), (4, "vattention", 16), (3, "oracle", 1)])
+@pytest.mark.parametrize(
+    "k, policy, block_size",
+    [(1, "paged", 4), (3, "paged", 4), (5, "paged", 16), (3, "radix", 1), (4, "vattention", 16), (3, "oracle", 1)],
+)
 def test_tiny_model_greedy_tokens_are_identical_with_speculation(k, policy, block_size):
     tiny = random_model(seed=1)
     pool = dict(policy=policy, block_size=block_size, num_gpu_blocks=4096 // block_size)
@@ -89,8 +92,12 @@ def test_a_stop_token_inside_the_accepted_drafts_ends_the_sequence_there():
     plain, _ = _generate(tiny, REPETITIVE, 0)
     stop = plain[0][10]  # a token plain decoding produces mid-way: generation must stop at its first occurrence
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop])
-    outs = {k: [o.outputs[0].token_ids for o in LLM.from_loaded(tiny, num_speculative_tokens=k).generate(
-        REPETITIVE, params)] for k in (0, 4)}
+    outs = {
+        k: [
+            o.outputs[0].token_ids for o in LLM.from_loaded(tiny, num_speculative_tokens=k).generate(REPETITIVE, params)
+        ]
+        for k in (0, 4)
+    }
     assert outs[4] == outs[0] and outs[0][0][-1] == stop and len(outs[0][0]) <= 11
 
 
@@ -112,12 +119,21 @@ def test_a_bad_num_speculative_tokens_is_one_line(k):
 
 
 # ---- the commands -----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, line", [
-    (["generate", "Hi", "--num-speculative-tokens", "65"], "--num-speculative-tokens 65 (allowed: an integer from 0"),
-    (["spec-bench", "--rounds", "0"], "--rounds 0 (allowed: an integer from 1 to 10)"),
-    (["spec-bench", "--num-speculative-tokens", "0"], "--num-speculative-tokens 0 (allowed: an integer from 1 to 64)"),
-    (["spec-bench", "--quick", "--max-tokens", "8"], "--quick sets the tokens and rounds itself"),
-])
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["generate", "Hi", "--num-speculative-tokens", "65"],
+            "--num-speculative-tokens 65 (allowed: an integer from 0",
+        ),
+        (["spec-bench", "--rounds", "0"], "--rounds 0 (allowed: an integer from 1 to 10)"),
+        (
+            ["spec-bench", "--num-speculative-tokens", "0"],
+            "--num-speculative-tokens 0 (allowed: an integer from 1 to 64)",
+        ),
+        (["spec-bench", "--quick", "--max-tokens", "8"], "--quick sets the tokens and rounds itself"),
+    ],
+)
 def test_bad_flags_are_one_line(argv, line, capsys):
     from reference.cli import main
 

@@ -10,6 +10,7 @@ string's first characters before the cut removes them. So the server's Renderer 
 The property runs over random texts made of such pieces, tokenized by SmolLM2's real tokenizer, with random stop
 strings: the stream's pieces, joined, equal the final text (the non-streamed answer), and never hold U+FFFD.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 
-from reference.engine.stops import check_stop_strings  # noqa: E402
 from reference.engine.outputs import CompletionOutput, RequestOutput, settled_text  # noqa: E402
+from reference.engine.stops import check_stop_strings  # noqa: E402
 from reference.server.streams import Renderer  # noqa: E402
 
 PIECES = ["a", " the", " history", "中", "文", "😊", "🌸", "é", "？", " ", ".", "\n", "ab", "ß"]
@@ -46,22 +47,27 @@ def _sent(frames: list[str], chat: bool) -> str:
     text = ""
     for frame in frames:
         assert frame.startswith("data: ") and frame.endswith("\n\n"), frame
-        choice = json.loads(frame[len("data: "):])["choices"][0]
+        choice = json.loads(frame[len("data: ") :])["choices"][0]
         text += choice["delta"].get("content", "") if chat else choice["text"]
     return text
 
 
 @settings(max_examples=150, deadline=None)
-@given(pieces=st.lists(st.sampled_from(PIECES), min_size=1, max_size=12), stop=st.lists(st.sampled_from(STOPS),
-       max_size=2), include=st.booleans(), chat=st.booleans())  # fmt: skip
+@given(
+    pieces=st.lists(st.sampled_from(PIECES), min_size=1, max_size=12),
+    stop=st.lists(st.sampled_from(STOPS), max_size=2),
+    include=st.booleans(),
+    chat=st.booleans(),
+)
 def test_a_stream_adds_up_to_the_whole_text(smol, pieces, stop, include, chat):
     tokenizer = smol[1]
     ids = tokenizer.encode("".join(pieces), add_special_tokens=False)
     renderer = Renderer("cmpl-0", "smollm2", chat, 1, {"stop": stop})
     streamed, printed = "", ""
     for k, (text, reason) in enumerate(_engine_texts(tokenizer, ids, stop, include), 1):
-        out = RequestOutput("0", None, [1], None, [CompletionOutput(0, text, ids[:k], None, finish_reason=reason)],
-                            reason is not None)  # fmt: skip
+        out = RequestOutput(
+            "0", None, [1], None, [CompletionOutput(0, text, ids[:k], None, finish_reason=reason)], reason is not None
+        )
         piece = _sent(renderer.step(0, out), chat)
         assert "\ufffd" not in piece, (piece, text)
         streamed += piece
@@ -81,8 +87,9 @@ def test_a_character_split_over_two_tokens_is_sent_once_whole(smol):
     for k in range(1, len(ids) + 1):
         reason = "length" if k == len(ids) else None
         text = tokenizer.decode(ids[:k])
-        out = RequestOutput("0", None, [1], None, [CompletionOutput(0, text, ids[:k], None, finish_reason=reason)],
-                            reason is not None)  # fmt: skip
+        out = RequestOutput(
+            "0", None, [1], None, [CompletionOutput(0, text, ids[:k], None, finish_reason=reason)], reason is not None
+        )
         sent.append(_sent(renderer.step(0, out), False))
     assert "".join(sent) == " 😇" and "\ufffd" not in "".join(sent), sent
 

@@ -5,6 +5,7 @@ thread finished, "schedule() called twice"). Now the second caller gets one Runt
 queued; the running call completes with the tokens it would have had alone, and a later call works. The engine
 is the tiny random Llama: a generate() of a few tokens takes milliseconds.
 """
+
 from __future__ import annotations
 
 import threading
@@ -73,9 +74,14 @@ def test_a_second_thread_is_refused_while_the_first_is_inside_a_step(tiny):
         try:
             assert inside.wait(30)
             # this (main) thread is the other thread: every call that drives or changes the engine is refused
-            for call in (lambda: llm.generate(PROMPTS, GREEDY), llm.step, lambda: llm.add_request([9, 9], GREEDY),
-                         lambda: llm.abort("0"), lambda: llm.beam_search([[1, 2]], BeamSearchParams(2, 3)),
-                         lambda: llm.chat([{"role": "user", "content": "hi"}])):
+            for call in (
+                lambda: llm.generate(PROMPTS, GREEDY),
+                llm.step,
+                lambda: llm.add_request([9, 9], GREEDY),
+                lambda: llm.abort("0"),
+                lambda: llm.beam_search([[1, 2]], BeamSearchParams(2, 3)),
+                lambda: llm.chat([{"role": "user", "content": "hi"}]),
+            ):
                 with pytest.raises(RuntimeError) as info:
                     call()
                 assert str(info.value) == f"this LLM is already running generate() {REFUSED}"
@@ -106,8 +112,9 @@ def test_threads_racing_on_generate_never_break_the_engine(tiny, num_threads):
         results = list(pool.map(lambda _: race(), range(num_threads)))  # any other exception re-raises here
     served = [r for r in results if not isinstance(r, str)]
     assert served and all(r == expected for r in served)
-    assert all(r.startswith("this LLM is already running generate() ") and REFUSED in r
-               for r in results if isinstance(r, str))
+    assert all(
+        r.startswith("this LLM is already running generate() ") and REFUSED in r for r in results if isinstance(r, str)
+    )
     assert_idle_and_free(llm)
     assert llm.stats.num_failed_steps == 0 and llm.stats.num_aborted_requests == 0
     assert tokens(llm.generate(PROMPTS, GREEDY)) == expected  # one thread after the race: as a fresh engine
@@ -121,7 +128,8 @@ def test_the_streaming_api_from_one_thread_after_another(tiny):
         ids = [pool.submit(llm.add_request, p, GREEDY).result(timeout=30) for p in PROMPTS]
         finals = {}
         while llm.has_unfinished_requests():
-            finals.update({o.request_id: o.outputs[0].token_ids for o in pool.submit(llm.step).result(timeout=30)
-                           if o.finished})
+            finals.update(
+                {o.request_id: o.outputs[0].token_ids for o in pool.submit(llm.step).result(timeout=30) if o.finished}
+            )
     assert [finals[i] for i in ids] == expected
     assert_idle_and_free(llm)

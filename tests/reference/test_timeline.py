@@ -1,14 +1,15 @@
 """The engine's timeline as a Chrome trace (reference/engine/timeline.py, `python -m reference generate --chrome-trace`),
 checked against the engine's own step log: every step a span at its wall-clock start, markers for preemption,
 swaps and copies, and per request contiguous spans from arrival to the step it finished in."""
+
 import json
 
 import pytest
 
 from reference import LLM, SamplingParams
 from reference.cli import main
-from reference.models import load_model
 from reference.engine.timeline import engine_rows, write_chrome_trace
+from reference.models import load_model
 from sim.views.chrome_trace import REQUESTS_PID, SCHEDULER_PID
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 11, 12, 13], [7, 7, 200, 31], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 12], [1, 2]]
@@ -17,8 +18,9 @@ PROMPTS = [[5, 17, 99, 3, 42, 8, 11, 12, 13], [7, 7, 200, 31], [9, 8, 7, 6, 5, 4
 @pytest.fixture(scope="module")
 def swapping_run(tmp_path_factory):
     """Parallel sampling (copy-on-write) on a pool small enough to preempt by swapping."""
-    llm = LLM.from_loaded(*load_model("random"), block_size=4, max_model_len=64, num_gpu_blocks=14,
-                          preemption="swap", num_cpu_blocks=32)  # fmt: skip
+    llm = LLM.from_loaded(
+        *load_model("random"), block_size=4, max_model_len=64, num_gpu_blocks=14, preemption="swap", num_cpu_blocks=32
+    )
     llm.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=3, ignore_eos=True))
     path = tmp_path_factory.mktemp("trace") / "engine.json"
     write_chrome_trace(llm, path)
@@ -44,10 +46,12 @@ def test_preemptions_swaps_and_copies_are_marked_as_the_stats_count_them(swappin
             marked[e["cat"]] = marked.get(e["cat"], 0) + int(e["name"].split()[-2])
     stats = llm.stats
     assert stats.num_preemptions > 0 and stats.num_swapped_out_blocks > 0 and stats.num_copied_blocks > 0
-    assert marked == {"num_preempted": sum(len(r.preempted) for r in llm.step_log),
-                      "num_swapped_out_blocks": stats.num_swapped_out_blocks,
-                      "num_swapped_in_blocks": stats.num_swapped_in_blocks,
-                      "num_copied_blocks": stats.num_copied_blocks}
+    assert marked == {
+        "num_preempted": sum(len(r.preempted) for r in llm.step_log),
+        "num_swapped_out_blocks": stats.num_swapped_out_blocks,
+        "num_swapped_in_blocks": stats.num_swapped_in_blocks,
+        "num_copied_blocks": stats.num_copied_blocks,
+    }
 
 
 def test_each_request_runs_from_arrival_to_the_end_of_the_step_it_finished_in(swapping_run):

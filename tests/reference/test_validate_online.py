@@ -4,6 +4,7 @@ model). What must hold on any machine, however fast: every request comes back, n
 each request start no later and end no sooner than the engine does (it sends before the engine queues the request,
 and reads each token after the engine made it), so the HTTP overhead is positive request by request. How close the
 simulator comes is measured, not asserted: the cost model is the calibrating machine's (README, "Serve it")."""
+
 from __future__ import annotations
 
 import csv
@@ -31,12 +32,36 @@ def _csv(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_served_trace_is_measured_at_the_client_in_the_engine_and_simulated(tmp_path):
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"request_id": i, "arrival_time": a, "prompt_len": p, "output_len": o, "n": n})
-                             + "\n" for i, (a, p, o, n) in enumerate(ROWS)))  # fmt: skip
+    trace.write_text(
+        "".join(
+            json.dumps({"request_id": i, "arrival_time": a, "prompt_len": p, "output_len": o, "n": n}) + "\n"
+            for i, (a, p, o, n) in enumerate(ROWS)
+        )
+    )
     out, per_request, png = tmp_path / "s.csv", tmp_path / "r.csv", tmp_path / "f.png"
-    done = subprocess.run([sys.executable, "-m", "reference", "validate-sim", "--online", "--trace", str(trace),
-                           "--out", str(out), "--requests-csv", str(per_request), "--figure", str(png),
-                           "--num-gpu-blocks", "128"], cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reference",
+            "validate-sim",
+            "--online",
+            "--trace",
+            str(trace),
+            "--out",
+            str(out),
+            "--requests-csv",
+            str(per_request),
+            "--figure",
+            str(png),
+            "--num-gpu-blocks",
+            "128",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"{len(ROWS)} requests over HTTP, 0 errors" in done.stdout
     (summary,) = _csv(out)
@@ -65,18 +90,27 @@ def test_max_in_flight_counts_overlapping_requests():
     assert max_in_flight(np.array([]), np.array([])) == 0
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--online", "--trace", "T", "--trace", "T"], "--online serves one trace"),
-    (["--online", "--quick"], "--online serves one trace"),
-    (["--online", "--trace", "BEAM"], "asks for beam search (beam_width 2)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--online", "--trace", "T", "--trace", "T"], "--online serves one trace"),
+        (["--online", "--quick"], "--online serves one trace"),
+        (["--online", "--trace", "BEAM"], "asks for beam search (beam_width 2)"),
+    ],
+)
 def test_bad_online_flags_are_one_line(tmp_path, flags, message):
     good, beam = tmp_path / "t.jsonl", tmp_path / "beam.jsonl"
     good.write_text(json.dumps({"request_id": 0, "arrival_time": 0, "prompt_len": 4, "output_len": 2}) + "\n")
-    beam.write_text(json.dumps({"request_id": 0, "arrival_time": 0, "prompt_len": 4, "output_len": 2,
-                                "beam_width": 2}) + "\n")  # fmt: skip
+    beam.write_text(
+        json.dumps({"request_id": 0, "arrival_time": 0, "prompt_len": 4, "output_len": 2, "beam_width": 2}) + "\n"
+    )
     flags = [{"T": str(good), "BEAM": str(beam)}.get(f, f) for f in flags]
-    done = subprocess.run([sys.executable, "-m", "reference", "validate-sim", *flags, "--out", str(tmp_path / "o.csv")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "reference", "validate-sim", *flags, "--out", str(tmp_path / "o.csv")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
     assert not (tmp_path / "o.csv").exists()

@@ -1,6 +1,7 @@
 """vLLM's offline API, both ways: scripts written for vLLM run with `vllm` replaced by `reference` in the import
 (and the model name replaced by the embedded one: no model hub here), and vLLM's keywords are accepted with a
 meaning or refused with one clear message."""
+
 from __future__ import annotations
 
 import textwrap
@@ -86,7 +87,9 @@ def test_generate_takes_sampling_params_by_name_and_prompt_dicts(smol):
     ids = tok("The capital of France is").input_ids
     greedy = SamplingParams(temperature=0, max_tokens=5)
     by_position = llm.generate("The capital of France is", greedy)[0].outputs[0].token_ids
-    assert llm.generate(TokensPrompt(prompt_token_ids=ids), sampling_params=greedy)[0].outputs[0].token_ids == by_position
+    assert (
+        llm.generate(TokensPrompt(prompt_token_ids=ids), sampling_params=greedy)[0].outputs[0].token_ids == by_position
+    )
     with pytest.raises(TypeError, match="give the SamplingParams once"):
         llm.generate("hi", greedy, sampling_params=greedy)
 
@@ -114,31 +117,43 @@ def test_chat_without_a_template_is_refused():
 def test_vllms_memory_keywords_size_the_pools(smol):
     model, _, config = smol
     per_block = kv_bytes_per_block(config.num_layers, 16, config.num_kv_heads, config.head_dim, torch.float32)
-    llm = LLM.from_loaded(*smol[:2], kv_cache_memory_bytes=10 * per_block + 5, swap_space=4 * per_block / 2**30,
-                          max_model_len=256)  # fmt: skip
+    llm = LLM.from_loaded(
+        *smol[:2], kv_cache_memory_bytes=10 * per_block + 5, swap_space=4 * per_block / 2**30, max_model_len=256
+    )
     assert llm.kv_manager.num_free_blocks == 10 and llm.kv_manager.num_cpu_blocks == 4
     # on the CPU, gpu_memory_utilization changes nothing (as in vLLM's CPU build); explicit sizes win anyway
     assert engine(smol, gpu_memory_utilization=0.5).kv_manager.num_free_blocks == 64
 
 
-@pytest.mark.parametrize("kwargs, exc, fragment", [
-    (dict(tensor_parallel_size=2), ValueError, "this engine runs on one device (allowed: 1)"),
-    (dict(enforce_eager="yes"), TypeError, "enforce_eager must be True or False"),
-    (dict(trust_remote_code=None), TypeError, "trust_remote_code must be True or False"),
-    (dict(gpu_memory_utilization=1.5), ValueError, "gpu_memory_utilization must be in (0, 1]"),
-    (dict(kv_cache_memory_bytes=10**6, kv_budget_bytes=10**6), ValueError, "not both"),
-    (dict(swap_space=-1.0), ValueError, "swap_space must be >= 0"),
-    (dict(swap_space=1.0, num_cpu_blocks=4), ValueError, "num_cpu_blocks or swap_space"),
-    (dict(dtype="float64"), ValueError, "unknown dtype 'float64' (allowed: auto, float32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, exc, fragment",
+    [
+        (dict(tensor_parallel_size=2), ValueError, "this engine runs on one device (allowed: 1)"),
+        (dict(enforce_eager="yes"), TypeError, "enforce_eager must be True or False"),
+        (dict(trust_remote_code=None), TypeError, "trust_remote_code must be True or False"),
+        (dict(gpu_memory_utilization=1.5), ValueError, "gpu_memory_utilization must be in (0, 1]"),
+        (dict(kv_cache_memory_bytes=10**6, kv_budget_bytes=10**6), ValueError, "not both"),
+        (dict(swap_space=-1.0), ValueError, "swap_space must be >= 0"),
+        (dict(swap_space=1.0, num_cpu_blocks=4), ValueError, "num_cpu_blocks or swap_space"),
+        (dict(dtype="float64"), ValueError, "unknown dtype 'float64' (allowed: auto, float32"),
+    ],
+)
 def test_vllms_keywords_refused_with_one_message(kwargs, exc, fragment):
     with pytest.raises(exc) as info:
         LLM("random", **kwargs)
     assert fragment in str(info.value)
 
 
-@pytest.mark.parametrize("name, dtype", [("float32", torch.float32), ("float", torch.float32), ("auto", torch.float32),
-                                         ("bfloat16", torch.bfloat16), (torch.float32, torch.float32)])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("float32", torch.float32),
+        ("float", torch.float32),
+        ("auto", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        (torch.float32, torch.float32),
+    ],
+)
 def test_dtype_names_are_vllms(name, dtype):
     assert LLM("random", dtype=name, num_gpu_blocks=4).dtype == dtype
 
@@ -179,17 +194,24 @@ def test_speculative_config_is_vllms_spelling_of_the_ngram_settings():
     assert _greedy(theirs) == _greedy(ours) == _greedy(plain)  # greedy verification: plain decoding's tokens
     assert theirs.stats.num_draft_tokens == ours.stats.num_draft_tokens > 0  # the same drafts, step by step
     # the lookup sizes reach the draft: only 20-grams may match now, which these short texts rarely repeat
-    longest = LLM.from_loaded(tiny, num_gpu_blocks=64,
-                              speculative_config={**config, "prompt_lookup_max": 20, "prompt_lookup_min": 20})
+    longest = LLM.from_loaded(
+        tiny, num_gpu_blocks=64, speculative_config={**config, "prompt_lookup_max": 20, "prompt_lookup_min": 20}
+    )
     assert _greedy(longest) == _greedy(plain) and longest.stats.num_draft_tokens < ours.stats.num_draft_tokens
 
 
-@pytest.mark.parametrize("config, settings", [
-    ({"method": "ngram", "num_speculative_tokens": 4}, (4, 5, 5)),  # vLLM's defaults for its ngram method
-    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}, (4, 3, 3)),  # one: the other equals it
-    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}, (4, 2, 2)),
-    ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, (1, 4, 2)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, settings",
+    [
+        ({"method": "ngram", "num_speculative_tokens": 4}, (4, 5, 5)),  # vLLM's defaults for its ngram method
+        (
+            {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+            (4, 3, 3),
+        ),  # one: the other equals it
+        ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}, (4, 2, 2)),
+        ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, (1, 4, 2)),
+    ],
+)
 def test_speculative_config_is_completed_by_vllms_rules(config, settings):
     from reference.engine.config import EngineConfig
 
@@ -202,41 +224,81 @@ def test_speculative_config_is_completed_by_vllms_rules(config, settings):
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 
 
-@pytest.mark.parametrize("kwargs, exc, fragment", [
-    # a cache vLLM has and this engine has not: refused, never approximated by another
-    (dict(kv_cache_dtype="fp8"), ValueError, "kv_cache_dtype must be one of auto, int8 (auto: the model's dtype; "),
-    (dict(kv_cache_dtype="fp8_e4m3"), ValueError, "vLLM's fp8 caches are not in this engine), got 'fp8_e4m3'"),
-    (dict(kv_cache_dtype="fp8_e5m2"), ValueError, "got 'fp8_e5m2'"),
-    (dict(kv_cache_dtype="bfloat16"), ValueError, "kv_cache_dtype must be one of auto, int8"),
-    (dict(kv_cache_dtype=8), ValueError, "kv_cache_dtype must be one of auto, int8"),
-    (dict(kv_dtype="int8", kv_cache_dtype="auto"), ValueError,
-     "kv_dtype 'int8' and kv_cache_dtype 'auto' (vLLM's name for the same setting) disagree (allowed: one of them"),
-    (dict(kv_dtype="fp8"), ValueError, "kv_dtype must be one of auto, int8"),
-    # speculative_config: the n-gram method only, vLLM's keys for it only, in range, agreeing with the keywords
-    (dict(speculative_config={"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B",
-                              "num_speculative_tokens": 3}), ValueError, "speculative_config: key 'model' is not"),
-    (dict(speculative_config={"method": "eagle", "num_speculative_tokens": 3}), ValueError,
-     "speculative_config: method 'eagle': this engine drafts by prompt lookup only"),
-    (dict(speculative_config={"method": "medusa", "num_speculative_tokens": 3}), ValueError, "(allowed: 'ngram')"),
-    (dict(speculative_config={"method": "draft_model", "num_speculative_tokens": 3}), ValueError, "'draft_model'"),
-    (dict(speculative_config={"num_speculative_tokens": 3}), ValueError, "method None"),
-    (dict(speculative_config={**NGRAM, "disable_logprobs": False}), ValueError,
-     "key 'disable_logprobs' is not taken here: the engine's draft is vLLM's n-gram one (allowed keys: method, "),
-    (dict(speculative_config={"method": "ngram"}), ValueError, "num_speculative_tokens is missing (allowed: an int"),
-    (dict(speculative_config={**NGRAM, "num_speculative_tokens": 0}), ValueError,
-     "speculative_config num_speculative_tokens must be >= 1, got 0"),
-    (dict(speculative_config={**NGRAM, "num_speculative_tokens": 65}), ValueError, "(allowed: 1 .. 64)"),
-    (dict(speculative_config={**NGRAM, "num_speculative_tokens": 2.5}), TypeError,
-     "speculative_config num_speculative_tokens must be an integer, got float 2.5"),
-    (dict(speculative_config={**NGRAM, "prompt_lookup_max": 0}), ValueError, "prompt_lookup_max must be >= 1"),
-    (dict(speculative_config={**NGRAM, "prompt_lookup_max": 2, "prompt_lookup_min": 3}), ValueError,
-     "speculative_config: prompt_lookup_min 3 is more than prompt_lookup_max 2 (allowed: 1 <= prompt_lookup_min"),
-    (dict(speculative_config='{"method": "ngram"}'), TypeError, "speculative_config must be a dict such as"),
-    (dict(speculative_config=NGRAM, num_speculative_tokens=2), ValueError,
-     "num_speculative_tokens 2 and speculative_config's num_speculative_tokens 3 disagree (allowed: one of them"),
-    (dict(speculative_config=NGRAM, prompt_lookup_max=4), ValueError,
-     "prompt_lookup_max 4 and speculative_config's prompt_lookup_max 5 disagree"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, exc, fragment",
+    [
+        # a cache vLLM has and this engine has not: refused, never approximated by another
+        (dict(kv_cache_dtype="fp8"), ValueError, "kv_cache_dtype must be one of auto, int8 (auto: the model's dtype; "),
+        (dict(kv_cache_dtype="fp8_e4m3"), ValueError, "vLLM's fp8 caches are not in this engine), got 'fp8_e4m3'"),
+        (dict(kv_cache_dtype="fp8_e5m2"), ValueError, "got 'fp8_e5m2'"),
+        (dict(kv_cache_dtype="bfloat16"), ValueError, "kv_cache_dtype must be one of auto, int8"),
+        (dict(kv_cache_dtype=8), ValueError, "kv_cache_dtype must be one of auto, int8"),
+        (
+            dict(kv_dtype="int8", kv_cache_dtype="auto"),
+            ValueError,
+            "kv_dtype 'int8' and kv_cache_dtype 'auto' (vLLM's name for the same setting) disagree (allowed: one of them",
+        ),
+        (dict(kv_dtype="fp8"), ValueError, "kv_dtype must be one of auto, int8"),
+        # speculative_config: the n-gram method only, vLLM's keys for it only, in range, agreeing with the keywords
+        (
+            dict(
+                speculative_config={
+                    "method": "eagle",
+                    "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B",
+                    "num_speculative_tokens": 3,
+                }
+            ),
+            ValueError,
+            "speculative_config: key 'model' is not",
+        ),
+        (
+            dict(speculative_config={"method": "eagle", "num_speculative_tokens": 3}),
+            ValueError,
+            "speculative_config: method 'eagle': this engine drafts by prompt lookup only",
+        ),
+        (dict(speculative_config={"method": "medusa", "num_speculative_tokens": 3}), ValueError, "(allowed: 'ngram')"),
+        (dict(speculative_config={"method": "draft_model", "num_speculative_tokens": 3}), ValueError, "'draft_model'"),
+        (dict(speculative_config={"num_speculative_tokens": 3}), ValueError, "method None"),
+        (
+            dict(speculative_config={**NGRAM, "disable_logprobs": False}),
+            ValueError,
+            "key 'disable_logprobs' is not taken here: the engine's draft is vLLM's n-gram one (allowed keys: method, ",
+        ),
+        (
+            dict(speculative_config={"method": "ngram"}),
+            ValueError,
+            "num_speculative_tokens is missing (allowed: an int",
+        ),
+        (
+            dict(speculative_config={**NGRAM, "num_speculative_tokens": 0}),
+            ValueError,
+            "speculative_config num_speculative_tokens must be >= 1, got 0",
+        ),
+        (dict(speculative_config={**NGRAM, "num_speculative_tokens": 65}), ValueError, "(allowed: 1 .. 64)"),
+        (
+            dict(speculative_config={**NGRAM, "num_speculative_tokens": 2.5}),
+            TypeError,
+            "speculative_config num_speculative_tokens must be an integer, got float 2.5",
+        ),
+        (dict(speculative_config={**NGRAM, "prompt_lookup_max": 0}), ValueError, "prompt_lookup_max must be >= 1"),
+        (
+            dict(speculative_config={**NGRAM, "prompt_lookup_max": 2, "prompt_lookup_min": 3}),
+            ValueError,
+            "speculative_config: prompt_lookup_min 3 is more than prompt_lookup_max 2 (allowed: 1 <= prompt_lookup_min",
+        ),
+        (dict(speculative_config='{"method": "ngram"}'), TypeError, "speculative_config must be a dict such as"),
+        (
+            dict(speculative_config=NGRAM, num_speculative_tokens=2),
+            ValueError,
+            "num_speculative_tokens 2 and speculative_config's num_speculative_tokens 3 disagree (allowed: one of them",
+        ),
+        (
+            dict(speculative_config=NGRAM, prompt_lookup_max=4),
+            ValueError,
+            "prompt_lookup_max 4 and speculative_config's prompt_lookup_max 5 disagree",
+        ),
+    ],
+)
 def test_vllms_spellings_refused_with_one_message(kwargs, exc, fragment):
     with pytest.raises(exc) as info:
         LLM("random", **kwargs)

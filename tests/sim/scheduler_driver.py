@@ -1,21 +1,23 @@
 """A tiny executor for scheduler tests: the simulator's rule (a sequence finishes at its request's
 output_len), plan checks after every step, and small constructors. Shared by the scheduler test modules."""
+
 from __future__ import annotations
 
 import numpy as np
 
+from sim.base.request import Request
 from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv.paged import PagedKVManager
 from sim.scheduling.plan import StepOutcome, StepPlan
-from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler
 
 
 # --- a tiny executor: the simulator's rule (a sequence finishes at its request's output_len) -------------
 def outcome_for(sched: Scheduler, plan: StepPlan, rng: np.random.Generator | None = None) -> StepOutcome:
     sampling = [e for e in plan.entries if e.sample]
-    finished = {e.seq_id for e in sampling
-                if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}  # fmt: skip
+    finished = {
+        e.seq_id for e in sampling if sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len
+    }
     beams = {}
     for rid in {e.request_id for e in sampling}:
         ids = [e.seq_id for e in sampling if e.request_id == rid]

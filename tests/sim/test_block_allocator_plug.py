@@ -8,6 +8,7 @@ the project's `BlockAllocator`'s, because the manager's decisions read only coun
 never block ids. A plugged allocator missing a method, of the wrong size, or on a policy that runs its own, is one
 line naming it.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
+from sim.base.request import Request
+from sim.base.specs import MODELS
 from sim.kv import make_kv_manager, takes_block_allocator
 from sim.kv.base import NewSequence
 from sim.kv.paged import PagedKVManager
 from sim.kv.plug import ALLOCATOR_METHODS
-from sim.base.request import Request
-from sim.base.specs import MODELS
 
 
 class StackAllocator:
@@ -89,16 +90,28 @@ def workloads(draw) -> dict:
     num_blocks = draw(st.integers(4, 24))
     wide = draw(st.sampled_from(["n", "beam_width"]))
     requests = []
-    for at, prompt, output, width in sorted(draw(st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40),
-                                                                    st.integers(1, 40), st.integers(1, 3)),
-                                                          min_size=1, max_size=8))):  # fmt: skip
+    for at, prompt, output, width in sorted(
+        draw(
+            st.lists(
+                st.tuples(st.integers(0, 200), st.integers(1, 40), st.integers(1, 40), st.integers(1, 3)),
+                min_size=1,
+                max_size=8,
+            )
+        )
+    ):
         if width * math.ceil((prompt + output) / block_size) <= num_blocks:
             requests.append(Request(len(requests), at / 100, prompt, output, **{wide: width}))
     swap = draw(st.booleans())
     gib = num_blocks * block_size * MODELS["opt-13b"].kv_bytes_per_token / 2**30
-    return {"requests": requests, "kv_slots": num_blocks * block_size, "block_size": block_size,
-            "preemption": "swap" if swap else "recompute", "swap_space_gib": gib if swap else 4.0,
-            "victim": draw(st.sampled_from(["latest_arrival", "fewest_computed"])), "jump": draw(st.booleans())}
+    return {
+        "requests": requests,
+        "kv_slots": num_blocks * block_size,
+        "block_size": block_size,
+        "preemption": "swap" if swap else "recompute",
+        "swap_space_gib": gib if swap else 4.0,
+        "victim": draw(st.sampled_from(["latest_arrival", "fewest_computed"])),
+        "jump": draw(st.booleans()),
+    }
 
 
 def assert_same_tables(a, b) -> None:
@@ -144,11 +157,14 @@ def test_the_manager_hands_the_allocator_fresh_lists():
     assert seen and all(t is list for t in seen)
 
 
-@pytest.mark.parametrize("factory, error, message", [
-    (3, TypeError, "block_allocator must be a class or function (num_blocks, block_size) -> an allocator, got int"),
-    (lambda n, b: object(), TypeError, "its allocator has no " + ", ".join(ALLOCATOR_METHODS)),
-    (lambda n, b: StackAllocator(n + 1, b), ValueError, "says num_blocks 9, block_size 4"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "factory, error, message",
+    [
+        (3, TypeError, "block_allocator must be a class or function (num_blocks, block_size) -> an allocator, got int"),
+        (lambda n, b: object(), TypeError, "its allocator has no " + ", ".join(ALLOCATOR_METHODS)),
+        (lambda n, b: StackAllocator(n + 1, b), ValueError, "says num_blocks 9, block_size 4"),
+    ],
+)
 def test_a_bad_allocator_is_one_line(factory, error, message):
     with pytest.raises(error) as info:
         make_kv_manager("paged", 32, block_size=4, block_allocator=factory)
@@ -162,8 +178,11 @@ def test_prefix_caching_needs_the_cache_methods():
 
 def test_only_a_policy_that_takes_one_runs_on_a_plugged_allocator():
     assert takes_block_allocator("paged") and not takes_block_allocator("radix")
-    with pytest.raises(ValueError, match=r"policy 'radix' runs its own allocator \(allowed with block_allocator: "
-                                         r"paged\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"policy 'radix' runs its own allocator \(allowed with block_allocator: "
+        r"paged\)",
+    ):
         make_kv_manager("radix", 32, block_size=4, block_allocator=StackAllocator)
     with pytest.raises(ValueError, match=r"applies to policy='paged' only; policy='max' runs its own"):
         sim.run(num_requests=2, policy="max", block_allocator=StackAllocator)

@@ -1,4 +1,5 @@
 """BlockAllocator, step by step: allocation, sharing, copy-on-write, out of memory, the prefix cache."""
+
 from __future__ import annotations
 
 import os
@@ -151,7 +152,10 @@ def test_hash_chains_the_parent_and_is_stable_across_processes():
     code = "from sim.kv.blocks import hash_block_tokens as f; print(f(f(None, [1, 2, 3]), [7, 8]))"
     outs = {
         subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
             env={**os.environ, "PYTHONHASHSEED": seed},
         ).stdout
         for seed in ("1", "2")

@@ -1,5 +1,6 @@
 """`python -m sim run --chrome-trace FILE` (sim/views/chrome_trace.py): the step and request timeline in the Trace Event
 Format, checked against the run's own step and request tables, and the committed example under figures/."""
+
 import json
 import math
 from pathlib import Path
@@ -7,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sim.drivers.cli import main
-from sim.views.chrome_trace import REQUESTS_PID, SCHEDULER_PID, trace_events
 from sim.kv.base import SHARE_NAMES
+from sim.views.chrome_trace import REQUESTS_PID, SCHEDULER_PID, trace_events
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "figures" / "chrome_trace_sim.json"
@@ -25,6 +26,7 @@ def run_with_trace(tmp_path, args=EXAMPLE_ARGS):
     def table(path):
         with open(path) as f:
             return list(csv.DictReader(f))
+
     return json.loads(trace.read_text()), table(steps), table(requests)
 
 
@@ -64,18 +66,53 @@ def test_each_request_has_contiguous_spans_from_arrival_to_its_last_token(tmp_pa
 
 
 def test_an_unfinished_request_is_cut_at_the_end_of_the_run():
-    steps = [dict(time=0.0, duration=1.0, num_prefill_seqs=1, num_decode_seqs=0, num_prefill_tokens=5,
-                  num_batched_tokens=5, num_running=1, num_waiting=1, num_preempted=0, num_swapped_out_blocks=0,
-                  num_swapped_in_blocks=0, num_copied_blocks=0)]  # fmt: skip
+    steps = [
+        dict(
+            time=0.0,
+            duration=1.0,
+            num_prefill_seqs=1,
+            num_decode_seqs=0,
+            num_prefill_tokens=5,
+            num_batched_tokens=5,
+            num_running=1,
+            num_waiting=1,
+            num_preempted=0,
+            num_swapped_out_blocks=0,
+            num_swapped_in_blocks=0,
+            num_copied_blocks=0,
+        )
+    ]
     nan = math.nan
-    requests = [dict(request_id=0, arrival_time=0.0, first_scheduled_time=0.0, first_token_time=1.0, finish_time=nan,
-                     prompt_len=5, output_len=9, num_preemptions=0),
-                dict(request_id=1, arrival_time=0.5, first_scheduled_time=nan, first_token_time=nan, finish_time=nan,
-                     prompt_len=3, output_len=2, num_preemptions=0)]  # fmt: skip
+    requests = [
+        dict(
+            request_id=0,
+            arrival_time=0.0,
+            first_scheduled_time=0.0,
+            first_token_time=1.0,
+            finish_time=nan,
+            prompt_len=5,
+            output_len=9,
+            num_preemptions=0,
+        ),
+        dict(
+            request_id=1,
+            arrival_time=0.5,
+            first_scheduled_time=nan,
+            first_token_time=nan,
+            finish_time=nan,
+            prompt_len=3,
+            output_len=2,
+            num_preemptions=0,
+        ),
+    ]
     events = trace_events(steps, requests, title="t")["traceEvents"]
     spans = [(e["tid"], e["name"], e["ts"], e["dur"]) for e in events if e["ph"] == "X" and e["pid"] == REQUESTS_PID]
-    assert spans == [(0, "waiting", 0.0, 0.0), (0, "to first token", 0.0, 1e6), (0, "decoding", 1e6, 0.0),
-                     (1, "waiting", 5e5, 5e5)]  # fmt: skip
+    assert spans == [
+        (0, "waiting", 0.0, 0.0),
+        (0, "to first token", 0.0, 1e6),
+        (0, "decoding", 1e6, 0.0),
+        (1, "waiting", 5e5, 5e5),
+    ]
 
 
 def test_a_bad_trace_path_is_refused_before_the_run(tmp_path, capsys):

@@ -1,4 +1,5 @@
 """`python -m sim` as a user runs it: in a subprocess, reading stdout, stderr and the exit status."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from sim.kv.base import SHARE_NAMES
 from sim.base.request import Request
+from sim.kv.base import SHARE_NAMES
 from sim.workloads.trace import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACT_KEYS = {"policy", "num_requests", "num_finished", "throughput_req_per_s", "normalized_latency_s_per_token",
-                 "mean_batch_size", "num_preemptions", "wall_time_s", "memory"}  # fmt: skip
+CONTRACT_KEYS = {
+    "policy",
+    "num_requests",
+    "num_finished",
+    "throughput_req_per_s",
+    "normalized_latency_s_per_token",
+    "mean_batch_size",
+    "num_preemptions",
+    "wall_time_s",
+    "memory",
+}
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
@@ -22,8 +32,22 @@ def sim(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_run_json_prints_one_object_with_the_contract():
-    out = sim("run", "--model", "opt-13b", "--gpu", "a100-40gb", "--workload", "sharegpt", "--rate", "2",
-              "--duration", "30", "--policy", "paged", "--json")  # fmt: skip
+    out = sim(
+        "run",
+        "--model",
+        "opt-13b",
+        "--gpu",
+        "a100-40gb",
+        "--workload",
+        "sharegpt",
+        "--rate",
+        "2",
+        "--duration",
+        "30",
+        "--policy",
+        "paged",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)  # the whole of stdout is one JSON object
     assert CONTRACT_KEYS <= set(summary)
@@ -42,9 +66,29 @@ def test_help_explains_every_flag():
     assert top.returncode == 0 and "run" in top.stdout and "bench" in top.stdout
     out = sim("run", "--help")
     assert out.returncode == 0
-    for flag in ("--model", "--gpu", "--num-gpus", "--workload", "--rate", "--duration", "--num-requests", "--policy",
-                 "--block-size", "--seed", "--n", "--beam-width", "--prefix-len", "--preemption", "--swap-space",
-                 "--trace", "--scheduler", "--arrival", "--burstiness", "--allocator", "--json"):  # fmt: skip
+    for flag in (
+        "--model",
+        "--gpu",
+        "--num-gpus",
+        "--workload",
+        "--rate",
+        "--duration",
+        "--num-requests",
+        "--policy",
+        "--block-size",
+        "--seed",
+        "--n",
+        "--beam-width",
+        "--prefix-len",
+        "--preemption",
+        "--swap-space",
+        "--trace",
+        "--scheduler",
+        "--arrival",
+        "--burstiness",
+        "--allocator",
+        "--json",
+    ):
         assert flag in out.stdout, flag
 
 
@@ -96,7 +140,9 @@ def test_trace_longer_than_the_pool_names_the_request(tmp_path):
 
 def test_malformed_trace_names_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"request_id": 0, "arrival_time": 0, "prompt_len": 5, "output_len": 3}\n{"request_id": 1, "arriv\n')
+    path.write_text(
+        '{"request_id": 0, "arrival_time": 0, "prompt_len": 5, "output_len": 3}\n{"request_id": 1, "arriv\n'
+    )
     out = sim("run", "--trace", str(path))
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "line 2" in out.stderr and str(path) in out.stderr and "Traceback" not in out.stderr
@@ -126,18 +172,55 @@ def test_outputs_are_written_together_or_not_at_all(tmp_path):
     its old content and nothing else appears."""
     a = tmp_path / "A.csv"
     a.write_text("old")
-    out = subprocess.run([sys.executable, "-m", "sim", "run", "--workload", "fixed", "--prompt-len", "8", "--output-len",
-                          "4", "--num-requests", "2", "--requests-csv", str(a), "--steps-csv", "/dev/full"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "run",
+            "--workload",
+            "fixed",
+            "--prompt-len",
+            "8",
+            "--output-len",
+            "4",
+            "--num-requests",
+            "2",
+            "--requests-csv",
+            str(a),
+            "--steps-csv",
+            "/dev/full",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "none was replaced" in lines[0], out.stderr
     assert a.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["A.csv"]
 
 
 def test_a_closed_pipe_is_not_bad_input():
-    proc = subprocess.Popen([sys.executable, "-m", "sim", "run", "--workload", "fixed", "--prompt-len", "8",
-                             "--output-len", "4", "--num-requests", "2"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "run",
+            "--workload",
+            "fixed",
+            "--prompt-len",
+            "8",
+            "--output-len",
+            "4",
+            "--num-requests",
+            "2",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err

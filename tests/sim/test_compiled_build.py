@@ -1,5 +1,6 @@
 """The optional compiled build (`make fast`, sim/compiled.py): its stale-build guard, and (when build/fast/ holds a
 current build) that the compiled modules give the results of the .py files, run for run."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,15 @@ print(json.dumps({"active": sim.compiled.active(), "runs": out}, default=repr))
 
 def _run(mode: str, kwargs: dict) -> dict:
     env = {**os.environ, compiled.ENV: mode, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CODE], input=json.dumps([kwargs]), capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CODE],
+        input=json.dumps([kwargs]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -95,8 +103,10 @@ def test_a_build_of_modules_since_moved_is_refused(tmp_path, monkeypatch):
     hashes = compiled.source_hashes(compiled.MODULES)
     hashes["sim.blocks"] = hashes.pop("sim.kv.blocks")
     _fake_build(tmp_path, monkeypatch, hashes)
-    assert compiled.check_build() == (None, "the compiled build is of other modules than sim.compiled.MODULES "
-                                            "(run `make fast` again)")  # fmt: skip
+    assert compiled.check_build() == (
+        None,
+        "the compiled build is of other modules than sim.compiled.MODULES (run `make fast` again)",
+    )
 
 
 def test_a_missing_build_or_another_python_is_refused(tmp_path, monkeypatch):
@@ -124,11 +134,31 @@ def _build_script():
 def test_the_copy_mypyc_compiles_keeps_every_line_and_marks_each_class():
     """tools/build_fast.py's rewrite, on a made-up module: the same line count (tracebacks agree), plain classes open
     to interpreted subclasses, a frozen dataclass left a Python class (copyable, picklable), Protocols untouched."""
-    source = "\n".join([
-        "from __future__ import annotations", "from dataclasses import dataclass", "from typing import Protocol", "",
-        "", "class Pool:", "    pass", "", "", "@dataclass(frozen=True, slots=True)", "class Fact:", "    x: int", "",
-        "", "@dataclass(slots=True)", "class State:", "    y: int", "", "", "class Door(Protocol):", "    def f(self): ...",
-    ])  # fmt: skip
+    source = "\n".join(
+        [
+            "from __future__ import annotations",
+            "from dataclasses import dataclass",
+            "from typing import Protocol",
+            "",
+            "",
+            "class Pool:",
+            "    pass",
+            "",
+            "",
+            "@dataclass(frozen=True, slots=True)",
+            "class Fact:",
+            "    x: int",
+            "",
+            "",
+            "@dataclass(slots=True)",
+            "class State:",
+            "    y: int",
+            "",
+            "",
+            "class Door(Protocol):",
+            "    def f(self): ...",
+        ]
+    )
     copy = _build_script().mypyc_copy(source, "sim.made_up").split("\n")
     assert len(copy) == len(source.split("\n"))
     assert copy[0].endswith("; from mypy_extensions import mypyc_attr, trait")

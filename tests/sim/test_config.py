@@ -1,4 +1,5 @@
 """sim/config.py: every setting's default in one place, checked fields, and the defaults every front end shows."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,18 +11,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.drivers.cli import FLAG_KEYWORDS, build_parser
-from sim.config import (RUN_DEFAULTS, RUN_FIELDS, SCHEDULER_DEFAULTS, RunConfig, SchedulerConfig, allowed,
-                        check_field, default_max_num_batched_tokens)  # fmt: skip
 from sim.base.specs import MODELS
+from sim.config import (
+    RUN_DEFAULTS,
+    RUN_FIELDS,
+    SCHEDULER_DEFAULTS,
+    RunConfig,
+    SchedulerConfig,
+    allowed,
+    check_field,
+    default_max_num_batched_tokens,
+)
+from sim.drivers.cli import FLAG_KEYWORDS, build_parser
 
 
 def _run_flags() -> dict[str, argparse.Action]:
     """`python -m sim run`'s flags that set a RunConfig field, by field name."""
     parser = build_parser()
     sub = next(a for a in parser._subparsers._group_actions)
-    return {FLAG_KEYWORDS.get(a.dest, a.dest): a for a in sub.choices["run"]._actions
-            if FLAG_KEYWORDS.get(a.dest, a.dest) in RUN_FIELDS}  # fmt: skip
+    return {
+        FLAG_KEYWORDS.get(a.dest, a.dest): a
+        for a in sub.choices["run"]._actions
+        if FLAG_KEYWORDS.get(a.dest, a.dest) in RUN_FIELDS
+    }
 
 
 def test_every_run_flag_defaults_to_the_config_and_its_help_says_so():
@@ -29,7 +41,9 @@ def test_every_run_flag_defaults_to_the_config_and_its_help_says_so():
     assert len(flags) >= 35, sorted(flags)
     for name, action in flags.items():
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)) or name in (
-                "enable_prefix_caching", "enable_chunked_prefill"):  # flags spelled another way (on/off, --no-...)
+            "enable_prefix_caching",
+            "enable_chunked_prefill",
+        ):  # flags spelled another way (on/off, --no-...)
             continue
         assert action.default == RUN_DEFAULTS[name], name
         if action.default is not None:
@@ -41,9 +55,13 @@ def test_every_run_flag_defaults_to_the_config_and_its_help_says_so():
 def test_the_budget_help_names_the_budget_a_run_really_gets(model, mode, chunked):
     """The default the help promises per model is the one sim.run's scheduler is built with."""
     context = MODELS[model].max_seq_len
-    budget = RunConfig(model=model, scheduler=mode,
-                       enable_chunked_prefill=None if chunked else (False if mode == "v1" else None)
-                       ).scheduler_config(context).max_num_batched_tokens  # fmt: skip
+    budget = (
+        RunConfig(
+            model=model, scheduler=mode, enable_chunked_prefill=None if chunked else (False if mode == "v1" else None)
+        )
+        .scheduler_config(context)
+        .max_num_batched_tokens
+    )
     assert budget == default_max_num_batched_tokens(mode, chunked, context)
     helptext = " ".join(_run_flags()["max_num_batched_tokens"].help.split())
     if chunked:
@@ -78,8 +96,14 @@ def test_configs_take_keywords_only():
 
 def test_the_scheduler_defaults_of_a_run_are_the_scheduler_configs():
     """One home: RunConfig's scheduler fields default to SchedulerConfig's."""
-    pairs = {"scheduler": "mode", "max_num_seqs": "max_num_seqs", "enable_chunked_prefill": "enable_chunked_prefill",
-             "preemption": "preemption", "victim": "victim", "scheduling_policy": "scheduling_policy"}  # fmt: skip
+    pairs = {
+        "scheduler": "mode",
+        "max_num_seqs": "max_num_seqs",
+        "enable_chunked_prefill": "enable_chunked_prefill",
+        "preemption": "preemption",
+        "victim": "victim",
+        "scheduling_policy": "scheduling_policy",
+    }
     for run_name, name in pairs.items():
         assert RUN_DEFAULTS[run_name] == getattr(SCHEDULER_DEFAULTS, name), run_name
 
@@ -97,11 +121,14 @@ def test_run_takes_a_config_and_shortcuts():
         sim.run(rat=1.0)  # a misspelt keyword is refused, as a function's would be
 
 
-_SAMPLES = {"int": st.one_of(st.integers(-5, 10**7), st.booleans(), st.floats(allow_nan=True), st.none(), st.text()),
-            "real": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**6), st.booleans(),
-                              st.none(), st.text()),
-            "bool": st.one_of(st.booleans(), st.integers(0, 1), st.none(), st.text()),
-            "choice": st.one_of(st.text(max_size=12), st.none(), st.integers())}  # fmt: skip
+_SAMPLES = {
+    "int": st.one_of(st.integers(-5, 10**7), st.booleans(), st.floats(allow_nan=True), st.none(), st.text()),
+    "real": st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**6), st.booleans(), st.none(), st.text()
+    ),
+    "bool": st.one_of(st.booleans(), st.integers(0, 1), st.none(), st.text()),
+    "choice": st.one_of(st.text(max_size=12), st.none(), st.integers()),
+}
 
 
 @settings(max_examples=300, deadline=None)

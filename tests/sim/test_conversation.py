@@ -1,6 +1,7 @@
 """Conversation workloads (sim/workloads/conversation.py, sim/workloads/conversation_import.py): every turn's prompt is the session's
 history, ids consistent across turns, lengths from the ShareGPT fit, the context rule, the multi-turn ShareGPT
 import, bad input refused in one line, prefix caching of prompts and of generated tokens, and the chatbot figure."""
+
 from __future__ import annotations
 
 import csv
@@ -11,11 +12,11 @@ import numpy as np
 import pytest
 
 import sim
+from sim.base.limits import MAX_TOKENS
+from sim.base.request import Request
 from sim.drivers.cli import main
 from sim.workloads.conversation import flatten, generate_conversations, generate_sessions, session_turns
 from sim.workloads.conversation_import import import_conversations
-from sim.base.limits import MAX_TOKENS
-from sim.base.request import Request
 from sim.workloads.sharegpt import default_encode
 from sim.workloads.trace import TraceError
 from sim.workloads.workload import LOGNORMAL_PARAMS, generate_requests
@@ -114,21 +115,30 @@ def test_a_history_limit_keeps_the_last_tokens_and_cuts_prefix_reuse():
 
 # --- import of multi-turn ShareGPT files -------------------------------------------------------------------------
 CONVERSATIONS = [
-    {"id": "a", "conversations": [
-        {"from": "system", "value": "You are terse."},
-        {"from": "human", "value": "What is paged attention?"},
-        {"from": "gpt", "value": "KV cache in fixed-size blocks, like virtual memory pages."},
-        {"from": "human", "value": "Why?"},
-        {"from": "gpt", "value": "Less fragmentation, so larger batches."},
-        {"from": "human", "value": "Thanks!"},
-    ]},
+    {
+        "id": "a",
+        "conversations": [
+            {"from": "system", "value": "You are terse."},
+            {"from": "human", "value": "What is paged attention?"},
+            {"from": "gpt", "value": "KV cache in fixed-size blocks, like virtual memory pages."},
+            {"from": "human", "value": "Why?"},
+            {"from": "gpt", "value": "Less fragmentation, so larger batches."},
+            {"from": "human", "value": "Thanks!"},
+        ],
+    },
     {"id": "b", "conversations": [{"from": "gpt", "value": "Hello."}, {"from": "human", "value": "Hi."}]},
-    {"id": "c", "conversations": [
-        {"from": "human", "value": "Count to three."}, {"from": "gpt", "value": "One, two, three."},
-        {"from": "human", "value": ""}, {"from": "gpt", "value": "Anything else?"},
-        {"from": "human", "value": "No."}, {"from": "gpt", "value": "Bye."},
-    ]},
-]  # fmt: skip
+    {
+        "id": "c",
+        "conversations": [
+            {"from": "human", "value": "Count to three."},
+            {"from": "gpt", "value": "One, two, three."},
+            {"from": "human", "value": ""},
+            {"from": "gpt", "value": "Anything else?"},
+            {"from": "human", "value": "No."},
+            {"from": "gpt", "value": "Bye."},
+        ],
+    },
+]
 
 
 def write(path, data) -> str:
@@ -166,14 +176,21 @@ def test_import_applies_the_context_rule_and_runs(tmp_path):
     assert "multi-turn sessions" in result.summary["trace_import"]
 
 
-@pytest.mark.parametrize("data, message", [
-    ([{"conversations": [{"from": "human", "value": 3}]}],
-     r"chats\.json line 1: conversation 0, turn 0: 'value' is 3 \(expected a string"),
-    ([{"conversations": []}, {"conversations": [{"value": "hi"}]}],
-     r"chats\.json line 1: conversation 1, turn 0: 'from' is missing"),
-    ([{"turns": []}], r"chats\.json line 1: conversation 0 has no 'conversations' list"),
-    ([{"conversations": [{"from": "gpt", "value": "hello"}]}], r"chats\.json: no request in the whole file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (
+            [{"conversations": [{"from": "human", "value": 3}]}],
+            r"chats\.json line 1: conversation 0, turn 0: 'value' is 3 \(expected a string",
+        ),
+        (
+            [{"conversations": []}, {"conversations": [{"value": "hi"}]}],
+            r"chats\.json line 1: conversation 1, turn 0: 'from' is missing",
+        ),
+        ([{"turns": []}], r"chats\.json line 1: conversation 0 has no 'conversations' list"),
+        ([{"conversations": [{"from": "gpt", "value": "hello"}]}], r"chats\.json: no request in the whole file"),
+    ],
+)
 def test_bad_files_are_one_line(tmp_path, data, message):
     path = write(tmp_path / "chats.json", data)
     with pytest.raises(TraceError, match=message) as info:
@@ -182,30 +199,55 @@ def test_bad_files_are_one_line(tmp_path, data, message):
 
 
 # --- options -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(workload="conversation", turns=0.5), r"turns: got 0\.5 \(allowed: a finite number >= 1"),
-    (dict(workload="conversation", think_time=-1.0), r"think_time: got -1\.0"),
-    (dict(workload="conversation", history_limit=2048), r"history_limit: got 2048 .*from 1 to max_seq_len - 1 = 2047"),
-    (dict(workload="conversation", n=2), r"n=2: means nothing with workload='conversation'"),
-    (dict(workload="conversation", prefix_len=16), r"prefix_len=16: means nothing with workload='conversation'"),
-    (dict(workload="sharegpt", turns=3.0), r"turns=3\.0: applies to workload='conversation' only"),
-    (dict(workload="alpaca", history_limit=512), r"history_limit=512: applies to workload='conversation' only"),
-    (dict(conversations=True), r"conversations=True: applies to a ShareGPT conversation file only"),
-    (dict(workload="conversation", rate=1e6, duration=1e3, turns=100.0), r"rate x duration x turns"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(workload="conversation", turns=0.5), r"turns: got 0\.5 \(allowed: a finite number >= 1"),
+        (dict(workload="conversation", think_time=-1.0), r"think_time: got -1\.0"),
+        (
+            dict(workload="conversation", history_limit=2048),
+            r"history_limit: got 2048 .*from 1 to max_seq_len - 1 = 2047",
+        ),
+        (dict(workload="conversation", n=2), r"n=2: means nothing with workload='conversation'"),
+        (dict(workload="conversation", prefix_len=16), r"prefix_len=16: means nothing with workload='conversation'"),
+        (dict(workload="sharegpt", turns=3.0), r"turns=3\.0: applies to workload='conversation' only"),
+        (dict(workload="alpaca", history_limit=512), r"history_limit=512: applies to workload='conversation' only"),
+        (dict(conversations=True), r"conversations=True: applies to a ShareGPT conversation file only"),
+        (dict(workload="conversation", rate=1e6, duration=1e3, turns=100.0), r"rate x duration x turns"),
+    ],
+)
 def test_bad_options_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         sim.run(num_requests=None if "duration" in kwargs else 10, **kwargs)
 
 
 def test_cli_runs_a_conversation_and_refuses_flags_in_one_line(capsys):
-    assert main(["run", "--workload", "conversation", "--rate", "0.2", "--duration", "60", "--turns", "3",
-                 "--think-time", "5", "--prefix-caching", "on"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--workload",
+                "conversation",
+                "--rate",
+                "0.2",
+                "--duration",
+                "60",
+                "--turns",
+                "3",
+                "--think-time",
+                "5",
+                "--prefix-caching",
+                "on",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "sessions/s" in out and "prefix cache hits" in out
     assert main(["run", "--workload", "alpaca", "--think-time", "60"]) == 2
-    assert capsys.readouterr().err == ("error: --think-time 60: applies to --workload conversation only, not "
-                                       "--workload alpaca\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        "error: --think-time 60: applies to --workload conversation only, not --workload alpaca\n"
+    )
     assert main(["run", "--conversations"]) == 2
     assert capsys.readouterr().err.startswith("error: --conversations: applies to a ShareGPT conversation file only")
 
@@ -259,8 +301,7 @@ def test_chatbot_figure_quick(tmp_path):
     with open(tmp_path / "chatbot.csv") as f:
         rows = list(csv.DictReader(f))
     top = max(float(r["request_rate"]) for r in rows)
-    latency = {r["system"]: float(r["normalized_latency_s_per_token"]) for r in rows
-               if float(r["request_rate"]) == top}  # fmt: skip
+    latency = {r["system"]: float(r["normalized_latency_s_per_token"]) for r in rows if float(r["request_rate"]) == top}
     assert set(latency) == {"max", "pow2", "oracle", "paged"}
     # at the highest rate the paged cache is still fast while the Orca baselines queue, Max the most
     assert latency["paged"] < 0.5 * min(latency["oracle"], latency["pow2"]) and latency["max"] == max(latency.values())

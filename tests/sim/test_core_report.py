@@ -4,6 +4,7 @@ The core path (the files one simulated request goes through) is counted in code 
 blank lines; the fast plane (sim/fast/) must reach the core through public names only (docs/ARCHITECTURE.md, "The
 fast plane"), and no class of the project may borrow another's private state (a mixin).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,14 +28,17 @@ CORE_FILES = 10
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "core_report.py"), "--json"], capture_output=True,
-                          text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "core_report.py"), "--json"], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout)
 
 
 def test_code_lines_are_lines_of_code_only():
-    source = '"""A docstring\nof two lines."""\n# a comment\n\nx = 1  # a comment after code\n\n\ndef f():\n' \
-             '    """Its docstring."""\n    return (x +\n            1)\n'
+    source = (
+        '"""A docstring\nof two lines."""\n# a comment\n\nx = 1  # a comment after code\n\n\ndef f():\n'
+        '    """Its docstring."""\n    return (x +\n            1)\n'
+    )
     assert core_report.code_lines(source) == 4  # x = 1, def f, and the two lines of the return
 
 
@@ -77,8 +81,13 @@ def test_the_fast_plane_check_sees_a_private_import_and_a_private_read(tmp_path)
     """The check is not vacuous: a fast-plane module that imports a private name of the core, or reads one on a core
     object, is named; its own private attributes (self._x) are its business."""
     module = tmp_path / "probe.py"
-    module.write_text("from sim.scheduling.scheduler import _queue_key\n\n\nclass Probe:\n    def f(self, scheduler):\n"
-                      "        self._mine = 1\n        return scheduler._running, self._mine\n")  # fmt: skip
+    module.write_text(
+        "from sim.scheduling.scheduler import _queue_key\n\n\nclass Probe:\n    def f(self, scheduler):\n"
+        "        self._mine = 1\n        return scheduler._running, self._mine\n"
+    )
     mods = {"sim.fast.probe": module, "sim.scheduling.scheduler": ROOT / "sim" / "scheduling" / "scheduler.py"}
     found = core_report.fast_plane_private(mods, core_report.imports(mods))
-    assert found == ["sim.fast.probe: from sim.scheduling.scheduler import _queue_key", "sim.fast.probe:7: scheduler._running"]
+    assert found == [
+        "sim.fast.probe: from sim.scheduling.scheduler import _queue_key",
+        "sim.fast.probe:7: scheduler._running",
+    ]

@@ -1,5 +1,6 @@
 """The calibrated cost model: the knee fit recovers what it should, the JSON file round-trips, a bad file is one
 line, and `sim.run` / `python -m sim run --cost-model` price steps with it."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import math
 import os
 import re
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,12 @@ def test_knee_fit_beats_a_straight_line_on_knee_shaped_data():
 
 def test_slopes_are_never_negative():
     # steps whose time falls with the context: a least-squares line would take a negative d; the fit pins it to 0
-    rows = [(p, s, c, 0.05 + 0.003 * p + 0.002 * s - 1e-7 * c) for p in (0, 64) for s in (1, 4, 16, 64)
-            for c in (100, 5000, 20000)]  # fmt: skip
+    rows = [
+        (p, s, c, 0.05 + 0.003 * p + 0.002 * s - 1e-7 * c)
+        for p in (0, 64)
+        for s in (1, 4, 16, 64)
+        for c in (100, 5000, 20000)
+    ]
     fitted = CalibratedCostModel.fit(rows, with_floor=True)
     assert fitted.d == 0.0 and fitted.b >= 0 and fitted.c > 0
 
@@ -79,28 +84,37 @@ def test_file_round_trips(tmp_path):
     assert cost_model_for(path, "smollm2-135m") == TRUTH
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda r: "not json", "not JSON"),
-    (lambda r: {**r, "format": "other"}, "expected a JSON object with \"format\""),
-    (lambda r: {**r, "version": 3}, "version 3"),
-    (lambda r: {**r, "version": 1}, "version 1 written before the fit was constrained"),
-    (lambda r: {**r, "version": True}, "version True"),
-    (lambda r: {**r, "version": 2.0}, "version 2.0"),
-    (lambda r: {**r, "kind": ["knee"]}, "kind \\['knee'\\]"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "b": -0.001}}, "a knee model needs b, c, d >= 0"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "a": -0.5}}, "a \\+ floor_s >= 0"),
-    (lambda r: {**r, "model": None}, "\"model\" must name"),
-    (lambda r: {**r, "coefficients": [1, 2]}, "\"coefficients\" must be an object"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "b": "fast"}}, "coefficients.b must be a finite number"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "d": float("nan")}}, "coefficients.d must be a finite"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "e": 1.0}}, "unknown coefficient\\(s\\) e"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 0}}, "swap_bandwidth must be >= 1000"),
-    # found by probing: each priced steps at inf (an internal error, NaN shares) or crashed the reader
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "c": 1e308}}, "c must be at most 1e\\+09 seconds a unit"),
-    (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 1e-300}}, "swap_bandwidth must be >="),
-    (lambda r: json.dumps(r).replace('"c": 0.0025', '"c": 1' + "0" * 400), "coefficients.c must be a finite number"),
-    (lambda r: json.dumps(r).replace('"version": 2', '"version": 1' + "0" * 5000), "not a JSON this reader takes"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: "not json", "not JSON"),
+        (lambda r: {**r, "format": "other"}, 'expected a JSON object with "format"'),
+        (lambda r: {**r, "version": 3}, "version 3"),
+        (lambda r: {**r, "version": 1}, "version 1 written before the fit was constrained"),
+        (lambda r: {**r, "version": True}, "version True"),
+        (lambda r: {**r, "version": 2.0}, "version 2.0"),
+        (lambda r: {**r, "kind": ["knee"]}, "kind \\['knee'\\]"),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "b": -0.001}}, "a knee model needs b, c, d >= 0"),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "a": -0.5}}, "a \\+ floor_s >= 0"),
+        (lambda r: {**r, "model": None}, '"model" must name'),
+        (lambda r: {**r, "coefficients": [1, 2]}, '"coefficients" must be an object'),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "b": "fast"}}, "coefficients.b must be a finite number"),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "d": float("nan")}}, "coefficients.d must be a finite"),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "e": 1.0}}, "unknown coefficient\\(s\\) e"),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 0}}, "swap_bandwidth must be >= 1000"),
+        # found by probing: each priced steps at inf (an internal error, NaN shares) or crashed the reader
+        (
+            lambda r: {**r, "coefficients": {**r["coefficients"], "c": 1e308}},
+            "c must be at most 1e\\+09 seconds a unit",
+        ),
+        (lambda r: {**r, "coefficients": {**r["coefficients"], "swap_bandwidth": 1e-300}}, "swap_bandwidth must be >="),
+        (
+            lambda r: json.dumps(r).replace('"c": 0.0025', '"c": 1' + "0" * 400),
+            "coefficients.c must be a finite number",
+        ),
+        (lambda r: json.dumps(r).replace('"version": 2', '"version": 1' + "0" * 5000), "not a JSON this reader takes"),
+    ],
+)
 def test_bad_file_is_one_line(tmp_path, edit, message):
     path = _write(tmp_path)
     record = json.loads(path.read_text())
@@ -116,9 +130,19 @@ def test_a_step_priced_past_the_time_limit_stops_the_run_in_one_line():
     the stepping loop and by the fast-forward alike (it was an internal error, or a summary of inf and NaN)."""
     slow = CalibratedCostModel(a=0.0, b=0.0, c=6e8, d=0.0)  # 600 million seconds a decoding sequence
     for jump in (True, False):
-        with pytest.raises(ValueError, match=r"the cost model priced a step .* at 1\.2e\+09 s \(allowed: at most 1e\+09"):
-            run(num_requests=2, arrival="offline", workload="fixed", prompt_len=8, output_len=4, kv_slots=4096,
-                cost_model=slow, jump=jump)
+        with pytest.raises(
+            ValueError, match=r"the cost model priced a step .* at 1\.2e\+09 s \(allowed: at most 1e\+09"
+        ):
+            run(
+                num_requests=2,
+                arrival="offline",
+                workload="fixed",
+                prompt_len=8,
+                output_len=4,
+                kv_slots=4096,
+                cost_model=slow,
+                jump=jump,
+            )
 
 
 def test_a_piecewise_file_without_its_kind_says_it_was_read_as_a_knee_model(tmp_path):
@@ -144,8 +168,16 @@ def test_missing_file_and_other_model_are_refused(tmp_path):
 
 def test_run_prices_steps_with_the_file(tmp_path):
     path = _write(tmp_path)
-    args = dict(model="smollm2-135m", workload="uniform", num_requests=20, rate=4.0, prompt_len_range=(8, 200),
-                output_len_range=(8, 60), kv_slots=4096, seed=3)  # fmt: skip
+    args = dict(
+        model="smollm2-135m",
+        workload="uniform",
+        num_requests=20,
+        rate=4.0,
+        prompt_len_range=(8, 200),
+        output_len_range=(8, 60),
+        kv_slots=4096,
+        seed=3,
+    )
     from_file, from_object = run(**args, cost_model=str(path)), run(**args, cost_model=TRUTH)
     assert from_file.summary["cost_model"] == str(path) and "cost_model" not in from_object.summary
     assert np.array_equal(from_file.steps.columns["duration"], from_object.steps.columns["duration"])
@@ -158,15 +190,39 @@ def test_run_prices_steps_with_the_file(tmp_path):
 
 def test_cli_takes_a_cost_model_and_refuses_a_bad_one(tmp_path):
     path = _write(tmp_path)
-    common = ["run", "--model", "smollm2-135m", "--workload", "fixed", "--prompt-len", "64", "--output-len", "16",
-              "--num-requests", "4", "--kv-slots", "2048", "--json"]  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "sim", *common, "--cost-model", str(path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    common = [
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--workload",
+        "fixed",
+        "--prompt-len",
+        "64",
+        "--output-len",
+        "16",
+        "--num-requests",
+        "4",
+        "--kv-slots",
+        "2048",
+        "--json",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "sim", *common, "--cost-model", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["cost_model"] == str(path)
     (tmp_path / "bad.json").write_text("{")
-    bad = subprocess.run([sys.executable, "-m", "sim", *common, "--cost-model", str(tmp_path / "bad.json")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "sim", *common, "--cost-model", str(tmp_path / "bad.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not JSON" in bad.stderr
 
 
@@ -184,8 +240,14 @@ def test_deeply_nested_or_not_regular_file_is_one_line(tmp_path):
 
 
 # A CPU-like truth: a line per token, a cost per decoding sequence, per K/V token read and per prompt attention pair.
-PIECES = PiecewiseCostModel(knots=(1, 2, 4, 8, 64, 512, 4096), values=(0.040, 0.041, 0.043, 0.047, 0.12, 0.7, 5.4),
-                            c=3e-4, d=2.5e-6, e=5e-7, d_shared=1e-6)  # fmt: skip
+PIECES = PiecewiseCostModel(
+    knots=(1, 2, 4, 8, 64, 512, 4096),
+    values=(0.040, 0.041, 0.043, 0.047, 0.12, 0.7, 5.4),
+    c=3e-4,
+    d=2.5e-6,
+    e=5e-7,
+    d_shared=1e-6,
+)
 
 
 def _pairs(*prompts: int) -> int:
@@ -208,8 +270,9 @@ def test_piecewise_fit_recovers_a_known_model():
     assert set(PIECES.knots) <= set(fitted.knots) <= {p + s for p, s, *_ in rows}
     for n in (1, 3, 8, 50, 300, 1500, 4096):
         assert fitted.tokens_time(n) == pytest.approx(PIECES.tokens_time(n), rel=1e-6)
-    assert (fitted.c, fitted.d, fitted.e, fitted.d_shared) == pytest.approx((PIECES.c, PIECES.d, PIECES.e,
-                                                                             PIECES.d_shared), rel=1e-6)
+    assert (fitted.c, fitted.d, fitted.e, fitted.d_shared) == pytest.approx(
+        (PIECES.c, PIECES.d, PIECES.e, PIECES.d_shared), rel=1e-6
+    )
     # the calibrated range is what was measured
     assert fitted.knots[0] == 1 and fitted.knots[-1] == 4096 and fitted.max_decode_seqs == 64
     assert fitted.max_prefill_pairs == _pairs(4096) and fitted.max_context_tokens == max(r[2] for r in rows)
@@ -239,20 +302,41 @@ def test_robust_fit_shrugs_off_a_slowed_step():
 
 
 # hypothesis: random designs, noisy and sparse, from truths that need not be monotone
-_shape = st.tuples(st.integers(0, 4096), st.integers(0, 128), st.integers(0, 20_000), st.integers(0, 10_000_000),
-                   st.floats(0, 1))  # the last: the share of the context read from shared blocks
+_shape = st.tuples(
+    st.integers(0, 4096), st.integers(0, 128), st.integers(0, 20_000), st.integers(0, 10_000_000), st.floats(0, 1)
+)  # the last: the share of the context read from shared blocks
 
 
 @machine_settings(max_examples=150)
-@given(shapes=st.lists(_shape, min_size=4, max_size=60), noise=st.floats(0, 0.5), seed=st.integers(0, 2**16),
-       knot_ratio=st.floats(1.01, 4.0))
+@given(
+    shapes=st.lists(_shape, min_size=4, max_size=60),
+    noise=st.floats(0, 0.5),
+    seed=st.integers(0, 2**16),
+    knot_ratio=st.floats(1.01, 4.0),
+)
 def test_every_fit_is_non_negative_and_monotone(shapes, noise, seed, knot_ratio):
     shapes = [(*s[:4], int(s[2] * s[4])) for s in shapes if s[0] + s[1] > 0]
     assume(len({p + d for p, d, *_ in shapes}) >= 2 and len(shapes) >= 4)
     rng = np.random.default_rng(seed)
     # a truth that wobbles (not monotone) and noise that can halve or double a step
-    rows = [(*s, max(1e-4, (0.03 + 1e-3 * (s[0] + s[1]) * (1 + 0.5 * np.sin(s[0] + s[1])) + 1e-4 * s[1] + 1e-6 * s[2]
-                            + 3e-7 * s[3] - 5e-7 * s[4]) * np.exp(noise * rng.standard_normal()))) for s in shapes]  # fmt: skip
+    rows = [
+        (
+            *s,
+            max(
+                1e-4,
+                (
+                    0.03
+                    + 1e-3 * (s[0] + s[1]) * (1 + 0.5 * np.sin(s[0] + s[1]))
+                    + 1e-4 * s[1]
+                    + 1e-6 * s[2]
+                    + 3e-7 * s[3]
+                    - 5e-7 * s[4]
+                )
+                * np.exp(noise * rng.standard_normal()),
+            ),
+        )
+        for s in shapes
+    ]
     model = PiecewiseCostModel.fit(rows, knot_ratio=knot_ratio)
     assert model.values[0] >= 0 and all(b >= a for a, b in zip(model.values, model.values[1:]))
     assert model.c >= 0 and model.d >= 0 and model.e >= 0 and (model.d_shared is None or model.d_shared >= 0)
@@ -268,12 +352,15 @@ def test_every_fit_is_non_negative_and_monotone(shapes, noise, seed, knot_ratio)
         assert model.step_time(tokens, 3, 5000, 10_000, 4000) > 0
 
 
-@pytest.mark.parametrize("values, message", [
-    ((0.05, 0.04, 0.06), "values must not decrease .* 0.04 at 2 tokens"),
-    ((0.04, 0.06, 1e300), "the last value must be at most 1e\\+09 seconds a unit, got 1e\\+300"),
-    ((-0.01, 0.04, 0.06), "values must be >= 0 seconds"),
-    ((0.04, 0.06, -18.9), "values must not decrease"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ((0.05, 0.04, 0.06), "values must not decrease .* 0.04 at 2 tokens"),
+        ((0.04, 0.06, 1e300), "the last value must be at most 1e\\+09 seconds a unit, got 1e\\+300"),
+        ((-0.01, 0.04, 0.06), "values must be >= 0 seconds"),
+        ((0.04, 0.06, -18.9), "values must not decrease"),
+    ],
+)
 def test_an_absurd_model_is_refused(values, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         PiecewiseCostModel(knots=(1, 2, 4), values=values, c=0.0, d=0.0)
@@ -299,10 +386,16 @@ def test_piecewise_model_round_trips_and_checks_its_lists(tmp_path):
         write_cost_model(path, cost_model_record(model, "smollm2-135m"))
         assert read_cost_model(path)[0] == model and json.loads(path.read_text())["kind"] == "piecewise"
     record = json.loads(path.read_text())
-    for bad, message in (({"knots": [1, 1, 2, 3, 4, 5, 6]}, "strictly increasing"), ({"values": [1, 2]}, "one value per"),
-                         ({"knots": "1,2"}, "coefficients.knots must be a list"), ({"c": -1.0}, "c, d, d_shared and e must be >= 0"),
-                         ({"e": -1e-9}, "c, d, d_shared and e must be >= 0"), ({"d_shared": -1e-9}, "c, d, d_shared and e must be >= 0"), ({"max_context_tokens": -1}, "max_context_tokens must be >= 0"),
-                         ({"max_prefill_pairs": "all"}, "coefficients.max_prefill_pairs must be a finite number")):
+    for bad, message in (
+        ({"knots": [1, 1, 2, 3, 4, 5, 6]}, "strictly increasing"),
+        ({"values": [1, 2]}, "one value per"),
+        ({"knots": "1,2"}, "coefficients.knots must be a list"),
+        ({"c": -1.0}, "c, d, d_shared and e must be >= 0"),
+        ({"e": -1e-9}, "c, d, d_shared and e must be >= 0"),
+        ({"d_shared": -1e-9}, "c, d, d_shared and e must be >= 0"),
+        ({"max_context_tokens": -1}, "max_context_tokens must be >= 0"),
+        ({"max_prefill_pairs": "all"}, "coefficients.max_prefill_pairs must be a finite number"),
+    ):
         path.write_text(json.dumps({**record, "coefficients": {**record["coefficients"], **bad}}))
         with pytest.raises(ValueError, match=message):
             read_cost_model(path)
@@ -311,13 +404,28 @@ def test_piecewise_model_round_trips_and_checks_its_lists(tmp_path):
         read_cost_model(path)
 
 
-NARROW = PiecewiseCostModel(knots=(1, 8, 64, 256), values=(0.04, 0.05, 0.12, 0.4), c=3e-4, d=2.5e-6, e=5e-7,
-                            max_decode_seqs=8, max_context_tokens=4000, max_prefill_pairs=_pairs(256))  # fmt: skip
+NARROW = PiecewiseCostModel(
+    knots=(1, 8, 64, 256),
+    values=(0.04, 0.05, 0.12, 0.4),
+    c=3e-4,
+    d=2.5e-6,
+    e=5e-7,
+    max_decode_seqs=8,
+    max_context_tokens=4000,
+    max_prefill_pairs=_pairs(256),
+)
 
 
 def test_a_run_counts_the_steps_priced_outside_the_calibrated_range():
-    args = dict(model="smollm2-135m", workload="uniform", num_requests=30, rate=4.0, output_len_range=(8, 60),
-                kv_slots=8192, seed=3)  # fmt: skip
+    args = dict(
+        model="smollm2-135m",
+        workload="uniform",
+        num_requests=30,
+        rate=4.0,
+        output_len_range=(8, 60),
+        kv_slots=8192,
+        seed=3,
+    )
     inside = run(**args, prompt_len_range=(8, 120), max_num_seqs=8, cost_model=NARROW).summary
     assert inside["extrapolated_steps"] == 0 and inside["extrapolated_time_share"] == 0.0
     outside = run(**args, prompt_len_range=(8, 600), cost_model=NARROW).summary
@@ -334,8 +442,25 @@ def test_a_run_counts_the_steps_priced_outside_the_calibrated_range():
 def test_the_cli_notes_extrapolation_in_one_line(tmp_path):
     path = tmp_path / "narrow.json"
     write_cost_model(path, cost_model_record(NARROW, "smollm2-135m"))
-    common = [sys.executable, "-m", "sim", "run", "--model", "smollm2-135m", "--workload", "fixed", "--output-len", "16",
-              "--num-requests", "4", "--kv-slots", "4096", "--json", "--cost-model", str(path)]  # fmt: skip
+    common = [
+        sys.executable,
+        "-m",
+        "sim",
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--workload",
+        "fixed",
+        "--output-len",
+        "16",
+        "--num-requests",
+        "4",
+        "--kv-slots",
+        "4096",
+        "--json",
+        "--cost-model",
+        str(path),
+    ]
     inside = subprocess.run([*common, "--prompt-len", "64"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert inside.returncode == 0 and "note:" not in inside.stderr, inside.stderr
     out = subprocess.run([*common, "--prompt-len", "900"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -355,19 +480,43 @@ def test_a_cost_object_of_the_old_three_number_shape_is_refused_at_entry():
             return 0.0
 
     with pytest.raises(ValueError, match="ThreeNumbers.step_time must take 5 positional numbers"):
-        run(model="smollm2-135m", workload="fixed", prompt_len=8, output_len=4, num_requests=2, kv_slots=1024,
-            cost_model=ThreeNumbers())
+        run(
+            model="smollm2-135m",
+            workload="fixed",
+            prompt_len=8,
+            output_len=4,
+            num_requests=2,
+            kv_slots=1024,
+            cost_model=ThreeNumbers(),
+        )
     with pytest.raises(ValueError, match="object.step_time must take 5"):
-        run(model="smollm2-135m", workload="fixed", prompt_len=8, output_len=4, num_requests=2, kv_slots=1024,
-            cost_model=object())
+        run(
+            model="smollm2-135m",
+            workload="fixed",
+            prompt_len=8,
+            output_len=4,
+            num_requests=2,
+            kv_slots=1024,
+            cost_model=object(),
+        )
 
 
 def test_shared_reads_are_priced_apart_and_the_fast_forward_still_equals_stepping():
     # n = 3 samples of one prompt read its blocks three times a step: a model that prices a shared read apart
-    shared = PiecewiseCostModel(knots=(1, 8, 64, 512), values=(0.04, 0.05, 0.12, 0.7), c=3e-4, d=6e-6, e=5e-7,
-                                d_shared=2e-6)  # fmt: skip
-    args = dict(model="smollm2-135m", workload="uniform", num_requests=12, rate=2.0, prompt_len_range=(40, 300),
-                output_len_range=(10, 60), kv_slots=8192, seed=4, n=3)  # fmt: skip
+    shared = PiecewiseCostModel(
+        knots=(1, 8, 64, 512), values=(0.04, 0.05, 0.12, 0.7), c=3e-4, d=6e-6, e=5e-7, d_shared=2e-6
+    )
+    args = dict(
+        model="smollm2-135m",
+        workload="uniform",
+        num_requests=12,
+        rate=2.0,
+        prompt_len_range=(40, 300),
+        output_len_range=(10, 60),
+        kv_slots=8192,
+        seed=4,
+        n=3,
+    )
     jumped, stepped = run(**args, cost_model=shared), run(**args, cost_model=shared, jump=False)
     assert np.array_equal(jumped.steps.columns["duration"], stepped.steps.columns["duration"])
     assert np.array_equal(jumped.requests.columns["e2e_latency"], stepped.requests.columns["e2e_latency"])
@@ -389,16 +538,42 @@ def test_a_plan_counts_the_reads_of_blocks_another_entry_reads():
     assert shared_context_tokens(StepPlan(decodes=[ScheduledSeq(0, 0, 33, 1, [0, 1, 2])]), 16) == 0
 
 
-_HOSTILE_JSON = ["-1", "0", "1e400", "NaN", "Infinity", "true", "false", "null", '"x"', "[]", "{}", "[1, 0.5, -3]",
-                 "[" * 3000 + "]" * 3000, '{"a": 1}', "1.0", "2", "3", '"piecewise"', '"knee"', "[1, 1, 1]",
-                 '"\\ud800"', "1" + "0" * 500, "1" + "0" * 5000, "1e308", "1e-300", "5e-324"]  # fmt: skip
+_HOSTILE_JSON = [
+    "-1",
+    "0",
+    "1e400",
+    "NaN",
+    "Infinity",
+    "true",
+    "false",
+    "null",
+    '"x"',
+    "[]",
+    "{}",
+    "[1, 0.5, -3]",
+    "[" * 3000 + "]" * 3000,
+    '{"a": 1}',
+    "1.0",
+    "2",
+    "3",
+    '"piecewise"',
+    '"knee"',
+    "[1, 1, 1]",
+    '"\\ud800"',
+    "1" + "0" * 500,
+    "1" + "0" * 5000,
+    "1e308",
+    "1e-300",
+    "5e-324",
+]
 
 
 @st.composite
 def _mutated_cost_file(draw) -> bytes:
     """A valid version-2 file with 1-3 values replaced by hostile ones, keys dropped or bytes cut or flipped."""
-    record = cost_model_record(PiecewiseCostModel.fit([(*s, PIECES.step_time(*s)) for s in _design()]),
-                               "smollm2-135m", fit={"in_sample": {}})  # fmt: skip
+    record = cost_model_record(
+        PiecewiseCostModel.fit([(*s, PIECES.step_time(*s)) for s in _design()]), "smollm2-135m", fit={"in_sample": {}}
+    )
     text = json.dumps(record)
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["value"] * 5 + ["drop", "cut", "flip"]))
@@ -414,7 +589,7 @@ def _mutated_cost_file(draw) -> bytes:
             text = text[: draw(st.integers(0, len(text)))]
         elif text:
             i = draw(st.integers(0, len(text) - 1))
-            text = text[:i] + chr((ord(text[i]) + draw(st.integers(1, 60))) % 128) + text[i + 1:]
+            text = text[:i] + chr((ord(text[i]) + draw(st.integers(1, 60))) % 128) + text[i + 1 :]
     return text.encode("utf-8", "surrogatepass")
 
 
@@ -435,4 +610,6 @@ def test_a_mutated_cost_model_file_is_a_model_that_cannot_be_absurd_or_one_line(
         base = model.step_time(tokens, 2, 1000, 500, 200)
         assert base > 0 and model.step_time(tokens + 10, 2, 1000, 500, 200) >= base * (1 - 1e-12)
     # and finite at the largest shapes and swaps within the simulator's limits (a bound on every coefficient)
-    assert math.isfinite(model.step_time(10**7, 10**6, 10**10, 10**14, 10**9)) and math.isfinite(model.swap_time(10**13))
+    assert math.isfinite(model.step_time(10**7, 10**6, 10**10, 10**14, 10**9)) and math.isfinite(
+        model.swap_time(10**13)
+    )

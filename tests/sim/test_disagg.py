@@ -5,6 +5,7 @@ every request is served once on each side and generates its true number of token
 the decode side pays the link for a prompt's K/V and no compute for it, and the colocated baseline is exactly
 sim.run on each instance's share of the requests.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,17 +14,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim import run
-from sim.drivers.cli import main
+from sim.base.request import Request
+from sim.base.specs import get_model
 from sim.clock.cost import RooflineCostModel
 from sim.disagg import ClusterConfig, KVLink, route, run_cluster
+from sim.drivers.cli import main
 from sim.figures.disagg import goodput_per_gpu
 from sim.figures.readme_numbers import Files, make_block
 from sim.kv import simulator_block_size
-from sim.base.request import Request
-from sim.base.specs import get_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, GPU = "opt-13b", "a100-40gb"
@@ -69,8 +71,14 @@ def test_one_prefill_one_decode_and_an_instant_link_serve_the_workload():
     drawn = run(model=MODEL, gpu=GPU, workload="sharegpt", num_requests=60, rate=2.0, seed=3).requests
     assert requests["prompt_len"].tolist() == drawn["prompt_len"].tolist()  # the very workload sim.run draws
     assert requests["output_len"].tolist() == drawn["output_len"].tolist()
-    _check_served(result, [Request(int(i), 0.0, int(p), int(o)) for i, p, o in
-                           zip(requests["request_id"], requests["prompt_len"], requests["output_len"])], cluster)
+    _check_served(
+        result,
+        [
+            Request(int(i), 0.0, int(p), int(o))
+            for i, p, o in zip(requests["request_id"], requests["prompt_len"], requests["output_len"])
+        ],
+        cluster,
+    )
 
 
 def test_a_lone_request_decodes_as_if_its_prompt_had_been_computed_there():
@@ -109,8 +117,12 @@ def test_the_transfer_costs_the_prompts_bytes_over_the_bandwidth(prompt, gb_s):
 def test_colocated_instances_are_sim_run_on_their_share():
     """Round robin over two colocated instances: each serves exactly what sim.run serves on its half."""
     requests = run(model=MODEL, gpu=GPU, workload="sharegpt", num_requests=40, rate=3.0, seed=1)
-    given = [Request(int(i), float(a), int(p), int(o)) for i, a, p, o in
-             zip(*(requests.requests[c] for c in ("request_id", "arrival_time", "prompt_len", "output_len")))]
+    given = [
+        Request(int(i), float(a), int(p), int(o))
+        for i, a, p, o in zip(
+            *(requests.requests[c] for c in ("request_id", "arrival_time", "prompt_len", "output_len"))
+        )
+    ]
     cluster = ClusterConfig(num_prefill=1, num_decode=1, colocated=True, router="round-robin")
     result = run_cluster(cluster=cluster, model=MODEL, gpu=GPU, requests=given)
     _check_served(result, given, cluster)
@@ -136,11 +148,19 @@ def workloads(draw):
     return _requests(sorted(specs))
 
 
-@given(workloads(), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.sampled_from(["least-work", "round-robin"]),
-       st.sampled_from([None, 600, 1200]), st.sampled_from([1.0, 25.0, math.inf]))
+@given(
+    workloads(),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.booleans(),
+    st.sampled_from(["least-work", "round-robin"]),
+    st.sampled_from([None, 600, 1200]),
+    st.sampled_from([1.0, 25.0, math.inf]),
+)
 @settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-def test_no_request_is_lost_or_served_twice_and_tokens_wait_for_the_link(requests, p, d, colocated, router, kv_slots,
-                                                                        gb_s):  # fmt: skip
+def test_no_request_is_lost_or_served_twice_and_tokens_wait_for_the_link(
+    requests, p, d, colocated, router, kv_slots, gb_s
+):
     """Random small workloads and splits, pools from tight (preemptions on the decode side) to roomy: every request
     served once with its tokens, every pool empty; the first token no sooner than its prompt alone would take,
     the second no sooner than the first plus the transfer of the prompt's K/V."""
@@ -169,8 +189,10 @@ def test_bad_input_is_refused_in_one_line(capsys):
         (lambda: KVLink(latency=-1.0), "link_latency: got -1.0"),
         (lambda: KVLink(latency=math.inf), "link_latency: got inf"),
         (lambda: run_cluster(model=MODEL, workload="sharegpt", num_requests=3, n=2), "n and beam_width: got"),
-        (lambda: run_cluster(model=MODEL, requests=_requests([(0.0, 5, 3)]) + [Request(1, 0.0, 5, 3, n=2)]),
-         "request 1: n=2, beam_width=1, prefix_len=0 (allowed: one sequence, no shared prefix"),
+        (
+            lambda: run_cluster(model=MODEL, requests=_requests([(0.0, 5, 3)]) + [Request(1, 0.0, 5, 3, n=2)]),
+            "request 1: n=2, beam_width=1, prefix_len=0 (allowed: one sequence, no shared prefix",
+        ),
         (lambda: run_cluster(model=MODEL, num_requests=3, prefix_len=8), "prefix_len: got 8"),
         (lambda: run_cluster(model=MODEL, trace="t.jsonl"), "trace"),
         (lambda: run_cluster(model=MODEL, num_gpus=2, num_requests=3), "num_gpus: got 2"),
@@ -200,8 +222,24 @@ def test_bad_input_is_refused_in_one_line(capsys):
 
 def test_cli_prints_the_cluster_and_its_goodput(capsys, tmp_path):
     out = tmp_path / "requests.csv"
-    assert main(["disagg", "--prefill", "1", "--decode", "2", "--num-requests", "20", "--rate", "4",
-                 "--requests-csv", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "disagg",
+                "--prefill",
+                "1",
+                "--decode",
+                "2",
+                "--num-requests",
+                "20",
+                "--rate",
+                "4",
+                "--requests-csv",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert text.startswith("1P2D (3 x a100-40gb, opt-13b, least-work router, K/V link 25 GB/s)")
     assert "SLO attained" in text and "decode 1:" in text
@@ -210,8 +248,10 @@ def test_cli_prints_the_cluster_and_its_goodput(capsys, tmp_path):
 
 
 def test_goodput_per_gpu_is_the_highest_rate_where_ninety_percent_meet_both():
-    rows = [{"gpu": "g", "system": "s", "rate": rate, "slo_attainment": met}
-            for rate, met in ((2.0, 0.99), (4.0, 0.95), (6.0, 0.89), (8.0, 0.91))]  # fmt: skip
+    rows = [
+        {"gpu": "g", "system": "s", "rate": rate, "slo_attainment": met}
+        for rate, met in ((2.0, 0.99), (4.0, 0.95), (6.0, 0.89), (8.0, 0.91))
+    ]
     assert goodput_per_gpu(rows, "g", "s") == "1"  # 4 req/s on 4 GPUs; 8 req/s passes again but 6 did not
     assert goodput_per_gpu(rows[:2], "g", "s") == ">= 1"  # every swept rate passed: a lower bound
     assert goodput_per_gpu(rows[2:3], "g", "s") == "< 1.5"  # even the lowest missed
@@ -226,10 +266,13 @@ def test_the_readme_block_is_the_committed_csvs():
     for gpu in ("a100-40gb", "a100-80gb"):
         assert {r["system"] for r in rows if r["gpu"] == gpu} == systems
         for system in systems:
-            mine = sorted((r for r in rows if r["gpu"] == gpu and r["system"] == system),
-                          key=lambda r: float(r["rate"]))
-            passing = [float(r["rate"]) for r in mine[:next((k for k, r in enumerate(mine)
-                                                              if float(r["slo_attainment"]) < 0.9), len(mine))]]
+            mine = sorted(
+                (r for r in rows if r["gpu"] == gpu and r["system"] == system), key=lambda r: float(r["rate"])
+            )
+            passing = [
+                float(r["rate"])
+                for r in mine[: next((k for k, r in enumerate(mine) if float(r["slo_attainment"]) < 0.9), len(mine))]
+            ]
             expected = f"{passing[-1] / 4:g}" if passing and passing[-1] < float(mine[-1]["rate"]) else None
             if expected is not None:
                 assert block.row(f"{gpu}.{system}")["goodput per GPU (req/s)"] == expected

@@ -9,24 +9,26 @@ counts are integers. The time-weighted memory shares may differ only by summatio
 runs under the paper's scheduler (v0) and under v1 with a small token budget, so prompt chunks, mixed steps
 and preemption while chunking are interleaved with the runs.
 """
+
 from __future__ import annotations
 
 import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.api import run
+from sim.base.request import Request
+from sim.clock.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 from sim.fast.epoch import DecodeEpochs, EpochStep
 from sim.fast.paged import DecodeEpoch, run_capacity
 from sim.fast.runs import advance, kv_runs, plain_decodes
+from sim.kv.base import SHARE_NAMES, NewSequence
 from sim.kv.paged import PagedKVManager
 from sim.scheduling.plan import StepOutcome
-from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
-from sim.kv.base import SHARE_NAMES, NewSequence
-from sim.clock.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
 # (policy, extra arguments). Small pools (kv_slots) make memory run out: preemption for paged, long waits
 # for the contiguous policies. 4096 slots still hold the longest request (2048 tokens) twice.
@@ -40,8 +42,10 @@ BASE_CASES = {
     "paged-fewest-computed-victim": ("paged", {"kv_slots": 4096, "victim": "fewest_computed"}),
     "paged-beam": ("paged", {"beam_width": 3, "kv_slots": 8192, "workload": "alpaca"}),
     "paged-prefix": ("paged", {"prefix_len": 40, "num_prefixes": 2, "kv_slots": 4096}),
-    "paged-prefix-budget-after-hits": ("paged", {"prefix_len": 40, "num_prefixes": 2, "kv_slots": 8192,
-                                                 "max_num_batched_tokens": 2100}),
+    "paged-prefix-budget-after-hits": (
+        "paged",
+        {"prefix_len": 40, "num_prefixes": 2, "kv_slots": 8192, "max_num_batched_tokens": 2100},
+    ),
     "max": ("max", {}),
     "max-small-pool": ("max", {"kv_slots": 4096}),
     "pow2": ("pow2", {"kv_slots": 4096}),
@@ -49,25 +53,59 @@ BASE_CASES = {
     "oracle-parallel-sampling": ("oracle", {"n": 2, "kv_slots": 8192, "allocator": "first_fit"}),
 }
 MODES = {"v0": {"scheduler": "v0"}, "v1": {"scheduler": "v1", "max_num_batched_tokens": 256}}
-CASES = {f"{mode}-{name}": (policy, {**MODES[mode], **extra}) for mode in MODES
-         for name, (policy, extra) in BASE_CASES.items()}  # fmt: skip
+CASES = {
+    f"{mode}-{name}": (policy, {**MODES[mode], **extra})
+    for mode in MODES
+    for name, (policy, extra) in BASE_CASES.items()
+}
 CASES["static"] = ("paged", {"scheduler": "static", "kv_slots": 4096})
 CASES["v1-unchunked"] = ("paged", {"scheduler": "v1", "enable_chunked_prefill": False, "kv_slots": 4096})
 # priority scheduling: arrivals of the better class head the queue (a run may not go on past them), victims by class
-CASES["v0-paged-priority"] = ("paged", {"scheduler": "v0", "kv_slots": 4096, "scheduling_policy": "priority",
-                                        "priority_share": 0.3})
-CASES["v1-paged-priority"] = ("paged", {"scheduler": "v1", "max_num_batched_tokens": 256, "kv_slots": 4096,
-                                        "scheduling_policy": "priority", "priority_share": 0.3})
+CASES["v0-paged-priority"] = (
+    "paged",
+    {"scheduler": "v0", "kv_slots": 4096, "scheduling_policy": "priority", "priority_share": 0.3},
+)
+CASES["v1-paged-priority"] = (
+    "paged",
+    {
+        "scheduler": "v1",
+        "max_num_batched_tokens": 256,
+        "kv_slots": 4096,
+        "scheduling_policy": "priority",
+        "priority_share": 0.3,
+    },
+)
 # short requests admitted into a running batch: they join an open decode epoch and some finish in their first run
-CASES["v0-paged-short-joiners"] = ("paged", {"scheduler": "v0", "workload": "uniform", "rate": 30.0,
-                                             "prompt_len_range": (1, 40), "output_len_range": (1, 12),
-                                             "num_requests": 120, "kv_slots": 2048})
+CASES["v0-paged-short-joiners"] = (
+    "paged",
+    {
+        "scheduler": "v0",
+        "workload": "uniform",
+        "rate": 30.0,
+        "prompt_len_range": (1, 40),
+        "output_len_range": (1, 12),
+        "num_requests": 120,
+        "kv_slots": 2048,
+    },
+)
 # parallel samples re-admitted while an epoch is open, one of which ends in its first step while its siblings go on:
 # its blocks leave the epoch's counts though its request still runs (found by the random workloads below)
-CASES["v1-paged-a-sample-ends-alone"] = ("paged", {"scheduler": "v1", "workload": "uniform", "prompt_len_range": (1, 1),
-                                                   "output_len_range": (1, 48), "num_requests": 23, "n": 3,
-                                                   "block_size": 1, "rate": 20.0, "kv_slots": 189, "seed": 0,
-                                                   "max_num_batched_tokens": 64})
+CASES["v1-paged-a-sample-ends-alone"] = (
+    "paged",
+    {
+        "scheduler": "v1",
+        "workload": "uniform",
+        "prompt_len_range": (1, 1),
+        "output_len_range": (1, 48),
+        "num_requests": 23,
+        "n": 3,
+        "block_size": 1,
+        "rate": 20.0,
+        "kv_slots": 189,
+        "seed": 0,
+        "max_num_batched_tokens": 64,
+    },
+)
 
 
 def _simulate(policy: str, jump: bool, epochs: bool = False, **extra):
@@ -110,16 +148,22 @@ def test_jump_equals_stepping_on_random_small_workloads(data):
     n = data.draw(st.sampled_from([1, 1, 2, 3]), "n")
     block_size = data.draw(st.sampled_from([1, 2, 8, 16]), "block size")
     longest = -(-(prompt_hi + output_hi) // block_size) * block_size * n  # a request alone must fit
-    extra = {"workload": "uniform", "prompt_len_range": (1, prompt_hi), "output_len_range": (1, output_hi),
-             "num_requests": data.draw(st.integers(1, 30), "requests"), "n": n, "block_size": block_size,
-             "rate": data.draw(st.sampled_from([2.0, 20.0, 200.0]), "rate"),
-             "kv_slots": data.draw(st.integers(longest + block_size * n, 6 * longest), "kv slots"),
-             "scheduler": data.draw(st.sampled_from(["v0", "v1", "static"]), "scheduler"),
-             "victim": data.draw(st.sampled_from(["latest_arrival", "latest_arrival", "fewest_computed"]), "victim"),
-             "max_num_seqs": data.draw(st.sampled_from([n, 2 * n + 1, 256]), "max_num_seqs"),
-             "scheduling_policy": data.draw(st.sampled_from(["fcfs", "fcfs", "priority"]), "scheduling policy"),
-             "priority_share": data.draw(st.sampled_from([0.0, 0.3, 0.8]), "priority share"),
-             "seed": data.draw(st.integers(0, 3), "seed")}  # fmt: skip
+    extra = {
+        "workload": "uniform",
+        "prompt_len_range": (1, prompt_hi),
+        "output_len_range": (1, output_hi),
+        "num_requests": data.draw(st.integers(1, 30), "requests"),
+        "n": n,
+        "block_size": block_size,
+        "rate": data.draw(st.sampled_from([2.0, 20.0, 200.0]), "rate"),
+        "kv_slots": data.draw(st.integers(longest + block_size * n, 6 * longest), "kv slots"),
+        "scheduler": data.draw(st.sampled_from(["v0", "v1", "static"]), "scheduler"),
+        "victim": data.draw(st.sampled_from(["latest_arrival", "latest_arrival", "fewest_computed"]), "victim"),
+        "max_num_seqs": data.draw(st.sampled_from([n, 2 * n + 1, 256]), "max_num_seqs"),
+        "scheduling_policy": data.draw(st.sampled_from(["fcfs", "fcfs", "priority"]), "scheduling policy"),
+        "priority_share": data.draw(st.sampled_from([0.0, 0.3, 0.8]), "priority share"),
+        "seed": data.draw(st.integers(0, 3), "seed"),
+    }
     if extra["scheduler"] == "v1":
         extra["max_num_batched_tokens"] = data.draw(st.sampled_from([64, 256, 2048]), "budget")
     stepped = _simulate("paged", False, **extra)
@@ -127,7 +171,9 @@ def test_jump_equals_stepping_on_random_small_workloads(data):
     _assert_same_run(_simulate("paged", True, True, **extra), stepped)
 
 
-@pytest.mark.parametrize("case", ["v0-paged-small-pool", "v1-paged-parallel-sampling-preempt", "v0-paged-short-joiners"])
+@pytest.mark.parametrize(
+    "case", ["v0-paged-small-pool", "v1-paged-parallel-sampling-preempt", "v0-paged-short-joiners"]
+)
 def test_an_epoch_that_trims_its_step_ends_books_the_same_times(case, monkeypatch):
     """An epoch may stay open for a whole run: its list of step ends drops the steps no member reads any more once it
     is long (sim.fast.loop.EPOCH_TRIM steps). Trimming every few steps changes nothing in what is booked."""
@@ -293,12 +339,22 @@ def test_advance_decodes_stops_where_memory_does_and_refuses_what_is_not_a_plain
 def test_figure_probes_see_what_stepping_shows(mode):
     """The figures' probes measure the same with the fast-forward on as off: the sharing measure integrates
     the states after every step of a run from its record, and the snapshot time stops the fast-forward."""
-    from sim.figures.probes import Sharing, Snapshot
     from sim.drivers.sweep import Task, run_task
+    from sim.figures.probes import Sharing, Snapshot
 
-    params = {"policy": "paged", "workload": "alpaca", "rate": 6.0, "num_requests": 60, "seed": 2, "n": 2,
-              "kv_slots": 4096, **MODES[mode]}  # fmt: skip
-    found = [run_task(Task.of((Sharing(), Snapshot(at_time=5.1)), jump=jump, **params)).probes for jump in (True, False)]
+    params = {
+        "policy": "paged",
+        "workload": "alpaca",
+        "rate": 6.0,
+        "num_requests": 60,
+        "seed": 2,
+        "n": 2,
+        "kv_slots": 4096,
+        **MODES[mode],
+    }
+    found = [
+        run_task(Task.of((Sharing(), Snapshot(at_time=5.1)), jump=jump, **params)).probes for jump in (True, False)
+    ]
     jumped, stepped = found
     assert jumped["sharing"] == stepped["sharing"] and jumped["sharing"]["saving"] > 0
     assert jumped["snapshot"].time == stepped["snapshot"].time

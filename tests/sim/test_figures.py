@@ -1,5 +1,6 @@
 """sim.figures: every figure regenerates (reduced, --quick) into PNG + CSV with sensible values, and the memory
 map draws exactly the memory breakdown the KV managers report."""
+
 from __future__ import annotations
 
 import csv
@@ -10,13 +11,13 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+from sim.drivers.sweep import Task
 from sim.figures import FIGURES, make_figures, merge_tasks
 from sim.figures.memory_map import draw_memory_map, slot_map
 from sim.figures.probes import Sharing, Timeline
 from sim.figures.style import new_figure
 from sim.kv import NewSequence, make_kv_manager
 from sim.kv.base import SHARE_NAMES
-from sim.drivers.sweep import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARE_TOLERANCE = 1e-4  # CSV floats carry 6 significant digits; five of them summed are within this of 1
@@ -83,7 +84,8 @@ def test_block_size_and_preemption_figures_have_every_point(quick_figures):
     assert modes == {(m, b) for m in ("recompute", "swap") for b in (4, 16, 64)}
     prefix = read_rows(quick_figures, "shared_prefix")
     assert {(r["prefix"], r["system"]) for r in prefix} == {
-        (p, s) for p in ("1-shot", "5-shot") for s in ("oracle", "paged", "paged+prefix")}
+        (p, s) for p in ("1-shot", "5-shot") for s in ("oracle", "paged", "paged+prefix")
+    }
 
 
 def test_chunked_prefill_shortens_the_stalls_of_decodes(quick_figures):
@@ -158,8 +160,13 @@ def test_memory_map_counts_equal_the_contiguous_breakdown_and_draw():
 
 
 def test_cli_rejects_an_unknown_figure():
-    done = subprocess.run([sys.executable, "-m", "sim", "figures", "--only", "nope", "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "figures", "--only", "nope", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: unknown figure 'nope' (allowed: memory_waste")
     assert "Traceback" not in done.stderr
 
@@ -198,9 +205,22 @@ def test_hybrid_batches_more_as_prompts_outgrow_the_window(quick_figures):
 
 
 def test_the_docs_count_the_figures():
-    words = {11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen", 16: "sixteen", 17: "seventeen",
-             18: "eighteen", 19: "nineteen", 20: "twenty", 21: "twenty-one", 22: "twenty-two",
-             23: "twenty-three", 24: "twenty-four"}
+    words = {
+        11: "eleven",
+        12: "twelve",
+        13: "thirteen",
+        14: "fourteen",
+        15: "fifteen",
+        16: "sixteen",
+        17: "seventeen",
+        18: "eighteen",
+        19: "nineteen",
+        20: "twenty",
+        21: "twenty-one",
+        22: "twenty-two",
+        23: "twenty-three",
+        24: "twenty-four",
+    }
     page = (ROOT / "docs" / "figures.md").read_text()  # "The figures", moved out of README.md
     assert f"regenerates all {words[len(FIGURES)]} figures" in page
     book = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])

@@ -24,6 +24,7 @@ break it.
 
 Re-record (only when a result is MEANT to change, saying why in the commit): `python -m tests.sim.test_golden --record`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,14 @@ class FrozenRoofline:
     token_flop_s, attn_flop_s = 0.00013732343247863248, 4.376068376068376e-09  # per new token, per context token
     swap_bandwidth = 25600000000.0  # bytes/s
 
-    def step_time(self, num_prefill_tokens: int, num_decode_seqs: int, num_context_tokens: int,
-                  num_prefill_pairs: int = 0, num_shared_context_tokens: int = 0) -> float:
+    def step_time(
+        self,
+        num_prefill_tokens: int,
+        num_decode_seqs: int,
+        num_context_tokens: int,
+        num_prefill_pairs: int = 0,
+        num_shared_context_tokens: int = 0,
+    ) -> float:
         new_tokens = num_prefill_tokens + num_decode_seqs
         memory = self.weights_s + self.kv_token_s * (num_context_tokens + new_tokens)
         compute = self.token_flop_s * new_tokens + self.attn_flop_s * num_context_tokens
@@ -56,10 +63,25 @@ class FrozenRoofline:
         return num_bytes / self.swap_bandwidth
 
 
-PAPER = {"model": "opt-13b", "gpu": "a100-40gb", "workload": "sharegpt", "rate": 2.0, "duration": 600.0, "seed": 0,
-         "kv_slots": 15805, "scheduler": "v0"}  # fmt: skip  (kv_slots: vLLM's rule for OPT-13B on one A100-40GB)
-SMALL = {"workload": "sharegpt", "rate": 4.0, "num_requests": 150, "duration": None, "seed": 5, "kv_slots": 4096,
-         "scheduler": "v0"}  # fmt: skip
+PAPER = {
+    "model": "opt-13b",
+    "gpu": "a100-40gb",
+    "workload": "sharegpt",
+    "rate": 2.0,
+    "duration": 600.0,
+    "seed": 0,
+    "kv_slots": 15805,
+    "scheduler": "v0",
+}  # (kv_slots: vLLM's rule for OPT-13B on one A100-40GB)
+SMALL = {
+    "workload": "sharegpt",
+    "rate": 4.0,
+    "num_requests": 150,
+    "duration": None,
+    "seed": 5,
+    "kv_slots": 4096,
+    "scheduler": "v0",
+}
 V1 = {"scheduler": "v1", "max_num_batched_tokens": 512}
 CASES = {
     "paper-max": {**PAPER, "policy": "max"},
@@ -67,8 +89,14 @@ CASES = {
     "paper-oracle": {**PAPER, "policy": "oracle"},
     "paper-paged": {**PAPER, "policy": "paged"},
     "paged-n3-recompute": {**SMALL, "policy": "paged", "n": 3, "kv_slots": 8192},
-    "paged-n2-swap": {**SMALL, "policy": "paged", "n": 2, "kv_slots": 8192, "preemption": "swap",
-                      "swap_space_gib": 0.5},  # fmt: skip
+    "paged-n2-swap": {
+        **SMALL,
+        "policy": "paged",
+        "n": 2,
+        "kv_slots": 8192,
+        "preemption": "swap",
+        "swap_space_gib": 0.5,
+    },
     "paged-beam": {**SMALL, "policy": "paged", "beam_width": 3, "workload": "alpaca", "kv_slots": 8192},
     "paged-prefix": {**SMALL, "policy": "paged", "prefix_len": 40, "num_prefixes": 2},
     "paged-static": {**SMALL, "policy": "paged", "scheduler": "static"},
@@ -76,8 +104,15 @@ CASES = {
     "v1-paper-paged": {**PAPER, "policy": "paged", "scheduler": "v1"},
     "v1-paper-oracle": {**PAPER, "policy": "oracle", "scheduler": "v1"},
     "v1-paged-n3-recompute": {**SMALL, **V1, "policy": "paged", "n": 3, "kv_slots": 8192},
-    "v1-paged-n2-swap": {**SMALL, **V1, "policy": "paged", "n": 2, "kv_slots": 8192, "preemption": "swap",
-                         "swap_space_gib": 0.5},  # fmt: skip
+    "v1-paged-n2-swap": {
+        **SMALL,
+        **V1,
+        "policy": "paged",
+        "n": 2,
+        "kv_slots": 8192,
+        "preemption": "swap",
+        "swap_space_gib": 0.5,
+    },
     "v1-paged-beam": {**SMALL, **V1, "policy": "paged", "beam_width": 3, "workload": "alpaca", "kv_slots": 8192},
     "v1-paged-prefix": {**SMALL, **V1, "policy": "paged", "prefix_len": 40, "num_prefixes": 2},
     "v1-paged-fewest-computed": {**SMALL, **V1, "policy": "paged", "victim": "fewest_computed"},
@@ -90,9 +125,11 @@ def fingerprint(case: str) -> dict:
     """The run's summary without wall_time_s and num_events, and a SHA-256 of every request and step column."""
     result = run(**CASES[case], cost_model=FrozenRoofline())
     summary = {k: v for k, v in result.summary.items() if k not in ("wall_time_s", "num_events")}
-    tables = {f"{kind}.{name}": hashlib.sha256(col.tobytes()).hexdigest()
-              for kind, table in (("requests", result.requests), ("steps", result.steps))
-              for name, col in table.columns.items()}  # fmt: skip
+    tables = {
+        f"{kind}.{name}": hashlib.sha256(col.tobytes()).hexdigest()
+        for kind, table in (("requests", result.requests), ("steps", result.steps))
+        for name, col in table.columns.items()
+    }
     # JSON round trip, so tuples and floats compare as they are stored (a float's repr round-trips exactly)
     return json.loads(json.dumps({"summary": summary, "tables": tables}))
 
@@ -110,8 +147,14 @@ def test_golden_cases_do_real_work():
     golden = json.loads(GOLDEN.read_text())
     assert set(golden) == set(CASES)
     assert golden["paper-paged"]["summary"]["num_requests"] > 1000
-    for case in ("paged-n3-recompute", "paged-n2-swap", "paged-prefix", "v1-paged-n3-recompute", "v1-paged-prefix",
-                 "v1-paged-priority"):
+    for case in (
+        "paged-n3-recompute",
+        "paged-n2-swap",
+        "paged-prefix",
+        "v1-paged-n3-recompute",
+        "v1-paged-prefix",
+        "v1-paged-priority",
+    ):
         assert golden[case]["summary"]["num_preemptions"] > 0, case
     assert golden["v1-paged-prefix"]["summary"]["prefix_cache_hit_rate_tokens"] > 0
 

@@ -1,5 +1,6 @@
 """Contiguous KV managers (sim/kv/contiguous.py) through the KV contract: hand-computed breakdowns for every
 reservation rule x allocator, out of memory, forks into runs reserved at admission, growth limits."""
+
 from __future__ import annotations
 
 import pytest

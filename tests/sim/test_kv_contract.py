@@ -1,23 +1,33 @@
 """What the KV contract (sim/kv/base.py) and the policy registry (sim/kv/__init__.py) promise every caller: which model
 layers each KV cache group serves (`layer_groups`, by vLLM's rule, agreeing with the hybrid manager's groups), and
 capability flags that say what a built manager does."""
+
 from __future__ import annotations
 
 import pytest
 
-from sim.kv import (POLICIES, NewSequence, allocates_blocks_on_demand, always_caches_prefixes, has_prefix_cache,
-                    has_swap_space, layer_groups, make_kv_manager)  # fmt: skip
+from sim.base.specs import get_model
+from sim.kv import (
+    POLICIES,
+    NewSequence,
+    allocates_blocks_on_demand,
+    always_caches_prefixes,
+    has_prefix_cache,
+    has_swap_space,
+    layer_groups,
+    make_kv_manager,
+)
 from sim.kv.base import cdiv
 from sim.kv.groups import group_size
 from sim.kv.hybrid import kv_cache_groups
-from sim.base.specs import get_model
 
 
 def layer_windows(model) -> list[int | None]:
     """Each layer's window (None: full attention): every sliding_window_pattern-th layer is full (Gemma 3)."""
     pattern = model.sliding_window_pattern
-    return [None if pattern is None or (i + 1) % pattern == 0 else model.sliding_window
-            for i in range(model.num_layers)]
+    return [
+        None if pattern is None or (i + 1) % pattern == 0 else model.sliding_window for i in range(model.num_layers)
+    ]
 
 
 # --- which layers each KV cache group serves --------------------------------------------------------------------
@@ -25,7 +35,13 @@ def test_gemma3_270m_groups_serve_the_layers_vllm_gives_them():
     model = get_model("gemma3-270m")  # layers 5, 11, 17 full; the 15 others slide over 512 tokens
     _, windows = kv_cache_groups(model)
     assert layer_groups(layer_windows(model), windows) == [
-        [5, 11, 17], [0, 1, 2], [3, 4, 6], [7, 8, 9], [10, 12, 13], [14, 15, 16]]
+        [5, 11, 17],
+        [0, 1, 2],
+        [3, 4, 6],
+        [7, 8, 9],
+        [10, 12, 13],
+        [14, 15, 16],
+    ]
 
 
 def test_gemma3_27b_groups_are_of_ten_layers_and_the_last_sliding_one_is_padded():
@@ -34,7 +50,7 @@ def test_gemma3_27b_groups_are_of_ten_layers_and_the_last_sliding_one_is_padded(
     groups = layer_groups(layer_windows(model), windows)
     full = [i for i in range(62) if (i + 1) % 6 == 0]
     sliding = [i for i in range(62) if (i + 1) % 6]
-    assert groups == [full] + [sliding[g * 10:(g + 1) * 10] for g in range(6)]
+    assert groups == [full] + [sliding[g * 10 : (g + 1) * 10] for g in range(6)]
     assert [len(g) for g in groups] == [10, 10, 10, 10, 10, 10, 2]
 
 
@@ -55,8 +71,11 @@ def test_the_group_size_is_vllms_and_the_hybrid_manager_agrees():
         assert len(windows) == cdiv(model.num_full_layers, size) + cdiv(model.num_sliding_layers, size)
 
 
-@pytest.mark.parametrize("windows", [(None, 8), (None, 8, 8, 8), (None, None, 8), (None, 4, 4), (8,)],
-                         ids=["too-few", "too-many", "two-full", "other-window", "sliding-only"])  # fmt: skip
+@pytest.mark.parametrize(
+    "windows",
+    [(None, 8), (None, 8, 8, 8), (None, None, 8), (None, 4, 4), (8,)],
+    ids=["too-few", "too-many", "two-full", "other-window", "sliding-only"],
+)
 def test_groups_that_do_not_fit_the_layers_are_refused_in_one_line(windows):
     with pytest.raises(ValueError, match="do not fit the model's layers") as err:
         layer_groups([8, 8, None, 8, 8, None], windows)  # 2 full + 4 sliding: groups of 2, (None, 8, 8)
@@ -66,8 +85,15 @@ def test_groups_that_do_not_fit_the_layers_are_refused_in_one_line(windows):
 
 # --- capability flags agree with what a built manager does ---------------------------------------------------------
 def _manager(policy: str, enable_prefix_caching: bool):
-    return make_kv_manager(policy, 4096, block_size=4, max_seq_len=1024, enable_prefix_caching=enable_prefix_caching,
-                           num_cpu_blocks=8, model=get_model("gemma3-270m"))  # fmt: skip
+    return make_kv_manager(
+        policy,
+        4096,
+        block_size=4,
+        max_seq_len=1024,
+        enable_prefix_caching=enable_prefix_caching,
+        num_cpu_blocks=8,
+        model=get_model("gemma3-270m"),
+    )
 
 
 def _hits_after_a_cached_prompt(kv) -> int:

@@ -8,6 +8,7 @@
 - a run: the default summary is unchanged (no kv_dtype key, the same slots), a bad name is refused in one line;
 - the figure (quick): the 8-bit pool batches more and finishes at least as many requests per second.
 """
+
 import dataclasses
 import subprocess
 import sys
@@ -17,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.config import RunConfig
-from sim.clock.cost import RooflineCostModel
 from sim.base.specs import GPUS, KV_CACHE_DTYPES, MODELS, kv_capacity_tokens
+from sim.clock.cost import RooflineCostModel
+from sim.config import RunConfig
 
 
 def with_kv(model: str, kv_dtype: str):
@@ -72,8 +73,9 @@ def test_a_run_takes_kv_dtype_and_the_default_is_unchanged():
     default = sim.run(**base).summary
     assert "kv_dtype" not in default and default["num_kv_slots"] == slots("opt-13b", "auto")
     same = sim.run(**base, kv_dtype="auto").summary
-    assert {k: v for k, v in same.items() if k != "wall_time_s"} == {k: v for k, v in default.items()
-                                                                      if k != "wall_time_s"}
+    assert {k: v for k, v in same.items() if k != "wall_time_s"} == {
+        k: v for k, v in default.items() if k != "wall_time_s"
+    }
     int8 = sim.run(**base, kv_dtype="int8").summary
     assert int8["kv_dtype"] == "int8" and int8["num_kv_slots"] == slots("opt-13b", "int8")
     with pytest.raises(ValueError, match=r"kv_dtype: got 'int4' \(allowed: auto, fp16, fp8, int8\)"):
@@ -82,8 +84,11 @@ def test_a_run_takes_kv_dtype_and_the_default_is_unchanged():
 
 
 def test_cli_refuses_a_bad_kv_dtype_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "sim", "run", "--kv-dtype", "int4", "--num-requests", "3"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "run", "--kv-dtype", "int4", "--num-requests", "3"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "error: kv_dtype: got 'int4' (allowed: auto, fp16, fp8, int8)\n"
 

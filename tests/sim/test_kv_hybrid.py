@@ -2,6 +2,7 @@
 catches), blocks leaving the window narrated, the breakdown, decode runs, the scheduler's invariants with a model of
 what every group's slots hold, KV cache groups and pool sizes from Gemma 3's specs, and whole runs against the same
 model served as all-full attention by `paged`."""
+
 from __future__ import annotations
 
 import copy
@@ -13,14 +14,14 @@ from hypothesis import strategies as st
 
 import sim
 import tests.sim.test_scheduler_properties as props
+from sim.base.specs import ModelSpec, get_model
+from sim.clock.cost import RooflineCostModel
+from sim.drivers.cli import main
 from sim.fast.hybrid import HybridRuns
 from sim.fast.runs import kv_runs
-from sim.drivers.cli import main
-from sim.clock.cost import RooflineCostModel
 from sim.kv import MemoryBreakdown, NewSequence, make_kv_manager
 from sim.kv.hybrid import HybridKVManager, kv_cache_groups, pool_blocks
 from sim.scheduling.scheduler import Scheduler
-from sim.base.specs import ModelSpec, get_model
 from sim.testing import make_kv_manager_test
 from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
 
@@ -32,15 +33,24 @@ def _bounds(full: int, sliding: int, window: int):
 
 
 # --- the KV state machine: small pools and windows, so blocks leave the window and memory runs out often ----------
-TestHybrid = make_kv_manager_test(lambda: HybridKVManager(20, 2, (None, 5, 5), max_seq_len=24), max_examples=300,
-                                  token_bounds=_bounds(1, 2, 5))  # fmt: skip
+TestHybrid = make_kv_manager_test(
+    lambda: HybridKVManager(20, 2, (None, 5, 5), max_seq_len=24), max_examples=300, token_bounds=_bounds(1, 2, 5)
+)
 TestHybrid = pytest.mark.slow(TestHybrid)  # hundreds of programs: `make test` only (tests/conftest.py)
-TestHybridWindowBelowBlock = make_kv_manager_test(lambda: HybridKVManager(14, 4, (None, None, 3), max_seq_len=28),
-                                                  max_examples=200, token_bounds=_bounds(2, 1, 3))  # fmt: skip
-TestHybridWindowBelowBlock = pytest.mark.slow(TestHybridWindowBelowBlock)  # hundreds of programs: `make test` only (tests/conftest.py)
-TestHybridWatermark = make_kv_manager_test(lambda: HybridKVManager(24, 2, (None, 4), watermark=0.2, max_seq_len=20),
-                                           max_examples=150, token_bounds=_bounds(1, 1, 4))  # fmt: skip
-TestHybridWatermark = pytest.mark.slow(TestHybridWatermark)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestHybridWindowBelowBlock = make_kv_manager_test(
+    lambda: HybridKVManager(14, 4, (None, None, 3), max_seq_len=28), max_examples=200, token_bounds=_bounds(2, 1, 3)
+)
+TestHybridWindowBelowBlock = pytest.mark.slow(
+    TestHybridWindowBelowBlock
+)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestHybridWatermark = make_kv_manager_test(
+    lambda: HybridKVManager(24, 2, (None, 4), watermark=0.2, max_seq_len=20),
+    max_examples=150,
+    token_bounds=_bounds(1, 1, 4),
+)
+TestHybridWatermark = pytest.mark.slow(
+    TestHybridWatermark
+)  # hundreds of programs: `make test` only (tests/conftest.py)
 
 
 class _FreesInsideTheWindow(HybridKVManager):
@@ -72,12 +82,15 @@ class _RunsIgnoreWaiting(HybridRuns):
         return super().max_decode_steps(seq_groups, limit)
 
 
-@pytest.mark.parametrize("broken, runs", [(_FreesInsideTheWindow, kv_runs), (HybridKVManager, _RunsIgnoreFrees),
-                                          (HybridKVManager, _RunsIgnoreWaiting)],
-                         ids=["frees-in-window", "run-no-frees", "run-ignores-waiting"])  # fmt: skip
+@pytest.mark.parametrize(
+    "broken, runs",
+    [(_FreesInsideTheWindow, kv_runs), (HybridKVManager, _RunsIgnoreFrees), (HybridKVManager, _RunsIgnoreWaiting)],
+    ids=["frees-in-window", "run-no-frees", "run-ignores-waiting"],
+)
 def test_the_machine_catches_broken_hybrid_managers(broken, runs):
-    test_case = make_kv_manager_test(lambda: broken(20, 2, (None, 5, 5), max_seq_len=24), max_examples=300,
-                                     token_bounds=_bounds(1, 2, 5), runs=runs)  # fmt: skip
+    test_case = make_kv_manager_test(
+        lambda: broken(20, 2, (None, 5, 5), max_seq_len=24), max_examples=300, token_bounds=_bounds(1, 2, 5), runs=runs
+    )
     test_case.settings = settings(test_case.settings, phases=[Phase.generate], report_multiple_bugs=False)
     with pytest.raises(AssertionError):
         test_case("runTest").runTest()
@@ -91,8 +104,9 @@ def test_a_sliding_group_frees_a_block_when_the_window_passes_its_last_position(
     kv.allocate_slots([0], [1])  # query 9 reads 4..9: block 0 (0..3) is out of the window, back to the pool
     assert kv.group_tables(0) == [[0, 1, 2], [None, 4, 5]] and kv.num_free_blocks == 11
     # sliding group: block 4 holds 4..7, all read by query 9; block 5 holds t8 t9 and 2 slots up to final 12
-    assert kv.breakdown() == MemoryBreakdown(token_states=10 + 6, reservation=2 + 2, internal_fragmentation=0,
-                                             external_fragmentation=0, free=44)  # fmt: skip
+    assert kv.breakdown() == MemoryBreakdown(
+        token_states=10 + 6, reservation=2 + 2, internal_fragmentation=0, external_fragmentation=0, free=44
+    )
     kv.allocate_slots([0], [1])  # query 10 reads 5..10: position 4 is dead, its block still holds 5..7
     assert kv.group_tables(0)[1] == [None, 4, 5]
     assert kv.breakdown().internal_fragmentation == 1 and kv.breakdown().token_states == 11 + 6
@@ -153,8 +167,10 @@ def test_out_of_memory_changes_nothing_and_refuses_with_the_frees_counted():
     assert kv.can_allocate_slots([0], [3]) is False and kv.allocate_slots([0], [3]) is None
     assert (kv.group_tables(0), kv.breakdown()) == before
     assert kv.check_request(4, 5, 1) is None  # 3 pages in each of 2 groups, as if prefilled in one chunk
-    assert kv.check_request(4, 9, 1) == "1 sequence(s) of final length 9 need 10 pages over 2 KV cache groups " \
-                                        "(allowed: <= 6 of 6)"
+    assert (
+        kv.check_request(4, 9, 1) == "1 sequence(s) of final length 9 need 10 pages over 2 KV cache groups "
+        "(allowed: <= 6 of 6)"
+    )
 
 
 # --- KV cache groups, pool sizes and bad configurations from the specs ---------------------------------------------
@@ -168,17 +184,29 @@ def test_gemma3_groups_follow_vllm_and_the_pool_has_the_bytes_of_the_paged_one()
     assert kv.num_blocks * page_bytes <= 45_856 * model.kv_bytes_per_token < (kv.num_blocks + 1) * page_bytes
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda: make_kv_manager("hybrid", 1000, model=get_model("opt-13b")),
-     "policy 'hybrid' needs a model that interleaves full and sliding-window attention, and opt-13b has 40 full"),
-    (lambda: make_kv_manager("hybrid", 1000), "policy 'hybrid' needs the model"),
-    (lambda: ModelSpec("m", 6, 64, 1, 1, 64, 64, 10, 1, 512, sliding_window=512, sliding_window_pattern=6),
-     "ModelSpec m: sliding_window 512 must be from 1 to less than the context of 512 tokens"),
-    (lambda: ModelSpec("m", 6, 64, 1, 1, 64, 64, 10, 1, 512, sliding_window=64),
-     "ModelSpec m: give sliding_window and sliding_window_pattern together"),
-    (lambda: HybridKVManager(8, 4, (None, 64), max_seq_len=64), "windows: every sliding window must be from 1 to less"),
-    (lambda: HybridKVManager(8, 4, (16, None)), "windows: expected one per KV cache group, a full-attention group"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (
+            lambda: make_kv_manager("hybrid", 1000, model=get_model("opt-13b")),
+            "policy 'hybrid' needs a model that interleaves full and sliding-window attention, and opt-13b has 40 full",
+        ),
+        (lambda: make_kv_manager("hybrid", 1000), "policy 'hybrid' needs the model"),
+        (
+            lambda: ModelSpec("m", 6, 64, 1, 1, 64, 64, 10, 1, 512, sliding_window=512, sliding_window_pattern=6),
+            "ModelSpec m: sliding_window 512 must be from 1 to less than the context of 512 tokens",
+        ),
+        (
+            lambda: ModelSpec("m", 6, 64, 1, 1, 64, 64, 10, 1, 512, sliding_window=64),
+            "ModelSpec m: give sliding_window and sliding_window_pattern together",
+        ),
+        (
+            lambda: HybridKVManager(8, 4, (None, 64), max_seq_len=64),
+            "windows: every sliding window must be from 1 to less",
+        ),
+        (lambda: HybridKVManager(8, 4, (16, None)), "windows: expected one per KV cache group, a full-attention group"),
+    ],
+)
 def test_bad_configurations_get_one_line(make, expected):
     with pytest.raises(ValueError, match="^" + expected.replace("(", r"\(").replace(")", r"\)")) as err:
         make()
@@ -188,8 +216,9 @@ def test_bad_configurations_get_one_line(make, expected):
 def test_the_roofline_reads_only_the_window_of_sliding_layers():
     model = get_model("gemma3-27b")
     cost = RooflineCostModel(model, "h100", block_size=16)
-    all_full = RooflineCostModel(dataclasses.replace(model, sliding_window=None, sliding_window_pattern=None), "h100",
-                                 block_size=16)  # fmt: skip
+    all_full = RooflineCostModel(
+        dataclasses.replace(model, sliding_window=None, sliding_window_pattern=None), "h100", block_size=16
+    )
     for args in ((0, 8, 8 * 1000), (1500, 0, 1500), (0, 8, 8 * 1200)):  # inside the window everything is read
         assert cost.step_time(*args) == pytest.approx(all_full.step_time(*args), rel=1e-12) or args[2] > 8 * 1024
     assert cost.step_time(0, 8, 8 * 1200) < all_full.step_time(0, 8, 8 * 1200)
@@ -227,14 +256,22 @@ class _GroupContents(props.Contents):
 def hybrid_systems(draw, manager=HybridKVManager):
     config = props.draw_config(draw, props.draw_mode(draw))
     windows = (None,) + (draw(st.integers(1, 40)),) * draw(st.integers(1, 2))
-    kv = manager(draw(st.integers(30, 70)), props.BLOCK_SIZE, windows, watermark=draw(st.sampled_from([0.0, 0.05])),
-                 max_seq_len=64)  # fmt: skip
+    kv = manager(
+        draw(st.integers(30, 70)),
+        props.BLOCK_SIZE,
+        windows,
+        watermark=draw(st.sampled_from([0.0, 0.05])),
+        max_seq_len=64,
+    )
     _GroupContents.kv = kv
     return Scheduler(kv, config)
 
 
-_RUNS = dict(requests=props.workloads(), gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10),
-             seed=st.integers(0, 2**32 - 1))  # fmt: skip
+_RUNS = dict(
+    requests=props.workloads(),
+    gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10),
+    seed=st.integers(0, 2**32 - 1),
+)
 
 
 def _run_invariants(sched, requests, gaps, seed) -> None:
@@ -263,8 +300,15 @@ def test_the_scheduler_invariants_catch_a_group_that_frees_inside_the_window():
 
 # --- whole runs: hybrid against the same model as all-full attention, in the same bytes ------------------------------
 def test_hybrid_batches_more_long_requests_than_all_full_paged_in_the_same_bytes():
-    common = dict(model="gemma3-270m", kv_slots=40_000, workload="fixed", prompt_len=6000, output_len=500,
-                  num_requests=40, rate=100.0)  # fmt: skip
+    common = dict(
+        model="gemma3-270m",
+        kv_slots=40_000,
+        workload="fixed",
+        prompt_len=6000,
+        output_len=500,
+        num_requests=40,
+        rate=100.0,
+    )
     paged, hybrid = (sim.run(policy=p, **common).summary for p in ("paged", "hybrid"))
     stepped = sim.run(policy="hybrid", jump=False, validate=True, **common).summary
     assert paged["num_finished"] == hybrid["num_finished"] == 40
@@ -281,11 +325,15 @@ def test_the_command_line_runs_hybrid_and_refuses_bad_combinations_in_one_line(c
     assert '"policy": "hybrid"' in capsys.readouterr().out
     for argv, expected in (
         (["--policy", "hybrid"], "error: policy 'hybrid' needs a model that interleaves full and sliding-window"),
-        (["--model", "gemma3-270m", "--policy", "hybrid", "--preemption", "swap"],
-         "error: --preemption swap: needs CPU swap space"),
-        (["--model", "gemma3-270m", "--policy", "hybrid", "--prefix-caching", "on", "--prefix-len", "8"],
-         "error: --prefix-caching on: --policy hybrid has no prefix cache"),
-    ):  # fmt: skip
+        (
+            ["--model", "gemma3-270m", "--policy", "hybrid", "--preemption", "swap"],
+            "error: --preemption swap: needs CPU swap space",
+        ),
+        (
+            ["--model", "gemma3-270m", "--policy", "hybrid", "--prefix-caching", "on", "--prefix-len", "8"],
+            "error: --prefix-caching on: --policy hybrid has no prefix cache",
+        ),
+    ):
         assert main(["run", *argv, "--num-requests", "5"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(expected) and err.count("\n") == 1, err

@@ -6,6 +6,7 @@ memory and come back on a hit.
   sequence's own tokens (the tier never changes K/V contents), and that every block of both tiers balances at the end;
 - LRU order in the tier, hit accounting per tier, the transfer cost the loop charges, bad input.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,14 +14,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import sim
+from sim.base.request import Request
+from sim.base.specs import get_model
 from sim.clock.cost import RooflineCostModel
+from sim.clock.loop import Simulator
 from sim.kv import NewSequence, make_kv_manager
 from sim.kv.offload import CpuOffloadTier, TierCopy
-from sim.clock.loop import Simulator
 from sim.scheduling.plan import StepOutcome
-from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
-from sim.base.specs import get_model
 from tests.sim.test_scheduler_properties import Contents, check_state, draw_config, workloads
 
 BLOCK_SIZE = 4
@@ -57,14 +58,33 @@ def test_the_tier_never_changes_what_attention_reads(data, requests, tier_blocks
     mode = data.draw(st.sampled_from(["v1", "v0"]))
     swap = data.draw(st.booleans())
     config = draw_config(data.draw, mode, "swap" if swap else "recompute")
-    kv = make_kv_manager("paged", pool * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=64, enable_prefix_caching=True,
-                         num_cpu_blocks=32 if swap else 0, num_offload_blocks=tier_blocks)  # fmt: skip
+    kv = make_kv_manager(
+        "paged",
+        pool * BLOCK_SIZE,
+        block_size=BLOCK_SIZE,
+        max_seq_len=64,
+        enable_prefix_caching=True,
+        num_cpu_blocks=32 if swap else 0,
+        num_offload_blocks=tier_blocks,
+    )
     sched = Scheduler(kv, config)
     memory, added = TierContents(BLOCK_SIZE), []
     # every request arrives twice, the second copy after the first finished: its prompt may come back from the tier
-    for rounds in (requests, [Request(r.request_id + 100, 0.0, r.prompt_len, r.output_len, n=r.n,
-                                      beam_width=r.beam_width, prompt_token_ids=r.prompt_token_ids)
-                              for r in requests]):  # fmt: skip
+    for rounds in (
+        requests,
+        [
+            Request(
+                r.request_id + 100,
+                0.0,
+                r.prompt_len,
+                r.output_len,
+                n=r.n,
+                beam_width=r.beam_width,
+                prompt_token_ids=r.prompt_token_ids,
+            )
+            for r in requests
+        ],
+    ):
         for request in rounds:
             try:
                 sched.add_request(request)
@@ -76,10 +96,16 @@ def test_the_tier_never_changes_what_attention_reads(data, requests, tier_blocks
         while sched.has_unfinished():
             plan = sched.schedule()
             memory.execute_with_tier(plan, kv.take_tier_copies())
-            finished = {e.seq_id for e in plan.entries
-                        if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}
-            beams = {rid: [e.seq_id for e in plan.entries if e.request_id == rid and e.sample]
-                     for rid in plan.request_ids() if sched.request(rid).beam_width > 1}
+            finished = {
+                e.seq_id
+                for e in plan.entries
+                if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len
+            }
+            beams = {
+                rid: [e.seq_id for e in plan.entries if e.request_id == rid and e.sample]
+                for rid in plan.request_ids()
+                if sched.request(rid).beam_width > 1
+            }
             beams = {rid: ids for rid, ids in beams.items() if ids and not set(ids) & finished}
             memory.sampled(sched, plan)
             result = sched.finish_step(plan, StepOutcome(finished, beams))
@@ -108,8 +134,9 @@ def _admit(kv, seq_id: int, ids: list[int]) -> int:
 
 
 def test_an_evicted_prefix_comes_back_from_the_tier_and_counts_as_cached():
-    kv = make_kv_manager("paged", 4 * BLOCK_SIZE, block_size=BLOCK_SIZE, enable_prefix_caching=True,
-                         num_offload_blocks=8)  # fmt: skip
+    kv = make_kv_manager(
+        "paged", 4 * BLOCK_SIZE, block_size=BLOCK_SIZE, enable_prefix_caching=True, num_offload_blocks=8
+    )
     a, b = _prompt(100, 3), _prompt(500, 3)
     _admit(kv, 1, a)
     kv.free(1)  # a's 3 full blocks stay cached on the GPU, in the free queue
@@ -131,8 +158,9 @@ def test_an_evicted_prefix_comes_back_from_the_tier_and_counts_as_cached():
 
 
 def test_a_gpu_hit_is_not_a_tier_hit_and_copies_nothing():
-    kv = make_kv_manager("paged", 8 * BLOCK_SIZE, block_size=BLOCK_SIZE, enable_prefix_caching=True,
-                         num_offload_blocks=8)  # fmt: skip
+    kv = make_kv_manager(
+        "paged", 8 * BLOCK_SIZE, block_size=BLOCK_SIZE, enable_prefix_caching=True, num_offload_blocks=8
+    )
     a = _prompt(100, 3)
     _admit(kv, 1, a)
     kv.free(1)
@@ -155,8 +183,12 @@ def test_the_tier_evicts_its_least_recently_used_block():
     assert tier.lru_order() == [0xA, 0xC] and tier.cached_block(0xC) == 1 and tier.stats.dropped_blocks == 1
     tier.offload(4, 0xA)  # already here: touched, nothing copied
     assert tier.lru_order() == [0xC, 0xA]
-    assert tier.take_copies() == [TierCopy(True, 7, 0), TierCopy(True, 8, 1), TierCopy(False, 0, 3),
-                                  TierCopy(True, 9, 1)]  # fmt: skip
+    assert tier.take_copies() == [
+        TierCopy(True, 7, 0),
+        TierCopy(True, 8, 1),
+        TierCopy(False, 0, 3),
+        TierCopy(True, 9, 1),
+    ]
     tier.check_invariants()
 
 
@@ -181,10 +213,14 @@ def test_the_loop_charges_a_reload_as_a_swap_of_its_blocks():
     a, b = _prompt(100, 3), _prompt(500, 3)
 
     def durations(num_blocks: int, tier: int) -> list[float]:
-        kv = make_kv_manager("paged", num_blocks * BLOCK_SIZE, block_size=BLOCK_SIZE, enable_prefix_caching=True,
-                             num_offload_blocks=tier)  # fmt: skip
-        requests = [Request(0, 0.0, len(a), 1, prompt_token_ids=a), Request(1, 1.0, len(b), 1, prompt_token_ids=b),
-                    Request(2, 2.0, len(a), 1, prompt_token_ids=a)]  # fmt: skip
+        kv = make_kv_manager(
+            "paged", num_blocks * BLOCK_SIZE, block_size=BLOCK_SIZE, enable_prefix_caching=True, num_offload_blocks=tier
+        )
+        requests = [
+            Request(0, 0.0, len(a), 1, prompt_token_ids=a),
+            Request(1, 1.0, len(b), 1, prompt_token_ids=b),
+            Request(2, 2.0, len(a), 1, prompt_token_ids=a),
+        ]
         steps = Simulator(Scheduler(kv, SchedulerConfig()), cost, requests, block_bytes=block_bytes).run().steps
         assert kv.prefix_cache_stats().hit_tokens == 3 * BLOCK_SIZE
         return list(steps.columns["duration"])

@@ -1,5 +1,6 @@
 """PagedKVManager through the KV contract, narrated: admission in chunks, sharing and copy-on-write, prefix hits,
 out of memory, the watermark, the breakdown, swapping, bulk decode runs."""
+
 from __future__ import annotations
 
 import pytest
@@ -233,7 +234,9 @@ def _history(kv: PagedKVManager, n: int, prompt_len: int, fork: bool) -> None:
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(
-    n=st.integers(1, 3), prompt_len=st.integers(1, 12), fork=st.booleans(),
+    n=st.integers(1, 3),
+    prompt_len=st.integers(1, 12),
+    fork=st.booleans(),
     appends=st.lists(st.integers(0, 9), min_size=1, max_size=4),
 )
 def test_multi_token_append_equals_single_appends(n, prompt_len, fork, appends):

@@ -1,6 +1,7 @@
 """RadixKVManager (SGLang's RadixAttention) through the KV contract: the reusable state machine on small pools, and
 broken variants it must catch; narrated examples of unaligned hits, splits, LRU eviction, copy-on-write, the
 breakdown and decode runs; whole runs through sim.run, against the paged manager's hashed prefix cache."""
+
 from __future__ import annotations
 
 import copy
@@ -9,12 +10,12 @@ import pytest
 from hypothesis import Phase, settings
 
 import sim
+from sim.base.request import Request
 from sim.fast.runs import kv_runs
 from sim.kv import NewSequence, make_kv_manager
 from sim.kv.paged import PagedKVManager
 from sim.kv.radix import RadixKVManager
 from sim.kv.radix_tree import RadixTree
-from sim.base.request import Request
 from sim.testing import make_kv_manager_test
 
 # Small pools so memory runs out often (and eviction with it); page size 1 (SGLang's) and 4.
@@ -262,8 +263,11 @@ def _with_tree(tree_class, num_blocks: int, block_size: int) -> RadixKVManager:
 
 @pytest.mark.parametrize(
     "factory",
-    [lambda: _with_tree(_SplitForgetsTheLock, 16, 1), lambda: _with_tree(_EvictsLockedLeaves, 6, 1),
-     lambda: _HitsTheLastToken(12, 1)],
+    [
+        lambda: _with_tree(_SplitForgetsTheLock, 16, 1),
+        lambda: _with_tree(_EvictsLockedLeaves, 6, 1),
+        lambda: _HitsTheLastToken(12, 1),
+    ],
     ids=["split-forgets-lock", "evicts-locked", "hits-last-token"],
 )
 def test_the_machine_catches_broken_radix_managers(factory):
@@ -285,8 +289,11 @@ def conversations(session_gap: float, output_len: int, num_sessions: int = 8, tu
     for s in range(num_sessions):
         prompt = system + [10_000 * (s + 1) + i for i in range(11 + 3 * s)]
         for t in range(turns):
-            requests.append(Request(len(requests), session_gap * s + 20.0 * t, len(prompt), output_len,
-                                    prompt_token_ids=list(prompt)))  # fmt: skip
+            requests.append(
+                Request(
+                    len(requests), session_gap * s + 20.0 * t, len(prompt), output_len, prompt_token_ids=list(prompt)
+                )
+            )
             prompt = prompt + [10_000 * (s + 1) + 1000 * (t + 1) + i for i in range(output_len + 7)]
     return requests
 
@@ -305,8 +312,14 @@ def test_radix_at_page_size_1_hits_at_least_as_much_as_paged_blocks_of_16():
 
     def hit_tokens(policy: str, block_size: int) -> int:
         probe = {}
-        sim.run(policy=policy, block_size=block_size, requests=conversations(1.0, 30), kv_slots=4096,
-                enable_prefix_caching=True, on_step=lambda simulator, plan: probe.update(kv=simulator.kv))  # fmt: skip
+        sim.run(
+            policy=policy,
+            block_size=block_size,
+            requests=conversations(1.0, 30),
+            kv_slots=4096,
+            enable_prefix_caching=True,
+            on_step=lambda simulator, plan: probe.update(kv=simulator.kv),
+        )
         return probe["kv"].prefix_cache_stats().hit_tokens
 
     radix, paged = hit_tokens("radix", 1), hit_tokens("paged", 16)

@@ -1,6 +1,7 @@
 """RadixKVManager caches a running sequence's pages as soon as the step computing them is scheduled (SGLang's
 `cache_unfinished_req`): two requests running at once share what the first computes, decode runs taken at once
 leave the same tree as stepping, a failed step's pages leave the tree, and broken variants are caught."""
+
 from __future__ import annotations
 
 import copy
@@ -9,19 +10,25 @@ import pytest
 from hypothesis import Phase, settings
 
 import sim
+from sim.base.request import Request
 from sim.fast.runs import kv_runs
 from sim.kv import NewSequence
 from sim.kv.paged import PagedKVManager
 from sim.kv.radix import RadixKVManager, RadixPagePool
 from sim.kv.radix_tree import RadixTree
-from sim.base.request import Request
 from sim.testing import make_kv_manager_test
 
 SHARED = list(range(1000, 1037))  # 37 tokens two prompts share
 
 
-def admit(kv, seq_id: int, ids: list[int], prompt_len: int | None = None, final_len: int | None = None,
-          chunk: int | None = None):  # fmt: skip
+def admit(
+    kv,
+    seq_id: int,
+    ids: list[int],
+    prompt_len: int | None = None,
+    final_len: int | None = None,
+    chunk: int | None = None,
+):
     """Admit one sequence as the scheduler does (look up, then allocate its first chunk after the hits). `ids` may
     run past the prompt (generated ids the workload knows). Returns the cached tokens."""
     prompt_len = prompt_len or len(ids)
@@ -116,12 +123,19 @@ def test_requests_arriving_together_share_a_prefix_in_a_whole_run():
     """Eight requests with one 200-token system prompt arrive at once: the first admitted computes it, the seven
     admitted with it (after it, in the same step) hit it. Caching only at free time hit nothing here."""
     system = list(range(1, 201))
-    requests = [Request(i, 0.0, 210, 20, prompt_token_ids=system + [10_000 * (i + 1) + j for j in range(10)])
-                for i in range(8)]  # fmt: skip
+    requests = [
+        Request(i, 0.0, 210, 20, prompt_token_ids=system + [10_000 * (i + 1) + j for j in range(10)]) for i in range(8)
+    ]
     hits = {}
     for policy, block_size in (("radix", 1), ("paged", 16)):
-        result = sim.run(policy=policy, block_size=block_size, requests=copy.deepcopy(requests), kv_slots=8192,
-                         enable_prefix_caching=True, validate=True)  # fmt: skip
+        result = sim.run(
+            policy=policy,
+            block_size=block_size,
+            requests=copy.deepcopy(requests),
+            kv_slots=8192,
+            enable_prefix_caching=True,
+            validate=True,
+        )
         hits[policy] = result.summary["prefix_cache_hit_rate_tokens"]
     assert hits["radix"] == pytest.approx(7 * 200 / (8 * 210))
     assert hits["paged"] == pytest.approx(7 * 192 / (8 * 210))  # 12 whole blocks of 16

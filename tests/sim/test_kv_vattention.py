@@ -1,6 +1,7 @@
 """VAttentionKVManager (sim/kv/vattention.py): the KV state machine on small pools (and broken variants it catches),
 the accounting narrated, page sizes in bytes and their errors, forks that copy, decode runs, the scheduler's
 invariants, and whole runs through sim.run and the command line."""
+
 from __future__ import annotations
 
 import copy
@@ -10,25 +11,30 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import sim
+from sim.base.specs import get_model
+from sim.drivers.cli import main
 from sim.fast.runs import kv_runs
 from sim.fast.vattention import VAttentionRuns
-from sim.drivers.cli import main
 from sim.kv import MemoryBreakdown, NewSequence, pool_blocks_for
 from sim.kv.vattention import VAttentionKVManager, page_tokens
 from sim.scheduling.scheduler import Scheduler
-from sim.base.specs import get_model
 from sim.testing import make_kv_manager_test
-from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
 from tests.sim.test_scheduler_properties import draw_config, draw_mode, workloads
+from tests.sim.test_scheduler_properties import test_scheduler_invariants_hold_after_every_step as _invariants
 
 # --- the KV state machine: small pools, so memory runs out often ------------------------------------------------
 TestVAttention = make_kv_manager_test(lambda: VAttentionKVManager(8, 4, max_seq_len=32))
 TestVAttention = pytest.mark.slow(TestVAttention)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestVAttentionOneTokenPages = make_kv_manager_test(lambda: VAttentionKVManager(24, 1, max_seq_len=24), max_examples=300)
-TestVAttentionOneTokenPages = pytest.mark.slow(TestVAttentionOneTokenPages)  # hundreds of programs: `make test` only (tests/conftest.py)
-TestVAttentionWatermark = make_kv_manager_test(lambda: VAttentionKVManager(12, 2, watermark=0.2, max_seq_len=20),
-                                               max_examples=200)  # fmt: skip
-TestVAttentionWatermark = pytest.mark.slow(TestVAttentionWatermark)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestVAttentionOneTokenPages = pytest.mark.slow(
+    TestVAttentionOneTokenPages
+)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestVAttentionWatermark = make_kv_manager_test(
+    lambda: VAttentionKVManager(12, 2, watermark=0.2, max_seq_len=20), max_examples=200
+)
+TestVAttentionWatermark = pytest.mark.slow(
+    TestVAttentionWatermark
+)  # hundreds of programs: `make test` only (tests/conftest.py)
 
 
 class _RunsIgnoreSiblings(VAttentionRuns):
@@ -54,11 +60,16 @@ class _GrowthForgetsSiblings(VAttentionKVManager):
         pass
 
 
-@pytest.mark.parametrize("make_test", [
-    lambda: make_kv_manager_test(lambda: VAttentionKVManager(12, 2, max_seq_len=24), max_examples=300,
-                                 runs=_RunsIgnoreSiblings),
-    lambda: make_kv_manager_test(lambda: _GrowthForgetsSiblings(8, 4, max_seq_len=32), max_examples=300),
-], ids=["run-ignores-siblings", "growth-forgets-siblings"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make_test",
+    [
+        lambda: make_kv_manager_test(
+            lambda: VAttentionKVManager(12, 2, max_seq_len=24), max_examples=300, runs=_RunsIgnoreSiblings
+        ),
+        lambda: make_kv_manager_test(lambda: _GrowthForgetsSiblings(8, 4, max_seq_len=32), max_examples=300),
+    ],
+    ids=["run-ignores-siblings", "growth-forgets-siblings"],
+)
 def test_the_machine_catches_broken_vattention(make_test):
     test_case = make_test()
     test_case.settings = settings(test_case.settings, phases=[Phase.generate], report_multiple_bugs=False)
@@ -109,7 +120,9 @@ def test_out_of_memory_changes_nothing_and_the_watermark_holds_admissions():
     before = (kv.block_table(0), kv.num_free_blocks, kv.breakdown())
     assert kv.allocate_slots([0], [1]) is None  # the next page: none left
     assert (kv.block_table(0), kv.num_free_blocks, kv.breakdown()) == before
-    assert kv.check_request(1, 41, 1) == "1 sequence(s) of final length 41 need 11 pages of 4 tokens (allowed: <= 8 of 10)"
+    assert (
+        kv.check_request(1, 41, 1) == "1 sequence(s) of final length 41 need 11 pages of 4 tokens (allowed: <= 8 of 10)"
+    )
     assert "virtual range" in kv.check_request(1, 65, 1)
 
 
@@ -146,24 +159,50 @@ def test_declared_siblings_map_pages_beside_their_leader_so_their_fork_never_fai
 
 
 # --- page sizes: bytes per layer per K/V buffer -----------------------------------------------------------------
-@pytest.mark.parametrize("model, num_gpus, page_kib, tokens", [
-    ("opt-13b", 1, 40, 4), ("opt-13b", 1, 640, 64), ("opt-13b", 1, 2560, 256), ("opt-13b", 1, None, 7),
-    ("opt-13b", 2, 80, 16), ("llama-13b", 1, 1280, 128), ("opt-66b", 4, 9, 2), ("opt-66b", 4, 2304, 512),
-    ("opt-175b", 8, 3072, 1024), ("smollm2-135m", 1, 3, 8), ("smollm2-135m", 1, 96, 256),
-    ("smollm2-135m", 1, None, 171), ("smollm2-135m", 1, 0.375, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "model, num_gpus, page_kib, tokens",
+    [
+        ("opt-13b", 1, 40, 4),
+        ("opt-13b", 1, 640, 64),
+        ("opt-13b", 1, 2560, 256),
+        ("opt-13b", 1, None, 7),
+        ("opt-13b", 2, 80, 16),
+        ("llama-13b", 1, 1280, 128),
+        ("opt-66b", 4, 9, 2),
+        ("opt-66b", 4, 2304, 512),
+        ("opt-175b", 8, 3072, 1024),
+        ("smollm2-135m", 1, 3, 8),
+        ("smollm2-135m", 1, 96, 256),
+        ("smollm2-135m", 1, None, 171),
+        ("smollm2-135m", 1, 0.375, 1),
+    ],
+)
 def test_page_bytes_become_tokens_with_the_models_per_token_bytes(model, num_gpus, page_kib, tokens):
     assert page_tokens(get_model(model), num_gpus, page_kib) == tokens
 
 
-@pytest.mark.parametrize("model, num_gpus, page_kib, allowed", [
-    ("opt-13b", 1, 64, "a multiple of 10 KiB, one token's K or V in one layer on each of 1 GPU(s), e.g. 10 KiB = 1 "
-                       "token, 640 KiB = 64 tokens, 2560 KiB = 256 tokens"),
-    ("opt-13b", 1, 2048, "a multiple of 10 KiB"), ("opt-13b", 1, 5, "a multiple of 10 KiB"),
-    ("opt-175b", 8, 2048, "a multiple of 3 KiB"),
-    ("smollm2-135m", 1, 64, "a multiple of 0.375 KiB, one token's K or V in one layer on each of 1 GPU(s), e.g. "
-                            "3 KiB = 8 tokens, 24 KiB = 64 tokens, 96 KiB = 256 tokens"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "model, num_gpus, page_kib, allowed",
+    [
+        (
+            "opt-13b",
+            1,
+            64,
+            "a multiple of 10 KiB, one token's K or V in one layer on each of 1 GPU(s), e.g. 10 KiB = 1 "
+            "token, 640 KiB = 64 tokens, 2560 KiB = 256 tokens",
+        ),
+        ("opt-13b", 1, 2048, "a multiple of 10 KiB"),
+        ("opt-13b", 1, 5, "a multiple of 10 KiB"),
+        ("opt-175b", 8, 2048, "a multiple of 3 KiB"),
+        (
+            "smollm2-135m",
+            1,
+            64,
+            "a multiple of 0.375 KiB, one token's K or V in one layer on each of 1 GPU(s), e.g. "
+            "3 KiB = 8 tokens, 24 KiB = 64 tokens, 96 KiB = 256 tokens",
+        ),
+    ],
+)
 def test_a_page_of_no_whole_number_of_tokens_is_refused_in_one_line(model, num_gpus, page_kib, allowed):
     with pytest.raises(ValueError) as err:
         page_tokens(get_model(model), num_gpus, page_kib)
@@ -199,8 +238,9 @@ def vattention_systems(draw, manager=VAttentionKVManager):
     return Scheduler(kv, config)
 
 
-_RUNS = dict(requests=workloads(), gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10),
-             seed=st.integers(0, 2**32 - 1))  # fmt: skip
+_RUNS = dict(
+    requests=workloads(), gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10), seed=st.integers(0, 2**32 - 1)
+)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
@@ -231,8 +271,17 @@ def test_the_scheduler_invariants_catch_a_fork_that_forgets_its_copies():
 
 # --- whole runs -------------------------------------------------------------------------------------------------
 def test_sim_run_finishes_every_request_with_preemptions_forks_and_beams():
-    common = dict(policy="vattention", workload="uniform", num_requests=40, rate=20.0, prompt_len_range=(2, 200),
-                  output_len_range=(1, 200), kv_slots=1200, validate=True, seed=3)
+    common = dict(
+        policy="vattention",
+        workload="uniform",
+        num_requests=40,
+        rate=20.0,
+        prompt_len_range=(2, 200),
+        output_len_range=(1, 200),
+        kv_slots=1200,
+        validate=True,
+        seed=3,
+    )
     for extra in ({}, {"n": 2}, {"beam_width": 2, "scheduler": "v0"}):
         jumped = sim.run(**common, **extra)
         stepped = sim.run(**common, **extra, jump=False)
@@ -274,8 +323,10 @@ def test_the_command_line_runs_vattention_and_refuses_bad_pages_in_one_line(caps
         (["--page-kib", "640"], "error: --page-kib 640: applies to --policy vattention only, not --policy paged"),
         (["--policy", "vattention", "--block-size", "16"], "error: --block-size 16: --policy vattention maps pages"),
         (["--policy", "vattention", "--preemption", "swap"], "error: --preemption swap: needs CPU swap space"),
-        (["--policy", "vattention", "--prefix-caching", "on", "--prefix-len", "8"],
-         "error: --prefix-caching on: --policy vattention has no prefix cache"),
+        (
+            ["--policy", "vattention", "--prefix-caching", "on", "--prefix-len", "8"],
+            "error: --prefix-caching on: --policy vattention has no prefix cache",
+        ),
     ):
         assert main(["run", *argv, "--num-requests", "5"]) == 2
         err = capsys.readouterr().err

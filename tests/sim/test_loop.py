@@ -2,6 +2,7 @@
 
 Short runs (a minute or two of simulated arrivals) of the paper's setting: OPT-13B on one A100-40GB.
 """
+
 from __future__ import annotations
 
 import csv
@@ -12,16 +13,22 @@ import numpy as np
 import pytest
 
 from sim.api import run
+from sim.base.request import Request
 from sim.clock.cost import RooflineCostModel
 from sim.kv.base import SHARE_NAMES
-from sim.base.request import Request
 from sim.workloads.trace import write_jsonl
 
 CONTRACT = {
-    "policy": str, "num_requests": int, "num_finished": int, "throughput_req_per_s": float,
-    "normalized_latency_s_per_token": float, "mean_batch_size": float, "num_preemptions": int,
-    "wall_time_s": float, "memory": dict,
-}  # fmt: skip
+    "policy": str,
+    "num_requests": int,
+    "num_finished": int,
+    "throughput_req_per_s": float,
+    "normalized_latency_s_per_token": float,
+    "mean_batch_size": float,
+    "num_preemptions": int,
+    "wall_time_s": float,
+    "memory": dict,
+}
 
 
 def test_summary_has_the_contract_keys_and_types():
@@ -44,11 +51,11 @@ def test_shares_sum_to_one(policy):
 def test_one_paged_request_step_by_step():
     """Prompt 10, output 5, block_size 4, a pool of 16 blocks: 1 prefill + 4 decodes, final length 14.
 
-        prefill   tokens 0-9 in 3 blocks; block 2 holds t8 t9 + 2 slots the output will fill     (10, 2, 0, 0, 52)
-        decode 1  writes t10                                                                    (11, 1, 0, 0, 52)
-        decode 2  writes t11: block 2 is full                                                   (12, 0, 0, 0, 52)
-        decode 3  writes t12 into a new block 3; t13 is the last to come, 2 slots never used    (13, 1, 2, 0, 48)
-        decode 4  writes t13 and samples the 5th token: done                                    (14, 0, 2, 0, 48)
+    prefill   tokens 0-9 in 3 blocks; block 2 holds t8 t9 + 2 slots the output will fill     (10, 2, 0, 0, 52)
+    decode 1  writes t10                                                                    (11, 1, 0, 0, 52)
+    decode 2  writes t11: block 2 is full                                                   (12, 0, 0, 0, 52)
+    decode 3  writes t12 into a new block 3; t13 is the last to come, 2 slots never used    (13, 1, 2, 0, 48)
+    decode 4  writes t13 and samples the 5th token: done                                    (14, 0, 2, 0, 48)
     """
     expected = [(10, 2, 0, 0, 52), (11, 1, 0, 0, 52), (12, 0, 0, 0, 52), (13, 1, 2, 0, 48), (14, 0, 2, 0, 48)]
     cost = RooflineCostModel("opt-13b", "a100-40gb", block_size=4)  # the paged kernel at block size 4
@@ -99,7 +106,11 @@ def test_preemptions_are_counted_under_memory_pressure():
     result = run(rate=4.0, num_requests=40, kv_slots=4096, seed=3)
     s = result.summary
     assert s["num_preemptions"] > 0
-    assert s["num_preemptions"] == int(result.requests["num_preemptions"].sum()) == int(result.steps["num_preempted"].sum())
+    assert (
+        s["num_preemptions"]
+        == int(result.requests["num_preemptions"].sum())
+        == int(result.steps["num_preempted"].sum())
+    )
     assert s["num_finished"] == s["num_requests"]
 
 
@@ -177,12 +188,15 @@ def test_request_longer_than_the_pool_is_named():
         run(requests=[Request(9, 0.0, 1500, 600)])
 
 
-@pytest.mark.parametrize("settings", [
-    {"scheduler": "v0", "rate": 3.0, "duration": 60.0},  # preemptions
-    {"scheduler": "v1", "rate": 2.0, "duration": 40.0, "n": 2},
-    {"policy": "max", "rate": 1.0, "duration": 30.0, "jump": False},
-    {"scheduler": "static", "rate": 1.0, "duration": 30.0, "preemption": "swap", "beam_width": 2},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"scheduler": "v0", "rate": 3.0, "duration": 60.0},  # preemptions
+        {"scheduler": "v1", "rate": 2.0, "duration": 40.0, "n": 2},
+        {"policy": "max", "rate": 1.0, "duration": 30.0, "jump": False},
+        {"scheduler": "static", "rate": 1.0, "duration": 30.0, "preemption": "swap", "beam_width": 2},
+    ],
+)
 def test_a_run_without_its_step_table_has_the_same_summary_and_requests(settings):
     """step_table=False keeps only the steps' totals: the summary (num_steps, mean batch size included) and the
     per-request table are those of the run that kept the table, bit for bit."""
@@ -190,8 +204,9 @@ def test_a_run_without_its_step_table_has_the_same_summary_and_requests(settings
     assert totals.steps is None and len(kept.steps) == kept.summary["num_steps"] > 0
     assert kept.summary["mean_batch_size"] == float(kept.steps["num_running"].mean())  # numpy's mean of the column
     drop = ("wall_time_s",)
-    assert {k: v for k, v in kept.summary.items() if k not in drop} == \
-           {k: v for k, v in totals.summary.items() if k not in drop}  # fmt: skip
+    assert {k: v for k, v in kept.summary.items() if k not in drop} == {
+        k: v for k, v in totals.summary.items() if k not in drop
+    }
     for name in kept.requests.columns:
         np.testing.assert_array_equal(kept.requests[name], totals.requests[name])
 

@@ -1,5 +1,6 @@
 """The memory_managers figure (sim/figures/managers.py) on its quick data: what its panels and caption claim holds
 in the CSV it writes (the figure's quick mode also runs through the registry test, tests/sim/test_figures.py)."""
+
 from __future__ import annotations
 
 import csv
@@ -57,5 +58,7 @@ def test_panel_b_the_tree_hits_at_least_as_much_as_hashed_blocks_at_every_size(r
         assert hit[policy, 16] >= hit[policy, 64], policy
     for row in caches.values():  # the CSV's counts are the hit rate's
         prompt, hits, computed = int(row["prompt_tokens"]), int(row["hit_tokens"]), int(row["computed_prompt_tokens"])
-        assert computed == prompt - hits and hits / prompt == pytest.approx(float(row["prefix_hit_rate_tokens"]), rel=1e-5)
+        assert computed == prompt - hits and hits / prompt == pytest.approx(
+            float(row["prefix_hit_rate_tokens"]), rel=1e-5
+        )
     assert len({int(r["prompt_tokens"]) for r in caches.values()}) == 1  # one trace, and no preemption re-admits

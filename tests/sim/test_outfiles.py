@@ -4,6 +4,7 @@ sim.base.outfiles is tested with writers that fail midway (an exception, Ctrl-C,
 process), then the command lines with the output paths of docs/ARCHITECTURE.md "Bad input": `main(argv)` in
 this process where the refusal comes before any work, a subprocess where a size limit is needed.
 """
+
 from __future__ import annotations
 
 import errno
@@ -18,11 +19,21 @@ from pathlib import Path
 
 import pytest
 
+from sim.base.outfiles import (
+    OutputPathError,
+    atomic_files,
+    atomic_write,
+    check_output_folder,
+    check_outputs,
+    remove_stale_temps,
+    temp_prefix,
+    write_bytes,
+    write_csv,
+    write_text,
+)
+from sim.base.request import Request
 from sim.drivers import bench_alloc
 from sim.drivers.cli import main
-from sim.base.outfiles import (OutputPathError, atomic_files, atomic_write, check_output_folder, check_outputs,
-                          remove_stale_temps, temp_prefix, write_bytes, write_csv, write_text)
-from sim.base.request import Request
 from sim.workloads.trace import write_csv as write_trace_csv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,8 +116,13 @@ def test_a_file_size_limit_leaves_the_old_files_and_no_temporary(tmp_path):
     names = ("big.bin", "small.csv", "other.png")
     for name in names:
         (tmp_path / name).write_text(OLD)
-    out = subprocess.run([sys.executable, "-c", SIZE_LIMIT_CHILD, *(str(tmp_path / n) for n in names)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", SIZE_LIMIT_CHILD, *(str(tmp_path / n) for n in names)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == f"single {errno.EFBIG}" and lines[1].startswith(f"group {errno.EFBIG} cannot write ")
@@ -141,10 +157,18 @@ def test_a_symlinked_output_stays_a_link_and_devices_are_written_in_place(tmp_pa
 
 def test_stale_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     name = "model-float32"
-    child = "import sys, tempfile; from sim.base.outfiles import temp_prefix; " \
-            "print(tempfile.mkdtemp(dir=sys.argv[1], prefix=temp_prefix(sys.argv[2])))"
-    out = subprocess.run([sys.executable, "-c", child, str(tmp_path), name], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, check=True)  # fmt: skip
+    child = (
+        "import sys, tempfile; from sim.base.outfiles import temp_prefix; "
+        "print(tempfile.mkdtemp(dir=sys.argv[1], prefix=temp_prefix(sys.argv[2])))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path), name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     dead = Path(out.stdout.strip())  # its process has exited: an interrupted conversion
     (dead / "model.safetensors").write_bytes(b"\0" * 1024)
     live = tmp_path / f"{temp_prefix(name)}abc123"  # this process: a conversion still running
@@ -166,8 +190,10 @@ def test_stale_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_pa
 
 
 def test_the_next_write_removes_a_killed_writers_temporary(tmp_path):
-    child = "import os, signal, sys; from sim.base.outfiles import atomic_write\n" \
-            "with atomic_write(sys.argv[1]) as f:\n    f.write('half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    child = (
+        "import os, signal, sys; from sim.base.outfiles import atomic_write\n"
+        "with atomic_write(sys.argv[1]) as f:\n    f.write('half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    )
     path = tmp_path / "sharing.png"
     path.write_text(OLD)
     out = subprocess.run([sys.executable, "-c", child, str(path)], cwd=ROOT, capture_output=True, timeout=60)
@@ -200,16 +226,24 @@ REFUSED = {  # name -> (outputs, inputs, the start of the message, words in it)
     "parent is a file": ({"--steps-csv": "A.csv/x.csv"}, {}, "--steps-csv A.csv/x.csv:", "A.csv is not a folder"),
     "dotdot through a missing folder": ({"--out": "nodir/../x.csv"}, {}, "--out nodir/../x.csv:", "does not exist"),
     "empty": ({"--out": ""}, {}, "--out:", "empty path"),
-    "two outputs": ({"--requests-csv": "A.csv", "--steps-csv": "A.csv"}, {}, "--steps-csv A.csv:",
-                    "is also --requests-csv A.csv"),
-    "two spellings": ({"--requests-csv": "A.csv", "--steps-csv": "adir/../A.csv"}, {}, "--steps-csv adir/../A.csv:",
-                      "is also --requests-csv A.csv"),
+    "two outputs": (
+        {"--requests-csv": "A.csv", "--steps-csv": "A.csv"},
+        {},
+        "--steps-csv A.csv:",
+        "is also --requests-csv A.csv",
+    ),
+    "two spellings": (
+        {"--requests-csv": "A.csv", "--steps-csv": "adir/../A.csv"},
+        {},
+        "--steps-csv adir/../A.csv:",
+        "is also --requests-csv A.csv",
+    ),
     "the input": ({"--requests-csv": "t.csv"}, {"--trace": "t.csv"}, "--requests-csv t.csv:", "is the input --trace"),
     "the input as ./": ({"--requests-csv": "./t.csv"}, {"--trace": "t.csv"}, "--requests-csv ./t.csv:", "input"),
     "the input by a symlink": ({"--requests-csv": "link.csv"}, {"--trace": "t.csv"}, "--requests-csv link", "input"),
     "the input by a hard link": ({"--requests-csv": "hard.csv"}, {"--trace": "t.csv"}, "--requests-csv hard", "input"),
     "the input, absolute": ({"--requests-csv": "{folder}/t.csv"}, {"--trace": "t.csv"}, "--requests-csv /", "input"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -259,15 +293,20 @@ def test_check_output_folder(folder):
 def no_work(monkeypatch):
     """Every command's work (a simulation, a benchmark) fails the test if it starts."""
     import sim.api
-    import sim.figures
     import sim.drivers.sweep
+    import sim.figures
     from sim.drivers import bench_sim
 
     def work(*args, **kwargs):
         raise AssertionError("work started before the output paths were checked")
 
-    for module, name in ((sim.api, "run"), (sim.drivers.sweep, "run_tasks"), (sim.figures, "run_tasks"),
-                         (bench_sim, "bench"), (bench_alloc, "bench")):  # fmt: skip
+    for module, name in (
+        (sim.api, "run"),
+        (sim.drivers.sweep, "run_tasks"),
+        (sim.figures, "run_tasks"),
+        (bench_sim, "bench"),
+        (bench_alloc, "bench"),
+    ):
         monkeypatch.setattr(module, name, work)
 
 
@@ -302,16 +341,27 @@ def test_run_writes_both_tables(folder, capsys):
     assert listing(folder / "adir") == ["steps.csv"] and (folder / "t.csv").is_file()
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["figures", "--only", "memory_waste", "--quick", "--out", "A.csv"], "--out A.csv: is a file"),
-    (["figures", "--only", "memory_waste", "--quick", "--out", "A.csv/sub"], "cannot create folder"),
-    (["bench", "--quick", "--csv", "nodir/x.csv"], "--csv nodir/x.csv: folder nodir does not exist"),
-    (["bench", "--quick", "--csv", "adir"], "--csv adir: is a folder"),
-    (["sweep", "--grid", "rate=1", "--set", "duration=5", "--out", "nodir/x.csv"], "--out nodir/x.csv"),
-    (["sweep", "--grid", "rate=1", "--set", "trace=t.csv", "--out", "./t.csv"], "is the input trace t.csv"),
-    (["bench-alloc", "--ops", "100", "--csv", "A.csv/x.csv"], "--csv A.csv/x.csv: A.csv is not a folder"),
-], ids=["figures-file", "figures-under-file", "bench-nodir", "bench-folder", "sweep-nodir", "sweep-trace",
-        "bench-alloc-under-file"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["figures", "--only", "memory_waste", "--quick", "--out", "A.csv"], "--out A.csv: is a file"),
+        (["figures", "--only", "memory_waste", "--quick", "--out", "A.csv/sub"], "cannot create folder"),
+        (["bench", "--quick", "--csv", "nodir/x.csv"], "--csv nodir/x.csv: folder nodir does not exist"),
+        (["bench", "--quick", "--csv", "adir"], "--csv adir: is a folder"),
+        (["sweep", "--grid", "rate=1", "--set", "duration=5", "--out", "nodir/x.csv"], "--out nodir/x.csv"),
+        (["sweep", "--grid", "rate=1", "--set", "trace=t.csv", "--out", "./t.csv"], "is the input trace t.csv"),
+        (["bench-alloc", "--ops", "100", "--csv", "A.csv/x.csv"], "--csv A.csv/x.csv: A.csv is not a folder"),
+    ],
+    ids=[
+        "figures-file",
+        "figures-under-file",
+        "bench-nodir",
+        "bench-folder",
+        "sweep-nodir",
+        "sweep-trace",
+        "bench-alloc-under-file",
+    ],
+)
 def test_every_command_checks_its_outputs_before_any_work(folder, capsys, no_work, argv, words):
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     assert main(argv) == 2
@@ -335,9 +385,27 @@ def test_figures_under_a_file_size_limit_leave_the_old_pair(tmp_path):
     out.mkdir()
     (out / "memory_waste.png").write_bytes(b"old png")
     (out / "memory_waste.csv").write_text(OLD)
-    result = subprocess.run([sys.executable, "-m", "sim", "figures", "--only", "memory_waste", "--quick", "--jobs", "1",
-                             "--no-progress", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, preexec_fn=_limit_file_size)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "figures",
+            "--only",
+            "memory_waste",
+            "--quick",
+            "--jobs",
+            "1",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limit_file_size,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: cannot write ") and result.stderr.count("\n") == 1, result.stderr
     assert "memory_waste.png" in result.stderr and "File too large" in result.stderr

@@ -2,6 +2,7 @@
 the lab's numbers there are the CSVs' own (recomputed here by hand), every difference beyond 10% has a note, the
 sensitivity CSV is the sweep the code defines (and one of its runs reproduces), and bad command lines end in one
 `error:` line with exit status 2."""
+
 from __future__ import annotations
 
 import csv
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sim.drivers.sweep import run_task
 from sim.figures import paper
 from sim.figures.paper import PAPER, ROWS, Data, PaperNumber, Value, difference, readme_block
 from sim.figures.paper_sensitivity import COLUMNS, PARAMS, points, read_sensitivity, row
-from sim.drivers.sweep import run_task
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
@@ -90,23 +91,31 @@ def test_sustained_rates_are_read_off_the_curves_by_hand(data):
 
 
 def test_best_block_sizes_and_preemption_modes_by_hand(data):
-    alpaca = {int(r["block_size"]): float(r["normalized_latency_s_per_token"]) for r in rows("block_size")
-              if r["workload"] == "alpaca"}  # fmt: skip
+    alpaca = {
+        int(r["block_size"]): float(r["normalized_latency_s_per_token"])
+        for r in rows("block_size")
+        if r["workload"] == "alpaca"
+    }
     good = [b for b, v in alpaca.items() if v <= 1.1 * min(alpaca.values())]
     assert lab(data, "fig18b.alpaca").x == (min(good), max(good))
-    latency = {(r["preemption"], int(r["block_size"])): float(r["normalized_latency_s_per_token"])
-               for r in rows("recompute_vs_swap")}  # fmt: skip
+    latency = {
+        (r["preemption"], int(r["block_size"])): float(r["normalized_latency_s_per_token"])
+        for r in rows("recompute_vs_swap")
+    }
     small = min(latency["swap", b] / latency["recompute", b] for b in (1, 2, 4, 8))
     assert lab(data, "fig19.small").x.startswith(f"swap / recompute {small:.2f}")
 
 
-@pytest.mark.parametrize("number, value, expected", [
-    (PaperNumber(2.0, ""), Value(1.5), -0.25),
-    (PaperNumber((1.7, 2.7), ""), Value(2.0), 0.0),  # inside a range
-    (PaperNumber((1.7, 2.7), ""), Value(1.36), 1.36 / 1.7 - 1),  # below it: from the low end
-    (PaperNumber((1.7, 2.7), ""), Value(5.4), 1.0),  # above it: from the high end
-    (PaperNumber("comparable", ""), Value("swap / recompute 0.9"), None),  # qualitative: no number
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "number, value, expected",
+    [
+        (PaperNumber(2.0, ""), Value(1.5), -0.25),
+        (PaperNumber((1.7, 2.7), ""), Value(2.0), 0.0),  # inside a range
+        (PaperNumber((1.7, 2.7), ""), Value(1.36), 1.36 / 1.7 - 1),  # below it: from the low end
+        (PaperNumber((1.7, 2.7), ""), Value(5.4), 1.0),  # above it: from the high end
+        (PaperNumber("comparable", ""), Value("swap / recompute 0.9"), None),  # qualitative: no number
+    ],
+)
 def test_difference_is_lab_over_paper_minus_one(number, value, expected):
     assert difference(number, value) == (None if expected is None else pytest.approx(expected))
 
@@ -148,8 +157,11 @@ def test_the_sensitivity_csv_is_the_sweep_the_code_defines():
 
 def test_one_sensitivity_run_reproduces_its_row():
     point = next(p for p in points() if (p.study, p.curve) == ("pool", "fig13:sharegpt:max"))
-    committed = next(r for r in read_sensitivity(FIGURES / "paper_sensitivity.csv")
-                     if (r["study"], r["curve"]) == ("pool", "fig13:sharegpt:max"))  # fmt: skip
+    committed = next(
+        r
+        for r in read_sensitivity(FIGURES / "paper_sensitivity.csv")
+        if (r["study"], r["curve"]) == ("pool", "fig13:sharegpt:max")
+    )
     again = row(point, run_task(point.task))
     for column in ("num_requests", "mean_batch_size", "token_states_of_used", "pow2_over_context"):
         assert str(again[column]) == committed[column], column
@@ -157,8 +169,14 @@ def test_one_sensitivity_run_reproduces_its_row():
 
 # --- the command line --------------------------------------------------------------------------------------------
 def sim(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_check_passes_on_the_committed_readme_and_write_rewrites_a_copy(tmp_path):
@@ -173,13 +191,16 @@ def test_check_passes_on_the_committed_readme_and_write_rewrites_a_copy(tmp_path
     assert readme.read_text().startswith(f"before\n{paper.BEGIN}\n| figure |")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["paper-table", "--figures", "nowhere"], "paper_sensitivity.csv: no such file"),
-    (["paper-table", "--write", "--check"], "not allowed with argument"),
-    (["paper-table", "--write", "--readme", "plain.md"], "has no <!-- paper-table:begin -->"),
-    (["paper-sensitivity", "--out", "afolder"], "is a folder"),
-    (["paper-sensitivity", "--out", "nodir/x.csv"], "does not exist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["paper-table", "--figures", "nowhere"], "paper_sensitivity.csv: no such file"),
+        (["paper-table", "--write", "--check"], "not allowed with argument"),
+        (["paper-table", "--write", "--readme", "plain.md"], "has no <!-- paper-table:begin -->"),
+        (["paper-sensitivity", "--out", "afolder"], "is a folder"),
+        (["paper-sensitivity", "--out", "nodir/x.csv"], "does not exist"),
+    ],
+)
 def test_bad_input_is_one_error_line(args, message, tmp_path):
     (tmp_path / "afolder").mkdir()
     (tmp_path / "plain.md").write_text("no markers here\n")

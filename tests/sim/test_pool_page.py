@@ -2,6 +2,7 @@
 contiguous baselines' reservations included); a replay of a long run keeps evenly spread steps and loses no event;
 `python -m sim run --pool-page` writes it whole or not at all; a browser draws it, and at any pool size the map, the
 chart and the tables all lie inside a 1400x1000 window."""
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,24 @@ from sim.drivers.cli import main
 from sim.views.pool_page import CHART_TOPS, MAX_CELLS, WINDOW, ReplayRecorder, pool_html, snapshot_json
 from sim.views.viewer import snapshot
 
-SMALL = dict(workload="uniform", arrival="offline", prompt_len_range=(8, 80), output_len_range=(4, 60),
-             max_num_batched_tokens=128, max_num_seqs=8)  # fmt: skip
+SMALL = dict(
+    workload="uniform",
+    arrival="offline",
+    prompt_len_range=(8, 80),
+    output_len_range=(4, 60),
+    max_num_batched_tokens=128,
+    max_num_seqs=8,
+)
 # Each policy on a pool that runs short (the paged ones preempt), on a model it accepts.
-POLICIES = {"paged": dict(kv_slots=512, block_size=8), "max": dict(kv_slots=3 * 2048), "pow2": dict(kv_slots=4096),
-            "oracle": dict(kv_slots=800), "vattention": dict(kv_slots=512), "radix": dict(kv_slots=512, prefix_len=24),
-            "hybrid": dict(kv_slots=1024, model="gemma3-270m")}  # fmt: skip
+POLICIES = {
+    "paged": dict(kv_slots=512, block_size=8),
+    "max": dict(kv_slots=3 * 2048),
+    "pow2": dict(kv_slots=4096),
+    "oracle": dict(kv_slots=800),
+    "vattention": dict(kv_slots=512),
+    "radix": dict(kv_slots=512, prefix_len=24),
+    "hybrid": dict(kv_slots=1024, model="gemma3-270m"),
+}
 
 
 def _checked_run(policy: str, seed: int, n: int, **extra) -> int:
@@ -30,16 +43,27 @@ def _checked_run(policy: str, seed: int, n: int, **extra) -> int:
 
     def observe(sim, plan) -> None:
         kv = sim.kv
-        page = snapshot_json(snapshot(sim.scheduler, step=len(steps), time=sim.now, num_prefills=len(plan.prefills),
-                                      num_decodes=len(plan.decodes)))  # fmt: skip
+        page = snapshot_json(
+            snapshot(
+                sim.scheduler,
+                step=len(steps),
+                time=sim.now,
+                num_prefills=len(plan.prefills),
+                num_decodes=len(plan.decodes),
+            )
+        )
         assert page["used_blocks"] == kv.num_blocks - kv.num_free_blocks, (policy, len(steps))
         assert sum(blocks * (end - first) for first, end, _, _, blocks in page["runs"]) == page["used_blocks"]
         assert page["num_cells"] <= MAX_CELLS and all(0 <= r[0] < r[1] <= page["num_cells"] for r in page["runs"])
         owners = set(sim.scheduler.running_request_ids() + sim.scheduler.swapped_request_ids())
         assert {r[2] for r in page["runs"]} <= owners | {-1}
         for block, refs in page["refs"].items():  # a shared block is in that many running tables
-            assert refs == sum(int(block) in kv.block_table(s) for r in sim.scheduler.running_request_ids()
-                               for s in sim.scheduler.seq_ids(r) if s in set(kv.seq_ids))  # fmt: skip
+            assert refs == sum(
+                int(block) in kv.block_table(s)
+                for r in sim.scheduler.running_request_ids()
+                for s in sim.scheduler.seq_ids(r)
+                if s in set(kv.seq_ids)
+            )
         steps.append(page)
 
     settings_ = {**SMALL, "model": "opt-13b", **POLICIES[policy], **extra}
@@ -53,8 +77,12 @@ def test_what_is_drawn_is_what_the_kv_manager_holds(policy):
 
 
 @settings(max_examples=15, deadline=None)
-@given(policy=st.sampled_from(sorted(POLICIES)), seed=st.integers(0, 10_000), n=st.integers(1, 3),
-       preemption=st.sampled_from(["recompute", "swap"]))
+@given(
+    policy=st.sampled_from(sorted(POLICIES)),
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 3),
+    preemption=st.sampled_from(["recompute", "swap"]),
+)
 def test_what_is_drawn_is_what_the_kv_manager_holds_on_random_runs(policy, seed, n, preemption):
     if preemption == "swap" and policy != "paged":
         preemption = "recompute"  # only the paged pool has swap space
@@ -78,14 +106,16 @@ def test_a_long_run_keeps_evenly_spread_steps_and_every_event():
     assert few.stride >= 8 and 3 <= len(steps) < 6 and steps == list(range(0, every.num_steps, few.stride))
     kept = {f["step"]: f for f in every.frames}
     for frame in few.frames:  # a kept step is the step itself, but for the events folded into it
-        assert {k: v for k, v in frame.items() if k not in ("preempted", "finished")} == \
-            {k: v for k, v in kept[frame["step"]].items() if k not in ("preempted", "finished")}
+        assert {k: v for k, v in frame.items() if k not in ("preempted", "finished")} == {
+            k: v for k, v in kept[frame["step"]].items() if k not in ("preempted", "finished")
+        }
     preempted, finished = _events(every.frames)
     assert preempted  # the small pool preempts
     shown = few.page_frames()  # the steps kept, then the run's last step with an event (its last finish)
     assert shown[:-1] == few.frames and shown[-1]["step"] == every.num_steps - 1 == every.frames[-1]["step"]
-    assert {k: v for k, v in shown[-1].items() if k not in ("preempted", "finished")} == \
-        {k: v for k, v in every.frames[-1].items() if k not in ("preempted", "finished")}
+    assert {k: v for k, v in shown[-1].items() if k not in ("preempted", "finished")} == {
+        k: v for k, v in every.frames[-1].items() if k not in ("preempted", "finished")
+    }
     kept_preempted, kept_finished = _events(shown)
     assert sorted(kept_preempted) == sorted(preempted)
     assert sorted(kept_finished) == sorted(finished) == list(range(10))
@@ -93,9 +123,29 @@ def test_a_long_run_keeps_evenly_spread_steps_and_every_event():
 
 def test_the_command_writes_the_page_with_the_other_outputs(tmp_path, capsys):
     page, steps = tmp_path / "run.html", tmp_path / "steps.csv"
-    args = ["run", "--policy", "max", "--workload", "uniform", "--prompt-len-range", "8,40", "--output-len-range",
-            "4,30", "--num-requests", "5", "--arrival", "offline", "--kv-slots", "6144", "--pool-page", str(page),
-            "--pool-page-steps", "20", "--steps-csv", str(steps)]  # fmt: skip
+    args = [
+        "run",
+        "--policy",
+        "max",
+        "--workload",
+        "uniform",
+        "--prompt-len-range",
+        "8,40",
+        "--output-len-range",
+        "4,30",
+        "--num-requests",
+        "5",
+        "--arrival",
+        "offline",
+        "--kv-slots",
+        "6144",
+        "--pool-page",
+        str(page),
+        "--pool-page-steps",
+        "20",
+        "--steps-csv",
+        str(steps),
+    ]
     assert main(args) == 0
     html = page.read_text()
     assert "LIVE = false" in html  # a replay: no event stream, the slider and Play over the steps embedded
@@ -106,8 +156,13 @@ def test_the_command_writes_the_page_with_the_other_outputs(tmp_path, capsys):
     assert all(f["used_blocks"] > 0 for f in frames[:-1]) and frames[0]["cell_blocks"] == 3  # 6,144 one-slot blocks
 
 
-@pytest.mark.parametrize("flags, says", [(["--pool-page-steps", "1"], "--pool-page-steps: got 1 (allowed: an integer "
-                                          "from 2 to 2,000)"), (["--pool-page", "."], "--pool-page")])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--pool-page-steps", "1"], "--pool-page-steps: got 1 (allowed: an integer from 2 to 2,000)"),
+        (["--pool-page", "."], "--pool-page"),
+    ],
+)
 def test_bad_page_flags_are_one_line_and_nothing_runs(tmp_path, capsys, flags, says):
     steps = tmp_path / "steps.csv"
     code = main(["run", "--num-requests", "3", "--steps-csv", str(steps), *flags])
@@ -122,9 +177,32 @@ def test_a_browser_draws_the_replayed_steps_blocks(tmp_path):
     from sim.views.pool_page import page_dom, screenshot
 
     page = tmp_path / "run.html"
-    assert main(["run", "--workload", "uniform", "--prompt-len-range", "40,80", "--output-len-range", "8,20",
-                 "--num-requests", "4", "--arrival", "offline", "--kv-slots", "512", "--block-size", "8",
-                 "--n", "2", "--pool-page", str(page)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--workload",
+                "uniform",
+                "--prompt-len-range",
+                "40,80",
+                "--output-len-range",
+                "8,20",
+                "--num-requests",
+                "4",
+                "--arrival",
+                "offline",
+                "--kv-slots",
+                "512",
+                "--block-size",
+                "8",
+                "--n",
+                "2",
+                "--pool-page",
+                str(page),
+            ]
+        )
+        == 0
+    )
     dom = page_dom(page.as_uri())
     body = re.search(r'<body data-step="(-?\d+)" data-used="(\d+)"', dom)
     assert body and body.group(1) == "0", dom[:500]
@@ -147,8 +225,10 @@ def _layout(dom: str) -> tuple[tuple[int, int], tuple[int, int], dict[str, tuple
     """What the page wrote down after its layout: the viewport's size, the document's scroll size, and the rectangle
     (left, top, right, bottom, in px) of each panel and of the grid of cells."""
     size = lambda name: tuple(int(v) for v in re.search(rf'data-{name}="(\d+)x(\d+)"', dom).groups())  # noqa: E731
-    rects = {name: tuple(int(v) for v in rect.split(","))
-             for name, rect in re.findall(r'data-panel="(\w+)" data-rect="(-?[\d,-]+)"', dom)}  # fmt: skip
+    rects = {
+        name: tuple(int(v) for v in rect.split(","))
+        for name, rect in re.findall(r'data-panel="(\w+)" data-rect="(-?[\d,-]+)"', dom)
+    }
     rects["grid"] = tuple(int(v) for v in re.search(r'id="grid" data-rect="(-?[\d,-]+)"', dom).group(1).split(","))
     return size("viewport"), size("scroll"), rects
 
@@ -169,7 +249,7 @@ def _check_fits(dom: str, frame: dict | None, frames: list[dict]) -> None:
     for name in PANELS:
         assert _inside(rects[name], whole), (name, rects[name], viewport)
     for i, a in enumerate(PANELS):  # side by side, not on top of each other
-        for b in PANELS[i + 1:]:
+        for b in PANELS[i + 1 :]:
             ra, rb = rects[a], rects[b]
             assert ra[2] <= rb[0] or rb[2] <= ra[0] or ra[3] <= rb[1] or rb[3] <= ra[1], (a, ra, b, rb)
     map_w, map_h = rects["map"][2] - rects["map"][0], rects["map"][3] - rects["map"][1]
@@ -191,9 +271,11 @@ def _check_fits(dom: str, frame: dict | None, frames: list[dict]) -> None:
 
 
 # pool size in blocks (of 16 slots) -> the workload that runs on it
-POOL_SIZES = {64: ["--prompt-len-range", "8,60", "--output-len-range", "4,40", "--num-requests", "12"],
-              2048: ["--prompt-len-range", "40,400", "--output-len-range", "20,200", "--num-requests", "30"],
-              50_000: ["--prompt-len-range", "200,1600", "--output-len-range", "50,400", "--num-requests", "40"]}
+POOL_SIZES = {
+    64: ["--prompt-len-range", "8,60", "--output-len-range", "4,40", "--num-requests", "12"],
+    2048: ["--prompt-len-range", "40,400", "--output-len-range", "20,200", "--num-requests", "30"],
+    50_000: ["--prompt-len-range", "200,1600", "--output-len-range", "50,400", "--num-requests", "40"],
+}
 
 
 @pytest.mark.parametrize("num_blocks", sorted(POOL_SIZES))
@@ -206,9 +288,27 @@ def test_the_page_fits_a_window_at_any_pool_size(tmp_path, num_blocks):
     from sim.views.pool_page import page_dom
 
     page = tmp_path / "run.html"
-    assert main(["run", "--workload", "uniform", "--arrival", "offline", "--block-size", "16", "--kv-slots",
-                 str(16 * num_blocks), "--pool-page", str(page), "--pool-page-steps", "60",
-                 *POOL_SIZES[num_blocks]]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--workload",
+                "uniform",
+                "--arrival",
+                "offline",
+                "--block-size",
+                "16",
+                "--kv-slots",
+                str(16 * num_blocks),
+                "--pool-page",
+                str(page),
+                "--pool-page-steps",
+                "60",
+                *POOL_SIZES[num_blocks],
+            ]
+        )
+        == 0
+    )
     frames = _replay_frames(page.read_text())
     first = frames[0]
     assert first["num_slots"] == 16 * num_blocks and first["num_cells"] == -(-num_blocks // first["cell_blocks"])

@@ -2,6 +2,7 @@
 queue ordered by (request.priority, arrival), the lower value first; the latest arrival of the highest value
 preempted first. The invariants over random systems (nobody overtakes, victims from the end of the order) are in
 test_scheduler_properties.py; the fast-forward's equality with stepping under priority in test_fastforward.py."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.api import run
-from sim.kv import make_kv_manager
-from sim.clock.metrics import REQUEST_COLUMNS, STEP_COLUMNS
-from sim.scheduling.plan import StepOutcome
 from sim.base.request import Request
+from sim.clock.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+from sim.kv import make_kv_manager
+from sim.scheduling.plan import StepOutcome
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 from sim.workloads.trace import read_trace, write_csv, write_jsonl
 from sim.workloads.workload import assign_priorities, generate_requests
@@ -27,8 +28,12 @@ def _same_run(a, b) -> None:
 
 
 @settings(deadline=None, max_examples=25)
-@given(scheduler=st.sampled_from(["v0", "v1", "static"]), kv_slots=st.sampled_from([2400, 4096, 20_000]),
-       seed=st.integers(0, 5), share=st.sampled_from([0.0, 1.0]))
+@given(
+    scheduler=st.sampled_from(["v0", "v1", "static"]),
+    kv_slots=st.sampled_from([2400, 4096, 20_000]),
+    seed=st.integers(0, 5),
+    share=st.sampled_from([0.0, 1.0]),
+)
 def test_one_class_is_fcfs(scheduler, kv_slots, seed, share):
     """With every request of one priority, priority scheduling is FCFS: the same run, bit for bit (with memory short
     enough to preempt, where the victim is the latest arrival either way)."""
@@ -42,8 +47,11 @@ def test_one_class_is_fcfs(scheduler, kv_slots, seed, share):
 def _step(sched: Scheduler):
     """One step with the simulator's outcome rule (a sequence finishes at its output_len)."""
     plan = sched.schedule()
-    done = {e.seq_id for e in plan.entries
-            if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len}  # fmt: skip
+    done = {
+        e.seq_id
+        for e in plan.entries
+        if e.sample and sched.num_generated(e.seq_id) + 1 >= sched.request(e.request_id).output_len
+    }
     sched.finish_step(plan, StepOutcome(done))
     return plan
 
@@ -55,8 +63,10 @@ def test_a_better_class_heads_the_queue_and_loses_last(mode):
     class-1 requests go before the class-0 one, the latest arrival of them first."""
     block = 4
     for policy, first in (("priority", 3), ("fcfs", 2)):
-        sched = Scheduler(make_kv_manager("paged", 20 * block, block_size=block),
-                          SchedulerConfig(mode=mode, scheduling_policy=policy, max_num_batched_tokens=64))
+        sched = Scheduler(
+            make_kv_manager("paged", 20 * block, block_size=block),
+            SchedulerConfig(mode=mode, scheduling_policy=policy, max_num_batched_tokens=64),
+        )
         for rid, priority in ((0, 1), (1, 1)):
             sched.add_request(Request(rid, 0.0, 24, 16, priority=priority))
         _step(sched)
@@ -97,7 +107,8 @@ def test_priorities_are_drawn_beside_the_workload():
     marked = generate_requests("sharegpt", 5000, rate=2.0, seed=7)
     assign_priorities(marked, 0.3, seed=7)
     assert [(r.arrival_time, r.prompt_len, r.output_len) for r in plain] == [
-        (r.arrival_time, r.prompt_len, r.output_len) for r in marked]
+        (r.arrival_time, r.prompt_len, r.output_len) for r in marked
+    ]
     share = np.mean([r.priority == 0 for r in marked])
     assert abs(share - 0.3) < 0.03 and {r.priority for r in marked} == {0, 1}
     for edge, expected in ((0.0, {1}), (1.0, {0})):

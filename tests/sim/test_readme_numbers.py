@@ -5,6 +5,7 @@ says in one line what is wrong with a README without markers.
 
 The numbers of the engine's files are recomputed beside the engine's own tests (tests/reference/test_bench_gpu.py,
 test_bench_hybrid.py, tests/test_peer.py), with the engine's own readers."""
+
 from __future__ import annotations
 
 import csv
@@ -88,8 +89,11 @@ def test_batch_size_and_the_sustained_rates_of_figs_14_and_17(files):
     expected = f"{batch['sharegpt', 'paged'] / batch['sharegpt', 'max']:.1f}x"
     assert lab(files, "figures", "batch_size.paged/max") == expected
 
-    sustained = {(r["kind"], int(r["width"]), r["system"]): (">= " if r["sustained_is_lower_bound"] == "True" else "")
-                 + r["sustained_rate"] for r in read_rows("sampling_latency")}  # fmt: skip
+    sustained = {
+        (r["kind"], int(r["width"]), r["system"]): (">= " if r["sustained_is_lower_bound"] == "True" else "")
+        + r["sustained_rate"]
+        for r in read_rows("sampling_latency")
+    }
     for kind in ("n", "beam_width"):
         expected = f"paged {sustained[kind, 6, 'paged']}, Oracle {sustained[kind, 6, 'oracle']}"
         assert lab(files, "figures", f"sampling_latency.{kind}") == expected
@@ -129,8 +133,9 @@ def test_memory_managers(files):
     assert lab(files, "figures", "memory_managers.token_states") == ", ".join(shares)
     batches = [f"{float(r['mean_batch_size']):.1f} ({name})" for r, name in zip(a, names)]
     assert lab(files, "figures", "memory_managers.batch") == ", ".join(batches)
-    hits = {(r["policy"], r["block_size_tokens"]): float(r["prefix_hit_rate_tokens"])
-            for r in rows if r["panel"] == "b"}  # fmt: skip
+    hits = {
+        (r["policy"], r["block_size_tokens"]): float(r["prefix_hit_rate_tokens"]) for r in rows if r["panel"] == "b"
+    }
     for policy in ("paged", "radix"):
         expected = ", ".join(f"{hits[policy, b]:.1%} ({b})" for b in ("1", "16", "64"))
         assert lab(files, "figures", f"memory_managers.hits.{policy}") == expected
@@ -141,34 +146,55 @@ def test_the_simulator_and_cpu_benchmarks(files):
     sim_bench = {r["run"]: float(r["wall_time_s"]) for r in interpreted if r["run"] != "heapq"}
     block = make_block("benchmarks", files)
     result = block.row("sim")["result"]
-    for run, label in (("paper-scale paged", "paged"), ("paper-scale max", "max"), ("paper-scale pow2", "pow2"),
-                       ("paper-scale oracle", "oracle"), ("paper-scale paged v1", "paged under v1")):  # fmt: skip
+    for run, label in (
+        ("paper-scale paged", "paged"),
+        ("paper-scale max", "max"),
+        ("paper-scale pow2", "pow2"),
+        ("paper-scale oracle", "oracle"),
+        ("paper-scale paged v1", "paged under v1"),
+    ):
         assert f"{label} {sim_bench[run]:.2f} s" in result, run
     assert block.row("sim_100k")["result"].startswith(
-        f"v0 {sim_bench['100k paged v0']:.1f} s, v1 {sim_bench['100k paged v1']:.1f} s")
+        f"v0 {sim_bench['100k paged v0']:.1f} s, v1 {sim_bench['100k paged v1']:.1f} s"
+    )
     huge = next(r for r in interpreted if r["run"] == "1M paged v0")
     assert block.row("sim_1m")["result"].startswith(
-        f"{float(huge['wall_time_s']):.1f} s, peak memory {float(huge['peak_rss_mib']):,.0f} MiB")
-    alloc = {(r["benchmark"], r["policy"], r["allocator"]): float(r["ops_per_s"]) / 1e6
-             for r in read_rows("bench_alloc")}  # fmt: skip
+        f"{float(huge['wall_time_s']):.1f} s, peak memory {float(huge['peak_rss_mib']):,.0f} MiB"
+    )
+    alloc = {
+        (r["benchmark"], r["policy"], r["allocator"]): float(r["ops_per_s"]) / 1e6 for r in read_rows("bench_alloc")
+    }
     contiguous = [v for (b, p, _), v in alloc.items() if b == "kv_cycle" and p != "paged"]
-    assert block.row("alloc")["result"] == (f"BlockAllocator allocate/free {alloc['blocks', '', 'block']:.2f} M/s; "
-                                            f"paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s; "
-                                            f"contiguous {min(contiguous):.2f}-{max(contiguous):.2f} M/s")  # fmt: skip
+    assert block.row("alloc")["result"] == (
+        f"BlockAllocator allocate/free {alloc['blocks', '', 'block']:.2f} M/s; "
+        f"paged {alloc['kv_cycle', 'paged', 'block']:.2f} M/s; "
+        f"contiguous {min(contiguous):.2f}-{max(contiguous):.2f} M/s"
+    )
     engine = {r["system"].split(" ")[0]: r for r in read_rows("bench_engine_cpu") if r["section"] == "throughput"}
     tokens = {k: float(v["tokens_per_s"]) for k, v in engine.items()}
     assert block.row("engine")["result"].startswith(
-        f"{tokens['engine']:.1f} vs {tokens['HF']:.1f} output tokens/s: {tokens['engine'] / tokens['HF']:.2f}x")
-    held = {r["system"]: r["max_concurrent_requests"] for r in read_rows("bench_engine_cpu")
-            if r["section"] == "concurrency"}  # fmt: skip
+        f"{tokens['engine']:.1f} vs {tokens['HF']:.1f} output tokens/s: {tokens['engine'] / tokens['HF']:.2f}x"
+    )
+    held = {
+        r["system"]: r["max_concurrent_requests"]
+        for r in read_rows("bench_engine_cpu")
+        if r["section"] == "concurrency"
+    }
     assert block.row("concurrency")["result"].replace(" (the whole workload)", "") == ", ".join(
-        f"{s} {n}" for s, n in held.items())
+        f"{s} {n}" for s, n in held.items()
+    )
 
 
 # --- the command line ---------------------------------------------------------------------------------------------
 def sim(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def empty_blocks(names=tuple(BLOCKS), inside: str = "") -> str:
@@ -235,11 +261,14 @@ def test_print_gives_every_block_between_its_markers(capsys):
         assert f"{begin}\n{current_block(readme, name)}\n{end}" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["readme-numbers", "--figures", "nowhere"], "no such file"),
-    (["readme-numbers", "--write", "--check"], "not allowed with argument"),
-    (["readme-numbers", "--check", "--readme", "absent.md"], "absent.md"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["readme-numbers", "--figures", "nowhere"], "no such file"),
+        (["readme-numbers", "--write", "--check"], "not allowed with argument"),
+        (["readme-numbers", "--check", "--readme", "absent.md"], "absent.md"),
+    ],
+)
 def test_bad_input_is_one_error_line(args, message, tmp_path):
     out = sim(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stderr

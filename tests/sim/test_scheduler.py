@@ -2,6 +2,7 @@
 static batching, the paper's prefill-only steps (v0) and vLLM v1's token budget, and the fast-forward's plain
 decode runs. Small pools, so memory runs out often; the KV manager's invariants are checked after every step.
 (Sequence groups: test_scheduler_groups.py; the v1 token budget and chunks: test_scheduler_v1.py.)"""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.base.specs import get_model
 from sim.fast.runs import advance, kv_runs, plain_decodes
 from sim.kv import POLICIES, allocates_blocks_on_demand, make_kv_manager
 from sim.scheduling.plan import StepOutcome, StepPlan
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
-from sim.base.specs import get_model
 from sim.testing.blocks import machine_settings
 from sim.workloads.workload import generate_requests
 from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, run_length, step
@@ -29,9 +30,14 @@ V0 = SchedulerConfig(mode="v0")
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"max_num_seqs": 0}, "max_num_seqs"), ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
-     ({"mode": "continuous"}, "mode"), ({"preemption": "kill"}, "preemption"), ({"victim": "oldest"}, "victim"),
-     ({"mode": "v0", "enable_chunked_prefill": True}, "enable_chunked_prefill")],
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"mode": "continuous"}, "mode"),
+        ({"preemption": "kill"}, "preemption"),
+        ({"victim": "oldest"}, "victim"),
+        ({"mode": "v0", "enable_chunked_prefill": True}, "enable_chunked_prefill"),
+    ],
 )
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -42,8 +48,12 @@ def test_config_rejects_bad_values(kwargs, field):
     "kv, config, request_, message",
     [
         (paged(64), SchedulerConfig(max_num_batched_tokens=16, mode="v0"), req(0, 17, 1), "max_num_batched_tokens"),
-        (paged(64), SchedulerConfig(max_num_batched_tokens=16, enable_chunked_prefill=False), req(0, 17, 1),
-         "or any length with chunked prefill"),
+        (
+            paged(64),
+            SchedulerConfig(max_num_batched_tokens=16, enable_chunked_prefill=False),
+            req(0, 17, 1),
+            "or any length with chunked prefill",
+        ),
         (paged(64), SchedulerConfig(max_num_batched_tokens=2), req(0, 4, 1, beam_width=3), "beam_width 3"),
         (paged(4), SchedulerConfig(), req(0, 10, 10), "need 5 blocks"),  # final length 19 -> 5 blocks of 4
         (make_kv_manager("max", 64, block_size=1, max_seq_len=32), SchedulerConfig(), req(0, 30, 10), "max_seq_len"),
@@ -174,8 +184,15 @@ def test_static_admits_nothing_while_a_batch_runs(mode):
 def test_iteration_level_batching_finishes_a_mixed_workload_in_fewer_steps():
     steps = {}
     for mode in ("static", "v0", "v1"):
-        reqs = generate_requests("uniform", 30, arrival="offline", prompt_len_range=(4, 40),
-                                 output_len_range=(1, 60), max_seq_len=128, seed=3)
+        reqs = generate_requests(
+            "uniform",
+            30,
+            arrival="offline",
+            prompt_len_range=(4, 40),
+            output_len_range=(1, 60),
+            max_seq_len=128,
+            seed=3,
+        )
         sched = Scheduler(paged(64), SchedulerConfig(mode=mode, max_num_seqs=8))
         for r in reqs:
             sched.add_request(r)
@@ -285,8 +302,12 @@ def test_no_plain_decode_run_when_the_next_step_differs():
         ("paged", {"mode": "v0"}, {"beam_width": 2}, 512),
         ("paged", {"max_num_batched_tokens": 16}, {"beam_width": 2}, 512),
         ("paged", {"mode": "v0"}, {"prefix_len": 16, "num_prefixes": 2}, 1024),
-        ("paged", {"max_num_batched_tokens": 24, "victim": "fewest_computed"}, {"prefix_len": 16, "num_prefixes": 2},
-         1024),
+        (
+            "paged",
+            {"max_num_batched_tokens": 24, "victim": "fewest_computed"},
+            {"prefix_len": 16, "num_prefixes": 2},
+            1024,
+        ),
         ("oracle", {"mode": "v0"}, {"beam_width": 2}, 1024),
         ("oracle", {"max_num_batched_tokens": 16}, {"n": 3}, 1024),
     ],
@@ -296,10 +317,25 @@ def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slo
     jumping over decode runs: both give the same number of iterations and preemptions."""
     results = []
     for use_runs in (False, True):
-        reqs = generate_requests("uniform", 50, rate=20.0, prompt_len_range=(2, 60), output_len_range=(1, 60),
-                                 max_seq_len=256, seed=7, **workload)
-        kv = make_kv_manager(policy, num_slots, block_size=8 if allocates_blocks_on_demand(policy) else 1, max_seq_len=256,
-                             num_cpu_blocks=32, enable_prefix_caching="prefix_len" in workload, model=_WINDOWED)
+        reqs = generate_requests(
+            "uniform",
+            50,
+            rate=20.0,
+            prompt_len_range=(2, 60),
+            output_len_range=(1, 60),
+            max_seq_len=256,
+            seed=7,
+            **workload,
+        )
+        kv = make_kv_manager(
+            policy,
+            num_slots,
+            block_size=8 if allocates_blocks_on_demand(policy) else 1,
+            max_seq_len=256,
+            num_cpu_blocks=32,
+            enable_prefix_caching="prefix_len" in workload,
+            model=_WINDOWED,
+        )
         sched = Scheduler(kv, SchedulerConfig(max_num_seqs=24, **config))
         for r in reqs:
             sched.add_request(r)
@@ -316,7 +352,8 @@ def test_synthetic_workload_runs_to_completion(policy, config, workload, num_slo
 @given(
     shapes=st.lists(
         st.tuples(st.integers(1, 24), st.integers(1, 24), st.sampled_from([(1, 1), (2, 1), (3, 1), (1, 2), (1, 3)])),
-        min_size=1, max_size=8,
+        min_size=1,
+        max_size=8,
     ),
     mode=st.sampled_from(["v0", "static", "v1"]),
     preemption=st.sampled_from(["recompute", "swap"]),

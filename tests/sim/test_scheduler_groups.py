@@ -1,13 +1,14 @@
 """The scheduler's sequence groups (sim/scheduling/scheduler.py): parallel sampling and beam search compute the prompt once
 (the leader), their siblings sample from its logits and are forked from it, forks and frees follow the
 executor's beam choices, and prefix sharing reports cached tokens."""
+
 from __future__ import annotations
 
 import pytest
 
+from sim.base.request import Request
 from sim.kv import make_kv_manager
 from sim.scheduling.plan import StepOutcome
-from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 from tests.sim.scheduler_driver import all_blocks_free, drive, paged, req, step
 
@@ -154,8 +155,10 @@ def test_siblings_are_forked_from_the_leader_when_its_prompt_is_computed(policy)
         chunks.append(step(sched)[0])
         free.append(kv.num_free_blocks)
     assert [[(e.seq_id, e.num_computed_tokens, e.num_new_tokens, e.sample) for e in p.prefills] for p in chunks] == [
-        [(leader, 0, 4, False)], [(leader, 4, 4, False)],
-        [(leader, 8, 2, True), (siblings[0], 10, 0, True), (siblings[1], 10, 0, True)]]  # fmt: skip
+        [(leader, 0, 4, False)],
+        [(leader, 4, 4, False)],
+        [(leader, 8, 2, True), (siblings[0], 10, 0, True), (siblings[1], 10, 0, True)],
+    ]
     assert all(sib not in [e.seq_id for e in p.prefills] for p in chunks[:2] for sib in siblings)
     if policy == "paged":
         # paged: the leader's table grows chunk by chunk (1, 2, 3 blocks of 64); the fork shares them, allocating none

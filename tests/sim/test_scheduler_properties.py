@@ -26,6 +26,7 @@ simulator's outcome rule (a sequence finishes at its output_len) and random beam
   policy a preempted request comes after every request that runs on;
 and when every request has finished, no block is left allocated (GPU or CPU).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,11 +34,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from sim.clock.cost import RooflineCostModel
-from sim.kv import always_caches_prefixes, has_prefix_cache, has_swap_space, make_kv_manager
-from sim.clock.loop import Simulator
-from sim.scheduling.plan import StepOutcome
 from sim.base.request import Request
+from sim.clock.cost import RooflineCostModel
+from sim.clock.loop import Simulator
+from sim.kv import always_caches_prefixes, has_prefix_cache, has_swap_space, make_kv_manager
+from sim.scheduling.plan import StepOutcome
 from sim.scheduling.scheduler import Scheduler, SchedulerConfig
 
 BLOCK_SIZE = 4
@@ -52,11 +53,16 @@ def draw_config(draw, mode: str, preemption: str = "recompute", speculation: boo
     also draw num_speculative_tokens (the executor must then report num_accepted)."""
     chunked = None if mode != "v1" else draw(st.sampled_from([None, False]))
     budget = draw(st.integers(4, 48)) if chunked is not False else draw(st.integers(40, 80))
-    return SchedulerConfig(max_num_seqs=draw(st.integers(3, 8)), max_num_batched_tokens=budget, mode=mode,
-                           preemption=preemption, enable_chunked_prefill=chunked,
-                           victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])),
-                           scheduling_policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
-                           num_speculative_tokens=draw(st.sampled_from([0, 0, 1, 3])) if speculation else 0)  # fmt: skip
+    return SchedulerConfig(
+        max_num_seqs=draw(st.integers(3, 8)),
+        max_num_batched_tokens=budget,
+        mode=mode,
+        preemption=preemption,
+        enable_chunked_prefill=chunked,
+        victim=draw(st.sampled_from(["latest_arrival", "fewest_computed"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
+        num_speculative_tokens=draw(st.sampled_from([0, 0, 1, 3])) if speculation else 0,
+    )
 
 
 @st.composite
@@ -66,9 +72,15 @@ def systems(draw):
     swap = has_swap_space(policy) and draw(st.booleans())
     config = draw_config(draw, mode, "swap" if swap else "recompute", speculation=True)
     optional_cache = has_prefix_cache(policy) and not always_caches_prefixes(policy)  # radix's is always on
-    kv = make_kv_manager(policy, draw(st.integers(12, 28)) * BLOCK_SIZE, block_size=BLOCK_SIZE, max_seq_len=64,
-                         enable_prefix_caching=optional_cache and draw(st.booleans()),
-                         num_cpu_blocks=32 if swap else 0, watermark=draw(st.sampled_from([0.0, 0.05])))  # fmt: skip
+    kv = make_kv_manager(
+        policy,
+        draw(st.integers(12, 28)) * BLOCK_SIZE,
+        block_size=BLOCK_SIZE,
+        max_seq_len=64,
+        enable_prefix_caching=optional_cache and draw(st.booleans()),
+        num_cpu_blocks=32 if swap else 0,
+        watermark=draw(st.sampled_from([0.0, 0.05])),
+    )
     return Scheduler(kv, config)
 
 
@@ -82,9 +94,18 @@ def workloads(draw):
         doc = draw(st.integers(0, 1))  # prompts open with one of two documents: prefix-cache hits
         shared = draw(st.integers(0, prompt_len))
         ids = [1000 * doc + t for t in range(shared)] + [10_000 * (i + 1) + t for t in range(shared, prompt_len)]
-        requests.append(Request(i, float(i), prompt_len, output_len, n=2 if kind == "n" else 1,
-                                beam_width=3 if kind == "beam" else 1, prompt_token_ids=ids,
-                                priority=draw(st.sampled_from([0, 0, 1, 2]))))  # fmt: skip
+        requests.append(
+            Request(
+                i,
+                float(i),
+                prompt_len,
+                output_len,
+                n=2 if kind == "n" else 1,
+                beam_width=3 if kind == "beam" else 1,
+                prompt_token_ids=ids,
+                priority=draw(st.sampled_from([0, 0, 1, 2])),
+            )
+        )
     return requests
 
 
@@ -164,8 +185,9 @@ class Contents:
         fed = [e for e in plan.entries if e.num_new_tokens]
         for e in fed:
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_new_tokens):
-                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = self.label(e, p, accepted,
-                                                                                                         sched)
+                self.gpu.setdefault(e.block_table[p // self.bs], list(empty))[p % self.bs] = self.label(
+                    e, p, accepted, sched
+                )
         for e in fed:  # what attention reads: every position up to the newest token
             end = e.num_computed_tokens + e.num_new_tokens - e.num_draft_tokens
             read = [self.gpu.get(e.block_table[p // self.bs], empty)[p % self.bs] for p in range(end)]
@@ -216,8 +238,12 @@ def check_state(sched: Scheduler, added: list[int]) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(sched=systems(), requests=workloads(), gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    sched=systems(),
+    requests=workloads(),
+    gaps=st.lists(st.integers(0, 3), min_size=10, max_size=10),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed):
     """`gaps[i]`: steps between the arrivals of requests i and i + 1 (0: together)."""
     rng = np.random.default_rng(seed)  # beam choices
@@ -244,8 +270,12 @@ def test_scheduler_invariants_hold_after_every_step(sched, requests, gaps, seed)
         check_step(sched, plan, added)
         accepted = {e.seq_id: int(rng.integers(0, e.num_draft_tokens + 1)) for e in plan.decodes if e.num_draft_tokens}
         memory.execute(plan, accepted, sched)
-        finished = {e.seq_id for e in plan.entries if e.sample and sched.num_generated(e.seq_id) + 1
-                    + accepted.get(e.seq_id, 0) >= sched.request(e.request_id).output_len}  # fmt: skip
+        finished = {
+            e.seq_id
+            for e in plan.entries
+            if e.sample
+            and sched.num_generated(e.seq_id) + 1 + accepted.get(e.seq_id, 0) >= sched.request(e.request_id).output_len
+        }
         beams = {}
         for rid in plan.request_ids():
             sampled = [e.seq_id for e in plan.entries if e.request_id == rid and e.sample]

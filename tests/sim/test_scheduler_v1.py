@@ -2,6 +2,7 @@
 first, chunked prefill mixing prompt chunks with decodes (or whole prompts waiting for room without it), the
 pluggable preemption victim, siblings forked when their prompt is computed, and a budget charged after
 prefix-cache hits."""
+
 from __future__ import annotations
 
 import copy
@@ -174,4 +175,3 @@ def test_a_request_skipping_the_prefix_cache_computes_its_whole_prompt():
     assert (2, 12, 1, True) in entries(plan)  # 12 tokens found: request 1's blocks were cached
     drive(sched)
     assert all_blocks_free(kv)
-

@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM on the commands that run long: one line, the shell's status (130, 143), no traceback, no
 temporary left, every earlier output as it was, and no worker process left computing (`sim sweep` runs points in
 worker processes)."""
+
 from __future__ import annotations
 
 import os
@@ -48,13 +49,33 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads worker processes from /proc")
-@pytest.mark.parametrize("sig, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize(
+    "sig, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
 def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
     out = tmp_path / "X.csv"
     out.write_text("old")
-    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
-                             "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "sweep",
+            "--grid",
+            "rate=1,2,3,4",
+            "--set",
+            "duration=20000",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_interruptible,
+    )
     workers = _workers_of(proc)
     time.sleep(1.0)
     sent = time.monotonic()
@@ -71,9 +92,25 @@ def test_a_sweep_stops_at_once_with_its_workers(tmp_path, sig, status, word):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="die_with_parent is Linux's PR_SET_PDEATHSIG")
 def test_a_sweep_killed_outright_leaves_no_worker(tmp_path):
     """SIGKILL runs no cleanup in the parent: the kernel stops the workers (sim.drivers.sweep.die_with_parent)."""
-    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--grid", "rate=1,2,3,4", "--set", "duration=20000",
-                             "--jobs", "2", "--out", str(tmp_path / "X.csv")], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "sweep",
+            "--grid",
+            "rate=1,2,3,4",
+            "--set",
+            "duration=20000",
+            "--jobs",
+            "2",
+            "--out",
+            str(tmp_path / "X.csv"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     workers = _workers_of(proc)
     time.sleep(1.0)
     proc.kill()
@@ -87,9 +124,27 @@ def test_a_sweep_killed_outright_leaves_no_worker(tmp_path):
 def _start_sweep(out: Path, grid: str, *sets: str, **popen) -> tuple[subprocess.Popen, set[int]]:
     """A two-worker sweep, once both workers are up: (the process, its workers)."""
     sets = [arg for value in ("kv_slots=3000", *sets) for arg in ("--set", value)]
-    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", "--no-progress", "--grid", grid, *sets,
-                             "--jobs", "2", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "sweep",
+            "--no-progress",
+            "--grid",
+            grid,
+            *sets,
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
     return proc, _workers_of(proc)
 
 
@@ -124,17 +179,27 @@ def test_a_worker_killed_outright_ends_the_sweep_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [
-    ["sim", "run", "--rate", "3", "--duration", "200000", "--requests-csv", "R.csv", "--steps-csv", "S.csv"],
-    ["reference", "calibrate", "--quick", "--passes", "9", "--out", "R.csv", "--steps-csv", "S.csv"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sim", "run", "--rate", "3", "--duration", "200000", "--requests-csv", "R.csv", "--steps-csv", "S.csv"],
+        ["reference", "calibrate", "--quick", "--passes", "9", "--out", "R.csv", "--steps-csv", "S.csv"],
+    ],
+)
 def test_a_long_run_stops_with_one_line(tmp_path, command):
     if command[0] == "reference":
         pytest.importorskip("torch", reason="the engine's command needs the full install (torch)")
     (tmp_path / "R.csv").write_text("old")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_interruptible)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *command],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_interruptible,
+    )
     time.sleep(8)  # past the imports and into the run
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -155,6 +220,7 @@ def test_an_interrupt_a_c_extension_wrapped_is_still_one_line(capsys):
                 raise inner
             except BaseException as exc:
                 raise SystemError("<function _numba_unpickle> returned a result with an exception set") from exc
+
         return body
 
     assert interruptible(wrapped(KeyboardInterrupt())) == 130

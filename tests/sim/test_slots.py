@@ -1,4 +1,5 @@
 """Slot allocators (sim/kv/slots.py): the shared state machine for both, then narrated examples."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,9 @@ from sim.testing.slots import make_slot_allocator_test
 TestBuddyMachine = make_slot_allocator_test(BuddyAllocator, max_examples=500)
 TestBuddyMachine = pytest.mark.slow(TestBuddyMachine)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestFirstFitMachine = make_slot_allocator_test(FirstFitAllocator, max_examples=500)
-TestFirstFitMachine = pytest.mark.slow(TestFirstFitMachine)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestFirstFitMachine = pytest.mark.slow(
+    TestFirstFitMachine
+)  # hundreds of programs: `make test` only (tests/conftest.py)
 
 
 # --- the machine catches broken allocators ---------------------------------------------------------

@@ -1,11 +1,12 @@
 """Specs, the paper's KV-capacity arithmetic, and the cost models (sim/base/specs.py, sim/clock/cost.py)."""
+
 import dataclasses
 
 import numpy as np
 import pytest
 
-from sim.clock.cost import CalibratedCostModel, RooflineCostModel, RooflineEfficiency
 from sim.base.specs import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, kv_capacity_tokens
+from sim.clock.cost import CalibratedCostModel, RooflineCostModel, RooflineEfficiency
 
 
 def test_opt13b_kv_bytes_per_token_is_800_kib():
@@ -37,7 +38,9 @@ def test_opt13b_capacity_is_about_12_gib_over_800_kib():
 
 
 def test_weights_that_do_not_fit_raise_and_say_how_many_gpus():
-    with pytest.raises(ValueError, match=r"opt-175b weights \(349 GB\) do not fit 1 x a100-40gb \(40 GiB\): use --num-gpus >= 10"):
+    with pytest.raises(
+        ValueError, match=r"opt-175b weights \(349 GB\) do not fit 1 x a100-40gb \(40 GiB\): use --num-gpus >= 10"
+    ):
         kv_capacity_tokens("opt-175b", "a100-40gb")
     assert kv_capacity_tokens("opt-175b", "a100-40gb", num_gpus=10) > 0
 
@@ -113,7 +116,9 @@ def _synthetic_rows(a, b, c, d):
     rng = np.random.default_rng(0)
     shape = (40,)
     prefill, decode, context = rng.integers(0, 2048, shape), rng.integers(0, 256, shape), rng.integers(0, 20_000, shape)
-    return [(p, s, x, a + b * p + c * s + d * x) for p, s, x in zip(prefill.tolist(), decode.tolist(), context.tolist())]
+    return [
+        (p, s, x, a + b * p + c * s + d * x) for p, s, x in zip(prefill.tolist(), decode.tolist(), context.tolist())
+    ]
 
 
 def test_calibrated_model_recovers_known_coefficients():
@@ -127,8 +132,10 @@ def test_calibrated_model_recovers_known_coefficients():
 def test_calibrated_model_from_csv(tmp_path):
     path = tmp_path / "steps.csv"
     rows = _synthetic_rows(0.01, 1e-4, 1e-5, 1e-7)
-    path.write_text("num_prefill_tokens,num_decode_seqs,num_context_tokens,step_time_s\n"
-                    + "".join(f"{p},{s},{x},{t!r}\n" for p, s, x, t in rows))
+    path.write_text(
+        "num_prefill_tokens,num_decode_seqs,num_context_tokens,step_time_s\n"
+        + "".join(f"{p},{s},{x},{t!r}\n" for p, s, x, t in rows)
+    )
     model = CalibratedCostModel.from_csv(path)
     assert abs(model.a - 0.01) < 1e-9 and abs(model.d - 1e-7) < 1e-9
 
@@ -137,7 +144,10 @@ def test_calibrated_model_from_csv(tmp_path):
     "text, message",
     [
         ("num_prefill_tokens,num_decode_seqs,step_time_s\n1,2,3\n", "line 1: missing column\\(s\\) num_context_tokens"),
-        ("num_prefill_tokens,num_decode_seqs,num_context_tokens,step_time_s\n1,2,3,0.1\n1,x,3,0.2\n", "line 3: every column"),
+        (
+            "num_prefill_tokens,num_decode_seqs,num_context_tokens,step_time_s\n1,2,3,0.1\n1,x,3,0.2\n",
+            "line 3: every column",
+        ),
         ("num_prefill_tokens,num_decode_seqs,num_context_tokens,step_time_s\n1,2,3,0.1\n", "need >= 4 rows"),
     ],
 )
@@ -160,8 +170,10 @@ def test_paged_attention_read_costs_more_for_small_blocks():
     args = (0, 32, 32 * 1000)
     weights_and_writes = RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff).step_time(0, 32, 0)
     contiguous = RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff).step_time(*args)
-    paged = {bs: RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff, block_size=bs).step_time(*args)
-             for bs in (1, 16, 256)}
+    paged = {
+        bs: RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff, block_size=bs).step_time(*args)
+        for bs in (1, 16, 256)
+    }
     attention = contiguous - weights_and_writes
     # block size 16: (16 + 4) / 16 = 1.25x the contiguous read, the paper's 20-26% kernel overhead
     assert paged[16] - weights_and_writes == pytest.approx(1.25 * attention)

@@ -5,6 +5,7 @@ acceptance drawn, the K/V model checks that no later step reads a rejected draft
 machine (sim/testing/kv.py's speculate rule, for every policy). Here: one request narrated step by step, the refusals,
 and the simulator's numbers against the formulas they follow.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.drivers.cli import main
+from sim.base.request import Request
+from sim.base.specs import get_gpu, get_model
+from sim.clock.cost import RooflineCostModel
 from sim.config import SchedulerConfig
+from sim.drivers.cli import main
 from sim.fast.epoch import DecodeEpochs
 from sim.fast.runs import plain_decodes
 from sim.kv.paged import PagedKVManager
 from sim.scheduling.plan import StepOutcome
-from sim.base.request import Request
 from sim.scheduling.scheduler import Scheduler
-from sim.clock.cost import RooflineCostModel
-from sim.base.specs import get_gpu, get_model
 from sim.scheduling.speculative import AcceptanceModel, expected_tokens_per_step
 
 
@@ -144,13 +145,27 @@ def test_every_draft_rejected_costs_more_than_no_speculation():
 
 
 @settings(max_examples=8, deadline=None)
-@given(k=st.integers(1, 6), rate=st.sampled_from([0.0, 0.5, 0.9, 1.0]), seed=st.integers(0, 100),
-       policy=st.sampled_from(["paged", "radix", "oracle", "vattention"]))
+@given(
+    k=st.integers(1, 6),
+    rate=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    seed=st.integers(0, 100),
+    policy=st.sampled_from(["paged", "radix", "oracle", "vattention"]),
+)
 def test_runs_with_speculation_serve_every_token_and_ignore_the_jump(k, rate, seed, policy):
     """Under load (a small pool: preemptions), every request finishes with its tokens counted (a verify step counts the
     tokens it kept), accepted drafts never exceed drafts, and jumping changes nothing (no run opens)."""
-    kw = dict(workload="uniform", prompt_len_range=(10, 300), output_len_range=(2, 80), num_requests=12, rate=50,
-              seed=seed, kv_slots=800, num_speculative_tokens=k, acceptance_rate=rate, policy=policy)
+    kw = dict(
+        workload="uniform",
+        prompt_len_range=(10, 300),
+        output_len_range=(2, 80),
+        num_requests=12,
+        rate=50,
+        seed=seed,
+        kv_slots=800,
+        num_speculative_tokens=k,
+        acceptance_rate=rate,
+        policy=policy,
+    )
     if policy == "vattention":
         kw["page_kib"] = 640  # pages of 64 tokens
     a, b = sim.run(**kw), sim.run(jump=False, **kw)
@@ -162,8 +177,23 @@ def test_runs_with_speculation_serve_every_token_and_ignore_the_jump(k, rate, se
 
 
 def test_the_cli_runs_with_speculation(capsys):
-    assert main(["run", "--rate", "2", "--duration", "20", "--num-speculative-tokens", "4", "--acceptance-rate",
-                 "0.8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--rate",
+                "2",
+                "--duration",
+                "20",
+                "--num-speculative-tokens",
+                "4",
+                "--acceptance-rate",
+                "0.8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["num_speculative_tokens"] == 4 and summary["acceptance_rate"] == 0.8
     assert 0 < summary["draft_acceptance"] < 1

@@ -3,13 +3,14 @@ must catch deliberately broken implementations: a grader that cannot fail grades
 
 Each machine runs 500 short examples (30 steps), derandomized so CI sees the same programs every run.
 """
+
 from __future__ import annotations
 
 import pytest
 from hypothesis import Phase, settings
 
-from sim.kv.blocks import BlockAllocator
 from sim.fast.paged import PagedRuns, run_capacity
+from sim.kv.blocks import BlockAllocator
 from sim.kv.paged import PagedKVManager
 from sim.testing import make_block_allocator_test, make_kv_manager_test
 
@@ -17,16 +18,23 @@ from sim.testing import make_block_allocator_test, make_kv_manager_test
 TestBlockAllocator = make_block_allocator_test(lambda: BlockAllocator(6, 4), num_blocks=6, block_size=4)
 TestBlockAllocator = pytest.mark.slow(TestBlockAllocator)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestBlockAllocatorPrefixCaching = make_block_allocator_test(lambda: BlockAllocator(8, 4, enable_prefix_caching=True))
-TestBlockAllocatorPrefixCaching = pytest.mark.slow(TestBlockAllocatorPrefixCaching)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestBlockAllocatorPrefixCaching = pytest.mark.slow(
+    TestBlockAllocatorPrefixCaching
+)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestPagedKVManager = make_kv_manager_test(lambda: PagedKVManager(8, 4))
 TestPagedKVManager = pytest.mark.slow(TestPagedKVManager)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestPagedKVManagerPrefixCaching = make_kv_manager_test(lambda: PagedKVManager(10, 2, enable_prefix_caching=True))
-TestPagedKVManagerPrefixCaching = pytest.mark.slow(TestPagedKVManagerPrefixCaching)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestPagedKVManagerPrefixCaching = pytest.mark.slow(
+    TestPagedKVManagerPrefixCaching
+)  # hundreds of programs: `make test` only (tests/conftest.py)
 TestPagedKVManagerSwap = make_kv_manager_test(lambda: PagedKVManager(8, 4, True, num_cpu_blocks=6))
-TestPagedKVManagerSwap = pytest.mark.slow(TestPagedKVManagerSwap)  # hundreds of programs: `make test` only (tests/conftest.py)
+TestPagedKVManagerSwap = pytest.mark.slow(
+    TestPagedKVManagerSwap
+)  # hundreds of programs: `make test` only (tests/conftest.py)
 # a CPU offload tier of 3 blocks under the prefix cache (sim/kv/offload.py): both tiers' invariants after every rule
 TestPagedKVManagerOffloadTier = make_kv_manager_test(
-    lambda: PagedKVManager(10, 2, enable_prefix_caching=True, num_cpu_blocks=4, num_offload_blocks=3))
+    lambda: PagedKVManager(10, 2, enable_prefix_caching=True, num_cpu_blocks=4, num_offload_blocks=3)
+)
 TestPagedKVManagerWatermark = make_kv_manager_test(lambda: PagedKVManager(10, 2, watermark=0.2), max_examples=200)
 
 
@@ -90,8 +98,14 @@ class _RunsIgnoreSharedBlocks(PagedRuns):
         lambda: make_kv_manager_test(lambda: PagedKVManager(12, 4), max_examples=300, runs=_RunsIgnoreSharedBlocks),
         lambda: make_kv_manager_test(lambda: _RollbackKeepsTheDraftBlocks(12, 2), max_examples=300),
     ],
-    ids=["free-forgets-shared", "cow-keeps-old-ref", "evicts-most-recent", "can-allocate-lies", "run-skips-copy",
-         "rollback-keeps-blocks"],
+    ids=[
+        "free-forgets-shared",
+        "cow-keeps-old-ref",
+        "evicts-most-recent",
+        "can-allocate-lies",
+        "run-skips-copy",
+        "rollback-keeps-blocks",
+    ],
 )
 def test_machines_catch_broken_implementations(make_test):
     test_case = make_test()

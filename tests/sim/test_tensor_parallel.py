@@ -5,22 +5,29 @@ The perfect-division bound is built independently of the term: one imaginary GPU
 n times the FLOP/s of the real one, on which nothing is all-reduced. n real GPUs never beat it, and beat it by
 exactly the all-reduce formula written out here.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sim.api
-from sim.drivers.cli import main
-from sim.clock.cost import RooflineCostModel, RooflineEfficiency
 from sim.base.specs import GPUSpec, get_gpu, get_model
+from sim.clock.cost import RooflineCostModel, RooflineEfficiency
+from sim.drivers.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-SETUPS = [("opt-13b", "a100-40gb"), ("opt-66b", "a100-40gb"), ("opt-175b", "a100-80gb"), ("llama-13b", "h100"),
-          ("gemma3-27b", "h200")]  # fmt: skip
+SETUPS = [
+    ("opt-13b", "a100-40gb"),
+    ("opt-66b", "a100-40gb"),
+    ("opt-175b", "a100-80gb"),
+    ("llama-13b", "h100"),
+    ("gemma3-27b", "h200"),
+]
 steps = st.tuples(st.integers(0, 4096), st.integers(0, 256), st.integers(0, 400_000))  # prompt, decodes, context
 
 
@@ -28,7 +35,8 @@ def formula(model: str, gpu: str, n: int, tokens: int) -> float:
     """The term as the class docstring writes it, from the datasheet numbers."""
     m, g = get_model(model), get_gpu(gpu)
     one = g.interconnect_latency_s + 2 * (n - 1) / n * tokens * m.hidden_size * m.dtype_bytes / (
-        g.interconnect_bandwidth * RooflineEfficiency().interconnect)
+        g.interconnect_bandwidth * RooflineEfficiency().interconnect
+    )
     return 2 * m.num_layers * one
 
 
@@ -53,8 +61,9 @@ def test_one_gpu_prices_are_the_single_gpu_roofline():
     assert cost.step_time(0, 64, 64 * 500) == pytest.approx(memory + 0.002, rel=1e-12)
 
 
-@pytest.mark.parametrize("model, gpu, n", [("opt-66b", "a100-40gb", 4), ("opt-175b", "a100-80gb", 8),
-                                          ("opt-13b", "h100", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "model, gpu, n", [("opt-66b", "a100-40gb", 4), ("opt-175b", "a100-80gb", 8), ("opt-13b", "h100", 2)]
+)
 def test_all_reduce_matches_the_formula(model, gpu, n):
     cost = RooflineCostModel(model, gpu, num_gpus=n)
     for tokens in (0, 1, 37, 2048, 100_000):
@@ -92,13 +101,16 @@ def test_a_faster_link_costs_less():
     assert fast.all_reduce_time(4096) < slow.all_reduce_time(4096)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("interconnect_bandwidth", -300e9, "interconnect_bandwidth must be > 0, got -300000000000.0"),
-    ("interconnect_bandwidth", 0.0, "interconnect_bandwidth must be > 0, got 0.0"),
-    ("interconnect_bandwidth", float("nan"), "interconnect_bandwidth must be > 0, got nan"),
-    ("interconnect_latency_s", -1e-6, "interconnect_latency_s must be >= 0 seconds, got -1e-06"),
-    ("interconnect_latency_s", float("nan"), "interconnect_latency_s must be >= 0 seconds, got nan"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("interconnect_bandwidth", -300e9, "interconnect_bandwidth must be > 0, got -300000000000.0"),
+        ("interconnect_bandwidth", 0.0, "interconnect_bandwidth must be > 0, got 0.0"),
+        ("interconnect_bandwidth", float("nan"), "interconnect_bandwidth must be > 0, got nan"),
+        ("interconnect_latency_s", -1e-6, "interconnect_latency_s must be >= 0 seconds, got -1e-06"),
+        ("interconnect_latency_s", float("nan"), "interconnect_latency_s must be >= 0 seconds, got nan"),
+    ],
+)
 def test_bad_interconnect_specs_are_refused(field, value, message):
     with pytest.raises(ValueError, match=f"GPUSpec a100-40gb: {message}"):
         dataclasses.replace(get_gpu("a100-40gb"), **{field: value})
@@ -114,8 +126,11 @@ def test_bad_interconnect_efficiency_is_refused(value):
 def test_a_calibrated_model_refuses_more_than_one_gpu(capsys):
     cost_file = ROOT / "figures" / "cost_model_cpu.json"
     common = dict(model="smollm2-135m", gpu="h100", num_requests=4, cost_model=cost_file)
-    with pytest.raises(ValueError, match=r"measured on one device and has no tensor-parallel terms: num_gpus 2 needs "
-                                         r"the roofline"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"measured on one device and has no tensor-parallel terms: num_gpus 2 needs "
+        r"the roofline",
+    ):
         sim.api.run(**common, num_gpus=2)
     assert sim.api.run(**common, num_gpus=1).summary["num_requests"] == 4  # one GPU: the file prices the run
     argv = ["run", "--model", "smollm2-135m", "--gpu", "h100", "--num-gpus", "4", "--cost-model", str(cost_file)]

@@ -1,8 +1,9 @@
 """Traces on disk, ShareGPT import, and the GGUF-built tokenizer (sim/workloads/trace.py, sim/workloads/sharegpt.py, sim/base/tokenizer.py)."""
+
 import dataclasses
+import json
 import os
 import re
-import json
 
 import pytest
 
@@ -45,14 +46,23 @@ def test_jsonl_defaults_for_optional_fields(tmp_path):
 @pytest.mark.parametrize(
     "bad_line, message",
     [
-        ('{"request_id": 1, "arrival_time": 0.5, "prompt_len": 3, "output_len": "x"}',
-         r"line 2: output_len: got 'x' \(allowed: an integer from 1 to 1,048,576\)"),
+        (
+            '{"request_id": 1, "arrival_time": 0.5, "prompt_len": 3, "output_len": "x"}',
+            r"line 2: output_len: got 'x' \(allowed: an integer from 1 to 1,048,576\)",
+        ),
         ('{"request_id": 1, "arrival_time": -1, "prompt_len": 3, "output_len": 2}', "line 2: arrival_time: got -1"),
-        ('{"request_id": 1, "arrival_time": 0, "prompt_len": 3, "output_len": 2, "colour": 1}', "line 2: unknown field"),
-        ('{"request_id": 1, "arrival_time": 0, "prompt_len": 3, "output_len": 2, "n": 2, "beam_width": 2}',
-         "line 2: request 1: use either n"),
-        ('{"request_id": 1, "arrival_time": 0, "prompt_len": 2, "output_len": 2, "prompt_token_ids": [1]}',
-         "line 2: request 1: 1 prompt_token_ids for prompt_len 2"),
+        (
+            '{"request_id": 1, "arrival_time": 0, "prompt_len": 3, "output_len": 2, "colour": 1}',
+            "line 2: unknown field",
+        ),
+        (
+            '{"request_id": 1, "arrival_time": 0, "prompt_len": 3, "output_len": 2, "n": 2, "beam_width": 2}',
+            "line 2: request 1: use either n",
+        ),
+        (
+            '{"request_id": 1, "arrival_time": 0, "prompt_len": 2, "output_len": 2, "prompt_token_ids": [1]}',
+            "line 2: request 1: 1 prompt_token_ids for prompt_len 2",
+        ),
         ('{"request_id": 1, "arrival_time": 0, "prompt_len": true, "output_len": 2}', "line 2: prompt_len: got True"),
         ("[1, 2]", "line 2: expected a JSON object, got a list"),
         ('{"request_id": 1,', "line 2: not valid JSON"),
@@ -70,7 +80,10 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, bad_line, message):
     "text, message",
     [
         ("request_id,arrival_time,prompt_len\n0,0,1\n", "line 1: missing column\\(s\\) output_len"),
-        ("request_id,arrival_time,prompt_len,output_len\n0,0,1,2\n1,0,1,0\n", "line 3: output_len: got 0 \\(allowed: an integer from 1"),
+        (
+            "request_id,arrival_time,prompt_len,output_len\n0,0,1,2\n1,0,1,0\n",
+            "line 3: output_len: got 0 \\(allowed: an integer from 1",
+        ),
         ("request_id,arrival_time,prompt_len,output_len\n0,soon,1,2\n", "line 2: arrival_time: got 'soon'"),
         ("request_id,arrival_time,prompt_len,output_len\n0,0,1,2,9\n", "line 2: expected 4 columns"),
     ],
@@ -93,10 +106,20 @@ def _words(text: str) -> int:
 
 def _write_sharegpt(path):
     conversations = [
-        {"id": "a", "conversations": [{"from": "human", "value": "one two three"}, {"from": "gpt", "value": "four five"}]},
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": "one two three"}, {"from": "gpt", "value": "four five"}],
+        },
         {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]},  # no reply: skipped
-        {"id": "c", "conversations": [{"from": "gpt", "value": "greeting"}, {"from": "human", "value": "hi there"},
-                                      {"from": "gpt", "value": "hello"}, {"from": "human", "value": "ignored"}]},
+        {
+            "id": "c",
+            "conversations": [
+                {"from": "gpt", "value": "greeting"},
+                {"from": "human", "value": "hi there"},
+                {"from": "gpt", "value": "hello"},
+                {"from": "human", "value": "ignored"},
+            ],
+        },
         {"id": "d", "conversations": [{"from": "human", "value": "w " * 6}, {"from": "gpt", "value": "w " * 5}]},
         {"id": "e", "conversations": []},
     ]
@@ -111,7 +134,10 @@ def test_import_sharegpt_takes_first_pair_and_skips_what_does_not_fit(tmp_path):
     assert (pairs.prompt_lens, pairs.output_lens) == ([3, 2], [2, 1])
     assert (pairs.skipped_too_long, pairs.skipped_no_pair) == (1, 2)
     offline = import_sharegpt(path, count_tokens=_words, max_seq_len=10)
-    assert [(r.request_id, r.arrival_time, r.prompt_len, r.output_len) for r in offline] == [(0, 0.0, 3, 2), (1, 0.0, 2, 1)]
+    assert [(r.request_id, r.arrival_time, r.prompt_len, r.output_len) for r in offline] == [
+        (0, 0.0, 3, 2),
+        (1, 0.0, 2, 1),
+    ]
     online = import_sharegpt(path, count_tokens=_words, rate=2.0, seed=1)
     assert len(online) == 3 and 0 < online[0].arrival_time < online[1].arrival_time < online[2].arrival_time
     assert online == import_sharegpt(path, count_tokens=_words, rate=2.0, seed=1)
@@ -212,37 +238,60 @@ def test_a_fifo_is_refused_before_it_is_opened(tmp_path, suffix):
 def test_a_lone_surrogate_in_a_sharegpt_file_names_file_line_and_turn(tmp_path):
     """json.loads turns the escape "\\ud800" into a string that no tokenizer can take: refused where it is."""
     path = tmp_path / "chats.json"
-    path.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
-                    ' {"conversations": [{"from": "human", "value": "a \\ud800 b"}, {"from": "gpt", "value": "c"}]}]')
+    path.write_text(
+        '[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
+        ' {"conversations": [{"from": "human", "value": "a \\ud800 b"}, {"from": "gpt", "value": "c"}]}]'
+    )
     with pytest.raises(TraceError, match="chats.json line 2: conversation 1, turn 0: 'value' holds a lone surrogate"):
         read_trace(path, count_tokens=len)
 
 
-@pytest.mark.parametrize("value, accepted", [("\\u0000\\u0001", False), ("\\u001b[0m", True), ("\\n\\t", True), ("", True),
-                                             ("\\u200b", False), ("ok\\u0000", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, accepted",
+    [
+        ("\\u0000\\u0001", False),
+        ("\\u001b[0m", True),
+        ("\\n\\t", True),
+        ("", True),
+        ("\\u200b", False),
+        ("ok\\u0000", True),
+    ],
+)
 def test_a_turn_of_control_characters_only_is_refused_where_it_is(tmp_path, value, accepted):
     """NULs or escapes alone are no text (a binary file read as one); white space or an empty turn is an empty turn,
     and a control character inside text is the text's business."""
     path = tmp_path / "chats.json"
-    path.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
-                    f' {{"conversations": [{{"from": "human", "value": "{value}"}}, {{"from": "gpt", "value": "c"}}]}}]')
+    path.write_text(
+        '[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
+        f' {{"conversations": [{{"from": "human", "value": "{value}"}}, {{"from": "gpt", "value": "c"}}]}}]'
+    )
     if accepted:
         read_trace(path, count_tokens=len)
     else:
-        with pytest.raises(TraceError, match="chats.json line 2: conversation 1, turn 0: 'value' holds only control "
-                                             "characters, U\\+"):  # fmt: skip
+        with pytest.raises(
+            TraceError, match="chats.json line 2: conversation 1, turn 0: 'value' holds only control characters, U\\+"
+        ):
             read_trace(path, count_tokens=len)
 
 
-@pytest.mark.parametrize("name, text, line", [
-    ("t.jsonl", '{"request_id": 0, "arrival_time": 0, "prompt_len": 10, "output_len": 5}\n\n'
-                '{"request_id": 7, "arrival_time": 1, "prompt_len": 3000, "output_len": 5}\n', 3),
-    ("t.csv", "request_id,arrival_time,prompt_len,output_len\n3,0,10,5\n4,0,5000,2\n", 3),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, text, line",
+    [
+        (
+            "t.jsonl",
+            '{"request_id": 0, "arrival_time": 0, "prompt_len": 10, "output_len": 5}\n\n'
+            '{"request_id": 7, "arrival_time": 1, "prompt_len": 3000, "output_len": 5}\n',
+            3,
+        ),
+        ("t.csv", "request_id,arrival_time,prompt_len,output_len\n3,0,10,5\n4,0,5000,2\n", 3),
+    ],
+)
 def test_a_request_the_run_refuses_is_named_by_file_and_line(tmp_path, name, text, line):
     from sim.api import run
 
     path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} line {line}: request \d+: prompt_len \+ output_len"):
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(path))} line {line}: request \d+: prompt_len \+ output_len"
+    ):
         run(trace=str(path))  # opt-13b: a 2,048-token context

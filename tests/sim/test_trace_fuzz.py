@@ -7,6 +7,7 @@ valid CSV trace and a valid ShareGPT file (bytes flipped, inserted, deleted, lin
 field values replaced by hostile ones: huge integers, NaN and Infinity literals, floats, bools, nulls, strings,
 deep nesting, duplicate keys, BOMs, CRLF, lone surrogates).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,27 +25,87 @@ from sim.workloads.trace import TraceError, read_trace
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SUFFIXES = (".jsonl", ".csv", ".json")
 
-VALID_JSONL = "".join(json.dumps(r) + "\n" for r in [
-    {"request_id": 0, "arrival_time": 0.0, "prompt_len": 8, "output_len": 4},
-    {"request_id": 1, "arrival_time": 0.25, "prompt_len": 6, "output_len": 3, "n": 2},
-    {"request_id": 2, "arrival_time": 1.5, "prompt_len": 4, "output_len": 9, "beam_width": 3, "prefix_id": 0,
-     "prefix_len": 2, "prompt_token_ids": [7, 8, 100, 2000]},
-    {"request_id": 3, "arrival_time": 2, "prompt_len": 3, "output_len": 1, "prefix_id": None},
-])  # fmt: skip
-VALID_CSV = ("request_id,arrival_time,prompt_len,output_len,n,beam_width,prefix_id,prefix_len\r\n"
-             "0,0.0,8,4,1,1,,0\r\n1,0.25,6,3,2,1,,0\r\n2,1.5,4,9,1,3,0,2\r\n3,2,3,1,,,,\r\n")  # fmt: skip
-VALID_SHAREGPT = json.dumps([
-    {"id": "a", "conversations": [{"from": "human", "value": "one two three"}, {"from": "gpt", "value": "four five"}]},
-    {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]},
-    {"id": "c", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hi there"},
-                                  {"from": "gpt", "value": "hello"}]},
-], indent=1)  # fmt: skip
+VALID_JSONL = "".join(
+    json.dumps(r) + "\n"
+    for r in [
+        {"request_id": 0, "arrival_time": 0.0, "prompt_len": 8, "output_len": 4},
+        {"request_id": 1, "arrival_time": 0.25, "prompt_len": 6, "output_len": 3, "n": 2},
+        {
+            "request_id": 2,
+            "arrival_time": 1.5,
+            "prompt_len": 4,
+            "output_len": 9,
+            "beam_width": 3,
+            "prefix_id": 0,
+            "prefix_len": 2,
+            "prompt_token_ids": [7, 8, 100, 2000],
+        },
+        {"request_id": 3, "arrival_time": 2, "prompt_len": 3, "output_len": 1, "prefix_id": None},
+    ]
+)
+VALID_CSV = (
+    "request_id,arrival_time,prompt_len,output_len,n,beam_width,prefix_id,prefix_len\r\n"
+    "0,0.0,8,4,1,1,,0\r\n1,0.25,6,3,2,1,,0\r\n2,1.5,4,9,1,3,0,2\r\n3,2,3,1,,,,\r\n"
+)
+VALID_SHAREGPT = json.dumps(
+    [
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": "one two three"}, {"from": "gpt", "value": "four five"}],
+        },
+        {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]},
+        {
+            "id": "c",
+            "conversations": [
+                {"from": "system", "value": "be brief"},
+                {"from": "human", "value": "hi there"},
+                {"from": "gpt", "value": "hello"},
+            ],
+        },
+    ],
+    indent=1,
+)
 
-HOSTILE = ["1" + "0" * 400, "1" + "0" * 5000, "9223372036854775808", "-1", "0", "1e17", "1e400", "-1e400", "NaN",
-           "Infinity", "-Infinity", "1.5", "8.0", "true", "false", "null", '"8"', '""', "[]", "{}", "[" * 2000,
-           '{"a": {"a": {"a": 1}}}', '"\\ud800"', "[1, 2, 3, 4, 5, 6, 7, 8]", "[1, -2]", "[9223372036854775808]",
-           "1_000", "\u0665", "nan", "inf", " 8 ", "0x10", "'8'", "", "\ufeff", "\x00",
-           "5000", "70000"]  # fmt: skip  (the last two: past a context, within the readers' limits)
+HOSTILE = [
+    "1" + "0" * 400,
+    "1" + "0" * 5000,
+    "9223372036854775808",
+    "-1",
+    "0",
+    "1e17",
+    "1e400",
+    "-1e400",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1.5",
+    "8.0",
+    "true",
+    "false",
+    "null",
+    '"8"',
+    '""',
+    "[]",
+    "{}",
+    "[" * 2000,
+    '{"a": {"a": {"a": 1}}}',
+    '"\\ud800"',
+    "[1, 2, 3, 4, 5, 6, 7, 8]",
+    "[1, -2]",
+    "[9223372036854775808]",
+    "1_000",
+    "\u0665",
+    "nan",
+    "inf",
+    " 8 ",
+    "0x10",
+    "'8'",
+    "",
+    "\ufeff",
+    "\x00",
+    "5000",
+    "70000",
+]  # (the last two: past a context, within the readers' limits)
 
 
 def _words(text: str) -> int:
@@ -67,7 +128,7 @@ def check(folder: Path, data: bytes, suffix: str) -> str:
         message = str(e)
         assert "\n" not in message and "\r" not in message, message
         assert message.startswith(f"{path} line ") or message.startswith(f"{path}: "), message
-        rest = message[len(str(path)):]
+        rest = message[len(str(path)) :]
         assert re.match(r" line [1-9][0-9]*: \S", rest) or re.match(r": \S", rest), message
         assert len(message) < 1000, message
         return " ".join(re.sub(r"^ line [0-9]+: |^: ", "", rest).split()[:2])
@@ -88,8 +149,11 @@ def mutated(draw, text: str) -> bytes:
     """`text` with 1-4 mutations, at the level of lines, fields and bytes."""
     data = text.encode()
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["value"] * 6 + ["key", "line"] * 2 + ["flip", "insert", "delete", "truncate",
-                                                                             "bom", "crlf"]))  # fmt: skip
+        kind = draw(
+            st.sampled_from(
+                ["value"] * 6 + ["key", "line"] * 2 + ["flip", "insert", "delete", "truncate", "bom", "crlf"]
+            )
+        )
         if kind == "value":  # a number, string or literal replaced by a hostile value
             tokens = rb'"(?:[^"\\\n]|\\.)*"(\s*:)?|-?[0-9][0-9.eE+-]*|true|false|null|\[[^\[\]\n]*\]'
             spans = [m.span() for m in re.finditer(tokens, data) if not m.group(1)]  # values, not keys
@@ -98,13 +162,13 @@ def mutated(draw, text: str) -> bytes:
                 data = data[:start] + draw(st.sampled_from(HOSTILE)).encode("utf-8", "surrogatepass") + data[end:]
         elif kind == "flip" and data:
             i = draw(st.integers(0, len(data) - 1))
-            data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
+            data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1 :]
         elif kind == "insert":
             i = draw(st.integers(0, len(data)))
             data = data[:i] + draw(st.binary(min_size=1, max_size=8)) + data[i:]
         elif kind == "delete" and data:
             i = draw(st.integers(0, len(data) - 1))
-            data = data[:i] + data[i + draw(st.integers(1, 16)):]
+            data = data[:i] + data[i + draw(st.integers(1, 16)) :]
         elif kind == "truncate":
             data = data[: draw(st.integers(0, len(data)))]
         elif kind == "line":  # a line duplicated, dropped or moved
@@ -126,15 +190,31 @@ def mutated(draw, text: str) -> bytes:
             keys = [m.span() for m in re.finditer(rb'"[a-z_]+"(?=:)|(?<=[,\n])[a-z_]+(?=[,\r\n])|^[a-z_]+(?=,)', data)]
             if keys:
                 start, end = draw(st.sampled_from(keys))
-                new = draw(st.sampled_from([b'"request_id"', b'"colour"', b'"n"', b"request_id", b"output_len", b"x",
-                                            b"", b'"conversations"', b'"from"', b'"value"']))  # fmt: skip
+                new = draw(
+                    st.sampled_from(
+                        [
+                            b'"request_id"',
+                            b'"colour"',
+                            b'"n"',
+                            b"request_id",
+                            b"output_len",
+                            b"x",
+                            b"",
+                            b'"conversations"',
+                            b'"from"',
+                            b'"value"',
+                        ]
+                    )
+                )
                 data = data[:start] + new + data[end:]
     return data
 
 
 @settings(max_examples=500, **SETTINGS)
-@given(data=st.one_of(st.binary(max_size=600), st.text(max_size=300).map(lambda t: t.encode("utf-8", "surrogatepass"))),
-       suffix=st.sampled_from(SUFFIXES))
+@given(
+    data=st.one_of(st.binary(max_size=600), st.text(max_size=300).map(lambda t: t.encode("utf-8", "surrogatepass"))),
+    suffix=st.sampled_from(SUFFIXES),
+)
 def test_random_bytes(folder, data, suffix):
     event(check(folder, data, suffix))
 
@@ -157,8 +237,9 @@ def test_mutated_sharegpt(folder, data):
     event(check(folder, data, ".json"))
 
 
-@pytest.mark.parametrize("text, suffix", [(VALID_JSONL, ".jsonl"), (VALID_JSONL, ".json"), (VALID_CSV, ".csv"),
-                                          (VALID_SHAREGPT, ".json")])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, suffix", [(VALID_JSONL, ".jsonl"), (VALID_JSONL, ".json"), (VALID_CSV, ".csv"), (VALID_SHAREGPT, ".json")]
+)
 def test_the_seeds_are_valid(folder, text, suffix):
     """The files the mutations start from are read whole (so a mutation is what breaks them)."""
     assert check(folder, text.encode(), suffix) == "read"
@@ -180,7 +261,7 @@ def test_a_run_on_a_mutated_trace_names_the_file_and_line_of_what_it_refuses(fol
     except ValueError as e:  # TraceError is one
         message = str(e)
         assert "\n" not in message and message.startswith(f"{path}"), message
-        rest = message[len(str(path)):]
+        rest = message[len(str(path)) :]
         assert re.match(r" line [1-9][0-9]*: \S", rest) or re.match(r": \S", rest), message
         event("refused: " + " ".join(re.sub(r"^ line [0-9]+: |^: ", "", rest).split()[:2]))
         return

@@ -1,5 +1,6 @@
 """The pool viewer (sim/views/viewer.py): its snapshots say what the KV manager and the scheduler say, step by step;
 a frame draws them; the slider redraws; the GIF has one frame per step; bad arguments get one line."""
+
 from __future__ import annotations
 
 import math
@@ -7,11 +8,11 @@ import math
 import pytest
 from PIL import Image
 
-from sim.views import viewer
 from sim.api import run
 from sim.drivers.cli import main
 from sim.figures.memory_map import HATCHES, KIND_HATCHES, legend_handles
 from sim.kv.base import SHARE_NAMES
+from sim.views import viewer
 from sim.views.viewer_draw import bar_segments, slot_map_of
 
 
@@ -28,8 +29,14 @@ def _truth(**kwargs) -> list[dict]:
         sched, kv = sim.scheduler, sim.kv
         short = sched.num_waiting + sched.num_swapped > 0
         running = [s for r in sched.running_request_ids() for s in sched.seq_ids(r) if s in set(kv.seq_ids)]
-        seen.append({"counts": kv.breakdown(short).counts(), "tables": {s: kv.block_table(s) for s in running},
-                     "free_slots": kv.num_free_blocks * kv.block_size, "time": sim.now})  # fmt: skip
+        seen.append(
+            {
+                "counts": kv.breakdown(short).counts(),
+                "tables": {s: kv.block_table(s) for s in running},
+                "free_slots": kv.num_free_blocks * kv.block_size,
+                "time": sim.now,
+            }
+        )
 
     run(**{**viewer.DEMO_RUN, **kwargs}, jump=False, on_step=observe)
     return seen
@@ -90,8 +97,14 @@ def test_the_engine_recorder_on_the_tiny_model():
         before, out = len(llm.step_log), step()
         if len(llm.step_log) > before:
             sched = llm.scheduler
-            tables.append({s: sched.kv.block_table(s) for r in sched.running_request_ids() for s in sched.seq_ids(r)
-                           if s in set(sched.kv.seq_ids)})  # fmt: skip
+            tables.append(
+                {
+                    s: sched.kv.block_table(s)
+                    for r in sched.running_request_ids()
+                    for s in sched.seq_ids(r)
+                    if s in set(sched.kv.seq_ids)
+                }
+            )
         return out
 
     llm.step = step_and_look
@@ -99,8 +112,11 @@ def test_the_engine_recorder_on_the_tiny_model():
     assert len(snaps) == len(llm.step_log) == len(tables) and not llm.has_unfinished_requests()
     for snap, rec, table in zip(snaps, llm.step_log, tables):
         assert snap.counts == rec.memory.counts() and snap.block_tables == table
-        assert (snap.num_prefills, snap.num_decodes, snap.preempted) == (len(rec.prefills), len(rec.decodes),
-                                                                         rec.preempted)  # fmt: skip
+        assert (snap.num_prefills, snap.num_decodes, snap.preempted) == (
+            len(rec.prefills),
+            len(rec.decodes),
+            rec.preempted,
+        )
         assert snap.time == pytest.approx(rec.start_s + rec.step_time_s)
     assert any(s.preempted for s in snaps), "12 blocks of 4 for four requests of up to 26 tokens: one is preempted"
     assert sorted(r for s in snaps for r in s.finished) == [0, 1, 2, 3]
@@ -158,8 +174,11 @@ def test_the_share_bar_has_the_memory_maps_colours(demo, pick):
     """One palette (memory_map.kind_colors): the bar's segments are coloured and hatched as the map's slots of the
     same kind and request, so the set of colours in the bar is the set of colours in the map, and the legend's
     five patches are the palette's too."""
-    snap = {"preempted": next(s for s in demo if s.preempted), "short": next(s for s in demo if s.short and
-            not s.preempted), "last": demo[-1]}[pick]  # fmt: skip
+    snap = {
+        "preempted": next(s for s in demo if s.preempted),
+        "short": next(s for s in demo if s.short and not s.preempted),
+        "last": demo[-1],
+    }[pick]
     fig = viewer.new_frame_figure()
     viewer.draw(snap, fig)
     image = fig.axes[0].images[0].get_array().reshape(-1, 4)
@@ -172,8 +191,14 @@ def test_the_share_bar_has_the_memory_maps_colours(demo, pick):
     assert KIND_HATCHES == {name: HATCHES.get(code, "") for code, name in enumerate(SHARE_NAMES)}
     legend = legend_handles()
     assert [(h.get_hatch() or "") for h in legend] == list(KIND_HATCHES.values())
-    kinds = {name: _colours(p.get_facecolor() for (k, _, _), p in zip(bar_segments(snap), fig.axes[2].patches)
-                            if k == name and p.get_width() > 0) for name in SHARE_NAMES}  # fmt: skip
+    kinds = {
+        name: _colours(
+            p.get_facecolor()
+            for (k, _, _), p in zip(bar_segments(snap), fig.axes[2].patches)
+            if k == name and p.get_width() > 0
+        )
+        for name in SHARE_NAMES
+    }
     for name, handle in zip(SHARE_NAMES, legend):  # the legend's grey and white are the map's
         if name in ("external_fragmentation", "free") and kinds[name]:
             assert kinds[name] == _colours([handle.get_facecolor()])
@@ -212,18 +237,21 @@ def test_the_animate_command(tmp_path, capsys):
         assert gif.n_frames == 4
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda tmp: viewer.animate([], tmp / "a.gif"), "snapshots: got none"),
-    (lambda tmp: viewer.scrubber([]), "snapshots: got none"),
-    (lambda tmp: viewer.to_jshtml(["step 1"]), "snapshots: expected Snapshot objects"),
-    (lambda tmp: viewer.to_jshtml(viewer.record(max_steps=1), max_frames=0), "max_frames: got 0"),
-    (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "missing" / "a.gif"), "does not exist"),
-    (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.png"), "allowed: a .gif file"),
-    (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.gif", fps=0), "fps: got 0"),
-    (lambda tmp: viewer.record(max_steps=0), "max_steps: got 0"),
-    (lambda tmp: viewer.record(jump=True), "jump: got True"),
-    (lambda tmp: viewer.record_engine(_IdleEngine()), "no unfinished requests"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda tmp: viewer.animate([], tmp / "a.gif"), "snapshots: got none"),
+        (lambda tmp: viewer.scrubber([]), "snapshots: got none"),
+        (lambda tmp: viewer.to_jshtml(["step 1"]), "snapshots: expected Snapshot objects"),
+        (lambda tmp: viewer.to_jshtml(viewer.record(max_steps=1), max_frames=0), "max_frames: got 0"),
+        (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "missing" / "a.gif"), "does not exist"),
+        (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.png"), "allowed: a .gif file"),
+        (lambda tmp: viewer.animate(viewer.record(max_steps=1), tmp / "a.gif", fps=0), "fps: got 0"),
+        (lambda tmp: viewer.record(max_steps=0), "max_steps: got 0"),
+        (lambda tmp: viewer.record(jump=True), "jump: got True"),
+        (lambda tmp: viewer.record_engine(_IdleEngine()), "no unfinished requests"),
+    ],
+)
 def test_bad_arguments_are_refused_with_one_line(tmp_path, call, message):
     with pytest.raises(ValueError, match=message) as err:
         call(tmp_path)
@@ -236,13 +264,16 @@ class _IdleEngine:
         return False
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--out", "{tmp}/missing/a.gif"], "error: --out {tmp}/missing/a.gif: folder {tmp}/missing does not exist"),
-    (["--out", "{tmp}/a.png"], "error: --out: got '{tmp}/a.png' (allowed: a .gif file"),
-    (["--fps", "0"], "error: --fps: got 0.0 (allowed: 0.5 to 50)"),
-    (["--max-frames", "0"], "error: --max-frames: got 0 (allowed: 1 to 2000)"),
-    (["--max-frames", "9" * 30], "error: --max-frames: got 9999"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--out", "{tmp}/missing/a.gif"], "error: --out {tmp}/missing/a.gif: folder {tmp}/missing does not exist"),
+        (["--out", "{tmp}/a.png"], "error: --out: got '{tmp}/a.png' (allowed: a .gif file"),
+        (["--fps", "0"], "error: --fps: got 0.0 (allowed: 0.5 to 50)"),
+        (["--max-frames", "0"], "error: --max-frames: got 0 (allowed: 1 to 2000)"),
+        (["--max-frames", "9" * 30], "error: --max-frames: got 9999"),
+    ],
+)
 def test_the_animate_command_refuses_bad_flags_with_one_line(tmp_path, capsys, argv, message):
     argv = [a.format(tmp=tmp_path) for a in argv]
     assert main(["animate", *argv]) == 2

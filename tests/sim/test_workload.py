@@ -1,4 +1,5 @@
 """Synthetic workloads: calibrated lengths, arrival processes, shared prefixes, seeding (sim/workloads/workload.py)."""
+
 import numpy as np
 import pytest
 
@@ -126,7 +127,10 @@ def test_no_prefix_means_no_token_ids():
         (dict(dataset="alpaca", num_requests=5, rate=1.0, prefix_len=2047), "prefix_len"),
         (dict(dataset="fixed", num_requests=5, rate=1.0, prompt_len=2000, output_len=100), "allowed: <= 2048"),
         (dict(dataset="fixed", num_requests=5, rate=1.0), "needs prompt_len and output_len"),
-        (dict(dataset="uniform", num_requests=5, rate=1.0, prompt_len_range=(9, 5), output_len_range=(1, 2)), "low <= high"),
+        (
+            dict(dataset="uniform", num_requests=5, rate=1.0, prompt_len_range=(9, 5), output_len_range=(1, 2)),
+            "low <= high",
+        ),
         # past the limits of sim.base.limits: refused before numpy draws anything
         (dict(dataset="alpaca", rate=1e9, duration=3600.0), "rate x duration = 1e\\+09 x 3600 = 3.6e\\+12 expected"),
         (dict(dataset="alpaca", rate=1.0, duration=1e12), "duration must be > 0 seconds .at most 1e.09"),

@@ -12,6 +12,7 @@ finish reasons), so that equal results mean the script would behave the same. Gr
 all in one process with one LLM: vLLM takes 70-160 s to start. A check that raises is recorded with the
 exception's type and first line, and the run goes on. Not timed: the throughput runs are side.py's.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,8 +36,12 @@ def check(name: str, what: str):
 
 
 def completion(c) -> dict:
-    return {"token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason}  # fmt: skip
+    return {
+        "token_ids": list(c.token_ids),
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
 
 
 def top_logprobs(position) -> list | None:
@@ -86,8 +91,9 @@ def token_ids_dict(api):
 
 @check("text_prompt", '`TextPrompt(prompt="text")` and `{"prompt": "text"}` as prompts')
 def text_prompt(api):
-    out = api.llm.generate([api.TextPrompt(prompt=PROMPT), {"prompt": OTHER}],
-                           api.SamplingParams(temperature=0, max_tokens=8))  # fmt: skip
+    out = api.llm.generate(
+        [api.TextPrompt(prompt=PROMPT), {"prompt": OTHER}], api.SamplingParams(temperature=0, max_tokens=8)
+    )
     return {"prompts": [o.prompt for o in out], "token_ids": [list(o.outputs[0].token_ids) for o in out]}
 
 
@@ -108,8 +114,12 @@ def params_per_prompt(api):
 @check("request_output", "`RequestOutput`: `.prompt`, `.prompt_token_ids`, `.finished`, `len(.outputs)`")
 def request_output(api):
     out = api.llm.generate([PROMPT], api.SamplingParams(temperature=0, max_tokens=4))[0]
-    return {"prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids), "finished": out.finished,
-            "outputs": len(out.outputs)}  # fmt: skip
+    return {
+        "prompt": out.prompt,
+        "prompt_token_ids": list(out.prompt_token_ids),
+        "finished": out.finished,
+        "outputs": len(out.outputs),
+    }
 
 
 @check("request_id", "`RequestOutput.request_id`: its type; distinct per request")
@@ -126,8 +136,12 @@ def completion_output(api):
 
 @check("cumulative_logprob", "`CompletionOutput.cumulative_logprob`, without and with `logprobs=0`")
 def cumulative_logprob(api):
-    plain, with_lp = (api.llm.generate([PROMPT], api.SamplingParams(temperature=0, max_tokens=6, logprobs=lp))[0]
-                      .outputs[0].cumulative_logprob for lp in (None, 0))  # fmt: skip
+    plain, with_lp = (
+        api.llm.generate([PROMPT], api.SamplingParams(temperature=0, max_tokens=6, logprobs=lp))[0]
+        .outputs[0]
+        .cumulative_logprob
+        for lp in (None, 0)
+    )
     return {"without": plain, "logprobs=0": with_lp}
 
 
@@ -181,8 +195,10 @@ def eos(api):
     conv = api.llm.get_tokenizer().apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     stopped = api.llm.generate([conv], api.SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
     ignored = api.llm.generate([conv], api.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
-    return {"stopped": completion(stopped), "ignore_eos": [len(ignored.outputs[0].token_ids),
-                                                            ignored.outputs[0].finish_reason]}  # fmt: skip
+    return {
+        "stopped": completion(stopped),
+        "ignore_eos": [len(ignored.outputs[0].token_ids), ignored.outputs[0].finish_reason],
+    }
 
 
 @check("penalties", "`SamplingParams(presence_penalty=1.0, frequency_penalty=0.5)`, greedy")
@@ -200,17 +216,26 @@ def repetition_penalty(api):
 @check("min_p_top_k", "`SamplingParams(temperature=1.0, seed=0, min_p=1.0)` and `top_k=1`: the greedy tokens")
 def min_p_top_k(api):
     greedy = api.llm.generate([PROMPT], api.SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].token_ids
-    min_p, top_k = (api.llm.generate([PROMPT], api.SamplingParams(temperature=1.0, seed=0, max_tokens=8, **kw))[0]
-                    .outputs[0].token_ids for kw in ({"min_p": 1.0}, {"top_k": 1}))  # fmt: skip
+    min_p, top_k = (
+        api.llm.generate([PROMPT], api.SamplingParams(temperature=1.0, seed=0, max_tokens=8, **kw))[0]
+        .outputs[0]
+        .token_ids
+        for kw in ({"min_p": 1.0}, {"top_k": 1})
+    )
     return {"min_p=1 is greedy": list(min_p) == list(greedy), "top_k=1 is greedy": list(top_k) == list(greedy)}
 
 
 @check("skip_special_tokens", "`SamplingParams(skip_special_tokens=False)`: special tokens in `.text`")
 def skip_special_tokens(api):
     conv = api.llm.get_tokenizer().apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
-    texts = [api.llm.generate([conv], api.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                                         skip_special_tokens=skip))[0].outputs[0].text
-             for skip in (False, True)]  # fmt: skip
+    texts = [
+        api.llm.generate(
+            [conv], api.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, skip_special_tokens=skip)
+        )[0]
+        .outputs[0]
+        .text
+        for skip in (False, True)
+    ]
     return {"skip=False": texts[0], "skip=True": texts[1]}
 
 
@@ -226,8 +251,11 @@ def seed(api):
 def n_samples(api):
     sp = api.SamplingParams(n=3, temperature=0.8, seed=0, max_tokens=6)
     runs = [api.llm.generate([PROMPT], sp)[0].outputs for _ in range(2)]
-    return {"outputs": len(runs[0]), "indices": sorted(c.index for c in runs[0]),
-            "reproducible": [list(c.token_ids) for c in runs[0]] == [list(c.token_ids) for c in runs[1]]}
+    return {
+        "outputs": len(runs[0]),
+        "indices": sorted(c.index for c in runs[0]),
+        "reproducible": [list(c.token_ids) for c in runs[0]] == [list(c.token_ids) for c in runs[1]],
+    }
 
 
 @check("chat", "`llm.chat(messages, SamplingParams(temperature=0, max_tokens=8))`")
@@ -246,8 +274,9 @@ def chat_batch(api):
 @check("beam_search", "`llm.beam_search([TokensPrompt(...)], BeamSearchParams(beam_width=2, max_tokens=6))`")
 def beam_search(api):
     ids = api.llm.get_tokenizer().encode(PROMPT)
-    out = api.llm.beam_search([api.TokensPrompt(prompt_token_ids=ids)], api.BeamSearchParams(beam_width=2,
-                                                                                             max_tokens=6))
+    out = api.llm.beam_search(
+        [api.TokensPrompt(prompt_token_ids=ids)], api.BeamSearchParams(beam_width=2, max_tokens=6)
+    )
     return {"sequences": [[list(s.tokens), s.text, s.cum_logprob] for s in out[0].sequences]}
 
 
@@ -295,8 +324,14 @@ def main() -> None:
         import torch
 
         version = f"paged-attention-lab {installed('paged-attention-lab')}, torch {torch.__version__}"
-    api = SimpleNamespace(LLM=top.LLM, SamplingParams=top.SamplingParams, TokensPrompt=inputs.TokensPrompt,
-                          TextPrompt=inputs.TextPrompt, BeamSearchParams=params.BeamSearchParams, llm=None)  # fmt: skip
+    api = SimpleNamespace(
+        LLM=top.LLM,
+        SamplingParams=top.SamplingParams,
+        TokensPrompt=inputs.TokensPrompt,
+        TextPrompt=inputs.TextPrompt,
+        BeamSearchParams=params.BeamSearchParams,
+        llm=None,
+    )
     results: dict[str, dict] = {}
     started = time.perf_counter()
     try:
@@ -315,11 +350,21 @@ def main() -> None:
             results[name] = {"value": jsonable(fn(api))}
         except Exception as exc:
             results[name] = {"error": error(exc)}
-        print(f"{system} {name}: {'error ' + results[name]['error'] if 'error' in results[name] else 'ok'}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{system} {name}: {'error ' + results[name]['error'] if 'error' in results[name] else 'ok'}",
+            file=sys.stderr,
+            flush=True,
+        )
     with open(out_path, "w") as f:
-        json.dump({"version": version, "load_s": load_s, "checks_s": time.perf_counter() - started - load_s,
-                   "results": results}, f)  # fmt: skip
+        json.dump(
+            {
+                "version": version,
+                "load_s": load_s,
+                "checks_s": time.perf_counter() - started - load_s,
+                "results": results,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":  # vLLM's CPU build starts worker processes: the guard is required

@@ -9,6 +9,7 @@ marker comments. The page's table is generated, never typed: tests/test_peer.py 
 Verdicts: "same" (equal results; floats within 1e-3 relative: two float32 programs), "runs, differs" (both run;
 the note names the first difference), "fails here" / "fails in vLLM" / "fails in both" (the note has the error).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,16 @@ def rows(checks: list[tuple[str, str]], vllm: dict[str, dict], engine: dict[str,
     for name, what in checks:
         ours = engine.get(name, missing)
         v, note = verdict(vllm.get(name), ours)
-        out.append({"check": name, "what": what, "vllm": cell(vllm.get(name)), "engine": cell(ours), "verdict": v,
-                    "note": note})  # fmt: skip
+        out.append(
+            {
+                "check": name,
+                "what": what,
+                "vllm": cell(vllm.get(name)),
+                "engine": cell(ours),
+                "verdict": v,
+                "note": note,
+            }
+        )
     return out
 
 
@@ -114,16 +123,27 @@ def escape(text: str) -> str:
 
 def render(table_rows: list[dict], comments: dict[str, str]) -> str:
     """The README's block between the markers: a count, then one line per check."""
-    counts = {v: sum(r["verdict"] == v for r in table_rows) for v in (SAME, DIFFERS, FAILS_HERE, FAILS_VLLM,
-                                                                      FAILS_BOTH, NOT_IN_VLLM)}  # fmt: skip
-    words = {DIFFERS: ("run but differ", "runs but differs"), FAILS_HERE: ("fail here", "fails here"),
-             FAILS_VLLM: ("fail in vLLM", "fails in vLLM"), FAILS_BOTH: ("fail in both", "fails in both"),
-             NOT_IN_VLLM: ("were not run in vLLM", "was not run in vLLM")}  # fmt: skip
-    tally = "".join(f", {counts[v]} {w[counts[v] == 1]}" for v, w in words.items()
-                    if counts[v] or v in (DIFFERS, FAILS_HERE))  # fmt: skip
-    lines = [f"{counts[SAME]} of {len(table_rows)} checks give the same result in both{tally} "
-             f"({comments.get('versions', '')}; `figures/peer_api.csv`, {comments.get('date', '')[:10]}):", "",
-             "| vLLM's code, as its documentation writes it | with `reference` | note |", "|---|---|---|"]  # fmt: skip
+    counts = {
+        v: sum(r["verdict"] == v for r in table_rows)
+        for v in (SAME, DIFFERS, FAILS_HERE, FAILS_VLLM, FAILS_BOTH, NOT_IN_VLLM)
+    }
+    words = {
+        DIFFERS: ("run but differ", "runs but differs"),
+        FAILS_HERE: ("fail here", "fails here"),
+        FAILS_VLLM: ("fail in vLLM", "fails in vLLM"),
+        FAILS_BOTH: ("fail in both", "fails in both"),
+        NOT_IN_VLLM: ("were not run in vLLM", "was not run in vLLM"),
+    }
+    tally = "".join(
+        f", {counts[v]} {w[counts[v] == 1]}" for v, w in words.items() if counts[v] or v in (DIFFERS, FAILS_HERE)
+    )
+    lines = [
+        f"{counts[SAME]} of {len(table_rows)} checks give the same result in both{tally} "
+        f"({comments.get('versions', '')}; `figures/peer_api.csv`, {comments.get('date', '')[:10]}):",
+        "",
+        "| vLLM's code, as its documentation writes it | with `reference` | note |",
+        "|---|---|---|",
+    ]
     lines += [f"| {escape(r['what'])} | {r['verdict']} | {escape(r['note'])} |" for r in table_rows]
     return "\n".join(lines)
 
@@ -133,14 +153,14 @@ def replace_block(text: str, block: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise ValueError(f"{README.relative_to(ROOT)} has no {BEGIN} ... {END} block")
-    return f"{text[:start + len(BEGIN)]}\n{block}\n{text[end:]}"
+    return f"{text[: start + len(BEGIN)]}\n{block}\n{text[end:]}"
 
 
 def readme_block(text: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise ValueError(f"{README.relative_to(ROOT)} has no {BEGIN} ... {END} block")
-    return text[start + len(BEGIN):end].strip("\n")
+    return text[start + len(BEGIN) : end].strip("\n")
 
 
 def update_readme(readme: Path = README, path: Path = CSV) -> bool:

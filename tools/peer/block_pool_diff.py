@@ -9,6 +9,7 @@ ids handed out, hit or miss, the number of free blocks, and the whole free queue
 
     python tools/peer/block_pool_diff.py RUNS OPS OUT.json
 """
+
 import json
 import random
 import sys
@@ -52,7 +53,9 @@ def run(seed: int, num_ops: int) -> str | None:
             pool.free_blocks([pool.blocks[b + 1] for b in blocks])
             what += f"({blocks})"
         elif op == "cache" and owners:
-            candidates = [b for o in owners for b in o if not ours.is_cached(b) and pool.blocks[b + 1].block_hash is None]
+            candidates = [
+                b for o in owners for b in o if not ours.is_cached(b) and pool.blocks[b + 1].block_hash is None
+            ]
             if candidates:
                 b, h = rng.choice(candidates), rng.choice(hashes)
                 ours.cache_block(b, h)

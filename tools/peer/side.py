@@ -12,6 +12,7 @@ untimed warm-up request that shares no prefix with it. The workload's output tok
 
 PEER_DTYPE (float32 by default, or bfloat16) is the model's dtype in both systems.
 """
+
 import json
 import os
 import sys
@@ -52,8 +53,9 @@ def main() -> None:
     beams = []
     if os.environ.get("PEER_BEAM") == "1":  # every sequence of each case, best first: prompt + output token ids
         for ids, width, max_tokens in task["beam_cases"]:
-            out = llm.beam_search([TokensPrompt(prompt_token_ids=ids)], BeamSearchParams(beam_width=width,
-                                                                                     max_tokens=max_tokens))
+            out = llm.beam_search(
+                [TokensPrompt(prompt_token_ids=ids)], BeamSearchParams(beam_width=width, max_tokens=max_tokens)
+            )
             beams.append([list(s.tokens) for s in out[0].sequences])
     workload = task["workload"]
     # Warm-up, untimed, on a prompt that is not in the workload: both systems keep a prefix cache (vLLM by default),
@@ -66,9 +68,18 @@ def main() -> None:
     tokens = sum(map(len, workload_tokens))
     assert tokens == sum(n for _, n in workload), "ignore_eos with exact max_tokens: every request runs to its length"
     with open(out_path, "w") as f:
-        json.dump({"version": version, "cold_start_s": cold_start_s, "greedy": greedy_ids, "wall_s": wall,
-                   "output_tokens": tokens, "beams": beams,
-                   "workload_tokens": workload_tokens}, f)  # fmt: skip
+        json.dump(
+            {
+                "version": version,
+                "cold_start_s": cold_start_s,
+                "greedy": greedy_ids,
+                "wall_s": wall,
+                "output_tokens": tokens,
+                "beams": beams,
+                "workload_tokens": workload_tokens,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":  # vLLM's CPU build starts worker processes: the guard is required

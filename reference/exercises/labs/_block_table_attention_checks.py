@@ -23,10 +23,20 @@ import numpy as np
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from sim.testing.blocks import machine_settings
 from sim.exercises.referee import NO_RULES, Referee
-from ._paged_batches import PagedBatch, Shape, compare_output, oracle_caches, oracle_output, paged_batches, slots_of
-from ._paged_batches import single_threaded, tell
+from sim.testing.blocks import machine_settings
+
+from ._paged_batches import (
+    PagedBatch,
+    Shape,
+    compare_output,
+    oracle_caches,
+    oracle_output,
+    paged_batches,
+    single_threaded,
+    slots_of,
+    tell,
+)
 
 SHAPES = {
     "model": Shape((1, 2, 3, 4, 8), (1, 2, 3), (1, 2, 3), (1, 2, 4, 8), (1, 4), (1, 20)),
@@ -36,7 +46,7 @@ SHAPES = {
 # NOTE: the oracle computes in float32; a student's numpy may sum in float64 or in another order. Ordinary scores
 # agree to ~1e-6. Scores in the thousands carry float32 rounding of ~1e-4 into the softmax weights.
 TOL = {"model": (1e-4, "float32, summed in another order"), "rule": (2e-3, "float32 rounding of scores near 1000"),
-       "long": (1e-4, "float32, summed in another order")}  # fmt: skip
+       "long": (1e-4, "float32, summed in another order")}
 
 
 def check_slots(student: Any, b: PagedBatch) -> None:
@@ -54,7 +64,7 @@ def check_slots(student: Any, b: PagedBatch) -> None:
             want = expected[positions[0] : positions[-1] + 1]
             if found != want:
                 raise AssertionError(f"slot_mapping({table}, {positions}) (seq {i}, block_size {b.block_size}): "
-                                     f"expected {want}, found {found}")  # fmt: skip
+                                     f"expected {want}, found {found}")
 
 
 def _empty_caches(b: PagedBatch, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +80,7 @@ def _empty_caches(b: PagedBatch, interleaved: bool) -> tuple[np.ndarray, np.ndar
 NOT_CONTIGUOUS = ("the caches are key_cache = kv[:, 0], value_cache = kv[:, 1] of one array kv [num_blocks, 2, "
                   "block_size, num_kv_heads, head_dim] (FlashInfer's layout), so NOT contiguous in memory: store "
                   "through them in place (cache[block, offset] = ...); reshape() of such an array returns a copy, "
-                  "and a write into the copy is lost")  # fmt: skip
+                  "and a write into the copy is lost")
 
 
 def check_store(student: Any, b: PagedBatch, interleaved: bool = False) -> tuple[Any, Any]:
@@ -93,19 +103,19 @@ def check_store(student: Any, b: PagedBatch, interleaved: bool = False) -> tuple
             raise AssertionError(f"after store_kv of every sequence: {name}[{block}, {offset}, {head}] (slot {slot}, "
                                  f"KV head {head}) holds {what}: expected {_vec(want[block, offset, head])}, "
                                  f"found {_vec(got[block, offset, head])}"
-                                 + (f" ({NOT_CONTIGUOUS})" if lost else ""))  # fmt: skip
+                                 + (f" ({NOT_CONTIGUOUS})" if lost else ""))
     return expected
 
 
 def check_decode(student: Any, b: PagedBatch, caches: tuple[Any, Any], shape: str, interleaved: bool = False
-                 ) -> None:  # fmt: skip
+                 ) -> None:
     expected = oracle_output(b, *caches)
     call = (f"decode_attention(query {list(b.query.shape)}, caches {list(caches[0].shape)}, block_tables "
-            f"{b.block_tables}, seq_lens {b.seq_lens}, scale {b.scale:.4g})")  # fmt: skip
+            f"{b.block_tables}, seq_lens {b.seq_lens}, scale {b.scale:.4g})")
     key_cache, value_cache = _empty_caches(b, interleaved)  # the same layout the store wrote into
     key_cache[...], value_cache[...] = caches[0].numpy(), caches[1].numpy()
     found = student.decode_attention(b.query.copy(), key_cache, value_cache, [list(t) for t in b.block_tables],
-                                     list(b.seq_lens), b.scale)  # fmt: skip
+                                     list(b.seq_lens), b.scale)
     compare_output(call, b, found, expected, *TOL[shape])
 
 
@@ -121,7 +131,7 @@ def batch_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:
             tell(b)
             if interleaved:
                 note("the caches: key_cache = kv[:, 0], value_cache = kv[:, 1] of one array kv [num_blocks, 2, "
-                     "block_size, num_kv_heads, head_dim] (not contiguous in memory)")  # fmt: skip
+                     "block_size, num_kv_heads, head_dim] (not contiguous in memory)")
             student = Referee(make(b.block_size), NO_RULES)
             check_slots(student, b)
             caches = check_store(student, b, interleaved)

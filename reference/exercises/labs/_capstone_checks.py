@@ -31,7 +31,7 @@ from sim.exercises.report import ExpectationFailed, Story
 from sim.scheduling.preemption import fewest_computed, latest_arrival
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "Water boils at",
-           "The three primary colours are", "My favourite book is")  # fmt: skip
+           "The three primary colours are", "My favourite book is")
 PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[3] / d) for d in ("sim", "reference"))
 
 
@@ -61,7 +61,7 @@ class Watched:
         if not any(g is found for g in candidates):
             offered = ", ".join(f"r{g.request_id}" for g in candidates)
             raise ExpectationFailed(f"your victim policy returned {found!r} from the candidates [{offered}]: "
-                                    "expected one of them (the SequenceGroup itself, not its id)")  # fmt: skip
+                                    "expected one of them (the SequenceGroup itself, not its id)")
         self.chosen.append(found.request_id)
         return found
 
@@ -84,7 +84,7 @@ def in_their_words(what: str, run: Callable[[], Any]) -> Any:
     except Exception as exc:  # noqa: BLE001  (the project's own words are the feedback)
         if project_words(exc):
             raise ExpectationFailed(f"{what}: the {'engine' if 'engine' in what else 'simulator'} said: "
-                                    f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+                                    f"{type(exc).__name__}: {exc}") from exc
         raise
 
 
@@ -119,7 +119,7 @@ class Batch:
             how, n = f"beam search of width {self.n}", ""
         swap = ", preempting by swap" if self.swap else ""
         return (f"SmolLM2 serves {len(self.prompts)} prompts ({how}, {self.max_tokens} tokens{n}) on {self.num_blocks} "
-                f"blocks of {self.block_size} tokens{swap}")  # fmt: skip
+                f"blocks of {self.block_size} tokens{swap}")
 
 
 @dataclass(slots=True)
@@ -141,7 +141,7 @@ def serve(batch: Batch, block_allocator: Callable | None, victim: Callable[[list
     llm = LLM.from_loaded(model, tokenizer, block_size=batch.block_size, num_gpu_blocks=batch.num_blocks,
                           num_cpu_blocks=batch.num_blocks if batch.swap else 0,
                           preemption="swap" if batch.swap else "recompute", block_allocator=block_allocator,
-                          victim=watched)  # fmt: skip
+                          victim=watched)
     def params(k: int):
         if batch.beam:
             return BeamSearchParams(beam_width=batch.n, max_tokens=batch.max_tokens)
@@ -154,7 +154,7 @@ def serve(batch: Batch, block_allocator: Callable | None, victim: Callable[[list
     while llm.has_unfinished_requests():
         if step == limit:
             raise ExpectationFailed(f"the engine made no progress in {limit} steps: {llm.kv_manager.num_free_blocks} "
-                                    f"of {batch.num_blocks} blocks free (does free() give blocks back?)")  # fmt: skip
+                                    f"of {batch.num_blocks} blocks free (does free() give blocks back?)")
         for out in llm.step():
             if out.finished:
                 finals[out.request_id] = out
@@ -167,10 +167,10 @@ def serve(batch: Batch, block_allocator: Callable | None, victim: Callable[[list
     free = llm.kv_manager.num_free_blocks
     if free != batch.num_blocks and broken is None:
         raise ExpectationFailed(f"every request finished, and {batch.num_blocks - free} of {batch.num_blocks} blocks "
-                                f"are still in use: expected all free")  # fmt: skip
+                                f"are still in use: expected all free")
     outs = [finals[i] for i in ids]
     return Served([[list(c.token_ids) for c in o.outputs] for o in outs], [[c.text for c in o.outputs] for o in outs],
-                  watched.chosen, step, broken)  # fmt: skip
+                  watched.chosen, step, broken)
 
 
 def warm_up() -> None:
@@ -208,7 +208,7 @@ def compare_served(t: Story, batch: Batch, mine: Served, ref: Served, *, victims
         yours = f"r{mine.preempted[k]}" if k < len(mine.preempted) else "nobody more"
         raise ExpectationFailed(f"preemption {k + 1}: your policy chose {yours}, lab 08's rule chooses {theirs} "
                                 f"(the victims in order: yours {['r%d' % r for r in mine.preempted]}, the rule's "
-                                f"{['r%d' % r for r in ref.preempted]})")  # fmt: skip
+                                f"{['r%d' % r for r in ref.preempted]})")
     tokenizer = smollm2()[1]
     for p, (yours, theirs) in enumerate(zip(mine.tokens, ref.tokens)):
         for s, (a, b) in enumerate(zip(yours, theirs)):
@@ -226,7 +226,7 @@ def compare_served(t: Story, batch: Batch, mine: Served, ref: Served, *, victims
         if not project_words(exc):
             raise exc  # the student's own check_invariants: their words, their line
         raise ExpectationFailed(f"the tokens are right, but after step {step} the engine's KV manager said: "
-                                f"{type(exc).__name__}: {exc}")  # fmt: skip
+                                f"{type(exc).__name__}: {exc}")
 
 
 def _recount(served: Served) -> str:
@@ -258,7 +258,7 @@ def compare_runs(t: Story, what: str, mine, ref, *, victims: tuple[list, list] |
         raise ExpectationFailed(f"{what}: preemption {k + 1}: your policy chose r{victims[0][k]}, lab 08's rule "
                                 f"chooses r{victims[1][k]}" if k < min(map(len, victims)) else
                                 f"{what}: your policy made {len(victims[0])} preemptions, the rule "
-                                f"{len(victims[1])}")  # fmt: skip
+                                f"{len(victims[1])}")
     for table, row in (("steps", "step"), ("requests", "request")):
         a, b = getattr(mine, table), getattr(ref, table)
         if len(a) != len(b):
@@ -270,7 +270,7 @@ def compare_runs(t: Story, what: str, mine, ref, *, victims: tuple[list, list] |
                 i = int((~same).nonzero()[0][0])
                 when = f" (t = {b['time'][i]:.3f} s)" if table == "steps" else ""
                 raise ExpectationFailed(f"{what}: {row} {i}{when}: {name} is {x[i]:g} on your pieces, {y[i]:g} on "
-                                        f"the project's")  # fmt: skip
+                                        f"the project's")
     t.say(f"{what}: {len(ref.steps)} steps, {len(ref.requests)} requests, every column equal")
 
 
@@ -319,7 +319,7 @@ def _workloads():
         settings = {"model": "opt-13b", "requests": requests, "kv_slots": num_blocks * block_size,
                     "block_size": block_size, "preemption": "swap" if swap else "recompute",
                     "swap_space_gib": pool_gib("opt-13b", num_blocks, block_size) if swap else 4.0,
-                    "jump": draw(st.booleans(), label="jump")}  # fmt: skip
+                    "jump": draw(st.booleans(), label="jump")}
         return {"settings": settings, "cap": draw(st.integers(1, 3), label="max_preemptions")}
 
     return workload()
@@ -357,7 +357,7 @@ def sim_check(shape: str, most: int) -> Callable[[Callable[..., Any], int, int],
                                    max_tokens=st.integers(4, 12), n=st.integers(1, 3),
                                    temperature=st.sampled_from([0.0, 1.0]), block_size=st.sampled_from([1, 2, 4, 16]),
                                    num_blocks=st.integers(4, 16), max_preemptions=st.integers(1, 3),
-                                   swap=st.booleans(), beam=st.booleans()))  # fmt: skip
+                                   swap=st.booleans(), beam=st.booleans()))
             def run_test(self: unittest.TestCase, batch: Batch) -> None:
                 need = math.ceil((12 + batch.max_tokens) / batch.block_size) * batch.n  # SmolLM2: prompts <= 8 tokens
                 batch = replace(batch, num_blocks=max(batch.num_blocks, need))
@@ -366,7 +366,7 @@ def sim_check(shape: str, most: int) -> Callable[[Callable[..., Any], int, int],
         else:
             def run_test(self: unittest.TestCase) -> None:
                 s = {**PAPER_TRACE, "duration": 600.0, "kv_slots": 12_000, "preemption": "swap",
-                     "swap_space_gib": pool_gib("opt-13b", 12_000 // 16, 16) / 4}  # fmt: skip
+                     "swap_space_gib": pool_gib("opt-13b", 12_000 // 16, 16) / 4}
                 simulator_story(make(), Story(), "Figure 12a's trace, 10 minutes, 12,000 slots, swap", s, 2)
 
         return type(f"Capstone_{shape}", (unittest.TestCase,), {"runTest": run_test})

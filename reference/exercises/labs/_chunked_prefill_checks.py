@@ -22,16 +22,15 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from reference.attention.torch_ref import paged_prefill_attention_ref, store_kv_ref
-
-from sim.testing.blocks import machine_settings
 from sim.exercises.referee import tag_exercise_call
+from sim.testing.blocks import machine_settings
 
 from ._paged_batches import single_threaded
 
 TOLERANCE = 1e-5
 # shape -> (prompt lengths, block sizes, heads, head_dim)
 SHAPES = {"model": ((1, 24), (1, 2, 4, 8), (1, 2), (1, 4)), "rule": ((1, 16), (1, 2, 4), (1, 2), (1, 4)),
-          "long": ((24, 96), (4, 8, 16), (2, 4), (4, 8))}  # fmt: skip
+          "long": ((24, 96), (4, 8, 16), (2, 4), (4, 8))}
 
 
 def _chunks(draw: Callable, length: int, label: str) -> list[int]:
@@ -48,7 +47,7 @@ def prompts(draw: Callable, shape: str, count: int) -> dict[str, Any]:
     case = {"block_size": draw(st.sampled_from(sizes), label="block_size"),
             "num_heads": draw(st.integers(*heads), label="num_heads"),
             "head_dim": draw(st.integers(*dims), label="head_dim"),
-            "seed": draw(st.integers(0, 2**16), label="seed")}  # fmt: skip
+            "seed": draw(st.integers(0, 2**16), label="seed")}
     case["lengths"] = [draw(st.integers(*lengths), label="prompt length") for _ in range(count)]
     case["chunks"] = [_chunks(draw, n, f"prompt {i}") for i, n in enumerate(case["lengths"])]
     bs = case["block_size"]
@@ -90,17 +89,17 @@ def expect_close(what: str, found: Any, expected: torch.Tensor, first: int = 0) 
     if not isinstance(found, torch.Tensor) or found.shape != expected.shape:
         shape = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
         raise AssertionError(f"{what}: expected a tensor of shape {tuple(expected.shape)} [tokens, heads, head_dim], "
-                             f"found {shape}")  # fmt: skip
+                             f"found {shape}")
     bad = ~torch.isclose(found.float(), expected, atol=TOLERANCE, rtol=TOLERANCE)
     if bad.any():
         row = int(bad.flatten(1).any(1).nonzero()[0])
         if found[row].isnan().any():
             raise AssertionError(f"{what}: the output of token {first + row} is NaN: it read a cache slot that "
                                  f"was never written (unwritten slots hold NaN). Read only positions 0..p "
-                                 f"through the block table, never a whole last block")  # fmt: skip
+                                 f"through the block table, never a whole last block")
         diff = (found[row].float() - expected[row]).abs().max().item()
         raise AssertionError(f"{what}: the output of token {first + row} differs from torch_ref's by {diff:.3g} "
-                             f"(tolerance {TOLERANCE})")  # fmt: skip
+                             f"(tolerance {TOLERANCE})")
 
 
 def expect_cache(what: str, found: torch.Tensor, expected: torch.Tensor, tables: list[list[int]], bs: int) -> None:
@@ -112,7 +111,7 @@ def expect_cache(what: str, found: torch.Tensor, expected: torch.Tensor, tables:
         where = f"token {owner[0][1]} of prompt {owner[0][0]}" if owner else "a block no table holds"
         state = "NaN (never written)" if found[block, slot].isnan().all() else "other numbers"
         raise AssertionError(f"{what}: slot {slot} of block {block} ({where}) holds {state}, not what "
-                             f"store_kv_ref writes there for the whole prompt")  # fmt: skip
+                             f"store_kv_ref writes there for the whole prompt")
 
 
 def _named(call: str, method: Callable[..., Any], *args: Any) -> Any:
@@ -157,7 +156,7 @@ def one_prompt(make: Callable[..., Any], case: dict) -> None:
     if log != calls:
         show = lambda c: ", ".join(f"{name}(start {s}, {n} tokens)" for name, s, n in c)  # noqa: E731
         raise AssertionError(f"{call} must write then attend chunk by chunk: expected {show(calls)}; found "
-                             f"{show(log) or 'no call'}")  # fmt: skip
+                             f"{show(log) or 'no call'}")
     caches = _caches(case)
     store_kv_ref(k, v, *caches, _slots(table, 0, len(q), bs))
     expected = paged_prefill_attention_ref(q, *caches, torch.tensor([table], dtype=torch.int32),
@@ -177,7 +176,7 @@ def two_prompts(make: Callable[..., Any], case: dict) -> None:
         table, n, start = case["tables"][i], case["chunks"][i][done[i]], position[i]
         q, k, v = (x[start : start + n] for x in tensors[i])
         note(f"prompt {i}: write_chunk({table}, {start}, key, value) then attend_chunk({table}, {start}, query), "
-             f"{n} token(s)")  # fmt: skip
+             f"{n} token(s)")
         _named(f"write_chunk({table}, {start}, key, value)", student.write_chunk, table, start, k, v)
         expected = oracle_chunk(case, caches, table, start, q, k, v)
         call = f"attend_chunk({table}, {start}, query)"

@@ -92,7 +92,7 @@ def paged_batches(draw: Callable, shape: Shape) -> PagedBatch:
     group = draw(st.sampled_from(shape.groups), label="query heads per KV head")
     dim = draw(st.sampled_from(shape.head_dims), label="head_dim")
     lens = draw(st.lists(st.integers(*shape.seq_len), min_size=shape.num_seqs[0], max_size=shape.num_seqs[1]),
-                label="seq_lens")  # fmt: skip
+                label="seq_lens")
     spare = draw(st.lists(st.booleans(), min_size=len(lens), max_size=len(lens)), label="a spare block at the end")
     needed = [-(-n // bs) + extra for n, extra in zip(lens, spare)]
     num_blocks = sum(needed) + 2  # two blocks no sequence holds: NaN
@@ -108,13 +108,13 @@ def paged_batches(draw: Callable, shape: Shape) -> PagedBatch:
 
     return PagedBatch(bs, kv, kv * group, dim, num_blocks, lens, tables, [normal(n, kv, dim) for n in lens],
                       [normal(n, kv, dim) for n in lens], normal(len(lens), kv * group, dim),
-                      float(dim**-0.5 * shape.logit_scale))  # fmt: skip
+                      float(dim**-0.5 * shape.logit_scale))
 
 
 def tell(b: PagedBatch) -> None:
     """The batch as note() lines: what a shrunk failure prints before the broken rule."""
     note(f"block_size {b.block_size}, query heads {b.num_heads} over KV heads {b.num_kv_heads} (GQA group "
-         f"{b.group}), head_dim {b.head_dim}, scale {b.scale:.4g}, a pool of {b.num_blocks} blocks")  # fmt: skip
+         f"{b.group}), head_dim {b.head_dim}, scale {b.scale:.4g}, a pool of {b.num_blocks} blocks")
     for i, (n, table) in enumerate(zip(b.seq_lens, b.block_tables)):
         used = -(-n // b.block_size)
         tail = n - (used - 1) * b.block_size
@@ -142,7 +142,7 @@ def oracle_caches(b: PagedBatch) -> tuple[Any, Any]:
     key_cache, value_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
     slots = [s for i in range(len(b.seq_lens)) for s in slots_of(b, i)]
     store_kv_ref(torch.from_numpy(np.concatenate(b.keys)), torch.from_numpy(np.concatenate(b.values)),
-                 key_cache, value_cache, torch.tensor(slots, dtype=torch.int64))  # fmt: skip
+                 key_cache, value_cache, torch.tensor(slots, dtype=torch.int64))
     return key_cache, value_cache
 
 
@@ -164,7 +164,7 @@ def oracle_output(b: PagedBatch, key_cache: Any, value_cache: Any) -> np.ndarray
     from reference.attention.torch_ref import paged_decode_attention_ref
 
     out = paged_decode_attention_ref(torch.from_numpy(b.query), key_cache, value_cache, padded_tables(b),
-                                     torch.tensor(b.seq_lens, dtype=torch.int32), b.scale)  # fmt: skip
+                                     torch.tensor(b.seq_lens, dtype=torch.int32), b.scale)
     return out.numpy()
 
 
@@ -175,7 +175,7 @@ def compare_output(call: str, b: PagedBatch, found: Any, expected: np.ndarray, t
         found = np.asarray(found, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise AssertionError(f"{call} returned {type(found).__name__}: expected an array of shape {shape} "
-                             f"(num_seqs, num_heads, head_dim)") from exc  # fmt: skip
+                             f"(num_seqs, num_heads, head_dim)") from exc
     if found.shape != shape:
         raise AssertionError(f"{call} returned shape {found.shape}: expected {shape} (num_seqs, num_heads, head_dim)")
     bad = ~np.isclose(found, expected, rtol=tol, atol=tol)  # NaN is never close

@@ -20,10 +20,20 @@ from typing import Any, Callable
 import numpy as np
 from hypothesis import given, settings
 
-from sim.testing.blocks import machine_settings
 from sim.exercises.referee import NO_RULES, Referee
-from ._paged_batches import PagedBatch, Shape, compare_output, oracle_caches, oracle_output, padded_tables
-from ._paged_batches import paged_batches, single_threaded, tell
+from sim.testing.blocks import machine_settings
+
+from ._paged_batches import (
+    PagedBatch,
+    Shape,
+    compare_output,
+    oracle_caches,
+    oracle_output,
+    padded_tables,
+    paged_batches,
+    single_threaded,
+    tell,
+)
 
 SHAPES = {
     "model": Shape((1, 2, 3, 4), (1, 2), (1, 2), (2, 4), (1, 2), (1, 6)),
@@ -33,7 +43,7 @@ SHAPES = {
 # NOTE: the kernel and the oracle both compute in float32, in a different order (block by block, rescaled):
 # ordinary scores agree to ~1e-6; scores in the thousands carry float32 rounding of ~1e-4 into the weights.
 TOL = {"model": (1e-4, "float32, summed in another order"), "rule": (2e-3, "float32 rounding of scores near 1000"),
-       "long": (1e-4, "float32, summed in another order")}  # fmt: skip
+       "long": (1e-4, "float32, summed in another order")}
 
 
 def fold_on_host(student: Any, b: PagedBatch, expected: np.ndarray, shape: str) -> None:
@@ -51,7 +61,7 @@ def fold_on_host(student: Any, b: PagedBatch, expected: np.ndarray, shape: str) 
     if not np.allclose(found, expected[0, 0], rtol=tol, atol=tol):
         raise AssertionError(f"online_softmax_step, folding seq 0's {-(-len(scores) // bs)} blocks of {bs} for query "
                              f"head 0: acc / l: expected {_vec(expected[0, 0])}, found {_vec(found)} [tolerance "
-                             f"{tol:g}: {why}]")  # fmt: skip
+                             f"{tol:g}: {why}]")
 
 
 def _vec(v: np.ndarray) -> str:
@@ -67,9 +77,9 @@ def run_batch(student: Any, b: PagedBatch, shape: str, on: str) -> None:
     fold_on_host(student, b, expected, shape)
     tables = padded_tables(b)
     call = (f"forward(query {list(b.query.shape)}, caches {list(key_cache.shape)}, block_tables "
-            f"{tables.tolist()}, seq_lens {b.seq_lens}, scale {b.scale:.4g})")  # fmt: skip
+            f"{tables.tolist()}, seq_lens {b.seq_lens}, scale {b.scale:.4g})")
     out = student.forward(torch.from_numpy(b.query.copy()).to(on), key_cache.to(on), value_cache.to(on),
-                          tables.to(on), torch.tensor(b.seq_lens, dtype=torch.int32, device=on), b.scale)  # fmt: skip
+                          tables.to(on), torch.tensor(b.seq_lens, dtype=torch.int32, device=on), b.scale)
     compare_output(call, b, out.cpu() if hasattr(out, "cpu") else out, expected, *TOL[shape])
 
 

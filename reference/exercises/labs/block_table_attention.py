@@ -45,7 +45,7 @@ def expect_close(t: Story, what: str, found: object, expected: list, by_head: bo
     except (TypeError, ValueError):
         got = None
     t.ensure(got is not None and got.shape == want.shape,
-             f"{what}: expected an array of shape {want.shape}, found {found!r}")  # fmt: skip
+             f"{what}: expected an array of shape {want.shape}, found {found!r}")
     bad = ~np.isclose(got, want, rtol=TOL, atol=TOL)
     if by_head and bad.any():
         s, h = np.argwhere(bad)[0][:2]
@@ -60,7 +60,7 @@ def _caches(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) 
 
 def _decode(t: Story, att, query, key_cache, value_cache, tables, seq_lens, scale) -> object:
     t.say(f"decode_attention(query {list(query.shape)}, key_cache/value_cache {list(key_cache.shape)}, "
-          f"block_tables {tables}, seq_lens {seq_lens}, scale {scale})")  # fmt: skip
+          f"block_tables {tables}, seq_lens {seq_lens}, scale {scale})")
     return att.decode_attention(query, key_cache, value_cache, tables, seq_lens, scale)
 
 
@@ -72,7 +72,7 @@ def slots_follow_the_table(make, t: Story) -> None:
     t.expect("slot_mapping([7, 2, 5], [0, 1, ..., 9])",
              _ints(t.do(att, "slot_mapping", [7, 2, 5], list(range(10)))), [28, 29, 30, 31, 8, 9, 10, 11, 20, 21])
     t.expect("slot_mapping([7, 2, 5], [9, 4]): the slots of the positions given, in their order",
-             _ints(t.do(att, "slot_mapping", [7, 2, 5], [9, 4])), [21, 8])  # fmt: skip
+             _ints(t.do(att, "slot_mapping", [7, 2, 5], [9, 4])), [21, 8])
 
 
 def store_writes_its_slots(make, t: Story) -> None:
@@ -86,7 +86,7 @@ def store_writes_its_slots(make, t: Story) -> None:
             key_cache, value_cache = kv[:, 0], kv[:, 1]
             t.say("again, into caches that are views of ONE array kv [3 blocks, 2 (K, V), 2 slots, 1, 2] (FlashInfer's "
                   "layout): key_cache = kv[:, 0], value_cache = kv[:, 1], NOT contiguous in memory, so reshape() "
-                  "of them returns a copy")  # fmt: skip
+                  "of them returns a copy")
         else:
             key_cache, value_cache = _caches(3, 2, 1, 2)
         t.say("store_kv(key_cache, value_cache, key [[1, 2]], [[3, 4]], [[5, 6]], value = -key, [5, 0, 2])")
@@ -95,9 +95,9 @@ def store_writes_its_slots(make, t: Story) -> None:
         for token, (block, offset) in enumerate(((2, 1), (0, 0), (1, 0))):
             slot = block * 2 + offset
             t.expect(f"key_cache[{block}, {offset}] (slot {slot}: token {token}){layout}",
-                     key_cache[block, offset].tolist(), key[token].tolist())  # fmt: skip
+                     key_cache[block, offset].tolist(), key[token].tolist())
             t.expect(f"value_cache[{block}, {offset}] (slot {slot}: token {token}){layout}",
-                     value_cache[block, offset].tolist(), (-key[token]).tolist())  # fmt: skip
+                     value_cache[block, offset].tolist(), (-key[token]).tolist())
         untouched = [b * 2 + o for b in range(3) for o in range(2) if np.isnan(key_cache[b, o]).all()]
         t.expect(f"the key_cache slots still NaN (no token was stored there){layout}", untouched, [1, 3, 4])
 
@@ -108,7 +108,7 @@ def one_token_gqa(make, t: Story) -> None:
     key_cache, value_cache = _caches(2, 2, 2, 2)
     key_cache[1, 0], value_cache[1, 0] = _f32([[1, 0], [0, 1]]), _f32([[1, 2], [3, 4]])
     t.say("2 KV heads, 4 query heads; the sequence's one token sits in block 1, offset 0: V = [1, 2] for KV "
-          "head 0, [3, 4] for KV head 1")  # fmt: skip
+          "head 0, [3, 4] for KV head 1")
     query = _f32([[[0.5, -1], [2, 0], [1, 1], [-3, 0.25]]])
     out = _decode(t, att, query, key_cache, value_cache, [[1]], [1], 1.0)
     expect_close(t, "the output (a softmax over one token is 1: its value)", out, [[[1, 2], [1, 2], [3, 4], [3, 4]]])
@@ -133,7 +133,7 @@ def last_block_partly_filled(make, t: Story) -> None:
         block, offset = (2, 0)[p // 4], p % 4
         key_cache[block, offset], value_cache[block, offset] = _f32([[0, 0]]), _f32([[p, 1]])
     t.say("seq_len 5, block_table [2, 0, 1]: tokens 0-3 in block 2, token 4 in block 0 (offset 0); block 1 is a "
-          "spare allocated for later tokens; every other slot is NaN")  # fmt: skip
+          "spare allocated for later tokens; every other slot is NaN")
     t.say("all keys are 0, so every token gets weight 1/5; token p has value [p, 1]")
     out = _decode(t, att, _f32([[[1, 1]]]), key_cache, value_cache, [[2, 0, 1]], [5], 1.0)
     expect_close(t, "the output (the mean of the 5 values)", out, [[[2, 1]]])
@@ -146,14 +146,14 @@ def batch_of_tables(make, t: Story) -> None:
     key_cache[:] = 0.0
     value_cache[:, :, 0, 0] = _f32([[10, 20], [1, 2], [30, 40], [3, 0]])
     t.say("block_size 2, all keys 0 (equal weights); values per block: 0: [10, 20], 1: [1, 2], 2: [30, 40], "
-          "3: [3, 0]")  # fmt: skip
+          "3: [3, 0]")
     t.say("seq 0: block_table [1, 3], seq_len 3 (values 1, 2, 3); seq 1: block_table [2], seq_len 1 (value 30)")
     out = _decode(t, att, _f32([[[1]], [[1]]]), key_cache, value_cache, [[1, 3], [2]], [3, 1], 1.0)
     expect_close(t, "the output (each sequence's mean value: 2 and 30)", out, [[[2]], [[30]]])
 
 
 EXAMPLES = (slots_follow_the_table, store_writes_its_slots, one_token_gqa, scale_before_softmax,
-            last_block_partly_filled, batch_of_tables)  # fmt: skip
+            last_block_partly_filled, batch_of_tables)
 
 
 def _probe(*shape: int) -> np.ndarray:
@@ -190,4 +190,4 @@ EXERCISE = Exercise(
                      _lazy("long"), 2.0, "hidden", scale=2),
     ),
     "09_block_table_attention", "block_table_attention",
-)  # fmt: skip
+)

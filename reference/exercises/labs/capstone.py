@@ -31,7 +31,6 @@ from sim.exercises.referee import NO_RULES
 from sim.exercises.registry import Exercise, MachineCheck
 from sim.exercises.report import Story
 
-
 # programs at most per property check: the engine's runs take about a second each
 CAPS = {"model": 40, "rule": 3, "long": 1}
 
@@ -51,7 +50,7 @@ def samples_stay_apart(make, t: Story) -> None:
 
     batch = Batch(prompts=(2, 4), max_tokens=10, n=3, temperature=1.0, block_size=4, num_blocks=24)
     t.say("each request's 3 samples share its prompt's blocks (share), and each copies the half-full last block "
-          "before it writes into it (copy_on_write)")  # fmt: skip
+          "before it writes into it (copy_on_write)")
     engine_story(make, t, batch)
 
 
@@ -61,7 +60,7 @@ def beams_fork_and_drop(make, t: Story) -> None:
 
     batch = Batch(prompts=(0, 3), max_tokens=10, n=3, beam=True, block_size=4, num_blocks=40)
     t.say("a fork shares all of a beam's blocks (share); a dropped beam gives its references back (free); a beam "
-          "writing into a shared block copies it first (copy_on_write)")  # fmt: skip
+          "writing into a shared block copies it first (copy_on_write)")
     engine_story(make, t, batch)
 
 
@@ -81,7 +80,7 @@ def the_papers_trace(make, t: Story) -> None:
 
     settings = {**PAPER_TRACE, "duration": 180.0, "kv_slots": 4_000}
     t.say("OPT-13B on an A100-40GB, ShareGPT requests at 2 req/s, on 4,000 token slots (a tenth of the A100's): "
-          "preemptions happen")  # fmt: skip
+          "preemptions happen")
     t.say(f"sim.run({', '.join(f'{k}={v!r}' for k, v in settings.items())}, block_allocator=..., victim=...)")
     stack = make()
     ref = simulate(settings, None, LabRule(2).victim)
@@ -106,7 +105,7 @@ def fresh_pieces_per_run(make, t: Story) -> None:
 
 
 EXAMPLES = (your_allocator_serves_greedy, samples_stay_apart, beams_fork_and_drop, your_policy_chooses,
-            the_papers_trace, fresh_pieces_per_run)  # fmt: skip
+            the_papers_trace, fresh_pieces_per_run)
 
 
 def _lazy(shape: str):
@@ -139,4 +138,4 @@ EXERCISE = Exercise(
                      "request equal the project's", _lazy("long"), 2.0, "hidden"),
     ),
     "13_capstone", "capstone", model="smollm2", warm_up=_warm_up,
-)  # fmt: skip
+)

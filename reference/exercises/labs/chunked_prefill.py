@@ -85,7 +85,7 @@ def write_through_table(make, t: Story) -> None:
     _do(t, p, "write_chunk", "[3, 1], 0, keys of tokens 0..2, values of tokens 0..2", [3, 1], 0, keys[:3], -keys[:3])
     cache = [[None if math.isnan(x) else x for x in row] for row in p.key_cache.view(4, 2).tolist()]
     t.expect("key_cache (block -> its 2 slots; None: never written)", cache,
-             [[None, None], [12.0, None], [None, None], [10.0, 11.0]])  # fmt: skip
+             [[None, None], [12.0, None], [None, None], [10.0, 11.0]])
     _do(t, p, "write_chunk", "[3, 1], 3, key of token 3, value of token 3", [3, 1], 3, keys[3:], -keys[3:])
     t.expect("key_cache[1] after writing token 3", p.key_cache[1].flatten().tolist(), [12.0, 13.0])
     t.expect("value_cache[1]", p.value_cache[1].flatten().tolist(), [-12.0, -13.0])
@@ -120,9 +120,9 @@ def later_chunk_reads_the_cache(make, t: Story) -> None:
     values = torch.tensor([1.0, 2.0, 6.0, 3.0, 8.0]).view(5, 1, 1)
     t.say("keys all zero; values 1, 2, 6, 3, 8; block_table [2, 0, 1]; slots past token 3 hold NaN")
     _do(t, p, "write_chunk", "[2, 0, 1], 0, keys, values of tokens 0..1", [2, 0, 1], 0, torch.zeros(2, 1, 1),
-        values[:2])  # fmt: skip
+        values[:2])
     _do(t, p, "write_chunk", "[2, 0, 1], 2, keys, values of tokens 2..3", [2, 0, 1], 2, torch.zeros(2, 1, 1),
-        values[2:4])  # fmt: skip
+        values[2:4])
     out = _do(t, p, "attend_chunk", "[2, 0, 1], 2, queries of tokens 2..3", [2, 0, 1], 2, _random(0, 2, 1, 1))
     _close(t, "attend_chunk for tokens 2..3 (means of values 0..2 and 0..3)", out, _cumulative_means(values[:4])[2:])
 
@@ -137,14 +137,14 @@ def chunks_change_nothing(make, t: Story) -> None:
     for chunks in ([6], [2, 1, 3]):
         p = make(4, 4, 2, 2)
         outs.append(_do(t, p, "prefill", f"[3, 1], queries, keys, values, {chunks}", [3, 1], _random(5, 6, 2, 2),
-                        torch.zeros(6, 2, 2), values, chunks))  # fmt: skip
+                        torch.zeros(6, 2, 2), values, chunks))
     _close(t, "prefill with chunk_sizes [6] (keys zero: the running means of the values)", outs[0],
-           _cumulative_means(values))  # fmt: skip
+           _cumulative_means(values))
     _close(t, "prefill with chunk_sizes [2, 1, 3]", outs[1], outs[0])
 
 
 EXAMPLES = (write_through_table, one_token_sees_itself, causal_within_chunk, later_chunk_reads_the_cache,
-            chunks_change_nothing)  # fmt: skip
+            chunks_change_nothing)
 
 
 def _lazy(shape: str):
@@ -171,4 +171,4 @@ EXERCISE = Exercise(
                      _lazy("long"), 2.0, "hidden", scale=2, steps=60),
     ),
     "07_chunked_prefill", "chunked_prefill",
-)  # fmt: skip
+)

@@ -25,6 +25,7 @@ import numpy as np
 from sim.exercises.referee import NO_RULES
 from sim.exercises.registry import Exercise, MachineCheck
 from sim.exercises.report import Story
+
 from .block_table_attention import expect_close
 
 # NOTE: the interpreter runs about 7 ms per block per program (Triton 3.9 on one CPU core: every tl.sum / tl.max
@@ -57,14 +58,14 @@ def _t(values: list):
 
 
 def _forward(t: Story, dec, query, key_cache, value_cache, tables: list[list[int]], seq_lens: list[int],
-             scale: float):  # fmt: skip
+             scale: float):
     import torch
 
     t.say(f"forward(query {list(query.shape)}, key_cache/value_cache {list(key_cache.shape)}, block_tables "
-          f"{tables}, seq_lens {seq_lens}, scale {scale})")  # fmt: skip
+          f"{tables}, seq_lens {seq_lens}, scale {scale})")
     on = device()
     out = dec.forward(query.to(on), key_cache.to(on), value_cache.to(on), torch.tensor(tables, dtype=torch.int32,
-                      device=on), torch.tensor(seq_lens, dtype=torch.int32, device=on), scale)  # fmt: skip
+                      device=on), torch.tensor(seq_lens, dtype=torch.int32, device=on), scale)
     return out.cpu() if hasattr(out, "cpu") else out
 
 
@@ -75,14 +76,14 @@ def online_steps(make, t: Story) -> None:
     state = (float("-inf"), 0.0, np.zeros(1))
     t.say("scores [1, 2 | 5, 0 | 3] with values [10, 20 | 30, 40 | 50] (head_dim 1), in blocks of 2")
     blocks = (([1.0, 2.0], [10.0, 20.0], (2.0, 1.3679, 23.6788)), ([5.0, 0.0], [30.0, 40.0], (5.0, 1.0748, 31.4484)),
-              ([3.0], [50.0], (5.0, 1.2102, 38.2152)))  # fmt: skip
+              ([3.0], [50.0], (5.0, 1.2102, 38.2152)))
     for scores, values, (m, l, acc) in blocks:
         step = t.do(dec, "online_softmax_step", state[0], state[1], state[2], np.array(scores),
-                    np.array(values)[:, None])  # fmt: skip
+                    np.array(values)[:, None])
         t.ensure(isinstance(step, (tuple, list)) and len(step) == 3, f"online_softmax_step returned {step!r}: "
-                 f"expected the three values (m, l, acc)")  # fmt: skip
+                 f"expected the three values (m, l, acc)")
         expect_close(t, f"(m, l, acc[0]) after the block with scores {scores}",
-                     [step[0], step[1], np.asarray(step[2]).reshape(-1)[0]], [m, l, acc])  # fmt: skip
+                     [step[0], step[1], np.asarray(step[2]).reshape(-1)[0]], [m, l, acc])
         state = step
     expect_close(t, "acc / l (the plain softmax gives 31.5782)", np.asarray(state[2]) / state[1], [31.5782])
 
@@ -93,7 +94,7 @@ def one_token_gqa(make, t: Story) -> None:
     key_cache, value_cache = _caches(2, 2, 2, 2)
     key_cache[1, 0], value_cache[1, 0] = _t([[1, 0], [0, 1]]), _t([[1, 2], [3, 4]])
     t.say("2 KV heads, 4 query heads; the token sits in block 1, offset 0: V = [1, 2] for KV head 0, [3, 4] for "
-          "KV head 1; every other slot is NaN")  # fmt: skip
+          "KV head 1; every other slot is NaN")
     out = _forward(t, dec, _t([[[0.5, -1], [2, 0], [1, 1], [-3, 0.25]]]), key_cache, value_cache, [[1]], [1], 1.0)
     expect_close(t, "the output (a softmax over one token is 1: its value)", out, [[[1, 2], [1, 2], [3, 4], [3, 4]]])
 
@@ -105,7 +106,7 @@ def table_entry_not_index(make, t: Story) -> None:
     key_cache[[3, 1]] = 0.0
     value_cache[3, :, 0], value_cache[1, :, 0] = _t([[1, 2], [1, 2]]), _t([[3, 4], [3, 4]])
     t.say("block_table [3, 1]: tokens 0-1 in block 3 (values [1, 2]), tokens 2-3 in block 1 (values [3, 4]); "
-          "blocks 0 and 2 hold NaN; all keys are 0, so each token weighs 1/4")  # fmt: skip
+          "blocks 0 and 2 hold NaN; all keys are 0, so each token weighs 1/4")
     out = _forward(t, dec, _t([[[1, 1]]]), key_cache, value_cache, [[3, 1]], [4], 1.0)
     expect_close(t, "the output (the mean of the 4 values)", out, [[[2, 3]]])
 
@@ -117,9 +118,9 @@ def online_rescale(make, t: Story) -> None:
     key_cache[1, :, 0], value_cache[1, :, 0] = _t([[0, 0], [0, 0]]), _t([[1, 0], [1, 0]])
     key_cache[0, :, 0], value_cache[0, :, 0] = _t([[3, 0], [3, 0]]), _t([[0, 1], [0, 1]])
     t.say("block_table [1, 0], query [1, 0]: block 1 scores [0, 0] (values [1, 0]), then block 0 scores [3, 3] "
-          "(values [0, 1])")  # fmt: skip
+          "(values [0, 1])")
     t.say("after block 1: m = 0, l = 2, acc = [2, 0]; block 0 raises m to 3, so l and acc are first multiplied "
-          "by exp(0 - 3)")  # fmt: skip
+          "by exp(0 - 3)")
     out = _forward(t, dec, _t([[[1, 0]]]), key_cache, value_cache, [[1, 0]], [4], 1.0)
     expect_close(t, "the output ([1, e^3] / (1 + e^3))", out, [[[0.04743, 0.95257]]])
 
@@ -132,7 +133,7 @@ def last_block_partly_filled(make, t: Story) -> None:
         block, offset = (2, 0)[p // 4], p % 4
         key_cache[block, offset], value_cache[block, offset] = _t([[0, 0]]), _t([[p, 1]])
     t.say("seq_len 5, block_table [2, 0, 1]: tokens 0-3 in block 2, token 4 in block 0 (offset 0), block 1 a spare; "
-          "every other slot is NaN; all keys 0, token p has value [p, 1]")  # fmt: skip
+          "every other slot is NaN; all keys 0, token p has value [p, 1]")
     out = _forward(t, dec, _t([[[1, 1]]]), key_cache, value_cache, [[2, 0, 1]], [5], 1.0)
     expect_close(t, "the output (the mean of the 5 values)", out, [[[2, 1]]])
 
@@ -143,7 +144,7 @@ def block_size_not_a_power_of_two(make, t: Story) -> None:
     key_cache, value_cache = _caches(3, 3, 1, 2)
     key_cache[1], value_cache[1] = 0.0, _t([[[1, 0]], [[2, 0]], [[3, 0]]])
     t.say("seq_len 3, block_table [1]: block 1 is full (values [1, 0], [2, 0], [3, 0]); block 2, right after it "
-          "in memory, holds NaN")  # fmt: skip
+          "in memory, holds NaN")
     out = _forward(t, dec, _t([[[1, 1]]]), key_cache, value_cache, [[1]], [3], 1.0)
     expect_close(t, "the output (the mean of the 3 values)", out, [[[2, 0]]])
 
@@ -166,12 +167,12 @@ def batch_against_the_oracle(make, t: Story) -> None:
     tables, lens = [[4, 0, 0], [2, 3, 1]], [3, 5]
     out = _forward(t, dec, query, key_cache, value_cache, tables, lens, 0.7)
     expected = paged_decode_attention_ref(query, key_cache, value_cache, torch.tensor(tables, dtype=torch.int32),
-                                          torch.tensor(lens, dtype=torch.int32), 0.7)  # fmt: skip
+                                          torch.tensor(lens, dtype=torch.int32), 0.7)
     expect_close(t, "the output (paged_decode_attention_ref's)", out, expected.tolist(), by_head=True)
 
 
 EXAMPLES = (online_steps, one_token_gqa, table_entry_not_index, online_rescale, last_block_partly_filled,
-            block_size_not_a_power_of_two, batch_against_the_oracle)  # fmt: skip
+            block_size_not_a_power_of_two, batch_against_the_oracle)
 
 
 def _probe(*shape: int) -> np.ndarray:
@@ -207,4 +208,4 @@ EXERCISE = Exercise(
                      "sequence", _lazy("long"), 2.0, "hidden", scale=2),
     ),
     "10_triton_decode", "triton_decode",
-)  # fmt: skip
+)

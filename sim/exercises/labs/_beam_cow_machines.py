@@ -25,7 +25,7 @@ from ._beam_cow_oracle import Beams
 # NOTE: "append" first: a step hypothesis cannot drop shrinks towards an append to the lowest live beam, not towards
 # opening one more beam
 _OP = st.tuples(st.sampled_from(("append", "append", "append", "new", "fork", "fork", "free")), st.integers(0, 63),
-                st.integers(0, 63))  # fmt: skip
+                st.integers(0, 63))
 
 
 def _programs(steps: int, long: bool) -> st.SearchStrategy:
@@ -108,7 +108,7 @@ def _beam_search(run: _Run, width: int, choices: list[int]) -> None:
 
 
 def beam_program_test(make: Callable[..., Any], max_examples: int, steps: int, beam_search: bool = False,
-                      big: bool = False) -> type:  # fmt: skip
+                      big: bool = False) -> type:
     """A TestCase whose runTest runs random programs (or beam searches) of up to `steps` steps, then frees every
     beam."""
 

@@ -27,7 +27,7 @@ def audit(obj: Any, truth: dict[int, list[int]]) -> str | None:
         table, bs = obj.block_tables[beam], obj.block_size
         if obj.num_tokens[beam] != len(tokens) or len(table) != -(-len(tokens) // bs):
             return (f"beam {beam}: expected {len(tokens)} tokens in {-(-len(tokens) // bs)} block(s), found "
-                    f"num_tokens {obj.num_tokens[beam]} and block table {table}")  # fmt: skip
+                    f"num_tokens {obj.num_tokens[beam]} and block table {table}")
         found = read_back(obj, beam)
         if found != tokens:
             return f"beam {beam} read back through its block table {table}: expected {tokens}, found {found}"
@@ -37,7 +37,7 @@ def audit(obj: Any, truth: dict[int, list[int]]) -> str | None:
     for b in range(alloc.num_blocks):
         if alloc.ref_count(b) != owners.get(b, 0):
             return (f"ref_count({b}): expected {owners.get(b, 0)} (the block tables holding it), "
-                    f"found {alloc.ref_count(b)}")  # fmt: skip
+                    f"found {alloc.ref_count(b)}")
     return None
 
 
@@ -68,7 +68,7 @@ class Beams:
         self._check(f"fork({parent}, {child})")
         if self.obj.allocator.num_free_blocks != free:
             raise AssertionError(f"fork({parent}, {child}): a fork takes no block: expected {free} free blocks, "
-                                 f"found {self.obj.allocator.num_free_blocks}")  # fmt: skip
+                                 f"found {self.obj.allocator.num_free_blocks}")
 
     def append(self, beam: int, token: int) -> int | None:
         obj, bs = self.obj, self.obj.block_size
@@ -80,7 +80,7 @@ class Beams:
         if need > free:
             if slot is not None or list(obj.block_tables[beam]) != table:
                 raise AssertionError(f"{call} with no free block: expected None and nothing changed, found {slot!r} "
-                                     f"and block table {obj.block_tables[beam]}")  # fmt: skip
+                                     f"and block table {obj.block_tables[beam]}")
             self._check(f"the refused {call}")
             return None
         self.truth[beam].append(token)
@@ -88,16 +88,16 @@ class Beams:
         after = list(obj.block_tables[beam])  # a table may be any sequence (a tuple, say): the spec fixes its contents
         if after[: n // bs] != table[: n // bs]:
             raise AssertionError(f"{call}: a full block is never copied or moved: expected the table to start with "
-                                 f"{table[: n // bs]}, found {after}")  # fmt: skip
+                                 f"{table[: n // bs]}, found {after}")
         used = free - obj.allocator.num_free_blocks
         if used != need:
             why = "a new block" if n % bs == 0 else ("a copy of the shared last block" if shared else "no new block")
             raise AssertionError(f"{call} with {n} tokens ({'shared' if shared else 'own'} last block): needs {why}; "
-                                 f"expected {need} block(s) taken, found {used}")  # fmt: skip
+                                 f"expected {need} block(s) taken, found {used}")
         expected_slot = after[n // bs] * bs + n % bs
         if slot != expected_slot:
             raise AssertionError(f"{call}: expected the slot written, {after[n // bs]} * {bs} + {n % bs} = "
-                                 f"{expected_slot}, found {slot!r}")  # fmt: skip
+                                 f"{expected_slot}, found {slot!r}")
         return slot
 
     def free(self, beam: int) -> None:
@@ -107,4 +107,4 @@ class Beams:
         if not self.truth and self.obj.allocator.num_free_blocks != self.obj.allocator.num_blocks:
             raise AssertionError(f"free({beam}), the last beam: no block may leak: expected "
                                  f"{self.obj.allocator.num_blocks} free blocks, found "
-                                 f"{self.obj.allocator.num_free_blocks}")  # fmt: skip
+                                 f"{self.obj.allocator.num_free_blocks}")

@@ -21,8 +21,6 @@ from ..referee import NO_RULES, Referee, format_call
 from ._memory_accounting_oracle import ContiguousPool, PagedPool, compare, expected
 
 
-
-
 def _paged_pool(data: st.DataObject, big: bool) -> PagedPool:
     block_size = data.draw(st.integers(1, 8 if big else 4), label="block_size")
     num_blocks = data.draw(st.integers(2, 24 if big else 8), label="num_blocks")
@@ -60,7 +58,7 @@ def _step(op: Op, pool: PagedPool | ContiguousPool, live: dict[int, int], forks:
         prompt_len = 1 + b % final_len
         seq = pool.admit(prompt_len, final_len)
         note(f"admit a sequence: prompt {prompt_len} tokens, final length {final_len} -> "
-             + ("refused (pool full)" if seq is None else f"seq {seq}"))  # fmt: skip
+             + ("refused (pool full)" if seq is None else f"seq {seq}"))
         if seq is not None:
             live[seq] = final_len
         return
@@ -93,7 +91,7 @@ def _check(student: Any, pool: PagedPool | ContiguousPool, waiting: bool) -> Non
 
 
 def pool_program_test(make: Callable[..., Any], max_examples: int, steps: int, pools: tuple[str, ...],
-                      forks: bool = False, big: bool = False) -> type:  # fmt: skip
+                      forks: bool = False, big: bool = False) -> type:
     """A TestCase whose runTest checks the student's answer after every step of random programs on `pools`."""
 
     class PoolPrograms(unittest.TestCase):

@@ -91,5 +91,5 @@ def compare(what: str, found: Any, wanted: dict[str, int]) -> str | None:
         keys = sorted(found) if isinstance(found, dict) else type(found).__name__
         return f"{what}: expected a dict with the five keys {', '.join(SHARE_NAMES)}, found {keys}"
     wrong = [f"{name}: expected {wanted[name]}, found {found[name]!r}" for name in SHARE_NAMES
-             if found[name] != wanted[name]]  # fmt: skip
+             if found[name] != wanted[name]]
     return f"{what}: " + "; ".join(wrong) if wrong else None

@@ -27,7 +27,7 @@ from ._prefix_economics_oracle import ProjectPrefixCache, Request, conversation_
 # of a number in base 3, how many tokens are the prompt). NOTE: plain integers, not a list of new tokens: five draws
 # per request keep generating and shrinking a failing trace quick.
 _REQUEST = st.tuples(st.integers(0, 63), st.integers(0, 63), st.integers(0, 6), st.integers(0, 3**6 - 1),
-                     st.integers(0, 63))  # fmt: skip
+                     st.integers(0, 63))
 
 
 def _request(draw: tuple, earlier: list[Request], max_len: int) -> Request:
@@ -53,7 +53,7 @@ def _replay(student: Any, project: ProjectPrefixCache, trace: list[Request]) -> 
     for i, (tokens, num_prompt) in enumerate(trace, 1):
         call = f"({_show(tokens)}, {num_prompt})"
         _compare(f"lookup{call} before request {i}", student.lookup(tokens, num_prompt),
-                 project.lookup(tokens, num_prompt))  # fmt: skip
+                 project.lookup(tokens, num_prompt))
         expected = project.serve(tokens, num_prompt)
         cached = project.num_cached_blocks
         note(f"request {i}: serve{call} -> {expected} prompt tokens cached; {cached} cached block(s)")
@@ -63,7 +63,7 @@ def _replay(student: Any, project: ProjectPrefixCache, trace: list[Request]) -> 
 
 
 def trace_test(make: Callable[..., Any], max_examples: int, steps: int, conversations: bool = False,
-               big: bool = False) -> type:  # fmt: skip
+               big: bool = False) -> type:
     """A TestCase whose runTest replays random traces (or conversation traces) of up to `steps` requests."""
 
     class Traces(unittest.TestCase):
@@ -74,7 +74,7 @@ def trace_test(make: Callable[..., Any], max_examples: int, steps: int, conversa
                 block_size = data.draw(st.sampled_from((1, 4, 16)), label="block_size")
                 max_seq_len = 256
                 num_blocks = data.draw(st.integers(-(-max_seq_len // block_size), 3 * max_seq_len // block_size),
-                                       label="num_blocks")  # fmt: skip
+                                       label="num_blocks")
                 seed = data.draw(st.integers(0, 1000), label="seed")
                 # NOTE: at most 12 requests: each is up to 256 tokens, and a failure replays them while shrinking
                 trace = conversation_trace(min(steps, 12), seed, max_seq_len)

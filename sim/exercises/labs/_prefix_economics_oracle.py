@@ -7,9 +7,9 @@ module's name starts with "_", so the lab loader does not take it for a lab.
 """
 from __future__ import annotations
 
-from ...workloads.conversation import generate_conversations
 from ...kv.base import NewSequence
 from ...kv.paged import PagedKVManager
+from ...workloads.conversation import generate_conversations
 
 Request = tuple[list[int], int]  # (token_ids: the prompt, then the generated tokens that get K/V; num_prompt_tokens)
 

@@ -23,9 +23,9 @@ from typing import Any, Callable
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from ...base.request import Request
 from ...kv import make_kv_manager
 from ...scheduling.plan import StepOutcome
-from ...base.request import Request
 from ...scheduling.scheduler import Scheduler, SchedulerConfig
 from ...testing.blocks import machine_settings
 from ..referee import NO_RULES, Referee
@@ -45,7 +45,7 @@ def runs(draw: Callable, shape: str) -> dict[str, Any]:
     run = {"block_size": draw(st.sampled_from(sizes), label="block_size"),
            "budget": draw(st.integers(*budget), label="max_num_batched_tokens"),
            "max_num_seqs": draw(st.integers(*seqs), label="max_num_seqs"),
-           "num_blocks": draw(st.integers(*blocks), label="num_blocks")}  # fmt: skip
+           "num_blocks": draw(st.integers(*blocks), label="num_blocks")}
     requests = draw(st.lists(st.tuples(st.integers(0, 8), st.integers(*prompt), st.integers(*output)),
                              min_size=count[0], max_size=count[1]), label="requests (arrival step, prompt, output)")
     # NOTE: a request whose final length the whole pool cannot hold is refused by add_request: left out here.
@@ -74,23 +74,23 @@ def judge(requests: list[RequestState], free: int, run: dict, found: Any, expect
     ok = isinstance(found, dict) and all(_whole(k) and k in by_id and _whole(v) and v > 0 for k, v in found.items())
     if not ok:
         raise AssertionError(f"{where} returned {found!r}: expected a dict {{request_id: tokens > 0}} (whole numbers) "
-                             f"over the requests given, leaving out those that get no token")  # fmt: skip
+                             f"over the requests given, leaving out those that get no token")
     found = {int(k): int(v) for k, v in found.items()}  # numpy integers are whole numbers too
     fed = sum(found.values())
     if fed > run["budget"]:
         raise AssertionError(f"{where} -> {found}: {fed} tokens, over the budget of {run['budget']} "
-                             f"(max_num_batched_tokens)")  # fmt: skip
+                             f"(max_num_batched_tokens)")
     for rid, tokens in found.items():
         if tokens > by_id[rid].num_missing:
             raise AssertionError(f"{where} -> {found}: r{rid} gets {tokens} tokens but misses only "
-                                 f"{by_id[rid].num_missing} (num_tokens - num_computed_tokens)")  # fmt: skip
+                                 f"{by_id[rid].num_missing} (num_tokens - num_computed_tokens)")
     need = sum(_blocks(by_id[rid], tokens, run["block_size"]) for rid, tokens in found.items())
     if need > free:
         raise AssertionError(f"{where} -> {found}: the plan opens {need} new blocks, only {free} are free")
     batch = sum(r.status == "running" for r in requests) + sum(by_id[rid].status == "waiting" for rid in found)
     if batch > run["max_num_seqs"]:
         raise AssertionError(f"{where} -> {found}: {batch} requests would run (every running one counts, scheduled "
-                             f"or not), over max_num_seqs {run['max_num_seqs']}")  # fmt: skip
+                             f"or not), over max_num_seqs {run['max_num_seqs']}")
     order = [r for r in requests if r.status == "running"] + [r for r in requests if r.status == "waiting"]
     served = [r for r in order if r.request_id in found]
     for r in served[:-1]:
@@ -98,7 +98,7 @@ def judge(requests: list[RequestState], free: int, run: dict, found: Any, expect
             later = served[served.index(r) + 1].request_id
             raise AssertionError(f"{where} -> {found}: r{r.request_id} ({r.status}) is cut to {found[r.request_id]} "
                                  f"of the {r.num_missing} tokens it misses, yet r{later} after it gets tokens: only "
-                                 f"the budget cuts a request short, and then nobody after it gets any")  # fmt: skip
+                                 f"the budget cuts a request short, and then nobody after it gets any")
     gaps = [r for r in order[: order.index(served[-1])] if r.request_id not in found] if served else []
     if gaps:
         r, later = gaps[0], served[-1]
@@ -106,7 +106,7 @@ def judge(requests: list[RequestState], free: int, run: dict, found: Any, expect
                 else "running requests are served in order" if r.status == "running"
                 else "FCFS: a waiting request that cannot be admitted stops admission, nobody overtakes it")
         raise AssertionError(f"{where} -> {found}: r{later.request_id} ({later.status}) gets tokens while "
-                             f"r{r.request_id} ({r.status}, before it) gets none: {rule}")  # fmt: skip
+                             f"r{r.request_id} ({r.status}, before it) gets none: {rule}")
     if found != expected:
         left = free  # the free blocks each request of sim's plan finds, once those before it have theirs
         for r in order:
@@ -129,7 +129,7 @@ def play(make: Callable[..., Any], run: dict, max_steps: int) -> None:
     note("each step: the free blocks, then rN status num_computed_tokens/num_tokens, then sim's plan")
     kv = make_kv_manager("paged", run["num_blocks"] * bs, block_size=bs)
     config = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, mode="v1",
-                             enable_chunked_prefill=True)  # fmt: skip
+                             enable_chunked_prefill=True)
     oracle = Scheduler(kv, config)
     student = Referee(make(bs, budget, max_seqs), NO_RULES)
     arrivals = run["requests"]
@@ -146,7 +146,7 @@ def play(make: Callable[..., Any], run: dict, max_steps: int) -> None:
         expected = oracle_plan(plan, requests)
         if plan.preempted:
             note(f"step {step}: {free} free; {_line(requests)}: a running request is out of memory, sim preempts "
-                 f"{['r%d' % r for r in plan.preempted]} (lab victim_policy): not compared")  # fmt: skip
+                 f"{['r%d' % r for r in plan.preempted]} (lab victim_policy): not compared")
         else:
             note(f"step {step}: {free} free; {_line(requests)} -> {expected}")
             judge(requests, free, run, student.schedule(list(requests), free), expected)

@@ -40,7 +40,7 @@ def snapshot(scheduler) -> list[RequestState]:
             [seq_id] = scheduler.seq_ids(rid)
             prompt_len = scheduler.request(rid).prompt_len
             states.append(RequestState(rid, status, prompt_len + scheduler.num_generated(seq_id),
-                                       scheduler.num_computed_tokens(seq_id), prompt_len))  # fmt: skip
+                                       scheduler.num_computed_tokens(seq_id), prompt_len))
     # NOTE: request ids are given in arrival order, and with the default victim policy (latest arrival) the
     # waiting queue stays in arrival order too, preempted requests included: so one sorted list says it all.
     return sorted(states, key=lambda r: r.request_id)

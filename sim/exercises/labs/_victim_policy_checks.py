@@ -20,10 +20,10 @@ from typing import Any, Callable
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from ...base.request import Request
 from ...kv import make_kv_manager
 from ...scheduling.plan import StepOutcome
 from ...scheduling.preemption import fewest_computed, latest_arrival
-from ...base.request import Request
 from ...scheduling.scheduler import Scheduler, SchedulerConfig
 from ...testing.blocks import machine_settings
 from ..referee import tag_exercise_call
@@ -32,7 +32,7 @@ from ..referee import tag_exercise_call
 # arrive together and grow long outputs in a few blocks, so that decodes run out of memory often
 SHAPES = {"model": ((4, 8), (4, 8), (1, 8), (4, 16), (1, 3), False),
           "rule": ((3, 6), (4, 8), (1, 8), (4, 16), (1, 2), False),
-          "long": ((6, 12), (8, 14), (1, 24), (8, 32), (1, 3), True)}  # fmt: skip
+          "long": ((6, 12), (8, 14), (1, 24), (8, 32), (1, 3), True)}
 BLOCK_SIZE = 4
 
 
@@ -42,7 +42,7 @@ def runs(draw: Callable, shape: str) -> dict[str, Any]:
     run = {"num_blocks": draw(st.integers(*blocks), label="num_blocks"),
            "budget": draw(st.integers(8, 32), label="max_num_batched_tokens"),
            "max_preemptions": draw(st.integers(*cap), label="max_preemptions"),
-           "swap": swap and draw(st.booleans(), label="swap")}  # fmt: skip
+           "swap": swap and draw(st.booleans(), label="swap")}
     requests = draw(st.lists(st.tuples(st.integers(0, 2), st.integers(*prompt), st.integers(*output)),
                              min_size=count[0], max_size=count[1]), label="requests (arrival step, prompt, output)")
     # NOTE: a request whose final length the whole pool cannot hold is refused by add_request: left out here.
@@ -52,7 +52,7 @@ def runs(draw: Callable, shape: str) -> dict[str, Any]:
 
 def _offered(groups, counts: dict[int, int]) -> str:
     return "[" + ", ".join(f"r{g.request_id} ({g.num_computed_tokens} computed, preempted {counts[g.request_id]}x)"
-                           for g in groups) + "]"  # fmt: skip
+                           for g in groups) + "]"
 
 
 class Watch:
@@ -75,7 +75,7 @@ class Watch:
         named = next((g for g in candidates if g is found), None)
         if named is None:
             raise AssertionError(f"step {self.step}: {call} returned {found!r}: expected one of the candidates "
-                                 f"(the SequenceGroup itself)")  # fmt: skip
+                                 f"(the SequenceGroup itself)")
         note(f"step {self.step}: {call} -> r{found.request_id}")
         below = [g for g in candidates if self.counts[g.request_id] < self.cap]
         if self.counts[found.request_id] >= self.cap and below:
@@ -84,7 +84,7 @@ class Watch:
                 f"{self.counts[found.request_id]} "
                 f"time(s) (max_preemptions {self.cap}), while r{below[0].request_id} was preempted "
                 f"{self.counts[below[0].request_id]} time(s): starvation. A request at the cap is protected while any "
-                f"candidate is below it")  # fmt: skip
+                f"candidate is below it")
         if self.exact:
             expected = fewest_computed(below) if below else latest_arrival(candidates)
             if found is not expected:
@@ -92,7 +92,7 @@ class Watch:
                        "(the larger arrival_order, not the later place in the list)" if below
                        else "every candidate is at the cap: the latest arrival (the largest arrival_order)")
                 raise AssertionError(f"step {self.step}: {call} chose r{found.request_id}, expected "
-                                     f"r{expected.request_id}: {why}")  # fmt: skip
+                                     f"r{expected.request_id}: {why}")
         self.counts[found.request_id] += 1
         return found
 
@@ -101,12 +101,12 @@ def play(make: Callable[..., Any], run: dict, exact: bool) -> None:
     cap, arrivals = run["max_preemptions"], run["requests"]
     mode = "swap" if run["swap"] else "recompute"
     note(f"{run['num_blocks']} blocks of {BLOCK_SIZE} slots, max_num_batched_tokens {run['budget']}, preemption by "
-         f"{mode}, max_preemptions {cap}")  # fmt: skip
+         f"{mode}, max_preemptions {cap}")
     note("requests (arrives before step, prompt_len, output_len): "
          + ", ".join(f"r{i} {r}" for i, r in enumerate(arrivals)))
     watch = Watch(make(cap), cap, exact)
     kv = make_kv_manager("paged", run["num_blocks"] * BLOCK_SIZE, block_size=BLOCK_SIZE,
-                         num_cpu_blocks=run["num_blocks"] if run["swap"] else 0)  # fmt: skip
+                         num_cpu_blocks=run["num_blocks"] if run["swap"] else 0)
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=run["budget"], preemption=mode, victim=watch))
     # NOTE: a generous bound: the solution needs far fewer steps; a policy that keeps undoing work runs past it.
     limit = 50 + 4 * sum(p + o for _, p, o in arrivals) * (cap + 2)
@@ -122,12 +122,12 @@ def play(make: Callable[..., Any], run: dict, exact: bool) -> None:
     if unfinished:
         raise AssertionError(f"after {limit} steps {', '.join(unfinished)} had not finished (preempted "
                              f"{[watch.counts.get(int(r[1:]), 0) for r in unfinished]} times): every request "
-                             f"must finish")  # fmt: skip
+                             f"must finish")
     for rid, (_, _, output_len) in enumerate(arrivals):
         generated = sched.num_generated(sched.seq_ids(rid)[0])
         if generated != output_len:
             raise AssertionError(f"r{rid} generated {generated} tokens, expected its output_len {output_len}: "
-                                 f"preemption must change no output")  # fmt: skip
+                                 f"preemption must change no output")
 
 
 def run_check(shape: str) -> Callable[[Callable[..., Any], int, int], type]:

@@ -20,7 +20,6 @@ from ..registry import Exercise, MachineCheck
 from ..report import Story
 from ._beam_cow_oracle import Beams
 
-
 # --- narrated examples ------------------------------------------------------------------------------
 
 
@@ -77,7 +76,7 @@ def pruned_beams_leave_no_block(make, t: Story) -> None:
 
 
 EXAMPLES = (fork_shares_every_block, shared_partial_block_is_copied, full_shared_block_stays_shared,
-            out_of_memory_changes_nothing, pruned_beams_leave_no_block)  # fmt: skip
+            out_of_memory_changes_nothing, pruned_beams_leave_no_block)
 
 
 def _lazy(**options: Any) -> Callable[[Callable[..., Any], int, int], type]:
@@ -106,4 +105,4 @@ EXERCISE = Exercise(
                      "hidden", scale=2, steps=60),
     ),
     "12_beam_cow", "beam_cow",
-)  # fmt: skip
+)

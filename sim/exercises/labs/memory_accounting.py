@@ -27,7 +27,7 @@ def ask(t: Story, student: Any, method: str, pool: PagedPool | ContiguousPool, w
     """Ask the student for the pool's breakdown and compare it with the manager's; `hint` follows a mismatch."""
     found = t.do(student, method, *pool.args(waiting))
     problem = compare(f"{method}() {'while a request waits' if waiting else 'with nothing waiting'}", found,
-                      expected(pool, waiting))  # fmt: skip
+                      expected(pool, waiting))
     t.ensure(problem is None, f"{problem}{' (' + hint + ')' if hint else ''}")
 
 
@@ -87,7 +87,7 @@ def contiguous_max_and_pow2(make, t: Story) -> None:
 
 
 EXAMPLES = (paged_last_block, paged_shared_block_counts_once, paged_waiting, contiguous_oracle_buddy,
-            contiguous_max_and_pow2)  # fmt: skip
+            contiguous_max_and_pow2)
 
 
 def _lazy(**options: Any) -> Callable[[Callable[..., Any], int, int], type]:
@@ -114,4 +114,4 @@ EXERCISE = Exercise(
                      _lazy(pools=("paged", *RULES), big=True), 2.0, "hidden", scale=2, steps=60),
     ),
     "05_memory_accounting", "memory_accounting",
-)  # fmt: skip
+)

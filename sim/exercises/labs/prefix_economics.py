@@ -39,14 +39,14 @@ class Both:
     def lookup(self, token_ids: list[int], num_prompt_tokens: int, why: str = "") -> None:
         found = self.t.do(self.student, "lookup", token_ids, num_prompt_tokens)
         self.t.expect(f"lookup({token_ids}, {num_prompt_tokens}){why}", found,
-                      self.project.lookup(token_ids, num_prompt_tokens))  # fmt: skip
+                      self.project.lookup(token_ids, num_prompt_tokens))
 
     def serve(self, token_ids: list[int], num_prompt_tokens: int, why: str = "") -> None:
         self.served += 1
         found = self.t.do(self.student, "serve", token_ids, num_prompt_tokens)
         self.t.expect(f"serve of request {self.served}{why}", found, self.project.serve(token_ids, num_prompt_tokens))
         self.t.expect(f"num_cached_blocks after request {self.served}", self.student.num_cached_blocks,
-                      self.project.num_cached_blocks)  # fmt: skip
+                      self.project.num_cached_blocks)
         self.t.expect(f"hit_rate after request {self.served}", self.student.hit_rate, self.project.hit_rate)
 
 
@@ -111,7 +111,7 @@ def a_prefix_computed_twice_keeps_both_copies(make, t: Story) -> None:
 
 
 EXAMPLES = (repeat_hits_all_but_last_block, hash_chains_the_parent, replies_are_cached_too, lru_evicts_the_tail_first,
-            hits_are_taken_before_evicting, a_prefix_computed_twice_keeps_both_copies)  # fmt: skip
+            hits_are_taken_before_evicting, a_prefix_computed_twice_keeps_both_copies)
 
 
 def _lazy(**options: Any) -> Callable[[Callable[..., Any], int, int], type]:
@@ -140,4 +140,4 @@ EXERCISE = Exercise(
                      "hidden", scale=2, steps=60),
     ),
     "11_prefix_economics", "prefix_economics",
-)  # fmt: skip
+)

@@ -46,7 +46,7 @@ def decodes_then_chunk(make, t: Story) -> None:
     """running requests decode first; a waiting prompt gets what is left of the budget, as a chunk"""
     planner = make(4, 8, 8)
     requests = [RequestState(0, "running", 6, 5, 4), RequestState(1, "running", 5, 4, 3),
-                RequestState(2, "waiting", 20, 0, 20)]  # fmt: skip
+                RequestState(2, "waiting", 20, 0, 20)]
     plan = _step(t, planner, requests, 32)
     t.expect("the plan (budget 8: two decodes, then 6 of r2's 20 prompt tokens)", plan, {0: 1, 1: 1, 2: 6})
 
@@ -65,7 +65,7 @@ def no_overtaking(make, t: Story) -> None:
     """FCFS: the first waiting request that cannot get its blocks stops admission; nobody behind it overtakes"""
     planner = make(4, 16, 8)
     requests = [RequestState(0, "running", 9, 8, 9), RequestState(1, "waiting", 12, 0, 12),
-                RequestState(2, "waiting", 2, 0, 2)]  # fmt: skip
+                RequestState(2, "waiting", 2, 0, 2)]
     t.say("3 blocks free: r0's decode opens block 3 of its table (1 block); r1 needs 3, only 2 are left")
     plan = _step(t, planner, requests, 3)
     t.expect("the plan (r2 would fit in 1 block, but it may not overtake r1)", plan, {0: 1})
@@ -75,11 +75,11 @@ def max_num_seqs_caps(make, t: Story) -> None:
     """max_num_seqs caps the requests in the batch: the running ones count first"""
     planner = make(4, 16, 2)
     requests = [RequestState(0, "running", 4, 3, 3), RequestState(1, "waiting", 2, 0, 2),
-                RequestState(2, "waiting", 2, 0, 2)]  # fmt: skip
+                RequestState(2, "waiting", 2, 0, 2)]
     plan = _step(t, planner, requests, 16)
     t.expect("the plan (max_num_seqs 2: r0 runs, r1 joins it, r2 must wait)", plan, {0: 1, 1: 2})
     requests = [RequestState(0, "running", 4, 3, 3), RequestState(1, "running", 3, 2, 2),
-                RequestState(2, "waiting", 2, 0, 2)]  # fmt: skip
+                RequestState(2, "waiting", 2, 0, 2)]
     plan = _step(t, planner, requests, 16)
     t.expect("the plan (two running already: r2 must wait)", plan, {0: 1, 1: 1})
 
@@ -96,7 +96,7 @@ def recompute_after_preemption(make, t: Story) -> None:
 
 
 EXAMPLES = (blocks_opened, decodes_then_chunk, chunk_continues, no_overtaking, max_num_seqs_caps,
-            recompute_after_preemption)  # fmt: skip
+            recompute_after_preemption)
 
 
 def _lazy(shape: str):
@@ -122,4 +122,4 @@ EXERCISE = Exercise(
                      _lazy("long"), 2.0, "hidden", scale=2, steps=60),
     ),
     "06_token_budget", "token_budget",
-)  # fmt: skip
+)

@@ -27,7 +27,7 @@ def candidate(request_id: int, num_computed_tokens: int, prompt_len: int = 64):
     from ...scheduling.sequence import Sequence, SequenceGroup, SequenceStatus
 
     seq = Sequence(request_id, request_id, prompt_len, 16, num_computed_tokens=num_computed_tokens,
-                   status=SequenceStatus.RUNNING)  # fmt: skip
+                   status=SequenceStatus.RUNNING)
     return SequenceGroup(Request(request_id, 0.0, prompt_len, 16), [seq], request_id, SequenceStatus.RUNNING)
 
 
@@ -42,7 +42,7 @@ def choose(t: Story, policy, groups) -> object:
     named = next((f"r{g.request_id}" for g in groups if g is found), None)
     t.steps[-1] += f" -> {named or repr(found)}"
     t.ensure(named is not None, f"victim({describe(groups)}) returned {found!r}: expected one of the candidates "
-             f"(the SequenceGroup itself, not its id)")  # fmt: skip
+             f"(the SequenceGroup itself, not its id)")
     return found
 
 
@@ -85,9 +85,9 @@ def alone_it_goes(make, t: Story) -> None:
 
 def on_the_scheduler(make, t: Story) -> None:
     """on the project's Scheduler: a pool of 6 blocks, 3 requests; every one finishes with all its tokens"""
+    from ...base.request import Request
     from ...kv import make_kv_manager
     from ...scheduling.plan import StepOutcome
-    from ...base.request import Request
     from ...scheduling.scheduler import Scheduler, SchedulerConfig
 
     policy = make(1)
@@ -132,4 +132,4 @@ EXERCISE = Exercise(
                      _lazy("long"), 2.0, "hidden", scale=2, steps=60),
     ),
     "08_victim_policy", "victim_policy",
-)  # fmt: skip
+)

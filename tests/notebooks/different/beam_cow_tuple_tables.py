@@ -1,5 +1,6 @@
 """Lab 12, correct but different: block tables are immutable tuples, so a fork hands the child the parent's
 table as it is, and a write builds a new tuple (the spec fixes the tables' contents, not their type)."""
+
 from sim.kv.blocks import BlockAllocator
 
 

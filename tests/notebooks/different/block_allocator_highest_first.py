@@ -1,5 +1,6 @@
 """Exercise 3, correct but different: the HIGHEST free block id first (a heap of negated ids), ref counts in a
 list, every check before any change."""
+
 import heapq
 
 

@@ -1,5 +1,6 @@
 """Exercise 3, correct but different: a LIFO free list (the last block freed is the first handed out), ref counts
 in a dict holding only owned blocks, and the all-or-nothing check as a module-level helper."""
+
 from collections import Counter
 
 MIN_BLOCKS = max(1, int("1"))  # a module-level constant computed by calls

@@ -1,5 +1,6 @@
 """Exercise 2, correct but different: free blocks as a dict {order: sorted list of starts} (bisect), sizes instead
 of orders, and the buddy arithmetic in module-level helpers; constants computed by calls."""
+
 import bisect
 import math
 

@@ -3,6 +3,7 @@ blocks come from a deque (lowest id first), and the policy keeps its counts in a
 
 The engine and the simulator hand free() a list, so reading it twice is fine; a manager that passed an iterator
 (reversed(table)) would leak every block here, and the capstone would say so."""
+
 from collections import Counter, deque
 
 

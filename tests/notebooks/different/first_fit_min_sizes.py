@@ -1,6 +1,7 @@
 """Exercise 1, correct but different: the reported case. A module-level constant computed by a call
 (`MIN_SIZES = list(range(1, 2))`) that the class reads, a slot map (one entry per slot) instead of a hole list,
 and the free runs computed by a module-level helper."""
+
 MIN_SIZES = list(range(1, 2))
 
 

@@ -1,5 +1,6 @@
 """Lab 6, correct but different: the planning as module-level functions (math.ceil for blocks), one loop over the
 requests in arrival order, the plan built with a dict comprehension's cousin: a list of pairs."""
+
 import math
 
 STATUSES = tuple(sorted({"running", "waiting"}))  # a constant computed by calls
@@ -15,8 +16,9 @@ class MyTokenBudget:
         self.max_num_batched_tokens = max_num_batched_tokens
 
     def num_new_blocks(self, num_computed_tokens, num_new_tokens):
-        return (blocks_for(num_computed_tokens + num_new_tokens, self.block_size)
-                - blocks_for(num_computed_tokens, self.block_size))
+        return blocks_for(num_computed_tokens + num_new_tokens, self.block_size) - blocks_for(
+            num_computed_tokens, self.block_size
+        )
 
     def schedule(self, requests, num_free_blocks):
         assert all(r.status in STATUSES for r in requests)

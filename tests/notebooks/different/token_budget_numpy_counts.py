@@ -1,5 +1,6 @@
 """Lab 6, correct but different: chunk sizes computed with numpy, so the plan holds numpy integers
 ({0: np.int64(1)}): whole numbers all the same."""
+
 import numpy as np
 
 

@@ -1,4 +1,5 @@
 """Lab 8, correct but different: a Counter of preemptions, the victim picked by sorting (not min/max)."""
+
 from collections import Counter
 
 

@@ -1,4 +1,5 @@
 """The beam copy-on-write lab's solution with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -86,18 +87,53 @@ def counts_token_before_allocating(base):
 
 
 PLANTED = [
-    ("writes-into-shared-block", writes_into_shared_block, (),
-     ["copy it first, so the sibling keeps its own tokens", "append_slot(1, 20) with 6 tokens (shared last block): "
-      "needs a copy of the shared last block; expected 1 block(s) taken, found 0"]),
-    ("copy-forgets-contents", copy_forgets_contents, (),
-     ["after append_slot(1, 20): beam 1 read back through its block table [0, 2]: expected [10, 11, 12, 13, 14, 15, "
-      "20], found [10, 11, 12, 13, None, None, 20]"]),
-    ("copies-full-shared-block", copies_full_shared_block, (),
-     ["its full shared blocks are never copied", "append_slot(1, 20): a full block is never copied or moved"]),
-    ("fork-shares-the-list", fork_shares_the_list, (),
-     ["after append_slot(1, 20): beam 0: expected 4 tokens in 1 block(s), found num_tokens 4 and block table [0, 1]"]),
-    ("free-keeps-shared-blocks", free_keeps_shared_blocks, (),
-     ["when the last beam goes no block is left in use", "after free(0): ref_count(", "(the block tables holding it)"]),
-    ("counts-token-before-allocating", counts_token_before_allocating, ("model",),
-     ["random programs", "after the refused append_slot(", "found num_tokens"]),
-]  # fmt: skip
+    (
+        "writes-into-shared-block",
+        writes_into_shared_block,
+        (),
+        [
+            "copy it first, so the sibling keeps its own tokens",
+            "append_slot(1, 20) with 6 tokens (shared last block): "
+            "needs a copy of the shared last block; expected 1 block(s) taken, found 0",
+        ],
+    ),
+    (
+        "copy-forgets-contents",
+        copy_forgets_contents,
+        (),
+        [
+            "after append_slot(1, 20): beam 1 read back through its block table [0, 2]: expected [10, 11, 12, 13, 14, 15, "
+            "20], found [10, 11, 12, 13, None, None, 20]"
+        ],
+    ),
+    (
+        "copies-full-shared-block",
+        copies_full_shared_block,
+        (),
+        ["its full shared blocks are never copied", "append_slot(1, 20): a full block is never copied or moved"],
+    ),
+    (
+        "fork-shares-the-list",
+        fork_shares_the_list,
+        (),
+        [
+            "after append_slot(1, 20): beam 0: expected 4 tokens in 1 block(s), found num_tokens 4 and block table [0, 1]"
+        ],
+    ),
+    (
+        "free-keeps-shared-blocks",
+        free_keeps_shared_blocks,
+        (),
+        [
+            "when the last beam goes no block is left in use",
+            "after free(0): ref_count(",
+            "(the block tables holding it)",
+        ],
+    ),
+    (
+        "counts-token-before-allocating",
+        counts_token_before_allocating,
+        ("model",),
+        ["random programs", "after the refused append_slot(", "found num_tokens"],
+    ),
+]

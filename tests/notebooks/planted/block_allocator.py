@@ -1,4 +1,5 @@
 """The ref-counted block allocator with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -50,14 +51,37 @@ def copy_drops_before_allocating(base):
 
 
 PLANTED = [
-    ("free-not-all-or-nothing", free_not_all_or_nothing, (),
-     ["free([0, 0]) raised RuntimeError", "but changed the allocator: num_free_blocks 1 -> 2; ref counts [1, 1, 0] -> "
-      "[0, 1, 0]", "A refused call must change nothing (all-or-nothing)"]),
-    ("share-not-all-or-nothing", share_not_all_or_nothing, ("rule",),
-     ["share([", "raised RuntimeError (cannot share block", "but changed the allocator: ref counts",
-      "A refused call must change nothing (all-or-nothing)"]),
-    ("copy-keeps-writer", copy_keeps_writer, (),
-     ["ref_count(0) after copy_on_write(0): the writer dropped its reference: expected 1, found 2"]),
-    ("copy-drops-before-allocating", copy_drops_before_allocating, (),
-     ["ref_count(0) after copy_on_write(0) returned None: nothing may change: expected 2, found 1"]),
-]  # fmt: skip
+    (
+        "free-not-all-or-nothing",
+        free_not_all_or_nothing,
+        (),
+        [
+            "free([0, 0]) raised RuntimeError",
+            "but changed the allocator: num_free_blocks 1 -> 2; ref counts [1, 1, 0] -> [0, 1, 0]",
+            "A refused call must change nothing (all-or-nothing)",
+        ],
+    ),
+    (
+        "share-not-all-or-nothing",
+        share_not_all_or_nothing,
+        ("rule",),
+        [
+            "share([",
+            "raised RuntimeError (cannot share block",
+            "but changed the allocator: ref counts",
+            "A refused call must change nothing (all-or-nothing)",
+        ],
+    ),
+    (
+        "copy-keeps-writer",
+        copy_keeps_writer,
+        (),
+        ["ref_count(0) after copy_on_write(0): the writer dropped its reference: expected 1, found 2"],
+    ),
+    (
+        "copy-drops-before-allocating",
+        copy_drops_before_allocating,
+        (),
+        ["ref_count(0) after copy_on_write(0) returned None: nothing may change: expected 2, found 1"],
+    ),
+]

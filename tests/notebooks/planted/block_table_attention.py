@@ -1,4 +1,5 @@
 """Attention through a block table with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,8 +66,17 @@ def gqa_modulo(base):
     class GqaModulo(base):
         def decode_attention(self, query, key_cache, value_cache, block_tables, seq_lens, scale):
             num_kv_heads = key_cache.shape[2]  # query head h reads KV head h % num_kv_heads, not h // group
-            return _attend(self.block_size, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                           lambda h: h % num_kv_heads, True)
+            return _attend(
+                self.block_size,
+                query,
+                key_cache,
+                value_cache,
+                block_tables,
+                seq_lens,
+                scale,
+                lambda h: h % num_kv_heads,
+                True,
+            )
 
     return GqaModulo
 
@@ -75,29 +85,76 @@ def no_max_subtraction(base):
     class NoMaxSubtraction(base):
         def decode_attention(self, query, key_cache, value_cache, block_tables, seq_lens, scale):
             group = query.shape[1] // key_cache.shape[2]  # exp(score) straight away: inf once a score passes ~88
-            return _attend(self.block_size, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                           lambda h: h // group, False)
+            return _attend(
+                self.block_size,
+                query,
+                key_cache,
+                value_cache,
+                block_tables,
+                seq_lens,
+                scale,
+                lambda h: h // group,
+                False,
+            )
 
     return NoMaxSubtraction
 
 
 PLANTED = [
-    ("slot-from-block-index", slot_from_block_index, (),
-     ["slot_mapping([7, 2, 5], [0, 1, ..., 9]): expected [28, 29, 30, 31, 8, 9, 10, 11, 20, 21], found [0, 1, 2"]),
-    ("reads-whole-last-block", reads_whole_last_block, (),
-     ["a context ending inside its last block", "the output (the mean of the 5 values): expected [[[2.0, 1.0]]], "
-      "found [[[nan, nan]]]"]),
-    ("gqa-modulo", gqa_modulo, (),
-     ["every query head gets its KV head's value", "expected [[[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [3.0, 4.0]]], "
-      "found [[[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [3.0, 4.0]]]"]),
-    ("no-max-subtraction", no_max_subtraction, ("model", "rule"),
-     ["✓ random batches", "✗ large scores", "decode_attention(query", "exp() overflows"]),
-    ("stores-through-a-reshape", stores_through_a_reshape, ("model",),
-     ["✗ store_kv writes each token's K and V into its slot",
-      "key_cache[2, 1] (slot 5: token 0) (the views of one array: write through them in place): expected [[1.0, 2.0]], "
-      "found [[nan, nan]]",
-      "✗ random batches", "(not contiguous in memory)", "FlashInfer's layout", "a write into the copy is lost"]),
-    ("stores-one-run-of-slots", stores_one_run_of_slots, ("model",),
-     ["✗ store_kv writes each token's K and V into its slot", "during the call store_kv(", "✗ random batches",
-      "after store_kv of every sequence: key_cache["]),
-]  # fmt: skip
+    (
+        "slot-from-block-index",
+        slot_from_block_index,
+        (),
+        ["slot_mapping([7, 2, 5], [0, 1, ..., 9]): expected [28, 29, 30, 31, 8, 9, 10, 11, 20, 21], found [0, 1, 2"],
+    ),
+    (
+        "reads-whole-last-block",
+        reads_whole_last_block,
+        (),
+        [
+            "a context ending inside its last block",
+            "the output (the mean of the 5 values): expected [[[2.0, 1.0]]], found [[[nan, nan]]]",
+        ],
+    ),
+    (
+        "gqa-modulo",
+        gqa_modulo,
+        (),
+        [
+            "every query head gets its KV head's value",
+            "expected [[[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [3.0, 4.0]]], "
+            "found [[[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [3.0, 4.0]]]",
+        ],
+    ),
+    (
+        "no-max-subtraction",
+        no_max_subtraction,
+        ("model", "rule"),
+        ["✓ random batches", "✗ large scores", "decode_attention(query", "exp() overflows"],
+    ),
+    (
+        "stores-through-a-reshape",
+        stores_through_a_reshape,
+        ("model",),
+        [
+            "✗ store_kv writes each token's K and V into its slot",
+            "key_cache[2, 1] (slot 5: token 0) (the views of one array: write through them in place): expected [[1.0, 2.0]], "
+            "found [[nan, nan]]",
+            "✗ random batches",
+            "(not contiguous in memory)",
+            "FlashInfer's layout",
+            "a write into the copy is lost",
+        ],
+    ),
+    (
+        "stores-one-run-of-slots",
+        stores_one_run_of_slots,
+        ("model",),
+        [
+            "✗ store_kv writes each token's K and V into its slot",
+            "during the call store_kv(",
+            "✗ random batches",
+            "after store_kv of every sequence: key_cache[",
+        ],
+    ),
+]

@@ -1,4 +1,5 @@
 """The buddy allocator with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -71,15 +72,32 @@ def merges_with_any_neighbour(base):
 
 
 PLANTED = [
-    ("never-merges", never_merges, ("rule",),
-     ["0+4 merge into 8, which merges with 8 into 16: expected [(0, 16)]",
-      "a freed block merges with its buddy (start ^ its size) while the buddy is free"]),
-    ("highest-block", highest_block, ("rule",),
-     ["allocate(2): the lower one, split into 4 + 6: expected 4, found 12",
-      "the buddy rule rounds 1 up to 1 slot(s) and takes the lowest-addressed free block of the smallest order"]),
-    ("keeps-upper-half", keeps_upper_half, ("rule",),
-     ["allocate(3): expected 0, found 12", "keeping the lower half"]),
-    ("merges-with-any-neighbour", merges_with_any_neighbour, ("rule",),
-     ["after free(", "a freed block merges with its buddy (start ^ its size) while the buddy is free, "
-      "and only with its buddy"]),
-]  # fmt: skip
+    (
+        "never-merges",
+        never_merges,
+        ("rule",),
+        [
+            "0+4 merge into 8, which merges with 8 into 16: expected [(0, 16)]",
+            "a freed block merges with its buddy (start ^ its size) while the buddy is free",
+        ],
+    ),
+    (
+        "highest-block",
+        highest_block,
+        ("rule",),
+        [
+            "allocate(2): the lower one, split into 4 + 6: expected 4, found 12",
+            "the buddy rule rounds 1 up to 1 slot(s) and takes the lowest-addressed free block of the smallest order",
+        ],
+    ),
+    ("keeps-upper-half", keeps_upper_half, ("rule",), ["allocate(3): expected 0, found 12", "keeping the lower half"]),
+    (
+        "merges-with-any-neighbour",
+        merges_with_any_neighbour,
+        ("rule",),
+        [
+            "after free(",
+            "a freed block merges with its buddy (start ^ its size) while the buddy is free, and only with its buddy",
+        ],
+    ),
+]

@@ -4,6 +4,7 @@ Each variant is a subclass of the solution's MyServingStack whose allocator or p
 graders catch most of these on their own, and the capstone must catch them too, through the engine's tokens and the
 simulator's tables, in their words.
 """
+
 from __future__ import annotations
 
 
@@ -119,16 +120,31 @@ PLANTED = [
     ("cow-in-place", cow_in_place, (), ["the engine said: ValueError: copy_blocks"]),
     ("cow-keeps-the-copy", cow_keeps_the_copy, (), ["the engine said: ValueError: copy_blocks"]),
     # beams dropped one by one free shared blocks: the next fork shares a block the bug already freed
-    ("free-ignores-owners", free_ignores_owners, ("model",),
-     ["beam search (width 3)", "cannot share a free block", "beam_width 2"]),
-    ("frees-while-owned", frees_while_owned, (),
-     ["the tokens part at token", "On the project's allocator the model wrote", "recount first failed"]),
+    (
+        "free-ignores-owners",
+        free_ignores_owners,
+        ("model",),
+        ["beam search (width 3)", "cannot share a free block", "beam_width 2"],
+    ),
+    (
+        "frees-while-owned",
+        frees_while_owned,
+        (),
+        ["the tokens part at token", "On the project's allocator the model wrote", "recount first failed"],
+    ),
     ("leaks", leaks, (), ["the engine said: RuntimeError: expected the scheduler to admit"]),
-    ("one-pool-for-all", one_pool_for_all, (),
-     ["block_allocator(8, 4) returned the same allocator twice: each run needs a pool of its own"]),
-    ("one-policy-for-all", one_policy_for_all, (),
-     ["victim_policy(2) returned the same policy twice: each run needs its own preemption counts"]),
+    (
+        "one-pool-for-all",
+        one_pool_for_all,
+        (),
+        ["block_allocator(8, 4) returned the same allocator twice: each run needs a pool of its own"],
+    ),
+    (
+        "one-policy-for-all",
+        one_policy_for_all,
+        (),
+        ["victim_policy(2) returned the same policy twice: each run needs its own preemption counts"],
+    ),
     ("never-protects", never_protects, (), ["your policy chose r", "lab 08's rule chooses r"]),
     ("returns-the-id", returns_the_id, (), ["expected one of them (the SequenceGroup itself, not its id)"]),
-]  # fmt: skip
-
+]

@@ -1,4 +1,5 @@
 """Chunked prefill with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 import torch
@@ -68,15 +69,42 @@ def prefill_in_one_pass(base):
 
 
 PLANTED = [
-    ("not-causal-in-chunk", not_causal_in_chunk, (),
-     ["inside a chunk, token p sees tokens 0..p only", "attend_chunk of 5 tokens (token p: the mean of values 0..p): "
-      "expected [1.0, 1.5, 3.0, 3.0, 4.0], found [4.0, 4.0, 4.0, 4.0, 4.0]"]),
-    ("forgets-the-cache", forgets_the_cache, (),
-     ["attend_chunk for tokens 2..3 (means of values 0..2 and 0..3): expected [3.0, 3.0], found [6.0, 4.5]"]),
-    ("reads-whole-blocks", reads_whole_blocks, (),
-     ["attend_chunk([1], 0, query): expected [", "found [nan, nan, nan, nan, nan, nan]"]),
-    ("scale-without-sqrt", scale_without_sqrt, ("model",),  # passes every example: only random keys show it
-     ["chunkings:", "against one-shot attention of the whole prompt: the output of token", "differs from torch_ref's"]),
-    ("prefill-in-one-pass", prefill_in_one_pass, ("model",),
-     ["must write then attend chunk by chunk: expected write_chunk(start 0,", "found write_chunk(start 0,"]),
-]  # fmt: skip
+    (
+        "not-causal-in-chunk",
+        not_causal_in_chunk,
+        (),
+        [
+            "inside a chunk, token p sees tokens 0..p only",
+            "attend_chunk of 5 tokens (token p: the mean of values 0..p): "
+            "expected [1.0, 1.5, 3.0, 3.0, 4.0], found [4.0, 4.0, 4.0, 4.0, 4.0]",
+        ],
+    ),
+    (
+        "forgets-the-cache",
+        forgets_the_cache,
+        (),
+        ["attend_chunk for tokens 2..3 (means of values 0..2 and 0..3): expected [3.0, 3.0], found [6.0, 4.5]"],
+    ),
+    (
+        "reads-whole-blocks",
+        reads_whole_blocks,
+        (),
+        ["attend_chunk([1], 0, query): expected [", "found [nan, nan, nan, nan, nan, nan]"],
+    ),
+    (
+        "scale-without-sqrt",
+        scale_without_sqrt,
+        ("model",),  # passes every example: only random keys show it
+        [
+            "chunkings:",
+            "against one-shot attention of the whole prompt: the output of token",
+            "differs from torch_ref's",
+        ],
+    ),
+    (
+        "prefill-in-one-pass",
+        prefill_in_one_pass,
+        ("model",),
+        ["must write then attend chunk by chunk: expected write_chunk(start 0,", "found write_chunk(start 0,"],
+    ),
+]

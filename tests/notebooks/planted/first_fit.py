@@ -1,4 +1,5 @@
 """First fit with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -10,7 +11,7 @@ def highest_hole(base):
             for i in range(len(self.holes) - 1, -1, -1):
                 start, length = self.holes[i]
                 if length >= size:
-                    self.holes[i:i + 1] = [(start + size, length - size)] if length > size else []
+                    self.holes[i : i + 1] = [(start + size, length - size)] if length > size else []
                     self.runs[start] = size
                     return start
             return None
@@ -28,7 +29,7 @@ def _fit(base, pick, doc):
                 return None
             i = pick(fits, self.holes)
             start, length = self.holes[i]
-            self.holes[i:i + 1] = [(start + size, length - size)] if length > size else []
+            self.holes[i : i + 1] = [(start + size, length - size)] if length > size else []
             self.runs[start] = size
             return start
 
@@ -71,19 +72,51 @@ def carves_before_checking(base):
 
 
 PLANTED = [
-    ("highest-hole", highest_hole, ("rule",),
-     ["allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest ([10, 16), "
-      "worst fit): expected 0, found 10", "first fit takes the lowest-addressed free run of at least 1 slot(s)"]),
-    ("best-fit", best_fit, (),
-     ["allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest ([10, 16), "
-      "worst fit): expected 0, found 6"]),
-    ("worst-fit", worst_fit, (),
-     ["allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest ([10, 16), "
-      "worst fit): expected 0, found 10"]),
-    ("merges-only-forward", merges_only_forward, ("rule",),
-     ["free_runs() after freeing the middle: one run again: expected [(0, 12)]",
-      "a freed run merges with the free runs touching it on either side"]),
-    ("carves-before-checking", carves_before_checking, ("model",),
-     ["raised ValueError (size must be >= 1, got", "but changed the allocator: free_runs()",
-      "A refused call must change nothing (all-or-nothing)"]),
-]  # fmt: skip
+    (
+        "highest-hole",
+        highest_hole,
+        ("rule",),
+        [
+            "allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest ([10, 16), "
+            "worst fit): expected 0, found 10",
+            "first fit takes the lowest-addressed free run of at least 1 slot(s)",
+        ],
+    ),
+    (
+        "best-fit",
+        best_fit,
+        (),
+        [
+            "allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest ([10, 16), "
+            "worst fit): expected 0, found 6"
+        ],
+    ),
+    (
+        "worst-fit",
+        worst_fit,
+        (),
+        [
+            "allocate(2): the lowest hole that fits, not the smallest one ([6, 8), best fit) nor the largest ([10, 16), "
+            "worst fit): expected 0, found 10"
+        ],
+    ),
+    (
+        "merges-only-forward",
+        merges_only_forward,
+        ("rule",),
+        [
+            "free_runs() after freeing the middle: one run again: expected [(0, 12)]",
+            "a freed run merges with the free runs touching it on either side",
+        ],
+    ),
+    (
+        "carves-before-checking",
+        carves_before_checking,
+        ("model",),
+        [
+            "raised ValueError (size must be >= 1, got",
+            "but changed the allocator: free_runs()",
+            "A refused call must change nothing (all-or-nothing)",
+        ],
+    ),
+]

@@ -1,4 +1,5 @@
 """The memory-accounting lab's solution with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 NAMES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
@@ -27,8 +28,13 @@ def last_owner_reach_wins(base):
                     filled = min(block_size, num_tokens - i * block_size)
                     fill[block] = (filled, max(filled, min(block_size, final_len - i * block_size)))
             free = (num_blocks - len(fill)) * block_size
-            counts = (sum(f for f, _ in fill.values()), sum(r - f for f, r in fill.values()),
-                      sum(block_size - r for _, r in fill.values()), free if waiting else 0, 0 if waiting else free)
+            counts = (
+                sum(f for f, _ in fill.values()),
+                sum(r - f for f, r in fill.values()),
+                sum(block_size - r for _, r in fill.values()),
+                free if waiting else 0,
+                0 if waiting else free,
+            )
             return dict(zip(NAMES, counts))
 
     return LastOwnerReachWins
@@ -92,20 +98,52 @@ def max_forgets_the_buddy_rounding(base):
 
 
 PLANTED = [
-    ("counts-shared-blocks-per-owner", counts_shared_blocks_per_owner, (),
-     ["a block shared by a fork counts once", "token_states: expected 6, found 12"]),
-    ("last-owner-reach-wins", last_owner_reach_wins, ("model",),
-     ["random pool states", "fork seq", "reservation: expected"]),
-    ("ignores-waiting", ignores_waiting, (),
-     ["free slots count as external fragmentation", "external_fragmentation: expected 8, found 0; free: expected 0, "
-      "found 8"]),
-    ("pow2-rounds-the-whole-length", pow2_rounds_the_whole_length, (),
-     ["pow2 rounds only the output up", "internal_fragmentation: expected 7, found 0"]),
-    ("pow2-empty-output-reserves-two", pow2_empty_output_reserves_two, ("model",),
-     ["random pool states", "rule 'pow2'", "internal_fragmentation: expected"]),
-    ("max-forgets-the-buddy-rounding", max_forgets_the_buddy_rounding, (),
-     ["external_fragmentation: expected 16, found 0; free: expected 64, found 80",
-      "under max too, the buddy allocator rounds the reserved run of max_seq_len slots up to a power of two"]),
-    ("max-forgets-the-buddy-rounding-in-programs", max_forgets_the_buddy_rounding, ("model",),
-     ["random pool states", "rule 'max'", "max_seq_len", "external_fragmentation: expected"]),
-]  # fmt: skip
+    (
+        "counts-shared-blocks-per-owner",
+        counts_shared_blocks_per_owner,
+        (),
+        ["a block shared by a fork counts once", "token_states: expected 6, found 12"],
+    ),
+    (
+        "last-owner-reach-wins",
+        last_owner_reach_wins,
+        ("model",),
+        ["random pool states", "fork seq", "reservation: expected"],
+    ),
+    (
+        "ignores-waiting",
+        ignores_waiting,
+        (),
+        [
+            "free slots count as external fragmentation",
+            "external_fragmentation: expected 8, found 0; free: expected 0, found 8",
+        ],
+    ),
+    (
+        "pow2-rounds-the-whole-length",
+        pow2_rounds_the_whole_length,
+        (),
+        ["pow2 rounds only the output up", "internal_fragmentation: expected 7, found 0"],
+    ),
+    (
+        "pow2-empty-output-reserves-two",
+        pow2_empty_output_reserves_two,
+        ("model",),
+        ["random pool states", "rule 'pow2'", "internal_fragmentation: expected"],
+    ),
+    (
+        "max-forgets-the-buddy-rounding",
+        max_forgets_the_buddy_rounding,
+        (),
+        [
+            "external_fragmentation: expected 16, found 0; free: expected 64, found 80",
+            "under max too, the buddy allocator rounds the reserved run of max_seq_len slots up to a power of two",
+        ],
+    ),
+    (
+        "max-forgets-the-buddy-rounding-in-programs",
+        max_forgets_the_buddy_rounding,
+        ("model",),
+        ["random pool states", "rule 'max'", "max_seq_len", "external_fragmentation: expected"],
+    ),
+]

@@ -1,4 +1,5 @@
 """The LRU prefix cache with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -54,13 +55,31 @@ def revival_stays_free(base):
 
 
 PLANTED = [
-    ("evicts-most-recent", evicts_most_recently_freed, (),
-     ["when the pool is short, allocate evicts the least recently freed cached block",
-      "allocate(1): expected [1], found [2]"]),
-    ("hit-adds-no-owner", hit_adds_no_owner, (),
-     ["ref_count(0) after the hit lookup(111): the new prompt now shares it: expected 2, found 1"]),
-    ("eviction-keeps-hash", eviction_keeps_hash, (),
-     ["is_cached(1) after it was handed out again: expected False, found True"]),
-    ("revival-stays-free", revival_stays_free, (),
-     ["num_free_blocks after lookup(7): the revived block left the free queue: expected 1, found 2"]),
-]  # fmt: skip
+    (
+        "evicts-most-recent",
+        evicts_most_recently_freed,
+        (),
+        [
+            "when the pool is short, allocate evicts the least recently freed cached block",
+            "allocate(1): expected [1], found [2]",
+        ],
+    ),
+    (
+        "hit-adds-no-owner",
+        hit_adds_no_owner,
+        (),
+        ["ref_count(0) after the hit lookup(111): the new prompt now shares it: expected 2, found 1"],
+    ),
+    (
+        "eviction-keeps-hash",
+        eviction_keeps_hash,
+        (),
+        ["is_cached(1) after it was handed out again: expected False, found True"],
+    ),
+    (
+        "revival-stays-free",
+        revival_stays_free,
+        (),
+        ["num_free_blocks after lookup(7): the revived block left the free queue: expected 1, found 2"],
+    ),
+]

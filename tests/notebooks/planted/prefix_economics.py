@@ -1,4 +1,5 @@
 """The prefix-economics lab's solution with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -21,8 +22,7 @@ def _lookup(self, token_ids, num_prompt_tokens, *, window=None, chained=True):
     return hits * self.block_size
 
 
-def _serve(self, token_ids, num_prompt_tokens, *, head_first=False, one_copy=False, cache_replies=True,
-           chained=True):  # fmt: skip
+def _serve(self, token_ids, num_prompt_tokens, *, head_first=False, one_copy=False, cache_replies=True, chained=True):
     """The solution's serve with a switch per bug (the solution keeps `lru` and `copies`; one_copy keeps a block)."""
     bs = self.block_size
     hits = self.lookup(token_ids, num_prompt_tokens) // bs
@@ -97,15 +97,37 @@ def replies_not_cached(base):
 
 
 PLANTED = [
-    ("lookup-covers-last-token", lookup_covers_last_token, (),
-     ["except the one holding its last token", "serve of request 2: the first block only: expected 4, found 8"]),
-    ("hash-ignores-parent", hash_ignores_parent, (),
-     ["a block's hash chains its parent's",
-      "lookup([5, 6, 7, 8, 9], 5): [5 6 7 8] is cached, but after [1 2 3 4]: expected 0, found 4"]),
-    ("frees-head-first", frees_head_first, (),
-     ["a request frees its tail first", "only the head block is left: expected 2, found 0"]),
-    ("one-copy-per-prefix", one_copy_per_prefix, (),
-     ["a block computed twice is cached twice", "the newer copy of [3 4] still hit: expected 4, found 2"]),
-    ("replies-not-cached", replies_not_cached, (),
-     ["the generated tokens' full blocks are cached", "num_cached_blocks after request 1: expected 2, found 0"]),
-]  # fmt: skip
+    (
+        "lookup-covers-last-token",
+        lookup_covers_last_token,
+        (),
+        ["except the one holding its last token", "serve of request 2: the first block only: expected 4, found 8"],
+    ),
+    (
+        "hash-ignores-parent",
+        hash_ignores_parent,
+        (),
+        [
+            "a block's hash chains its parent's",
+            "lookup([5, 6, 7, 8, 9], 5): [5 6 7 8] is cached, but after [1 2 3 4]: expected 0, found 4",
+        ],
+    ),
+    (
+        "frees-head-first",
+        frees_head_first,
+        (),
+        ["a request frees its tail first", "only the head block is left: expected 2, found 0"],
+    ),
+    (
+        "one-copy-per-prefix",
+        one_copy_per_prefix,
+        (),
+        ["a block computed twice is cached twice", "the newer copy of [3 4] still hit: expected 4, found 2"],
+    ),
+    (
+        "replies-not-cached",
+        replies_not_cached,
+        (),
+        ["the generated tokens' full blocks are cached", "num_cached_blocks after request 1: expected 2, found 0"],
+    ),
+]

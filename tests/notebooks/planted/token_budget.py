@@ -1,4 +1,5 @@
 """One scheduler step under a token budget, with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -67,15 +68,37 @@ def budget_for_waiting_only(base):
 
 
 PLANTED = [
-    ("skips-ahead", skips_ahead, (),
-     ["schedule(the 3 requests above, 3) -> {0: 1, 2: 2}",
-      "the plan (r2 would fit in 1 block, but it may not overtake r1): expected {0: 1}, found {0: 1, 2: 2}"]),
-    ("max-num-seqs-counts-only-admitted", max_num_seqs_counts_only_admitted, (),
-     ["the plan (max_num_seqs 2: r0 runs, r1 joins it, r2 must wait): expected {0: 1, 1: 2}, "
-      "found {0: 1, 1: 2, 2: 2}"]),
-    ("decode-takes-a-block", decode_takes_a_block, ("model",),  # passes every example: only the random runs catch it
-     ["random runs:", "sim's Scheduler plans", "(waiting, misses", "tokens, found 0 (in sim's plan it opens"]),
-    ("budget-for-waiting-only", budget_for_waiting_only, (),
-     ["the plan (budget 8: two decodes, then 6 of r2's 20 prompt tokens): expected {0: 1, 1: 1, 2: 6}, "
-      "found {0: 1, 1: 1, 2: 8}"]),
-]  # fmt: skip
+    (
+        "skips-ahead",
+        skips_ahead,
+        (),
+        [
+            "schedule(the 3 requests above, 3) -> {0: 1, 2: 2}",
+            "the plan (r2 would fit in 1 block, but it may not overtake r1): expected {0: 1}, found {0: 1, 2: 2}",
+        ],
+    ),
+    (
+        "max-num-seqs-counts-only-admitted",
+        max_num_seqs_counts_only_admitted,
+        (),
+        [
+            "the plan (max_num_seqs 2: r0 runs, r1 joins it, r2 must wait): expected {0: 1, 1: 2}, "
+            "found {0: 1, 1: 2, 2: 2}"
+        ],
+    ),
+    (
+        "decode-takes-a-block",
+        decode_takes_a_block,
+        ("model",),  # passes every example: only the random runs catch it
+        ["random runs:", "sim's Scheduler plans", "(waiting, misses", "tokens, found 0 (in sim's plan it opens"],
+    ),
+    (
+        "budget-for-waiting-only",
+        budget_for_waiting_only,
+        (),
+        [
+            "the plan (budget 8: two decodes, then 6 of r2's 20 prompt tokens): expected {0: 1, 1: 1, 2: 6}, "
+            "found {0: 1, 1: 1, 2: 8}"
+        ],
+    ),
+]

@@ -2,6 +2,7 @@
 
 Each bug is the solution's kernel with a few lines replaced (`_mutant`), so the diff IS the bug.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -34,9 +35,7 @@ no_max_subtraction = _mutant(
     ("m_new = tl.maximum(m_i, tl.max(scores, axis=0))", "m_new = m_i"),
 )
 # The sum of exp(score - m) * v is not rescaled when a block raises the max (l is).
-acc_not_rescaled = _mutant(
-    "AccNotRescaled", ("acc = acc * alpha + tl.sum(", "acc = acc + tl.sum(")
-)
+acc_not_rescaled = _mutant("AccNotRescaled", ("acc = acc * alpha + tl.sum(", "acc = acc + tl.sum("))
 # <= seq_len: the slot right after the last token is read too (NaN in the checks).
 mask_off_by_one = _mutant(
     "MaskOffByOne", ("logical * BLOCK_SIZE + offs_t < seq_len", "logical * BLOCK_SIZE + offs_t <= seq_len")
@@ -48,15 +47,37 @@ block_index_not_table_entry = _mutant(
 )
 
 PLANTED = [
-    ("no-max-subtraction", no_max_subtraction, ("model", "rule"),
-     ["✓ random batches", "✗ large scores", "forward(query", "exp() overflows"]),
-    ("acc-not-rescaled", acc_not_rescaled, (),
-     ["online softmax: a later block with a larger score rescales",
-      "the output ([1, e^3] / (1 + e^3)): expected [[[0.0474, 0.9526]]], found [[[0.9526, 0.9526]]]"]),
-    ("mask-off-by-one", mask_off_by_one, (),
-     ["a context ending inside its last block", "the output (the mean of the 5 values): expected [[[2.0, 1.0]]], "
-      "found [[[nan, nan]]]"]),
-    ("block-index-not-table-entry", block_index_not_table_entry, (),
-     ["logical block i lives in physical block block_table[i]", "the output (the mean of the 4 values): expected "
-      "[[[2.0, 3.0]]], found [[[nan, nan]]]"]),
-]  # fmt: skip
+    (
+        "no-max-subtraction",
+        no_max_subtraction,
+        ("model", "rule"),
+        ["✓ random batches", "✗ large scores", "forward(query", "exp() overflows"],
+    ),
+    (
+        "acc-not-rescaled",
+        acc_not_rescaled,
+        (),
+        [
+            "online softmax: a later block with a larger score rescales",
+            "the output ([1, e^3] / (1 + e^3)): expected [[[0.0474, 0.9526]]], found [[[0.9526, 0.9526]]]",
+        ],
+    ),
+    (
+        "mask-off-by-one",
+        mask_off_by_one,
+        (),
+        [
+            "a context ending inside its last block",
+            "the output (the mean of the 5 values): expected [[[2.0, 1.0]]], found [[[nan, nan]]]",
+        ],
+    ),
+    (
+        "block-index-not-table-entry",
+        block_index_not_table_entry,
+        (),
+        [
+            "logical block i lives in physical block block_table[i]",
+            "the output (the mean of the 4 values): expected [[[2.0, 3.0]]], found [[[nan, nan]]]",
+        ],
+    ),
+]

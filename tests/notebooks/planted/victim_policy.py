@@ -1,4 +1,5 @@
 """The preemption victim policy with one rule broken (tests/notebooks/test_grader.py grades each)."""
+
 from __future__ import annotations
 
 
@@ -43,13 +44,34 @@ def latest_by_position(base):
 
 
 PLANTED = [
-    ("most-computed", most_computed, (),
-     ["victim([r0 (40 computed), r1 (8 computed), r2 (25 computed)]) -> r0", "the victim: expected 'r1', found 'r0'"]),
-    ("never-protects", never_protects, ("model",),
-     ["[is_protected(0), is_protected(1)] after r1 was preempted once: expected [False, True], found [False, False]",
-      "starvation. A request at the cap is protected while any candidate is below it"]),
-    ("returns-the-id", returns_the_id, (),
-     ["returned 1: expected one of the candidates (the SequenceGroup itself, not its id)"]),
-    ("latest-by-position", latest_by_position, ("model", "rule"),  # passes the examples and the visible runs
-     ["the rule:", "expected r", "(the larger arrival_order, not the later place in the list)"]),
-]  # fmt: skip
+    (
+        "most-computed",
+        most_computed,
+        (),
+        [
+            "victim([r0 (40 computed), r1 (8 computed), r2 (25 computed)]) -> r0",
+            "the victim: expected 'r1', found 'r0'",
+        ],
+    ),
+    (
+        "never-protects",
+        never_protects,
+        ("model",),
+        [
+            "[is_protected(0), is_protected(1)] after r1 was preempted once: expected [False, True], found [False, False]",
+            "starvation. A request at the cap is protected while any candidate is below it",
+        ],
+    ),
+    (
+        "returns-the-id",
+        returns_the_id,
+        (),
+        ["returned 1: expected one of the candidates (the SequenceGroup itself, not its id)"],
+    ),
+    (
+        "latest-by-position",
+        latest_by_position,
+        ("model", "rule"),  # passes the examples and the visible runs
+        ["the rule:", "expected r", "(the larger arrival_order, not the later place in the list)"],
+    ),
+]
