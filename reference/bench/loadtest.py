@@ -11,7 +11,8 @@ between chunks (the server sends one chunk per engine step that gave the request
 character's bytes are incomplete, so these are inter-token latencies), and end to end. Without --url the server
 runs in this process on SmolLM2 (the flags below are its settings); with --url, whatever serves there.
 
-The CSV (one row per request, `# ` lines with the machine, the command and the server) and a printed summary:
+The CSV (one row per request, `# ` lines with the machine, the command, the server and what the server says of
+itself: its version and settings, reference/validation/server_facts.describe) and a printed summary:
 requests, errors, the largest number in flight, p50/p99 TTFT and inter-token latency, and the KV blocks still used
 after the last request (the server's /metrics: 0 unless blocks leaked).
 """
@@ -205,11 +206,13 @@ def blocks_used(base: str) -> float | None:
 
 
 def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from reference.validation.server_facts import describe
     from sim.base.outfiles import write_csv
 
     requests = a.requests if getattr(a, "requests", None) is not None else []
     server, base = (None, a.url.rstrip("/")) if a.url else _start_server(a)
     try:
+        told = describe(base)  # the server's version and settings, for the CSV (before the run: it is up now)
         results, peak = asyncio.run(drive(base, requests, a))
         time.sleep(0.2)  # the engine loop's last step after the last response
         used = blocks_used(base)
@@ -221,7 +224,8 @@ def run(a: argparse.Namespace, argv: list[str] | None = None) -> int:
             for r, m in zip(requests, results)]
     comments = [machine_line(),
                 f"command: {' '.join(argv or ['python -m reference loadtest'])}",
-                f"server: {a.url or f'in-process {a.model}, {a.num_gpu_blocks} blocks of {a.block_size}'}"]
+                f"server: {a.url or f'in-process {a.model}, {a.num_gpu_blocks} blocks of {a.block_size}'}",
+                f"server says: {told}"]
     write_csv(a.out, COLUMNS, rows, comments=comments, make_parents=True)
     ok = [m for m in results if m.status == "ok"]
     print(summary_line(len(results), len(results) - len(ok), peak, ok, used))

@@ -158,6 +158,18 @@ class LLM(LLMEngine):
             raise ValueError("config must be the model's own config (model.config)")
         return cls(model, tokenizer=tokenizer, **kwargs)
 
+    def config_info(self) -> dict[str, dict[str, str]]:
+        """The settings a server publishes about its engine, each a string (as vLLM's metrics_info writes them):
+        "cache_config" under the names of vLLM's CacheConfig (its /metrics series vllm:cache_config_info) and
+        "scheduler_config" (the series lab:scheduler_config_info: vLLM publishes no scheduler limits). A new dict
+        each call: nothing in it is the engine's."""
+        c, s = self.engine_config, self.scheduler.config
+        return {"cache_config": {"block_size": str(c.block_size), "num_gpu_blocks": str(self.kv_manager.num_blocks),
+                                 "cache_dtype": c.kv_dtype, "enable_prefix_caching": str(c.enable_prefix_caching)},
+                "scheduler_config": {"max_num_batched_tokens": str(s.max_num_batched_tokens),
+                                     "max_num_seqs": str(s.max_num_seqs), "scheduler": s.mode,
+                                     "enable_chunked_prefill": str(s.chunked), "preemption": s.preemption}}
+
     def latency_summary(self, outputs: list[RequestOutput] | None = None) -> dict[str, float | None]:
         """mean / p50 / p90 / p99 of each request latency (TTFT, queueing delay, mean and max inter-token latency,
         end to end), in seconds, under the simulator's summary names (`p99_ttft_s`, ...: sim.clock.metrics.latency_summary,

@@ -38,7 +38,7 @@ def make_app(llm, model_name: str, on_finished: Callable[[RequestOutput], None] 
     engine's own latencies; validate-sim's online mode sets it). `app.state.begin_shutdown(why)` ends every open
     response at once (run.py calls it when the server stops)."""
     streams = OpenStreams()
-    metrics = ServerMetrics(model_name, llm.max_model_len)
+    metrics = ServerMetrics(model_name, llm.max_model_len, llm.config_info())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

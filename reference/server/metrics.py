@@ -23,6 +23,11 @@ dashboard still queries two older names that vLLM 0.32 no longer writes: `vllm:g
 kv_cache_usage_perc) and `vllm:time_per_output_token_seconds` (now inter_token_latency_seconds); they are written too,
 the same values, so that dashboard draws every panel. The lab's own series, under `lab:`, add what vLLM's lack: the
 requests swapped to CPU memory and the KV blocks in use and in all (the pool page's counts).
+
+Two info series (a gauge set to 1, the settings as labels, as vLLM writes them) tell a client what a simulation of
+this server needs (reference/validation/server_facts.py reads them): vLLM's `vllm:cache_config_info` (block_size,
+num_gpu_blocks, cache_dtype, enable_prefix_caching, under vLLM's CacheConfig names) and the lab's
+`lab:scheduler_config_info` (max_num_batched_tokens, max_num_seqs, the scheduler; vLLM publishes no such series).
 """
 from __future__ import annotations
 
@@ -117,8 +122,10 @@ HISTOGRAMS = {  # name: (help, bucket family)
 class ServerMetrics:
     """The server's Prometheus series. Observed on the engine's thread, written out on the server's: one lock."""
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int,
+                 config_info: dict[str, dict[str, str]] | None = None) -> None:
         self.labels = f'model_name="{_escape(model_name)}",engine="0"'
+        self.config_info = config_info or {}  # LLM.config_info(): the info series' labels
         families = {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "latency": LATENCY_BUCKETS, "n": N_BUCKETS,
                     "tokens": request_tokens_buckets(max_model_len), "preemptions": PREEMPTIONS_BUCKETS,
                     "iteration": ITERATION_TOKENS_BUCKETS}
@@ -225,7 +232,19 @@ class ServerMetrics:
                    s.num_swapped)
             series("lab:kv_cache_blocks_used", "gauge", "KV blocks held by requests (or cached and shared).", used)
             series("lab:kv_cache_blocks_total", "gauge", "KV blocks in the pool.", s.num_blocks)
+            for name, key, what in (("vllm:cache_config_info", "cache_config", "Information of the LLMEngine CacheConfig"),
+                                    ("lab:scheduler_config_info", "scheduler_config", "The scheduler's settings "
+                                     "(vLLM publishes none): its token budget per step and sequences at most.")):
+                if key in self.config_info:
+                    lines.extend((f"# HELP {name} {what}", f"# TYPE {name} gauge",
+                                  info_line(name, {**self.config_info[key], "engine": "0"})))
             return "\n".join(lines) + "\n"
+
+
+def info_line(name: str, labels: dict[str, str]) -> str:
+    """One series of an info, as vLLM writes one (a gauge set to 1, the settings as labels, values escaped)."""
+    pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return f"{name}{{{pairs}}} 1.0"
 
 
 def _escape(value: str) -> str:

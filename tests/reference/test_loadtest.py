@@ -60,8 +60,9 @@ def test_every_request_comes_back_measured(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"{len(ROWS)} requests, 0 errors" in done.stdout and "KV blocks still used after: 0" in done.stdout
     lines = out.read_text().splitlines()
-    assert [line.split(":")[0] for line in lines[:3]] == ["# machine", "# command", "# server"]
-    rows = list(csv.DictReader(lines[3:]))
+    assert [line.split(":")[0] for line in lines[:4]] == ["# machine", "# command", "# server", "# server says"]
+    assert "model smollm2; vllm:cache_config_info block_size=16 num_gpu_blocks=128" in lines[3]  # what it told
+    rows = list(csv.DictReader(lines[4:]))
     assert [int(r["request_id"]) for r in rows] == list(range(len(ROWS)))
     for r, (_, _, output_len, _) in zip(rows, ROWS):
         assert r["status"] == "ok" and int(r["num_chunks"]) == output_len

@@ -44,13 +44,17 @@ def client(server):
 
 def metrics(base: str) -> dict[str, float]:
     """/metrics by series: vLLM's labels model_name and engine left out of the key, any other kept
-    ('vllm:request_success_total{finished_reason="stop"}'); every series must carry model_name."""
+    ('vllm:request_success_total{finished_reason="stop"}'); every series must carry model_name, but an info series
+    (`..._info`: settings as labels), which vLLM writes with its settings and engine only."""
     out = {}
     for line in httpx.get(base + "/metrics").text.splitlines():
         if not line or line.startswith("#"):
             continue
         series, value = line.rsplit(" ", 1)
         name, _, labels = series.partition("{")
+        if name.endswith("_info"):
+            assert 'model_name="' not in labels and 'engine="0"' in labels, line
+            continue
         assert 'model_name="smollm2"' in labels, line
         rest = [x for x in labels.rstrip("}").split(",") if x and not x.startswith(("model_name=", "engine="))]
         out[name + ("{" + ",".join(rest) + "}" if rest else "")] = float(value)

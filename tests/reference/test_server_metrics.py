@@ -117,3 +117,30 @@ def test_an_aborted_request_is_counted_as_abort(server):
         == 1
     )
     assert value(after, "lab:kv_cache_blocks_used") == 0
+
+
+def test_the_server_tells_a_client_its_pool_and_scheduler_limits(server):
+    """vllm:cache_config_info (vLLM's name and labels) and lab:scheduler_config_info carry the engine's settings, and
+    server_facts reads them back as a client of vLLM would: nothing has to be given."""
+    from importlib.metadata import version
+
+    from reference.validation.server_facts import read_facts
+
+    base, llm = server
+    facts = read_facts(base)
+    assert (facts.block_size, facts.num_gpu_blocks, facts.max_num_seqs) == (16, 128, 8)
+    assert facts.max_num_batched_tokens == llm.scheduler.config.max_num_batched_tokens
+    assert facts.enable_prefix_caching is False and facts.model == "smollm2"
+    assert facts.version == version("paged-attention-lab") and set(facts.sources.values()) == {"/metrics"}
+    info = [ls for n, ls, v in scrape(base) if n == "vllm:cache_config_info" and v == 1.0]
+    assert info == [
+        {
+            "block_size": "16",
+            "num_gpu_blocks": "128",
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "False",
+            "engine": "0",
+        }
+    ]
+    with pytest.raises(ValueError, match=r"the server says max_num_seqs=8, --max-num-seqs says 4"):
+        read_facts(base, {"max_num_seqs": 4})
