@@ -28,6 +28,14 @@ never saw it (leave one scenario out), so a reader sees how the model extrapolat
 and the file's `stability` says how far the fits to single passes (one per pass of every repeat) differ, step by
 step and on the validation suite, so even a plain run reports how stable its fit is.
 
+From the outside (`--url URL`): the same model fitted to any OpenAI-compatible server, vLLM's or this project's, that
+nobody instruments. Its KV pool and limits come from what it publishes (reference/validation/server_facts.py: vLLM's
+vllm:cache_config_info; the token budget and sequence limit, which vLLM does not publish, from --max-num-batched-tokens
+and --max-num-seqs), then bursts of streamed requests (client_steps.BURSTS, each kept only where one step computes
+every prompt and nothing is preempted) show every step's shape and time at the client (client_steps.py: tokens of
+one step arrive together). The file records the server (its URL, version, model and those facts) instead of an
+engine; `--quick` runs four small bursts. What a client sees includes what the server does between steps.
+
 NOTE: a step's wall time depends on the machine, the thread count and what else runs on it: calibrate on the
 machine and with the thread count (OMP_NUM_THREADS; the engine's CPU default is 1) you simulate, when it is quiet.
 """
@@ -36,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +57,10 @@ from sim.config import RUN_DEFAULTS
 
 DEFAULT_OUT = "figures/cost_model_cpu.json"
 DEFAULT_STEPS = "figures/calibration_steps_cpu.csv"
+SERVER_OUT = "figures/cost_model_server.json"  # --url's defaults: a server's model, beside the engine's
+SERVER_STEPS = "figures/calibration_steps_server.csv"
+SERVER_STEP_COLUMNS = ("scenario", "pass", "step", "num_prefill_tokens", "num_decode_seqs", "num_context_tokens",
+                       "num_prefill_pairs", "num_shared_context_tokens", "step_time_s")
 QUICK_DIR = "figures/quick"  # --quick's outputs (ignored by git): a smoke run never overwrites the committed model
 MODEL_SPEC = "smollm2-135m"  # the sim.base.specs entry of the engine's embedded model
 FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 17)
@@ -286,6 +299,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt ids (default: 0)")
     p.add_argument("--passes", type=int, default=None, help=f"timings of every step; the fit takes their median "
                    f"(default: {PASSES} full, {QUICK_PASSES} with --quick)")
+    p.add_argument("--url", help="calibrate against the OpenAI-compatible server there (vLLM's or `python -m reference "
+                   "serve`), from the outside: bursts of streamed requests, the steps recovered from when each token "
+                   "arrives (reference/validation/client_steps.py); its KV pool is read from its /metrics")
+    p.add_argument("--max-num-batched-tokens", type=int, help="with --url: the server's token budget per step, when "
+                   "it does not publish it (vLLM does not)")
+    p.add_argument("--max-num-seqs", type=int, help="with --url: the server's sequences at most, when it does not "
+                   "publish them (vLLM does not)")
+    p.add_argument("--num-gpu-blocks", type=int, help="with --url: the server's KV pool in blocks, when its /metrics "
+                   "has no vllm:cache_config_info")
     p.add_argument("--repeat", type=int, default=1, help="measure the whole design this many times over (each time "
                    "--passes timings a step); every pass is fitted alone too, and the file's `stability` reports how far "
                    "those fits' predictions differ, step by step and on the validation suite; the model written is "
@@ -296,9 +318,18 @@ def check_args(args: argparse.Namespace) -> None:
     from sim.base.limits import MAX_SEED
     from sim.base.outfiles import check_outputs
 
-    for name, default in (("out", DEFAULT_OUT), ("steps_csv", DEFAULT_STEPS)):
+    defaults = (("out", DEFAULT_OUT), ("steps_csv", DEFAULT_STEPS))
+    if args.url is not None:  # a server's model never replaces the committed model of the project's engine
+        defaults = (("out", SERVER_OUT), ("steps_csv", SERVER_STEPS))
+    for name, default in defaults:
         if getattr(args, name) is None:
             setattr(args, name, str(Path(QUICK_DIR) / Path(default).name) if args.quick else default)
+    server_flags = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs,
+                    "num_gpu_blocks": args.num_gpu_blocks}
+    if args.url is None and any(v is not None for v in server_flags.values()):
+        given = next(name for name, v in server_flags.items() if v is not None)
+        raise ValueError(f"--{given.replace('_', '-')} describes a server: it needs --url (allowed without --url: "
+                         "--quick, --out, --steps-csv, --block-size, --seed, --passes, --repeat)")
     if args.block_size < 1 or args.block_size > 256:
         raise ValueError(f"--block-size: got {args.block_size} (allowed: 1 to 256 tokens)")
     if not 0 <= args.seed <= MAX_SEED:
@@ -310,6 +341,15 @@ def check_args(args: argparse.Namespace) -> None:
     if not 1 <= args.repeat <= 5:
         raise ValueError(f"--repeat: got {args.repeat} (allowed: 1 to 5)")
     check_outputs({"--out": args.out, "--steps-csv": args.steps_csv}, make_parents=True)
+    args.facts = None
+    if args.url is not None:
+        from reference.validation.server_facts import read_facts
+
+        if not args.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url {args.url!r} (allowed: http://host:port)")
+        if args.repeat != 1:
+            raise ValueError("--repeat with --url: not measured from outside yet (allowed with --url: --repeat 1)")
+        args.facts = read_facts(args.url, {**server_flags, "block_size": None})  # one line if a fact is missing
 
 
 def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, command: str = "", passes: int | None = None,
@@ -369,8 +409,33 @@ def vars_of(wave: Wave) -> dict:
     return {name: getattr(wave, name) for name in Wave.__slots__}
 
 
+def calibrate_server(facts, *, quick: bool, passes: int, seed: int = 0, command: str = "",
+                     progress: bool = True) -> tuple[dict, list[dict], list[str]]:
+    """The cost-model record fitted to the server `facts` describes, measured from the outside
+    (reference/validation/client_steps.py), its step rows, and the bursts left out (one line each)."""
+    from reference.validation.client_steps import measure_server
+    from sim.clock.cost_file import cost_model_record
+
+    started = time.perf_counter()
+    rows, skipped = measure_server(facts, quick=quick, passes=passes, seed=seed, progress=progress)
+    if not rows:
+        raise ValueError(f"{facts.url}: no burst of the design fits this server ({'; '.join(skipped)})")
+    model, quality = fit(rows)
+    server = {"url": facts.url, "version": facts.version, "model": facts.model, "block_size": facts.block_size,
+              "num_gpu_blocks": facts.num_gpu_blocks, "max_num_batched_tokens": facts.max_num_batched_tokens,
+              "max_num_seqs": facts.max_num_seqs, "enable_prefix_caching": facts.enable_prefix_caching,
+              "facts_from": facts.sources}
+    record = cost_model_record(model, MODEL_SPEC, fit=quality, server=server, machine=machine(), versions=versions(),
+                               measured_from="outside: step times recovered from streamed token arrivals",
+                               skipped=skipped, command=command, created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                               measured_in_s=round(time.perf_counter() - started, 1))
+    return record, rows, skipped
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The `python -m reference calibrate` command (flags checked by check_args first)."""
+    if args.facts is not None:
+        return run_server(args, argv)
     import torch
 
     from reference.engine.executor import use_one_cpu_thread
@@ -407,6 +472,35 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     for name, entry in record["fit"]["per_scenario"].items():
         held = entry["held_out"]
         print(f"  {name:16s} median |error| {entry['in_sample']['median_abs_rel_error']:6.1%}"
+              + ("" if held is None else f"   held out: {held['median_abs_rel_error']:6.1%}"))
+    print(f"wrote {args.out} and {args.steps_csv}")
+    return 0
+
+
+def run_server(args: argparse.Namespace, argv: list[str]) -> int:
+    """`python -m reference calibrate --url URL`: the server measured from the outside, fitted, written."""
+    from sim.base.outfiles import atomic_files, write_csv
+    from sim.clock.cost_file import write_cost_model
+
+    f = args.facts
+    print(f"calibrate: {f.url} ({f.model}, version {f.version or '?'}; {f.num_gpu_blocks} blocks of {f.block_size}, "
+          f"{f.max_num_batched_tokens} tokens a step, {f.max_num_seqs} sequences), "
+          f"{'quick' if args.quick else 'full'} design from the outside", flush=True)
+    try:
+        record, rows, skipped = calibrate_server(f, quick=args.quick, passes=args.passes, seed=args.seed,
+                                                 command=" ".join(argv))
+    except ValueError as exc:  # the server refused a request, or no burst fits it: one line, as a usage error is
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    for line in skipped:
+        print(f"  left out: {line}")
+    with atomic_files(make_parents=True) as files:  # both files or neither
+        write_csv(args.steps_csv, SERVER_STEP_COLUMNS, rows, comments=[f"command: {' '.join(argv)}"], files=files)
+        write_cost_model(args.out, record, files=files)
+    print(f"fit: {fit_sentence(record)}")
+    for name, entry in record["fit"]["per_scenario"].items():
+        held = entry["held_out"]
+        print(f"  {name:20s} median |error| {entry['in_sample']['median_abs_rel_error']:6.1%}"
               + ("" if held is None else f"   held out: {held['median_abs_rel_error']:6.1%}"))
     print(f"wrote {args.out} and {args.steps_csv}")
     return 0

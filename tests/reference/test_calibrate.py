@@ -219,6 +219,9 @@ def test_measured_latencies_follow_the_metric_definitions():
         (["validate-sim", "--trace", "x.jsonl", "--only", "bursty"], "--only picks traces of the suite"),
         (["calibrate", "--passes", "0"], "--passes: got 0"),
         (["calibrate", "--repeat", "9"], "--repeat: got 9"),
+        (["calibrate", "--max-num-seqs", "4"], "--max-num-seqs describes a server: it needs --url"),
+        (["calibrate", "--url", "ftp://x"], "--url 'ftp://x' (allowed: http://host:port)"),
+        (["calibrate", "--url", "http://127.0.0.1:9"], "http://127.0.0.1:9: no server answers GET /version"),
     ],
 )
 def test_bad_flags_are_one_line(args, message, tmp_path):
