@@ -469,10 +469,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               f"(median), {st['steps']['p90_rel_diff']:.1%} (p90), {st['steps']['max_rel_diff']:.1%} (max)")
         for name, diff in st["suite"].items():
             print(f"  {name:16s} " + "   ".join(f"{key} {value:.1%}" for key, value in diff.items()))
-    for name, entry in record["fit"]["per_scenario"].items():
-        held = entry["held_out"]
-        print(f"  {name:16s} median |error| {entry['in_sample']['median_abs_rel_error']:6.1%}"
-              + ("" if held is None else f"   held out: {held['median_abs_rel_error']:6.1%}"))
+    print_scenarios(record)
     print(f"wrote {args.out} and {args.steps_csv}")
     return 0
 
@@ -498,12 +495,17 @@ def run_server(args: argparse.Namespace, argv: list[str]) -> int:
         write_csv(args.steps_csv, SERVER_STEP_COLUMNS, rows, comments=[f"command: {' '.join(argv)}"], files=files)
         write_cost_model(args.out, record, files=files)
     print(f"fit: {fit_sentence(record)}")
+    print_scenarios(record)
+    print(f"wrote {args.out} and {args.steps_csv}")
+    return 0
+
+
+def print_scenarios(record: dict) -> None:
+    """Each scenario's median error under the fit, and under a fit that never saw it."""
     for name, entry in record["fit"]["per_scenario"].items():
         held = entry["held_out"]
         print(f"  {name:20s} median |error| {entry['in_sample']['median_abs_rel_error']:6.1%}"
               + ("" if held is None else f"   held out: {held['median_abs_rel_error']:6.1%}"))
-    print(f"wrote {args.out} and {args.steps_csv}")
-    return 0
 
 
 def stability_sentence(record: dict) -> str:
