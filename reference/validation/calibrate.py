@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.validation.client_steps import STEP_FIELDS
 from reference.validation.validation_suite import SUITE, case_requests, simulate_case
 from sim.clock.cost import PIECEWISE_COLUMNS, PiecewiseCostModel
 from sim.config import RUN_DEFAULTS
@@ -59,8 +60,7 @@ DEFAULT_OUT = "figures/cost_model_cpu.json"
 DEFAULT_STEPS = "figures/calibration_steps_cpu.csv"
 SERVER_OUT = "figures/cost_model_server.json"  # --url's defaults: a server's model, beside the engine's
 SERVER_STEPS = "figures/calibration_steps_server.csv"
-SERVER_STEP_COLUMNS = ("scenario", "pass", "step", "num_prefill_tokens", "num_decode_seqs", "num_context_tokens",
-                       "num_prefill_pairs", "num_shared_context_tokens", "step_time_s")
+SERVER_STEP_COLUMNS = ("scenario", "pass", "step", *STEP_FIELDS)
 QUICK_DIR = "figures/quick"  # --quick's outputs (ignored by git): a smoke run never overwrites the committed model
 MODEL_SPEC = "smollm2-135m"  # the sim.base.specs entry of the engine's embedded model
 FIRST_TOKEN_ID = 100  # synthetic prompts avoid SmolLM2's special tokens (ids < 17)
@@ -349,7 +349,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--url {args.url!r} (allowed: http://host:port)")
         if args.repeat != 1:
             raise ValueError("--repeat with --url: not measured from outside yet (allowed with --url: --repeat 1)")
-        args.facts = read_facts(args.url, {**server_flags, "block_size": None})  # one line if a fact is missing
+        args.facts = read_facts(args.url, server_flags)  # one line if a fact is missing
 
 
 def calibrate(loaded, *, quick: bool, block_size: int = 16, seed: int = 0, command: str = "", passes: int | None = None,

@@ -150,6 +150,9 @@ BURSTS = ((1, 16, 4), (1, 64, 4), (1, 256, 4), (1, 1024, 4), (1, 2048, 4), (2, 3
           (16, 32, 16), (32, 32, 16), (64, 32, 16), (4, 512, 16), (8, 256, 8), (2, 1024, 16))
 QUICK_BURSTS = ((1, 16, 3), (2, 32, 4), (4, 64, 3), (1, 128, 2))
 
+STEP_FIELDS = ("num_prefill_tokens", "num_decode_seqs", "num_context_tokens", "num_prefill_pairs",
+               "num_shared_context_tokens", "step_time_s")  # a step row's shape and time (calibrate.fit's columns)
+
 
 def measure_server(facts, *, quick: bool = False, passes: int = 2, seed: int = 0,
                    progress: bool = True) -> tuple[list[dict], list[str]]:
@@ -178,7 +181,3 @@ def measure_server(facts, *, quick: bool = False, passes: int = 2, seed: int = 0
                 print(f"  {name} pass {k + 1}/{passes}: {len(steps)} steps, {sum(s['step_time_s'] for s in steps):.2f} s",
                       flush=True)
     return rows, skipped
-
-
-STEP_FIELDS = ("num_prefill_tokens", "num_decode_seqs", "num_context_tokens", "num_prefill_pairs",
-               "num_shared_context_tokens", "step_time_s")
